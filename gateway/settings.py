@@ -1,0 +1,227 @@
+"""One validated settings object, loaded from YAML plus environment variables.
+
+Precedence: defaults < YAML file < environment. ``${VAR}`` and ``${VAR:-default}`` in the
+YAML are expanded from the environment before validation, so secrets never need to be in
+the file. Any setting can also be overridden by ``XROUTER_<SECTION>__<KEY>`` (double
+underscore between levels), e.g. ``XROUTER_LEDGER__URL=postgresql+asyncpg://...``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+from pricing import ModelPrice
+from router.pool import PoolModelConfig
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+ENV_PREFIX = "XROUTER_"
+
+
+class SettingsError(ValueError):
+    """The configuration is invalid; the message says where and why."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    workers: int = Field(default=1, ge=1, le=64)
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Extra wall-clock headroom over the slowest pool model's timeout before a request is
+    # abandoned; bounded so a hung router can't pin a connection forever.
+    request_timeout_s: float = Field(default=600.0, gt=0)
+
+
+class AuthSettings(_Section):
+    enabled: bool = True
+    admin_key: SecretStr | None = None
+
+
+class LedgerSettings(_Section):
+    url: str = "sqlite+aiosqlite:///./xrouter.db"
+    log_content: Literal["none", "hash", "full"] = "none"
+    flush_interval_ms: int = Field(default=200, ge=1)
+    flush_rows: int = Field(default=500, ge=1)
+    queue_size: int = Field(default=10_000, ge=1)
+    spill_dir: str = "./xrouter-spill"
+
+
+class LimitsSettings(_Section):
+    backend: Literal["memory", "redis"] = "memory"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    # What to do when Redis can't be reached: refuse requests (closed) or let them through
+    # unmetered (open). Closed is the safe default for budgets.
+    on_store_error: Literal["closed", "open"] = "closed"
+    key_prefix: str = "xrouter"
+
+
+class MetricsSettings(_Section):
+    enabled: bool = True
+    # Savings are measured against what this model would have cost for the same tokens.
+    reference_model: str | None = None
+    # Budget-remaining gauges are exported for at most this many keys (bounded cardinality).
+    budget_gauge_keys: int = Field(default=20, ge=0, le=1000)
+
+
+class LLMRouterSettings(_Section):
+    base_url: str | None = None
+    model: str = "xrouter-router"
+    api_key: SecretStr | None = None
+    # Router tokens are part of the request's cost: a self-hosted price per 1M tokens.
+    price: ModelPrice = ModelPrice.free("self-hosted router")
+    temperature: float = Field(default=0.0, ge=0, le=2)
+    max_turns: int = Field(default=4, ge=1, le=16)
+    timeout_s: float = Field(default=60.0, gt=0)
+    system_prompt: str | None = None
+
+
+class RouterSettings(_Section):
+    default_policy: str = "compact"
+    cost_weight: float = Field(default=0.5, ge=0)
+    max_turns: int = Field(default=4, ge=1, le=16)
+    checkpoint: str | None = None
+    watch_files: bool = True
+    epsilon: float = Field(default=0.0, ge=0, le=1)
+    temperature: float = Field(default=1.0, gt=0)
+    cascade_order: list[str] = Field(default_factory=list)
+    cascade_check: Literal["nonempty", "agreement", "self_reported"] = "agreement"
+    llm: LLMRouterSettings = LLMRouterSettings()
+
+
+class PricingSettings(_Section):
+    catalog: str | None = None
+    overrides: dict[str, ModelPrice] = Field(default_factory=dict)
+
+
+class DemoSettings(_Section):
+    # Start the replay upstream as a child process and point every pool entry whose
+    # api_base is "replay" at it. Only the demo config turns this on.
+    replay_upstream: bool = False
+    replay_port: int = Field(default=0, ge=0, le=65535)
+    replay_table: str | None = None
+
+
+class Settings(_Section):
+    server: ServerSettings = ServerSettings()
+    auth: AuthSettings = AuthSettings()
+    ledger: LedgerSettings = LedgerSettings()
+    limits: LimitsSettings = LimitsSettings()
+    metrics: MetricsSettings = MetricsSettings()
+    router: RouterSettings = RouterSettings()
+    pricing: PricingSettings = PricingSettings()
+    pool: list[PoolModelConfig] = Field(default_factory=list)
+    demo: DemoSettings = DemoSettings()
+
+    @model_validator(mode="after")
+    def _check_pool(self) -> Settings:
+        names = [m.name for m in self.pool]
+        dupes = {n for n in names if names.count(n) > 1}
+        if dupes:
+            raise ValueError(f"duplicate pool model names: {sorted(dupes)}")
+        reserved = {n for n in names if n == "xrouter" or n.startswith("xrouter/")}
+        if reserved:
+            raise ValueError(f"pool model names may not start with 'xrouter': {sorted(reserved)}")
+        for m in self.pool:
+            unknown = [f for f in m.fallbacks if f not in names]
+            if unknown:
+                raise ValueError(f"pool model {m.name!r} falls back to unknown models {unknown}")
+        return self
+
+    def pool_model(self, name: str) -> PoolModelConfig | None:
+        for m in self.pool:
+            if m.name == name:
+                return m
+        return None
+
+
+def expand_env(value: Any, env: Mapping[str, str]) -> Any:
+    """Replace ``${VAR}`` / ``${VAR:-default}`` in every string of a YAML document."""
+    if isinstance(value, str):
+
+        def sub(m: re.Match[str]) -> str:
+            name, default = m.group(1), m.group(2)
+            if name in env:
+                return env[name]
+            if default is not None:
+                return default
+            raise SettingsError(f"environment variable {name} is referenced in the config but not set")
+
+        return _VAR.sub(sub, value)
+    if isinstance(value, list):
+        return [expand_env(v, env) for v in value]
+    if isinstance(value, dict):
+        return {k: expand_env(v, env) for k, v in value.items()}
+    return value
+
+
+def _apply_env_overrides(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    for key, raw in env.items():
+        if not key.startswith(ENV_PREFIX) or "__" not in key:
+            continue
+        path = key[len(ENV_PREFIX) :].lower().split("__")
+        node = data
+        for part in path[:-1]:
+            nxt = node.get(part)
+            if not isinstance(nxt, dict):
+                nxt = {}
+                node[part] = nxt
+            node = nxt
+        # YAML-parse the value so "true", "8", "[a, b]" get their natural types.
+        node[path[-1]] = yaml.safe_load(raw) if raw != "" else ""
+    return data
+
+
+def _format_validation_error(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(root)"
+        parts.append(f"{where}: {err['msg']}")
+    return "invalid configuration: " + "; ".join(parts)
+
+
+def load_settings(
+    path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Build the settings from an optional YAML file, the environment and explicit overrides
+    (the CLI's flags). Raises ``SettingsError`` with every problem in one message."""
+    env = os.environ if env is None else env
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise SettingsError(f"config file not found: {p}") from exc
+        except yaml.YAMLError as exc:
+            raise SettingsError(f"config file {p} is not valid YAML: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise SettingsError(f"config file {p} must hold a mapping at the top level")
+        data = expand_env(loaded or {}, env)
+    data = _apply_env_overrides(data, env)
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        node = data
+        *parents, last = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        raise SettingsError(_format_validation_error(exc)) from None
+
+

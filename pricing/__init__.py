@@ -1,0 +1,16 @@
+"""Price catalog and exact cost arithmetic. Imports nothing else of xrouter's."""
+
+from pricing.catalog import CatalogError, ModelPrice, PriceCatalog, load_default_catalog
+from pricing.money import MICROS_PER_USD, micros_to_usd, usd_to_micros
+from pricing.usage import TokenUsage
+
+__all__ = [
+    "MICROS_PER_USD",
+    "CatalogError",
+    "ModelPrice",
+    "PriceCatalog",
+    "TokenUsage",
+    "load_default_catalog",
+    "micros_to_usd",
+    "usd_to_micros",
+]

@@ -1,0 +1,58 @@
+"""Token usage as providers report it (OpenAI's ``usage`` object)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class TokenUsage:
+    """Token counts of one call.
+
+    Follows OpenAI's convention: ``cached_tokens`` is a subset of ``prompt_tokens`` and
+    ``reasoning_tokens`` a subset of ``completion_tokens``.
+    """
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def __add__(self, other: TokenUsage) -> TokenUsage:
+        return TokenUsage(
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+            self.cached_tokens + other.cached_tokens,
+            self.reasoning_tokens + other.reasoning_tokens,
+        )
+
+    @classmethod
+    def from_openai(cls, usage: dict[str, Any] | None) -> TokenUsage:
+        """Parse an OpenAI ``usage`` dict, including the nested detail objects."""
+        if not usage:
+            return cls()
+        prompt_details = usage.get("prompt_tokens_details") or {}
+        completion_details = usage.get("completion_tokens_details") or {}
+        return cls(
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            cached_tokens=int(prompt_details.get("cached_tokens") or 0),
+            reasoning_tokens=int(completion_details.get("reasoning_tokens") or 0),
+        )
+
+    def to_openai(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+        }
+        if self.cached_tokens:
+            out["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        if self.reasoning_tokens:
+            out["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
+        return out

@@ -1,0 +1,139 @@
+"""The outcome table: what routers are trained and evaluated on (stable contract).
+
+One JSON object per line::
+
+    {"id": "...", "task": "gsm8k", "prompt": "..."  (or "messages": [...]),
+     "outcomes": {"<model>": {"score": 0.0-1.0, "cost_usd": 0.0012,
+                              "prompt_tokens": 123, "completion_tokens": 456,
+                              "response": "..."}}}
+
+Logged gateway traffic has *partial feedback*: only the chosen model's outcome is known,
+and the record says which action was taken with which propensity (``logged``). This module
+has no heavy dependencies so the replay upstream (gateway) and the trainers share it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class OutcomeTableError(ValueError):
+    """A line of an outcome table is malformed; the message names the file and line."""
+
+
+class ModelOutcome(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    score: float = Field(ge=0.0, le=1.0)
+    cost_usd: float | None = Field(default=None, ge=0.0)
+    prompt_tokens: int | None = Field(default=None, ge=0)
+    completion_tokens: int | None = Field(default=None, ge=0)
+    response: str | None = None
+    latency_ms: float | None = Field(default=None, ge=0.0)
+
+
+class LoggedAction(BaseModel):
+    """How a logged request was routed: needed for off-policy learning."""
+
+    model_config = ConfigDict(extra="allow")
+
+    action: str
+    propensity: float = Field(gt=0.0, le=1.0)
+    cost_weight: float | None = None
+    policy: str | None = None
+
+
+class OutcomeRecord(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    task: str | None = None
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    outcomes: dict[str, ModelOutcome]
+    logged: LoggedAction | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> OutcomeRecord:
+        if self.prompt is None and not self.messages:
+            raise ValueError("needs `prompt` or `messages`")
+        if not self.outcomes:
+            raise ValueError("`outcomes` is empty")
+        if self.logged is not None and self.logged.action not in self.outcomes:
+            raise ValueError(f"logged action {self.logged.action!r} has no outcome")
+        return self
+
+    @property
+    def text(self) -> str:
+        """The prompt as one string (the last user message for chat records)."""
+        if self.prompt is not None:
+            return self.prompt
+        return conversation_text(self.messages or [])
+
+    def chat_messages(self) -> list[dict[str, Any]]:
+        if self.messages:
+            return self.messages
+        return [{"role": "user", "content": self.prompt or ""}]
+
+
+def content_text(content: Any) -> str:
+    """Text of an OpenAI message ``content`` (a string or a list of content parts)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"
+        )
+    return str(content)
+
+
+def conversation_text(messages: Iterable[dict[str, Any]]) -> str:
+    """The text routers key on: the last user message (what the seed and the outcome data
+    call the prompt)."""
+    last = ""
+    for m in messages:
+        if m.get("role") == "user":
+            last = content_text(m.get("content"))
+    return last
+
+
+def parse_record(line: str | bytes, where: str = "<input>") -> OutcomeRecord:
+    try:
+        data = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise OutcomeTableError(f"{where}: not valid JSON ({exc})") from None
+    try:
+        return OutcomeRecord.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "(record)"
+        raise OutcomeTableError(f"{where}: {loc}: {first['msg']}") from None
+
+
+def iter_outcome_table(path: str | Path) -> Iterator[OutcomeRecord]:
+    p = Path(path)
+    with p.open("rb") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if line.strip():
+                yield parse_record(line, f"{p}:{lineno}")
+
+
+def load_outcome_table(path: str | Path) -> list[OutcomeRecord]:
+    return list(iter_outcome_table(path))
+
+
+def write_outcome_table(records: Iterable[OutcomeRecord], path: str | Path) -> int:
+    n = 0
+    with Path(path).open("wb") as fh:
+        for r in records:
+            fh.write(orjson.dumps(r.model_dump(exclude_none=True)))
+            fh.write(b"\n")
+            n += 1
+    return n

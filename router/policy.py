@@ -1,0 +1,173 @@
+"""The policy interface shared by every router (llm, compact, baselines).
+
+A policy drives the orchestration loop one *step* at a time. At each step it sees the
+request context and the loop state (what was called, what came back, what was spent) and
+returns one of:
+
+- ``Answer``: the router's own text is the final answer (a direct answer or a synthesis);
+- ``Call``: call one or more pool models in parallel (``final=True`` on a single call means
+  "that model's answer is the response", which lets the gateway stream it straight through);
+- ``Select``: the answer of an earlier call, by tool_call_id, is the response.
+
+Every choice a policy makes is recorded in ``LoopState.decision`` with its propensity (the
+probability the policy gave it), because off-policy learning from logged traffic needs it.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+from pricing import TokenUsage
+from router.pool import ModelPool
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A request to call one pool model (``call_<model>`` in the tool schema)."""
+
+    id: str
+    model: str
+    system_prompt: str | None = None
+    temperature: float | None = None
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    text: str
+    synthesized: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    calls: tuple[ToolCall, ...]
+    final: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Select:
+    tool_call_id: str
+
+
+Step = Answer | Call | Select
+
+
+@dataclass(frozen=True, slots=True)
+class RouteContext:
+    """What a policy knows about the request. Immutable for the request's lifetime."""
+
+    request_id: str
+    messages: list[dict[str, Any]]
+    pool: ModelPool
+    cost_weight: float
+    max_cost_micros: int | None = None
+    max_turns: int = 4
+    tools: list[dict[str, Any]] | None = None
+    request_params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class CallOutcome:
+    """The result of one downstream (or router) call inside the loop."""
+
+    call: ToolCall
+    turn: int
+    ok: bool
+    role: str = "downstream"  # or "router"
+    model: str = ""  # the pool model that actually answered (differs after a fallback)
+    message: dict[str, Any] | None = None
+    response: dict[str, Any] | None = None
+    usage: TokenUsage = field(default_factory=TokenUsage)
+    cost_micros: int = 0
+    latency_ms: float = 0.0
+    error: str | None = None
+    error_kind: str | None = None
+    attempts: int = 1
+    fallback_from: str | None = None
+
+    @property
+    def text(self) -> str:
+        if not self.message:
+            return ""
+        content = self.message.get("content")
+        return content if isinstance(content, str) else ""
+
+
+@dataclass(slots=True)
+class Decision:
+    """What the policy did and with which probabilities (for off-policy learning)."""
+
+    policy: str
+    cost_weight: float
+    feature_version: str | None = None
+    actions: list[str] = field(default_factory=list)
+    propensities: list[float] = field(default_factory=list)
+    distribution: dict[str, float] | None = None
+    explored: bool = False
+
+    def record(self, action: str, propensity: float, distribution: dict[str, float] | None = None) -> None:
+        self.actions.append(action)
+        self.propensities.append(float(propensity))
+        if distribution is not None and self.distribution is None:
+            self.distribution = distribution
+
+    @property
+    def propensity(self) -> float:
+        """The joint probability of the whole action sequence."""
+        p = 1.0
+        for q in self.propensities:
+            p *= q
+        return p
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "cost_weight": self.cost_weight,
+            "feature_version": self.feature_version,
+            "actions": list(self.actions),
+            "propensities": list(self.propensities),
+            "propensity": self.propensity,
+            "distribution": self.distribution,
+            "explored": self.explored,
+        }
+
+
+@dataclass(slots=True)
+class LoopState:
+    """Everything that happened so far in one request."""
+
+    decision: Decision
+    turn: int = 0
+    outcomes: list[CallOutcome] = field(default_factory=list)
+    router_calls: list[CallOutcome] = field(default_factory=list)
+    # The router model's own transcript (the llm policy appends its turns and tool results).
+    transcript: list[dict[str, Any]] = field(default_factory=list)
+    spent_micros: int = 0
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def outcome(self, tool_call_id: str) -> CallOutcome | None:
+        for o in self.outcomes:
+            if o.call.id == tool_call_id:
+                return o
+        return None
+
+    def successful(self) -> list[CallOutcome]:
+        return [o for o in self.outcomes if o.ok]
+
+
+class Policy(abc.ABC):
+    """A routing policy. Implementations must be safe to share across concurrent requests:
+    per-request state lives in ``LoopState``, never on the policy."""
+
+    name: str = "policy"
+    feature_version: str | None = None
+
+    @abc.abstractmethod
+    async def step(self, ctx: RouteContext, state: LoopState) -> Step:
+        """Return the next step. Called once per turn until it returns Answer or Select, or a
+        Call with ``final=True`` has completed."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (HTTP sessions, thread pools)."""

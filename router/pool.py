@@ -1,0 +1,152 @@
+"""The model pool: the downstream models a router may call, with their prices."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from pricing import CatalogError, ModelPrice, PriceCatalog
+
+# Providers whose API is OpenAI's chat completions: with an api_base they take the native
+# async fast path; everything else goes through LiteLLM's translation.
+OPENAI_COMPATIBLE = frozenset(
+    {"openai", "hosted_vllm", "vllm", "together_ai", "groq", "deepseek", "fireworks_ai",
+     "openrouter", "mistral", "xai", "nvidia_nim", "custom_openai", "lm_studio", "ollama_chat"}
+)
+
+
+class PoolModelConfig(BaseModel):
+    """One downstream model as configured."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,63}$")
+    # provider/model as LiteLLM spells it: openai/gpt-4o-mini, anthropic/claude-3-5-haiku, ...
+    model: str
+    api_base: str | None = None
+    api_key: SecretStr | None = None
+    # native: our async OpenAI-compatible fast path; litellm: translation for every other
+    # provider; auto: native for OpenAI-compatible providers that have an api_base.
+    transport: Literal["auto", "native", "litellm"] = "auto"
+    # None = look the model up in the price catalog; 0 = explicitly free (self-hosted).
+    price: ModelPrice | None = None
+    max_output_tokens: int = Field(default=4096, ge=1)
+    timeout_s: float = Field(default=60.0, gt=0)
+    max_concurrency: int = Field(default=256, ge=1)
+    max_retries: int = Field(default=2, ge=0, le=10)
+    fallbacks: list[str] = Field(default_factory=list)
+    description: str = ""
+
+    @field_validator("price", mode="before")
+    @classmethod
+    def _zero_means_free(cls, v: Any) -> Any:
+        if v == 0 or v == "0":
+            return ModelPrice.free()
+        return v
+
+
+@dataclass(frozen=True, slots=True)
+class PoolModel:
+    """A pool model resolved against the price catalog, ready to be called."""
+
+    name: str
+    provider: str
+    upstream_model: str
+    api_base: str | None
+    api_key: str | None = field(repr=False)
+    transport: Literal["native", "litellm"]
+    price: ModelPrice
+    max_output_tokens: int
+    timeout_s: float
+    max_concurrency: int
+    max_retries: int
+    fallbacks: tuple[str, ...]
+    description: str
+
+    @property
+    def litellm_model(self) -> str:
+        return f"{self.provider}/{self.upstream_model}"
+
+    @classmethod
+    def from_config(cls, cfg: PoolModelConfig, catalog: PriceCatalog) -> PoolModel:
+        provider, sep, upstream = cfg.model.partition("/")
+        if not sep:
+            provider, upstream = "openai", cfg.model
+        price = cfg.price
+        if price is None:
+            price = catalog.get(cfg.name) or catalog.get(cfg.model) or catalog.get(upstream)
+        if price is None:
+            raise CatalogError(
+                f"pool model {cfg.name!r} ({cfg.model}) has no price: set `price:` in its pool "
+                "entry, add it to the catalog, or say `price: 0` if it is self-hosted"
+            )
+        transport: Literal["native", "litellm"]
+        if cfg.transport == "auto":
+            native = provider in OPENAI_COMPATIBLE and (cfg.api_base is not None or provider == "openai")
+            transport = "native" if native else "litellm"
+        else:
+            transport = cfg.transport
+        if transport == "native" and cfg.api_base is None and provider != "openai":
+            raise CatalogError(f"pool model {cfg.name!r}: the native transport needs an api_base")
+        return cls(
+            name=cfg.name,
+            provider=provider,
+            upstream_model=upstream,
+            api_base=(cfg.api_base or "https://api.openai.com/v1").rstrip("/"),
+            api_key=cfg.api_key.get_secret_value() if cfg.api_key else None,
+            transport=transport,
+            price=price,
+            max_output_tokens=cfg.max_output_tokens,
+            timeout_s=cfg.timeout_s,
+            max_concurrency=cfg.max_concurrency,
+            max_retries=cfg.max_retries,
+            fallbacks=tuple(cfg.fallbacks),
+            description=cfg.description,
+        )
+
+
+class ModelPool:
+    """An ordered, immutable set of pool models. Order is stable: it is the action index
+    of learned policies, so a checkpoint can check it was trained on the same pool."""
+
+    def __init__(self, models: Iterable[PoolModel]) -> None:
+        self._models = {m.name: m for m in models}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._models
+
+    def __iter__(self) -> Iterator[PoolModel]:
+        return iter(self._models.values())
+
+    def __len__(self) -> int:
+        return len(self._models)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._models)
+
+    def get(self, name: str) -> PoolModel | None:
+        return self._models.get(name)
+
+    def __getitem__(self, name: str) -> PoolModel:
+        return self._models[name]
+
+    def subset(self, names: Sequence[str]) -> ModelPool:
+        """The pool restricted to ``names`` (keeping pool order)."""
+        wanted = set(names)
+        return ModelPool(m for m in self if m.name in wanted)
+
+    def cheapest(self) -> PoolModel:
+        return min(self, key=lambda m: (m.price.input + m.price.output, m.name))
+
+    def price_snapshot(self) -> dict[str, dict[str, str]]:
+        return {
+            m.name: {"input": str(m.price.input), "output": str(m.price.output)} for m in self
+        }
+
+    @classmethod
+    def from_configs(cls, configs: Iterable[PoolModelConfig], catalog: PriceCatalog) -> ModelPool:
+        return cls(PoolModel.from_config(c, catalog) for c in configs)
