@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    model_validator,
+)
 
 from pricing import ModelPrice
 from router.pool import PoolModelConfig
@@ -95,7 +102,7 @@ class RouterSettings(_Section):
     epsilon: float = Field(default=0.0, ge=0, le=1)
     temperature: float = Field(default=1.0, gt=0)
     cascade_order: list[str] = Field(default_factory=list)
-    cascade_check: Literal["nonempty", "agreement", "self_reported"] = "agreement"
+    cascade_check: Literal["nonempty", "agreement"] = "agreement"
     llm: LLMRouterSettings = LLMRouterSettings()
 
 
@@ -155,7 +162,9 @@ def expand_env(value: Any, env: Mapping[str, str]) -> Any:
                 return env[name]
             if default is not None:
                 return default
-            raise SettingsError(f"environment variable {name} is referenced in the config but not set")
+            raise SettingsError(
+                f"environment variable {name} is referenced in the config but not set"
+            )
 
         return _VAR.sub(sub, value)
     if isinstance(value, list):
@@ -223,5 +232,3 @@ def load_settings(
         return Settings.model_validate(data)
     except ValidationError as exc:
         raise SettingsError(_format_validation_error(exc)) from None
-
-

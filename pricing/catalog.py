@@ -105,7 +105,9 @@ class PriceCatalog:
             )
         return price
 
-    def with_overrides(self, overrides: Mapping[str, ModelPrice], version: str | None = None) -> PriceCatalog:
+    def with_overrides(
+        self, overrides: Mapping[str, ModelPrice], version: str | None = None
+    ) -> PriceCatalog:
         merged = {**self._prices, **overrides}
         return PriceCatalog(merged, version or f"{self.version}+overrides")
 

@@ -89,7 +89,9 @@ def content_text(content: Any) -> str:
         return content
     if isinstance(content, list):
         return "\n".join(
-            str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"
+            str(p.get("text", ""))
+            for p in content
+            if isinstance(p, dict) and p.get("type") == "text"
         )
     return str(content)
 

@@ -107,7 +107,9 @@ class Decision:
     distribution: dict[str, float] | None = None
     explored: bool = False
 
-    def record(self, action: str, propensity: float, distribution: dict[str, float] | None = None) -> None:
+    def record(
+        self, action: str, propensity: float, distribution: dict[str, float] | None = None
+    ) -> None:
         self.actions.append(action)
         self.propensities.append(float(propensity))
         if distribution is not None and self.distribution is None:

@@ -13,8 +13,22 @@ from pricing import CatalogError, ModelPrice, PriceCatalog
 # Providers whose API is OpenAI's chat completions: with an api_base they take the native
 # async fast path; everything else goes through LiteLLM's translation.
 OPENAI_COMPATIBLE = frozenset(
-    {"openai", "hosted_vllm", "vllm", "together_ai", "groq", "deepseek", "fireworks_ai",
-     "openrouter", "mistral", "xai", "nvidia_nim", "custom_openai", "lm_studio", "ollama_chat"}
+    {
+        "openai",
+        "hosted_vllm",
+        "vllm",
+        "together_ai",
+        "groq",
+        "deepseek",
+        "fireworks_ai",
+        "openrouter",
+        "mistral",
+        "xai",
+        "nvidia_nim",
+        "custom_openai",
+        "lm_studio",
+        "ollama_chat",
+    }
 )
 
 
@@ -85,7 +99,9 @@ class PoolModel:
             )
         transport: Literal["native", "litellm"]
         if cfg.transport == "auto":
-            native = provider in OPENAI_COMPATIBLE and (cfg.api_base is not None or provider == "openai")
+            native = provider in OPENAI_COMPATIBLE and (
+                cfg.api_base is not None or provider == "openai"
+            )
             transport = "native" if native else "litellm"
         else:
             transport = cfg.transport
@@ -143,9 +159,7 @@ class ModelPool:
         return min(self, key=lambda m: (m.price.input + m.price.output, m.name))
 
     def price_snapshot(self) -> dict[str, dict[str, str]]:
-        return {
-            m.name: {"input": str(m.price.input), "output": str(m.price.output)} for m in self
-        }
+        return {m.name: {"input": str(m.price.input), "output": str(m.price.output)} for m in self}
 
     @classmethod
     def from_configs(cls, configs: Iterable[PoolModelConfig], catalog: PriceCatalog) -> ModelPool:

@@ -1,0 +1,122 @@
+"""One error shape for every failure: OpenAI's ``{"error": {message, type, param, code}}``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from router.providers.errors import ProviderError
+
+log = logging.getLogger(__name__)
+
+
+class APIError(Exception):
+    """Raised anywhere in the gateway; rendered as an OpenAI-shaped error response."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict[str, dict[str, str | None]]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def response(self, extra_headers: Mapping[str, str] | None = None) -> Response:
+        headers = {**self.headers, **(extra_headers or {})}
+        return Response(
+            orjson.dumps(self.body()),
+            status_code=self.status,
+            media_type="application/json",
+            headers=headers,
+        )
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def not_found(message: str, param: str | None = "model") -> APIError:
+    return APIError(404, message, type="invalid_request_error", param=param, code="model_not_found")
+
+
+# Upstream failures: the status tells the client whether retrying us may help.
+_UPSTREAM_STATUS = {
+    "timeout": (504, "upstream_timeout"),
+    "rate_limited": (503, "upstream_rate_limited"),
+    "upstream_5xx": (502, "upstream_error"),
+    "upstream_4xx": (502, "upstream_error"),
+    "not_found": (502, "upstream_error"),
+    "connection": (503, "upstream_unavailable"),
+    "bad_response": (502, "upstream_bad_response"),
+}
+
+
+def upstream_error(kind: str | None, message: str) -> APIError:
+    status, code = _UPSTREAM_STATUS.get(kind or "", (502, "upstream_error"))
+    return APIError(status, message, type="upstream_error", code=code)
+
+
+def from_provider_error(err: ProviderError) -> APIError:
+    return upstream_error(err.kind, err.message)
+
+
+def _loc_to_param(loc: tuple[int | str, ...]) -> str | None:
+    parts = [str(p) for p in loc if p not in ("body",)]
+    if not parts:
+        return None
+    out = parts[0]
+    for p in parts[1:]:
+        out += f"[{p}]" if p.isdigit() else f".{p}"
+    return out
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> Response:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        return bad_request(
+            str(first.get("msg")), _loc_to_param(tuple(first.get("loc", ())))
+        ).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return APIError(exc.status_code, str(exc.detail), type=kind).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        # Never a traceback to the client; the log has it.
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return APIError(
+            500, "internal error", type="server_error", code="internal_error"
+        ).response()

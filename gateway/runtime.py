@@ -1,0 +1,122 @@
+"""The hot-reloadable part of the gateway: price catalog, pool, downstream client and
+policies, built from settings as one immutable snapshot. A reload builds a new snapshot and
+swaps one reference; in-flight requests finish on the snapshot they started with."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gateway.settings import Settings
+from pricing import ModelPrice, PriceCatalog, load_default_catalog
+from router.loop import Orchestrator
+from router.policies.baselines import CascadePolicy, CheapestPolicy, FixedPolicy, RandomPolicy
+from router.policy import Policy
+from router.pool import ModelPool, PoolModel
+from router.providers.client import CallEvents, DownstreamClient
+from router.executors import ProviderExecutor
+
+log = logging.getLogger(__name__)
+
+ROUTER_MODEL = "xrouter"
+POLICY_PREFIX = "xrouter/"
+
+
+def build_catalog(settings: Settings) -> PriceCatalog:
+    catalog = load_default_catalog()
+    if settings.pricing.catalog:
+        extra = PriceCatalog.from_yaml(Path(settings.pricing.catalog).read_text(encoding="utf-8"))
+        catalog = catalog.with_overrides({n: extra.require(n) for n in extra.names()}, extra.version)
+    if settings.pricing.overrides:
+        catalog = catalog.with_overrides(settings.pricing.overrides)
+    return catalog
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    catalog: PriceCatalog
+    pool: ModelPool
+    client: DownstreamClient
+    orchestrator: Orchestrator
+    policies: dict[str, Policy]
+    default_policy: str
+    checkpoint_info: dict[str, Any] = field(default_factory=dict)
+
+    def policy(self, name: str) -> Policy | None:
+        if name in self.policies:
+            return self.policies[name]
+        if name.startswith("fixed:") and name[6:] in self.pool:
+            return FixedPolicy(name[6:])
+        return None
+
+    @property
+    def policy_names(self) -> list[str]:
+        return sorted(self.policies)
+
+
+def _load_compact(settings: Settings, pool: ModelPool) -> tuple[Policy | None, dict[str, Any]]:
+    try:
+        from router.checkpoint import check_pool, default_checkpoint_path, load_checkpoint
+        from router.policies.compact import CompactPolicy
+    except ImportError as exc:  # the compact policy's assets are optional in a slim install
+        log.warning("compact policy unavailable: %s", exc)
+        return None, {}
+    path = settings.router.checkpoint or default_checkpoint_path()
+    ckpt = load_checkpoint(path)
+    check_pool(ckpt, pool)
+    policy = CompactPolicy(ckpt, pool, epsilon=settings.router.epsilon, temperature=settings.router.temperature)
+    return policy, {"path": str(path), "version": getattr(ckpt, "version", None)}
+
+
+def _router_model(settings: Settings) -> PoolModel | None:
+    cfg = settings.router.llm
+    if not cfg.base_url:
+        return None
+    return PoolModel(
+        name="xrouter-router", provider="openai", upstream_model=cfg.model, api_base=cfg.base_url.rstrip("/"),
+        api_key=cfg.api_key.get_secret_value() if cfg.api_key else None, transport="native",
+        price=cfg.price if isinstance(cfg.price, ModelPrice) else ModelPrice.free(), max_output_tokens=4096,
+        timeout_s=cfg.timeout_s, max_concurrency=1024, max_retries=1, fallbacks=(), description="router",
+    )
+
+
+def build_runtime(
+    settings: Settings,
+    *,
+    events: CallEvents | None = None,
+    previous: Runtime | None = None,
+    on_query_copy: Any = None,
+) -> Runtime:
+    """Build a snapshot; raises (CatalogError, CheckpointPoolMismatch, ...) with a clear
+    message when the config is unusable, so a bad reload leaves the old snapshot serving."""
+    catalog = build_catalog(settings)
+    pool = ModelPool.from_configs(settings.pool, catalog)
+    if not len(pool):
+        raise ValueError("the pool is empty: configure at least one model under `pool:`")
+    client = previous.client.with_pool(pool) if previous else DownstreamClient(pool, events=events)
+    orchestrator = Orchestrator(ProviderExecutor(client))
+    policies: dict[str, Policy] = {
+        "cheapest": CheapestPolicy(),
+        "random": RandomPolicy(),
+        "cascade": CascadePolicy(settings.router.cascade_order, settings.router.cascade_check),
+    }
+    info: dict[str, Any] = {}
+    compact, info = _load_compact(settings, pool)
+    if compact is not None:
+        policies["compact"] = compact
+    router_model = _router_model(settings)
+    if router_model is not None:
+        from router.policies.llm import LLMRouterPolicy
+
+        policies["llm"] = LLMRouterPolicy(
+            client.provider("native"), router_model, temperature=settings.router.llm.temperature,
+            system_prompt=settings.router.llm.system_prompt, on_query_copy=on_query_copy,
+        )
+    default = settings.router.default_policy
+    if default not in policies:
+        log.warning("default policy %r is not available; using 'cascade'", default)
+        default = "cascade"
+    return Runtime(settings, catalog, pool, client, orchestrator, policies, default, info)

@@ -1,0 +1,103 @@
+"""Wire formats of the OpenAI-compatible API (requests are validated, then forwarded as the
+client sent them so that fields we don't model still reach the provider)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class _Open(BaseModel):
+    # Unknown fields are tolerated (and logged by the route), as OpenAI adds fields often.
+    model_config = ConfigDict(extra="allow")
+
+
+class ContentPart(_Open):
+    type: str
+
+
+class Message(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDef(_Open):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(_Open):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class StreamOptions(_Open):
+    include_usage: bool | None = None
+
+
+class ResponseFormat(_Open):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class XRouterControls(BaseModel):
+    """Per-request routing controls: ``"xrouter": {...}`` in the body."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cost_weight: float | None = Field(default=None, ge=0, le=1e6)
+    max_cost_usd: float | None = Field(default=None, gt=0)
+    models: list[str] | None = Field(default=None, min_length=1)
+
+
+class ChatCompletionRequest(_Open):
+    model: str = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    tools: list[Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    n: int = Field(default=1, ge=1, le=16)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    user: str | None = None
+    xrouter: XRouterControls | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(v, list) and len(v) > 4:
+            raise ValueError("at most 4 stop sequences")
+        return v
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, v: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if isinstance(v, str) and v not in ("none", "auto", "required"):
+            raise ValueError("tool_choice must be 'none', 'auto', 'required' or a named tool")
+        return v
+
+
+class FeedbackRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: str = Field(min_length=1, max_length=128)
+    score: float = Field(ge=0, le=1)
+    comment: str | None = Field(default=None, max_length=4000)
+    source: str = Field(default="user", max_length=64)

@@ -1,0 +1,320 @@
+"""The one orchestration loop, shared by the gateway and training rollouts.
+
+The loop asks the policy for a step, runs downstream calls (in parallel, under the
+per-request budget), feeds the results back, and stops on an answer, a selection, a final
+call or the turn limit. What actually performs a call is an *executor*: the gateway's calls
+real providers, training's replays recorded outcomes. Because nothing else differs, a policy
+behaves the same in training, evaluation and production (the seed had two diverging copies).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pricing import TokenUsage
+from router.outcomes import content_text
+from router.policy import (
+    Answer,
+    Call,
+    CallOutcome,
+    Decision,
+    LoopState,
+    Policy,
+    RouteContext,
+    Select,
+    ToolCall,
+)
+
+log = logging.getLogger(__name__)
+
+
+class NoAnswer(Exception):
+    """Every call failed and the policy produced no answer of its own."""
+
+    def __init__(self, message: str, state: LoopState) -> None:
+        super().__init__(message)
+        self.state = state
+        last = next((o for o in reversed(state.outcomes) if not o.ok), None)
+        self.error_kind = last.error_kind if last else None
+
+
+class StreamingCall(Protocol):
+    """A final call whose answer streams straight through to the client."""
+
+    chunks: AsyncIterator[dict[str, Any]]
+
+    def finish(self) -> CallOutcome:
+        """The call's outcome, once ``chunks`` is exhausted (or abandoned)."""
+        ...
+
+
+class CallExecutor(Protocol):
+    async def execute(self, ctx: RouteContext, call: ToolCall, turn: int) -> CallOutcome: ...
+
+    async def open_stream(self, ctx: RouteContext, call: ToolCall, turn: int) -> StreamingCall: ...
+
+
+class BudgetGuard(Protocol):
+    """Reserves worst-case cost before a call and settles it after (the gateway's key
+    budgets). ``reserve`` returns None when allowed, else the reason it is refused."""
+
+    async def reserve(self, call: ToolCall, worst_case_micros: int) -> str | None: ...
+
+    async def settle(self, call: ToolCall, reserved_micros: int, actual_micros: int) -> None: ...
+
+
+@dataclass(slots=True)
+class RouteResult:
+    state: LoopState
+    message: dict[str, Any] | None = None  # the final assistant message (None while streaming)
+    response: dict[str, Any] | None = None  # the downstream response the answer came from
+    final_model: str | None = None  # pool model that produced the answer; None = the router
+    finish_reason: str = "stop"
+    stream: StreamingCall | None = None
+    fallback_used: bool = False  # max turns reached: best successful answer returned
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def decision(self) -> Decision:
+        return self.state.decision
+
+    @property
+    def outcomes(self) -> list[CallOutcome]:
+        return self.state.outcomes
+
+    @property
+    def downstream_cost_micros(self) -> int:
+        return sum(o.cost_micros for o in self.state.outcomes)
+
+    @property
+    def router_cost_micros(self) -> int:
+        return sum(o.cost_micros for o in self.state.router_calls)
+
+    @property
+    def cost_micros(self) -> int:
+        return self.downstream_cost_micros + self.router_cost_micros
+
+    def usage(self) -> TokenUsage:
+        total = TokenUsage()
+        for o in (*self.state.router_calls, *self.state.outcomes):
+            total = total + o.usage
+        return total
+
+
+def estimate_prompt_tokens(messages: list[dict[str, Any]], system_prompt: str | None) -> int:
+    """A deliberately high token estimate for budget reservations (3 chars per token; real
+    tokenizers average ~4 for English). Settlement always uses the provider's real usage."""
+    chars = sum(len(content_text(m.get("content"))) + 8 for m in messages)
+    chars += len(system_prompt or "")
+    return math.ceil(chars / 3) + 8
+
+
+def worst_case_micros(ctx: RouteContext, call: ToolCall) -> int:
+    model = ctx.pool[call.model]
+    max_out = call.max_tokens or ctx.request_params.get("max_tokens") or model.max_output_tokens
+    max_out = min(int(max_out), model.max_output_tokens)
+    n = int(ctx.request_params.get("n") or 1)
+    prompt = estimate_prompt_tokens(ctx.messages, call.system_prompt)
+    return model.price.worst_case_micros(prompt, max_out * n)
+
+
+def _refused(call: ToolCall, turn: int, reason: str) -> CallOutcome:
+    return CallOutcome(
+        call=call, turn=turn, ok=False, model=call.model, error=reason, error_kind="budget"
+    )
+
+
+def _best_successful(state: LoopState, ctx: RouteContext) -> CallOutcome | None:
+    ok = state.successful()
+    if not ok:
+        return None
+
+    # Price is the only quality signal the loop has without a judge: prefer the answer of
+    # the dearest model that answered, the latest on ties.
+    def rank(o: CallOutcome) -> tuple[float, int]:
+        m = ctx.pool.get(o.model)
+        price = float(m.price.input + m.price.output) if m else 0.0
+        return (price, o.turn)
+
+    return max(ok, key=rank)
+
+
+class Orchestrator:
+    """Runs policies over requests. Stateless apart from its collaborators."""
+
+    def __init__(self, executor: CallExecutor) -> None:
+        self.executor = executor
+
+    async def _budget_check(
+        self,
+        ctx: RouteContext,
+        state: LoopState,
+        call: ToolCall,
+        reserved: dict[str, int],
+        guard: BudgetGuard | None,
+    ) -> str | None:
+        if call.model not in ctx.pool:
+            return f"unknown model {call.model!r}"
+        worst = worst_case_micros(ctx, call)
+        if ctx.max_cost_micros is not None:
+            committed = state.spent_micros + sum(reserved.values())
+            if committed + worst > ctx.max_cost_micros:
+                remaining = max(ctx.max_cost_micros - committed, 0)
+                return (
+                    f"budget exceeded: calling {call.model} may cost up to {worst} µUSD and "
+                    f"only {remaining} µUSD of this request's budget remain"
+                )
+        if guard is not None:
+            reason = await guard.reserve(call, worst)
+            if reason is not None:
+                return reason
+        reserved[call.id] = worst
+        return None
+
+    async def _run_call(
+        self,
+        ctx: RouteContext,
+        state: LoopState,
+        call: ToolCall,
+        reserved: dict[str, int],
+        guard: BudgetGuard | None,
+    ) -> CallOutcome:
+        actual = 0
+        try:
+            outcome = await self.executor.execute(ctx, call, state.turn)
+            actual = outcome.cost_micros
+            return outcome
+        finally:
+            # Settle even when cancelled (client gone): the hold must never outlive the call.
+            held = reserved.pop(call.id, None)
+            if held is not None and guard is not None:
+                await guard.settle(call, held, actual)
+
+    async def _calls(
+        self,
+        ctx: RouteContext,
+        state: LoopState,
+        calls: tuple[ToolCall, ...],
+        guard: BudgetGuard | None,
+    ) -> list[CallOutcome]:
+        reserved: dict[str, int] = {}
+        runnable: list[ToolCall] = []
+        refused: list[CallOutcome] = []
+        # Reservations are taken one by one, before any call starts, so parallel calls of
+        # one turn can't jointly overrun the budget.
+        for call in calls:
+            reason = await self._budget_check(ctx, state, call, reserved, guard)
+            if reason is None:
+                runnable.append(call)
+            else:
+                refused.append(_refused(call, state.turn, reason))
+        results = await asyncio.gather(
+            *(self._run_call(ctx, state, c, reserved, guard) for c in runnable)
+        )
+        by_id = {o.call.id: o for o in (*results, *refused)}
+        return [by_id[c.id] for c in calls]
+
+    async def run(
+        self,
+        policy: Policy,
+        ctx: RouteContext,
+        *,
+        stream: bool = False,
+        guard: BudgetGuard | None = None,
+    ) -> RouteResult:
+        """Run ``policy`` on one request. With ``stream``, a final single call is opened as a
+        stream and returned un-consumed in ``RouteResult.stream``. ``guard`` reserves and
+        settles each call against the caller's budgets (e.g. an API key's)."""
+        state = LoopState(decision=Decision(policy.name, ctx.cost_weight, policy.feature_version))
+        for turn in range(ctx.max_turns):
+            state.turn = turn
+            step = await policy.step(ctx, state)
+            if isinstance(step, Answer):
+                return RouteResult(
+                    state,
+                    message={"role": "assistant", "content": step.text},
+                    extras={"synthesized": step.synthesized},
+                )
+            if isinstance(step, Select):
+                chosen = state.outcome(step.tool_call_id)
+                if chosen is not None and chosen.ok:
+                    return self._from_outcome(state, chosen)
+                # The policy is told on its next step (the llm policy turns it into a tool error).
+                state.notes.setdefault("select_errors", []).append(step.tool_call_id)
+                continue
+            assert isinstance(step, Call)
+            if stream and step.final and len(step.calls) == 1:
+                streamed = await self._stream_final(ctx, state, step.calls[0], guard)
+                if streamed is not None:
+                    return streamed
+                continue
+            outcomes = await self._calls(ctx, state, step.calls, guard)
+            for o in outcomes:
+                state.outcomes.append(o)
+                state.spent_micros += o.cost_micros
+            if step.final and len(outcomes) == 1 and outcomes[0].ok:
+                return self._from_outcome(state, outcomes[0])
+        best = _best_successful(state, ctx)
+        if best is None:
+            raise NoAnswer("no downstream call succeeded and the router gave no answer", state)
+        result = self._from_outcome(state, best)
+        result.fallback_used = True
+        return result
+
+    async def _stream_final(
+        self, ctx: RouteContext, state: LoopState, call: ToolCall, guard: BudgetGuard | None
+    ) -> RouteResult | None:
+        reserved: dict[str, int] = {}
+        reason = await self._budget_check(ctx, state, call, reserved, guard)
+        if reason is not None:
+            state.outcomes.append(_refused(call, state.turn, reason))
+            return None
+        try:
+            sc = await self.executor.open_stream(ctx, call, state.turn)
+        except Exception:
+            held = reserved.pop(call.id)
+            if guard is not None:
+                await guard.settle(call, held, 0)
+            raise
+        held = reserved.pop(call.id)
+        result = RouteResult(state, final_model=call.model)
+
+        async def relay() -> AsyncIterator[dict[str, Any]]:
+            try:
+                async for chunk in sc.chunks:
+                    yield chunk
+            finally:
+                outcome = sc.finish()
+                state.outcomes.append(outcome)
+                state.spent_micros += outcome.cost_micros
+                result.final_model = outcome.model
+                result.response = outcome.response
+                if guard is not None:
+                    await guard.settle(call, held, outcome.cost_micros)
+
+        result.stream = _Relay(relay(), sc)
+        return result
+
+    @staticmethod
+    def _from_outcome(state: LoopState, o: CallOutcome) -> RouteResult:
+        finish = "stop"
+        if o.response:
+            choices = o.response.get("choices") or [{}]
+            finish = choices[0].get("finish_reason") or "stop"
+        return RouteResult(
+            state, message=o.message, response=o.response, final_model=o.model, finish_reason=finish
+        )
+
+
+@dataclass(slots=True)
+class _Relay:
+    chunks: AsyncIterator[dict[str, Any]]
+    inner: StreamingCall
+
+    def finish(self) -> CallOutcome:
+        return self.inner.finish()

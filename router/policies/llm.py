@@ -1,0 +1,244 @@
+"""The xRouter policy: a router model with tool calling decides, turn by turn, to answer
+itself, call downstream models (in parallel), select an answer, or synthesize one.
+
+The router model is any OpenAI-compatible chat endpoint with tool calling; in production,
+vLLM with a tool parser (see deploy/vllm/). Its tokens are priced and count in the request.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+
+from pricing import ModelPrice
+from router.outcomes import conversation_text
+from router.policy import (
+    Answer,
+    Call,
+    CallOutcome,
+    LoopState,
+    Policy,
+    RouteContext,
+    Select,
+    Step,
+    ToolCall,
+)
+from router.pool import PoolModel
+from router.providers.base import Provider
+from router.providers.errors import ProviderError
+from router.tools import MAX_TEMPERATURE, SELECT_TOOL, router_tools, tool_map
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SYSTEM_PROMPT = """You are xRouter, a cost-aware router. You can answer the user yourself or \
+call downstream models through tools; every call costs money (prices are in the tool descriptions).
+- Answer trivial queries (greetings, simple facts, short arithmetic) yourself, without tools.
+- Otherwise call the cheapest model that is adequate for the task.
+- Call several models in parallel only when the task is hard or high-stakes and comparing \
+answers pays for the extra cost.
+- When a model's answer is good, return it with select_response(tool_call_id) instead of \
+rewriting it. Write your own final answer only to combine or correct answers.
+- Never copy the user's query into a model's system_prompt: the model receives the full \
+conversation already."""
+
+
+class LLMRouterPolicy(Policy):
+    name = "llm"
+
+    def __init__(
+        self,
+        provider: Provider,
+        router_model: PoolModel,
+        *,
+        temperature: float = 0.0,
+        system_prompt: str | None = None,
+        on_query_copy: Any = None,
+    ) -> None:
+        self.provider = provider
+        self.router_model = router_model
+        self.temperature = temperature
+        self.system_prompt = system_prompt or DEFAULT_SYSTEM_PROMPT
+        self._on_query_copy = on_query_copy
+
+    @property
+    def price(self) -> ModelPrice:
+        return self.router_model.price
+
+    def _report_results(self, state: LoopState) -> None:
+        """Append a tool message for every call result the router has not seen yet."""
+        seen: set[str] = state.notes.setdefault("reported", set())
+        for o in state.outcomes:
+            if o.call.id in seen:
+                continue
+            seen.add(o.call.id)
+            if o.ok:
+                content = o.text or "(empty answer)"
+            else:
+                content = orjson.dumps(
+                    {"error": o.error_kind or "failed", "message": o.error, "selectable": False}
+                ).decode()
+            state.transcript.append({"role": "tool", "tool_call_id": o.call.id, "content": content})
+        for bad in state.notes.pop("select_errors", []):
+            state.transcript.append(
+                {
+                    "role": "user",
+                    "content": f"select_response failed: {bad!r} is not a successful tool call. Choose another or answer yourself.",
+                }
+            )
+
+    async def _call_router(self, ctx: RouteContext, state: LoopState) -> dict[str, Any] | None:
+        body = {
+            "model": self.router_model.upstream_model,
+            "messages": state.transcript,
+            "tools": router_tools(ctx.pool),
+            "tool_choice": "auto",
+            "temperature": self.temperature,
+        }
+        call = ToolCall(id=f"router_{state.turn}", model=self.router_model.name)
+        try:
+            resp = await self.provider.complete(self.router_model, body)
+        except ProviderError as err:
+            state.router_calls.append(
+                CallOutcome(
+                    call=call,
+                    turn=state.turn,
+                    ok=False,
+                    role="router",
+                    model=self.router_model.name,
+                    error=err.message,
+                    error_kind=err.kind,
+                )
+            )
+            return None
+        cost = self.price.cost_micros(resp.usage)
+        msg = (resp.body.get("choices") or [{}])[0].get("message") or {}
+        state.router_calls.append(
+            CallOutcome(
+                call=call,
+                turn=state.turn,
+                ok=True,
+                role="router",
+                model=self.router_model.name,
+                message=msg,
+                response=resp.body,
+                usage=resp.usage,
+                cost_micros=cost,
+                latency_ms=resp.latency_ms,
+            )
+        )
+        state.spent_micros += cost
+        return msg
+
+    async def step(self, ctx: RouteContext, state: LoopState) -> Step:
+        if not state.transcript:
+            state.transcript.append({"role": "system", "content": self.system_prompt})
+            state.transcript.extend(ctx.messages)
+        self._report_results(state)
+        msg = await self._call_router(ctx, state)
+        if msg is None:
+            # The router itself failed: fall back to the best answer so far (the loop does
+            # that when no step is left), or route to the cheapest model.
+            ok = state.successful()
+            if ok:
+                return Select(ok[-1].call.id)
+            cheapest = ctx.pool.cheapest().name
+            state.decision.record(cheapest, 1.0)
+            return Call((ToolCall(id=f"fallback_{state.turn}", model=cheapest),), final=True)
+        tool_calls = msg.get("tool_calls") or []
+        state.transcript.append(
+            {k: v for k, v in msg.items() if k in ("role", "content", "tool_calls")}
+            | {"role": "assistant"}
+        )
+        if not tool_calls:
+            text = msg.get("content") or ""
+            state.decision.record("router", 1.0)
+            return Answer(text, synthesized=bool(state.outcomes))
+        return self._parse_tool_calls(ctx, state, tool_calls)
+
+    def _parse_tool_calls(
+        self, ctx: RouteContext, state: LoopState, tool_calls: list[dict[str, Any]]
+    ) -> Step:
+        tools = tool_map(ctx.pool)
+        calls: list[ToolCall] = []
+        query = conversation_text(ctx.messages).strip()
+        for tc in tool_calls:
+            fn = tc.get("function") or {}
+            name, tc_id = fn.get("name", ""), tc.get("id") or f"tc_{state.turn}_{len(calls)}"
+            try:
+                args = orjson.loads(fn.get("arguments") or "{}")
+                if not isinstance(args, dict):
+                    raise ValueError
+            except (orjson.JSONDecodeError, ValueError):
+                self._tool_error(
+                    state, tc_id, "invalid_arguments", "arguments must be a JSON object"
+                )
+                continue
+            if name == SELECT_TOOL:
+                target = args.get("tool_call_id")
+                if not isinstance(target, str):
+                    self._tool_error(
+                        state, tc_id, "missing_argument", "select_response needs tool_call_id"
+                    )
+                    continue
+                chosen = state.outcome(target)
+                if chosen is None or not chosen.ok:
+                    self._tool_error(
+                        state, tc_id, "not_selectable", f"{target!r} is not a successful call"
+                    )
+                    continue
+                state.decision.record(f"select:{chosen.model}", 1.0)
+                return Select(target)
+            model = tools.get(name)
+            if model is None:
+                self._tool_error(state, tc_id, "unknown_tool", f"no tool named {name!r}")
+                continue
+            system_prompt = args.get("system_prompt")
+            if not isinstance(system_prompt, str):
+                self._tool_error(
+                    state, tc_id, "missing_argument", f"{name} needs system_prompt (a string)"
+                )
+                continue
+            if query and len(query) >= 20 and query in system_prompt:
+                # The seed's router pasted the query into the system prompt, doubling input cost.
+                state.notes["query_copies"] = state.notes.get("query_copies", 0) + 1
+                if self._on_query_copy is not None:
+                    self._on_query_copy()
+            temperature = _num(args.get("temperature"), 0.0, MAX_TEMPERATURE)
+            max_tokens = _int(args.get("max_tokens"), 1, ctx.pool[model].max_output_tokens)
+            state.decision.record(model, 1.0)
+            calls.append(
+                ToolCall(
+                    id=tc_id,
+                    model=model,
+                    system_prompt=system_prompt,
+                    temperature=temperature,
+                    max_tokens=max_tokens,
+                )
+            )
+        return Call(tuple(calls))
+
+    @staticmethod
+    def _tool_error(state: LoopState, tc_id: str, kind: str, message: str) -> None:
+        state.notes.setdefault("reported", set()).add(tc_id)
+        state.transcript.append(
+            {
+                "role": "tool",
+                "tool_call_id": tc_id,
+                "content": orjson.dumps({"error": kind, "message": message}).decode(),
+            }
+        )
+        state.notes.setdefault("tool_errors", []).append(kind)
+
+
+def _num(v: Any, lo: float, hi: float) -> float | None:
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        return max(lo, min(float(v), hi))
+    return None
+
+
+def _int(v: Any, lo: int, hi: int) -> int | None:
+    if isinstance(v, int) and not isinstance(v, bool):
+        return max(lo, min(v, hi))
+    return None

@@ -1,0 +1,236 @@
+"""Downstream calls with timeouts, retries with backoff, per-model concurrency limits and
+fallbacks. Both the gateway's pass-through and the orchestration loop call through here."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pricing import TokenUsage
+from router.pool import ModelPool, PoolModel
+from router.providers.base import Provider, StreamStats
+from router.providers.errors import ProviderError
+from router.providers.litellm_provider import LiteLLMProvider
+from router.providers.native import NativeOpenAIProvider
+
+log = logging.getLogger(__name__)
+
+
+class CallEvents(Protocol):
+    """Where the client reports what happened (the gateway implements it with Prometheus)."""
+
+    def on_retry(self, model: str, kind: str) -> None: ...
+    def on_fallback(self, model: str) -> None: ...
+    def on_upstream_error(self, model: str, kind: str) -> None: ...
+
+
+class NullEvents:
+    def on_retry(self, model: str, kind: str) -> None:
+        pass
+
+    def on_fallback(self, model: str) -> None:
+        pass
+
+    def on_upstream_error(self, model: str, kind: str) -> None:
+        pass
+
+
+@dataclass(slots=True)
+class CallResult:
+    model: str  # the pool model that answered
+    body: dict[str, Any]
+    usage: TokenUsage
+    cost_micros: int
+    latency_ms: float
+    attempts: int
+    fallback_from: str | None = None
+    errors: list[ProviderError] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class StreamCall:
+    """An open stream: iterate ``chunks``; ``stats``/``model`` are final once it is exhausted."""
+
+    model: PoolModel
+    chunks: AsyncIterator[dict[str, Any]]
+    stats: StreamStats
+    attempts: int
+    fallback_from: str | None
+    errors: list[ProviderError]
+
+    def cost_micros(self) -> int:
+        return self.model.price.cost_micros(self.stats.usage or TokenUsage())
+
+
+def upstream_body(model: PoolModel, body: dict[str, Any]) -> dict[str, Any]:
+    """The request as this upstream should see it: its own model id, output capped."""
+    out = dict(body)
+    out["model"] = model.upstream_model
+    cap = model.max_output_tokens
+    for k in ("max_tokens", "max_completion_tokens"):
+        if k in out and out[k] is not None:
+            out[k] = min(int(out[k]), cap)
+    out.pop("xrouter", None)
+    return out
+
+
+class DownstreamClient:
+    def __init__(
+        self,
+        pool: ModelPool,
+        *,
+        events: CallEvents | None = None,
+        providers: dict[str, Provider] | None = None,
+        backoff_base_s: float = 0.1,
+        backoff_max_s: float = 2.0,
+        sleep: Callable[[float], Any] = asyncio.sleep,
+    ) -> None:
+        self.pool = pool
+        self.events: CallEvents = events or NullEvents()
+        self._providers: dict[str, Provider] = providers or {
+            "native": NativeOpenAIProvider(),
+            "litellm": LiteLLMProvider(),
+        }
+        self._sem = {m.name: asyncio.Semaphore(m.max_concurrency) for m in pool}
+        self._backoff_base = backoff_base_s
+        self._backoff_max = backoff_max_s
+        self._sleep = sleep
+
+    def with_pool(self, pool: ModelPool) -> DownstreamClient:
+        """A client for a reloaded pool sharing this one's HTTP sessions."""
+        return DownstreamClient(
+            pool,
+            events=self.events,
+            providers=self._providers,
+            backoff_base_s=self._backoff_base,
+            backoff_max_s=self._backoff_max,
+            sleep=self._sleep,
+        )
+
+    def provider(self, transport: str) -> Provider:
+        return self._providers[transport]
+
+    def _chain(self, name: str) -> list[PoolModel]:
+        first = self.pool[name]
+        chain = [first]
+        for fb in first.fallbacks:
+            m = self.pool.get(fb)
+            if m is not None and m not in chain:
+                chain.append(m)
+        return chain
+
+    def _delay(self, attempt: int, err: ProviderError) -> float:
+        if err.retry_after is not None:
+            return min(err.retry_after, self._backoff_max)
+        # Exponential backoff with full jitter: spreads retries of many concurrent callers.
+        return random.uniform(0, min(self._backoff_max, self._backoff_base * (2**attempt)))
+
+    async def complete(self, name: str, body: dict[str, Any]) -> CallResult:
+        """Call ``name``, retrying retryable failures, then each fallback in turn."""
+        errors: list[ProviderError] = []
+        attempts = 0
+        for i, model in enumerate(self._chain(name)):
+            if i > 0:
+                self.events.on_fallback(name)
+                log.info("falling back from %s to %s", name, model.name)
+            provider = self._providers[model.transport]
+            req = upstream_body(model, body)
+            for attempt in range(model.max_retries + 1):
+                attempts += 1
+                try:
+                    async with self._sem[model.name]:
+                        resp = await provider.complete(model, req)
+                except ProviderError as err:
+                    errors.append(err)
+                    self.events.on_upstream_error(model.name, err.kind)
+                    if not err.retryable or attempt == model.max_retries:
+                        break
+                    self.events.on_retry(model.name, err.kind)
+                    await self._sleep(self._delay(attempt, err))
+                    continue
+                return CallResult(
+                    model=model.name,
+                    body=resp.body,
+                    usage=resp.usage,
+                    cost_micros=model.price.cost_micros(resp.usage),
+                    latency_ms=resp.latency_ms,
+                    attempts=attempts,
+                    fallback_from=name if model.name != name else None,
+                    errors=errors,
+                )
+        raise errors[-1]
+
+    async def open_stream(self, name: str, body: dict[str, Any]) -> StreamCall:
+        """Open a stream and wait for its first chunk. Retries and fallbacks apply only until
+        the first chunk: once tokens have reached the client, a failure can't be hidden."""
+        errors: list[ProviderError] = []
+        attempts = 0
+        for i, model in enumerate(self._chain(name)):
+            if i > 0:
+                self.events.on_fallback(name)
+            provider = self._providers[model.transport]
+            req = upstream_body(model, body)
+            req["stream"] = True
+            # Ask for usage so cost comes from the provider, never from counting characters.
+            req["stream_options"] = {**(req.get("stream_options") or {}), "include_usage": True}
+            for attempt in range(model.max_retries + 1):
+                attempts += 1
+                stats = StreamStats()
+                sem = self._sem[model.name]
+                await sem.acquire()
+                gen = provider.stream(model, req, stats)
+                try:
+                    first = await gen.__anext__()
+                except StopAsyncIteration:
+                    sem.release()
+                    err = ProviderError(
+                        "bad_response",
+                        f"upstream {model.name} sent an empty stream",
+                        model=model.name,
+                    )
+                except ProviderError as e:
+                    sem.release()
+                    err = e
+                except BaseException:
+                    sem.release()
+                    await gen.aclose()
+                    raise
+                else:
+                    return StreamCall(
+                        model=model,
+                        chunks=_rest(first, gen, sem),
+                        stats=stats,
+                        attempts=attempts,
+                        fallback_from=name if model.name != name else None,
+                        errors=errors,
+                    )
+                errors.append(err)
+                self.events.on_upstream_error(model.name, err.kind)
+                if not err.retryable or attempt == model.max_retries:
+                    break
+                self.events.on_retry(model.name, err.kind)
+                await self._sleep(self._delay(attempt, err))
+        raise errors[-1]
+
+    async def aclose(self) -> None:
+        for p in self._providers.values():
+            await p.aclose()
+
+
+async def _rest(
+    first: dict[str, Any], gen: AsyncIterator[dict[str, Any]], sem: asyncio.Semaphore
+) -> AsyncIterator[dict[str, Any]]:
+    try:
+        yield first
+        async for chunk in gen:
+            yield chunk
+    finally:
+        sem.release()
+        # Closing the upstream generator closes the HTTP response: a client that disconnects
+        # cancels the upstream call instead of letting it run to the end.
+        if isinstance(gen, AsyncGenerator):
+            await gen.aclose()

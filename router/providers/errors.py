@@ -1,0 +1,78 @@
+"""One error type for every downstream failure, with a sanitized message."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+ErrorKind = Literal[
+    "timeout",
+    "rate_limited",
+    "upstream_4xx",
+    "upstream_5xx",
+    "connection",
+    "bad_response",
+    "not_found",
+]
+
+# Things that must never reach a client or a log line from an upstream error: API keys and
+# bearer tokens, URLs (internal hostnames, signed URLs), and IP addresses.
+_SECRET_PATTERNS = (
+    re.compile(r"\b(?:sk|xr|pk|rk|key)-[A-Za-z0-9_\-]{6,}"),
+    re.compile(r"(?i)bearer\s+[A-Za-z0-9._\-]+"),
+    re.compile(r"(?i)(api[_-]?key|authorization|token|secret)([\"'\s:=]+)[^\s\"',}]+"),
+    re.compile(r"\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s\"'<>]+"),
+    re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b"),
+    re.compile(r"\bAKIA[0-9A-Z]{16}\b"),
+)
+_MAX_MESSAGE = 300
+
+
+def sanitize(message: str, *secrets: str | None) -> str:
+    """Strip keys, URLs and addresses from an upstream message and bound its length."""
+    out = message
+    for s in secrets:
+        if s:
+            out = out.replace(s, "[redacted]")
+    for pattern in _SECRET_PATTERNS:
+        out = pattern.sub(lambda m: _keep_label(m), out)
+    out = " ".join(out.split())
+    return out[:_MAX_MESSAGE] + ("…" if len(out) > _MAX_MESSAGE else "")
+
+
+def _keep_label(m: re.Match[str]) -> str:
+    # For "api_key: XYZ" keep the label so the message still says what was wrong.
+    if m.lastindex and m.lastindex >= 2:
+        return f"{m.group(1)}{m.group(2)}[redacted]"
+    return "[redacted]"
+
+
+class ProviderError(Exception):
+    """A downstream call failed. ``message`` is already safe to show a client."""
+
+    def __init__(
+        self,
+        kind: ErrorKind,
+        message: str,
+        *,
+        model: str = "",
+        status: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind: ErrorKind = kind
+        self.message = message
+        self.model = model
+        self.status = status
+        self.retry_after = retry_after
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind in ("timeout", "rate_limited", "upstream_5xx", "connection")
+
+    def __repr__(self) -> str:
+        return f"ProviderError({self.kind!r}, status={self.status}, model={self.model!r})"
+
+
+class ProviderCancelled(Exception):
+    """The caller went away (client disconnect); not an upstream failure."""
