@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Mapping
-from decimal import Decimal
+from decimal import ROUND_CEILING, Decimal
 from importlib import resources
 from typing import Any
 
@@ -74,7 +74,7 @@ class ModelPrice(BaseModel):
         out_price = max(self.output, self.reasoning or Decimal(0))
         exact = prompt_tokens * self.input + max_output_tokens * out_price
         # Round up: a reservation must never be below what the call can cost.
-        return int(-(-exact // 1))
+        return int(exact.to_integral_value(rounding=ROUND_CEILING))
 
 
 class PriceCatalog:

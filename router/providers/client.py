@@ -8,7 +8,7 @@ import logging
 import random
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from pricing import TokenUsage
 from router.pool import ModelPool, PoolModel
@@ -197,7 +197,7 @@ class DownstreamClient:
                     err = e
                 except BaseException:
                     sem.release()
-                    await gen.aclose()
+                    await _close(gen)
                     raise
                 else:
                     return StreamCall(
@@ -232,5 +232,9 @@ async def _rest(
         sem.release()
         # Closing the upstream generator closes the HTTP response: a client that disconnects
         # cancels the upstream call instead of letting it run to the end.
-        if isinstance(gen, AsyncGenerator):
-            await gen.aclose()
+        await _close(gen)
+
+
+async def _close(gen: AsyncIterator[Any]) -> None:
+    if isinstance(gen, AsyncGenerator):
+        await cast(AsyncGenerator[Any, None], gen).aclose()

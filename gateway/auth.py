@@ -1,0 +1,86 @@
+"""Bearer-key authentication with a short in-process cache (a key lookup per request would
+put a database round trip on the hot path; revocations take effect within the TTL)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+from typing import TYPE_CHECKING, Any
+
+from gateway.chat import Principal
+from gateway.errors import APIError
+
+if TYPE_CHECKING:
+    from gateway.ledger.keys import KeyRepository
+
+CACHE_TTL_S = 5.0
+_CACHE_MAX = 10_000
+
+
+def _bearer(header: str | None) -> str | None:
+    if not header:
+        return None
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def unauthorized(message: str = "missing or invalid API key") -> APIError:
+    return APIError(401, message, type="authentication_error", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+class Authenticator:
+    def __init__(self, repo: KeyRepository | None, *, enabled: bool, admin_key: str | None) -> None:
+        self.repo = repo
+        self.enabled = enabled
+        self._admin_digest = hashlib.sha256(admin_key.encode()).digest() if admin_key else None
+        self._cache: dict[bytes, tuple[float, Principal | None]] = {}
+
+    def invalidate(self) -> None:
+        self._cache.clear()
+
+    async def principal(self, authorization: str | None) -> Principal:
+        if not self.enabled:
+            return Principal()
+        token = _bearer(authorization)
+        if token is None:
+            raise unauthorized()
+        digest = hashlib.sha256(token.encode()).digest()
+        now = time.monotonic()
+        hit = self._cache.get(digest)
+        if hit is not None and hit[0] > now:
+            who = hit[1]
+        else:
+            who = await self._lookup(token)
+            if len(self._cache) >= _CACHE_MAX:
+                self._cache.clear()
+            self._cache[digest] = (now + CACHE_TTL_S, who)
+        if who is None:
+            raise unauthorized()
+        return who
+
+    async def _lookup(self, token: str) -> Principal | None:
+        if self.repo is None:
+            return None
+        from gateway.limits.base import KeyLimits
+
+        info: Any = await self.repo.by_secret(token)
+        if info is None or getattr(info, "revoked_at", None) is not None:
+            return None
+        limits = KeyLimits(
+            key_id=info.key_id, budget_micros=info.budget_micros, budget_period=info.budget_period,
+            rpm=info.rpm, tpm=info.tpm,
+        )
+        return Principal(
+            key_id=info.key_id, alias=info.alias, allowed_models=info.allowed_models,
+            allowed_policies=info.allowed_policies, limits=limits,
+        )
+
+    def require_admin(self, authorization: str | None) -> None:
+        if self._admin_digest is None:
+            raise APIError(403, "the admin API is disabled: set auth.admin_key", type="permission_error", code="admin_disabled")
+        token = _bearer(authorization)
+        if token is None or not hmac.compare_digest(hashlib.sha256(token.encode()).digest(), self._admin_digest):
+            raise unauthorized("missing or invalid admin key")

@@ -1,0 +1,332 @@
+"""The chat-completions service: validate, resolve the policy, run the loop, respond.
+
+The route is a thin shell over ``ChatService.handle``. Everything a request costs is known
+here, so this is where the ledger row, the metrics and the cost headers are produced.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+from starlette.responses import Response, StreamingResponse
+
+from gateway.errors import APIError, bad_request, from_provider_error, not_found, upstream_error
+from gateway.hooks import RequestHooks, RequestLog
+from gateway.runtime import POLICY_PREFIX, ROUTER_MODEL, Runtime
+from gateway.schemas import ChatCompletionRequest
+from pricing import usd_to_micros
+from pricing.money import format_usd, micros_to_usd
+from router.loop import BudgetGuard, NoAnswer, RouteResult
+from router.policy import Call, LoopState, Policy, RouteContext, Select, Step, ToolCall
+from router.providers.errors import ProviderError
+
+log = logging.getLogger(__name__)
+
+_KNOWN_FIELDS = frozenset(ChatCompletionRequest.model_fields)
+# Fields that shape routing or the gateway's response, never forwarded as model parameters.
+_NOT_PARAMS = frozenset({"model", "messages", "tools", "stream", "stream_options", "xrouter"})
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class PassThrough(Policy):
+    """``model: <pool model>``: call exactly that model (with its configured fallbacks)."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.name = "passthrough"
+
+    async def step(self, ctx: RouteContext, state: LoopState) -> Step:
+        if state.turn == 0:
+            state.decision.record(self.model, 1.0)
+            return Call((ToolCall(id="call_0", model=self.model),), final=True)
+        ok = state.successful()
+        return Select(ok[0].call.id) if ok else Call(())
+
+
+@dataclass(slots=True)
+class Principal:
+    """Who is calling: an API key, or nobody when auth is off."""
+
+    key_id: str | None = None
+    alias: str | None = None
+    allowed_models: list[str] | None = None
+    allowed_policies: list[str] | None = None
+    limits: Any = None
+
+
+@dataclass(slots=True)
+class Resolved:
+    policy: Policy
+    policy_name: str
+    passthrough: bool
+    pool_names: list[str] = field(default_factory=list)
+
+
+def _parse(raw: bytes) -> tuple[dict[str, Any], ChatCompletionRequest]:
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise bad_request("request body must be a JSON object", code="invalid_json")
+    try:
+        req = ChatCompletionRequest.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = [str(p) for p in err["loc"]]
+        param = loc[0] if loc else None
+        for p in loc[1:]:
+            param = f"{param}[{p}]" if p.isdigit() else f"{param}.{p}"
+        raise bad_request(f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
+    unknown = data.keys() - _KNOWN_FIELDS
+    if unknown:
+        log.debug("tolerating unknown request fields: %s", sorted(unknown)[:10])
+    return data, req
+
+
+def _resolve(rt: Runtime, req: ChatCompletionRequest, who: Principal) -> Resolved:
+    name = req.model
+    if name == ROUTER_MODEL or name.startswith(POLICY_PREFIX):
+        policy_name = rt.default_policy if name == ROUTER_MODEL else name[len(POLICY_PREFIX) :]
+        policy = rt.policy(policy_name)
+        if policy is None:
+            raise not_found(f"unknown router policy {policy_name!r}; available: {', '.join(rt.policy_names)}")
+        if who.allowed_policies is not None and policy_name not in who.allowed_policies:
+            raise APIError(403, f"this key may not use policy {policy_name!r}", type="permission_error", param="model", code="policy_not_allowed")
+        return Resolved(policy, policy_name, passthrough=False)
+    if name not in rt.pool:
+        raise not_found(f"the model {name!r} does not exist; GET /v1/models lists the available ones")
+    if who.allowed_models is not None and name not in who.allowed_models:
+        raise APIError(403, f"this key may not use model {name!r}", type="permission_error", param="model", code="model_not_allowed")
+    return Resolved(PassThrough(name), "passthrough", passthrough=True, pool_names=[name])
+
+
+def _route_pool(rt: Runtime, req: ChatCompletionRequest, who: Principal, resolved: Resolved) -> list[str]:
+    if resolved.passthrough:
+        return resolved.pool_names
+    names = rt.pool.names
+    if who.allowed_models is not None:
+        names = [n for n in names if n in who.allowed_models]
+    if req.xrouter and req.xrouter.models:
+        unknown = [m for m in req.xrouter.models if m not in rt.pool]
+        if unknown:
+            raise bad_request(f"xrouter.models names unknown models: {unknown}", param="xrouter.models")
+        names = [n for n in names if n in req.xrouter.models]
+    if not names:
+        raise APIError(403, "no pool model is allowed for this request", type="permission_error", param="xrouter.models", code="no_allowed_models")
+    return names
+
+
+def build_context(rt: Runtime, data: dict[str, Any], req: ChatCompletionRequest, who: Principal, resolved: Resolved, request_id: str) -> RouteContext:
+    controls = req.xrouter
+    pool = rt.pool.subset(_route_pool(rt, req, who, resolved))
+    cost_weight = controls.cost_weight if controls and controls.cost_weight is not None else rt.settings.router.cost_weight
+    max_cost = usd_to_micros(controls.max_cost_usd) if controls and controls.max_cost_usd else None
+    params = {k: v for k, v in data.items() if k not in _NOT_PARAMS}
+    return RouteContext(
+        request_id=request_id,
+        messages=data["messages"],
+        pool=pool,
+        cost_weight=cost_weight,
+        max_cost_micros=max_cost,
+        max_turns=1 if resolved.passthrough else rt.settings.router.max_turns,
+        tools=data.get("tools"),
+        request_params=params,
+    )
+
+
+def xrouter_meta(request_id: str, policy: str, result: RouteResult | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"request_id": request_id, "policy": policy}
+    if result is None:
+        return meta
+    calls = [
+        {
+            "model": o.model, "role": o.role, "turn": o.turn, "status": "ok" if o.ok else ("refused" if o.error_kind == "budget" else "error"),
+            "prompt_tokens": o.usage.prompt_tokens, "completion_tokens": o.usage.completion_tokens,
+            "cost_usd": micros_to_usd(o.cost_micros), "latency_ms": round(o.latency_ms, 3),
+            **({"error": o.error} if o.error else {}),
+            **({"fallback_from": o.fallback_from} if o.fallback_from else {}),
+        }
+        for o in (*result.state.router_calls, *result.state.outcomes)
+    ]
+    meta.update(
+        calls=calls,
+        cost_usd=micros_to_usd(result.cost_micros),
+        router_cost_usd=micros_to_usd(result.router_cost_micros),
+        downstream_cost_usd=micros_to_usd(result.downstream_cost_micros),
+        decision=result.decision.to_dict(),
+    )
+    return meta
+
+
+def _usage_with_cost(result: RouteResult) -> dict[str, Any]:
+    usage = result.usage().to_openai()
+    usage["cost"] = micros_to_usd(result.cost_micros)
+    return usage
+
+
+class ChatService:
+    def __init__(self, get_runtime: Any, hooks: RequestHooks) -> None:
+        self._runtime = get_runtime
+        self.hooks = hooks
+
+    async def handle(self, raw: bytes, who: Principal) -> Response:
+        t0 = time.perf_counter()
+        request_id = uuid.uuid4().hex
+        rt: Runtime = self._runtime()
+        rlog = RequestLog(request_id=request_id, created_at=time.time(), principal=who, t0=t0)
+        try:
+            data, req = _parse(raw)
+            rlog.requested_model = req.model
+            resolved = _resolve(rt, req, who)
+            rlog.policy = resolved.policy_name
+            ctx = build_context(rt, data, req, who, resolved, request_id)
+            rlog.messages = data["messages"]
+            rlog.stream = req.stream
+            guard: BudgetGuard | None = await self.hooks.admit(rlog, ctx)
+            try:
+                result = await rt.orchestrator.run(resolved.policy, ctx, stream=req.stream, guard=guard)
+            except NoAnswer as exc:
+                rlog.result_state = exc.state
+                last = next((o for o in reversed(exc.state.outcomes) if not o.ok), None)
+                if last is not None and last.error_kind == "budget":
+                    raise APIError(429, last.error or "budget exceeded", type="budget_exceeded", code="request_budget_exceeded") from None
+                raise upstream_error(exc.error_kind, last.error if last and last.error else str(exc)) from None
+            except ProviderError as err:
+                raise from_provider_error(err) from None
+        except APIError as err:
+            rlog.status = err.status
+            rlog.error_type = err.code or err.type
+            await self.hooks.finish(rlog, None)
+            return err.response({"x-xrouter-request-id": request_id})
+        rlog.result = result
+        if result.stream is not None:
+            return self._stream_response(rt, req, rlog, result)
+        if req.stream:
+            return self._text_stream_response(req, rlog, result)
+        return await self._json_response(rlog, result)
+
+    def _headers(self, rlog: RequestLog, result: RouteResult, *, cost: bool = True) -> dict[str, str]:
+        h = {
+            "x-xrouter-request-id": rlog.request_id,
+            "x-xrouter-policy": rlog.policy,
+            "x-xrouter-model": result.final_model or ROUTER_MODEL,
+        }
+        if cost:
+            h["x-xrouter-cost-usd"] = format_usd(result.cost_micros)
+            h["x-xrouter-overhead-ms"] = f"{rlog.overhead_ms(result):.3f}"
+        h.update(rlog.extra_headers)
+        return h
+
+    async def _json_response(self, rlog: RequestLog, result: RouteResult) -> Response:
+        if result.response is not None and result.final_model is not None:
+            body = dict(result.response)
+            body.pop("xrouter_score", None)
+        else:
+            body = {
+                "object": "chat.completion",
+                "created": int(rlog.created_at),
+                "choices": [{"index": 0, "message": result.message or {"role": "assistant", "content": ""}, "finish_reason": result.finish_reason}],
+            }
+        body["id"] = f"chatcmpl-{rlog.request_id}"
+        body["model"] = result.final_model or ROUTER_MODEL
+        body["usage"] = _usage_with_cost(result)
+        body["xrouter"] = xrouter_meta(rlog.request_id, rlog.policy, result)
+        rlog.status = 200
+        rlog.response_text = _first_text(body)
+        headers = self._headers(rlog, result)
+        payload = orjson.dumps(body)
+        # The row is durable (committed or journaled) before the client sees a 200.
+        await self.hooks.finish(rlog, result)
+        return Response(payload, media_type="application/json", headers=headers)
+
+    def _final_chunks(self, rlog: RequestLog, result: RouteResult, model: str) -> bytes:
+        chunk = {
+            "id": f"chatcmpl-{rlog.request_id}", "object": "chat.completion.chunk", "created": int(rlog.created_at),
+            "model": model, "choices": [], "usage": _usage_with_cost(result),
+            "xrouter": xrouter_meta(rlog.request_id, rlog.policy, result),
+        }
+        return b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n"
+
+    def _stream_response(self, rt: Runtime, req: ChatCompletionRequest, rlog: RequestLog, result: RouteResult) -> Response:
+        assert result.stream is not None
+        stream = result.stream
+        cid = f"chatcmpl-{rlog.request_id}"
+        model_name = result.final_model or ROUTER_MODEL
+        hooks = self.hooks
+
+        async def body() -> AsyncIterator[bytes]:
+            rlog.status = 499  # until the stream completes: the client may go away
+            try:
+                async for chunk in stream.chunks:
+                    choices = chunk.get("choices")
+                    if not choices:
+                        continue  # upstream usage-only chunk: ours, with cost, comes last
+                    chunk["id"] = cid
+                    chunk["model"] = model_name
+                    chunk.pop("usage", None)
+                    yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+                outcome = result.state.outcomes[-1] if result.state.outcomes else None
+                if outcome is not None and not outcome.ok:
+                    raise ProviderError("connection", outcome.error or "stream failed")
+                rlog.status = 200
+                rlog.response_text = outcome.text if outcome is not None else None
+                yield self._final_chunks(rlog, result, model_name)
+            except ProviderError as err:
+                api = from_provider_error(err)
+                rlog.status, rlog.error_type = api.status, api.code
+                yield b"data: " + orjson.dumps(api.body()) + b"\n\ndata: [DONE]\n\n"
+            finally:
+                await hooks.finish(rlog, result)
+
+        return StreamingResponse(body(), media_type="text/event-stream", headers={**self._headers(rlog, result, cost=False), **_SSE_HEADERS})
+
+    def _text_stream_response(self, req: ChatCompletionRequest, rlog: RequestLog, result: RouteResult) -> Response:
+        """The answer is already complete (the router selected or synthesized it): stream it."""
+        body_json = result.response if result.response is not None and result.final_model else None
+        message = result.message or {"role": "assistant", "content": ""}
+        if body_json is not None:
+            message = (body_json.get("choices") or [{}])[0].get("message") or message
+        text = message.get("content") or ""
+        cid = f"chatcmpl-{rlog.request_id}"
+        model = result.final_model or ROUTER_MODEL
+        created = int(rlog.created_at)
+        hooks = self.hooks
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+            c = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            return b"data: " + orjson.dumps(c) + b"\n\n"
+
+        async def body() -> AsyncIterator[bytes]:
+            rlog.status = 499
+            try:
+                yield chunk({"role": "assistant", "content": ""})
+                if message.get("tool_calls"):
+                    yield chunk({"tool_calls": [dict(tc, index=i) for i, tc in enumerate(message["tool_calls"])]})
+                words = text.split(" ")
+                for i in range(0, len(words), 8):
+                    yield chunk({"content": " ".join(words[i : i + 8]) + (" " if i + 8 < len(words) else "")})
+                yield chunk({}, result.finish_reason)
+                rlog.status = 200
+                rlog.response_text = text
+                yield self._final_chunks(rlog, result, model)
+            finally:
+                await hooks.finish(rlog, result)
+
+        return StreamingResponse(body(), media_type="text/event-stream", headers={**self._headers(rlog, result, cost=False), **_SSE_HEADERS})
+
+
+def _first_text(body: dict[str, Any]) -> str | None:
+    choices = body.get("choices") or []
+    if not choices:
+        return None
+    content = (choices[0].get("message") or {}).get("content")
+    return content if isinstance(content, str) else None

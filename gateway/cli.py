@@ -1,0 +1,204 @@
+"""The ``xrouter`` command line: serve, replay-upstream, export, train, eval, deploy.
+
+Training and evaluation are imported lazily so that the gateway never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import atexit
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+log = logging.getLogger("xrouter")
+
+
+def demo_config_path() -> str:
+    return str(resources.files("gateway").joinpath("data/demo.yaml"))
+
+
+def start_replay_upstream(host: str = "127.0.0.1", table: str | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """Start the replay upstream as a child process on a free port and wait until it listens."""
+    port_file = Path(tempfile.mkdtemp(prefix="xrouter-replay-")) / "port"
+    cmd = [sys.executable, "-m", "gateway.replay", "--host", host, "--port", "0", "--port-file", str(port_file)]
+    if table:
+        cmd += ["--table", table]
+    proc = subprocess.Popen(cmd)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if port_file.exists() and port_file.read_text().strip():
+            url = f"http://{host}:{int(port_file.read_text().strip())}"
+            atexit.register(_stop, proc)
+            return proc, url
+        if proc.poll() is not None:
+            raise SystemExit(f"the replay upstream exited with code {proc.returncode}")
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("the replay upstream did not start within 30 s")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _wants_replay(path: str) -> tuple[bool, str | None]:
+    raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    demo = raw.get("demo") or {}
+    return bool(demo.get("replay_upstream")), demo.get("replay_table")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import CONFIG_ENV, create_app
+    from gateway.settings import SettingsError, load_settings
+
+    path = args.config or demo_config_path()
+    if not Path(path).exists():
+        log.error("config file not found: %s", path)
+        return 2
+    wants_replay, table = _wants_replay(path)
+    if wants_replay and not os.environ.get("XROUTER_REPLAY_URL"):
+        _, url = start_replay_upstream(table=table)
+        os.environ["XROUTER_REPLAY_URL"] = url
+        log.info("demo: replay upstream at %s", url)
+    overrides = {"server.host": args.host, "server.port": args.port, "server.workers": args.workers}
+    try:
+        settings = load_settings(path, overrides=overrides)
+    except SettingsError as exc:
+        log.error("%s", exc)
+        return 2
+    srv = settings.server
+    common: dict[str, Any] = dict(
+        host=srv.host, port=srv.port, log_level=args.log_level or srv.log_level, access_log=False,
+        loop="uvloop", http="httptools", timeout_graceful_shutdown=30,
+    )
+    log.info("xrouter listening on http://%s:%d (%d worker%s)", srv.host, srv.port, srv.workers, "s" * (srv.workers > 1))
+    if srv.workers == 1:
+        try:
+            app = create_app(settings, config_path=path)
+        except Exception as exc:
+            log.error("cannot start: %s", exc)
+            return 2
+        uvicorn.run(app, **common)
+        return 0
+    # Several workers: each builds its own app from the same config; metrics aggregate
+    # through prometheus_client's multiprocess mode.
+    os.environ[CONFIG_ENV] = str(Path(path).resolve())
+    for key, value in (("HOST", srv.host), ("PORT", srv.port)):
+        os.environ[f"XROUTER_SERVER__{key}"] = str(value)
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="xrouter-prom-")
+    uvicorn.run("gateway.app:create_app_from_env", factory=True, workers=srv.workers, **common)
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from gateway.replay.server import run
+
+    return run(args)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from gateway.ledger.export import run_export
+    from gateway.settings import load_settings
+
+    settings = load_settings(args.config) if args.config else None
+    url = args.ledger or (settings.ledger.url if settings else "sqlite+aiosqlite:///./xrouter.db")
+    return asyncio.run(run_export(args, url))
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from training.compact.cli import run_train
+
+    return run_train(args)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from training.evaluation.cli import run_eval
+
+    return run_eval(args)
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    from gateway.deploy import run_deploy
+
+    return run_deploy(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="xrouter", description="Cost-aware LLM routing gateway with an RL-trained router.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="run the gateway (no --config: the embedded demo)")
+    p.add_argument("--config", help="YAML config file (default: the embedded demo config)")
+    p.add_argument("--host", help="bind address (default from config: 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default from config: 8000)")
+    p.add_argument("--workers", type=int, help="worker processes (default from config: 1)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=cmd_serve)
+
+    from gateway.replay.server import add_arguments as replay_args
+
+    p = sub.add_parser("replay-upstream", help="serve recorded outcomes as an OpenAI-compatible upstream")
+    replay_args(p)
+    p.set_defaults(func=cmd_replay)
+
+    from gateway.ledger.export import add_export_arguments
+
+    p = sub.add_parser("export", help="export the ledger as an outcome table (JSONL or Parquet)")
+    p.add_argument("--config", help="gateway config (for the ledger URL)")
+    p.add_argument("--ledger", help="ledger database URL (overrides --config)")
+    add_export_arguments(p)
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("train", help="train a compact router (needs the 'train' extra)")
+    _lazy_arguments(p, "training.compact.cli", "add_train_arguments")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="evaluate a policy over an outcome table")
+    _lazy_arguments(p, "training.evaluation.cli", "add_eval_arguments")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("deploy", help="make a running gateway hot-load a checkpoint")
+    p.add_argument("checkpoint", help="checkpoint directory")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="gateway base URL")
+    p.add_argument("--admin-key", default=os.environ.get("XROUTER_ADMIN_KEY"), help="admin key (env XROUTER_ADMIN_KEY)")
+    p.set_defaults(func=cmd_deploy)
+    return ap
+
+
+def _lazy_arguments(p: argparse.ArgumentParser, module: str, fn: str) -> None:
+    """Argument definitions live with the (heavy) module; importing it only to build --help
+    is fine because these modules import torch lazily themselves."""
+    import importlib
+
+    try:
+        getattr(importlib.import_module(module), fn)(p)
+    except ImportError as exc:
+        p.description = f"unavailable: {exc}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

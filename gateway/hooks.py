@@ -1,0 +1,140 @@
+"""What happens around the loop for every request: admission (rate limits, budget guard)
+before, and accounting (ledger row, metrics, tpm correction) after."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gateway.errors import APIError
+from router.loop import RouteResult, estimate_prompt_tokens
+from router.policy import LoopState, RouteContext, ToolCall
+
+if TYPE_CHECKING:
+    from gateway.chat import Principal
+    from gateway.ledger.writer import LedgerWriter
+    from gateway.limits.base import KeyLimits, LimitStore
+    from gateway.metrics import GatewayMetrics
+
+log = logging.getLogger(__name__)
+
+KEY_BUDGET = "key budget exhausted"
+
+
+@dataclass(slots=True)
+class RequestLog:
+    """Everything known about one request, filled in as it goes; becomes the ledger row."""
+
+    request_id: str
+    created_at: float
+    principal: Principal
+    t0: float
+    requested_model: str = ""
+    policy: str = ""
+    status: int = 0
+    error_type: str | None = None
+    stream: bool = False
+    messages: list[Any] | None = None
+    response_text: str | None = None
+    result: RouteResult | None = None
+    result_state: LoopState | None = None
+    tokens_estimate: int = 0
+    extra_headers: dict[str, str] = field(default_factory=dict)
+    finished: bool = False
+
+    def overhead_ms(self, result: RouteResult | None) -> float:
+        total = (time.perf_counter() - self.t0) * 1000
+        if result is None:
+            return total
+        # Overhead = wall time not spent waiting on calls. Calls of one turn run in
+        # parallel, so count the slowest of each turn.
+        per_turn: dict[tuple[str, int], float] = {}
+        for o in (*result.state.router_calls, *result.state.outcomes):
+            key = (o.role, o.turn)
+            per_turn[key] = max(per_turn.get(key, 0.0), o.latency_ms)
+        return max(total - sum(per_turn.values()), 0.0)
+
+
+class KeyBudgetGuard:
+    """Reserves each call's worst case against the key's budget, settles with the real cost."""
+
+    def __init__(self, store: LimitStore, limits: KeyLimits, request_id: str) -> None:
+        self.store = store
+        self.limits = limits
+        self.request_id = request_id
+        self.rejection: Any = None
+
+    async def reserve(self, call: ToolCall, worst_case_micros: int) -> str | None:
+        res = await self.store.reserve(self.limits, None, worst_case_micros, f"{self.request_id}:{call.id}")
+        if res.ok:
+            return None
+        self.rejection = res
+        return f"{KEY_BUDGET}: a call to {call.model} may cost up to {worst_case_micros} µUSD, {res.remaining_micros} µUSD remain"
+
+    async def settle(self, call: ToolCall, reserved_micros: int, actual_micros: int) -> None:
+        await self.store.settle(self.limits, f"{self.request_id}:{call.id}", reserved_micros, actual_micros)
+
+
+class RequestHooks:
+    def __init__(
+        self,
+        *,
+        limits: LimitStore | None = None,
+        ledger: LedgerWriter | None = None,
+        metrics: GatewayMetrics | None = None,
+        reference_price: Any = None,
+    ) -> None:
+        self.limits = limits
+        self.ledger = ledger
+        self.metrics = metrics
+        self.reference_price = reference_price
+
+    async def admit(self, rlog: RequestLog, ctx: RouteContext) -> KeyBudgetGuard | None:
+        from gateway.limits.base import LimitStoreUnavailable
+
+        limits: KeyLimits | None = rlog.principal.limits
+        if self.limits is None or limits is None:
+            return None
+        rlog.tokens_estimate = estimate_prompt_tokens(ctx.messages, None)
+        try:
+            rate = await self.limits.check_rate(limits, rlog.tokens_estimate)
+        except LimitStoreUnavailable:
+            raise APIError(503, "the rate-limit store is unavailable", type="server_error", code="limits_unavailable") from None
+        rlog.extra_headers.update(rate.headers())
+        if not rate.allowed:
+            if self.metrics is not None:
+                self.metrics.rate_limited(rate.limit or "rpm")
+            raise APIError(
+                429, f"rate limit exceeded ({rate.limit}) for this key", type="rate_limit_exceeded",
+                code=f"{rate.limit}_limit_exceeded", headers=rate.headers(),
+            )
+        if limits.budget_micros is None:
+            return None
+        return KeyBudgetGuard(self.limits, limits, rlog.request_id)
+
+    async def finish(self, rlog: RequestLog, result: RouteResult | None) -> None:
+        """Account for a finished request, exactly once. Never raises: accounting problems
+        are logged and counted, they don't turn a served answer into an error."""
+        if rlog.finished:
+            return
+        rlog.finished = True
+        try:
+            await self._finish(rlog, result)
+        except Exception:
+            log.exception("accounting failed for request %s", rlog.request_id)
+
+    async def _finish(self, rlog: RequestLog, result: RouteResult | None) -> None:
+        from gateway.accounting import build_record, observe
+
+        state = result.state if result is not None else rlog.result_state
+        if self.limits is not None and rlog.principal.limits is not None and state is not None:
+            used = sum(o.usage.total_tokens for o in (*state.router_calls, *state.outcomes))
+            if used != rlog.tokens_estimate:
+                await self.limits.add_tokens(rlog.principal.limits, used - rlog.tokens_estimate)
+        if self.metrics is not None:
+            observe(self.metrics, rlog, result, state, self.reference_price)
+        if self.ledger is not None:
+            record = build_record(rlog, result, state)
+            await self.ledger.submit_durable(record)

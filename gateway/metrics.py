@@ -1,0 +1,405 @@
+"""Prometheus metrics for the gateway.
+
+``GatewayMetrics`` owns every metric, registered in a registry the caller passes in (never
+the process-global default, so tests and several apps in one process don't collide). All
+names start with ``xrouter_`` and use base units: seconds, USD, tokens.
+
+Label values are bounded. A label fed from request data could otherwise grow without limit
+(every typo'd model name a new time series), so models and policies are checked against the
+sets known at start-up and anything else is reported as ``"other"``; free-form vocabularies
+owned by other components (error kinds, spill reasons) accept a few distinct values first
+come and fold the rest into ``"other"``.
+
+Multiprocess. With several server workers each process has its own counters. When
+``PROMETHEUS_MULTIPROC_DIR`` is set *before* ``prometheus_client`` is first imported, every
+metric writes to memory-mapped files in that directory, ``render_metrics`` aggregates them,
+and the server's worker-exit hook must call ``mark_process_dead(pid)`` so a dead worker's
+live gauges (the ledger queue depth) stop counting. Gauges declare how workers combine:
+``livesum`` for the queue depth (the depth of all live queues), ``mostrecent`` for budget
+remaining (all workers read the same store; the latest reading is the truth), ``max`` for
+build info.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterable
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client import multiprocess as _multiprocess
+
+from pricing.money import MICROS_PER_USD
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+OTHER = "other"
+NONE = "none"
+
+# LLM calls take from a few milliseconds (a cached or tiny answer) to minutes (long
+# reasoning or generation), so the buckets span 5 ms .. 10 min, denser where most calls are.
+LLM_BUCKETS: tuple[float, ...] = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+    10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+)  # fmt: skip
+# The gateway's own overhead (auth, limits, routing, serialization) is sub-millisecond to a
+# few milliseconds; with the LLM buckets every observation would land in the first bucket.
+OVERHEAD_BUCKETS: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+)  # fmt: skip
+
+TOKEN_KINDS = ("prompt", "completion", "cached", "reasoning")
+
+
+def _usd(micros: int) -> float:
+    return micros / MICROS_PER_USD
+
+
+def _status_class(status: int | str) -> str:
+    try:
+        code = int(status)
+    except (TypeError, ValueError):
+        return OTHER
+    return f"{code // 100}xx" if 100 <= code <= 599 else OTHER
+
+
+class _KnownLabel:
+    """Maps a value to itself if it is known, ``"none"`` if empty, else ``"other"``."""
+
+    def __init__(self, known: Iterable[str]) -> None:
+        self.known = frozenset(known)
+
+    def __call__(self, value: str | None) -> str:
+        if not value:
+            return NONE
+        return value if value in self.known else OTHER
+
+
+class _FirstComeLabel:
+    """Accepts the preset values plus up to ``extra`` more, first come; the rest is "other"."""
+
+    def __init__(self, preset: Iterable[str] = (), extra: int = 16) -> None:
+        self._values = set(preset)
+        self._room = extra
+
+    def __call__(self, value: str | None) -> str:
+        if not value:
+            return NONE
+        if value in self._values:
+            return value
+        if self._room > 0:
+            self._room -= 1
+            self._values.add(value)
+            return value
+        return OTHER
+
+
+class GatewayMetrics:
+    """Every gateway metric, with methods that take plain values (no prometheus types leak
+    into callers). Also the ledger writer's metrics sink: ``queue_depth``, ``spilled``,
+    ``write_error``, ``flushed``."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        models: Iterable[str],
+        policies: Iterable[str],
+        budget_gauge_keys: int = 20,
+        version: str = "unknown",
+    ) -> None:
+        self.registry = registry
+        self._model = _KnownLabel(models)
+        self._policy = _KnownLabel(policies)
+        self._error_kind = _FirstComeLabel(
+            ("timeout", "connection", "rate_limit", "server", "bad_request", "auth")
+        )
+        self._spill_reason = _FirstComeLabel(("queue_full", "write_failed", "shutdown"))
+        self._write_error_kind = _FirstComeLabel()
+        self._budget_reason = _FirstComeLabel(("budget", "request_budget"), extra=4)
+        self._budget_gauge_keys = budget_gauge_keys
+        self._budget_aliases: set[str] = set()
+
+        r = registry
+        # prometheus_client appends "_total" to counter names.
+        self._requests = Counter(
+            "xrouter_requests",
+            "Chat completion requests answered, by policy, answering model and status class.",
+            ["policy", "model", "status_class"],
+            registry=r,
+        )
+        self._tokens = Counter(
+            "xrouter_tokens",
+            "Tokens used by downstream and router calls. cached is part of prompt and "
+            "reasoning part of completion: don't sum across kinds.",
+            ["model", "kind"],
+            registry=r,
+        )
+        self._cost = Counter(
+            "xrouter_cost_usd",
+            "Cost of downstream and router calls in USD.",
+            ["model", "policy"],
+            registry=r,
+        )
+        # Savings against the reference model can be negative for a request (the router
+        # picked something dearer). A counter can't go down, and a gauge named *_total breaks
+        # rate(); so two counters: net savings = savings - overspend, and each is rate()-able.
+        self._savings = Counter(
+            "xrouter_savings_usd",
+            "Reference-model cost minus actual cost, summed over requests where it was >= 0.",
+            ["policy"],
+            registry=r,
+        )
+        self._overspend = Counter(
+            "xrouter_overspend_usd",
+            "Actual cost minus reference-model cost, summed over requests that cost more than "
+            "the reference. Net savings = xrouter_savings_usd_total - this.",
+            ["policy"],
+            registry=r,
+        )
+        self._request_duration = Histogram(
+            "xrouter_request_duration_seconds",
+            "Wall time of a request in the gateway, end to end.",
+            ["policy"],
+            buckets=LLM_BUCKETS,
+            registry=r,
+        )
+        self._overhead = Histogram(
+            "xrouter_overhead_seconds",
+            "Request time spent in the gateway itself (total minus upstream and router calls).",
+            buckets=OVERHEAD_BUCKETS,
+            registry=r,
+        )
+        self._upstream_duration = Histogram(
+            "xrouter_upstream_duration_seconds",
+            "Duration of one downstream model call.",
+            ["model"],
+            buckets=LLM_BUCKETS,
+            registry=r,
+        )
+        self._ttft = Histogram(
+            "xrouter_time_to_first_token_seconds",
+            "Time to the first streamed token of a downstream call.",
+            ["model"],
+            buckets=LLM_BUCKETS,
+            registry=r,
+        )
+        self._decisions = Counter(
+            "xrouter_routing_decisions",
+            "Models chosen by routing policies.",
+            ["policy", "model"],
+            registry=r,
+        )
+        self._budget_rejections = Counter(
+            "xrouter_budget_rejections",
+            "Requests refused because a budget would be exceeded.",
+            ["reason"],
+            registry=r,
+        )
+        self._rate_limited = Counter(
+            "xrouter_rate_limited", "Requests refused by a rate limit.", ["limit"], registry=r
+        )
+        self._upstream_errors = Counter(
+            "xrouter_upstream_errors",
+            "Failed downstream calls.",
+            ["model", "kind"],
+            registry=r,
+        )
+        self._fallbacks = Counter(
+            "xrouter_fallbacks",
+            "Calls answered by a fallback model, by the model that failed.",
+            ["model"],
+            registry=r,
+        )
+        self._router_query_copies = Counter(
+            "xrouter_router_query_copies",
+            "Times the router copied the user query into a downstream system prompt.",
+            registry=r,
+        )
+        self._ledger_queue_depth = Gauge(
+            "xrouter_ledger_queue_depth",
+            "Rows waiting in the ledger writer's queue.",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self._ledger_spilled = Counter(
+            "xrouter_ledger_spilled",
+            "Ledger rows written to the spill directory instead of the database.",
+            ["reason"],
+            registry=r,
+        )
+        self._ledger_write_errors = Counter(
+            "xrouter_ledger_write_errors", "Failed ledger writes.", ["kind"], registry=r
+        )
+        self._ledger_rows = Counter(
+            "xrouter_ledger_rows", "Rows written to the ledger database.", registry=r
+        )
+        self._limit_store_errors = Counter(
+            "xrouter_limit_store_errors",
+            "Limit-store (Redis) failures, by the on_store_error mode that handled them.",
+            ["mode"],
+            registry=r,
+        )
+        self._key_budget_remaining = Gauge(
+            "xrouter_key_budget_remaining_usd",
+            "Budget left in the current period, for at most metrics.budget_gauge_keys keys.",
+            ["key_alias"],
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
+        self._build_info = Gauge(
+            "xrouter_build_info",
+            "Always 1; the version label says which build is running.",
+            ["version"],
+            registry=r,
+            multiprocess_mode="max",
+        )
+        self._build_info.labels(version=version).set(1)
+        # Series that should exist (at 0) from the start, so rate() and alerts see them.
+        for limit in ("rpm", "tpm"):
+            self._rate_limited.labels(limit=limit)
+        for reason in ("budget", "request_budget"):
+            self._budget_rejections.labels(reason=reason)
+
+    # -- requests and calls ----------------------------------------------------------------
+
+    def observe_request(
+        self,
+        policy: str,
+        model: str | None,
+        status: int | str,
+        duration_s: float,
+        overhead_s: float | None,
+        cost_micros: int,
+        reference_cost_micros: int | None = None,
+    ) -> None:
+        """One finished request. ``model`` answered it (None if none did);
+        ``reference_cost_micros`` is what the reference model would have cost."""
+        p = self._policy(policy)
+        self._requests.labels(policy=p, model=self._model(model), status_class=_status_class(status)).inc()
+        self._request_duration.labels(policy=p).observe(duration_s)
+        if overhead_s is not None:
+            self._overhead.observe(overhead_s)
+        if reference_cost_micros is not None:
+            saved = reference_cost_micros - cost_micros
+            if saved >= 0:
+                self._savings.labels(policy=p).inc(_usd(saved))
+            else:
+                self._overspend.labels(policy=p).inc(_usd(-saved))
+
+    def observe_call(
+        self,
+        model: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached: int,
+        reasoning: int,
+        cost_micros: int,
+        duration_s: float,
+        ttft_s: float | None = None,
+        *,
+        policy: str | None = None,
+    ) -> None:
+        """One downstream (or router) model call."""
+        m = self._model(model)
+        for kind, n in (
+            ("prompt", prompt_tokens),
+            ("completion", completion_tokens),
+            ("cached", cached),
+            ("reasoning", reasoning),
+        ):
+            if n:
+                self._tokens.labels(model=m, kind=kind).inc(n)
+        self._cost.labels(model=m, policy=self._policy(policy)).inc(_usd(cost_micros))
+        self._upstream_duration.labels(model=m).observe(duration_s)
+        if ttft_s is not None:
+            self._ttft.labels(model=m).observe(ttft_s)
+
+    def decision(self, policy: str, model: str | None) -> None:
+        self._decisions.labels(policy=self._policy(policy), model=self._model(model)).inc()
+
+    def upstream_error(self, model: str, kind: str) -> None:
+        self._upstream_errors.labels(model=self._model(model), kind=self._error_kind(kind)).inc()
+
+    def fallback(self, model: str) -> None:
+        self._fallbacks.labels(model=self._model(model)).inc()
+
+    def router_query_copied(self) -> None:
+        self._router_query_copies.inc()
+
+    # -- limits ------------------------------------------------------------------------------
+
+    def budget_rejected(self, reason: str) -> None:
+        self._budget_rejections.labels(reason=self._budget_reason(reason)).inc()
+
+    def rate_limited(self, limit: str) -> None:
+        self._rate_limited.labels(limit=limit if limit in ("rpm", "tpm") else OTHER).inc()
+
+    def limit_store_error(self, mode: str) -> None:
+        self._limit_store_errors.labels(mode=mode if mode in ("open", "closed") else OTHER).inc()
+
+    def key_budget_remaining(self, key_alias: str, remaining_micros: int) -> bool:
+        """Export a key's remaining budget. Only the first ``budget_gauge_keys`` keys seen
+        get a series (per process); returns False for a key that isn't exported."""
+        if key_alias not in self._budget_aliases:
+            if len(self._budget_aliases) >= self._budget_gauge_keys:
+                return False
+            self._budget_aliases.add(key_alias)
+        self._key_budget_remaining.labels(key_alias=key_alias).set(_usd(remaining_micros))
+        return True
+
+    def forget_key_budget(self, key_alias: str) -> None:
+        """Stop exporting a key (revoked, or its budget removed) and free its slot. In
+        multiprocess mode the last value stays in the files until the workers restart."""
+        if key_alias in self._budget_aliases:
+            self._budget_aliases.discard(key_alias)
+            self._key_budget_remaining.remove(key_alias)
+
+    # -- ledger sink -------------------------------------------------------------------------
+
+    def queue_depth(self, n: int) -> None:
+        self._ledger_queue_depth.set(n)
+
+    def spilled(self, n: int, reason: str) -> None:
+        self._ledger_spilled.labels(reason=self._spill_reason(reason)).inc(n)
+
+    def write_error(self, kind: str) -> None:
+        self._ledger_write_errors.labels(kind=self._write_error_kind(kind)).inc()
+
+    def flushed(self, n: int) -> None:
+        self._ledger_rows.inc(n)
+
+
+def multiprocess_enabled() -> bool:
+    return bool(os.environ.get(MULTIPROC_ENV))
+
+
+def render_metrics(registry: CollectorRegistry) -> tuple[bytes, str]:
+    """The ``/metrics`` body and content type.
+
+    In multiprocess mode the values of every worker (read from the shared directory) are
+    aggregated on a fresh registry and ``registry`` is not read (its metrics write to that
+    directory too). This reads files: call it off the event loop (``arender_metrics``)."""
+    if multiprocess_enabled():
+        collecting = CollectorRegistry()
+        _multiprocess.MultiProcessCollector(collecting)
+        return generate_latest(collecting), CONTENT_TYPE_LATEST
+    return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+async def arender_metrics(registry: CollectorRegistry) -> tuple[bytes, str]:
+    """``render_metrics`` in a worker thread, for async endpoints."""
+    return await asyncio.to_thread(render_metrics, registry)
+
+
+def mark_process_dead(pid: int) -> None:
+    """For the server's worker-exit hook: drop a dead worker's live gauges. No-op when not
+    in multiprocess mode."""
+    if multiprocess_enabled():
+        _multiprocess.mark_process_dead(pid)

@@ -1,0 +1,185 @@
+"""The admin API (admin key): keys, spend reports, pricing, router reload."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any, Literal
+
+import orjson
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.responses import Response
+
+from gateway.errors import APIError, bad_request
+from gateway.ledger.spend import spend_report
+from gateway.routes.openai import read_body, services
+from gateway.services import Services
+from pricing import micros_to_usd, usd_to_micros
+
+router = APIRouter(prefix="/admin")
+
+Period = Literal["daily", "weekly", "monthly", "total"]
+
+
+class KeyCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    alias: str = Field(min_length=1, max_length=128)
+    budget_usd: float | None = Field(default=None, ge=0)
+    budget_period: Period | None = None
+    rpm: int | None = Field(default=None, ge=1)
+    tpm: int | None = Field(default=None, ge=1)
+    allowed_models: list[str] | None = None
+    allowed_policies: list[str] | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class KeyUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    alias: str | None = Field(default=None, min_length=1, max_length=128)
+    budget_usd: float | None = Field(default=None, ge=0)
+    budget_period: Period | None = None
+    rpm: int | None = Field(default=None, ge=1)
+    tpm: int | None = Field(default=None, ge=1)
+    allowed_models: list[str] | None = None
+    allowed_policies: list[str] | None = None
+    metadata: dict[str, Any] | None = None
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data, default=str), status_code=status, media_type="application/json")
+
+
+async def _admin(request: Request) -> Services:
+    s = services(request)
+    assert s.auth is not None
+    s.auth.require_admin(request.headers.get("authorization"))
+    return s
+
+
+async def _body(request: Request, model: type[BaseModel]) -> Any:
+    raw = await read_body(request, 64 * 1024)
+    try:
+        return model.model_validate_json(raw or b"{}")
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        param = ".".join(str(p) for p in err["loc"]) or None
+        raise bad_request(f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
+
+
+def _key_view(info: Any) -> dict[str, Any]:
+    d = dataclasses.asdict(info)
+    d.pop("key_hash", None)
+    if d.get("budget_micros") is not None:
+        d["budget_usd"] = micros_to_usd(d["budget_micros"])
+    return d
+
+
+@router.post("/keys")
+async def create_key(request: Request) -> Response:
+    s = await _admin(request)
+    body: KeyCreate = await _body(request, KeyCreate)
+    if body.budget_usd is not None and body.budget_period is None:
+        raise bad_request("budget_period is required with budget_usd", param="budget_period")
+    try:
+        info, secret = await s.keys.create(
+            alias=body.alias, budget_micros=usd_to_micros(body.budget_usd) if body.budget_usd is not None else None,
+            budget_period=body.budget_period, rpm=body.rpm, tpm=body.tpm, allowed_models=body.allowed_models,
+            allowed_policies=body.allowed_policies, metadata=body.metadata,
+        )
+    except ValueError as exc:
+        raise APIError(409, str(exc), code="key_conflict") from None
+    # The secret is returned exactly once; only its hash is stored.
+    return _json({**_key_view(info), "key": secret}, status=201)
+
+
+@router.get("/keys")
+async def list_keys(request: Request) -> Response:
+    s = await _admin(request)
+    include = request.query_params.get("include_revoked") in ("1", "true")
+    keys = await s.keys.list(include_revoked=include)
+    out = []
+    for k in keys:
+        view = _key_view(k)
+        if k.budget_micros is not None and s.limits is not None:
+            from gateway.limits.base import KeyLimits
+
+            state = await s.limits.spent(KeyLimits(k.key_id, k.budget_micros, k.budget_period, k.rpm, k.tpm))
+            view["spent_usd"] = micros_to_usd(state.spent)
+            view["remaining_usd"] = micros_to_usd(state.remaining) if state.remaining is not None else None
+        out.append(view)
+    return _json({"data": out})
+
+
+@router.patch("/keys/{key_id}")
+async def update_key(key_id: str, request: Request) -> Response:
+    s = await _admin(request)
+    body: KeyUpdate = await _body(request, KeyUpdate)
+    fields = body.model_dump(exclude_unset=True)
+    if "budget_usd" in fields:
+        usd = fields.pop("budget_usd")
+        fields["budget_micros"] = usd_to_micros(usd) if usd is not None else None
+    info = await s.keys.update(key_id, **fields)
+    if info is None:
+        raise APIError(404, f"no key {key_id!r}", param="key_id", code="key_not_found")
+    assert s.auth is not None
+    s.auth.invalidate()
+    return _json(_key_view(info))
+
+
+@router.delete("/keys/{key_id}")
+async def revoke_key(key_id: str, request: Request) -> Response:
+    s = await _admin(request)
+    ok = await s.keys.revoke(key_id)
+    if not ok:
+        raise APIError(404, f"no key {key_id!r}", param="key_id", code="key_not_found")
+    assert s.auth is not None
+    s.auth.invalidate()
+    return _json({"key_id": key_id, "revoked": True})
+
+
+def _time(v: str | None, name: str) -> dt.datetime | None:
+    if not v:
+        return None
+    try:
+        t = dt.datetime.fromisoformat(v)
+    except ValueError:
+        raise bad_request(f"{name} must be an ISO-8601 date or time", param=name) from None
+    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
+
+
+@router.get("/spend")
+async def spend(request: Request) -> Response:
+    s = await _admin(request)
+    q = request.query_params
+    group_by = [g for g in (q.get("group_by") or "key").split(",") if g]
+    bad = [g for g in group_by if g not in ("key", "model", "policy", "day")]
+    if bad:
+        raise bad_request(f"group_by accepts key, model, policy, day; got {bad}", param="group_by")
+    await s.ledger.flush()
+    rows = await spend_report(s.engine, group_by, since=_time(q.get("since"), "since"), until=_time(q.get("until"), "until"), key_id=q.get("key"))
+    return _json({"group_by": group_by, "data": rows})
+
+
+@router.get("/pricing")
+async def pricing(request: Request) -> Response:
+    s = await _admin(request)
+    rt = s.current()
+    return _json({"catalog_version": rt.catalog.version, "pool": rt.pool.price_snapshot()})
+
+
+@router.post("/reload")
+async def reload(request: Request) -> Response:
+    """Re-read the config file (pool, prices, checkpoint) and swap the runtime."""
+    s = await _admin(request)
+    from gateway.settings import SettingsError, load_settings
+
+    path = request.app.state.config_path
+    try:
+        settings = load_settings(path) if path else s.settings
+        rt = await s.reload(settings)
+    except (SettingsError, ValueError, OSError) as exc:
+        raise APIError(400, f"reload failed, still serving the previous config: {exc}", code="reload_failed") from None
+    return _json({"status": "reloaded", "pool": rt.pool.names, "policies": rt.policy_names, "checkpoint": rt.checkpoint_info})

@@ -1,0 +1,98 @@
+"""The OpenAI-compatible surface: chat completions, models, feedback."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+from fastapi import APIRouter, Request
+from pydantic import ValidationError
+from starlette.responses import Response
+
+from gateway.errors import APIError, bad_request
+from gateway.ledger.records import FeedbackRecord
+from gateway.ledger.spend import get_request
+from gateway.runtime import POLICY_PREFIX, ROUTER_MODEL
+from gateway.schemas import FeedbackRequest
+from gateway.services import Services
+
+router = APIRouter()
+
+
+def services(request: Request) -> Services:
+    return request.app.state.services  # type: ignore[no-any-return]
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """Read the body, refusing it (413) as soon as it exceeds ``limit``, before buffering it
+    all when the client announced its length."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"request body is larger than {limit} bytes", code="request_too_large")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise APIError(413, f"request body is larger than {limit} bytes", code="request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    s = services(request)
+    assert s.auth is not None and s.chat is not None
+    who = await s.auth.principal(request.headers.get("authorization"))
+    raw = await read_body(request, s.settings.server.max_body_bytes)
+    return await s.chat.handle(raw, who)
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> Response:
+    s = services(request)
+    assert s.auth is not None
+    await s.auth.principal(request.headers.get("authorization"))
+    rt = s.current()
+    created = int(time.time())
+    data = [
+        {"id": ROUTER_MODEL, "object": "model", "created": created, "owned_by": "xrouter",
+         "xrouter": {"kind": "router", "policy": rt.default_policy}},
+        *(
+            {"id": f"{POLICY_PREFIX}{p}", "object": "model", "created": created, "owned_by": "xrouter",
+             "xrouter": {"kind": "router", "policy": p}}
+            for p in rt.policy_names
+        ),
+        *(
+            {"id": m.name, "object": "model", "created": created, "owned_by": m.provider,
+             "xrouter": {"kind": "pool", "price": {"input_per_mtok": str(m.price.input), "output_per_mtok": str(m.price.output)},
+                         "max_output_tokens": m.max_output_tokens, "description": m.description}}
+            for m in rt.pool
+        ),
+    ]
+    return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")
+
+
+@router.post("/v1/feedback")
+async def feedback(request: Request) -> Response:
+    s = services(request)
+    assert s.auth is not None
+    who = await s.auth.principal(request.headers.get("authorization"))
+    raw = await read_body(request, 64 * 1024)
+    try:
+        fb = FeedbackRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        param = ".".join(str(p) for p in err["loc"]) or None
+        raise bad_request(f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
+    # The request must be in the ledger before feedback can attach to it.
+    await s.ledger.flush()
+    row = await get_request(s.engine, fb.request_id)
+    if row is None:
+        raise APIError(404, f"no request {fb.request_id!r} in the ledger", param="request_id", code="request_not_found")
+    if s.settings.auth.enabled and row.get("key_id") != who.key_id:
+        # Same answer as "not found": don't reveal other keys' request ids.
+        raise APIError(404, f"no request {fb.request_id!r} in the ledger", param="request_id", code="request_not_found")
+    record = FeedbackRecord(request_id=fb.request_id, score=fb.score, source=fb.source, comment=fb.comment, created_at=time.time())
+    await s.ledger.submit_durable(record)
+    return Response(orjson.dumps({"status": "recorded", "request_id": fb.request_id, "feedback_id": record.feedback_id}), media_type="application/json")

@@ -1,0 +1,36 @@
+"""Health, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.routes.openai import services
+
+router = APIRouter()
+
+
+@router.get("/healthz")
+async def healthz() -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> Response:
+    s = services(request)
+    checks = {"runtime": s.runtime is not None, "ledger": s.ledger is not None}
+    if s.limits is not None:
+        checks["limits"] = await s.limits.ping()
+    ok = s.ready and all(checks.values())
+    return JSONResponse({"status": "ready" if ok else "not_ready", "checks": checks}, status_code=200 if ok else 503)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    from gateway.metrics import render_metrics
+
+    s = services(request)
+    if s.ledger is not None and s.metrics is not None:
+        s.metrics.queue_depth(s.ledger.pending())
+    body, content_type = render_metrics(s.registry)
+    return Response(body, media_type=content_type)

@@ -1,0 +1,132 @@
+"""The gateway's service objects, built once per process in the app factory's lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from gateway.auth import Authenticator
+from gateway.chat import ChatService
+from gateway.hooks import RequestHooks
+from gateway.runtime import Runtime, build_runtime
+from gateway.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class _MetricEvents:
+    """Adapts DownstreamClient events to Prometheus."""
+
+    def __init__(self, services: Services) -> None:
+        self._s = services
+
+    def on_retry(self, model: str, kind: str) -> None:
+        pass
+
+    def on_fallback(self, model: str) -> None:
+        if self._s.metrics is not None:
+            self._s.metrics.fallback(model)
+
+    def on_upstream_error(self, model: str, kind: str) -> None:
+        if self._s.metrics is not None:
+            self._s.metrics.upstream_error(model, kind)
+
+
+@dataclass
+class Services:
+    settings: Settings
+    registry: CollectorRegistry
+    runtime: Runtime | None = None
+    metrics: Any = None
+    engine: Any = None
+    ledger: Any = None
+    limits: Any = None
+    keys: Any = None
+    auth: Authenticator | None = None
+    chat: ChatService | None = None
+    ready: bool = False
+    reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    background: list[asyncio.Task[Any]] = field(default_factory=list)
+
+    def current(self) -> Runtime:
+        assert self.runtime is not None
+        return self.runtime
+
+    async def start(self) -> None:
+        from gateway.ledger.keys import KeyRepository
+        from gateway.ledger.store import open_ledger_engine
+        from gateway.ledger.writer import LedgerWriter
+        from gateway.metrics import GatewayMetrics
+
+        s = self.settings
+        self.runtime = build_runtime(s, events=_MetricEvents(self), on_query_copy=lambda: self.metrics and self.metrics.query_copied(1))
+        if s.metrics.enabled:
+            self.metrics = GatewayMetrics(
+                self.registry, models=self.runtime.pool.names, policies=[*self.runtime.policy_names, "passthrough"],
+                budget_gauge_keys=s.metrics.budget_gauge_keys,
+            )
+        self.engine = await open_ledger_engine(s.ledger.url)
+        self.ledger = LedgerWriter(self.engine, s.ledger, self.metrics)
+        await self.ledger.start()
+        self.keys = KeyRepository(self.engine)
+        self.limits = self._limit_store()
+        admin = s.auth.admin_key.get_secret_value() if s.auth.admin_key else None
+        self.auth = Authenticator(self.keys, enabled=s.auth.enabled, admin_key=admin)
+        ref = self.runtime.catalog.get(s.metrics.reference_model) if s.metrics.reference_model else None
+        hooks = RequestHooks(limits=self.limits, ledger=self.ledger, metrics=self.metrics, reference_price=ref)
+        self.chat = ChatService(self.current, hooks)
+        self.ready = True
+
+    def _limit_store(self) -> Any:
+        from gateway.limits.base import FailPolicyStore
+
+        s = self.settings.limits
+        if s.backend == "redis":
+            from gateway.limits.redis_store import RedisLimitStore
+
+            inner: Any = RedisLimitStore(s.redis_url, key_prefix=s.key_prefix)
+        else:
+            from gateway.limits.memory import MemoryLimitStore
+
+            inner = MemoryLimitStore()
+
+        def on_event(kind: str) -> None:
+            if self.metrics is not None:
+                self.metrics.limit_store_error(s.on_store_error)
+
+        return FailPolicyStore(inner, s.on_store_error, on_event)
+
+    async def reload(self, settings: Settings | None = None) -> Runtime:
+        """Build a new runtime snapshot and swap it in. In-flight requests keep the old one."""
+        async with self.reload_lock:
+            new_settings = settings or self.settings
+            # Building loads a checkpoint from disk: keep it off the event loop.
+            runtime = await asyncio.to_thread(
+                build_runtime, new_settings, events=_MetricEvents(self), previous=self.runtime,
+            )
+            self.settings = new_settings
+            self.runtime = runtime
+            log.info("reloaded: pool=%s policies=%s", runtime.pool.names, runtime.policy_names)
+            return runtime
+
+    async def stop(self) -> None:
+        self.ready = False
+        for t in self.background:
+            t.cancel()
+        if self.ledger is not None:
+            await self.ledger.close()
+        if self.runtime is not None:
+            await self.runtime.client.aclose()
+        if self.limits is not None:
+            await self.limits.aclose()
+        if self.engine is not None:
+            await self.engine.dispose()
+
+
+def multiproc_dir() -> str | None:
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR")

@@ -1,0 +1,75 @@
+"""Hot reload by file watch: the config file and the router checkpoint are polled (stat in a
+thread, every ``interval_s``); a change reloads the runtime without dropping requests. A
+config that fails to load is logged and the previous runtime keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.services import Services
+
+log = logging.getLogger(__name__)
+
+
+def _fingerprint(paths: list[Path]) -> tuple[tuple[str, float, int], ...]:
+    out = []
+    for p in paths:
+        try:
+            if p.is_dir():
+                for f in sorted(p.rglob("*")):
+                    if f.is_file():
+                        st = f.stat()
+                        out.append((str(f), st.st_mtime, st.st_size))
+            else:
+                st = p.stat()
+                out.append((str(p), st.st_mtime, st.st_size))
+        except OSError:
+            out.append((str(p), -1.0, -1))
+    return tuple(out)
+
+
+class FileWatcher:
+    def __init__(self, services: Services, config_path: str | os.PathLike[str] | None, interval_s: float = 2.0) -> None:
+        self.services = services
+        self.config_path = Path(config_path) if config_path else None
+        self.interval_s = interval_s
+        self._task: asyncio.Task[None] | None = None
+
+    def _paths(self) -> list[Path]:
+        paths = [self.config_path] if self.config_path else []
+        ckpt = self.services.settings.router.checkpoint
+        if ckpt:
+            paths.append(Path(ckpt))
+        return paths
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="xrouter-file-watch")
+
+    async def _run(self) -> None:
+        from gateway.settings import load_settings
+
+        last = await asyncio.to_thread(_fingerprint, self._paths())
+        while True:
+            await asyncio.sleep(self.interval_s)
+            current = await asyncio.to_thread(_fingerprint, self._paths())
+            if current == last:
+                continue
+            last = current
+            try:
+                settings = await asyncio.to_thread(load_settings, self.config_path) if self.config_path else None
+                await self.services.reload(settings)
+            except Exception as exc:
+                log.error("reload after file change failed; still serving the previous config: %s", exc)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass

@@ -1,0 +1,84 @@
+from pathlib import Path
+
+import pytest
+
+from gateway.settings import SettingsError, load_settings
+from pricing import CatalogError, load_default_catalog
+from router.pool import ModelPool
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "cfg.yaml"
+    p.write_text(text)
+    return p
+
+
+POOL = """
+pool:
+  - name: small
+    model: openai/small
+    api_base: http://127.0.0.1:9/v1
+    api_key: ${SMALL_KEY}
+    price: {input: 0.1, output: 0.2}
+"""
+
+
+def test_yaml_with_env_secret_and_overrides(tmp_path: Path) -> None:
+    s = load_settings(write(tmp_path, POOL), env={"SMALL_KEY": "sk-secret", "XROUTER_SERVER__PORT": "9123", "XROUTER_AUTH__ENABLED": "false"})
+    assert s.server.port == 9123
+    assert s.auth.enabled is False
+    key = s.pool[0].api_key
+    assert key is not None and key.get_secret_value() == "sk-secret"
+    assert "sk-secret" not in repr(s)  # secrets never print
+
+
+def test_missing_env_var_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="SMALL_KEY"):
+        load_settings(write(tmp_path, POOL), env={})
+
+
+def test_env_default_syntax(tmp_path: Path) -> None:
+    s = load_settings(write(tmp_path, POOL.replace("${SMALL_KEY}", "${SMALL_KEY:-none}")), env={})
+    assert s.pool[0].api_key is not None and s.pool[0].api_key.get_secret_value() == "none"
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("server: {port: 99999}", "server.port"),
+        ("ledger: {log_content: everything}", "ledger.log_content"),
+        ("unknown_section: {}", "unknown_section"),
+        ("pool: [{name: 'bad name!', model: openai/x}]", "pool.0.name"),
+        (POOL + "  - name: small\n    model: openai/x\n    price: 0\n", "duplicate"),
+        ("pool: [{name: a, model: openai/a, price: 0, fallbacks: [nope]}]", "unknown models"),
+        ("pool: [{name: xrouter, model: openai/a, price: 0}]", "xrouter"),
+    ],
+)
+def test_invalid_configs_name_the_problem(tmp_path: Path, text: str, needle: str) -> None:
+    with pytest.raises(SettingsError, match=needle):
+        load_settings(write(tmp_path, text), env={"SMALL_KEY": "k"})
+
+
+def test_not_yaml(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="YAML"):
+        load_settings(write(tmp_path, "pool: [unclosed"), env={})
+
+
+def test_pool_prices_from_catalog_explicit_or_free(tmp_path: Path) -> None:
+    text = """
+pool:
+  - {name: llama-3.3-70b-instruct, model: openai/llama-3.3-70b-instruct, api_base: http://h/v1}
+  - {name: mine, model: hosted_vllm/mine, api_base: http://h/v1, price: 0}
+  - {name: claude, model: anthropic/claude-3-5-haiku, price: {input: 0.8, output: 4}}
+"""
+    s = load_settings(write(tmp_path, text), env={})
+    pool = ModelPool.from_configs(s.pool, load_default_catalog())
+    assert str(pool["llama-3.3-70b-instruct"].price.input) == "0.88"
+    assert pool["mine"].price.is_free and pool["mine"].transport == "native"
+    assert pool["claude"].transport == "litellm"
+
+
+def test_unpriced_pool_model_fails_at_startup(tmp_path: Path) -> None:
+    s = load_settings(write(tmp_path, "pool: [{name: x, model: openai/unknown-model, api_base: http://h/v1}]"), env={})
+    with pytest.raises(CatalogError, match="no price"):
+        ModelPool.from_configs(s.pool, load_default_catalog())
