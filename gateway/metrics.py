@@ -55,6 +55,8 @@ OVERHEAD_BUCKETS: tuple[float, ...] = (
 )  # fmt: skip
 
 TOKEN_KINDS = ("prompt", "completion", "cached", "reasoning")
+# Budget rejections: the key's budget, or the request's own cap (max_cost_usd).
+BUDGET_REASONS = ("key", "request")
 
 
 def _usd(micros: int) -> float:
@@ -117,12 +119,15 @@ class GatewayMetrics:
         self.registry = registry
         self._model = _KnownLabel(models)
         self._policy = _KnownLabel(policies)
+        # Presets: the vocabularies of router.providers.errors.ErrorKind and the ledger
+        # writer's sink; anything new still gets a series, up to the first-come room.
         self._error_kind = _FirstComeLabel(
-            ("timeout", "connection", "rate_limit", "server", "bad_request", "auth")
-        )
-        self._spill_reason = _FirstComeLabel(("queue_full", "write_failed", "shutdown"))
-        self._write_error_kind = _FirstComeLabel()
-        self._budget_reason = _FirstComeLabel(("budget", "request_budget"), extra=4)
+            ("timeout", "rate_limited", "upstream_4xx", "upstream_5xx", "connection",
+             "bad_response", "not_found", "budget")
+        )  # fmt: skip
+        self._spill_reason = _FirstComeLabel(("queue_full", "db_error", "db_unavailable"))
+        self._write_error_kind = _FirstComeLabel(("db", "data", "spill", "closed"))
+        self._budget_reason = _FirstComeLabel(BUDGET_REASONS, extra=4)
         self._budget_gauge_keys = budget_gauge_keys
         self._budget_aliases: set[str] = set()
 
@@ -264,7 +269,7 @@ class GatewayMetrics:
         # Series that should exist (at 0) from the start, so rate() and alerts see them.
         for limit in ("rpm", "tpm"):
             self._rate_limited.labels(limit=limit)
-        for reason in ("budget", "request_budget"):
+        for reason in BUDGET_REASONS:
             self._budget_rejections.labels(reason=reason)
 
     # -- requests and calls ----------------------------------------------------------------
@@ -282,7 +287,9 @@ class GatewayMetrics:
         """One finished request. ``model`` answered it (None if none did);
         ``reference_cost_micros`` is what the reference model would have cost."""
         p = self._policy(policy)
-        self._requests.labels(policy=p, model=self._model(model), status_class=_status_class(status)).inc()
+        self._requests.labels(
+            policy=p, model=self._model(model), status_class=_status_class(status)
+        ).inc()
         self._request_duration.labels(policy=p).observe(duration_s)
         if overhead_s is not None:
             self._overhead.observe(overhead_s)
@@ -298,8 +305,8 @@ class GatewayMetrics:
         model: str,
         prompt_tokens: int,
         completion_tokens: int,
-        cached: int,
-        reasoning: int,
+        cached_tokens: int,
+        reasoning_tokens: int,
         cost_micros: int,
         duration_s: float,
         ttft_s: float | None = None,
@@ -311,8 +318,8 @@ class GatewayMetrics:
         for kind, n in (
             ("prompt", prompt_tokens),
             ("completion", completion_tokens),
-            ("cached", cached),
-            ("reasoning", reasoning),
+            ("cached", cached_tokens),
+            ("reasoning", reasoning_tokens),
         ):
             if n:
                 self._tokens.labels(model=m, kind=kind).inc(n)
@@ -330,8 +337,9 @@ class GatewayMetrics:
     def fallback(self, model: str) -> None:
         self._fallbacks.labels(model=self._model(model)).inc()
 
-    def router_query_copied(self) -> None:
-        self._router_query_copies.inc()
+    def query_copied(self, n: int = 1) -> None:
+        """The router copied the user query into a downstream system prompt ``n`` times."""
+        self._router_query_copies.inc(n)
 
     # -- limits ------------------------------------------------------------------------------
 

@@ -67,7 +67,7 @@ class Services:
         self.runtime = build_runtime(s, events=_MetricEvents(self), on_query_copy=lambda: self.metrics and self.metrics.query_copied(1))
         if s.metrics.enabled:
             self.metrics = GatewayMetrics(
-                self.registry, models=self.runtime.pool.names, policies=[*self.runtime.policy_names, "passthrough"],
+                self.registry, models=[*self.runtime.pool.names, "router"], policies=[*self.runtime.policy_names, "passthrough"],
                 budget_gauge_keys=s.metrics.budget_gauge_keys,
             )
         self.engine = await open_ledger_engine(s.ledger.url)
@@ -83,23 +83,17 @@ class Services:
         self.ready = True
 
     def _limit_store(self) -> Any:
-        from gateway.limits.base import FailPolicyStore
+        from gateway.limits import build_limit_store
 
-        s = self.settings.limits
-        if s.backend == "redis":
-            from gateway.limits.redis_store import RedisLimitStore
-
-            inner: Any = RedisLimitStore(s.redis_url, key_prefix=s.key_prefix)
-        else:
-            from gateway.limits.memory import MemoryLimitStore
-
-            inner = MemoryLimitStore()
+        mode = self.settings.limits.on_store_error
 
         def on_event(kind: str) -> None:
             if self.metrics is not None:
-                self.metrics.limit_store_error(s.on_store_error)
+                self.metrics.limit_store_error(mode)
 
-        return FailPolicyStore(inner, s.on_store_error, on_event)
+        # A hold older than the longest possible request is presumed abandoned.
+        ttl = self.settings.server.request_timeout_s + 60
+        return build_limit_store(self.settings.limits, hold_ttl_s=ttl, on_event=on_event)
 
     async def reload(self, settings: Settings | None = None) -> Runtime:
         """Build a new runtime snapshot and swap it in. In-flight requests keep the old one."""
@@ -126,6 +120,11 @@ class Services:
             await self.limits.aclose()
         if self.engine is not None:
             await self.engine.dispose()
+        if multiproc_dir():
+            # Live gauges of this worker must stop counting once it exits.
+            from gateway.metrics import mark_process_dead
+
+            mark_process_dead(os.getpid())
 
 
 def multiproc_dir() -> str | None:

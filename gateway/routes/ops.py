@@ -27,10 +27,10 @@ async def readyz(request: Request) -> Response:
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
-    from gateway.metrics import render_metrics
+    from gateway.metrics import arender_metrics
 
     s = services(request)
     if s.ledger is not None and s.metrics is not None:
         s.metrics.queue_depth(s.ledger.pending())
-    body, content_type = render_metrics(s.registry)
+    body, content_type = await arender_metrics(s.registry)
     return Response(body, media_type=content_type)

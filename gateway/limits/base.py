@@ -1,0 +1,350 @@
+"""The limit-store interface: per-key rate limits (rpm/tpm) and spend budgets.
+
+Two backends implement it with the same semantics and pass the same test suite:
+``MemoryLimitStore`` (one process, the embedded default) and ``RedisLimitStore`` (shared by
+every worker and replica; each check is one atomic Lua script). ``FailPolicyStore`` wraps
+either to decide what happens when the backend is unreachable.
+
+Money is integer micro-USD throughout (see ``pricing.money``); time is Unix seconds. Every
+method takes an optional ``now`` so tests and replays can drive the clock; production
+callers leave it ``None`` (the store reads ``time.time()``).
+
+Budget model. A request first *reserves* its worst-case cost; the reservation succeeds only
+if ``spent + reserved + amount <= budget`` for the key's current period, so concurrent
+requests can never jointly commit more than the budget. After the call the request
+*settles*: the hold is released and the real cost is added to spend (the real cost is
+always recorded, even above the hold; a hold that underestimated is the only way spend can
+pass the budget, by at most that request's excess). ``reservation_id`` names the *request*:
+the gateway may reserve several times under one id (one hold per downstream call) and settle
+or release each part with the amount it reserved; the optional per-request cap is checked
+against everything that id has held and spent so far.
+
+Holds expire. A worker that dies mid-request never settles, so every hold carries a deadline
+(``hold_ttl_s`` after its last reservation) and the stores sweep expired holds on every
+budget operation; the budget they blocked comes back by itself. Settling a hold that has
+already expired releases nothing (it was released by the sweep) but still records the cost.
+Choose ``hold_ttl_s`` above the longest a request may run (the server's request timeout).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from gateway.limits.windows import BudgetPeriod
+
+logger = logging.getLogger(__name__)
+
+RateLimitName = Literal["rpm", "tpm"]
+BudgetLimitName = Literal["budget", "request_budget"]
+FailMode = Literal["closed", "open"]
+
+STORE_UNAVAILABLE = "store_unavailable"
+
+
+class LimitStoreUnavailable(RuntimeError):
+    """The backend could not be reached or did not answer in time."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyLimits:
+    """What one API key is allowed. ``None`` means "no limit" for that dimension.
+
+    A budget without a period is a lifetime ("total") budget."""
+
+    key_id: str
+    budget_micros: int | None = None
+    budget_period: BudgetPeriod | None = None
+    rpm: int | None = None
+    tpm: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.key_id:
+            raise ValueError("key_id must be non-empty")
+        for name in ("budget_micros", "rpm", "tpm"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+
+
+def _duration(seconds: float) -> str:
+    """OpenAI-style duration for ``x-ratelimit-reset-*`` ("120ms", "7.5s", "1m0s")."""
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    minutes, secs = divmod(seconds, 60)
+    secs_text = f"{secs:.3f}".rstrip("0").rstrip(".")
+    return f"{int(minutes)}m{secs_text}s" if minutes else f"{secs_text}s"
+
+
+@dataclass(frozen=True, slots=True)
+class RateResult:
+    """Outcome of ``check_rate``. Remaining counts are *after* this request when allowed.
+
+    ``reset_*_s`` is the time until that window is empty again; ``retry_after_s`` (only on
+    rejection) is the time until this request would fit, or ``None`` when it never can (its
+    token estimate alone exceeds the tpm limit)."""
+
+    allowed: bool
+    limit: RateLimitName | None = None
+    limit_requests: int | None = None
+    remaining_requests: int | None = None
+    reset_requests_s: float | None = None
+    limit_tokens: int | None = None
+    remaining_tokens: int | None = None
+    reset_tokens_s: float | None = None
+    retry_after_s: float | None = None
+
+    def headers(self) -> dict[str, str]:
+        """The ``x-ratelimit-*`` headers OpenAI clients understand, plus ``retry-after`` and
+        ``retry-after-ms`` (honoured by the openai SDKs' backoff) on rejection."""
+        h: dict[str, str] = {}
+        if self.limit_requests is not None:
+            h["x-ratelimit-limit-requests"] = str(self.limit_requests)
+            h["x-ratelimit-remaining-requests"] = str(self.remaining_requests or 0)
+            h["x-ratelimit-reset-requests"] = _duration(self.reset_requests_s or 0.0)
+        if self.limit_tokens is not None:
+            h["x-ratelimit-limit-tokens"] = str(self.limit_tokens)
+            h["x-ratelimit-remaining-tokens"] = str(self.remaining_tokens or 0)
+            h["x-ratelimit-reset-tokens"] = _duration(self.reset_tokens_s or 0.0)
+        if not self.allowed and self.retry_after_s is not None:
+            h["retry-after"] = str(max(1, math.ceil(self.retry_after_s)))
+            h["retry-after-ms"] = str(max(1, math.ceil(self.retry_after_s * 1000)))
+        return h
+
+
+ALLOW_ALL = RateResult(allowed=True)
+
+
+@dataclass(frozen=True, slots=True)
+class RateCounts:
+    """What a backend measured for one rate check; both backends produce exactly this and
+    share ``to_result`` so their answers can't drift apart."""
+
+    allowed: bool
+    limit: RateLimitName | None
+    requests: int  # requests in the window (after this one, if allowed)
+    reset_requests_s: float
+    tokens: int  # tokens in the window (after this one, if allowed)
+    reset_tokens_s: float
+    retry_after_s: float | None  # only meaningful when rejected; None = never fits
+
+    def to_result(self, limits: KeyLimits) -> RateResult:
+        rpm, tpm = limits.rpm, limits.tpm
+        return RateResult(
+            allowed=self.allowed,
+            limit=self.limit,
+            limit_requests=rpm,
+            remaining_requests=None if rpm is None else max(0, rpm - self.requests),
+            reset_requests_s=None if rpm is None else self.reset_requests_s,
+            limit_tokens=tpm,
+            remaining_tokens=None if tpm is None else max(0, tpm - self.tokens),
+            reset_tokens_s=None if tpm is None else self.reset_tokens_s,
+            retry_after_s=None if self.allowed else self.retry_after_s,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveResult:
+    """Outcome of ``reserve``.
+
+    ``remaining_micros`` is the key's budget left in the period (after this hold when ``ok``,
+    what was available when rejected; ``None`` if the key has no budget).
+    ``request_remaining_micros`` is the same for the per-request cap. ``limit`` names the
+    limit that rejected. ``resets_at`` is when the key's budget period ends (None: never)."""
+
+    ok: bool
+    limit: BudgetLimitName | None = None
+    remaining_micros: int | None = None
+    request_remaining_micros: int | None = None
+    resets_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetState:
+    """A key's budget in its current period, all in micro-USD. ``remaining`` is None when
+    the key has no budget; ``period_start``/``resets_at`` are None for lifetime budgets."""
+
+    spent: int
+    reserved: int
+    remaining: int | None
+    period_start: float | None
+    resets_at: float | None
+
+
+class LimitStore(ABC):
+    """Rate limits and budgets for API keys. All methods are coroutines and never block the
+    event loop. Backend failures raise ``LimitStoreUnavailable``."""
+
+    @abstractmethod
+    async def check_rate(
+        self, limits: KeyLimits, tokens_estimate: int, now: float | None = None
+    ) -> RateResult:
+        """Count one request in the rpm window and ``tokens_estimate`` in the tpm window if
+        both fit (atomically: either both are counted or neither)."""
+
+    @abstractmethod
+    async def add_tokens(self, limits: KeyLimits, tokens: int, now: float | None = None) -> None:
+        """Correct the tpm window once real usage is known: pass ``actual - estimate``.
+        Positive charges the window, negative refunds an overestimate."""
+
+    @abstractmethod
+    async def reserve(
+        self,
+        limits: KeyLimits | None,
+        request_budget_micros: int | None,
+        amount_micros: int,
+        reservation_id: str,
+        now: float | None = None,
+    ) -> ReserveResult:
+        """Hold ``amount_micros`` against the key's budget and the per-request cap, or
+        reject without holding anything. ``limits=None`` (no key) checks only the cap."""
+
+    @abstractmethod
+    async def settle(
+        self,
+        limits: KeyLimits | None,
+        reservation_id: str,
+        reserved_micros: int,
+        actual_micros: int,
+        now: float | None = None,
+    ) -> None:
+        """Release ``reserved_micros`` of the hold and record ``actual_micros`` of spend."""
+
+    @abstractmethod
+    async def release(
+        self,
+        limits: KeyLimits | None,
+        reservation_id: str,
+        reserved_micros: int,
+        now: float | None = None,
+    ) -> None:
+        """Release a hold whose call never happened (nothing is spent)."""
+
+    @abstractmethod
+    async def spent(self, limits: KeyLimits, now: float | None = None) -> BudgetState:
+        """The key's spend, holds and remaining budget in the current period."""
+
+    @abstractmethod
+    async def ping(self) -> bool:
+        """True if the backend answers; never raises."""
+
+    @abstractmethod
+    async def aclose(self) -> None:
+        """Release connections. The store is unusable afterwards."""
+
+
+def validate_amount(name: str, value: int) -> None:
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+
+
+class FailPolicyStore(LimitStore):
+    """Applies ``limits.on_store_error`` to another store.
+
+    The mode governs *admission* (``check_rate``, ``reserve``): ``"closed"`` re-raises
+    ``LimitStoreUnavailable`` (the gateway answers 503), so no request goes through
+    unmetered; ``"open"`` lets the request through as if no limit applied.
+
+    Bookkeeping after the call (``add_tokens``, ``settle``, ``release``) never raises in
+    either mode: the upstream has already answered and been paid for, so refusing the
+    response would only lose it. The failure is logged and counted; an unsettled hold frees
+    itself when its TTL runs out, and the ledger still has the cost.
+
+    ``on_event("store_unavailable")`` is called on every backend failure in either mode, so
+    the caller's metric counts them (label it with the mode; don't count them again).
+    ``spent`` is a report, not a gate, and always re-raises."""
+
+    def __init__(
+        self,
+        inner: LimitStore,
+        on_error: FailMode,
+        on_event: Callable[[str], None] | None = None,
+    ) -> None:
+        if on_error not in ("closed", "open"):
+            raise ValueError(f"on_error must be 'closed' or 'open', got {on_error!r}")
+        self.inner = inner
+        self.on_error: FailMode = on_error
+        self._on_event = on_event
+
+    def _report(self, exc: LimitStoreUnavailable, op: str) -> None:
+        if self._on_event is not None:
+            try:
+                self._on_event(STORE_UNAVAILABLE)
+            except Exception:  # a broken metrics hook must not turn into a 500
+                logger.exception("limit store on_event hook failed")
+        logger.warning("limit store unavailable during %s (%s): %s", op, self.on_error, exc)
+
+    def _admission_failed(self, exc: LimitStoreUnavailable, op: str) -> None:
+        """Report the failure; re-raise unless failing open."""
+        self._report(exc, op)
+        if self.on_error == "closed":
+            raise exc
+
+    async def check_rate(
+        self, limits: KeyLimits, tokens_estimate: int, now: float | None = None
+    ) -> RateResult:
+        try:
+            return await self.inner.check_rate(limits, tokens_estimate, now)
+        except LimitStoreUnavailable as exc:
+            self._admission_failed(exc, "check_rate")
+            return ALLOW_ALL
+
+    async def add_tokens(self, limits: KeyLimits, tokens: int, now: float | None = None) -> None:
+        try:
+            await self.inner.add_tokens(limits, tokens, now)
+        except LimitStoreUnavailable as exc:
+            self._report(exc, "add_tokens")
+
+    async def reserve(
+        self,
+        limits: KeyLimits | None,
+        request_budget_micros: int | None,
+        amount_micros: int,
+        reservation_id: str,
+        now: float | None = None,
+    ) -> ReserveResult:
+        try:
+            return await self.inner.reserve(
+                limits, request_budget_micros, amount_micros, reservation_id, now
+            )
+        except LimitStoreUnavailable as exc:
+            self._admission_failed(exc, "reserve")
+            return ReserveResult(ok=True)
+
+    async def settle(
+        self,
+        limits: KeyLimits | None,
+        reservation_id: str,
+        reserved_micros: int,
+        actual_micros: int,
+        now: float | None = None,
+    ) -> None:
+        try:
+            await self.inner.settle(limits, reservation_id, reserved_micros, actual_micros, now)
+        except LimitStoreUnavailable as exc:
+            self._report(exc, "settle")
+
+    async def release(
+        self,
+        limits: KeyLimits | None,
+        reservation_id: str,
+        reserved_micros: int,
+        now: float | None = None,
+    ) -> None:
+        try:
+            await self.inner.release(limits, reservation_id, reserved_micros, now)
+        except LimitStoreUnavailable as exc:
+            self._report(exc, "release")
+
+    async def spent(self, limits: KeyLimits, now: float | None = None) -> BudgetState:
+        return await self.inner.spent(limits, now)
+
+    async def ping(self) -> bool:
+        return await self.inner.ping()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()

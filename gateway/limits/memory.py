@@ -1,0 +1,327 @@
+"""In-process limit store: the embedded default (one worker, no Redis).
+
+Same semantics as the Redis store, statement for statement (see ``gateway.limits.lua`` for the
+algorithm notes): sliding-window logs for rpm/tpm, holds with deadlines swept on every budget
+operation, spend counters keyed by period id.
+
+No lock: the store is used from one event loop, and no method awaits between reading and
+writing its state, so each method runs atomically with respect to every other coroutine. It is
+*not* shared between processes; with several workers, use the Redis backend (each worker here
+would enforce the full limit on its own).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from gateway.limits.base import (
+    ALLOW_ALL,
+    BudgetState,
+    KeyLimits,
+    LimitStore,
+    RateCounts,
+    RateLimitName,
+    RateResult,
+    ReserveResult,
+    validate_amount,
+)
+from gateway.limits.windows import RATE_WINDOW_S, PeriodCache
+
+DEFAULT_HOLD_TTL_S = 900.0
+
+
+@dataclass(slots=True)
+class _RateLog:
+    requests: deque[float] = field(default_factory=deque)
+    tokens: deque[tuple[float, int]] = field(default_factory=deque)
+    token_sum: int = 0
+
+    def sweep(self, cutoff: float) -> None:
+        # An entry at time t counts while now < t + window, i.e. it leaves once t <= cutoff.
+        requests = self.requests
+        while requests and requests[0] <= cutoff:
+            requests.popleft()
+        tokens = self.tokens
+        freed = 0
+        while tokens and tokens[0][0] <= cutoff:
+            freed += tokens.popleft()[1]
+        self.token_sum = 0 if not tokens else self.token_sum - freed
+
+    def add_request(self, now: float) -> None:
+        if not self.requests or now >= self.requests[-1]:
+            self.requests.append(now)  # the usual case: the clock moves forward
+        else:
+            self.requests.insert(bisect.bisect_right(self.requests, now), now)
+
+    def add_tokens(self, now: float, tokens: int) -> None:
+        entry = (now, tokens)
+        if not self.tokens or now >= self.tokens[-1][0]:
+            self.tokens.append(entry)
+        else:
+            i = bisect.bisect_right(self.tokens, now, key=lambda e: e[0])
+            self.tokens.insert(i, entry)
+        self.token_sum += tokens
+
+
+@dataclass(slots=True)
+class _BudgetScope:
+    """One key's holds and spend (or the shared scope of requests without a key)."""
+
+    held: dict[str, int] = field(default_factory=dict)  # reservation id -> micro-USD held
+    deadline: dict[str, float] = field(default_factory=dict)  # reservation id -> hold deadline
+    deadlines: list[tuple[float, str]] = field(default_factory=list)  # heap, lazily pruned
+    reserved: int = 0
+    spent: dict[str, tuple[int, float | None]] = field(
+        default_factory=dict
+    )  # period -> (µ$, expiry)
+    req_spent: dict[str, tuple[int, float]] = field(default_factory=dict)  # id -> (µ$, expiry)
+    req_expiries: list[tuple[float, str]] = field(default_factory=list)  # heap, lazily pruned
+
+    def sweep(self, now: float) -> None:
+        heap = self.deadlines
+        while heap and heap[0][0] <= now:
+            when, rid = heapq.heappop(heap)
+            if self.deadline.get(rid) == when:  # else superseded by a later reservation
+                del self.deadline[rid]
+                self.reserved -= self.held.pop(rid, 0)
+        heap = self.req_expiries
+        while heap and heap[0][0] <= now:
+            when, rid = heapq.heappop(heap)
+            entry = self.req_spent.get(rid)
+            if entry is not None and entry[1] == when:
+                del self.req_spent[rid]
+
+    def spent_in(self, period_id: str) -> int:
+        entry = self.spent.get(period_id)
+        return 0 if entry is None else entry[0]
+
+    def add_spent(self, period_id: str, amount: int, expires_at: float | None, now: float) -> None:
+        self.spent[period_id] = (self.spent_in(period_id) + amount, expires_at)
+        if len(self.spent) > 1:  # a period rolled over: drop counters past their grace time
+            for pid, (_, exp) in list(self.spent.items()):
+                if exp is not None and exp <= now:
+                    del self.spent[pid]
+
+
+class MemoryLimitStore(LimitStore):
+    def __init__(self, *, hold_ttl_s: float = DEFAULT_HOLD_TTL_S) -> None:
+        if hold_ttl_s <= 0:
+            raise ValueError("hold_ttl_s must be > 0")
+        self.hold_ttl_s = hold_ttl_s
+        self._periods = PeriodCache()
+        self._rates: dict[str, _RateLog] = {}
+        self._scopes: dict[str, _BudgetScope] = {}
+        self._anonymous = _BudgetScope()  # requests without a key: only the per-request cap
+
+    def _scope(self, limits: KeyLimits | None) -> _BudgetScope:
+        if limits is None:
+            return self._anonymous
+        scope = self._scopes.get(limits.key_id)
+        if scope is None:
+            scope = self._scopes[limits.key_id] = _BudgetScope()
+        return scope
+
+    # -- rate limits -------------------------------------------------------------------------
+
+    async def check_rate(
+        self, limits: KeyLimits, tokens_estimate: int, now: float | None = None
+    ) -> RateResult:
+        validate_amount("tokens_estimate", tokens_estimate)
+        rpm, tpm = limits.rpm, limits.tpm
+        if rpm is None and tpm is None:
+            return ALLOW_ALL
+        now = time.time() if now is None else now
+        log = self._rates.get(limits.key_id)
+        if log is None:
+            log = self._rates[limits.key_id] = _RateLog()
+        log.sweep(now - RATE_WINDOW_S)
+        requests = len(log.requests) if rpm is not None else 0
+        used = max(0, log.token_sum) if tpm is not None else 0
+
+        reason: RateLimitName | None = None
+        retry: float | None = 0.0  # None: never fits
+        if rpm is not None and requests + 1 > rpm:
+            reason = "rpm"
+            if rpm > 0:
+                oldest_needed = log.requests[requests - rpm]
+                retry = max(0.0, oldest_needed + RATE_WINDOW_S - now)
+            else:
+                retry = None
+        if tpm is not None and used + tokens_estimate > tpm:
+            reason = reason or "tpm"
+            when = self._tokens_free_in(log, used + tokens_estimate - tpm, now)
+            if tokens_estimate > tpm or when is None or retry is None:
+                retry = None
+            else:
+                retry = max(retry, when)
+
+        if reason is None:
+            if rpm is not None:
+                log.add_request(now)
+                requests += 1
+            if tpm is not None and tokens_estimate:
+                log.add_tokens(now, tokens_estimate)
+                used += tokens_estimate
+        return RateCounts(
+            allowed=reason is None,
+            limit=reason,
+            requests=requests,
+            reset_requests_s=_reset(log.requests[-1] if log.requests else None, now),
+            tokens=used,
+            reset_tokens_s=_reset(log.tokens[-1][0] if log.tokens else None, now),
+            retry_after_s=retry,
+        ).to_result(limits)
+
+    @staticmethod
+    def _tokens_free_in(log: _RateLog, need: int, now: float) -> float | None:
+        freed = 0
+        for ts, tokens in log.tokens:
+            freed += tokens
+            if freed >= need:
+                return max(0.0, ts + RATE_WINDOW_S - now)
+        return None
+
+    async def add_tokens(self, limits: KeyLimits, tokens: int, now: float | None = None) -> None:
+        if limits.tpm is None or tokens == 0:
+            return
+        now = time.time() if now is None else now
+        log = self._rates.get(limits.key_id)
+        if log is None:
+            log = self._rates[limits.key_id] = _RateLog()
+        log.sweep(now - RATE_WINDOW_S)
+        log.add_tokens(now, tokens)
+
+    # -- budgets -----------------------------------------------------------------------------
+
+    async def reserve(
+        self,
+        limits: KeyLimits | None,
+        request_budget_micros: int | None,
+        amount_micros: int,
+        reservation_id: str,
+        now: float | None = None,
+    ) -> ReserveResult:
+        validate_amount("amount_micros", amount_micros)
+        if limits is None and request_budget_micros is None:
+            return ReserveResult(ok=True)
+        now = time.time() if now is None else now
+        budget = None if limits is None else limits.budget_micros
+        period = self._periods.window(None if limits is None else limits.budget_period, now)
+        resets_at = period.end if budget is not None else None
+        scope = self._scope(limits)
+        scope.sweep(now)
+
+        key_left = None
+        if budget is not None:
+            key_left = budget - scope.spent_in(period.id) - scope.reserved
+        req_left = None
+        if request_budget_micros is not None:
+            req_spent = scope.req_spent.get(reservation_id, (0, 0.0))[0]
+            req_left = request_budget_micros - req_spent - scope.held.get(reservation_id, 0)
+
+        if key_left is not None and amount_micros > key_left:
+            return ReserveResult(False, "budget", max(0, key_left), _floor0(req_left), resets_at)
+        if req_left is not None and amount_micros > req_left:
+            return ReserveResult(
+                False, "request_budget", _floor0(key_left), max(0, req_left), resets_at
+            )
+
+        scope.held[reservation_id] = scope.held.get(reservation_id, 0) + amount_micros
+        scope.reserved += amount_micros
+        deadline = now + self.hold_ttl_s
+        scope.deadline[reservation_id] = deadline
+        heapq.heappush(scope.deadlines, (deadline, reservation_id))
+        if request_budget_micros is not None:
+            # Track this request's spend for its cap. Only capped requests are tracked, so
+            # the common case costs no per-request state beyond the hold itself.
+            spent = scope.req_spent.get(reservation_id, (0, 0.0))[0]
+            scope.req_spent[reservation_id] = (spent, deadline)
+            heapq.heappush(scope.req_expiries, (deadline, reservation_id))
+        return ReserveResult(
+            ok=True,
+            remaining_micros=_floor0(None if key_left is None else key_left - amount_micros),
+            request_remaining_micros=_floor0(
+                None if req_left is None else req_left - amount_micros
+            ),
+            resets_at=resets_at,
+        )
+
+    async def settle(
+        self,
+        limits: KeyLimits | None,
+        reservation_id: str,
+        reserved_micros: int,
+        actual_micros: int,
+        now: float | None = None,
+    ) -> None:
+        validate_amount("reserved_micros", reserved_micros)
+        validate_amount("actual_micros", actual_micros)
+        now = time.time() if now is None else now
+        scope = self._scope(limits)
+        scope.sweep(now)
+        held = scope.held.get(reservation_id)
+        if held is not None:  # None: never held, or already swept when its TTL ran out
+            release = min(reserved_micros, held)
+            if held - release <= 0:
+                del scope.held[reservation_id]
+                del scope.deadline[reservation_id]
+            else:
+                scope.held[reservation_id] = held - release
+            scope.reserved -= release
+        if actual_micros:
+            if limits is not None:
+                period = self._periods.window(limits.budget_period, now)
+                expires = period.counter_ttl_s(now)
+                scope.add_spent(
+                    period.id, actual_micros, None if expires is None else now + expires, now
+                )
+            tracked = scope.req_spent.get(reservation_id)
+            if tracked is not None:
+                expiry = now + self.hold_ttl_s
+                scope.req_spent[reservation_id] = (tracked[0] + actual_micros, expiry)
+                heapq.heappush(scope.req_expiries, (expiry, reservation_id))
+
+    async def release(
+        self,
+        limits: KeyLimits | None,
+        reservation_id: str,
+        reserved_micros: int,
+        now: float | None = None,
+    ) -> None:
+        await self.settle(limits, reservation_id, reserved_micros, 0, now)
+
+    async def spent(self, limits: KeyLimits, now: float | None = None) -> BudgetState:
+        now = time.time() if now is None else now
+        period = self._periods.window(limits.budget_period, now)
+        scope = self._scope(limits)
+        scope.sweep(now)
+        spent = scope.spent_in(period.id)
+        remaining = None
+        if limits.budget_micros is not None:
+            remaining = max(0, limits.budget_micros - spent - scope.reserved)
+        return BudgetState(
+            spent=spent,
+            reserved=scope.reserved,
+            remaining=remaining,
+            period_start=period.start,
+            resets_at=period.end,
+        )
+
+    async def ping(self) -> bool:
+        return True
+
+    async def aclose(self) -> None:
+        self._rates.clear()
+        self._scopes.clear()
+
+
+def _reset(newest: float | None, now: float) -> float:
+    return 0.0 if newest is None else max(0.0, newest + RATE_WINDOW_S - now)
+
+
+def _floor0(value: int | None) -> int | None:
+    return None if value is None else max(0, value)

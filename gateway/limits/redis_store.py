@@ -1,0 +1,295 @@
+"""Redis limit store: one set of limits shared by every worker and replica.
+
+Every operation is a single Lua script (``gateway.limits.lua``), so checks are exact under any
+concurrency, across processes and hosts. Key layout, all under ``<prefix>:{<key id>}`` so one
+API key's state lives in one Redis Cluster slot and a script never spans slots:
+
+    <prefix>:{<key>}:rl:req          zset   rpm sliding-window log
+    <prefix>:{<key>}:rl:tok          zset   tpm sliding-window log ("<id>:<tokens>")
+    <prefix>:{<key>}:rl:toksum       int    sum of the tpm log
+    <prefix>:{<key>}:b:holds         zset   reservation id -> hold deadline
+    <prefix>:{<key>}:b:held          hash   reservation id -> micro-USD held
+    <prefix>:{<key>}:b:reserved      int    sum of held
+    <prefix>:{<key>}:b:spent:<period> int   micro-USD spent in a period (d2025-01-31, ...)
+    <prefix>:{<key>}:b:req:<id>      int    spend of one capped request
+
+Requests without a key that carry a per-request cap use ``<prefix>:{%anon:<id>}`` (the ``%``
+can't come out of key-id escaping, so it never collides with a real key). Everything except
+lifetime spend counters carries a TTL, so idle keys leave nothing behind.
+
+Clock: timestamps come from the caller (``now`` or this host's ``time.time()``), the same as
+the in-memory store, so both backends share one test suite and a synthetic clock. Replicas
+on different hosts should run NTP; skew only shifts window edges by the skew, it never
+breaks the atomicity of a check.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from itertools import count
+from typing import Any, NoReturn
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+
+from gateway.limits.base import (
+    ALLOW_ALL,
+    BudgetState,
+    KeyLimits,
+    LimitStore,
+    LimitStoreUnavailable,
+    RateCounts,
+    RateLimitName,
+    RateResult,
+    ReserveResult,
+    validate_amount,
+)
+from gateway.limits.lua import ADD_TOKENS_LUA, RATE_LUA, RESERVE_LUA, SETTLE_LUA, STATE_LUA
+from gateway.limits.memory import DEFAULT_HOLD_TTL_S
+from gateway.limits.windows import RATE_WINDOW_S, PeriodCache
+
+logger = logging.getLogger(__name__)
+
+_RATE_REASONS: dict[int, RateLimitName | None] = {0: None, 1: "rpm", 2: "tpm"}
+# Rate logs only need to outlive the window; a second of slack absorbs clock jitter.
+_RATE_KEY_TTL_MS = str(int(RATE_WINDOW_S * 1000) + 1000)
+
+
+def _escape_tag(key_id: str) -> str:
+    # Braces would end (or start) the Redis Cluster hash tag early.
+    return key_id.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+def _ts(value: float) -> str:
+    # repr() round-trips a float exactly, and Redis parses it back to the same double.
+    return repr(float(value))
+
+
+class RedisLimitStore(LimitStore):
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        key_prefix: str = "xrouter",
+        hold_ttl_s: float = DEFAULT_HOLD_TTL_S,
+        max_connections: int = 64,
+        socket_timeout_s: float = 1.0,
+        pool_timeout_s: float = 1.0,
+    ) -> None:
+        if not key_prefix or "{" in key_prefix or "}" in key_prefix:
+            raise ValueError("key_prefix must be non-empty and contain no braces")
+        if hold_ttl_s <= 0:
+            raise ValueError("hold_ttl_s must be > 0")
+        self.key_prefix = key_prefix
+        self.hold_ttl_s = hold_ttl_s
+        self._periods = PeriodCache()
+        self._hold_ttl_ms = str(max(1, int(hold_ttl_s * 1000)))
+        # Short timeouts: a limit check is on every request's critical path, and failing fast
+        # lets FailPolicyStore answer (503 or fail open) instead of hanging the client. A
+        # blocking pool makes a burst wait briefly for a connection rather than fail. One
+        # retry, only for connection errors (a pooled connection the server closed): a
+        # timed-out script may already have run, and running settle twice would double-count.
+        self._pool = BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=pool_timeout_s,
+            socket_timeout=socket_timeout_s,
+            socket_connect_timeout=socket_timeout_s,
+        )
+        self._redis = Redis(
+            connection_pool=self._pool,
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+        )
+        # register_script: EVALSHA, falling back to SCRIPT LOAD when Redis doesn't know it.
+        self._rate = self._redis.register_script(RATE_LUA)
+        self._add_tokens = self._redis.register_script(ADD_TOKENS_LUA)
+        self._reserve = self._redis.register_script(RESERVE_LUA)
+        self._settle = self._redis.register_script(SETTLE_LUA)
+        self._state = self._redis.register_script(STATE_LUA)
+        # Unique, cheap log-entry ids: a random per-instance prefix plus a counter.
+        self._instance = os.urandom(6).hex()
+        self._seq = count()
+
+    # -- keys --------------------------------------------------------------------------------
+
+    def _base(self, limits: KeyLimits | None, reservation_id: str) -> str:
+        tag = f"%anon:{reservation_id}" if limits is None else _escape_tag(limits.key_id)
+        return f"{self.key_prefix}:{{{tag}}}"
+
+    def _rate_keys(self, limits: KeyLimits) -> list[str]:
+        base = self._base(limits, "")
+        return [f"{base}:rl:req", f"{base}:rl:tok", f"{base}:rl:toksum"]
+
+    def _budget_keys(self, base: str, period_id: str, reservation_id: str) -> list[str]:
+        return [
+            f"{base}:b:holds",
+            f"{base}:b:held",
+            f"{base}:b:reserved",
+            f"{base}:b:spent:{period_id}",
+            f"{base}:b:req:{reservation_id}",
+        ]
+
+    def _member(self) -> str:
+        return f"{self._instance}.{next(self._seq)}"
+
+    async def _run(self, script: Any, keys: Sequence[str], args: Sequence[str]) -> Any:
+        try:
+            return await script(keys=keys, args=args)
+        except (RedisError, OSError) as exc:
+            self._unavailable(exc)
+
+    @staticmethod
+    def _unavailable(exc: BaseException) -> NoReturn:
+        raise LimitStoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
+
+    # -- rate limits -------------------------------------------------------------------------
+
+    async def check_rate(
+        self, limits: KeyLimits, tokens_estimate: int, now: float | None = None
+    ) -> RateResult:
+        validate_amount("tokens_estimate", tokens_estimate)
+        if limits.rpm is None and limits.tpm is None:
+            return ALLOW_ALL
+        now = time.time() if now is None else now
+        reply = await self._run(
+            self._rate,
+            self._rate_keys(limits),
+            [
+                _ts(now),
+                _ts(now - RATE_WINDOW_S),
+                _ts(RATE_WINDOW_S),
+                str(-1 if limits.rpm is None else limits.rpm),
+                str(-1 if limits.tpm is None else limits.tpm),
+                str(tokens_estimate),
+                self._member(),
+                _RATE_KEY_TTL_MS,
+            ],
+        )
+        allowed, reason, requests, reset_req, used, reset_tok, retry = reply
+        retry_s = float(retry)
+        return RateCounts(
+            allowed=bool(allowed),
+            limit=_RATE_REASONS[int(reason)],
+            requests=int(requests),
+            reset_requests_s=float(reset_req),
+            tokens=int(used),
+            reset_tokens_s=float(reset_tok),
+            retry_after_s=None if retry_s < 0 else retry_s,
+        ).to_result(limits)
+
+    async def add_tokens(self, limits: KeyLimits, tokens: int, now: float | None = None) -> None:
+        if limits.tpm is None or tokens == 0:
+            return
+        now = time.time() if now is None else now
+        keys = self._rate_keys(limits)[1:]
+        args = [_ts(now - RATE_WINDOW_S), _ts(now), str(int(tokens)), self._member()]
+        await self._run(self._add_tokens, keys, [*args, _RATE_KEY_TTL_MS])
+
+    # -- budgets -----------------------------------------------------------------------------
+
+    async def reserve(
+        self,
+        limits: KeyLimits | None,
+        request_budget_micros: int | None,
+        amount_micros: int,
+        reservation_id: str,
+        now: float | None = None,
+    ) -> ReserveResult:
+        validate_amount("amount_micros", amount_micros)
+        if limits is None and request_budget_micros is None:
+            return ReserveResult(ok=True)
+        now = time.time() if now is None else now
+        budget = None if limits is None else limits.budget_micros
+        period = self._periods.window(None if limits is None else limits.budget_period, now)
+        keys = self._budget_keys(self._base(limits, reservation_id), period.id, reservation_id)
+        reply = await self._run(
+            self._reserve,
+            keys,
+            [
+                _ts(now),
+                reservation_id,
+                str(amount_micros),
+                str(-1 if budget is None else budget),
+                str(-1 if request_budget_micros is None else request_budget_micros),
+                _ts(now + self.hold_ttl_s),
+                self._hold_ttl_ms,
+            ],
+        )
+        ok, reason, key_left, req_left = (int(v) for v in reply)
+        return ReserveResult(
+            ok=bool(ok),
+            limit=None if ok else ("budget" if reason == 1 else "request_budget"),
+            remaining_micros=None if budget is None else max(0, key_left),
+            request_remaining_micros=None if request_budget_micros is None else max(0, req_left),
+            resets_at=period.end if budget is not None else None,
+        )
+
+    async def settle(
+        self,
+        limits: KeyLimits | None,
+        reservation_id: str,
+        reserved_micros: int,
+        actual_micros: int,
+        now: float | None = None,
+    ) -> None:
+        validate_amount("reserved_micros", reserved_micros)
+        validate_amount("actual_micros", actual_micros)
+        now = time.time() if now is None else now
+        period = self._periods.window(None if limits is None else limits.budget_period, now)
+        counter_ttl = period.counter_ttl_s(now)
+        keys = self._budget_keys(self._base(limits, reservation_id), period.id, reservation_id)
+        await self._run(
+            self._settle,
+            keys,
+            [
+                _ts(now),
+                reservation_id,
+                str(reserved_micros),
+                str(actual_micros),
+                "-1" if counter_ttl is None else str(int(counter_ttl * 1000)),
+                self._hold_ttl_ms,
+                "0" if limits is None else "1",
+            ],
+        )
+
+    async def release(
+        self,
+        limits: KeyLimits | None,
+        reservation_id: str,
+        reserved_micros: int,
+        now: float | None = None,
+    ) -> None:
+        await self.settle(limits, reservation_id, reserved_micros, 0, now)
+
+    async def spent(self, limits: KeyLimits, now: float | None = None) -> BudgetState:
+        now = time.time() if now is None else now
+        period = self._periods.window(limits.budget_period, now)
+        keys = self._budget_keys(self._base(limits, ""), period.id, "")
+        reserved, spent = (int(v) for v in await self._run(self._state, keys, [_ts(now)]))
+        remaining = None
+        if limits.budget_micros is not None:
+            remaining = max(0, limits.budget_micros - spent - reserved)
+        return BudgetState(
+            spent=spent,
+            reserved=reserved,
+            remaining=remaining,
+            period_start=period.start,
+            resets_at=period.end,
+        )
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._redis.ping())
+        except (RedisError, OSError) as exc:
+            logger.warning("redis limit store ping failed: %s", exc)
+            return False
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()
+        await self._pool.disconnect()

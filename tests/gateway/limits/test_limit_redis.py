@@ -1,0 +1,156 @@
+"""Redis-only behaviour: exactness across real processes, key layout, unreachable server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aredis
+
+from gateway.limits import KeyLimits, LimitStoreUnavailable
+from gateway.limits.redis_store import RedisLimitStore
+
+pytestmark = pytest.mark.redis
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+# Each worker process waits for a common start time, then fires all its attempts at once.
+_WORKER = """
+import asyncio, json, sys, time
+from gateway.limits import KeyLimits
+from gateway.limits.redis_store import RedisLimitStore
+
+prefix, start_at, attempts = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+
+async def main():
+    store = RedisLimitStore("redis://127.0.0.1:6379/0", key_prefix=prefix, max_connections=16)
+    rate_key = KeyLimits("shared", rpm=50, tpm=1_000_000)
+    budget_key = KeyLimits("shared", budget_micros=2_000, budget_period="daily")
+    await store.ping()  # connect before the start line
+    await asyncio.sleep(max(0.0, start_at - time.time()))
+    rates = await asyncio.gather(*(store.check_rate(rate_key, 10) for _ in range(attempts)))
+
+    async def spend(i):
+        rid = f"{prefix}-{i}-{id(store)}"
+        got = await store.reserve(budget_key, None, 100, rid)
+        if got.ok:
+            await store.settle(budget_key, rid, 100, 100)
+            return 100
+        return 0
+
+    spent = await asyncio.gather(*(spend(i) for i in range(30)))
+    await store.aclose()
+    print(json.dumps({"accepted": sum(r.allowed for r in rates), "spent": sum(spent)}))
+
+asyncio.run(main())
+"""
+
+
+async def test_rpm_is_exact_across_processes(redis_client: aredis.Redis, redis_prefix: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    start_at = time.time() + 1.5  # time for both interpreters to import and connect
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _WORKER,
+            redis_prefix,
+            repr(start_at),
+            "60",
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        for _ in range(2)
+    ]
+    try:
+        outputs = [await asyncio.wait_for(p.communicate(), timeout=30) for p in procs]
+        for p, (_, err) in zip(procs, outputs, strict=True):
+            assert p.returncode == 0, err.decode()
+        results = [json.loads(out) for out, _ in outputs]
+        assert sum(r["accepted"] for r in results) == 50
+        # budget: every settled micro-dollar is in the shared counter, and none over budget
+        store = RedisLimitStore(REDIS_URL, key_prefix=redis_prefix)
+        try:
+            state = await store.spent(
+                KeyLimits("shared", budget_micros=2_000, budget_period="daily")
+            )
+        finally:
+            await store.aclose()
+        assert state.spent == sum(r["spent"] for r in results) <= 2_000
+        assert state.reserved == 0
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                p.kill()
+        keys = [k async for k in redis_client.scan_iter(match=f"{redis_prefix}:*")]
+        if keys:
+            await redis_client.delete(*keys)
+
+
+async def test_keys_are_hash_tagged_and_expire(
+    redis_client: aredis.Redis, redis_prefix: str
+) -> None:
+    store = RedisLimitStore(REDIS_URL, key_prefix=redis_prefix, hold_ttl_s=120)
+    try:
+        daily = KeyLimits("team{a}", budget_micros=10_000, budget_period="daily", rpm=5, tpm=500)
+        lifetime = KeyLimits("lifetime", budget_micros=10_000)
+        for limits in (daily, lifetime):
+            await store.check_rate(limits, 10)
+            await store.add_tokens(limits, 5)
+            assert (await store.reserve(limits, 5_000, 100, "req-1")).ok
+            assert (await store.reserve(limits, None, 100, "req-2")).ok
+            await store.settle(limits, "req-1", 100, 90)
+        assert (await store.reserve(None, 1_000, 10, "anon-1")).ok
+
+        keys = sorted([k async for k in redis_client.scan_iter(match=f"{redis_prefix}:*")])
+        tag = re.compile(rf"^{re.escape(redis_prefix)}:\{{([^{{}}]+)\}}:")
+        tags = {tag.match(k).group(1) for k in keys}  # type: ignore[union-attr]
+        assert tags == {"team%7Ba%7D", "lifetime", "%anon:anon-1"}
+        for k in keys:
+            ttl = await redis_client.pttl(k)
+            if k.endswith(":b:spent:total"):
+                assert ttl == -1, k  # a lifetime budget's spend is kept
+            else:
+                assert ttl > 0, k  # everything else cleans itself up
+        # the per-request key exists only for the capped request
+        assert any(k.endswith(":b:req:req-1") for k in keys)
+        assert not any(k.endswith(":b:req:req-2") for k in keys)
+    finally:
+        await store.aclose()
+        keys = [k async for k in redis_client.scan_iter(match=f"{redis_prefix}:*")]
+        if keys:
+            await redis_client.delete(*keys)
+
+
+async def test_unreachable_redis_raises_unavailable(closed_port: int) -> None:
+    store = RedisLimitStore(f"redis://127.0.0.1:{closed_port}/0", key_prefix="xrtest-down")
+    key = KeyLimits("k", budget_micros=100, budget_period="daily", rpm=5, tpm=100)
+    started = time.monotonic()
+    try:
+        assert await store.ping() is False
+        with pytest.raises(LimitStoreUnavailable, match="redis"):
+            await store.check_rate(key, 1)
+        with pytest.raises(LimitStoreUnavailable):
+            await store.add_tokens(key, 1)
+        with pytest.raises(LimitStoreUnavailable):
+            await store.reserve(key, None, 1, "r")
+        with pytest.raises(LimitStoreUnavailable):
+            await store.settle(key, "r", 1, 1)
+        with pytest.raises(LimitStoreUnavailable):
+            await store.spent(key)
+    finally:
+        await store.aclose()
+    assert time.monotonic() - started < 5  # fails fast instead of hanging the request
+
+
+async def test_rejects_prefix_that_breaks_hash_tags() -> None:
+    with pytest.raises(ValueError):
+        RedisLimitStore(REDIS_URL, key_prefix="bad{prefix}")

@@ -1,0 +1,280 @@
+"""The shared limit-store suite: every test runs against the in-memory and the Redis store."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+
+import pytest
+
+from gateway.limits import KeyLimits, LimitStore
+
+StoreFactory = Callable[..., Awaitable[LimitStore]]  # the make_store fixture (conftest.py)
+
+T0 = datetime(2025, 3, 12, 10, 0, tzinfo=UTC).timestamp()
+
+
+def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> float:
+    return datetime(year, month, day, hour, minute, second, tzinfo=UTC).timestamp()
+
+
+# -- budgets ---------------------------------------------------------------------------------
+
+
+async def test_concurrent_reservations_never_overcommit(store: LimitStore) -> None:
+    worst = 1_000
+    budget = 10 * worst
+    overrun = worst + worst // 2  # one call costs more than its hold: still fully recorded
+    key = KeyLimits("conc", budget_micros=budget, budget_period="daily")
+    rng = random.Random(7)
+    settled: list[int] = []
+    rejected: list[str | None] = []
+
+    async def request(i: int) -> None:
+        for _ in range(3):  # a rejected request retries a little later, as a client would
+            result = await store.reserve(key, None, worst, f"req-{i}", now=T0)
+            if result.ok:
+                await asyncio.sleep(rng.random() / 500)
+                actual = overrun if i == 0 else rng.randint(worst // 2, worst)
+                await store.settle(key, f"req-{i}", worst, actual, now=T0)
+                settled.append(actual)
+                return
+            rejected.append(result.limit)
+            await asyncio.sleep(rng.random() / 200)
+
+    await asyncio.gather(*(request(i) for i in range(100)))
+
+    state = await store.spent(key, now=T0)
+    assert state.spent == sum(settled)
+    assert state.reserved == 0
+    assert sum(settled) <= budget + worst
+    # Only the single overrun can push spend past the budget, and only by its excess.
+    assert sum(settled) <= budget + (overrun - worst)
+    assert len(settled) >= 10  # ten worst cases always fit
+    assert rejected and set(rejected) == {"budget"}
+    assert state.remaining == max(0, budget - sum(settled))
+
+
+async def test_reserve_reports_remaining_and_holds(store: LimitStore) -> None:
+    key = KeyLimits("hold", budget_micros=1_000, budget_period="monthly")
+    first = await store.reserve(key, None, 700, "a", now=T0)
+    assert first.ok and first.remaining_micros == 300 and first.limit is None
+    assert first.resets_at == utc(2025, 4, 1)
+    second = await store.reserve(key, None, 301, "b", now=T0)
+    assert not second.ok and second.limit == "budget" and second.remaining_micros == 300
+    state = await store.spent(key, now=T0)
+    assert (state.spent, state.reserved, state.remaining) == (0, 700, 300)
+
+    await store.release(key, "a", 700, now=T0)
+    state = await store.spent(key, now=T0)
+    assert (state.spent, state.reserved, state.remaining) == (0, 0, 1_000)
+
+
+async def test_settle_records_actual_even_above_the_hold(store: LimitStore) -> None:
+    key = KeyLimits("over", budget_micros=100, budget_period="total")
+    assert (await store.reserve(key, None, 50, "r", now=T0)).ok
+    await store.settle(key, "r", 50, 80, now=T0)
+    state = await store.spent(key, now=T0)
+    assert (state.spent, state.reserved, state.remaining) == (80, 0, 20)
+    assert not (await store.reserve(key, None, 21, "s", now=T0)).ok
+
+
+async def test_one_request_holds_and_settles_in_parts(store: LimitStore) -> None:
+    key = KeyLimits("parts", budget_micros=10_000, budget_period="daily")
+    assert (await store.reserve(key, None, 100, "req", now=T0)).ok
+    assert (await store.reserve(key, None, 50, "req", now=T0)).ok
+    assert (await store.spent(key, now=T0)).reserved == 150
+    await store.settle(key, "req", 100, 70, now=T0)
+    assert (await store.spent(key, now=T0)).reserved == 50
+    await store.settle(key, "req", 50, 40, now=T0)
+    # settling again releases nothing more: the hold is gone
+    await store.settle(key, "req", 50, 0, now=T0)
+    state = await store.spent(key, now=T0)
+    assert (state.spent, state.reserved) == (110, 0)
+
+
+async def test_per_request_cap_counts_holds_and_spend(store: LimitStore) -> None:
+    key = KeyLimits("cap", budget_micros=1_000_000, budget_period="daily")
+    ok = await store.reserve(key, 100, 60, "req-1", now=T0)
+    assert ok.ok and ok.request_remaining_micros == 40 and ok.remaining_micros == 999_940
+    over = await store.reserve(key, 100, 50, "req-1", now=T0)
+    assert not over.ok and over.limit == "request_budget" and over.request_remaining_micros == 40
+    # another request has its own cap
+    assert (await store.reserve(key, 100, 100, "req-2", now=T0)).ok
+    # what the first call really cost frees the rest of its hold for the next call
+    await store.settle(key, "req-1", 60, 30, now=T0)
+    nxt = await store.reserve(key, 100, 70, "req-1", now=T0)
+    assert nxt.ok and nxt.request_remaining_micros == 0
+    assert not (await store.reserve(key, 100, 1, "req-1", now=T0)).ok
+
+
+async def test_per_request_cap_without_a_key(store: LimitStore) -> None:
+    assert (await store.reserve(None, None, 10**9, "free", now=T0)).ok  # nothing to enforce
+    first = await store.reserve(None, 100, 60, "anon", now=T0)
+    assert first.ok and first.remaining_micros is None and first.request_remaining_micros == 40
+    assert (await store.reserve(None, 100, 50, "anon", now=T0)).limit == "request_budget"
+    await store.settle(None, "anon", 60, 30, now=T0)
+    assert (await store.reserve(None, 100, 70, "anon", now=T0)).ok
+    assert (await store.reserve(None, 100, 71, "anon", now=T0)).limit == "request_budget"
+    assert (await store.reserve(None, 100, 100, "other-anon", now=T0)).ok
+
+
+@pytest.mark.parametrize(
+    ("period", "last", "first_of_next"),
+    [
+        ("daily", utc(2025, 1, 31, 23, 59, 59), utc(2025, 2, 1)),
+        ("weekly", utc(2025, 2, 9, 23, 59, 59), utc(2025, 2, 10)),  # Sunday -> Monday
+        ("monthly", utc(2024, 2, 29, 23, 59, 59), utc(2024, 3, 1)),
+        ("total", utc(2025, 1, 31, 23, 59, 59), None),
+    ],
+)
+async def test_budget_period_rollover(
+    store: LimitStore, period: str, last: float, first_of_next: float | None
+) -> None:
+    key = KeyLimits(f"period-{period}", budget_micros=500, budget_period=period)  # type: ignore[arg-type]
+    assert (await store.reserve(key, None, 500, "spend-all", now=last - 3600)).ok
+    await store.settle(key, "spend-all", 500, 500, now=last - 3600)
+    exhausted = await store.reserve(key, None, 1, "late", now=last)
+    assert not exhausted.ok and exhausted.remaining_micros == 0
+    state = await store.spent(key, now=last)
+    assert (state.spent, state.remaining, state.resets_at) == (500, 0, first_of_next)
+
+    later = first_of_next if first_of_next is not None else last + 400 * 86_400
+    fresh = await store.reserve(key, None, 500, "next", now=later)
+    if first_of_next is None:
+        assert not fresh.ok  # a lifetime budget never resets
+        assert (await store.spent(key, now=later)).spent == 500
+    else:
+        assert fresh.ok and fresh.remaining_micros == 0
+        state = await store.spent(key, now=later)
+        assert (state.spent, state.reserved, state.period_start) == (0, 500, first_of_next)
+
+
+async def test_abandoned_hold_expires_after_ttl(make_store: StoreFactory) -> None:
+    store = await make_store(hold_ttl_s=30.0)
+    key = KeyLimits("ttl", budget_micros=100, budget_period="daily")
+    assert (await store.reserve(key, None, 100, "dead-worker", now=T0)).ok
+    blocked = await store.reserve(key, None, 1, "live", now=T0 + 29.9)
+    assert not blocked.ok and blocked.limit == "budget"
+    assert (await store.spent(key, now=T0 + 29.9)).reserved == 100
+
+    assert (await store.reserve(key, None, 1, "live", now=T0 + 30.0)).ok
+    assert (await store.spent(key, now=T0 + 30.0)).reserved == 1
+    # A late settle of the swept hold must not release it twice, but its cost counts.
+    await store.settle(key, "dead-worker", 100, 80, now=T0 + 31)
+    state = await store.spent(key, now=T0 + 31)
+    assert (state.spent, state.reserved, state.remaining) == (80, 1, 19)
+
+
+async def test_reserving_again_extends_the_hold(make_store: StoreFactory) -> None:
+    store = await make_store(hold_ttl_s=30.0)
+    key = KeyLimits("extend", budget_micros=1_000, budget_period="total")
+    assert (await store.reserve(key, None, 100, "long", now=T0)).ok
+    assert (await store.reserve(key, None, 100, "long", now=T0 + 20)).ok
+    # the first part would have expired at T0+30, but the request is still alive
+    assert (await store.spent(key, now=T0 + 35)).reserved == 200
+    assert (await store.spent(key, now=T0 + 50)).reserved == 0
+
+
+async def test_spend_is_tracked_without_a_budget(store: LimitStore) -> None:
+    key = KeyLimits("unbudgeted")
+    result = await store.reserve(key, None, 10**12, "big", now=T0)
+    assert result.ok and result.remaining_micros is None and result.resets_at is None
+    await store.settle(key, "big", 10**12, 123_456_789_012_345, now=T0)
+    state = await store.spent(key, now=T0)
+    assert (state.spent, state.reserved, state.remaining) == (123_456_789_012_345, 0, None)
+
+
+async def test_negative_amounts_rejected(store: LimitStore) -> None:
+    key = KeyLimits("neg", budget_micros=10)
+    with pytest.raises(ValueError):
+        await store.reserve(key, None, -1, "r", now=T0)
+    with pytest.raises(ValueError):
+        await store.settle(key, "r", 0, -5, now=T0)
+    with pytest.raises(ValueError):
+        await store.check_rate(key, -1, now=T0)
+
+
+# -- rate limits -----------------------------------------------------------------------------
+
+
+async def test_rpm_sliding_window(store: LimitStore) -> None:
+    key = KeyLimits("rpm", rpm=3)
+    remaining = []
+    for i in range(3):
+        result = await store.check_rate(key, 0, now=T0 + i)
+        assert result.allowed
+        remaining.append(result.remaining_requests)
+    assert remaining == [2, 1, 0]
+
+    rejected = await store.check_rate(key, 0, now=T0 + 3)
+    assert not rejected.allowed and rejected.limit == "rpm"
+    assert rejected.remaining_requests == 0
+    assert rejected.retry_after_s == pytest.approx(57.0)  # the entry at T0 leaves at T0+60
+    assert rejected.reset_requests_s == pytest.approx(59.0)  # the window is empty at T0+62
+    headers = rejected.headers()
+    assert headers["retry-after"] == "57" and headers["retry-after-ms"] == "57000"
+    assert headers["x-ratelimit-limit-requests"] == "3"
+    assert headers["x-ratelimit-remaining-requests"] == "0"
+    assert headers["x-ratelimit-reset-requests"] == "59s"
+    assert "x-ratelimit-limit-tokens" not in headers
+
+    assert not (await store.check_rate(key, 0, now=T0 + 59.999)).allowed
+    at_reset = await store.check_rate(key, 0, now=T0 + 60)
+    assert at_reset.allowed and at_reset.remaining_requests == 0
+    assert not (await store.check_rate(key, 0, now=T0 + 60.5)).allowed
+    later = await store.check_rate(key, 0, now=T0 + 200)
+    assert later.allowed and later.remaining_requests == 2 and later.reset_requests_s == 60.0
+
+
+async def test_tpm_window_and_corrections(store: LimitStore) -> None:
+    key = KeyLimits("tpm", rpm=10, tpm=1_000)
+    first = await store.check_rate(key, 600, now=T0)
+    assert first.allowed and first.remaining_tokens == 400 and first.remaining_requests == 9
+
+    rejected = await store.check_rate(key, 600, now=T0 + 1)
+    assert not rejected.allowed and rejected.limit == "tpm"
+    assert rejected.retry_after_s == pytest.approx(59.0)
+    # a rejected request is counted in neither window
+    assert rejected.remaining_requests == 9 and rejected.remaining_tokens == 400
+
+    await store.add_tokens(key, -300, now=T0 + 2)  # the call used 300, not 600
+    refunded = await store.check_rate(key, 600, now=T0 + 3)
+    assert refunded.allowed and refunded.remaining_tokens == 100
+
+    await store.add_tokens(key, 200, now=T0 + 4)  # this call used more than estimated
+    over = await store.check_rate(key, 1, now=T0 + 5)
+    assert not over.allowed and over.remaining_tokens == 0
+    # T0's 600 leaves at T0+60, leaving -300 + 600 + 200 = 500 in the window
+    after = await store.check_rate(key, 500, now=T0 + 60)
+    assert after.allowed and after.remaining_tokens == 0
+
+    never = await store.check_rate(key, 1_001, now=T0 + 500)
+    assert not never.allowed and never.limit == "tpm" and never.retry_after_s is None
+    assert "retry-after" not in never.headers()
+
+
+async def test_counted_in_both_windows_or_neither(store: LimitStore) -> None:
+    key = KeyLimits("both", rpm=2, tpm=100)
+    assert (await store.check_rate(key, 150, now=T0)).limit == "tpm"
+    assert (await store.check_rate(key, 50, now=T0)).allowed
+    assert (await store.check_rate(key, 50, now=T0)).allowed
+    third = await store.check_rate(key, 0, now=T0 + 1)
+    assert not third.allowed and third.limit == "rpm"
+    # both limits exceeded: retry when both have room again
+    both = await store.check_rate(key, 60, now=T0 + 1)
+    assert both.limit == "rpm" and both.retry_after_s == pytest.approx(59.0)
+
+
+async def test_no_rate_limits_means_no_headers(store: LimitStore) -> None:
+    result = await store.check_rate(KeyLimits("free"), 10**9, now=T0)
+    assert result.allowed and result.headers() == {}
+
+
+async def test_concurrent_rate_checks_are_exact(store: LimitStore) -> None:
+    key = KeyLimits("burst", rpm=25, tpm=10_000)
+    results = await asyncio.gather(*(store.check_rate(key, 100, now=T0) for _ in range(80)))
+    assert sum(r.allowed for r in results) == 25
+    assert {r.limit for r in results if not r.allowed} == {"rpm"}

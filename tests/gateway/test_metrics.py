@@ -1,0 +1,305 @@
+from __future__ import annotations
+
+import os
+import random
+import string
+import subprocess
+import sys
+from pathlib import Path
+
+import prometheus_client
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.metrics import (
+    LLM_BUCKETS,
+    MULTIPROC_ENV,
+    GatewayMetrics,
+    arender_metrics,
+    mark_process_dead,
+    render_metrics,
+)
+
+MODELS = ["gpt-5-mini", "claude-haiku", "qwen3-8b"]
+POLICIES = ["compact", "llm", "cheapest"]
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture
+def metrics(registry: CollectorRegistry) -> GatewayMetrics:
+    return GatewayMetrics(
+        registry, models=MODELS, policies=POLICIES, budget_gauge_keys=2, version="1.2.3"
+    )
+
+
+def label_values(registry: CollectorRegistry, sample_name: str, label: str) -> set[str]:
+    return {
+        s.labels[label]
+        for family in registry.collect()
+        for s in family.samples
+        if s.name == sample_name and label in s.labels
+    }
+
+
+def test_unknown_models_and_policies_collapse_to_other(
+    registry: CollectorRegistry, metrics: GatewayMetrics
+) -> None:
+    rng = random.Random(3)
+    names = ["".join(rng.choices(string.ascii_lowercase, k=10)) for _ in range(100)]
+    for name in [*names, *MODELS]:
+        metrics.observe_request(name, name, 200, 1.0, 0.001, 10)
+        metrics.observe_call(name, 10, 5, 0, 0, 10, 0.5)
+        metrics.decision(name, name)
+        metrics.upstream_error(name, "timeout")
+        metrics.fallback(name)
+
+    for sample, label in [
+        ("xrouter_requests_total", "model"),
+        ("xrouter_tokens_total", "model"),
+        ("xrouter_cost_usd_total", "model"),
+        ("xrouter_upstream_duration_seconds_count", "model"),
+        ("xrouter_routing_decisions_total", "model"),
+        ("xrouter_upstream_errors_total", "model"),
+        ("xrouter_fallbacks_total", "model"),
+    ]:
+        assert label_values(registry, sample, label) == {*MODELS, "other"}, sample
+    assert label_values(registry, "xrouter_requests_total", "policy") == {"other"}
+    assert label_values(registry, "xrouter_routing_decisions_total", "policy") == {"other"}
+    other = {"policy": "other", "model": "other", "status_class": "2xx"}
+    assert registry.get_sample_value("xrouter_requests_total", other) == 100
+
+
+def test_free_form_labels_are_bounded(registry: CollectorRegistry, metrics: GatewayMetrics) -> None:
+    for i in range(40):
+        metrics.write_error(f"kind-{i}")
+        metrics.upstream_error("qwen3-8b", f"weird-{i}")
+    kinds = label_values(registry, "xrouter_ledger_write_errors_total", "kind")
+    assert (
+        len(kinds) == 16 + 1 and "other" in kinds and "kind-0" in kinds and "kind-39" not in kinds
+    )
+    assert registry.get_sample_value("xrouter_ledger_write_errors_total", {"kind": "other"}) == 24
+    error_kinds = label_values(registry, "xrouter_upstream_errors_total", "kind")
+    assert len(error_kinds) == 16 + 1  # first-come room + other
+
+
+def test_values_after_a_sequence_of_requests(
+    registry: CollectorRegistry, metrics: GatewayMetrics
+) -> None:
+    get = registry.get_sample_value
+    # compact routed to the cheap model: saved 0.0009 USD against the reference
+    metrics.decision("compact", "qwen3-8b")
+    metrics.observe_call(
+        model="qwen3-8b",
+        prompt_tokens=1000,
+        completion_tokens=200,
+        cached_tokens=400,
+        reasoning_tokens=50,
+        cost_micros=100,
+        duration_s=0.3,
+        ttft_s=0.04,
+        policy="compact",
+    )
+    metrics.observe_request("compact", "qwen3-8b", 200, 0.31, 0.0008, 100, 1_000)
+    # llm policy called the dear model: cost 0.0025 more than the reference
+    metrics.decision("llm", "claude-haiku")
+    metrics.observe_call("claude-haiku", 2000, 500, 0, 0, 3_500, 7.0, None, policy="llm")
+    metrics.observe_request("llm", "claude-haiku", 200, 7.2, 0.003, 3_500, 1_000)
+    # a failed request: no model answered
+    metrics.upstream_error("gpt-5-mini", "rate_limited")
+    metrics.fallback("gpt-5-mini")
+    metrics.observe_request("compact", None, 503, 0.05, 0.0002, 0)
+    metrics.rate_limited("tpm")
+    metrics.budget_rejected("request")
+    metrics.limit_store_error("open")
+    metrics.query_copied()
+    metrics.query_copied(2)
+
+    assert (
+        get(
+            "xrouter_requests_total",
+            {"policy": "compact", "model": "qwen3-8b", "status_class": "2xx"},
+        )
+        == 1
+    )
+    assert (
+        get("xrouter_requests_total", {"policy": "compact", "model": "none", "status_class": "5xx"})
+        == 1
+    )
+    assert get("xrouter_tokens_total", {"model": "qwen3-8b", "kind": "prompt"}) == 1000
+    assert get("xrouter_tokens_total", {"model": "qwen3-8b", "kind": "completion"}) == 200
+    assert get("xrouter_tokens_total", {"model": "qwen3-8b", "kind": "cached"}) == 400
+    assert get("xrouter_tokens_total", {"model": "qwen3-8b", "kind": "reasoning"}) == 50
+    assert get("xrouter_tokens_total", {"model": "claude-haiku", "kind": "cached"}) is None
+    assert get(
+        "xrouter_cost_usd_total", {"model": "claude-haiku", "policy": "llm"}
+    ) == pytest.approx(0.0035)
+    assert get("xrouter_savings_usd_total", {"policy": "compact"}) == pytest.approx(0.0009)
+    assert get("xrouter_overspend_usd_total", {"policy": "llm"}) == pytest.approx(0.0025)
+    assert get("xrouter_savings_usd_total", {"policy": "llm"}) is None
+
+    assert get("xrouter_request_duration_seconds_count", {"policy": "compact"}) == 2
+    assert get("xrouter_request_duration_seconds_sum", {"policy": "compact"}) == pytest.approx(0.36)
+    assert get("xrouter_request_duration_seconds_bucket", {"policy": "llm", "le": "5.0"}) == 0
+    assert get("xrouter_request_duration_seconds_bucket", {"policy": "llm", "le": "10.0"}) == 1
+    assert get("xrouter_overhead_seconds_count") == 3
+    assert get("xrouter_overhead_seconds_bucket", {"le": "0.001"}) == 2
+    assert get("xrouter_upstream_duration_seconds_bucket", {"model": "qwen3-8b", "le": "0.25"}) == 0
+    assert get("xrouter_upstream_duration_seconds_bucket", {"model": "qwen3-8b", "le": "0.5"}) == 1
+    assert get("xrouter_time_to_first_token_seconds_count", {"model": "qwen3-8b"}) == 1
+    assert get("xrouter_time_to_first_token_seconds_count", {"model": "claude-haiku"}) is None
+    assert (
+        get("xrouter_upstream_duration_seconds_bucket", {"model": "qwen3-8b", "le": "600.0"}) == 1
+    )
+    assert LLM_BUCKETS[0] == 0.005 and LLM_BUCKETS[-1] == 600.0
+
+    assert get("xrouter_routing_decisions_total", {"policy": "llm", "model": "claude-haiku"}) == 1
+    assert (
+        get("xrouter_upstream_errors_total", {"model": "gpt-5-mini", "kind": "rate_limited"}) == 1
+    )
+    assert get("xrouter_fallbacks_total", {"model": "gpt-5-mini"}) == 1
+    assert get("xrouter_rate_limited_total", {"limit": "tpm"}) == 1
+    assert get("xrouter_rate_limited_total", {"limit": "rpm"}) == 0  # exists from the start
+    assert get("xrouter_budget_rejections_total", {"reason": "request"}) == 1
+    assert get("xrouter_budget_rejections_total", {"reason": "key"}) == 0
+    assert get("xrouter_limit_store_errors_total", {"mode": "open"}) == 1
+    assert get("xrouter_router_query_copies_total") == 3
+    assert get("xrouter_build_info", {"version": "1.2.3"}) == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "cls"), [(200, "2xx"), (429, "4xx"), ("503", "5xx"), (999, "other")]
+)
+def test_status_class(
+    registry: CollectorRegistry, metrics: GatewayMetrics, status: int | str, cls: str
+) -> None:
+    metrics.observe_request("llm", "qwen3-8b", status, 1.0, None, 0)
+    assert (
+        registry.get_sample_value(
+            "xrouter_requests_total", {"policy": "llm", "model": "qwen3-8b", "status_class": cls}
+        )
+        == 1
+    )
+
+
+def test_budget_gauges_are_capped(registry: CollectorRegistry, metrics: GatewayMetrics) -> None:
+    assert metrics.key_budget_remaining("team-a", 2_500_000)
+    assert metrics.key_budget_remaining("team-b", 0)
+    assert not metrics.key_budget_remaining("team-c", 1_000_000)  # over budget_gauge_keys=2
+    assert metrics.key_budget_remaining("team-a", 1_250_000)  # known keys keep updating
+    assert label_values(registry, "xrouter_key_budget_remaining_usd", "key_alias") == {
+        "team-a",
+        "team-b",
+    }
+    assert (
+        registry.get_sample_value("xrouter_key_budget_remaining_usd", {"key_alias": "team-a"})
+        == 1.25
+    )
+    metrics.forget_key_budget("team-b")
+    assert metrics.key_budget_remaining("team-c", 1_000_000)
+    assert label_values(registry, "xrouter_key_budget_remaining_usd", "key_alias") == {
+        "team-a",
+        "team-c",
+    }
+
+
+def test_ledger_sink(registry: CollectorRegistry, metrics: GatewayMetrics) -> None:
+    metrics.queue_depth(42)
+    metrics.queue_depth(7)
+    metrics.spilled(3, "queue_full")
+    metrics.spilled(2, "queue_full")
+    metrics.write_error("db")
+    metrics.flushed(500)
+    metrics.flushed(12)
+    get = registry.get_sample_value
+    assert get("xrouter_ledger_queue_depth") == 7
+    assert get("xrouter_ledger_spilled_total", {"reason": "queue_full"}) == 5
+    assert get("xrouter_ledger_write_errors_total", {"kind": "db"}) == 1
+    assert get("xrouter_ledger_rows_total") == 512
+
+
+def test_registries_are_isolated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(MULTIPROC_ENV, raising=False)
+    first, second = CollectorRegistry(), CollectorRegistry()
+    a = GatewayMetrics(first, models=MODELS, policies=POLICIES)
+    GatewayMetrics(second, models=MODELS, policies=POLICIES)  # same names, no clash
+    a.flushed(5)
+    assert first.get_sample_value("xrouter_ledger_rows_total") == 5
+    assert second.get_sample_value("xrouter_ledger_rows_total") == 0
+    assert prometheus_client.REGISTRY.get_sample_value("xrouter_ledger_rows_total") is None
+
+
+async def test_render_single_process(
+    registry: CollectorRegistry, metrics: GatewayMetrics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(MULTIPROC_ENV, raising=False)
+    metrics.observe_request("llm", "qwen3-8b", 200, 1.0, 0.001, 5)
+    body, content_type = await arender_metrics(registry)
+    assert content_type.startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    assert families["xrouter_requests"].samples[0].value == 1
+    mark_process_dead(os.getpid())  # no-op outside multiprocess mode
+
+
+_WORKER = """
+import os, sys
+from prometheus_client import CollectorRegistry
+from gateway.metrics import GatewayMetrics
+
+requests, depth, remaining = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+m = GatewayMetrics(CollectorRegistry(), models=["qwen3-8b"], policies=["compact"], version="9.9")
+for _ in range(requests):
+    m.observe_request("compact", "qwen3-8b", 200, 0.2, 0.001, 100, 300)
+    m.observe_call("qwen3-8b", 100, 10, 0, 0, 100, 0.15)
+m.queue_depth(depth)
+m.key_budget_remaining("team-a", remaining)
+m.flushed(requests)
+print(os.getpid())
+"""
+
+
+def test_multiprocess_aggregates_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {**os.environ, MULTIPROC_ENV: str(tmp_path), "PYTHONPATH": str(REPO_ROOT)}
+    pids = []
+    # one after the other, so "mostrecent" has a defined answer (the second worker's value)
+    for args in (("3", "4", "2000000"), ("5", "6", "1500000")):
+        done = subprocess.run(
+            [sys.executable, "-c", _WORKER, *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        pids.append(int(done.stdout.strip()))
+
+    monkeypatch.setenv(MULTIPROC_ENV, str(tmp_path))
+
+    def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        body, _ = render_metrics(CollectorRegistry())
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(body.decode())
+            for s in family.samples
+        }
+
+    values = scrape()
+    req = ("policy", "compact"), ("model", "qwen3-8b"), ("status_class", "2xx")
+    assert values[("xrouter_requests_total", tuple(sorted(req)))] == 8
+    assert values[("xrouter_tokens_total", (("kind", "prompt"), ("model", "qwen3-8b")))] == 800
+    assert values[("xrouter_savings_usd_total", (("policy", "compact"),))] == pytest.approx(0.0016)
+    assert values[("xrouter_request_duration_seconds_count", (("policy", "compact"),))] == 8
+    assert values[("xrouter_ledger_rows_total", ())] == 8
+    assert values[("xrouter_ledger_queue_depth", ())] == 10  # livesum of both workers
+    assert values[("xrouter_key_budget_remaining_usd", (("key_alias", "team-a"),))] == 1.5
+    assert values[("xrouter_build_info", (("version", "9.9"),))] == 1
+
+    mark_process_dead(pids[0])  # the server's worker-exit hook
+    values = scrape()
+    assert values[("xrouter_ledger_queue_depth", ())] == 6
+    assert values[("xrouter_requests_total", tuple(sorted(req)))] == 8  # counters survive
