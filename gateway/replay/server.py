@@ -1,0 +1,172 @@
+"""Running the replay upstream: ``serve()`` and the CLI behind ``xrouter replay-upstream`` and
+``python -m gateway.replay``.
+
+The replay upstream is an OpenAI-compatible chat server, in its own process, that answers
+every pool model from an outcome table of real recorded outcomes (by default the packaged
+demo table), with fault and latency injection. It stands in for real providers in the demo
+(``xrouter serve`` with no config), in end-to-end tests and in throughput benchmarks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from gateway.replay.app import create_app
+from gateway.replay.table import ReplayTable
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8001
+API_KEY_ENV = "XROUTER_REPLAY_API_KEY"
+
+__all__ = ["add_arguments", "create_app", "run", "serve", "start"]
+
+
+def _announce(ready: int | str | Path, port: int) -> None:
+    """Tell whoever started us which port we listen on (startup only, so sync I/O is fine)."""
+    line = f"{port}\n".encode()
+    if isinstance(ready, int):
+        os.write(ready, line)
+        return
+    path = Path(ready)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(line)
+    os.replace(tmp, path)  # atomic: a reader never sees a half-written port
+
+
+async def start(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Start serving ``app`` on the running loop; returns the runner (``await
+    runner.cleanup()`` to stop) and the bound port. For embedding (benchmarks, tools)."""
+    # handler_cancellation: when a client disconnects, its handler is cancelled, so an
+    # injected `timeout` fault (a long sleep) does not outlive the client.
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port, backlog=2048)
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner, runner.addresses[0][1]
+
+
+async def _serve_app(
+    app: web.Application, host: str, port: int, ready: int | str | Path | None
+) -> None:
+    runner, bound = await start(app, host, port)
+    try:
+        log.info("replay upstream listening on http://%s:%d", host, bound)
+        if ready is not None:
+            _announce(ready, bound)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+            except (NotImplementedError, RuntimeError):
+                pass  # not the main thread (or no signals here): stopped by cancellation
+        await stop.wait()
+        log.info("replay upstream shutting down")
+    finally:
+        await runner.cleanup()
+
+
+def _run(coro: Coroutine[Any, Any, None]) -> None:
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(coro)
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(coro)
+
+
+def serve(
+    host: str,
+    port: int,
+    table_path: str | Path | None = None,
+    *,
+    latency_ms: float = 0.0,
+    api_key: str | None = None,
+    ready_fd_or_file: int | str | Path | None = None,
+    stream_chunk_delay_ms: float = 0.0,
+) -> None:
+    """Serve until SIGINT/SIGTERM (blocking). ``port`` 0 picks a free port; once listening,
+    the bound port is written (``"<port>\\n"``) to ``ready_fd_or_file`` — an open file
+    descriptor (int) or a path (written atomically). ``table_path`` None = the packaged demo
+    table."""
+    table = ReplayTable.load(table_path) if table_path is not None else ReplayTable.load_default()
+    app = create_app(
+        table, latency_ms=latency_ms, api_key=api_key, stream_chunk_delay_ms=stream_chunk_delay_ms
+    )
+    _run(_serve_app(app, host, port, ready_fd_or_file))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--host", default=DEFAULT_HOST, help=f"bind address (default {DEFAULT_HOST})"
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"port, 0 = a free one (default {DEFAULT_PORT})",
+    )
+    parser.add_argument(
+        "--table",
+        type=Path,
+        default=None,
+        help="outcome table JSONL (default: the packaged demo table)",
+    )
+    parser.add_argument(
+        "--latency-ms", type=float, default=0.0, help="fixed delay before every answer"
+    )
+    parser.add_argument(
+        "--stream-chunk-delay-ms", type=float, default=0.0, help="delay after every streamed delta"
+    )
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV),
+        help=f"require 'Authorization: Bearer <key>' (default ${API_KEY_ENV}; unset = no auth)",
+    )
+    parser.add_argument(
+        "--port-file", type=Path, default=None, help="write the bound port here once listening"
+    )
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=str(args.log_level).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    for name in ("latency_ms", "stream_chunk_delay_ms"):
+        if getattr(args, name) < 0:
+            log.error("--%s must be >= 0", name.replace("_", "-"))
+            return 2
+    try:
+        serve(
+            args.host,
+            args.port,
+            args.table,
+            latency_ms=args.latency_ms,
+            api_key=args.api_key or None,
+            ready_fd_or_file=args.port_file,
+            stream_chunk_delay_ms=args.stream_chunk_delay_ms,
+        )
+    except OSError as exc:  # table file missing, port in use, ...
+        log.error("replay upstream: %s", exc)
+        return 1
+    except ValueError as exc:  # malformed outcome table (OutcomeTableError)
+        log.error("replay upstream: bad outcome table: %s", exc)
+        return 2
+    return 0

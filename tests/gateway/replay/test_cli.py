@@ -1,0 +1,186 @@
+"""The CLI options, end to end: a custom table, an API key, global latency, per-chunk delay,
+startup failures, the ready-fd handshake of ``serve()`` and a clean SIGTERM shutdown."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+import openai
+import orjson
+import pytest
+
+from tests.support.replay import REPO_ROOT, replay_root, start_replay_upstream, stop_replay_upstream
+
+API_KEY = "replay-test-key"
+LATENCY_MS = 120
+CHUNK_DELAY_MS = 80
+RECORDS: list[dict[str, Any]] = [
+    {
+        "id": "chat-1",
+        "messages": [
+            {"role": "system", "content": "be terse"},
+            {"role": "user", "content": "What is the capital of France?"},
+        ],
+        "outcomes": {
+            "small": {
+                "score": 1,
+                "response": "Paris.",
+                "prompt_tokens": 17,
+                "completion_tokens": 2,
+            },
+            "large": {
+                "score": 1,
+                "response": "The capital of France is Paris, on the Seine, in the north of the country.",
+                "prompt_tokens": 19,
+                "completion_tokens": 18,
+            },
+        },
+    },
+    {"id": "p-2", "prompt": "2+2?", "outcomes": {"small": {"score": 0, "response": "5"}}},
+]
+
+
+@pytest.fixture(scope="module")
+def configured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("replay-cli")
+    table = tmp / "table.jsonl"
+    table.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in RECORDS))
+    proc, base_url = start_replay_upstream(
+        tmp,
+        "--table", str(table),
+        "--api-key", API_KEY,
+        "--latency-ms", str(LATENCY_MS),
+        "--stream-chunk-delay-ms", str(CHUNK_DELAY_MS),
+        "--log-level", "warning",
+    )  # fmt: skip
+    yield base_url
+    stop_replay_upstream(proc)
+    assert proc.returncode == 0
+
+
+def _client(base_url: str, key: str = API_KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=10)
+
+
+def test_custom_table_with_global_latency(configured: str) -> None:
+    with _client(configured) as client:
+        assert sorted(m.id for m in client.models.list()) == ["large", "small"]
+        started = time.monotonic()
+        resp = client.chat.completions.create(
+            model="large", messages=[{"role": "user", "content": "What is the capital of France?"}]
+        )
+        assert time.monotonic() - started >= LATENCY_MS / 1000
+        assert resp.choices[0].message.content == RECORDS[0]["outcomes"]["large"]["response"]
+        assert resp.usage is not None and (
+            resp.usage.prompt_tokens,
+            resp.usage.completion_tokens,
+        ) == (19, 18)
+        # "large" has no answer recorded for "2+2?": deterministic fallback with estimated tokens.
+        fb = client.chat.completions.create(
+            model="large", messages=[{"role": "user", "content": "2+2?"}]
+        )
+        text = fb.choices[0].message.content or ""
+        assert "large" in text and fb.usage is not None
+        assert fb.usage.completion_tokens == math.ceil(len(text) / 4)
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(
+                model="gemma-2-9b-it", messages=[{"role": "user", "content": "x"}]
+            )
+
+
+def test_api_key_is_enforced(configured: str) -> None:
+    msg: Any = [{"role": "user", "content": "2+2?"}]
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    with httpx.Client(base_url=replay_root(configured)) as http:
+        assert http.get("/health").status_code == 200  # liveness needs no key
+        for path in ("/_replay/stats", "/v1/models"):
+            assert http.get(path).status_code == 401
+        before = http.get("/_replay/stats", headers=auth).json()["requests"].get("small", 0)
+
+        anonymous = http.post("/v1/chat/completions", json={"model": "small", "messages": msg})
+        assert anonymous.status_code == 401
+        assert anonymous.json()["error"]["type"] == "authentication_error"
+        with _client(configured, "wrong-key") as bad:
+            with pytest.raises(openai.AuthenticationError) as exc:
+                bad.chat.completions.create(model="small", messages=msg)
+        assert isinstance(exc.value.body, dict) and exc.value.body["code"] == "invalid_api_key"
+        with _client(configured) as good:
+            resp = good.chat.completions.create(model="small", messages=msg)
+        assert resp.choices[0].message.content == "5"
+        # Only the authenticated request reached the model.
+        after = http.get("/_replay/stats", headers=auth).json()["requests"]["small"]
+        assert after == before + 1
+
+
+async def test_stream_events_are_sent_as_produced(configured: str) -> None:
+    """With a per-chunk delay, the first delta arrives long before the stream ends: the server
+    writes each event as it is produced instead of buffering the response."""
+    body = {
+        "model": "large",
+        "stream": True,
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+    }
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    arrivals: list[tuple[float, bytes]] = []
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{configured}/chat/completions", json=body, headers=headers) as r:
+            assert r.status == 200
+            async for line in r.content:
+                if line.startswith(b"data: "):
+                    arrivals.append((time.monotonic(), line.strip()))
+    assert arrivals[-1][1] == b"data: [DONE]"
+    content_events = [t for t, line in arrivals if b'"content":"' in line and b'"role"' not in line]
+    assert len(content_events) >= 4
+    assert (
+        arrivals[-1][0] - content_events[0]
+        >= (len(content_events) - 1) * CHUNK_DELAY_MS / 1000 * 0.5  # buffered: ~0
+    )
+
+
+def test_startup_failures_exit_nonzero(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "x", "outcomes": {}}\n')
+    with pytest.raises(RuntimeError, match=r"exit 2"):
+        start_replay_upstream(tmp_path, "--table", str(bad))
+    with pytest.raises(RuntimeError, match=r"exit 1"):
+        start_replay_upstream(tmp_path, "--table", str(tmp_path / "missing.jsonl"))
+
+
+def test_serve_announces_its_port_on_a_file_descriptor() -> None:
+    read_fd, write_fd = os.pipe()
+    code = (
+        "import sys; from gateway.replay.server import serve; "
+        "serve('127.0.0.1', 0, ready_fd_or_file=int(sys.argv[1]))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(write_fd)], cwd=REPO_ROOT, pass_fds=(write_fd,)
+    )
+    os.close(write_fd)
+    try:
+        with os.fdopen(read_fd, "rb") as ready:
+            port = int(ready.readline())
+        health = httpx.get(f"http://127.0.0.1:{port}/health")
+        assert health.json() == {"status": "ok"}
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"]
+        assert len(models) == 8  # the packaged demo table
+    finally:
+        stop_replay_upstream(proc)
+    assert proc.returncode == 0
+
+
+def test_module_help() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway.replay", "--help"],
+        cwd=REPO_ROOT, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    for option in ("--host", "--port", "--table", "--latency-ms", "--api-key", "--port-file"):
+        assert option in out
