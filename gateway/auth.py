@@ -74,8 +74,10 @@ class Authenticator:
             rpm=info.rpm, tpm=info.tpm,
         )
         return Principal(
-            key_id=info.key_id, alias=info.alias, allowed_models=info.allowed_models,
-            allowed_policies=info.allowed_policies, limits=limits,
+            key_id=info.key_id, alias=info.alias,
+            allowed_models=list(info.allowed_models) if info.allowed_models is not None else None,
+            allowed_policies=list(info.allowed_policies) if info.allowed_policies is not None else None,
+            limits=limits,
         )
 
     def require_admin(self, authorization: str | None) -> None:

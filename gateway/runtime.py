@@ -11,12 +11,12 @@ from typing import Any
 
 from gateway.settings import Settings
 from pricing import ModelPrice, PriceCatalog, load_default_catalog
+from router.executors import ProviderExecutor
 from router.loop import Orchestrator
 from router.policies.baselines import CascadePolicy, CheapestPolicy, FixedPolicy, RandomPolicy
 from router.policy import Policy
 from router.pool import ModelPool, PoolModel
 from router.providers.client import CallEvents, DownstreamClient
-from router.executors import ProviderExecutor
 
 log = logging.getLogger(__name__)
 

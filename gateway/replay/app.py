@@ -171,8 +171,9 @@ class ReplayService:
                     if self.chunk_delay_s > 0:
                         await asyncio.sleep(self.chunk_delay_s)
             await resp.write_eof()
-        except ConnectionError:
+        except (ConnectionError, asyncio.CancelledError):
             log.debug("client went away mid-stream")
+            self.stats.streams_abandoned += 1
         return resp
 
     def _fault_for(self, request: web.Request, model: str, marker: str | None) -> Fault | None:

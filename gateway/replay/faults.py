@@ -133,6 +133,9 @@ class ReplayStats:
         self.requests: Counter[str] = Counter()
         self.faults: Counter[str] = Counter()
         self.total = 0
+        # Streams whose client went away before the end: a gateway that cancels its
+        # upstream call when its own client disconnects shows up here.
+        self.streams_abandoned = 0
 
     def count_request(self, model: str | None) -> None:
         self.total += 1
@@ -146,6 +149,12 @@ class ReplayStats:
         self.requests.clear()
         self.faults.clear()
         self.total = 0
+        self.streams_abandoned = 0
 
     def snapshot(self) -> dict[str, object]:
-        return {"total": self.total, "requests": dict(self.requests), "faults": dict(self.faults)}
+        return {
+            "total": self.total,
+            "requests": dict(self.requests),
+            "faults": dict(self.faults),
+            "streams_abandoned": self.streams_abandoned,
+        }

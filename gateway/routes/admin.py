@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 from typing import Any, Literal
 
@@ -12,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import Response
 
 from gateway.errors import APIError, bad_request
+from gateway.ledger.keys import DuplicateAliasError, KeyInfo, KeyNotFoundError
 from gateway.ledger.spend import spend_report
 from gateway.routes.openai import read_body, services
 from gateway.services import Services
@@ -69,12 +69,8 @@ async def _body(request: Request, model: type[BaseModel]) -> Any:
         raise bad_request(f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
 
 
-def _key_view(info: Any) -> dict[str, Any]:
-    d = dataclasses.asdict(info)
-    d.pop("key_hash", None)
-    if d.get("budget_micros") is not None:
-        d["budget_usd"] = micros_to_usd(d["budget_micros"])
-    return d
+def _key_view(info: KeyInfo) -> dict[str, Any]:
+    return info.to_dict()
 
 
 @router.post("/keys")
@@ -85,12 +81,12 @@ async def create_key(request: Request) -> Response:
         raise bad_request("budget_period is required with budget_usd", param="budget_period")
     try:
         info, secret = await s.keys.create(
-            alias=body.alias, budget_micros=usd_to_micros(body.budget_usd) if body.budget_usd is not None else None,
+            alias=body.alias, budget_usd=body.budget_usd,
             budget_period=body.budget_period, rpm=body.rpm, tpm=body.tpm, allowed_models=body.allowed_models,
             allowed_policies=body.allowed_policies, metadata=body.metadata,
         )
-    except ValueError as exc:
-        raise APIError(409, str(exc), code="key_conflict") from None
+    except DuplicateAliasError as exc:
+        raise APIError(409, str(exc), param="alias", code="alias_taken") from None
     # The secret is returned exactly once; only its hash is stored.
     return _json({**_key_view(info), "key": secret}, status=201)
 
@@ -121,9 +117,12 @@ async def update_key(key_id: str, request: Request) -> Response:
     if "budget_usd" in fields:
         usd = fields.pop("budget_usd")
         fields["budget_micros"] = usd_to_micros(usd) if usd is not None else None
-    info = await s.keys.update(key_id, **fields)
-    if info is None:
-        raise APIError(404, f"no key {key_id!r}", param="key_id", code="key_not_found")
+    try:
+        info = await s.keys.update(key_id, **fields)
+    except DuplicateAliasError as exc:
+        raise APIError(409, str(exc), param="alias", code="alias_taken") from None
+    except KeyNotFoundError:
+        raise APIError(404, f"no key {key_id!r}", param="key_id", code="key_not_found") from None
     assert s.auth is not None
     s.auth.invalidate()
     return _json(_key_view(info))
@@ -132,9 +131,10 @@ async def update_key(key_id: str, request: Request) -> Response:
 @router.delete("/keys/{key_id}")
 async def revoke_key(key_id: str, request: Request) -> Response:
     s = await _admin(request)
-    ok = await s.keys.revoke(key_id)
-    if not ok:
-        raise APIError(404, f"no key {key_id!r}", param="key_id", code="key_not_found")
+    try:
+        await s.keys.revoke(key_id)
+    except KeyNotFoundError:
+        raise APIError(404, f"no key {key_id!r}", param="key_id", code="key_not_found") from None
     assert s.auth is not None
     s.auth.invalidate()
     return _json({"key_id": key_id, "revoked": True})

@@ -42,6 +42,10 @@ def _litellm() -> Any:
     # Never fetch the remote cost map at import: we ship our own catalog, and the network
     # may be closed.
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    # LiteLLM prices every response itself, and for models it doesn't know it counts tokens
+    # with a Hugging Face tokenizer it downloads synchronously, on the event loop. We price
+    # from our own catalog with the provider's usage, so keep that download from happening.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import litellm
 
     litellm.suppress_debug_info = True
@@ -82,7 +86,9 @@ class LiteLLMProvider(Provider):
             model=model.litellm_model,
             messages=body["messages"],
             timeout=model.timeout_s,
-            num_retries=0,  # DownstreamClient owns retries and fallbacks
+            # DownstreamClient owns retries and fallbacks: none in LiteLLM or the OpenAI SDK.
+            num_retries=0,
+            max_retries=0,
         )
         if model.api_base:
             kwargs["api_base"] = model.api_base

@@ -1,0 +1,516 @@
+"""Ledger -> outcome table (JSONL or Parquet): logged traffic for off-policy training.
+
+One record per successful request, with *partial feedback*: only the action the policy took
+has an outcome (its latest feedback score, its cost and tokens), and ``logged`` says which
+action it was and with which probability (``propensity``), which is what off-policy
+estimators need. Every JSONL line parses with ``router.outcomes.parse_record``.
+
+The outcome is keyed by the logged action (the decision's first action, falling back to the
+model that answered). They differ only when a fallback answered for the chosen model; the
+record then still says what happened when *that action* was taken, and the outcome's
+``model`` field names the model that actually answered.
+
+Parquet is a flat table (one row per record, the chosen outcome in columns, ``calls`` and
+``feedback`` as lists of structs, the conversation as JSON text) that analytics tools read
+directly; :func:`read_export` turns either format back into ``OutcomeRecord``s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import math
+import os
+import sys
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.ledger.schema import calls, feedback, requests
+from gateway.ledger.spend import TimeBound, request_filters
+from gateway.ledger.store import open_ledger_engine, sqlite_file
+from pricing import micros_to_usd
+from router.outcomes import OutcomeRecord
+
+logger = logging.getLogger(__name__)
+
+ExportFormat = Literal["jsonl", "parquet"]
+_CHUNK = 500
+_CALL_FIELDS = (
+    "turn",
+    "role",
+    "model",
+    "status",
+    "error_type",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "reasoning_tokens",
+    "cost_micros",
+    "latency_ms",
+    "attempts",
+    "fallback_from",
+)
+
+
+# -- building records -----------------------------------------------------------------
+
+
+def _propensity(decision: dict[str, Any] | None) -> float | None:
+    """The probability the policy gave its whole action sequence; 1.0 for a request that
+    named its model (no decision was made). None when unknown or invalid."""
+    if not decision:
+        return 1.0
+    p = decision.get("propensity")
+    if p is None:
+        props = decision.get("propensities")
+        if not props:
+            return None
+        p = math.prod(float(q) for q in props)
+    p = float(p)
+    if not math.isfinite(p) or p <= 0.0:
+        return None
+    return min(p, 1.0)  # a product of floats can overshoot 1 by an ulp
+
+
+def _action(decision: dict[str, Any] | None, final_model: str) -> str:
+    actions = (decision or {}).get("actions") or []
+    if actions and isinstance(actions[0], str) and actions[0]:
+        return str(actions[0])
+    return final_model
+
+
+def build_record(
+    row: dict[str, Any],
+    call_rows: Sequence[dict[str, Any]],
+    feedback_rows: Sequence[dict[str, Any]],
+    include_unscored: bool = False,
+) -> dict[str, Any] | None:
+    """The outcome-table record of one logged request (``feedback_rows`` oldest first), or
+    None when it has no feedback and unscored records are not wanted."""
+    score = feedback_rows[-1]["score"] if feedback_rows else None
+    if score is None and not include_unscored:
+        return None
+    final_model: str = row["final_model"]
+    decision = row["decision"] if isinstance(row["decision"], dict) else None
+    content = row["content"] if isinstance(row["content"], dict) else None
+    action = _action(decision, final_model)
+
+    record: dict[str, Any] = {"id": row["request_id"]}
+    response = None
+    if content is not None and content.get("messages"):
+        record["messages"] = content["messages"]
+        response = content.get("response")
+        record["content_logged"] = "full"
+    elif content is not None and content.get("prompt_sha256"):
+        record["prompt"] = f"[content not logged; prompt_sha256={content['prompt_sha256']}]"
+        record["prompt_sha256"] = content["prompt_sha256"]
+        record["content_logged"] = "hash"
+    else:
+        record["prompt"] = "[content not logged]"
+        record["content_logged"] = "none"
+
+    outcome: dict[str, Any] = {}
+    if score is not None:
+        outcome["score"] = float(score)
+    outcome.update(
+        cost_usd=micros_to_usd(int(row["total_cost_micros"])),
+        cost_micros=int(row["total_cost_micros"]),
+        prompt_tokens=int(row["prompt_tokens"]),
+        completion_tokens=int(row["completion_tokens"]),
+        latency_ms=float(row["latency_ms"]),
+        model=final_model,
+    )
+    if response is not None:
+        outcome["response"] = response
+    record["outcomes"] = {action: outcome}
+    if score is None:
+        record["scored"] = False  # needs a score (e.g. a judge) before training
+
+    propensity = _propensity(decision)
+    if propensity is not None:
+        record["logged"] = {
+            "action": action,
+            "propensity": propensity,
+            "cost_weight": row["cost_weight"],
+            "policy": row["policy"],
+        }
+    record.update(
+        created_at=row["created_at"].isoformat(),
+        key_id=row["key_id"],
+        policy=row["policy"],
+        requested_model=row["requested_model"],
+        router_cost_micros=int(row["router_cost_micros"]),
+        downstream_cost_micros=int(row["downstream_cost_micros"]),
+        calls=[{f: c[f] for f in _CALL_FIELDS} for c in call_rows],
+        feedback=[
+            {
+                "score": float(f["score"]),
+                "source": f["source"],
+                "comment": f["comment"],
+                "created_at": f["created_at"].isoformat(),
+            }
+            for f in feedback_rows
+        ],
+    )
+    return record
+
+
+async def iter_export_records(
+    engine: AsyncEngine,
+    since: TimeBound = None,
+    until: TimeBound = None,
+    key_id: str | None = None,
+    include_unscored: bool = False,
+    chunk_size: int = _CHUNK,
+) -> AsyncIterator[list[dict[str, Any]]]:
+    """Chunks of outcome records, oldest request first (keyset pagination: constant memory,
+    no long-lived cursor holding a snapshot)."""
+    base = [
+        *request_filters(since, until, key_id),
+        requests.c.status >= 200,
+        requests.c.status < 300,
+        requests.c.final_model.is_not(None),
+    ]
+    columns = [c for c in requests.c]
+    after: tuple[datetime, str] | None = None
+    while True:
+        query = sa.select(*columns).where(*base)
+        if after is not None:
+            query = query.where(
+                sa.or_(
+                    requests.c.created_at > after[0],
+                    sa.and_(requests.c.created_at == after[0], requests.c.request_id > after[1]),
+                )
+            )
+        query = query.order_by(requests.c.created_at, requests.c.request_id).limit(chunk_size)
+        async with engine.connect() as conn:
+            rows = [dict(r._mapping) for r in await conn.execute(query)]
+            if not rows:
+                return
+            ids = [r["request_id"] for r in rows]
+            call_rows = await conn.execute(
+                sa.select(calls)
+                .where(calls.c.request_id.in_(ids))
+                .order_by(calls.c.request_id, calls.c.seq)
+            )
+            fb_rows = await conn.execute(
+                sa.select(feedback)
+                .where(feedback.c.request_id.in_(ids))
+                .order_by(feedback.c.request_id, feedback.c.created_at, feedback.c.id)
+            )
+            by_call: dict[str, list[dict[str, Any]]] = {}
+            for c in call_rows:
+                by_call.setdefault(c.request_id, []).append(dict(c._mapping))
+            by_fb: dict[str, list[dict[str, Any]]] = {}
+            for f in fb_rows:
+                by_fb.setdefault(f.request_id, []).append(dict(f._mapping))
+        after = (rows[-1]["created_at"], rows[-1]["request_id"])
+        chunk = [
+            rec
+            for r in rows
+            if (
+                rec := build_record(
+                    r,
+                    by_call.get(r["request_id"], []),
+                    by_fb.get(r["request_id"], []),
+                    include_unscored,
+                )
+            )
+            is not None
+        ]
+        if chunk:
+            yield chunk
+        if len(rows) < chunk_size:
+            return
+
+
+# -- Parquet layout -------------------------------------------------------------------
+
+
+def _parquet_schema() -> Any:
+    import pyarrow as pa
+
+    call = pa.struct(
+        [
+            ("turn", pa.int32()),
+            ("role", pa.string()),
+            ("model", pa.string()),
+            ("status", pa.string()),
+            ("error_type", pa.string()),
+            ("prompt_tokens", pa.int64()),
+            ("completion_tokens", pa.int64()),
+            ("cached_tokens", pa.int64()),
+            ("reasoning_tokens", pa.int64()),
+            ("cost_micros", pa.int64()),
+            ("latency_ms", pa.float64()),
+            ("attempts", pa.int32()),
+            ("fallback_from", pa.string()),
+        ]
+    )
+    fb = pa.struct(
+        [
+            ("score", pa.float64()),
+            ("source", pa.string()),
+            ("comment", pa.string()),
+            ("created_at", pa.string()),
+        ]
+    )
+    return pa.schema(
+        [
+            ("id", pa.string()),
+            ("created_at", pa.string()),
+            ("key_id", pa.string()),
+            ("policy", pa.string()),
+            ("requested_model", pa.string()),
+            ("content_logged", pa.string()),
+            ("prompt", pa.string()),
+            ("prompt_sha256", pa.string()),
+            ("messages_json", pa.string()),
+            ("action", pa.string()),
+            ("model", pa.string()),
+            ("score", pa.float64()),
+            ("cost_usd", pa.float64()),
+            ("cost_micros", pa.int64()),
+            ("router_cost_micros", pa.int64()),
+            ("downstream_cost_micros", pa.int64()),
+            ("prompt_tokens", pa.int64()),
+            ("completion_tokens", pa.int64()),
+            ("latency_ms", pa.float64()),
+            ("response", pa.string()),
+            ("propensity", pa.float64()),
+            ("cost_weight", pa.float64()),
+            ("logged_policy", pa.string()),
+            ("calls", pa.list_(call)),
+            ("feedback", pa.list_(fb)),
+        ]
+    )
+
+
+def _flatten(rec: dict[str, Any]) -> dict[str, Any]:
+    ((action, outcome),) = rec["outcomes"].items()
+    logged = rec.get("logged") or {}
+    messages = rec.get("messages")
+    return {
+        "id": rec["id"],
+        "created_at": rec["created_at"],
+        "key_id": rec["key_id"],
+        "policy": rec["policy"],
+        "requested_model": rec["requested_model"],
+        "content_logged": rec["content_logged"],
+        "prompt": rec.get("prompt"),
+        "prompt_sha256": rec.get("prompt_sha256"),
+        "messages_json": orjson.dumps(messages).decode() if messages is not None else None,
+        "action": action,
+        "model": outcome["model"],
+        "score": outcome.get("score"),
+        "cost_usd": outcome["cost_usd"],
+        "cost_micros": outcome["cost_micros"],
+        "router_cost_micros": rec["router_cost_micros"],
+        "downstream_cost_micros": rec["downstream_cost_micros"],
+        "prompt_tokens": outcome["prompt_tokens"],
+        "completion_tokens": outcome["completion_tokens"],
+        "latency_ms": outcome["latency_ms"],
+        "response": outcome.get("response"),
+        "propensity": logged.get("propensity"),
+        "cost_weight": logged.get("cost_weight"),
+        "logged_policy": logged.get("policy"),
+        "calls": rec["calls"],
+        "feedback": rec["feedback"],
+    }
+
+
+def _unflatten(row: dict[str, Any]) -> dict[str, Any]:
+    outcome: dict[str, Any] = {
+        k: row[k]
+        for k in ("score", "cost_usd", "cost_micros", "prompt_tokens", "completion_tokens")
+        if row[k] is not None
+    }
+    outcome.update(latency_ms=row["latency_ms"], model=row["model"])
+    if row["response"] is not None:
+        outcome["response"] = row["response"]
+    rec: dict[str, Any] = {"id": row["id"], "outcomes": {row["action"]: outcome}}
+    if row["messages_json"] is not None:
+        rec["messages"] = orjson.loads(row["messages_json"])
+    else:
+        rec["prompt"] = row["prompt"]
+    if row["propensity"] is not None:
+        rec["logged"] = {
+            "action": row["action"],
+            "propensity": row["propensity"],
+            "cost_weight": row["cost_weight"],
+            "policy": row["logged_policy"],
+        }
+    if row["score"] is None:
+        rec["scored"] = False
+    for k in (
+        "created_at",
+        "key_id",
+        "policy",
+        "requested_model",
+        "content_logged",
+        "prompt_sha256",
+        "router_cost_micros",
+        "downstream_cost_micros",
+        "calls",
+        "feedback",
+    ):
+        if row[k] is not None:
+            rec[k] = row[k]
+    return rec
+
+
+# -- writing and reading --------------------------------------------------------------
+
+
+class _JsonlSink:
+    def __init__(self, path: Path) -> None:
+        self._fh = path.open("wb")
+
+    def write(self, records: list[dict[str, Any]]) -> None:
+        self._fh.write(b"".join(orjson.dumps(r) + b"\n" for r in records))
+
+    def close(self) -> None:
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self._fh.close()
+
+
+class _ParquetSink:
+    def __init__(self, path: Path) -> None:
+        import pyarrow.parquet as pq
+
+        self._schema = _parquet_schema()
+        self._writer = pq.ParquetWriter(str(path), self._schema, compression="zstd")
+
+    def write(self, records: list[dict[str, Any]]) -> None:
+        import pyarrow as pa
+
+        table = pa.Table.from_pylist([_flatten(r) for r in records], schema=self._schema)
+        self._writer.write_table(table)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+async def export_ledger(
+    engine: AsyncEngine,
+    out_path: str | os.PathLike[str],
+    fmt: ExportFormat = "jsonl",
+    since: TimeBound = None,
+    until: TimeBound = None,
+    key_id: str | None = None,
+    include_unscored: bool = False,
+) -> int:
+    """Write the outcome table of the logged traffic; return the number of records.
+
+    Requests without feedback are skipped unless ``include_unscored`` (their outcome then
+    has no ``score`` and the record says ``"scored": false``; they must be scored before
+    they load as an outcome table). The file appears atomically when complete.
+    """
+    if fmt not in ("jsonl", "parquet"):
+        raise ValueError(f"unknown export format {fmt!r}")
+    out = Path(out_path)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    await asyncio.to_thread(out.parent.mkdir, parents=True, exist_ok=True)
+    sink: _JsonlSink | _ParquetSink
+    if fmt == "parquet":
+        sink = await asyncio.to_thread(_ParquetSink, tmp)
+    else:
+        sink = await asyncio.to_thread(_JsonlSink, tmp)
+    n = 0
+    try:
+        async for chunk in iter_export_records(engine, since, until, key_id, include_unscored):
+            await asyncio.to_thread(sink.write, chunk)
+            n += len(chunk)
+        await asyncio.to_thread(sink.close)
+        await asyncio.to_thread(os.replace, tmp, out)
+    except BaseException:
+        await asyncio.to_thread(_discard, sink, tmp)
+        raise
+    logger.info("exported %d ledger records to %s", n, out)
+    return n
+
+
+def _discard(sink: _JsonlSink | _ParquetSink, tmp: Path) -> None:
+    try:
+        sink.close()
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_export(path: str | os.PathLike[str], skip_unscored: bool = True) -> list[OutcomeRecord]:
+    """Load an export (``.parquet`` or JSONL) as outcome records. Blocking; for offline
+    tools and training, not the request path."""
+    p = Path(path)
+    if p.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        rows = [_unflatten(r) for r in pq.read_table(str(p)).to_pylist()]
+    else:
+        rows = [orjson.loads(line) for line in p.read_bytes().splitlines() if line.strip()]
+    return [
+        OutcomeRecord.model_validate(r)
+        for r in rows
+        if not (skip_unscored and r.get("scored") is False)
+    ]
+
+
+# -- CLI: xrouter export ----------------------------------------------------------------
+
+
+def add_export_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="output file (.jsonl or .parquet)")
+    parser.add_argument(
+        "--format",
+        choices=("jsonl", "parquet"),
+        default=None,
+        help="output format (default: from the file extension, else jsonl)",
+    )
+    parser.add_argument("--since", default=None, help="from this UTC time (ISO 8601), inclusive")
+    parser.add_argument("--until", default=None, help="up to this UTC time (ISO 8601), exclusive")
+    parser.add_argument("--key", default=None, help="only requests of this key id")
+    parser.add_argument(
+        "--include-unscored",
+        action="store_true",
+        help="also export requests without feedback (outcome without a score)",
+    )
+
+
+async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
+    """Run ``xrouter export``; return the process exit code."""
+    fmt: ExportFormat = args.format or ("parquet" if args.out.endswith(".parquet") else "jsonl")
+    db_file = sqlite_file(make_url(ledger_url))
+    if db_file is not None and not await asyncio.to_thread(db_file.exists):
+        print(f"error: no ledger database at {db_file}", file=sys.stderr)
+        return 2
+    try:
+        since, until = _parse_bound(args.since), _parse_bound(args.until)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    engine = await open_ledger_engine(ledger_url)
+    try:
+        n = await export_ledger(
+            engine, args.out, fmt, since, until, args.key, args.include_unscored
+        )
+    finally:
+        await engine.dispose()
+    print(f"exported {n} records to {args.out}")
+    return 0
+
+
+def _parse_bound(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise ValueError(f"not an ISO 8601 date or time: {value!r}") from None

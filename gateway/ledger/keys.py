@@ -1,0 +1,317 @@
+"""API keys, database side: create, look up by secret, list, update, revoke.
+
+The secret (``xr-`` + 43 url-safe characters) is returned once by :meth:`KeyRepository.create`
+and never stored: the table keeps its SHA-256, which is also the lookup index. A fast hash
+is right here (unlike passwords): the secret has 256 bits of entropy, so there is nothing to
+brute-force, and the gateway hashes it on every request.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import secrets
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any, Literal, get_args
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.ledger.schema import api_keys
+from pricing import micros_to_usd, usd_to_micros
+
+BudgetPeriod = Literal["daily", "weekly", "monthly", "total"]
+BUDGET_PERIODS: tuple[str, ...] = get_args(BudgetPeriod)
+SECRET_PREFIX = "xr-"
+_ID_ATTEMPTS = 5
+
+
+class KeyRepositoryError(LookupError):
+    """Base for key repository errors."""
+
+
+class DuplicateAliasError(KeyRepositoryError):
+    pass
+
+
+class KeyNotFoundError(KeyRepositoryError):
+    pass
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+def new_secret() -> str:
+    return SECRET_PREFIX + secrets.token_urlsafe(32)
+
+
+def new_key_id() -> str:
+    return "key_" + secrets.token_hex(4)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInfo:
+    """A key as the gateway sees it. Holds neither the secret nor its hash."""
+
+    key_id: str
+    alias: str
+    budget_micros: int | None
+    budget_period: str | None
+    rpm: int | None
+    tpm: int | None
+    allowed_models: tuple[str, ...] | None
+    allowed_policies: tuple[str, ...] | None
+    metadata: dict[str, Any] = field(default_factory=dict, hash=False)
+    created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    revoked_at: datetime | None = None
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None
+
+    @property
+    def budget_usd(self) -> float | None:
+        return None if self.budget_micros is None else micros_to_usd(self.budget_micros)
+
+    def allows_model(self, model: str) -> bool:
+        return self.allowed_models is None or model in self.allowed_models
+
+    def allows_policy(self, policy: str) -> bool:
+        return self.allowed_policies is None or policy in self.allowed_policies
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form for the admin API."""
+        return {
+            "key_id": self.key_id,
+            "alias": self.alias,
+            "budget_usd": self.budget_usd,
+            "budget_micros": self.budget_micros,
+            "budget_period": self.budget_period,
+            "rpm": self.rpm,
+            "tpm": self.tpm,
+            "allowed_models": list(self.allowed_models)
+            if self.allowed_models is not None
+            else None,
+            "allowed_policies": (
+                list(self.allowed_policies) if self.allowed_policies is not None else None
+            ),
+            "metadata": dict(self.metadata),
+            "created_at": self.created_at.isoformat(),
+            "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None,
+            "revoked": self.revoked,
+        }
+
+
+# Fields update() accepts.
+_UPDATABLE = {
+    "alias",
+    "budget_usd",
+    "budget_micros",
+    "budget_period",
+    "rpm",
+    "tpm",
+    "allowed_models",
+    "allowed_policies",
+    "metadata",
+}
+
+_INFO_COLUMNS = [c for c in api_keys.c if c.name != "key_hash"]
+
+
+def _row_to_info(row: sa.Row[Any]) -> KeyInfo:
+    m = row._mapping
+    return KeyInfo(
+        key_id=m["key_id"],
+        alias=m["alias"],
+        budget_micros=m["budget_micros"],
+        budget_period=m["budget_period"],
+        rpm=m["rpm"],
+        tpm=m["tpm"],
+        allowed_models=tuple(m["allowed_models"]) if m["allowed_models"] is not None else None,
+        allowed_policies=(
+            tuple(m["allowed_policies"]) if m["allowed_policies"] is not None else None
+        ),
+        metadata=dict(m["metadata"] or {}),
+        created_at=m["created_at"],
+        revoked_at=m["revoked_at"],
+    )
+
+
+def _budget_micros(budget_usd: float | str | Decimal | None) -> int | None:
+    if budget_usd is None:
+        return None
+    micros = usd_to_micros(budget_usd)
+    if micros < 0:
+        raise ValueError("budget must be >= 0")
+    return micros
+
+
+def _names(value: Any, what: str) -> list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{what} must be a list of names or None")
+    return sorted(set(value))
+
+
+def _positive(value: Any, what: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{what} must be a positive integer or None")
+    return value
+
+
+def _period(value: Any) -> str | None:
+    if value is not None and value not in BUDGET_PERIODS:
+        raise ValueError(f"budget_period must be one of {BUDGET_PERIODS} or None")
+    return value
+
+
+def _alias(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > 255:
+        raise ValueError("alias must be a non-empty string of at most 255 characters")
+    return value.strip()
+
+
+class KeyRepository:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    async def create(
+        self,
+        alias: str,
+        budget_usd: float | str | Decimal | None = None,
+        budget_period: BudgetPeriod | None = None,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        allowed_models: builtins.list[str] | None = None,
+        allowed_policies: builtins.list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> tuple[KeyInfo, str]:
+        """Create a key; return it and its secret (shown once, never stored)."""
+        values: dict[str, Any] = {
+            "alias": _alias(alias),
+            "budget_micros": _budget_micros(budget_usd),
+            "budget_period": _period(budget_period),
+            "rpm": _positive(rpm, "rpm"),
+            "tpm": _positive(tpm, "tpm"),
+            "allowed_models": _names(allowed_models, "allowed_models"),
+            "allowed_policies": _names(allowed_policies, "allowed_policies"),
+            "metadata": dict(metadata or {}),
+            "created_at": datetime.now(UTC),
+            "revoked_at": None,
+        }
+        for _ in range(_ID_ATTEMPTS):
+            secret = new_secret()
+            key_id = new_key_id()
+            try:
+                async with self._engine.begin() as conn:
+                    await conn.execute(
+                        api_keys.insert().values(
+                            key_id=key_id, key_hash=hash_secret(secret), **values
+                        )
+                    )
+            except sa_exc.IntegrityError:
+                if await self._alias_exists(values["alias"]):
+                    raise DuplicateAliasError(f"a key with alias {alias!r} exists") from None
+                continue  # key_id collision (2^32 space): draw another
+            info = await self.get(key_id)
+            assert info is not None
+            return info, secret
+        raise RuntimeError("could not allocate a unique key id")
+
+    async def get(self, key_id: str) -> KeyInfo | None:
+        """The key, revoked or not."""
+        async with self._engine.connect() as conn:
+            row = (
+                await conn.execute(sa.select(*_INFO_COLUMNS).where(api_keys.c.key_id == key_id))
+            ).first()
+        return _row_to_info(row) if row is not None else None
+
+    async def by_secret(self, secret: str, include_revoked: bool = False) -> KeyInfo | None:
+        """The key a bearer secret belongs to; revoked keys only on request."""
+        if not secret.startswith(SECRET_PREFIX):
+            return None
+        query = sa.select(*_INFO_COLUMNS).where(api_keys.c.key_hash == hash_secret(secret))
+        if not include_revoked:
+            query = query.where(api_keys.c.revoked_at.is_(None))
+        async with self._engine.connect() as conn:
+            row = (await conn.execute(query)).first()
+        return _row_to_info(row) if row is not None else None
+
+    async def list(self, include_revoked: bool = False) -> builtins.list[KeyInfo]:
+        query = sa.select(*_INFO_COLUMNS).order_by(api_keys.c.created_at, api_keys.c.key_id)
+        if not include_revoked:
+            query = query.where(api_keys.c.revoked_at.is_(None))
+        async with self._engine.connect() as conn:
+            rows = (await conn.execute(query)).all()
+        return [_row_to_info(r) for r in rows]
+
+    async def update(self, key_id: str, **fields: Any) -> KeyInfo:
+        """Change some fields; ``None`` clears an optional one. ``budget_usd`` (or
+        ``budget_micros``) sets the budget. Raises ``KeyNotFoundError``."""
+        unknown = set(fields) - _UPDATABLE
+        if unknown:
+            raise ValueError(f"cannot update {sorted(unknown)}; allowed: {sorted(_UPDATABLE)}")
+        if "budget_usd" in fields and "budget_micros" in fields:
+            raise ValueError("give budget_usd or budget_micros, not both")
+        values: dict[str, Any] = {}
+        for name, value in fields.items():
+            if name == "alias":
+                values["alias"] = _alias(value)
+            elif name == "budget_usd":
+                values["budget_micros"] = _budget_micros(value)
+            elif name == "budget_micros":
+                if value is not None and (not isinstance(value, int) or value < 0):
+                    raise ValueError("budget_micros must be a non-negative integer or None")
+                values["budget_micros"] = value
+            elif name == "budget_period":
+                values["budget_period"] = _period(value)
+            elif name in ("rpm", "tpm"):
+                values[name] = _positive(value, name)
+            elif name in ("allowed_models", "allowed_policies"):
+                values[name] = _names(value, name)
+            elif name == "metadata":
+                values["metadata"] = dict(value or {})
+        if values:
+            try:
+                async with self._engine.begin() as conn:
+                    result = await conn.execute(
+                        api_keys.update().where(api_keys.c.key_id == key_id).values(**values)
+                    )
+            except sa_exc.IntegrityError:
+                raise DuplicateAliasError(
+                    f"a key with alias {values.get('alias')!r} exists"
+                ) from None
+            if result.rowcount == 0:
+                raise KeyNotFoundError(key_id)
+        info = await self.get(key_id)
+        if info is None:
+            raise KeyNotFoundError(key_id)
+        return info
+
+    async def revoke(self, key_id: str) -> KeyInfo:
+        """Revoke a key (idempotent: the first revocation time is kept). Raises
+        ``KeyNotFoundError``."""
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                api_keys.update()
+                .where(api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None))
+                .values(revoked_at=datetime.now(UTC))
+            )
+        info = await self.get(key_id)
+        if info is None:
+            raise KeyNotFoundError(key_id)
+        return info
+
+    async def _alias_exists(self, alias: str) -> bool:
+        async with self._engine.connect() as conn:
+            row = (
+                await conn.execute(sa.select(api_keys.c.key_id).where(api_keys.c.alias == alias))
+            ).first()
+        return row is not None

@@ -1,0 +1,215 @@
+"""Versioned schema migrations, run at startup, the same code for SQLite and PostgreSQL.
+
+A small explicit runner instead of alembic: the ledger has four tables and must migrate
+itself inside ``xrouter serve`` with no separate tool. The ``schema_version`` table holds
+one row per applied step; every pending step runs in ONE transaction together with its
+version row, so a failed step leaves the database exactly as it was. Both databases have
+transactional DDL (SQLite needs the explicit ``BEGIN`` that ``store.py`` installs).
+
+Concurrent starts (several workers) are serialized: PostgreSQL takes a transaction-scoped
+advisory lock, SQLite takes the write lock up front (``BEGIN IMMEDIATE``).
+
+Steps are frozen once released: each one carries its own table definitions rather than
+reading ``schema.py`` (which describes the *current* schema), otherwise a fresh database
+would get new columns from step 1 and then fail on the step that adds them. A test checks
+that the migrated database matches ``schema.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.ledger.schema import BigIntPK, UTCDateTime
+
+logger = logging.getLogger(__name__)
+
+# Arbitrary constant identifying "the xrouter ledger migration" among advisory locks.
+_PG_LOCK_ID = 0x7872_6C65_6467  # "xrledg"
+
+SQLITE_BEGIN_OPTION = "ledger_sqlite_begin"
+
+
+class MigrationError(RuntimeError):
+    """The migration list is inconsistent or a step failed (the transaction was rolled back)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    description: str
+    upgrade: Callable[[sa.Connection], None]
+
+
+def _version_table(md: sa.MetaData) -> sa.Table:
+    return sa.Table(
+        "schema_version",
+        md,
+        sa.Column("version", sa.Integer(), primary_key=True, autoincrement=False),
+        sa.Column("description", sa.String(255), nullable=False),
+        sa.Column("applied_at", UTCDateTime(), nullable=False),
+    )
+
+
+def _v1_baseline(conn: sa.Connection) -> None:
+    """requests, calls, feedback, api_keys as released in 0.1 (frozen)."""
+    md = sa.MetaData()
+    sa.Table(
+        "requests",
+        md,
+        sa.Column("request_id", sa.String(64), primary_key=True),
+        sa.Column("created_at", UTCDateTime(), nullable=False),
+        sa.Column("key_id", sa.String(64)),
+        sa.Column("policy", sa.String(64), nullable=False),
+        sa.Column("requested_model", sa.String(255), nullable=False),
+        sa.Column("final_model", sa.String(255)),
+        sa.Column("status", sa.Integer(), nullable=False),
+        sa.Column("error_type", sa.String(128)),
+        sa.Column("total_cost_micros", sa.BigInteger(), nullable=False),
+        sa.Column("router_cost_micros", sa.BigInteger(), nullable=False),
+        sa.Column("downstream_cost_micros", sa.BigInteger(), nullable=False),
+        sa.Column("prompt_tokens", sa.BigInteger(), nullable=False),
+        sa.Column("completion_tokens", sa.BigInteger(), nullable=False),
+        sa.Column("latency_ms", sa.Float(), nullable=False),
+        sa.Column("overhead_ms", sa.Float(), nullable=False),
+        sa.Column("cost_weight", sa.Float()),
+        sa.Column("decision", sa.JSON()),
+        sa.Column("content", sa.JSON()),
+        sa.Column("stream", sa.Boolean(), nullable=False),
+        sa.Index("ix_requests_created_at", "created_at"),
+        sa.Index("ix_requests_key_id_created_at", "key_id", "created_at"),
+    )
+    sa.Table(
+        "calls",
+        md,
+        sa.Column("id", BigIntPK, primary_key=True, autoincrement=True),
+        sa.Column("request_id", sa.String(64), nullable=False),
+        sa.Column("seq", sa.Integer(), nullable=False),
+        sa.Column("turn", sa.Integer(), nullable=False),
+        sa.Column("role", sa.String(16), nullable=False),
+        sa.Column("model", sa.String(255), nullable=False),
+        sa.Column("status", sa.String(16), nullable=False),
+        sa.Column("error_type", sa.String(128)),
+        sa.Column("prompt_tokens", sa.BigInteger(), nullable=False),
+        sa.Column("completion_tokens", sa.BigInteger(), nullable=False),
+        sa.Column("cached_tokens", sa.BigInteger(), nullable=False),
+        sa.Column("reasoning_tokens", sa.BigInteger(), nullable=False),
+        sa.Column("cost_micros", sa.BigInteger(), nullable=False),
+        sa.Column("latency_ms", sa.Float(), nullable=False),
+        sa.Column("attempts", sa.Integer(), nullable=False),
+        sa.Column("fallback_from", sa.String(255)),
+        sa.UniqueConstraint("request_id", "seq", name="uq_calls_request_id_seq"),
+        sa.Index("ix_calls_request_id", "request_id"),
+    )
+    sa.Table(
+        "feedback",
+        md,
+        sa.Column("id", BigIntPK, primary_key=True, autoincrement=True),
+        sa.Column("feedback_id", sa.String(64), nullable=False),
+        sa.Column("request_id", sa.String(64), nullable=False),
+        sa.Column("score", sa.Float(), nullable=False),
+        sa.Column("source", sa.String(64), nullable=False),
+        sa.Column("comment", sa.Text()),
+        sa.Column("created_at", UTCDateTime(), nullable=False),
+        sa.UniqueConstraint("feedback_id", name="uq_feedback_feedback_id"),
+        sa.Index("ix_feedback_request_id", "request_id"),
+    )
+    sa.Table(
+        "api_keys",
+        md,
+        sa.Column("key_id", sa.String(32), primary_key=True),
+        sa.Column("key_hash", sa.String(64), nullable=False),
+        sa.Column("alias", sa.String(255), nullable=False),
+        sa.Column("budget_micros", sa.BigInteger()),
+        sa.Column("budget_period", sa.String(16)),
+        sa.Column("rpm", sa.Integer()),
+        sa.Column("tpm", sa.Integer()),
+        sa.Column("allowed_models", sa.JSON()),
+        sa.Column("allowed_policies", sa.JSON()),
+        sa.Column("metadata", sa.JSON(), nullable=False),
+        sa.Column("created_at", UTCDateTime(), nullable=False),
+        sa.Column("revoked_at", UTCDateTime()),
+        sa.UniqueConstraint("key_hash", name="uq_api_keys_key_hash"),
+        sa.UniqueConstraint("alias", name="uq_api_keys_alias"),
+    )
+    # checkfirst=False: a table that exists without a version row means someone else's
+    # schema is here, and failing loudly beats adopting it.
+    md.create_all(conn, checkfirst=False)
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "baseline: requests, calls, feedback, api_keys", _v1_baseline),
+)
+
+
+def latest_version(migrations: Sequence[Migration] = MIGRATIONS) -> int:
+    return max((m.version for m in migrations), default=0)
+
+
+def _check_order(migrations: Sequence[Migration]) -> None:
+    versions = [m.version for m in migrations]
+    if versions != sorted(set(versions)) or (versions and versions[0] < 1):
+        raise MigrationError(f"migration versions must be unique, ascending and >= 1: {versions}")
+
+
+def _migrate_sync(conn: sa.Connection, migrations: Sequence[Migration]) -> int:
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_LOCK_ID)))
+    version_table = _version_table(sa.MetaData())
+    version_table.create(conn, checkfirst=True)
+    current = conn.execute(sa.select(sa.func.max(version_table.c.version))).scalar() or 0
+    known = latest_version(migrations)
+    if current > known:
+        # A newer release migrated this database and we were rolled back. Steps are
+        # additive, so keep serving but say so.
+        logger.warning(
+            "ledger schema is at version %d, newer than this release knows (%d)", current, known
+        )
+        return int(current)
+    for step in migrations:
+        if step.version <= current:
+            continue
+        logger.info("ledger migration %d: %s", step.version, step.description)
+        try:
+            step.upgrade(conn)
+        except Exception as exc:
+            raise MigrationError(
+                f"ledger migration {step.version} ({step.description}) failed: {exc}"
+            ) from exc
+        conn.execute(
+            version_table.insert().values(
+                version=step.version, description=step.description, applied_at=datetime.now(UTC)
+            )
+        )
+        current = step.version
+    return int(current)
+
+
+async def migrate(engine: AsyncEngine, migrations: Sequence[Migration] = MIGRATIONS) -> int:
+    """Apply every pending step in one transaction; return the schema version.
+
+    Idempotent: on an up-to-date database it only reads ``schema_version``.
+    """
+    _check_order(migrations)
+    async with engine.connect() as conn:
+        await conn.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
+        async with conn.begin():
+            return await conn.run_sync(_migrate_sync, migrations)
+
+
+async def current_version(engine: AsyncEngine) -> int:
+    """The applied schema version, 0 for an empty database."""
+
+    def _read(conn: sa.Connection) -> int:
+        if not sa.inspect(conn).has_table("schema_version"):
+            return 0
+        table = _version_table(sa.MetaData())
+        return int(conn.execute(sa.select(sa.func.max(table.c.version))).scalar() or 0)
+
+    async with engine.connect() as conn:
+        return await conn.run_sync(_read)

@@ -1,0 +1,281 @@
+"""What the gateway hands to the ledger: plain dataclasses, cheap to build on the request path.
+
+The writer turns them into rows in a background task. Each record round-trips through a
+JSON-ready dict (``to_json``/``from_json``) because records that cannot reach the database
+are journaled to the spill file and replayed later, possibly by another process.
+
+Content (the prompt and the answer) is governed by ``LedgerSettings.log_content``. The
+writer applies it with :func:`apply_content_policy` before a record is stored *or* spilled,
+so raw text never touches the disk unless the operator asked for ``full``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import numbers
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any, Literal
+
+import orjson
+
+ContentMode = Literal["none", "hash", "full"]
+
+
+def _json_default(obj: Any) -> Any:
+    """Fallback for values orjson does not know (numpy scalars, Decimals, sets, ...): the
+    ledger must never lose a record because a policy put an exotic number in its decision."""
+    if isinstance(obj, numbers.Integral):
+        return int(obj)
+    if isinstance(obj, numbers.Real | Decimal):
+        return float(obj)
+    if isinstance(obj, set | frozenset):
+        return sorted(obj, key=repr)
+    return str(obj)
+
+
+def dumps(value: Any) -> bytes:
+    """JSON encoding shared by the spill journal and the database JSON columns."""
+    return orjson.dumps(value, default=_json_default, option=orjson.OPT_NON_STR_KEYS)
+
+
+def dumps_str(value: Any) -> str:
+    return dumps(value).decode()
+
+
+@dataclass(slots=True)
+class CallRecord:
+    """One router or downstream model call made while serving a request."""
+
+    request_id: str
+    turn: int
+    role: str  # "router" | "downstream"
+    model: str
+    status: str  # "ok" | "error" | "refused"
+    error_type: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    reasoning_tokens: int
+    cost_micros: int
+    latency_ms: float
+    attempts: int = 1
+    fallback_from: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CallRecord:
+        return cls(**_known(cls, data))
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One served (or refused) request with its calls.
+
+    ``messages``/``response_text`` are the raw content; the writer replaces them with
+    ``content`` according to ``log_content`` (callers leave ``content`` as None).
+    """
+
+    request_id: str
+    created_at: float  # epoch seconds, UTC
+    key_id: str | None
+    policy: str
+    requested_model: str
+    final_model: str | None
+    status: int
+    error_type: str | None
+    total_cost_micros: int
+    router_cost_micros: int
+    downstream_cost_micros: int
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: float
+    overhead_ms: float
+    cost_weight: float | None
+    decision: dict[str, Any] | None
+    messages: list[Any] | None
+    response_text: str | None
+    stream: bool
+    calls: list[CallRecord] = field(default_factory=list)
+    content: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "calls"}
+        data["calls"] = [c.to_json() for c in self.calls]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RequestRecord:
+        values = _known(cls, data)
+        values["calls"] = [CallRecord.from_json(c) for c in data.get("calls") or []]
+        return cls(**values)
+
+
+@dataclass(slots=True)
+class FeedbackRecord:
+    """A quality signal attached to a logged request (``POST /v1/feedback``).
+
+    ``feedback_id`` makes replays idempotent: the same record journaled twice is stored once.
+    """
+
+    request_id: str
+    score: float
+    source: str
+    comment: str | None
+    created_at: float  # epoch seconds, UTC
+    feedback_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def __post_init__(self) -> None:
+        # Reject bad scores where they are made (the endpoint), not in the background writer
+        # where the only option would be to drop them.
+        if not (isinstance(self.score, int | float) and math.isfinite(self.score)):
+            raise ValueError(f"feedback score must be a finite number, got {self.score!r}")
+        if not 0.0 <= self.score <= 1.0:
+            raise ValueError(f"feedback score must be in [0, 1], got {self.score}")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FeedbackRecord:
+        return cls(**_known(cls, data))
+
+
+LedgerRecord = RequestRecord | FeedbackRecord
+
+
+def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """Only the fields ``cls`` knows: a spill file written by a newer version with extra
+    fields still replays."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+def record_to_envelope(record: LedgerRecord) -> dict[str, Any]:
+    kind = "request" if isinstance(record, RequestRecord) else "feedback"
+    return {"v": 1, "kind": kind, "record": record.to_json()}
+
+
+def record_from_envelope(data: dict[str, Any]) -> LedgerRecord:
+    kind = data.get("kind")
+    body = data.get("record")
+    if not isinstance(body, dict):
+        raise ValueError("spill envelope has no record")
+    if kind == "request":
+        return RequestRecord.from_json(body)
+    if kind == "feedback":
+        return FeedbackRecord.from_json(body)
+    raise ValueError(f"unknown spill record kind {kind!r}")
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def messages_sha256(messages: list[Any]) -> str:
+    """A stable hash of a conversation: key order in the JSON does not change it."""
+    return sha256_hex(orjson.dumps(messages, default=_json_default, option=orjson.OPT_SORT_KEYS))
+
+
+def apply_content_policy(record: RequestRecord, mode: ContentMode) -> RequestRecord:
+    """Replace raw ``messages``/``response_text`` with the stored ``content`` form.
+
+    Idempotent: a record that was already processed (no raw content left) is returned as is,
+    so a replayed spill record is never re-hashed or blanked a second time.
+    """
+    if record.messages is None and record.response_text is None:
+        return record
+    content: dict[str, Any] | None
+    if mode == "none":
+        content = None
+    elif mode == "hash":
+        content = {
+            "prompt_sha256": (
+                messages_sha256(record.messages) if record.messages is not None else None
+            ),
+            "response_sha256": (
+                sha256_hex(record.response_text.encode("utf-8"))
+                if record.response_text is not None
+                else None
+            ),
+        }
+    else:
+        content = {"messages": record.messages, "response": record.response_text}
+    return replace(record, messages=None, response_text=None, content=content)
+
+
+def _utc(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, tz=UTC)
+
+
+def build_rows(
+    records: Sequence[LedgerRecord], mode: ContentMode
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Rows for the requests, calls and feedback tables."""
+    req_rows: list[dict[str, Any]] = []
+    call_rows: list[dict[str, Any]] = []
+    fb_rows: list[dict[str, Any]] = []
+    for record in records:
+        if isinstance(record, FeedbackRecord):
+            fb_rows.append(
+                {
+                    "feedback_id": record.feedback_id,
+                    "request_id": record.request_id,
+                    "score": float(record.score),
+                    "source": record.source,
+                    "comment": record.comment,
+                    "created_at": _utc(record.created_at),
+                }
+            )
+            continue
+        r = apply_content_policy(record, mode)
+        req_rows.append(
+            {
+                "request_id": r.request_id,
+                "created_at": _utc(r.created_at),
+                "key_id": r.key_id,
+                "policy": r.policy,
+                "requested_model": r.requested_model,
+                "final_model": r.final_model,
+                "status": int(r.status),
+                "error_type": r.error_type,
+                "total_cost_micros": int(r.total_cost_micros),
+                "router_cost_micros": int(r.router_cost_micros),
+                "downstream_cost_micros": int(r.downstream_cost_micros),
+                "prompt_tokens": int(r.prompt_tokens),
+                "completion_tokens": int(r.completion_tokens),
+                "latency_ms": float(r.latency_ms),
+                "overhead_ms": float(r.overhead_ms),
+                "cost_weight": None if r.cost_weight is None else float(r.cost_weight),
+                "decision": r.decision,
+                "content": r.content,
+                "stream": bool(r.stream),
+            }
+        )
+        for seq, c in enumerate(r.calls):
+            call_rows.append(
+                {
+                    "request_id": r.request_id,
+                    "seq": seq,
+                    "turn": int(c.turn),
+                    "role": c.role,
+                    "model": c.model,
+                    "status": c.status,
+                    "error_type": c.error_type,
+                    "prompt_tokens": int(c.prompt_tokens),
+                    "completion_tokens": int(c.completion_tokens),
+                    "cached_tokens": int(c.cached_tokens),
+                    "reasoning_tokens": int(c.reasoning_tokens),
+                    "cost_micros": int(c.cost_micros),
+                    "latency_ms": float(c.latency_ms),
+                    "attempts": int(c.attempts),
+                    "fallback_from": c.fallback_from,
+                }
+            )
+    return req_rows, call_rows, fb_rows

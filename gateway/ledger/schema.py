@@ -1,0 +1,176 @@
+"""The ledger's tables (SQLAlchemy Core), identical on SQLite and PostgreSQL.
+
+Money is integer micro-USD (BIGINT) everywhere: sums reconcile to the micro-dollar however
+they are grouped. Timestamps are stored in UTC (``UTCDateTime``) so a "day" is the same day
+on both databases.
+
+This module describes the *current* schema. The database is brought to it by the versioned
+steps in ``migrations.py``; a test checks that a migrated database matches these tables.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
+
+metadata = sa.MetaData()
+
+# SQLite only makes INTEGER PRIMARY KEY an alias of the rowid (autoincrement); BIGINT there
+# would be a plain column that is never filled in.
+BigIntPK = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+
+class UTCDateTime(sa.TypeDecorator[datetime]):
+    """An aware UTC ``datetime`` in and out.
+
+    PostgreSQL stores ``timestamptz``. SQLite has no timezone support and SQLAlchemy would
+    silently drop the offset, so values are converted to UTC and stored naive (ISO text that
+    sorts and compares correctly); they come back tagged as UTC.
+    """
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        value = value.astimezone(UTC)
+        if dialect.name == "sqlite":
+            value = value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+class utc_day(FunctionElement[str]):
+    """``YYYY-MM-DD`` of a ``UTCDateTime`` column, computed by the database in UTC."""
+
+    type = sa.String()
+    inherit_cache = True
+    name = "utc_day"
+
+
+@compiles(utc_day, "sqlite")
+def _utc_day_sqlite(element: utc_day, compiler: SQLCompiler, **kw: Any) -> str:
+    # Stored as "YYYY-MM-DD HH:MM:SS.ffffff" in UTC.
+    return f"substr({compiler.process(element.clauses, **kw)}, 1, 10)"
+
+
+@compiles(utc_day, "postgresql")
+def _utc_day_postgresql(element: utc_day, compiler: SQLCompiler, **kw: Any) -> str:
+    arg = compiler.process(element.clauses, **kw)
+    return f"to_char(({arg}) AT TIME ZONE 'UTC', 'YYYY-MM-DD')"
+
+
+requests = sa.Table(
+    "requests",
+    metadata,
+    sa.Column("request_id", sa.String(64), primary_key=True),
+    sa.Column("created_at", UTCDateTime(), nullable=False),
+    sa.Column("key_id", sa.String(64), nullable=True),
+    sa.Column("policy", sa.String(64), nullable=False),
+    sa.Column("requested_model", sa.String(255), nullable=False),
+    sa.Column("final_model", sa.String(255), nullable=True),
+    sa.Column("status", sa.Integer(), nullable=False),
+    sa.Column("error_type", sa.String(128), nullable=True),
+    sa.Column("total_cost_micros", sa.BigInteger(), nullable=False),
+    sa.Column("router_cost_micros", sa.BigInteger(), nullable=False),
+    sa.Column("downstream_cost_micros", sa.BigInteger(), nullable=False),
+    sa.Column("prompt_tokens", sa.BigInteger(), nullable=False),
+    sa.Column("completion_tokens", sa.BigInteger(), nullable=False),
+    sa.Column("latency_ms", sa.Float(), nullable=False),
+    sa.Column("overhead_ms", sa.Float(), nullable=False),
+    sa.Column("cost_weight", sa.Float(), nullable=True),
+    sa.Column("decision", sa.JSON(none_as_null=True), nullable=True),
+    sa.Column("content", sa.JSON(none_as_null=True), nullable=True),
+    sa.Column("stream", sa.Boolean(), nullable=False),
+    sa.Index("ix_requests_created_at", "created_at"),
+    sa.Index("ix_requests_key_id_created_at", "key_id", "created_at"),
+)
+
+calls = sa.Table(
+    "calls",
+    metadata,
+    sa.Column("id", BigIntPK, primary_key=True, autoincrement=True),
+    sa.Column("request_id", sa.String(64), nullable=False),
+    # Position of the call within its request: with request_id it makes a replayed call
+    # collide with itself instead of being stored twice.
+    sa.Column("seq", sa.Integer(), nullable=False),
+    sa.Column("turn", sa.Integer(), nullable=False),
+    sa.Column("role", sa.String(16), nullable=False),
+    sa.Column("model", sa.String(255), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("error_type", sa.String(128), nullable=True),
+    sa.Column("prompt_tokens", sa.BigInteger(), nullable=False),
+    sa.Column("completion_tokens", sa.BigInteger(), nullable=False),
+    sa.Column("cached_tokens", sa.BigInteger(), nullable=False),
+    sa.Column("reasoning_tokens", sa.BigInteger(), nullable=False),
+    sa.Column("cost_micros", sa.BigInteger(), nullable=False),
+    sa.Column("latency_ms", sa.Float(), nullable=False),
+    sa.Column("attempts", sa.Integer(), nullable=False),
+    sa.Column("fallback_from", sa.String(255), nullable=True),
+    sa.UniqueConstraint("request_id", "seq", name="uq_calls_request_id_seq"),
+    sa.Index("ix_calls_request_id", "request_id"),
+)
+
+feedback = sa.Table(
+    "feedback",
+    metadata,
+    sa.Column("id", BigIntPK, primary_key=True, autoincrement=True),
+    # The record's own id, so a replayed feedback record is stored once.
+    sa.Column("feedback_id", sa.String(64), nullable=False),
+    sa.Column("request_id", sa.String(64), nullable=False),
+    sa.Column("score", sa.Float(), nullable=False),
+    sa.Column("source", sa.String(64), nullable=False),
+    sa.Column("comment", sa.Text(), nullable=True),
+    sa.Column("created_at", UTCDateTime(), nullable=False),
+    sa.UniqueConstraint("feedback_id", name="uq_feedback_feedback_id"),
+    sa.Index("ix_feedback_request_id", "request_id"),
+)
+
+api_keys = sa.Table(
+    "api_keys",
+    metadata,
+    sa.Column("key_id", sa.String(32), primary_key=True),
+    sa.Column("key_hash", sa.String(64), nullable=False),
+    sa.Column("alias", sa.String(255), nullable=False),
+    sa.Column("budget_micros", sa.BigInteger(), nullable=True),
+    sa.Column("budget_period", sa.String(16), nullable=True),
+    sa.Column("rpm", sa.Integer(), nullable=True),
+    sa.Column("tpm", sa.Integer(), nullable=True),
+    sa.Column("allowed_models", sa.JSON(none_as_null=True), nullable=True),
+    sa.Column("allowed_policies", sa.JSON(none_as_null=True), nullable=True),
+    sa.Column("metadata", sa.JSON(), nullable=False),
+    sa.Column("created_at", UTCDateTime(), nullable=False),
+    sa.Column("revoked_at", UTCDateTime(), nullable=True),
+    sa.UniqueConstraint("key_hash", name="uq_api_keys_key_hash"),
+    sa.UniqueConstraint("alias", name="uq_api_keys_alias"),
+)
+
+LEDGER_TABLES = ("requests", "calls", "feedback", "api_keys")
+
+
+def insert_ignore(dialect_name: str, table: sa.Table) -> sa.Insert:
+    """``INSERT ... ON CONFLICT DO NOTHING`` for the dialects the ledger supports."""
+    if dialect_name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(table).on_conflict_do_nothing()
+    if dialect_name == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert(table).on_conflict_do_nothing()
+    raise NotImplementedError(f"the ledger supports sqlite and postgresql, not {dialect_name}")

@@ -1,0 +1,202 @@
+"""Spend reports over the ledger, computed by the database.
+
+Every figure is a sum of integer micro-USD, so a report reconciles exactly: the rows of any
+grouping by key/policy/day add up to ``sum(requests.total_cost_micros)``, and the rows of a
+grouping that includes ``model`` (which reads the per-call costs) add up to
+``sum(calls.cost_micros)``. The gateway keeps the two equal by charging a request the sum of
+its calls. USD figures are derived from the micros at the end, for display.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, Literal, get_args
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.ledger.schema import calls, feedback, requests, utc_day
+from pricing import micros_to_usd
+
+GroupBy = Literal["key", "model", "policy", "day"]
+GROUP_BY_CHOICES: tuple[str, ...] = get_args(GroupBy)
+TimeBound = datetime | float | int | str | None
+
+# Output name of each grouping column.
+_GROUP_FIELD = {"key": "key_id", "model": "model", "policy": "policy", "day": "day"}
+_MONEY = ("total_cost_micros", "router_cost_micros", "downstream_cost_micros")
+
+
+def to_utc(value: TimeBound) -> datetime | None:
+    """A report bound: an aware or naive (taken as UTC) datetime, epoch seconds, or an ISO
+    8601 string (``2025-01-31``, ``2025-01-31T12:00:00Z``)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise TypeError("a time bound can't be a bool")
+    if isinstance(value, int | float):
+        return datetime.fromtimestamp(value, tz=UTC)
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value.strip())
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
+
+
+def request_filters(
+    since: TimeBound = None, until: TimeBound = None, key_id: str | None = None
+) -> list[sa.ColumnElement[bool]]:
+    """WHERE clauses on ``requests``: ``since`` inclusive, ``until`` exclusive."""
+    clauses: list[sa.ColumnElement[bool]] = []
+    lo, hi = to_utc(since), to_utc(until)
+    if lo is not None:
+        clauses.append(requests.c.created_at >= lo)
+    if hi is not None:
+        clauses.append(requests.c.created_at < hi)
+    if key_id is not None:
+        clauses.append(requests.c.key_id == key_id)
+    return clauses
+
+
+def _check_groups(group_by: Sequence[str]) -> list[str]:
+    groups: list[str] = []
+    for g in group_by:
+        if g not in GROUP_BY_CHOICES:
+            raise ValueError(f"cannot group by {g!r}; choose from {GROUP_BY_CHOICES}")
+        if g not in groups:
+            groups.append(g)
+    return groups
+
+
+def _group_column(name: str) -> sa.ColumnElement[Any]:
+    if name == "key":
+        return requests.c.key_id
+    if name == "policy":
+        return requests.c.policy
+    if name == "day":
+        return utc_day(requests.c.created_at)
+    return calls.c.model
+
+
+def _sum(col: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+    return sa.func.coalesce(sa.func.sum(col), 0)
+
+
+def _money(row: dict[str, Any]) -> dict[str, Any]:
+    for name in _MONEY:
+        row[name] = int(row[name])
+        row[name.replace("_micros", "_usd")] = micros_to_usd(row[name])
+    for name in ("prompt_tokens", "completion_tokens", "requests", "calls"):
+        if name in row:
+            row[name] = int(row[name])
+    return row
+
+
+def _sort_key(fields: Sequence[str]) -> Any:
+    # NULLs sort first on both databases (they disagree by default).
+    return lambda row: tuple((row[f] is not None, row[f] or "") for f in fields)
+
+
+async def spend_report(
+    engine: AsyncEngine,
+    group_by: Sequence[GroupBy],
+    since: TimeBound = None,
+    until: TimeBound = None,
+    key_id: str | None = None,
+) -> list[dict[str, Any]]:
+    """Request counts, costs (micros and USD) and tokens per group.
+
+    ``model`` groups the calls (``calls.model``, with the calls' own costs and tokens, and
+    ``router``/``downstream`` split by call role); the other groupings read the requests.
+    ``day`` is the UTC date. With no grouping the result is one row of totals. Requests
+    that made no call (refused before routing) cost nothing and only appear in the
+    request-based groupings.
+    """
+    groups = _check_groups(group_by)
+    fields = [_GROUP_FIELD[g] for g in groups]
+    cols = [_group_column(g).label(f) for g, f in zip(groups, fields, strict=True)]
+    where = request_filters(since, until, key_id)
+    if "model" in groups:
+        by_role = {
+            role: _sum(sa.case((calls.c.role == role, calls.c.cost_micros), else_=0))
+            for role in ("router", "downstream")
+        }
+        query = sa.select(
+            *cols,
+            sa.func.count(sa.distinct(calls.c.request_id)).label("requests"),
+            sa.func.count().label("calls"),
+            _sum(calls.c.cost_micros).label("total_cost_micros"),
+            by_role["router"].label("router_cost_micros"),
+            by_role["downstream"].label("downstream_cost_micros"),
+            _sum(calls.c.prompt_tokens).label("prompt_tokens"),
+            _sum(calls.c.completion_tokens).label("completion_tokens"),
+        ).select_from(calls.join(requests, calls.c.request_id == requests.c.request_id))
+    else:
+        query = sa.select(
+            *cols,
+            sa.func.count().label("requests"),
+            _sum(requests.c.total_cost_micros).label("total_cost_micros"),
+            _sum(requests.c.router_cost_micros).label("router_cost_micros"),
+            _sum(requests.c.downstream_cost_micros).label("downstream_cost_micros"),
+            _sum(requests.c.prompt_tokens).label("prompt_tokens"),
+            _sum(requests.c.completion_tokens).label("completion_tokens"),
+        )
+    if where:
+        query = query.where(*where)
+    if cols:
+        query = query.group_by(*(_group_column(g) for g in groups))
+    async with engine.connect() as conn:
+        rows = [dict(r._mapping) for r in await conn.execute(query)]
+    return sorted((_money(r) for r in rows), key=_sort_key(fields))
+
+
+_REQUEST_FIELDS = [c for c in requests.c if c.name != "content"]
+
+
+async def get_request(engine: AsyncEngine, request_id: str) -> dict[str, Any] | None:
+    """One logged request without its content (the feedback endpoint checks ``key_id``)."""
+    query = sa.select(*_REQUEST_FIELDS).where(requests.c.request_id == request_id)
+    async with engine.connect() as conn:
+        row = (await conn.execute(query)).first()
+    return dict(row._mapping) if row is not None else None
+
+
+async def totals(
+    engine: AsyncEngine,
+    since: TimeBound = None,
+    until: TimeBound = None,
+    key_id: str | None = None,
+) -> dict[str, Any]:
+    """Ledger-wide totals: requests and their costs, calls and their cost, feedback count."""
+    where = request_filters(since, until, key_id)
+    req_q = sa.select(
+        sa.func.count().label("requests"),
+        _sum(requests.c.total_cost_micros).label("total_cost_micros"),
+        _sum(requests.c.router_cost_micros).label("router_cost_micros"),
+        _sum(requests.c.downstream_cost_micros).label("downstream_cost_micros"),
+        _sum(requests.c.prompt_tokens).label("prompt_tokens"),
+        _sum(requests.c.completion_tokens).label("completion_tokens"),
+    ).where(*where)
+    call_q = (
+        sa.select(
+            sa.func.count().label("calls"),
+            _sum(calls.c.cost_micros).label("calls_cost_micros"),
+        )
+        .select_from(calls.join(requests, calls.c.request_id == requests.c.request_id))
+        .where(*where)
+    )
+    fb_q = (
+        sa.select(sa.func.count().label("feedback"))
+        .select_from(feedback.join(requests, feedback.c.request_id == requests.c.request_id))
+        .where(*where)
+    )
+    async with engine.connect() as conn:
+        out = dict((await conn.execute(req_q)).one()._mapping)
+        out.update((await conn.execute(call_q)).one()._mapping)
+        out.update((await conn.execute(fb_q)).one()._mapping)
+    out = _money(out)
+    out["calls_cost_micros"] = int(out["calls_cost_micros"])
+    out["calls_cost_usd"] = micros_to_usd(out["calls_cost_micros"])
+    out["feedback"] = int(out["feedback"])
+    return out

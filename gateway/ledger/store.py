@@ -1,0 +1,109 @@
+"""Opening the ledger database: one ``AsyncEngine`` for SQLite (embedded default) or
+PostgreSQL (``postgresql+asyncpg``), running the same queries.
+
+SQLite is tuned for a single-file, multi-process ledger: WAL (readers never block the
+writer), ``synchronous=NORMAL`` (a commit survives a process crash, which is what the
+durability contract needs; only an OS crash may lose the last commits) and a busy timeout so
+several workers share the file instead of failing with "database is locked".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import orjson
+from sqlalchemy import event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from gateway.ledger.migrations import SQLITE_BEGIN_OPTION, migrate
+from gateway.ledger.records import dumps_str
+
+logger = logging.getLogger(__name__)
+
+SQLITE_BUSY_TIMEOUT_MS = 5000
+
+
+def sqlite_file(url: URL) -> Path | None:
+    """The database file of a SQLite URL, None for in-memory databases."""
+    if url.get_backend_name() != "sqlite":
+        return None
+    database = url.database or ""
+    if database in ("", ":memory:") or database.startswith("file::memory:"):
+        return None
+    return Path(database)
+
+
+def _install_sqlite_events(engine: AsyncEngine) -> None:
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take over transaction control from the sqlite3 module: left alone it runs DDL
+        # outside any transaction and never emits BEGIN IMMEDIATE.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        # Write transactions ask for IMMEDIATE: taking the write lock at BEGIN lets the busy
+        # timeout do its job; upgrading a read snapshot later fails at once under contention.
+        mode = conn.get_execution_options().get(SQLITE_BEGIN_OPTION, "DEFERRED")
+        if mode not in ("DEFERRED", "IMMEDIATE", "EXCLUSIVE"):
+            raise ValueError(f"bad {SQLITE_BEGIN_OPTION}: {mode!r}")
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+def create_ledger_engine(url: str | URL, **engine_kwargs: Any) -> AsyncEngine:
+    """Build the engine without touching the database (no directories, no migrations).
+
+    ``open_ledger_engine`` is what the app calls; this one exists for tools and tests that
+    need an engine for a database that is not reachable yet.
+    """
+    u = make_url(url)
+    kwargs: dict[str, Any] = {
+        # Bound values are prompts, answers and key hashes: keep them out of error messages.
+        "hide_parameters": True,
+        "json_serializer": dumps_str,
+        "json_deserializer": orjson.loads,
+    }
+    if u.get_backend_name() == "postgresql":
+        # A connection that died with the server is detected before use, not on the insert.
+        kwargs["pool_pre_ping"] = True
+    kwargs.update(engine_kwargs)
+    engine = create_async_engine(u, **kwargs)
+    if u.get_backend_name() == "sqlite":
+        _install_sqlite_events(engine)
+    return engine
+
+
+async def open_ledger_engine(url: str | URL, *, run_migrations: bool = True) -> AsyncEngine:
+    """Open the ledger at ``url`` and bring its schema up to date.
+
+    For SQLite the parent directory is created. The caller owns the engine and must
+    ``await engine.dispose()`` at shutdown.
+    """
+    u = make_url(url)
+    path = sqlite_file(u)
+    if path is not None:
+        await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
+    engine = create_ledger_engine(u)
+    if run_migrations:
+        try:
+            version = await migrate(engine)
+        except BaseException:
+            await engine.dispose()
+            raise
+        logger.info(
+            "ledger ready at %s (schema version %d)",
+            u.render_as_string(hide_password=True),
+            version,
+        )
+    return engine

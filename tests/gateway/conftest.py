@@ -1,0 +1,62 @@
+"""Gateway end-to-end fixtures: a replay upstream and an ``xrouter serve`` process, both
+real subprocesses on loopback, shared by a module and reset between tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from router.outcomes import OutcomeRecord, load_outcome_table
+from tests.support.gateway import Gateway, gateway_config, start_gateway
+from tests.support.replay import replay_root, start_replay_upstream, stop_replay_upstream
+
+DEMO_TABLE = Path(__file__).resolve().parents[2] / "router" / "assets" / "demo_outcomes.jsonl"
+
+
+@dataclass
+class Upstream:
+    base_url: str
+    control: httpx.Client
+
+    def fault(self, model: str, fault: str, count: int = 1) -> None:
+        self.control.post("/_replay/faults", json={"model": model, "fault": fault, "count": count}).raise_for_status()
+
+    def stats(self) -> dict:
+        return self.control.get("/_replay/stats").json()
+
+    def reset(self) -> None:
+        self.control.delete("/_replay/faults").raise_for_status()
+        self.control.post("/_replay/reset").raise_for_status()
+
+
+@pytest.fixture(scope="session")
+def demo_table() -> list[OutcomeRecord]:
+    return load_outcome_table(DEMO_TABLE)
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
+    # A small per-chunk delay keeps streams in flight long enough to abandon one mid-way.
+    proc, base_url = start_replay_upstream(tmp_path_factory.mktemp("upstream"), "--stream-chunk-delay-ms", "3")
+    with httpx.Client(base_url=replay_root(base_url), timeout=10) as control:
+        yield Upstream(base_url, control)
+    stop_replay_upstream(proc)
+
+
+@pytest.fixture(scope="module")
+def gateway(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    tmp = tmp_path_factory.mktemp("gateway")
+    cfg = gateway_config(tmp, upstream.base_url, server={"max_body_bytes": 65536})
+    gw = start_gateway(tmp, cfg)
+    yield gw
+    gw.stop()
+
+
+@pytest.fixture(autouse=True)
+def _clean_upstream(request: pytest.FixtureRequest) -> None:
+    if "upstream" in request.fixturenames:
+        request.getfixturevalue("upstream").reset()

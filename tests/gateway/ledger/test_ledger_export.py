@@ -1,0 +1,151 @@
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.ledger.export import add_export_arguments, export_ledger, read_export, run_export
+from gateway.ledger.records import RequestRecord, messages_sha256
+from gateway.ledger.writer import LedgerWriter
+from gateway.settings import LedgerSettings
+from router.outcomes import OutcomeRecord, parse_record
+
+from .factories import make_feedback, make_request
+
+T0 = 1_750_000_000.0
+
+
+def read_lines(path: Path) -> list[bytes]:
+    return [line for line in path.read_bytes().splitlines() if line.strip()]
+
+
+async def load(
+    engine: AsyncEngine, settings: LedgerSettings
+) -> tuple[dict[str, RequestRecord], dict[str, float]]:
+    """12 requests: scored ones (some twice), unscored ones, failed ones, a pass-through."""
+    records = {}
+    for i in range(10):
+        rec = make_request(
+            f"e{i:02d}",
+            created_at=T0 + i,
+            models=("cheap", "strong")[: 1 + i % 2],
+            router_cost=3 * i,
+        )
+        records[rec.request_id] = rec
+    passthrough = make_request("e10", created_at=T0 + 10, policy="passthrough", models=("cheap",))
+    records["e10"] = passthrough
+    failed = make_request("e11", created_at=T0 + 11, status=502)
+    records["e11"] = failed
+    latest: dict[str, float] = {}
+    writer = LedgerWriter(engine, settings)
+    await writer.start()
+    for rec in records.values():
+        writer.submit(rec)
+    for i in (0, 1, 2, 3, 4, 5, 10, 11):
+        rid = f"e{i:02d}" if i < 10 else f"e{i}"
+        writer.submit(make_feedback(rid, 0.1, created_at=T0 + 100 + i))
+        latest[rid] = 0.1
+        if i % 2:
+            writer.submit(make_feedback(rid, 0.9, created_at=T0 + 200 + i))  # later one wins
+            latest[rid] = 0.9
+    await writer.close()
+    return records, latest
+
+
+async def test_jsonl_export_round_trips_through_the_outcome_table_parser(
+    engine: AsyncEngine, make_settings: Callable[..., LedgerSettings], tmp_path: Path
+) -> None:
+    records, latest = await load(engine, make_settings(log_content="full"))
+    out = tmp_path / "out" / "ledger.jsonl"
+    n = await export_ledger(engine, out, "jsonl")
+    scored_ok = [rid for rid in latest if records[rid].status == 200]
+    assert n == len(scored_ok) == 7  # e11 failed; e06-e09 have no feedback
+
+    parsed = [parse_record(line) for line in read_lines(out)]
+    assert [p.id for p in parsed] == sorted(scored_ok)
+    for p in parsed:
+        rec = records[p.id]
+        assert p.messages == rec.messages  # content was logged in full
+        (action, outcome) = next(iter(p.outcomes.items()))
+        assert outcome.score == latest[p.id]
+        extra = outcome.model_extra or {}
+        assert extra["cost_micros"] == rec.total_cost_micros
+        assert round(outcome.cost_usd * 1_000_000) == rec.total_cost_micros  # type: ignore[operator]
+        assert outcome.response == rec.response_text
+        assert (outcome.prompt_tokens, outcome.completion_tokens) == (
+            rec.prompt_tokens,
+            rec.completion_tokens,
+        )
+        assert extra["model"] == rec.final_model
+        assert p.logged is not None and p.logged.action == action
+        if rec.decision is None:  # pass-through: the model was named, nothing was chosen
+            assert (action, p.logged.propensity) == (rec.final_model, 1.0)
+        else:
+            assert action == rec.decision["actions"][0]
+            assert p.logged.propensity == rec.decision["propensity"]
+        assert p.logged.cost_weight == rec.cost_weight
+        assert p.logged.policy == rec.policy
+        calls = (p.model_extra or {})["calls"]
+        assert [c["cost_micros"] for c in calls] == [c.cost_micros for c in rec.calls]
+        assert [f["score"] for f in (p.model_extra or {})["feedback"]][-1] == latest[p.id]
+
+    # Unscored requests on request, marked so they can't be mistaken for training data.
+    everything = tmp_path / "all.jsonl"
+    assert await export_ledger(engine, everything, "jsonl", include_unscored=True) == 11
+    assert len(read_export(everything)) == 7
+    with pytest.raises(ValueError):
+        read_export(everything, skip_unscored=False)  # an outcome without a score is invalid
+
+
+async def test_parquet_export_holds_the_same_records(
+    engine: AsyncEngine, make_settings: Callable[..., LedgerSettings], tmp_path: Path
+) -> None:
+    pytest.importorskip("pyarrow")
+    await load(engine, make_settings(log_content="full"))
+    jsonl, parquet = tmp_path / "a.jsonl", tmp_path / "a.parquet"
+    assert await export_ledger(engine, jsonl, "jsonl") == 7
+    assert await export_ledger(engine, parquet, "parquet") == 7
+    from_jsonl = read_export(jsonl)
+    from_parquet = read_export(parquet)
+    assert [r.model_dump() for r in from_parquet] == [r.model_dump() for r in from_jsonl]
+
+
+async def test_without_logged_content_the_prompt_is_a_hash_note(
+    engine: AsyncEngine, make_settings: Callable[..., LedgerSettings], tmp_path: Path
+) -> None:
+    records, _ = await load(engine, make_settings(log_content="hash"))
+    out = tmp_path / "h.jsonl"
+    await export_ledger(engine, out, "jsonl", since=T0 + 1, until=T0 + 4)
+    parsed: list[OutcomeRecord] = [parse_record(line) for line in read_lines(out)]
+    assert [p.id for p in parsed] == ["e01", "e02", "e03"]
+    for p in parsed:
+        sha = (p.model_extra or {})["prompt_sha256"]
+        assert sha == messages_sha256(records[p.id].messages or [])
+        assert p.messages is None and p.prompt is not None and sha in p.prompt
+        assert next(iter(p.outcomes.values())).response is None
+
+
+async def test_cli_export(
+    engine: AsyncEngine,
+    make_settings: Callable[..., LedgerSettings],
+    ledger_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    await load(engine, make_settings())
+    parser = argparse.ArgumentParser()
+    add_export_arguments(parser)
+    out = tmp_path / "cli.jsonl"
+    args = parser.parse_args(
+        ["--out", str(out), "--since", "2025-06-15T15:06:43+00:00", "--key", "key_test0001"]
+    )
+    assert await run_export(args, ledger_url) == 0
+    assert "exported" in capsys.readouterr().out
+    ids = [parse_record(line).id for line in read_lines(out)]
+    assert ids == ["e03", "e04", "e05", "e10"]  # e00-e02 are before --since
+
+    bad = parser.parse_args(["--out", str(out), "--until", "yesterday"])
+    assert await run_export(bad, ledger_url) == 2

@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.ledger.keys import (
+    DuplicateAliasError,
+    KeyNotFoundError,
+    KeyRepository,
+)
+
+
+async def all_text(engine: AsyncEngine) -> str:
+    """Every value of every table, as text."""
+
+    def dump(conn: sa.Connection) -> str:
+        md = sa.MetaData()
+        md.reflect(conn)
+        parts = []
+        for table in md.sorted_tables:
+            for row in conn.execute(sa.select(table)):
+                parts.append(repr(tuple(row)))
+        return "\n".join(parts)
+
+    async with engine.connect() as conn:
+        return await conn.run_sync(dump)
+
+
+async def test_the_secret_is_never_stored(engine: AsyncEngine) -> None:
+    repo = KeyRepository(engine)
+    info, secret = await repo.create(
+        "team-a",
+        budget_usd="12.5",
+        budget_period="monthly",
+        rpm=60,
+        tpm=100_000,
+        allowed_models=["gpt-4o-mini", "claude-haiku"],
+        allowed_policies=["compact"],
+        metadata={"team": "a", "user": "ann"},
+    )
+    assert secret.startswith("xr-") and len(secret) == 3 + 43
+    text = await all_text(engine)
+    assert info.key_id in text
+    assert hashlib.sha256(secret.encode()).hexdigest() in text  # the hash is what is kept
+    assert secret not in text
+    assert secret[3:] not in text
+    for shown in (repr(info), str(info), str(info.to_dict())):
+        assert secret not in shown
+        assert hashlib.sha256(secret.encode()).hexdigest() not in shown
+
+
+async def test_create_and_look_up(engine: AsyncEngine) -> None:
+    repo = KeyRepository(engine)
+    info, secret = await repo.create(
+        "svc",
+        budget_usd=0.1,
+        budget_period="daily",
+        allowed_models=["b", "a", "a"],
+        metadata={"team": "x"},
+    )
+    assert info.key_id.startswith("key_") and len(info.key_id) == 12
+    assert info.budget_micros == 100_000  # exact, no float drift
+    assert info.allowed_models == ("a", "b")
+    assert info.allowed_policies is None and info.allows_policy("anything")
+    assert info.allows_model("a") and not info.allows_model("c")
+    assert info.metadata == {"team": "x"}
+    assert await repo.get(info.key_id) == info
+    assert await repo.by_secret(secret) == info
+    assert await repo.by_secret(secret + "x") is None
+    assert await repo.by_secret("not-a-key") is None
+    assert await repo.get("key_missing") is None
+    with pytest.raises(DuplicateAliasError):
+        await repo.create("svc")
+    with pytest.raises(ValueError):
+        await repo.create("bad-period", budget_period="hourly")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        await repo.create("bad-rpm", rpm=0)
+
+
+async def test_update_and_revoke(engine: AsyncEngine) -> None:
+    repo = KeyRepository(engine)
+    first, secret = await repo.create("one", rpm=10, allowed_models=["a"])
+    second, _ = await repo.create("two")
+
+    updated = await repo.update(first.key_id, rpm=None, tpm=500, budget_usd="3", alias="uno")
+    assert (updated.rpm, updated.tpm, updated.budget_micros, updated.alias) == (
+        None,
+        500,
+        3_000_000,
+        "uno",
+    )
+    assert updated.allowed_models == ("a",)  # untouched
+    with pytest.raises(ValueError, match="cannot update"):
+        await repo.update(first.key_id, key_hash="0" * 64)
+    with pytest.raises(DuplicateAliasError):
+        await repo.update(first.key_id, alias="two")
+    with pytest.raises(KeyNotFoundError):
+        await repo.update("key_nothere", rpm=5)
+
+    assert [k.key_id for k in await repo.list()] == [first.key_id, second.key_id]
+    revoked = await repo.revoke(first.key_id)
+    assert revoked.revoked and revoked.revoked_at is not None
+    assert await repo.by_secret(secret) is None
+    assert (await repo.by_secret(secret, include_revoked=True)) == revoked
+    assert [k.key_id for k in await repo.list()] == [second.key_id]
+    assert {k.key_id for k in await repo.list(include_revoked=True)} == {
+        first.key_id,
+        second.key_id,
+    }
+    again = await repo.revoke(first.key_id)
+    assert again.revoked_at == revoked.revoked_at  # the first revocation time stays
+    with pytest.raises(KeyNotFoundError):
+        await repo.revoke("key_nothere")

@@ -1,0 +1,168 @@
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.ledger import schema
+from gateway.ledger.migrations import (
+    MIGRATIONS,
+    Migration,
+    MigrationError,
+    current_version,
+    latest_version,
+    migrate,
+)
+from gateway.ledger.store import create_ledger_engine, open_ledger_engine, sqlite_file
+
+
+async def _engine(url: str) -> AsyncEngine:
+    path = sqlite_file(sa.make_url(url))
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    return create_ledger_engine(url)
+
+
+def _describe(conn: sa.Connection) -> dict[str, object]:
+    insp = sa.inspect(conn)
+    out: dict[str, object] = {"tables": sorted(insp.get_table_names())}
+    for table in schema.metadata.sorted_tables:
+        out[table.name] = {
+            "columns": {c["name"]: c["nullable"] for c in insp.get_columns(table.name)},
+            # PostgreSQL also lists the indexes behind unique constraints.
+            "indexes": sorted(
+                str(i["name"])
+                for i in insp.get_indexes(table.name)
+                if not i.get("duplicates_constraint")
+            ),
+            "unique": sorted(str(u["name"]) for u in insp.get_unique_constraints(table.name)),
+            "pk": insp.get_pk_constraint(table.name)["constrained_columns"],
+        }
+    return out
+
+
+def _expected() -> dict[str, object]:
+    out: dict[str, object] = {
+        "tables": sorted([*schema.metadata.tables, "schema_version"]),
+    }
+    for table in schema.metadata.sorted_tables:
+        out[table.name] = {
+            "columns": {c.name: c.nullable for c in table.columns},
+            "indexes": sorted(str(i.name) for i in table.indexes),
+            "unique": sorted(
+                str(c.name) for c in table.constraints if isinstance(c, sa.UniqueConstraint)
+            ),
+            "pk": [c.name for c in table.primary_key.columns],
+        }
+    return out
+
+
+async def test_upgrading_an_empty_database_gives_the_current_schema(ledger_url: str) -> None:
+    engine = await _engine(ledger_url)
+    try:
+        assert await current_version(engine) == 0
+        assert await migrate(engine) == latest_version() == MIGRATIONS[-1].version
+        assert await current_version(engine) == latest_version()
+        async with engine.connect() as conn:
+            assert await conn.run_sync(_describe) == _expected()
+    finally:
+        await engine.dispose()
+
+
+async def test_rerunning_migrations_changes_nothing(ledger_url: str) -> None:
+    engine = await open_ledger_engine(ledger_url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(
+                schema.feedback.insert().values(
+                    feedback_id="f1",
+                    request_id="r1",
+                    score=1.0,
+                    source="t",
+                    created_at=sa.func.now(),
+                )
+            )
+        for _ in range(2):
+            assert await migrate(engine) == latest_version()
+            second = await open_ledger_engine(ledger_url)
+            await second.dispose()
+        async with engine.connect() as conn:
+            versions = (await conn.execute(sa.text("SELECT version FROM schema_version"))).all()
+            kept = (await conn.execute(sa.text("SELECT count(*) FROM feedback"))).scalar_one()
+        assert [v[0] for v in versions] == [m.version for m in MIGRATIONS]
+        assert kept == 1
+    finally:
+        await engine.dispose()
+
+
+async def test_concurrent_startups_migrate_once(ledger_url: str) -> None:
+    engines = [await _engine(ledger_url) for _ in range(3)]
+    try:
+        versions = await asyncio.gather(*(migrate(e) for e in engines))
+        assert versions == [latest_version()] * 3
+        async with engines[0].connect() as conn:
+            rows = (await conn.execute(sa.text("SELECT count(*) FROM schema_version"))).scalar()
+        assert rows == len(MIGRATIONS)
+    finally:
+        for e in engines:
+            await e.dispose()
+
+
+def _add_note_column(conn: sa.Connection) -> None:
+    conn.execute(sa.text("ALTER TABLE api_keys ADD COLUMN note VARCHAR(40)"))
+
+
+def _half_done_then_fail(conn: sa.Connection) -> None:
+    conn.execute(sa.text("CREATE TABLE half_done (x INTEGER)"))
+    raise RuntimeError("step 3 broke")
+
+
+async def test_a_new_step_runs_once_and_a_failing_step_rolls_back(ledger_url: str) -> None:
+    engine = await _engine(ledger_url)
+    steps = [*MIGRATIONS, Migration(latest_version() + 1, "add note", _add_note_column)]
+    try:
+        assert await migrate(engine, steps) == latest_version() + 1
+        assert await migrate(engine, steps) == latest_version() + 1  # no second ALTER
+
+        failing = [*steps, Migration(latest_version() + 2, "broken", _half_done_then_fail)]
+        with pytest.raises(MigrationError, match="step 3 broke"):
+            await migrate(engine, failing)
+        assert await current_version(engine) == latest_version() + 1
+        async with engine.connect() as conn:
+            tables = await conn.run_sync(lambda c: sa.inspect(c).get_table_names())
+            cols = await conn.run_sync(
+                lambda c: [x["name"] for x in sa.inspect(c).get_columns("api_keys")]
+            )
+        assert "half_done" not in tables  # the DDL was rolled back with the step
+        assert "note" in cols
+
+        # An older release on a newer database keeps working (steps are additive).
+        assert await migrate(engine) == latest_version() + 1
+    finally:
+        await engine.dispose()
+
+
+async def test_steps_must_be_ordered(tmp_path: Path) -> None:
+    engine = await _engine(f"sqlite+aiosqlite:///{tmp_path}/x.db")
+    try:
+        bad = [Migration(2, "b", _add_note_column), Migration(1, "a", _add_note_column)]
+        with pytest.raises(MigrationError, match="ascending"):
+            await migrate(engine, bad)
+        assert await current_version(engine) == 0
+    finally:
+        await engine.dispose()
+
+
+async def test_sqlite_is_opened_in_wal_mode(tmp_path: Path) -> None:
+    engine = await open_ledger_engine(f"sqlite+aiosqlite:///{tmp_path}/deep/dir/l.db")
+    try:
+        async with engine.connect() as conn:
+            mode = (await conn.exec_driver_sql("PRAGMA journal_mode")).scalar()
+            sync = (await conn.exec_driver_sql("PRAGMA synchronous")).scalar()
+            busy = (await conn.exec_driver_sql("PRAGMA busy_timeout")).scalar()
+        assert (mode, sync, busy) == ("wal", 1, 5000)  # synchronous=1 is NORMAL
+    finally:
+        await engine.dispose()

@@ -1,0 +1,196 @@
+from __future__ import annotations
+
+import itertools
+import random
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.ledger.records import RequestRecord
+from gateway.ledger.spend import get_request, spend_report, totals
+from gateway.ledger.store import create_ledger_engine
+from gateway.ledger.writer import LedgerWriter
+from gateway.settings import LedgerSettings
+
+from .factories import make_request
+
+DAY0 = datetime(2025, 3, 10, tzinfo=UTC).timestamp()
+KEYS = ["key_aaaa0001", "key_bbbb0002", None]
+POLICIES = ["compact", "llm", "passthrough"]
+MODELS = ["gpt-4o-mini", "claude-haiku", "llama-70b"]
+
+
+def dataset() -> list[RequestRecord]:
+    rng = random.Random(7)
+    out = []
+    # Both sides of two UTC midnights, where a local-time "day" would go wrong.
+    times = [DAY0 + 86400 - 0.5, DAY0 + 86400 + 0.5, DAY0 + 2 * 86400 - 0.001, DAY0 + 2 * 86400]
+    times += [DAY0 + rng.uniform(0, 3 * 86400) for _ in range(56)]
+    for i, t in enumerate(times):
+        n_calls = rng.randint(1, 3)
+        out.append(
+            make_request(
+                f"req{i:03d}",
+                created_at=t,
+                key_id=rng.choice(KEYS),
+                policy=rng.choice(POLICIES),
+                models=tuple(rng.choice(MODELS) for _ in range(n_calls)),
+                router_cost=rng.choice([0, rng.randint(1, 999)]),
+                status=200 if i % 9 else 502,
+                rng=rng,
+            )
+        )
+    return out
+
+
+def expected_report(
+    records: Sequence[RequestRecord], groups: Sequence[str]
+) -> list[dict[str, Any]]:
+    """The same report computed in Python from the records."""
+    field = {"key": "key_id", "policy": "policy", "day": "day", "model": "model"}
+    acc: dict[tuple[Any, ...], dict[str, Any]] = defaultdict(lambda: defaultdict(int))
+    seen: dict[tuple[Any, ...], set[str]] = defaultdict(set)
+
+    def base(r: RequestRecord) -> dict[str, Any]:
+        day = datetime.fromtimestamp(r.created_at, UTC).date().isoformat()
+        return {"key": r.key_id, "policy": r.policy, "day": day}
+
+    for r in records:
+        if "model" in groups:
+            for c in r.calls:
+                k = tuple({**base(r), "model": c.model}[g] for g in groups)
+                row = acc[k]
+                seen[k].add(r.request_id)
+                row["calls"] += 1
+                row["total_cost_micros"] += c.cost_micros
+                row["router_cost_micros"] += c.cost_micros if c.role == "router" else 0
+                row["downstream_cost_micros"] += c.cost_micros if c.role == "downstream" else 0
+                row["prompt_tokens"] += c.prompt_tokens
+                row["completion_tokens"] += c.completion_tokens
+        else:
+            k = tuple(base(r)[g] for g in groups)
+            row = acc[k]
+            row["requests"] += 1
+            row["total_cost_micros"] += r.total_cost_micros
+            row["router_cost_micros"] += r.router_cost_micros
+            row["downstream_cost_micros"] += r.downstream_cost_micros
+            row["prompt_tokens"] += r.prompt_tokens
+            row["completion_tokens"] += r.completion_tokens
+    out = []
+    for k, row in acc.items():
+        item = {field[g]: v for g, v in zip(groups, k, strict=True)}
+        item.update(row)
+        if "model" in groups:
+            item["requests"] = len(seen[k])
+        out.append(item)
+    return sorted(
+        out, key=lambda d: tuple((d[field[g]] is not None, d[field[g]] or "") for g in groups)
+    )
+
+
+def strip_usd(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for row in rows:
+        for name in ("total", "router", "downstream"):
+            assert row.pop(f"{name}_cost_usd") == row[f"{name}_cost_micros"] / 1_000_000
+    return rows
+
+
+@pytest.fixture
+async def loaded(
+    engine: AsyncEngine, make_settings: Callable[..., LedgerSettings]
+) -> list[RequestRecord]:
+    records = dataset()
+    writer = LedgerWriter(engine, make_settings(flush_rows=25))
+    await writer.start()
+    for r in records:
+        writer.submit(r)
+    await writer.close()
+    return records
+
+
+GROUPINGS = [list(c) for n in range(4) for c in itertools.combinations(["key", "policy", "day"], n)]
+
+
+async def test_every_grouping_matches_and_reconciles_to_the_micro_dollar(
+    backend: str, ledger_url: str, loaded: list[RequestRecord]
+) -> None:
+    # Report through a session in a far-from-UTC time zone: days must still be UTC days.
+    kwargs = (
+        {"connect_args": {"server_settings": {"TimeZone": "Pacific/Kiritimati"}}}
+        if backend == "postgresql"
+        else {}
+    )
+    engine = create_ledger_engine(ledger_url, **kwargs)
+    try:
+        request_total = sum(r.total_cost_micros for r in loaded)
+        call_total = sum(c.cost_micros for r in loaded for c in r.calls)
+        assert request_total == call_total
+        for base in GROUPINGS:
+            for groups in (base, [*base, "model"]):
+                report = strip_usd(await spend_report(engine, groups))  # type: ignore[arg-type]
+                assert report == expected_report(loaded, groups), groups
+                assert sum(r["total_cost_micros"] for r in report) == request_total
+                assert (
+                    sum(r["router_cost_micros"] + r["downstream_cost_micros"] for r in report)
+                    == request_total
+                )
+                if "model" in groups:
+                    assert sum(r["calls"] for r in report) == sum(len(r.calls) for r in loaded)
+                else:
+                    assert sum(r["requests"] for r in report) == len(loaded)
+        days = [r["day"] for r in await spend_report(engine, ["day"])]
+        assert days == ["2025-03-10", "2025-03-11", "2025-03-12"]
+    finally:
+        await engine.dispose()
+
+
+async def test_filters_and_totals(engine: AsyncEngine, loaded: list[RequestRecord]) -> None:
+    since, until = DAY0 + 86400, DAY0 + 2 * 86400
+    subset = [r for r in loaded if since <= r.created_at < until and r.key_id == KEYS[0]]
+    assert subset
+    report = strip_usd(
+        await spend_report(
+            engine,
+            ["policy"],
+            since=datetime.fromtimestamp(since, UTC),
+            until=until,
+            key_id=KEYS[0],
+        )
+    )
+    assert report == expected_report(subset, ["policy"])
+    iso = await spend_report(
+        engine, [], since="2025-03-11", until="2025-03-12T00:00:00+00:00", key_id=KEYS[0]
+    )
+    assert iso[0]["total_cost_micros"] == sum(r.total_cost_micros for r in subset)
+
+    t = await totals(engine)
+    assert t["requests"] == len(loaded)
+    assert (
+        t["total_cost_micros"] == t["calls_cost_micros"] == sum(r.total_cost_micros for r in loaded)
+    )
+    assert t["calls"] == sum(len(r.calls) for r in loaded)
+    assert t["router_cost_micros"] + t["downstream_cost_micros"] == t["total_cost_micros"]
+    assert t["feedback"] == 0
+    empty = await spend_report(engine, ["key"], since=DAY0 + 10 * 86400)
+    assert empty == []
+    with pytest.raises(ValueError):
+        await spend_report(engine, ["team"])  # type: ignore[list-item]
+
+
+async def test_get_request(engine: AsyncEngine, loaded: list[RequestRecord]) -> None:
+    rec = loaded[5]
+    row = await get_request(engine, rec.request_id)
+    assert row is not None
+    assert (row["key_id"], row["final_model"], row["status"], row["total_cost_micros"]) == (
+        rec.key_id,
+        rec.final_model,
+        rec.status,
+        rec.total_cost_micros,
+    )
+    assert row["created_at"] == datetime.fromtimestamp(rec.created_at, UTC)
+    assert "content" not in row
+    assert await get_request(engine, "nope") is None

@@ -1,0 +1,177 @@
+"""DownstreamClient against a real replay upstream with injected faults: retries with
+backoff, fallbacks, usage from the provider, streaming, and the LiteLLM transport."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pricing import ModelPrice
+from router.pool import ModelPool, PoolModel
+from router.providers.client import DownstreamClient
+from router.providers.errors import ProviderError, sanitize
+from tests.support.replay import replay_root, start_replay_upstream, stop_replay_upstream
+
+A, B = "gemma-2-9b-it", "llama-3.3-70b-instruct"
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, httpx.Client]]:
+    proc, base = start_replay_upstream(tmp_path_factory.mktemp("up"))
+    with httpx.Client(base_url=replay_root(base), timeout=10) as ctl:
+        yield base, ctl
+    stop_replay_upstream(proc)
+
+
+@pytest.fixture(autouse=True)
+def _reset(upstream: tuple[str, httpx.Client]) -> None:
+    upstream[1].delete("/_replay/faults")
+    upstream[1].post("/_replay/reset")
+
+
+def model(name: str, base: str, *, transport: str = "native", retries: int = 2, fallbacks: tuple[str, ...] = (), timeout: float = 5.0) -> PoolModel:
+    return PoolModel(
+        name=name, provider="openai", upstream_model=name, api_base=base, api_key="sk-test-key-should-not-leak",
+        transport=transport, price=ModelPrice(input=Decimal("0.1"), output=Decimal("0.2")),  # type: ignore[arg-type]
+        max_output_tokens=256, timeout_s=timeout, max_retries=retries, max_concurrency=8, fallbacks=fallbacks, description="",
+    )
+
+
+class Events:
+    def __init__(self) -> None:
+        self.retries: list[tuple[str, str]] = []
+        self.fallbacks: list[str] = []
+        self.errors: list[tuple[str, str]] = []
+
+    def on_retry(self, m: str, kind: str) -> None:
+        self.retries.append((m, kind))
+
+    def on_fallback(self, m: str) -> None:
+        self.fallbacks.append(m)
+
+    def on_upstream_error(self, m: str, kind: str) -> None:
+        self.errors.append((m, kind))
+
+
+def make(base: str, **kw: object) -> tuple[DownstreamClient, Events]:
+    ev = Events()
+    pool = ModelPool([model(A, base, fallbacks=(B,), **kw), model(B, base, **kw)])  # type: ignore[arg-type]
+    sleeps: list[float] = []
+
+    async def no_sleep(s: float) -> None:
+        sleeps.append(s)
+
+    return DownstreamClient(pool, events=ev, sleep=no_sleep), ev
+
+
+BODY = {"messages": [{"role": "user", "content": "hello there"}]}
+
+
+async def test_usage_and_cost_come_from_the_provider(upstream: tuple[str, httpx.Client]) -> None:
+    c, _ = make(upstream[0])
+    r = await c.complete(A, BODY)
+    assert r.model == A and r.attempts == 1
+    assert r.usage.prompt_tokens == r.body["usage"]["prompt_tokens"]
+    assert r.cost_micros == ModelPrice(input=Decimal("0.1"), output=Decimal("0.2")).cost_micros(r.usage)
+    await c.aclose()
+
+
+async def test_retryable_failures_are_retried_then_succeed(upstream: tuple[str, httpx.Client]) -> None:
+    base, ctl = upstream
+    ctl.post("/_replay/faults", json={"model": A, "fault": "status=503", "count": 2})
+    c, ev = make(base)
+    r = await c.complete(A, BODY)
+    assert r.model == A and r.attempts == 3 and r.fallback_from is None
+    assert ev.retries == [(A, "upstream_5xx")] * 2
+    assert ctl.get("/_replay/stats").json()["requests"][A] == 3
+    await c.aclose()
+
+
+async def test_exhausted_retries_fall_back(upstream: tuple[str, httpx.Client]) -> None:
+    base, ctl = upstream
+    ctl.post("/_replay/faults", json={"model": A, "fault": "status=429", "count": 3})
+    c, ev = make(base)
+    r = await c.complete(A, BODY)
+    assert r.model == B and r.fallback_from == A and r.attempts == 4
+    assert ev.fallbacks == [A]
+    await c.aclose()
+
+
+async def test_non_retryable_4xx_falls_back_without_retrying(upstream: tuple[str, httpx.Client]) -> None:
+    base, ctl = upstream
+    ctl.post("/_replay/faults", json={"model": A, "fault": "status=400", "count": 1})
+    c, ev = make(base)
+    r = await c.complete(A, BODY)
+    assert r.model == B and ev.retries == []
+    await c.aclose()
+
+
+async def test_timeouts_and_drops_raise_sanitized_errors(upstream: tuple[str, httpx.Client]) -> None:
+    base, ctl = upstream
+    ctl.post("/_replay/faults", json={"model": B, "fault": "timeout=30", "count": 1})
+    c, _ = make(base, retries=0, timeout=0.5)
+    with pytest.raises(ProviderError) as ei:
+        await c.complete(B, BODY)
+    assert ei.value.kind == "timeout"
+    ctl.post("/_replay/faults", json={"model": B, "fault": "status=500", "count": 1})
+    with pytest.raises(ProviderError) as ei:
+        await c.complete(B, BODY)
+    assert ei.value.kind == "upstream_5xx"
+    assert "sk-replay" not in ei.value.message and "10.1.2.3" not in ei.value.message
+    ctl.post("/_replay/faults", json={"model": B, "fault": "drop", "count": 1})
+    with pytest.raises(ProviderError) as ei:
+        await c.complete(B, BODY)
+    assert ei.value.kind == "connection"
+    await c.aclose()
+
+
+async def test_stream_retries_before_first_chunk_and_reports_usage(upstream: tuple[str, httpx.Client]) -> None:
+    base, ctl = upstream
+    ctl.post("/_replay/faults", json={"model": A, "fault": "status=502", "count": 1})
+    c, ev = make(base)
+    sc = await c.open_stream(A, BODY)
+    chunks = [ch async for ch in sc.chunks]
+    assert sc.attempts == 2 and ev.retries == [(A, "upstream_5xx")]
+    assert sc.stats.usage is not None and sc.stats.usage.completion_tokens > 0
+    assert sc.stats.text and any(ch.get("choices") for ch in chunks)
+    assert sc.cost_micros() > 0
+    await c.aclose()
+
+
+async def test_cut_stream_is_an_error(upstream: tuple[str, httpx.Client]) -> None:
+    base, ctl = upstream
+    ctl.post("/_replay/faults", json={"model": B, "fault": "cut-stream=1", "count": 1})
+    c, _ = make(base)
+    sc = await c.open_stream(B, {"messages": [{"role": "user", "content": "a longer question that gets a longer answer " * 3}]})
+    with pytest.raises(ProviderError):
+        async for _ in sc.chunks:
+            pass
+    await c.aclose()
+
+
+async def test_litellm_transport_calls_the_same_upstream(upstream: tuple[str, httpx.Client]) -> None:
+    base, ctl = upstream
+    c, _ = make(base, transport="litellm")
+    r = await c.complete(A, BODY)
+    assert r.model == A and r.usage.completion_tokens > 0
+    assert r.body["choices"][0]["message"]["content"]
+    ctl.post("/_replay/faults", json={"model": A, "fault": "status=503", "count": 1})
+    r = await c.complete(A, BODY)
+    assert r.attempts == 2
+    sc = await c.open_stream(B, BODY)
+    text = "".join([(ch["choices"][0]["delta"].get("content") or "") async for ch in sc.chunks if ch.get("choices")])
+    assert text and sc.stats.usage is not None
+    await c.aclose()
+
+
+def test_sanitize_strips_secrets_urls_and_addresses() -> None:
+    msg = "bad key sk-abcdef1234567890 at https://internal.corp:8443/v1?sig=abc from 10.0.0.5:9000; Authorization: Bearer xyz.abc api_key=hunter2"
+    out = sanitize(msg, "hunter2")
+    for leak in ("sk-abcdef", "internal.corp", "10.0.0.5", "xyz.abc", "hunter2"):
+        assert leak not in out
+
+
