@@ -25,17 +25,28 @@ def call_records(request_id: str, state: LoopState | None) -> list[CallRecord]:
         return []
     return [
         CallRecord(
-            request_id=request_id, turn=o.turn, role=o.role, model=o.model or o.call.model, status=_status(o),
-            error_type=o.error_kind, prompt_tokens=o.usage.prompt_tokens, completion_tokens=o.usage.completion_tokens,
-            cached_tokens=o.usage.cached_tokens, reasoning_tokens=o.usage.reasoning_tokens,
-            cost_micros=o.cost_micros, latency_ms=round(o.latency_ms, 3), attempts=o.attempts,
+            request_id=request_id,
+            turn=o.turn,
+            role=o.role,
+            model=o.model or o.call.model,
+            status=_status(o),
+            error_type=o.error_kind,
+            prompt_tokens=o.usage.prompt_tokens,
+            completion_tokens=o.usage.completion_tokens,
+            cached_tokens=o.usage.cached_tokens,
+            reasoning_tokens=o.usage.reasoning_tokens,
+            cost_micros=o.cost_micros,
+            latency_ms=round(o.latency_ms, 3),
+            attempts=o.attempts,
             fallback_from=o.fallback_from,
         )
         for o in (*state.router_calls, *state.outcomes)
     ]
 
 
-def build_record(rlog: RequestLog, result: RouteResult | None, state: LoopState | None) -> RequestRecord:
+def build_record(
+    rlog: RequestLog, result: RouteResult | None, state: LoopState | None
+) -> RequestRecord:
     calls = call_records(rlog.request_id, state)
     router = sum(c.cost_micros for c in calls if c.role == "router")
     downstream = sum(c.cost_micros for c in calls if c.role != "router")
@@ -65,10 +76,18 @@ def build_record(rlog: RequestLog, result: RouteResult | None, state: LoopState 
     )
 
 
-def observe(metrics: GatewayMetrics, rlog: RequestLog, result: RouteResult | None, state: LoopState | None, reference_price: Any) -> None:
+def observe(
+    metrics: GatewayMetrics,
+    rlog: RequestLog,
+    result: RouteResult | None,
+    state: LoopState | None,
+    reference_price: Any,
+) -> None:
     """Metric observations for one finished request (labels are bounded inside metrics)."""
     duration = time.perf_counter() - rlog.t0
-    final_model = (result.final_model if result is not None else None) or ("router" if rlog.status == 200 else "none")
+    final_model = (result.final_model if result is not None else None) or (
+        "router" if rlog.status == 200 else "none"
+    )
     cost = 0
     reference = 0
     if state is not None:
@@ -77,10 +96,14 @@ def observe(metrics: GatewayMetrics, rlog: RequestLog, result: RouteResult | Non
             if o.role == "downstream" and o.ok and reference_price is not None:
                 reference += reference_price.cost_micros(o.usage)
             metrics.observe_call(
-                model=o.model or o.call.model, prompt_tokens=o.usage.prompt_tokens,
-                completion_tokens=o.usage.completion_tokens, cached_tokens=o.usage.cached_tokens,
-                reasoning_tokens=o.usage.reasoning_tokens, cost_micros=o.cost_micros,
-                duration_s=o.latency_ms / 1000, ttft_s=None,
+                model=o.model or o.call.model,
+                prompt_tokens=o.usage.prompt_tokens,
+                completion_tokens=o.usage.completion_tokens,
+                cached_tokens=o.usage.cached_tokens,
+                reasoning_tokens=o.usage.reasoning_tokens,
+                cost_micros=o.cost_micros,
+                duration_s=o.latency_ms / 1000,
+                ttft_s=None,
             )
         for action in state.decision.actions:
             metrics.decision(rlog.policy, action)
@@ -88,9 +111,15 @@ def observe(metrics: GatewayMetrics, rlog: RequestLog, result: RouteResult | Non
         if copies:
             metrics.query_copied(copies)
         if any(o.error_kind == "budget" for o in state.outcomes) and rlog.status == 429:
-            metrics.budget_rejected("key" if rlog.error_type == "key_budget_exceeded" else "request")
+            metrics.budget_rejected(
+                "key" if rlog.error_type == "key_budget_exceeded" else "request"
+            )
     metrics.observe_request(
-        policy=rlog.policy or "unresolved", model=final_model, status=rlog.status, duration_s=duration,
-        overhead_s=rlog.overhead_ms(result) / 1000, cost_micros=cost,
+        policy=rlog.policy or "unresolved",
+        model=final_model,
+        status=rlog.status,
+        duration_s=duration,
+        overhead_s=rlog.overhead_ms(result) / 1000,
+        cost_micros=cost,
         reference_cost_micros=reference if reference_price is not None else None,
     )

@@ -21,7 +21,12 @@ log = logging.getLogger(__name__)
 CONFIG_ENV = "XROUTER_CONFIG"
 
 
-def create_app(settings: Settings | None = None, *, config_path: str | None = None, registry: CollectorRegistry | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None,
+    *,
+    config_path: str | None = None,
+    registry: CollectorRegistry | None = None,
+) -> FastAPI:
     if settings is None:
         settings = load_settings(config_path)
     services = Services(settings=settings, registry=registry or CollectorRegistry())
@@ -42,7 +47,14 @@ def create_app(settings: Settings | None = None, *, config_path: str | None = No
                 await watcher.stop()
             await services.stop()
 
-    app = FastAPI(title="xrouter", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
+    app = FastAPI(
+        title="xrouter",
+        version=_version(),
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json",
+    )
     app.state.services = services
     app.state.config_path = config_path
     install_error_handlers(app)

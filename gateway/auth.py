@@ -28,7 +28,13 @@ def _bearer(header: str | None) -> str | None:
 
 
 def unauthorized(message: str = "missing or invalid API key") -> APIError:
-    return APIError(401, message, type="authentication_error", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+    return APIError(
+        401,
+        message,
+        type="authentication_error",
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
 
 
 class Authenticator:
@@ -70,19 +76,32 @@ class Authenticator:
         if info is None or getattr(info, "revoked_at", None) is not None:
             return None
         limits = KeyLimits(
-            key_id=info.key_id, budget_micros=info.budget_micros, budget_period=info.budget_period,
-            rpm=info.rpm, tpm=info.tpm,
+            key_id=info.key_id,
+            budget_micros=info.budget_micros,
+            budget_period=info.budget_period,
+            rpm=info.rpm,
+            tpm=info.tpm,
         )
         return Principal(
-            key_id=info.key_id, alias=info.alias,
+            key_id=info.key_id,
+            alias=info.alias,
             allowed_models=list(info.allowed_models) if info.allowed_models is not None else None,
-            allowed_policies=list(info.allowed_policies) if info.allowed_policies is not None else None,
+            allowed_policies=list(info.allowed_policies)
+            if info.allowed_policies is not None
+            else None,
             limits=limits,
         )
 
     def require_admin(self, authorization: str | None) -> None:
         if self._admin_digest is None:
-            raise APIError(403, "the admin API is disabled: set auth.admin_key", type="permission_error", code="admin_disabled")
+            raise APIError(
+                403,
+                "the admin API is disabled: set auth.admin_key",
+                type="permission_error",
+                code="admin_disabled",
+            )
         token = _bearer(authorization)
-        if token is None or not hmac.compare_digest(hashlib.sha256(token.encode()).digest(), self._admin_digest):
+        if token is None or not hmac.compare_digest(
+            hashlib.sha256(token.encode()).digest(), self._admin_digest
+        ):
             raise unauthorized("missing or invalid admin key")

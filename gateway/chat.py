@@ -97,18 +97,36 @@ def _resolve(rt: Runtime, req: ChatCompletionRequest, who: Principal) -> Resolve
         policy_name = rt.default_policy if name == ROUTER_MODEL else name[len(POLICY_PREFIX) :]
         policy = rt.policy(policy_name)
         if policy is None:
-            raise not_found(f"unknown router policy {policy_name!r}; available: {', '.join(rt.policy_names)}")
+            raise not_found(
+                f"unknown router policy {policy_name!r}; available: {', '.join(rt.policy_names)}"
+            )
         if who.allowed_policies is not None and policy_name not in who.allowed_policies:
-            raise APIError(403, f"this key may not use policy {policy_name!r}", type="permission_error", param="model", code="policy_not_allowed")
+            raise APIError(
+                403,
+                f"this key may not use policy {policy_name!r}",
+                type="permission_error",
+                param="model",
+                code="policy_not_allowed",
+            )
         return Resolved(policy, policy_name, passthrough=False)
     if name not in rt.pool:
-        raise not_found(f"the model {name!r} does not exist; GET /v1/models lists the available ones")
+        raise not_found(
+            f"the model {name!r} does not exist; GET /v1/models lists the available ones"
+        )
     if who.allowed_models is not None and name not in who.allowed_models:
-        raise APIError(403, f"this key may not use model {name!r}", type="permission_error", param="model", code="model_not_allowed")
+        raise APIError(
+            403,
+            f"this key may not use model {name!r}",
+            type="permission_error",
+            param="model",
+            code="model_not_allowed",
+        )
     return Resolved(PassThrough(name), "passthrough", passthrough=True, pool_names=[name])
 
 
-def _route_pool(rt: Runtime, req: ChatCompletionRequest, who: Principal, resolved: Resolved) -> list[str]:
+def _route_pool(
+    rt: Runtime, req: ChatCompletionRequest, who: Principal, resolved: Resolved
+) -> list[str]:
     if resolved.passthrough:
         return resolved.pool_names
     names = rt.pool.names
@@ -117,17 +135,36 @@ def _route_pool(rt: Runtime, req: ChatCompletionRequest, who: Principal, resolve
     if req.xrouter and req.xrouter.models:
         unknown = [m for m in req.xrouter.models if m not in rt.pool]
         if unknown:
-            raise bad_request(f"xrouter.models names unknown models: {unknown}", param="xrouter.models")
+            raise bad_request(
+                f"xrouter.models names unknown models: {unknown}", param="xrouter.models"
+            )
         names = [n for n in names if n in req.xrouter.models]
     if not names:
-        raise APIError(403, "no pool model is allowed for this request", type="permission_error", param="xrouter.models", code="no_allowed_models")
+        raise APIError(
+            403,
+            "no pool model is allowed for this request",
+            type="permission_error",
+            param="xrouter.models",
+            code="no_allowed_models",
+        )
     return names
 
 
-def build_context(rt: Runtime, data: dict[str, Any], req: ChatCompletionRequest, who: Principal, resolved: Resolved, request_id: str) -> RouteContext:
+def build_context(
+    rt: Runtime,
+    data: dict[str, Any],
+    req: ChatCompletionRequest,
+    who: Principal,
+    resolved: Resolved,
+    request_id: str,
+) -> RouteContext:
     controls = req.xrouter
     pool = rt.pool.subset(_route_pool(rt, req, who, resolved))
-    cost_weight = controls.cost_weight if controls and controls.cost_weight is not None else rt.settings.router.cost_weight
+    cost_weight = (
+        controls.cost_weight
+        if controls and controls.cost_weight is not None
+        else rt.settings.router.cost_weight
+    )
     max_cost = usd_to_micros(controls.max_cost_usd) if controls and controls.max_cost_usd else None
     params = {k: v for k, v in data.items() if k not in _NOT_PARAMS}
     return RouteContext(
@@ -148,9 +185,14 @@ def xrouter_meta(request_id: str, policy: str, result: RouteResult | None) -> di
         return meta
     calls = [
         {
-            "model": o.model, "role": o.role, "turn": o.turn, "status": "ok" if o.ok else ("refused" if o.error_kind == "budget" else "error"),
-            "prompt_tokens": o.usage.prompt_tokens, "completion_tokens": o.usage.completion_tokens,
-            "cost_usd": micros_to_usd(o.cost_micros), "latency_ms": round(o.latency_ms, 3),
+            "model": o.model,
+            "role": o.role,
+            "turn": o.turn,
+            "status": "ok" if o.ok else ("refused" if o.error_kind == "budget" else "error"),
+            "prompt_tokens": o.usage.prompt_tokens,
+            "completion_tokens": o.usage.completion_tokens,
+            "cost_usd": micros_to_usd(o.cost_micros),
+            "latency_ms": round(o.latency_ms, 3),
             **({"error": o.error} if o.error else {}),
             **({"fallback_from": o.fallback_from} if o.fallback_from else {}),
         }
@@ -192,13 +234,19 @@ class ChatService:
             rlog.stream = req.stream
             guard: BudgetGuard | None = await self.hooks.admit(rlog, ctx)
             try:
-                result = await rt.orchestrator.run(resolved.policy, ctx, stream=req.stream, guard=guard)
+                result = await rt.orchestrator.run(
+                    resolved.policy, ctx, stream=req.stream, guard=guard
+                )
             except NoAnswer as exc:
                 rlog.result_state = exc.state
                 last = next((o for o in reversed(exc.state.outcomes) if not o.ok), None)
                 if last is not None and last.error_kind == "budget":
-                    raise APIError(429, last.error or "budget exceeded", type="budget_exceeded", code="request_budget_exceeded") from None
-                raise upstream_error(exc.error_kind, last.error if last and last.error else str(exc)) from None
+                    raise self.hooks.budget_error(
+                        rlog, last.error or "budget exceeded", guard
+                    ) from None
+                raise upstream_error(
+                    exc.error_kind, last.error if last and last.error else str(exc)
+                ) from None
             except ProviderError as err:
                 raise from_provider_error(err) from None
         except APIError as err:
@@ -213,7 +261,9 @@ class ChatService:
             return self._text_stream_response(req, rlog, result)
         return await self._json_response(rlog, result)
 
-    def _headers(self, rlog: RequestLog, result: RouteResult, *, cost: bool = True) -> dict[str, str]:
+    def _headers(
+        self, rlog: RequestLog, result: RouteResult, *, cost: bool = True
+    ) -> dict[str, str]:
         h = {
             "x-xrouter-request-id": rlog.request_id,
             "x-xrouter-policy": rlog.policy,
@@ -233,7 +283,13 @@ class ChatService:
             body = {
                 "object": "chat.completion",
                 "created": int(rlog.created_at),
-                "choices": [{"index": 0, "message": result.message or {"role": "assistant", "content": ""}, "finish_reason": result.finish_reason}],
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": result.message or {"role": "assistant", "content": ""},
+                        "finish_reason": result.finish_reason,
+                    }
+                ],
             }
         body["id"] = f"chatcmpl-{rlog.request_id}"
         body["model"] = result.final_model or ROUTER_MODEL
@@ -249,13 +305,19 @@ class ChatService:
 
     def _final_chunks(self, rlog: RequestLog, result: RouteResult, model: str) -> bytes:
         chunk = {
-            "id": f"chatcmpl-{rlog.request_id}", "object": "chat.completion.chunk", "created": int(rlog.created_at),
-            "model": model, "choices": [], "usage": _usage_with_cost(result),
+            "id": f"chatcmpl-{rlog.request_id}",
+            "object": "chat.completion.chunk",
+            "created": int(rlog.created_at),
+            "model": model,
+            "choices": [],
+            "usage": _usage_with_cost(result),
             "xrouter": xrouter_meta(rlog.request_id, rlog.policy, result),
         }
         return b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n"
 
-    def _stream_response(self, rt: Runtime, req: ChatCompletionRequest, rlog: RequestLog, result: RouteResult) -> Response:
+    def _stream_response(
+        self, rt: Runtime, req: ChatCompletionRequest, rlog: RequestLog, result: RouteResult
+    ) -> Response:
         assert result.stream is not None
         stream = result.stream
         cid = f"chatcmpl-{rlog.request_id}"
@@ -286,9 +348,15 @@ class ChatService:
             finally:
                 await hooks.finish(rlog, result)
 
-        return StreamingResponse(body(), media_type="text/event-stream", headers={**self._headers(rlog, result, cost=False), **_SSE_HEADERS})
+        return StreamingResponse(
+            body(),
+            media_type="text/event-stream",
+            headers={**self._headers(rlog, result, cost=False), **_SSE_HEADERS},
+        )
 
-    def _text_stream_response(self, req: ChatCompletionRequest, rlog: RequestLog, result: RouteResult) -> Response:
+    def _text_stream_response(
+        self, req: ChatCompletionRequest, rlog: RequestLog, result: RouteResult
+    ) -> Response:
         """The answer is already complete (the router selected or synthesized it): stream it."""
         body_json = result.response if result.response is not None and result.final_model else None
         message = result.message or {"role": "assistant", "content": ""}
@@ -301,8 +369,13 @@ class ChatService:
         hooks = self.hooks
 
         def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-            c = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            c = {
+                "id": cid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
             return b"data: " + orjson.dumps(c) + b"\n\n"
 
         async def body() -> AsyncIterator[bytes]:
@@ -310,10 +383,21 @@ class ChatService:
             try:
                 yield chunk({"role": "assistant", "content": ""})
                 if message.get("tool_calls"):
-                    yield chunk({"tool_calls": [dict(tc, index=i) for i, tc in enumerate(message["tool_calls"])]})
+                    yield chunk(
+                        {
+                            "tool_calls": [
+                                dict(tc, index=i) for i, tc in enumerate(message["tool_calls"])
+                            ]
+                        }
+                    )
                 words = text.split(" ")
                 for i in range(0, len(words), 8):
-                    yield chunk({"content": " ".join(words[i : i + 8]) + (" " if i + 8 < len(words) else "")})
+                    yield chunk(
+                        {
+                            "content": " ".join(words[i : i + 8])
+                            + (" " if i + 8 < len(words) else "")
+                        }
+                    )
                 yield chunk({}, result.finish_reason)
                 rlog.status = 200
                 rlog.response_text = text
@@ -321,7 +405,11 @@ class ChatService:
             finally:
                 await hooks.finish(rlog, result)
 
-        return StreamingResponse(body(), media_type="text/event-stream", headers={**self._headers(rlog, result, cost=False), **_SSE_HEADERS})
+        return StreamingResponse(
+            body(),
+            media_type="text/event-stream",
+            headers={**self._headers(rlog, result, cost=False), **_SSE_HEADERS},
+        )
 
 
 def _first_text(body: dict[str, Any]) -> str | None:

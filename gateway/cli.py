@@ -27,10 +27,22 @@ def demo_config_path() -> str:
     return str(resources.files("gateway").joinpath("data/demo.yaml"))
 
 
-def start_replay_upstream(host: str = "127.0.0.1", table: str | None = None) -> tuple[subprocess.Popen[bytes], str]:
+def start_replay_upstream(
+    host: str = "127.0.0.1", table: str | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
     """Start the replay upstream as a child process on a free port and wait until it listens."""
     port_file = Path(tempfile.mkdtemp(prefix="xrouter-replay-")) / "port"
-    cmd = [sys.executable, "-m", "gateway.replay", "--host", host, "--port", "0", "--port-file", str(port_file)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gateway.replay",
+        "--host",
+        host,
+        "--port",
+        "0",
+        "--port-file",
+        str(port_file),
+    ]
     if table:
         cmd += ["--table", table]
     proc = subprocess.Popen(cmd)
@@ -85,10 +97,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     srv = settings.server
     common: dict[str, Any] = dict(
-        host=srv.host, port=srv.port, log_level=args.log_level or srv.log_level, access_log=False,
-        loop="uvloop", http="httptools", timeout_graceful_shutdown=30,
+        host=srv.host,
+        port=srv.port,
+        log_level=args.log_level or srv.log_level,
+        access_log=False,
+        loop="uvloop",
+        http="httptools",
+        timeout_graceful_shutdown=30,
     )
-    log.info("xrouter listening on http://%s:%d (%d worker%s)", srv.host, srv.port, srv.workers, "s" * (srv.workers > 1))
+    log.info(
+        "xrouter listening on http://%s:%d (%d worker%s)",
+        srv.host,
+        srv.port,
+        srv.workers,
+        "s" * (srv.workers > 1),
+    )
     if srv.workers == 1:
         try:
             app = create_app(settings, config_path=path)
@@ -142,7 +165,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="xrouter", description="Cost-aware LLM routing gateway with an RL-trained router.")
+    ap = argparse.ArgumentParser(
+        prog="xrouter", description="Cost-aware LLM routing gateway with an RL-trained router."
+    )
     sub = ap.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="run the gateway (no --config: the embedded demo)")
@@ -155,7 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from gateway.replay.server import add_arguments as replay_args
 
-    p = sub.add_parser("replay-upstream", help="serve recorded outcomes as an OpenAI-compatible upstream")
+    p = sub.add_parser(
+        "replay-upstream", help="serve recorded outcomes as an OpenAI-compatible upstream"
+    )
     replay_args(p)
     p.set_defaults(func=cmd_replay)
 
@@ -178,7 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("deploy", help="make a running gateway hot-load a checkpoint")
     p.add_argument("checkpoint", help="checkpoint directory")
     p.add_argument("--url", default="http://127.0.0.1:8000", help="gateway base URL")
-    p.add_argument("--admin-key", default=os.environ.get("XROUTER_ADMIN_KEY"), help="admin key (env XROUTER_ADMIN_KEY)")
+    p.add_argument(
+        "--admin-key",
+        default=os.environ.get("XROUTER_ADMIN_KEY"),
+        help="admin key (env XROUTER_ADMIN_KEY)",
+    )
     p.set_defaults(func=cmd_deploy)
     return ap
 
@@ -195,7 +226,9 @@ def _lazy_arguments(p: argparse.ArgumentParser, module: str, fn: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 

@@ -67,14 +67,18 @@ class KeyBudgetGuard:
         self.rejection: Any = None
 
     async def reserve(self, call: ToolCall, worst_case_micros: int) -> str | None:
-        res = await self.store.reserve(self.limits, None, worst_case_micros, f"{self.request_id}:{call.id}")
+        res = await self.store.reserve(
+            self.limits, None, worst_case_micros, f"{self.request_id}:{call.id}"
+        )
         if res.ok:
             return None
         self.rejection = res
         return f"{KEY_BUDGET}: a call to {call.model} may cost up to {worst_case_micros} µUSD, {res.remaining_micros} µUSD remain"
 
     async def settle(self, call: ToolCall, reserved_micros: int, actual_micros: int) -> None:
-        await self.store.settle(self.limits, f"{self.request_id}:{call.id}", reserved_micros, actual_micros)
+        await self.store.settle(
+            self.limits, f"{self.request_id}:{call.id}", reserved_micros, actual_micros
+        )
 
 
 class RequestHooks:
@@ -101,18 +105,44 @@ class RequestHooks:
         try:
             rate = await self.limits.check_rate(limits, rlog.tokens_estimate)
         except LimitStoreUnavailable:
-            raise APIError(503, "the rate-limit store is unavailable", type="server_error", code="limits_unavailable") from None
+            raise APIError(
+                503,
+                "the rate-limit store is unavailable",
+                type="server_error",
+                code="limits_unavailable",
+            ) from None
         rlog.extra_headers.update(rate.headers())
         if not rate.allowed:
             if self.metrics is not None:
                 self.metrics.rate_limited(rate.limit or "rpm")
             raise APIError(
-                429, f"rate limit exceeded ({rate.limit}) for this key", type="rate_limit_exceeded",
-                code=f"{rate.limit}_limit_exceeded", headers=rate.headers(),
+                429,
+                f"rate limit exceeded ({rate.limit}) for this key",
+                type="rate_limit_exceeded",
+                code=f"{rate.limit}_limit_exceeded",
+                headers=rate.headers(),
             )
         if limits.budget_micros is None:
             return None
         return KeyBudgetGuard(self.limits, limits, rlog.request_id)
+
+    def budget_error(
+        self, rlog: RequestLog, message: str, guard: KeyBudgetGuard | None
+    ) -> APIError:
+        """429 for a refused call: the key's budget (with when it resets) or the request's
+        own ``max_cost_usd``."""
+        if guard is not None and guard.rejection is not None and message.startswith(KEY_BUDGET):
+            headers: dict[str, str] = {}
+            resets = guard.rejection.resets_at
+            if resets is not None:
+                headers["retry-after"] = str(max(int(resets - time.time()) + 1, 1))
+            remaining = guard.rejection.remaining_micros
+            if remaining is not None:
+                headers["x-ratelimit-remaining-budget-usd"] = f"{max(remaining, 0) / 1e6:.6f}"
+            return APIError(
+                429, message, type="budget_exceeded", code="key_budget_exceeded", headers=headers
+            )
+        return APIError(429, message, type="budget_exceeded", code="request_budget_exceeded")
 
     async def finish(self, rlog: RequestLog, result: RouteResult | None) -> None:
         """Account for a finished request, exactly once. Never raises: accounting problems

@@ -28,7 +28,9 @@ def build_catalog(settings: Settings) -> PriceCatalog:
     catalog = load_default_catalog()
     if settings.pricing.catalog:
         extra = PriceCatalog.from_yaml(Path(settings.pricing.catalog).read_text(encoding="utf-8"))
-        catalog = catalog.with_overrides({n: extra.require(n) for n in extra.names()}, extra.version)
+        catalog = catalog.with_overrides(
+            {n: extra.require(n) for n in extra.names()}, extra.version
+        )
     if settings.pricing.overrides:
         catalog = catalog.with_overrides(settings.pricing.overrides)
     return catalog
@@ -58,17 +60,41 @@ class Runtime:
 
 
 def _load_compact(settings: Settings, pool: ModelPool) -> tuple[Policy | None, dict[str, Any]]:
+    """The compact policy from the configured checkpoint, or the packaged demo one.
+
+    A configured checkpoint that is missing or was trained on another pool is an error (the
+    operator asked for it). The packaged default only fits the demo pool: with any other pool
+    it is skipped with a warning, and ``xrouter train`` makes one that fits."""
     try:
-        from router.checkpoint import check_pool, default_checkpoint_path, load_checkpoint
+        from router.checkpoint import (
+            CheckpointError,
+            check_pool,
+            default_checkpoint_path,
+            load_checkpoint,
+        )
         from router.policies.compact import CompactPolicy
     except ImportError as exc:  # the compact policy's assets are optional in a slim install
         log.warning("compact policy unavailable: %s", exc)
         return None, {}
+    explicit = settings.router.checkpoint is not None
     path = settings.router.checkpoint or default_checkpoint_path()
-    ckpt = load_checkpoint(path)
-    check_pool(ckpt, pool)
-    policy = CompactPolicy(ckpt, pool, epsilon=settings.router.epsilon, temperature=settings.router.temperature)
-    return policy, {"path": str(path), "version": getattr(ckpt, "version", None)}
+    try:
+        ckpt = load_checkpoint(path)
+        check_pool(ckpt, pool)
+    except CheckpointError as exc:
+        if explicit:
+            raise
+        log.warning("packaged compact checkpoint not used: %s", exc)
+        return None, {}
+    policy = CompactPolicy(
+        ckpt, pool, epsilon=settings.router.epsilon, temperature=settings.router.temperature
+    )
+    return policy, {
+        "path": str(path),
+        "version": getattr(ckpt.metadata, "created_at", None)
+        if hasattr(ckpt, "metadata")
+        else None,
+    }
 
 
 def _router_model(settings: Settings) -> PoolModel | None:
@@ -76,10 +102,19 @@ def _router_model(settings: Settings) -> PoolModel | None:
     if not cfg.base_url:
         return None
     return PoolModel(
-        name="xrouter-router", provider="openai", upstream_model=cfg.model, api_base=cfg.base_url.rstrip("/"),
-        api_key=cfg.api_key.get_secret_value() if cfg.api_key else None, transport="native",
-        price=cfg.price if isinstance(cfg.price, ModelPrice) else ModelPrice.free(), max_output_tokens=4096,
-        timeout_s=cfg.timeout_s, max_concurrency=1024, max_retries=1, fallbacks=(), description="router",
+        name="xrouter-router",
+        provider="openai",
+        upstream_model=cfg.model,
+        api_base=cfg.base_url.rstrip("/"),
+        api_key=cfg.api_key.get_secret_value() if cfg.api_key else None,
+        transport="native",
+        price=cfg.price if isinstance(cfg.price, ModelPrice) else ModelPrice.free(),
+        max_output_tokens=4096,
+        timeout_s=cfg.timeout_s,
+        max_concurrency=1024,
+        max_retries=1,
+        fallbacks=(),
+        description="router",
     )
 
 
@@ -112,8 +147,11 @@ def build_runtime(
         from router.policies.llm import LLMRouterPolicy
 
         policies["llm"] = LLMRouterPolicy(
-            client.provider("native"), router_model, temperature=settings.router.llm.temperature,
-            system_prompt=settings.router.llm.system_prompt, on_query_copy=on_query_copy,
+            client.provider("native"),
+            router_model,
+            temperature=settings.router.llm.temperature,
+            system_prompt=settings.router.llm.system_prompt,
+            on_query_copy=on_query_copy,
         )
     default = settings.router.default_policy
     if default not in policies:

@@ -64,10 +64,16 @@ class Services:
         from gateway.metrics import GatewayMetrics
 
         s = self.settings
-        self.runtime = build_runtime(s, events=_MetricEvents(self), on_query_copy=lambda: self.metrics and self.metrics.query_copied(1))
+        self.runtime = build_runtime(
+            s,
+            events=_MetricEvents(self),
+            on_query_copy=lambda: self.metrics and self.metrics.query_copied(1),
+        )
         if s.metrics.enabled:
             self.metrics = GatewayMetrics(
-                self.registry, models=[*self.runtime.pool.names, "router"], policies=[*self.runtime.policy_names, "passthrough"],
+                self.registry,
+                models=[*self.runtime.pool.names, "router"],
+                policies=[*self.runtime.policy_names, "passthrough"],
                 budget_gauge_keys=s.metrics.budget_gauge_keys,
             )
         self.engine = await open_ledger_engine(s.ledger.url)
@@ -77,8 +83,14 @@ class Services:
         self.limits = self._limit_store()
         admin = s.auth.admin_key.get_secret_value() if s.auth.admin_key else None
         self.auth = Authenticator(self.keys, enabled=s.auth.enabled, admin_key=admin)
-        ref = self.runtime.catalog.get(s.metrics.reference_model) if s.metrics.reference_model else None
-        hooks = RequestHooks(limits=self.limits, ledger=self.ledger, metrics=self.metrics, reference_price=ref)
+        ref = (
+            self.runtime.catalog.get(s.metrics.reference_model)
+            if s.metrics.reference_model
+            else None
+        )
+        hooks = RequestHooks(
+            limits=self.limits, ledger=self.ledger, metrics=self.metrics, reference_price=ref
+        )
         self.chat = ChatService(self.current, hooks)
         self.ready = True
 
@@ -101,7 +113,10 @@ class Services:
             new_settings = settings or self.settings
             # Building loads a checkpoint from disk: keep it off the event loop.
             runtime = await asyncio.to_thread(
-                build_runtime, new_settings, events=_MetricEvents(self), previous=self.runtime,
+                build_runtime,
+                new_settings,
+                events=_MetricEvents(self),
+                previous=self.runtime,
             )
             self.settings = new_settings
             self.runtime = runtime

@@ -34,7 +34,12 @@ def _fingerprint(paths: list[Path]) -> tuple[tuple[str, float, int], ...]:
 
 
 class FileWatcher:
-    def __init__(self, services: Services, config_path: str | os.PathLike[str] | None, interval_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        services: Services,
+        config_path: str | os.PathLike[str] | None,
+        interval_s: float = 2.0,
+    ) -> None:
         self.services = services
         self.config_path = Path(config_path) if config_path else None
         self.interval_s = interval_s
@@ -61,10 +66,16 @@ class FileWatcher:
                 continue
             last = current
             try:
-                settings = await asyncio.to_thread(load_settings, self.config_path) if self.config_path else None
+                settings = (
+                    await asyncio.to_thread(load_settings, self.config_path)
+                    if self.config_path
+                    else None
+                )
                 await self.services.reload(settings)
             except Exception as exc:
-                log.error("reload after file change failed; still serving the previous config: %s", exc)
+                log.error(
+                    "reload after file change failed; still serving the previous config: %s", exc
+                )
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -49,7 +49,9 @@ class KeyUpdate(BaseModel):
 
 
 def _json(data: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(data, default=str), status_code=status, media_type="application/json")
+    return Response(
+        orjson.dumps(data, default=str), status_code=status, media_type="application/json"
+    )
 
 
 async def _admin(request: Request) -> Services:
@@ -81,9 +83,14 @@ async def create_key(request: Request) -> Response:
         raise bad_request("budget_period is required with budget_usd", param="budget_period")
     try:
         info, secret = await s.keys.create(
-            alias=body.alias, budget_usd=body.budget_usd,
-            budget_period=body.budget_period, rpm=body.rpm, tpm=body.tpm, allowed_models=body.allowed_models,
-            allowed_policies=body.allowed_policies, metadata=body.metadata,
+            alias=body.alias,
+            budget_usd=body.budget_usd,
+            budget_period=body.budget_period,
+            rpm=body.rpm,
+            tpm=body.tpm,
+            allowed_models=body.allowed_models,
+            allowed_policies=body.allowed_policies,
+            metadata=body.metadata,
         )
     except DuplicateAliasError as exc:
         raise APIError(409, str(exc), param="alias", code="alias_taken") from None
@@ -102,9 +109,13 @@ async def list_keys(request: Request) -> Response:
         if k.budget_micros is not None and s.limits is not None:
             from gateway.limits.base import KeyLimits
 
-            state = await s.limits.spent(KeyLimits(k.key_id, k.budget_micros, k.budget_period, k.rpm, k.tpm))
+            state = await s.limits.spent(
+                KeyLimits(k.key_id, k.budget_micros, k.budget_period, k.rpm, k.tpm)
+            )
             view["spent_usd"] = micros_to_usd(state.spent)
-            view["remaining_usd"] = micros_to_usd(state.remaining) if state.remaining is not None else None
+            view["remaining_usd"] = (
+                micros_to_usd(state.remaining) if state.remaining is not None else None
+            )
         out.append(view)
     return _json({"data": out})
 
@@ -159,7 +170,13 @@ async def spend(request: Request) -> Response:
     if bad:
         raise bad_request(f"group_by accepts key, model, policy, day; got {bad}", param="group_by")
     await s.ledger.flush()
-    rows = await spend_report(s.engine, group_by, since=_time(q.get("since"), "since"), until=_time(q.get("until"), "until"), key_id=q.get("key"))
+    rows = await spend_report(
+        s.engine,
+        group_by,
+        since=_time(q.get("since"), "since"),
+        until=_time(q.get("until"), "until"),
+        key_id=q.get("key"),
+    )
     return _json({"group_by": group_by, "data": rows})
 
 
@@ -181,5 +198,14 @@ async def reload(request: Request) -> Response:
         settings = load_settings(path) if path else s.settings
         rt = await s.reload(settings)
     except (SettingsError, ValueError, OSError) as exc:
-        raise APIError(400, f"reload failed, still serving the previous config: {exc}", code="reload_failed") from None
-    return _json({"status": "reloaded", "pool": rt.pool.names, "policies": rt.policy_names, "checkpoint": rt.checkpoint_info})
+        raise APIError(
+            400, f"reload failed, still serving the previous config: {exc}", code="reload_failed"
+        ) from None
+    return _json(
+        {
+            "status": "reloaded",
+            "pool": rt.pool.names,
+            "policies": rt.policy_names,
+            "checkpoint": rt.checkpoint_info,
+        }
+    )

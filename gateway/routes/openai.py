@@ -34,7 +34,9 @@ async def read_body(request: Request, limit: int) -> bytes:
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise APIError(413, f"request body is larger than {limit} bytes", code="request_too_large")
+            raise APIError(
+                413, f"request body is larger than {limit} bytes", code="request_too_large"
+            )
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -56,17 +58,39 @@ async def list_models(request: Request) -> Response:
     rt = s.current()
     created = int(time.time())
     data = [
-        {"id": ROUTER_MODEL, "object": "model", "created": created, "owned_by": "xrouter",
-         "xrouter": {"kind": "router", "policy": rt.default_policy}},
+        {
+            "id": ROUTER_MODEL,
+            "object": "model",
+            "created": created,
+            "owned_by": "xrouter",
+            "xrouter": {"kind": "router", "policy": rt.default_policy},
+        },
         *(
-            {"id": f"{POLICY_PREFIX}{p}", "object": "model", "created": created, "owned_by": "xrouter",
-             "xrouter": {"kind": "router", "policy": p}}
+            {
+                "id": f"{POLICY_PREFIX}{p}",
+                "object": "model",
+                "created": created,
+                "owned_by": "xrouter",
+                "xrouter": {"kind": "router", "policy": p},
+            }
             for p in rt.policy_names
         ),
         *(
-            {"id": m.name, "object": "model", "created": created, "owned_by": m.provider,
-             "xrouter": {"kind": "pool", "price": {"input_per_mtok": str(m.price.input), "output_per_mtok": str(m.price.output)},
-                         "max_output_tokens": m.max_output_tokens, "description": m.description}}
+            {
+                "id": m.name,
+                "object": "model",
+                "created": created,
+                "owned_by": m.provider,
+                "xrouter": {
+                    "kind": "pool",
+                    "price": {
+                        "input_per_mtok": str(m.price.input),
+                        "output_per_mtok": str(m.price.output),
+                    },
+                    "max_output_tokens": m.max_output_tokens,
+                    "description": m.description,
+                },
+            }
             for m in rt.pool
         ),
     ]
@@ -89,10 +113,31 @@ async def feedback(request: Request) -> Response:
     await s.ledger.flush()
     row = await get_request(s.engine, fb.request_id)
     if row is None:
-        raise APIError(404, f"no request {fb.request_id!r} in the ledger", param="request_id", code="request_not_found")
+        raise APIError(
+            404,
+            f"no request {fb.request_id!r} in the ledger",
+            param="request_id",
+            code="request_not_found",
+        )
     if s.settings.auth.enabled and row.get("key_id") != who.key_id:
         # Same answer as "not found": don't reveal other keys' request ids.
-        raise APIError(404, f"no request {fb.request_id!r} in the ledger", param="request_id", code="request_not_found")
-    record = FeedbackRecord(request_id=fb.request_id, score=fb.score, source=fb.source, comment=fb.comment, created_at=time.time())
+        raise APIError(
+            404,
+            f"no request {fb.request_id!r} in the ledger",
+            param="request_id",
+            code="request_not_found",
+        )
+    record = FeedbackRecord(
+        request_id=fb.request_id,
+        score=fb.score,
+        source=fb.source,
+        comment=fb.comment,
+        created_at=time.time(),
+    )
     await s.ledger.submit_durable(record)
-    return Response(orjson.dumps({"status": "recorded", "request_id": fb.request_id, "feedback_id": record.feedback_id}), media_type="application/json")
+    return Response(
+        orjson.dumps(
+            {"status": "recorded", "request_id": fb.request_id, "feedback_id": record.feedback_id}
+        ),
+        media_type="application/json",
+    )

@@ -22,7 +22,9 @@ async def readyz(request: Request) -> Response:
     if s.limits is not None:
         checks["limits"] = await s.limits.ping()
     ok = s.ready and all(checks.values())
-    return JSONResponse({"status": "ready" if ok else "not_ready", "checks": checks}, status_code=200 if ok else 503)
+    return JSONResponse(
+        {"status": "ready" if ok else "not_ready", "checks": checks}, status_code=200 if ok else 503
+    )
 
 
 @router.get("/metrics")
@@ -31,6 +33,6 @@ async def metrics(request: Request) -> Response:
 
     s = services(request)
     if s.ledger is not None and s.metrics is not None:
-        s.metrics.queue_depth(s.ledger.pending())
+        s.metrics.queue_depth(s.ledger.pending)
     body, content_type = await arender_metrics(s.registry)
     return Response(body, media_type=content_type)

@@ -23,7 +23,9 @@ class Upstream:
     control: httpx.Client
 
     def fault(self, model: str, fault: str, count: int = 1) -> None:
-        self.control.post("/_replay/faults", json={"model": model, "fault": fault, "count": count}).raise_for_status()
+        self.control.post(
+            "/_replay/faults", json={"model": model, "fault": fault, "count": count}
+        ).raise_for_status()
 
     def stats(self) -> dict:
         return self.control.get("/_replay/stats").json()
@@ -41,7 +43,9 @@ def demo_table() -> list[OutcomeRecord]:
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
     # A small per-chunk delay keeps streams in flight long enough to abandon one mid-way.
-    proc, base_url = start_replay_upstream(tmp_path_factory.mktemp("upstream"), "--stream-chunk-delay-ms", "3")
+    proc, base_url = start_replay_upstream(
+        tmp_path_factory.mktemp("upstream"), "--stream-chunk-delay-ms", "3"
+    )
     with httpx.Client(base_url=replay_root(base_url), timeout=10) as control:
         yield Upstream(base_url, control)
     stop_replay_upstream(proc)

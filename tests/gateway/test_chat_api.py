@@ -25,7 +25,9 @@ def client(gw: Gateway, **kw: object) -> openai.OpenAI:
 
 
 def recorded(table: list[OutcomeRecord], model: str, index: int = 3) -> tuple[str, dict]:
-    rec = [r for r in table if model in r.outcomes and (r.outcomes[model].completion_tokens or 0) > 5][index]
+    rec = [
+        r for r in table if model in r.outcomes and (r.outcomes[model].completion_tokens or 0) > 5
+    ][index]
     return rec.text, rec.outcomes[model].model_dump()
 
 
@@ -33,14 +35,21 @@ def expected_cost_usd(model: str, prompt: int, completion: int) -> float:
     return load_default_catalog().require(model).cost_micros(TokenUsage(prompt, completion)) / 1e6
 
 
-def test_pass_through_returns_recorded_answer_with_cost(gateway: Gateway, demo_table: list[OutcomeRecord]) -> None:
+def test_pass_through_returns_recorded_answer_with_cost(
+    gateway: Gateway, demo_table: list[OutcomeRecord]
+) -> None:
     prompt, out = recorded(demo_table, MODEL)
-    raw = client(gateway).chat.completions.with_raw_response.create(model=MODEL, messages=[{"role": "user", "content": prompt}])
+    raw = client(gateway).chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": prompt}]
+    )
     resp = raw.parse()
     assert resp.choices[0].message.content == out["response"]
     assert resp.model == MODEL
     assert resp.usage is not None
-    assert (resp.usage.prompt_tokens, resp.usage.completion_tokens) == (out["prompt_tokens"], out["completion_tokens"])
+    assert (resp.usage.prompt_tokens, resp.usage.completion_tokens) == (
+        out["prompt_tokens"],
+        out["completion_tokens"],
+    )
     cost = expected_cost_usd(MODEL, out["prompt_tokens"], out["completion_tokens"])
     assert resp.usage.model_extra["cost"] == pytest.approx(cost)
     meta = resp.model_extra["xrouter"]
@@ -52,28 +61,40 @@ def test_pass_through_returns_recorded_answer_with_cost(gateway: Gateway, demo_t
     assert float(h["x-xrouter-overhead-ms"]) >= 0
 
 
-def test_streaming_relays_chunks_in_order_and_ends_with_usage_and_cost(gateway: Gateway, demo_table: list[OutcomeRecord]) -> None:
+def test_streaming_relays_chunks_in_order_and_ends_with_usage_and_cost(
+    gateway: Gateway, demo_table: list[OutcomeRecord]
+) -> None:
     prompt, out = recorded(demo_table, MODEL, 5)
-    stream = client(gateway).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}], stream=True)
+    stream = client(gateway).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": prompt}], stream=True
+    )
     chunks = list(stream)
     assert len(chunks) > 3
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == out["response"]
-    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    finishes = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
     assert finishes == ["stop"]
     last = chunks[-1]
     assert last.choices == [] and last.usage is not None
     assert last.usage.completion_tokens == out["completion_tokens"]
-    assert last.usage.model_extra["cost"] == pytest.approx(expected_cost_usd(MODEL, out["prompt_tokens"], out["completion_tokens"]))
+    assert last.usage.model_extra["cost"] == pytest.approx(
+        expected_cost_usd(MODEL, out["prompt_tokens"], out["completion_tokens"])
+    )
     assert all(c.model == MODEL for c in chunks)
     assert len({c.id for c in chunks}) == 1
 
 
 @pytest.mark.parametrize("model", ["xrouter/cheapest", "xrouter/cascade", "xrouter"])
-def test_router_models_answer_and_report_the_answering_model(gateway: Gateway, demo_table: list[OutcomeRecord], model: str) -> None:
+def test_router_models_answer_and_report_the_answering_model(
+    gateway: Gateway, demo_table: list[OutcomeRecord], model: str
+) -> None:
     prompt, _ = recorded(demo_table, MODEL, 7)
-    resp = client(gateway).chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}])
+    resp = client(gateway).chat.completions.create(
+        model=model, messages=[{"role": "user", "content": prompt}]
+    )
     meta = resp.model_extra["xrouter"]
     assert resp.model in {c["model"] for c in meta["calls"]}
     assert meta["cost_usd"] == pytest.approx(sum(c["cost_usd"] for c in meta["calls"]))
@@ -83,36 +104,69 @@ def test_router_models_answer_and_report_the_answering_model(gateway: Gateway, d
 
 def test_router_streams_too(gateway: Gateway, demo_table: list[OutcomeRecord]) -> None:
     prompt, _ = recorded(demo_table, MODEL, 8)
-    chunks = list(client(gateway).chat.completions.create(model="xrouter/cascade", messages=[{"role": "user", "content": prompt}], stream=True))
+    chunks = list(
+        client(gateway).chat.completions.create(
+            model="xrouter/cascade", messages=[{"role": "user", "content": prompt}], stream=True
+        )
+    )
     assert chunks[-1].usage is not None and chunks[-1].usage.model_extra["cost"] > 0
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
 
 def test_tools_round_trip(gateway: Gateway) -> None:
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}},
+                    "required": ["city"],
+                },
+            },
+        }
+    ]
     c = client(gateway)
     messages: list[dict] = [{"role": "user", "content": "Weather in Paris?"}]
     first = c.chat.completions.create(model=MODEL, messages=messages, tools=tools)  # type: ignore[arg-type]
     call = first.choices[0].message.tool_calls[0]  # type: ignore[index]
     assert first.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
     assert "city" in json.loads(call.function.arguments)
-    messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21C"}]
+    messages += [
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21C"},
+    ]
     second = c.chat.completions.create(model=MODEL, messages=messages, tools=tools)  # type: ignore[arg-type]
     assert "sunny, 21C" in (second.choices[0].message.content or "")
 
 
 def test_json_mode(gateway: Gateway) -> None:
-    resp = client(gateway).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Give me JSON"}], response_format={"type": "json_object"})
+    resp = client(gateway).chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Give me JSON"}],
+        response_format={"type": "json_object"},
+    )
     assert isinstance(json.loads(resp.choices[0].message.content or ""), dict)
 
 
 def test_n_greater_than_one(gateway: Gateway) -> None:
-    resp = client(gateway).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hi"}], n=3)
+    resp = client(gateway).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say hi"}], n=3
+    )
     assert [c.index for c in resp.choices] == [0, 1, 2]
 
 
 def test_unknown_fields_are_tolerated(gateway: Gateway) -> None:
-    r = httpx.post(f"{gateway.base_url}/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_k": 3, "vendor_extension": {"a": 1}})
+    r = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "x"}],
+            "top_k": 3,
+            "vendor_extension": {"a": 1},
+        },
+    )
     assert r.status_code == 200
 
 
@@ -137,7 +191,11 @@ def error(r: httpx.Response) -> dict:
 
 
 def test_malformed_json_is_400(gateway: Gateway) -> None:
-    r = httpx.post(f"{gateway.base_url}/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    r = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        content=b"{not json",
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 400 and error(r)["code"] == "invalid_json"
 
 
@@ -147,13 +205,25 @@ def test_malformed_json_is_400(gateway: Gateway) -> None:
         ({"model": MODEL}, "messages"),
         ({"model": MODEL, "messages": []}, "messages"),
         ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
-        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": 7}, "temperature"),
+        (
+            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": 7},
+            "temperature",
+        ),
         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 0}, "n"),
-        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "xrouter": {"cost_weight": -1}}, "xrouter.cost_weight"),
+        (
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "x"}],
+                "xrouter": {"cost_weight": -1},
+            },
+            "xrouter.cost_weight",
+        ),
         ({"messages": [{"role": "user", "content": "x"}]}, "model"),
     ],
 )
-def test_schema_violations_are_400_naming_the_param(gateway: Gateway, body: dict, param: str) -> None:
+def test_schema_violations_are_400_naming_the_param(
+    gateway: Gateway, body: dict, param: str
+) -> None:
     r = httpx.post(f"{gateway.base_url}/chat/completions", json=body)
     assert r.status_code == 400
     assert error(r)["param"] == param
@@ -161,19 +231,26 @@ def test_schema_violations_are_400_naming_the_param(gateway: Gateway, body: dict
 
 def test_openai_client_sees_bad_request(gateway: Gateway) -> None:
     with pytest.raises(openai.BadRequestError):
-        client(gateway).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], temperature=9)
+        client(gateway).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], temperature=9
+        )
 
 
 @pytest.mark.parametrize("model", ["gpt-17", "xrouter/nonsense"])
 def test_unknown_model_is_404(gateway: Gateway, model: str) -> None:
     with pytest.raises(openai.NotFoundError) as ei:
-        client(gateway).chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}])
+        client(gateway).chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "x"}]
+        )
     assert ei.value.body["code"] == "model_not_found"  # type: ignore[index]
 
 
 def test_body_over_limit_is_413(gateway: Gateway) -> None:
     big = "x" * 70_000
-    r = httpx.post(f"{gateway.base_url}/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": big}]})
+    r = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": big}]},
+    )
     assert r.status_code == 413 and error(r)["code"] == "request_too_large"
 
 
@@ -188,10 +265,16 @@ def test_body_over_limit_is_413(gateway: Gateway) -> None:
         ("drop", 503, openai.InternalServerError),
     ],
 )
-def test_upstream_failures_map_to_5xx_and_are_sanitized(gateway: Gateway, upstream: Upstream, fault: str, status: int, exc: type) -> None:
+def test_upstream_failures_map_to_5xx_and_are_sanitized(
+    gateway: Gateway, upstream: Upstream, fault: str, status: int, exc: type
+) -> None:
     # Faults on every attempt (the pool entry retries once): the client sees the mapped error.
     upstream.fault(MODEL, fault, count=5)
-    r = httpx.post(f"{gateway.base_url}/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]}, timeout=30)
+    r = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]},
+        timeout=30,
+    )
     assert r.status_code == status, r.text
     err = error(r)
     assert err["type"] == "upstream_error"
@@ -201,29 +284,51 @@ def test_upstream_failures_map_to_5xx_and_are_sanitized(gateway: Gateway, upstre
 
 def test_retry_recovers_from_one_transient_failure(gateway: Gateway, upstream: Upstream) -> None:
     upstream.fault(MODEL, "status=503", count=1)
-    resp = client(gateway).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
+    resp = client(gateway).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "x"}]
+    )
     assert resp.choices[0].message.content
     assert upstream.stats()["requests"][MODEL] == 2
 
 
-def test_fifty_concurrent_requests_all_correct(gateway: Gateway, demo_table: list[OutcomeRecord]) -> None:
+def test_fifty_concurrent_requests_all_correct(
+    gateway: Gateway, demo_table: list[OutcomeRecord]
+) -> None:
     pairs = [recorded(demo_table, MODEL, i) for i in range(50)]
 
     async def run() -> list[tuple[str, str | None]]:
         ac = openai.AsyncOpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
         async with ac:
-            rs = await asyncio.gather(*(ac.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": p}]) for p, _ in pairs))
-        return [(r.choices[0].message.content or "", r.model_extra["xrouter"]["request_id"]) for r in rs]
+            rs = await asyncio.gather(
+                *(
+                    ac.chat.completions.create(
+                        model=MODEL, messages=[{"role": "user", "content": p}]
+                    )
+                    for p, _ in pairs
+                )
+            )
+        return [
+            (r.choices[0].message.content or "", r.model_extra["xrouter"]["request_id"]) for r in rs
+        ]
 
     got = asyncio.run(run())
     assert [g[0] for g in got] == [o["response"] for _, o in pairs]
     assert len({g[1] for g in got}) == 50
 
 
-def test_client_disconnect_mid_stream_cancels_upstream(gateway: Gateway, upstream: Upstream, demo_table: list[OutcomeRecord]) -> None:
+def test_client_disconnect_mid_stream_cancels_upstream(
+    gateway: Gateway, upstream: Upstream, demo_table: list[OutcomeRecord]
+) -> None:
     # A long recorded answer streamed slowly (3 ms per chunk) that the client abandons.
-    rec = max((r for r in demo_table if MODEL in r.outcomes), key=lambda r: len(r.outcomes[MODEL].response or ""))
-    with httpx.stream("POST", f"{gateway.base_url}/chat/completions", json={"model": MODEL, "stream": True, "messages": [{"role": "user", "content": rec.text}]}) as r:
+    rec = max(
+        (r for r in demo_table if MODEL in r.outcomes),
+        key=lambda r: len(r.outcomes[MODEL].response or ""),
+    )
+    with httpx.stream(
+        "POST",
+        f"{gateway.base_url}/chat/completions",
+        json={"model": MODEL, "stream": True, "messages": [{"role": "user", "content": rec.text}]},
+    ) as r:
         assert r.status_code == 200
         lines = r.iter_lines()
         next(lines)
@@ -233,6 +338,8 @@ def test_client_disconnect_mid_stream_cancels_upstream(gateway: Gateway, upstrea
         time.sleep(0.05)
     assert upstream.stats()["streams_abandoned"] == 1
     # The gateway still serves (no leaked concurrency slot) and logged no traceback.
-    resp = client(gateway).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "after"}])
+    resp = client(gateway).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "after"}]
+    )
     assert resp.choices[0].message.content
     assert "Traceback" not in gateway.log()

@@ -24,7 +24,14 @@ pool:
 
 
 def test_yaml_with_env_secret_and_overrides(tmp_path: Path) -> None:
-    s = load_settings(write(tmp_path, POOL), env={"SMALL_KEY": "sk-secret", "XROUTER_SERVER__PORT": "9123", "XROUTER_AUTH__ENABLED": "false"})
+    s = load_settings(
+        write(tmp_path, POOL),
+        env={
+            "SMALL_KEY": "sk-secret",
+            "XROUTER_SERVER__PORT": "9123",
+            "XROUTER_AUTH__ENABLED": "false",
+        },
+    )
     assert s.server.port == 9123
     assert s.auth.enabled is False
     key = s.pool[0].api_key
@@ -79,6 +86,9 @@ pool:
 
 
 def test_unpriced_pool_model_fails_at_startup(tmp_path: Path) -> None:
-    s = load_settings(write(tmp_path, "pool: [{name: x, model: openai/unknown-model, api_base: http://h/v1}]"), env={})
+    s = load_settings(
+        write(tmp_path, "pool: [{name: x, model: openai/unknown-model, api_base: http://h/v1}]"),
+        env={},
+    )
     with pytest.raises(CatalogError, match="no price"):
         ModelPool.from_configs(s.pool, load_default_catalog())

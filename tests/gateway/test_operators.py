@@ -1,0 +1,385 @@
+"""Operators' guarantees end to end, on both stacks: the embedded one (SQLite ledger,
+in-process limits) and the production one (PostgreSQL ledger, Redis limits).
+
+Keys and auth, budgets under concurrency, spend reports that reconcile with the ledger,
+feedback ownership, metrics that match the ledger, secrets that never leak, and ledger
+rows that survive ``kill -9``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import redis
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from tests.gateway.conftest import Upstream
+from tests.gateway.ledger.factories import pg_admin, pg_url
+from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
+
+MODEL = "mixtral-8x22b-instruct-v0.1"  # the dearest demo model: budgets bind quickly
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+@dataclass
+class Stack:
+    name: str
+    ledger_url: str
+    limits: dict[str, Any]
+    tmp: Path
+
+
+def _run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+async def _query(url: str, sql: str, **params: Any) -> list[Any]:
+    engine = create_async_engine(url)
+    try:
+        async with engine.connect() as conn:
+            return list((await conn.execute(text(sql), params)).all())
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        "embedded",
+        pytest.param("production", marks=[pytest.mark.postgres, pytest.mark.redis]),
+    ],
+)
+def stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp(request.param)
+    if request.param == "embedded":
+        yield Stack(
+            "embedded", f"sqlite+aiosqlite:///{tmp / 'ledger.db'}", {"backend": "memory"}, tmp
+        )
+        return
+    db = f"xrouter_ops_{os.getpid()}_{secrets.token_hex(3)}"
+    _run(pg_admin(f'CREATE DATABASE "{db}"'))
+    prefix = f"xrtest{secrets.token_hex(4)}"
+    yield Stack(
+        "production",
+        pg_url(db),
+        {"backend": "redis", "redis_url": "redis://127.0.0.1:6379/0", "key_prefix": prefix},
+        tmp,
+    )
+    _run(pg_admin(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)'))
+    r = redis.Redis(host="127.0.0.1", port=6379)
+    for k in r.scan_iter(f"{prefix}*"):
+        r.delete(k)
+
+
+def config(stack: Stack, upstream: Upstream, **extra: Any) -> dict[str, Any]:
+    sections: dict[str, Any] = {
+        "auth": {"enabled": True, "admin_key": ADMIN_KEY},
+        "ledger": {
+            "url": stack.ledger_url,
+            "spill_dir": str(stack.tmp / "spill"),
+            "flush_interval_ms": 20,
+            "log_content": "full",
+        },
+        "limits": stack.limits,
+    }
+    return gateway_config(stack.tmp, upstream.base_url, **{**sections, **extra})
+
+
+@pytest.fixture(scope="module")
+def gw(stack: Stack, upstream: Upstream) -> Iterator[Gateway]:
+    g = start_gateway(stack.tmp, config(stack, upstream))
+    yield g
+    g.stop()
+
+
+def create_key(gw: Gateway, **fields: Any) -> dict[str, Any]:
+    r = httpx.post(
+        f"{gw.url}/admin/keys", json={"alias": f"k-{secrets.token_hex(4)}", **fields}, headers=ADMIN
+    )
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def chat(
+    gw: Gateway, key: str, content: str = "What is the capital of France?", **kw: Any
+) -> httpx.Response:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], **kw}
+    return httpx.post(
+        f"{gw.base_url}/chat/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=30,
+    )
+
+
+def test_key_lifecycle_and_auth(gw: Gateway) -> None:
+    assert httpx.post(f"{gw.url}/admin/keys", json={"alias": "x"}).status_code == 401
+    assert (
+        httpx.post(
+            f"{gw.url}/admin/keys", json={"alias": "x"}, headers={"Authorization": "Bearer wrong"}
+        ).status_code
+        == 401
+    )
+    k = create_key(gw, rpm=1000, metadata={"team": "search"})
+    secret = k["key"]
+    assert secret.startswith("xr-") and len(secret) > 30
+    listed = httpx.get(f"{gw.url}/admin/keys", headers=ADMIN).json()["data"]
+    mine = next(x for x in listed if x["key_id"] == k["key_id"])
+    assert secret not in str(listed) and mine["metadata"] == {"team": "search"}
+    r = httpx.post(
+        f"{gw.base_url}/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]},
+    )
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert chat(gw, "xr-not-a-real-key").status_code == 401
+    assert chat(gw, secret).status_code == 200
+    r = httpx.patch(
+        f"{gw.url}/admin/keys/{k['key_id']}",
+        json={"allowed_models": ["gemma-2-9b-it"]},
+        headers=ADMIN,
+    )
+    assert r.status_code == 200 and r.json()["allowed_models"] == ["gemma-2-9b-it"]
+    r = chat(gw, secret)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "model_not_allowed"
+    assert httpx.delete(f"{gw.url}/admin/keys/{k['key_id']}", headers=ADMIN).status_code == 200
+    assert chat(gw, secret).status_code == 401
+    assert httpx.delete(f"{gw.url}/admin/keys/key_nope", headers=ADMIN).status_code == 404
+
+
+def test_budget_holds_under_100_parallel_requests(gw: Gateway, stack: Stack) -> None:
+    prompt = "Explain briefly why the sky is blue."
+    max_tokens = 40
+    # One request's worst case as the gateway reserves it (prompt estimate x input price +
+    # max_tokens x output price, $1.2 per 1M tokens each way); the budget covers ~10.
+    worst = -(-(((len(prompt) + 8) // 3 + 1 + 8) + max_tokens) * 12 // 10)
+    budget_micros = worst * 10
+    k = create_key(gw, budget_usd=budget_micros / 1e6, budget_period="total")
+
+    async def one(ac: httpx.AsyncClient) -> httpx.Response:
+        return await ac.post(
+            "/chat/completions",
+            json={
+                "model": MODEL,
+                "max_tokens": max_tokens,
+                "messages": [{"role": "user", "content": prompt}],
+            },
+        )
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(
+            base_url=gw.base_url,
+            headers={"Authorization": f"Bearer {k['key']}"},
+            timeout=60,
+            limits=httpx.Limits(max_connections=100),
+        ) as ac:
+            return await asyncio.gather(*(one(ac) for _ in range(100)))
+
+    rs = asyncio.run(burst())
+    ok = [r for r in rs if r.status_code == 200]
+    refused = [r for r in rs if r.status_code == 429]
+    assert len(ok) + len(refused) == 100 and ok and refused
+    assert {r.json()["error"]["code"] for r in refused} == {"key_budget_exceeded"}
+    assert all("retry-after" not in r.headers or int(r.headers["retry-after"]) > 0 for r in refused)
+    spent = sum(round(r.json()["usage"]["cost"] * 1e6) for r in ok)
+    assert spent <= budget_micros + worst
+    httpx.get(f"{gw.url}/admin/spend", headers=ADMIN)  # flushes the ledger
+    rows = _run(
+        _query(
+            stack.ledger_url,
+            "SELECT COALESCE(SUM(total_cost_micros), 0), COUNT(*) FROM requests WHERE key_id = :k AND status = 200",
+            k=k["key_id"],
+        )
+    )
+    assert rows[0][0] == spent and rows[0][1] == len(ok)
+    listed = httpx.get(f"{gw.url}/admin/keys", headers=ADMIN).json()["data"]
+    mine = next(x for x in listed if x["key_id"] == k["key_id"])
+    assert round(mine["spent_usd"] * 1e6) == spent  # the store's counter matches the ledger
+
+
+def test_request_budget_cap(gw: Gateway) -> None:
+    k = create_key(gw)
+    r = chat(gw, k["key"], xrouter={"max_cost_usd": 0.0000001})
+    assert r.status_code == 429 and r.json()["error"]["code"] == "request_budget_exceeded"
+
+
+def test_spend_report_reconciles_with_ledger(gw: Gateway, stack: Stack) -> None:
+    k = create_key(gw)
+    for i in range(5):
+        assert chat(gw, k["key"], f"question {i}?").status_code == 200
+    httpx.get(f"{gw.url}/admin/spend", headers=ADMIN)  # flushes the ledger
+    total = _run(_query(stack.ledger_url, "SELECT SUM(total_cost_micros) FROM requests"))[0][0]
+    calls = _run(_query(stack.ledger_url, "SELECT SUM(cost_micros) FROM calls"))[0][0]
+    assert int(total) == int(calls)
+    for group in ("key", "model", "policy", "day", "key,model,day"):
+        data = httpx.get(f"{gw.url}/admin/spend", params={"group_by": group}, headers=ADMIN).json()[
+            "data"
+        ]
+        assert sum(row["total_cost_micros"] for row in data) == int(total), group
+    mine = httpx.get(
+        f"{gw.url}/admin/spend", params={"group_by": "key", "key": k["key_id"]}, headers=ADMIN
+    ).json()["data"]
+    assert sum(row["requests"] for row in mine) == 5
+
+
+def test_feedback_only_from_the_requesting_key(gw: Gateway, stack: Stack) -> None:
+    a, b = create_key(gw), create_key(gw)
+    rid = chat(gw, a["key"]).json()["xrouter"]["request_id"]
+    fb = {"request_id": rid, "score": 0.75, "comment": "good"}
+    r = httpx.post(
+        f"{gw.base_url}/feedback", json=fb, headers={"Authorization": f"Bearer {b['key']}"}
+    )
+    assert r.status_code == 404
+    r = httpx.post(
+        f"{gw.base_url}/feedback",
+        json={**fb, "score": 3},
+        headers={"Authorization": f"Bearer {a['key']}"},
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "score"
+    r = httpx.post(
+        f"{gw.base_url}/feedback", json=fb, headers={"Authorization": f"Bearer {a['key']}"}
+    )
+    assert r.status_code == 200
+    httpx.get(f"{gw.url}/admin/spend", headers=ADMIN)
+    rows = _run(_query(stack.ledger_url, "SELECT score FROM feedback WHERE request_id = :r", r=rid))
+    assert [x[0] for x in rows] == [0.75]
+
+
+def _metric(body: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in body.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_metrics_match_the_ledger(gw: Gateway, stack: Stack) -> None:
+    k = create_key(gw)
+    for i in range(4):
+        chat(gw, k["key"], f"metrics question {i}")
+    httpx.get(f"{gw.url}/admin/spend", headers=ADMIN)
+    body = httpx.get(f"{gw.url}/metrics").text
+    cost, n = _run(
+        _query(stack.ledger_url, "SELECT SUM(total_cost_micros), COUNT(*) FROM requests")
+    )[0]
+    assert _metric(body, "xrouter_cost_usd_total") == pytest.approx(int(cost) / 1e6, abs=1e-9)
+    assert _metric(body, "xrouter_requests_total") == n
+    prompt_tokens = _run(_query(stack.ledger_url, "SELECT SUM(prompt_tokens) FROM calls"))[0][0]
+    assert _metric(body, "xrouter_tokens_total", kind="prompt") == int(prompt_tokens)
+    assert 'model="' in body and "xrouter_request_duration_seconds_bucket" in body
+
+
+def test_secrets_never_leak(gw: Gateway, stack: Stack) -> None:
+    k = create_key(gw)
+    secret = k["key"]
+    assert chat(gw, secret).status_code == 200
+    assert secret not in httpx.get(f"{gw.url}/metrics").text
+    assert secret not in gw.log()
+    httpx.get(f"{gw.url}/admin/spend", headers=ADMIN)
+    for table in ("api_keys", "requests", "calls"):
+        rows = _run(_query(stack.ledger_url, f"SELECT * FROM {table}"))
+        assert secret not in repr(rows)
+        assert secret[3:] not in repr(rows)
+
+
+def test_ledger_rows_survive_kill_9(stack: Stack, upstream: Upstream) -> None:
+    cfg = config(stack, upstream, auth={"enabled": False, "admin_key": ADMIN_KEY})
+    cfg["ledger"]["spill_dir"] = str(stack.tmp / "spill-kill")
+    cfg["ledger"]["flush_interval_ms"] = (
+        2000  # rows sit in the queue: only the journal can save them
+    )
+    g = start_gateway(stack.tmp / "kill", cfg, name="victim")
+    got: list[str] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        c = openai.OpenAI(base_url=g.base_url, api_key="none", max_retries=0, timeout=10)
+        i = 0
+        while not stop.is_set():
+            try:
+                r = c.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": f"durable {i}"}]
+                )
+                got.append(r.model_extra["xrouter"]["request_id"])
+            except openai.APIError:
+                return
+            i += 1
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    g.stop(signal.SIGKILL)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert len(got) > 10
+    g2 = start_gateway(stack.tmp / "kill", cfg, name="restarted")
+    try:
+        deadline = time.monotonic() + 20
+        missing = set(got)
+        while missing and time.monotonic() < deadline:
+            ids = {r[0] for r in _run(_query(stack.ledger_url, "SELECT request_id FROM requests"))}
+            missing = set(got) - ids
+            time.sleep(0.3)
+        assert not missing, f"{len(missing)} of {len(got)} acknowledged requests lost"
+    finally:
+        g2.stop()
+
+
+def test_rate_limits_hold_across_workers(stack: Stack, upstream: Upstream) -> None:
+    # Two workers share limits only through Redis; the embedded store is per process.
+    workers = 2 if stack.name == "production" else 1
+    g = start_gateway(stack.tmp / "two", config(stack, upstream), workers=workers, name="rate")
+    try:
+        k = create_key(g, rpm=12)
+
+        async def burst() -> list[int]:
+            async with httpx.AsyncClient(
+                base_url=g.base_url, headers={"Authorization": f"Bearer {k['key']}"}, timeout=30
+            ) as ac:
+                rs = await asyncio.gather(
+                    *(
+                        ac.post(
+                            "/chat/completions",
+                            json={
+                                "model": "gemma-2-9b-it",
+                                "messages": [{"role": "user", "content": f"r{i}"}],
+                            },
+                        )
+                        for i in range(30)
+                    )
+                )
+            return [r.status_code for r in rs]
+
+        codes = asyncio.run(burst())
+        assert codes.count(200) == 12 and codes.count(429) == 18
+        r = chat(g, k["key"])
+        assert r.status_code == 429 and r.json()["error"]["code"] == "rpm_limit_exceeded"
+        assert (
+            int(r.headers["retry-after"]) >= 1 and r.headers["x-ratelimit-limit-requests"] == "12"
+        )
+        # tpm: a key with a small token budget per minute is cut off once it is used up.
+        t = create_key(g, tpm=400)
+        codes = [chat(g, t["key"], "tokens " * 30).status_code for _ in range(12)]
+        assert 200 in codes and codes[-1] == 429
+        m = httpx.get(f"{g.url}/metrics").text
+        # Aggregated over both workers (multiprocess mode): every refusal is counted once.
+        assert _metric(m, "xrouter_rate_limited_total", limit="rpm") == 19
+    finally:
+        g.stop()
