@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Write an xrouter config for the shared gateway harness: one pool model, "fake-model", on
+# the harness's fake upstream. MODE=bare: auth off, in-process limits, SQLite ledger.
+# MODE=full: auth on with a key that has a budget and rpm/tpm limits, Redis limits,
+# PostgreSQL ledger (database $PGDB).
+set -euo pipefail
+out=$1; mode=${MODE:-bare}; dir=$(dirname "$out")
+upstream=${UPSTREAM_BASE:-http://127.0.0.1:18000/v1}
+if [[ $mode == full ]]; then
+  auth="auth: {enabled: true, admin_key: bench-admin-key}"
+  ledger="ledger: {url: 'postgresql+asyncpg://postgres@127.0.0.1:5432/${PGDB:-xrouter_bench}', spill_dir: '$dir/spill'}"
+  limits="limits: {backend: redis, redis_url: 'redis://127.0.0.1:6379/0', key_prefix: 'xrbench'}"
+else
+  auth="auth: {enabled: false}"
+  ledger="ledger: {url: 'sqlite+aiosqlite:///$dir/bench-ledger.db', spill_dir: '$dir/spill'}"
+  limits="limits: {backend: memory}"
+fi
+cat > "$out" <<YAML
+server: {log_level: warning}
+$auth
+$ledger
+$limits
+router: {watch_files: false}
+pool:
+  - name: fake-model
+    model: openai/fake-model
+    api_base: $upstream
+    price: {input: 0.1, output: 0.3}
+YAML

@@ -1,0 +1,100 @@
+"""A scripted router model: a real OpenAI-compatible HTTP server that answers each chat
+completion with the next assistant message of a script, the way vLLM's tool parser emits
+tool calls (``tool_calls`` with JSON-string ``arguments``, finish_reason ``tool_calls``).
+
+    python -m tests.support.scripted_router --port-file F
+    POST /_script   {"turns": [<assistant message>, ...], "usage": {"prompt_tokens": .., "completion_tokens": ..}}
+    GET  /_requests  every request body received since the last /_script
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+
+class Script:
+    def __init__(self) -> None:
+        self.turns: list[dict[str, Any]] = []
+        self.usage = {"prompt_tokens": 100, "completion_tokens": 20}
+        self.requests: list[dict[str, Any]] = []
+        self.ids = itertools.count()
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+async def set_script(request: web.Request) -> web.Response:
+    s: Script = request.app["script"]
+    body = orjson.loads(await request.read())
+    s.turns = list(body["turns"])
+    s.usage = body.get("usage") or s.usage
+    s.requests = []
+    return _json({"turns": len(s.turns)})
+
+
+async def get_requests(request: web.Request) -> web.Response:
+    return _json(request.app["script"].requests)
+
+
+async def chat(request: web.Request) -> web.Response:
+    s: Script = request.app["script"]
+    body = orjson.loads(await request.read())
+    s.requests.append(body)
+    if not s.turns:
+        return _json({"error": {"message": "script exhausted", "type": "server_error", "param": None, "code": None}}, 500)
+    msg = dict(s.turns.pop(0))
+    if msg.get("error_status"):
+        return _json({"error": {"message": "scripted failure", "type": "server_error", "param": None, "code": None}}, int(msg["error_status"]))
+    msg.setdefault("role", "assistant")
+    msg.setdefault("content", None)
+    finish = "stop"
+    if msg.get("tool_calls"):
+        finish = "tool_calls"
+        msg["tool_calls"] = [
+            {"id": tc.get("id") or f"chatcmpl-tool-{next(s.ids)}", "type": "function",
+             "function": {"name": tc["name"], "arguments": tc["arguments"] if isinstance(tc["arguments"], str) else orjson.dumps(tc["arguments"]).decode()}}
+            for tc in msg["tool_calls"]
+        ]
+    u = s.usage
+    return _json({
+        "id": f"chatcmpl-script-{next(s.ids)}", "object": "chat.completion", "created": int(time.time()),
+        "model": body.get("model"), "choices": [{"index": 0, "message": msg, "finish_reason": finish}],
+        "usage": {**u, "total_tokens": u["prompt_tokens"] + u["completion_tokens"]},
+    })
+
+
+def create_app() -> web.Application:
+    app = web.Application()
+    app["script"] = Script()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/_script", set_script)
+    app.router.add_get("/_requests", get_requests)
+    return app
+
+
+async def _main(port_file: str) -> None:
+    runner = web.AppRunner(create_app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    tmp = Path(port_file + ".tmp")
+    tmp.write_text(str(port))
+    os.replace(tmp, port_file)
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port-file", required=True)
+    asyncio.run(_main(ap.parse_args().port_file))
