@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
+import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -159,7 +159,7 @@ def build_context(
     request_id: str,
 ) -> RouteContext:
     controls = req.xrouter
-    pool = rt.pool.subset(_route_pool(rt, req, who, resolved))
+    pool = rt.subset(_route_pool(rt, req, who, resolved))
     cost_weight = (
         controls.cost_weight
         if controls and controls.cost_weight is not None
@@ -221,7 +221,7 @@ class ChatService:
 
     async def handle(self, raw: bytes, who: Principal) -> Response:
         t0 = time.perf_counter()
-        request_id = uuid.uuid4().hex
+        request_id = secrets.token_hex(16)
         rt: Runtime = self._runtime()
         rlog = RequestLog(request_id=request_id, created_at=time.time(), principal=who, t0=t0)
         try:

@@ -46,6 +46,18 @@ class Runtime:
     policies: dict[str, Policy]
     default_policy: str
     checkpoint_info: dict[str, Any] = field(default_factory=dict)
+    _subsets: dict[tuple[str, ...], ModelPool] = field(default_factory=dict, repr=False)
+
+    def subset(self, names: list[str]) -> ModelPool:
+        """The pool restricted to ``names``, memoized: requests ask for the same few subsets
+        (one per pass-through model, per key allow-list) over and over."""
+        key = tuple(names)
+        pool = self._subsets.get(key)
+        if pool is None:
+            pool = self.pool if len(names) == len(self.pool) else self.pool.subset(names)
+            if len(self._subsets) < 1024:
+                self._subsets[key] = pool
+        return pool
 
     def policy(self, name: str) -> Policy | None:
         if name in self.policies:

@@ -62,6 +62,10 @@ class LedgerSettings(_Section):
     flush_rows: int = Field(default=500, ge=1)
     queue_size: int = Field(default=10_000, ge=1)
     spill_dir: str = "./xrouter-spill"
+    # Every acknowledged request is journaled before its response is sent. Without fsync
+    # the journal survives the gateway process being killed (kill -9, OOM); with it, a
+    # machine crash or power loss too, at the cost of one fsync per group commit.
+    journal_fsync: bool = False
 
 
 class LimitsSettings(_Section):

@@ -69,8 +69,9 @@ def _segment_owner(name: str) -> str | None:
 class _Segments:
     """The open segment of one series (wal or spill) and its rotation."""
 
-    def __init__(self, directory: Path, prefix: str, owner: str, max_bytes: int) -> None:
+    def __init__(self, directory: Path, prefix: str, owner: str, max_bytes: int, fsync: bool = True) -> None:
         self.directory = directory
+        self.fsync = fsync
         self.prefix = prefix
         self.owner = owner
         self.max_bytes = max_bytes
@@ -83,7 +84,9 @@ class _Segments:
         return self.directory / f"{self.prefix}-{self.owner}-{seq:08d}.jsonl"
 
     def write(self, data: bytes) -> tuple[int, int | None]:
-        """Append and fsync; return (seq written to, seq sealed by a rotation or None)."""
+        """Append (and fsync if asked); return (seq written to, seq sealed by a rotation or
+        None). Without fsync the bytes are in the OS page cache once ``write`` returns: they
+        survive the process being killed, not the machine crashing."""
         sealed = None
         if self.file is None or self.size >= self.max_bytes:
             sealed = self.close()
@@ -95,7 +98,8 @@ class _Segments:
         assert self.file is not None
         self.file.write(data)
         self.file.flush()
-        os.fsync(self.file.fileno())
+        if self.fsync:
+            os.fsync(self.file.fileno())
         self.size += len(data)
         return self.seq, sealed
 
@@ -118,12 +122,13 @@ class SpillJournal:
         directory: str | Path,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         wal_segment_bytes: int = DEFAULT_WAL_SEGMENT_BYTES,
+        wal_fsync: bool = True,
     ) -> None:
         self.directory = Path(directory)
         self.owner = f"{os.getpid()}-{secrets.token_hex(4)}"
         self._lock_fd: int | None = None
         self._spill = _Segments(self.directory, "spill", self.owner, segment_bytes)
-        self._wal = _Segments(self.directory, "wal", self.owner, wal_segment_bytes)
+        self._wal = _Segments(self.directory, "wal", self.owner, wal_segment_bytes, fsync=wal_fsync)
         # Read from the event loop thread as a hint ("is there anything to replay?"); a bool
         # assignment is atomic, and a stale value only delays a replay by one cycle.
         self.has_data = False
@@ -155,7 +160,7 @@ class SpillJournal:
     # -- the WAL series ---------------------------------------------------------------
 
     def wal_append(self, records: Iterable[LedgerRecord]) -> tuple[int, int | None]:
-        """Journal durable records; fsync'ed when this returns. Returns the segment they are
+        """Journal durable records; written (and fsync'ed if the journal is) when this returns. Returns the segment they are
         in and the segment a rotation sealed (no longer written to), if any."""
         return self._wal.write(_encode(records))
 

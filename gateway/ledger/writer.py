@@ -130,7 +130,7 @@ class LedgerWriter:
         self._settings = settings
         self._metrics = metrics
         self._db_timeout_s = db_timeout_s
-        self._journal = SpillJournal(settings.spill_dir)
+        self._journal = SpillJournal(settings.spill_dir, wal_fsync=settings.journal_fsync)
         dialect = engine.dialect.name
         self._stmt_requests = insert_ignore(dialect, schema.requests)
         self._stmt_calls = insert_ignore(dialect, schema.calls)
