@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
+from starlette.routing import Route
 
 from gateway.errors import install_error_handlers
 from gateway.routes import admin, openai, ops
@@ -58,6 +59,9 @@ def create_app(
     app.state.services = services
     app.state.config_path = config_path
     install_error_handlers(app)
+    app.router.routes.append(
+        Route("/v1/chat/completions", openai.chat_completions, methods=["POST"])
+    )
     app.include_router(openai.router)
     app.include_router(ops.router)
     app.include_router(admin.router)

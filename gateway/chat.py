@@ -7,8 +7,8 @@ here, so this is where the ledger row, the metrics and the cost headers are prod
 from __future__ import annotations
 
 import logging
-import time
 import secrets
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any

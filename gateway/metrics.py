@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -130,6 +131,9 @@ class GatewayMetrics:
         self._budget_reason = _FirstComeLabel(BUDGET_REASONS, extra=4)
         self._budget_gauge_keys = budget_gauge_keys
         self._budget_aliases: set[str] = set()
+        # labels() validates and locks on every call; the hot path asks for the same few
+        # children over and over, so keep them (label values are bounded, so is this).
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
         r = registry
         # prometheus_client appends "_total" to counter names.
@@ -274,6 +278,13 @@ class GatewayMetrics:
 
     # -- requests and calls ----------------------------------------------------------------
 
+    def _child(self, metric: Any, *values: str) -> Any:
+        key = (id(metric), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
+
     def observe_request(
         self,
         policy: str,
@@ -287,18 +298,16 @@ class GatewayMetrics:
         """One finished request. ``model`` answered it (None if none did);
         ``reference_cost_micros`` is what the reference model would have cost."""
         p = self._policy(policy)
-        self._requests.labels(
-            policy=p, model=self._model(model), status_class=_status_class(status)
-        ).inc()
-        self._request_duration.labels(policy=p).observe(duration_s)
+        self._child(self._requests, p, self._model(model), _status_class(status)).inc()
+        self._child(self._request_duration, p).observe(duration_s)
         if overhead_s is not None:
             self._overhead.observe(overhead_s)
         if reference_cost_micros is not None:
             saved = reference_cost_micros - cost_micros
             if saved >= 0:
-                self._savings.labels(policy=p).inc(_usd(saved))
+                self._child(self._savings, p).inc(_usd(saved))
             else:
-                self._overspend.labels(policy=p).inc(_usd(-saved))
+                self._child(self._overspend, p).inc(_usd(-saved))
 
     def observe_call(
         self,
@@ -322,14 +331,14 @@ class GatewayMetrics:
             ("reasoning", reasoning_tokens),
         ):
             if n:
-                self._tokens.labels(model=m, kind=kind).inc(n)
-        self._cost.labels(model=m, policy=self._policy(policy)).inc(_usd(cost_micros))
-        self._upstream_duration.labels(model=m).observe(duration_s)
+                self._child(self._tokens, m, kind).inc(n)
+        self._child(self._cost, m, self._policy(policy)).inc(_usd(cost_micros))
+        self._child(self._upstream_duration, m).observe(duration_s)
         if ttft_s is not None:
-            self._ttft.labels(model=m).observe(ttft_s)
+            self._child(self._ttft, m).observe(ttft_s)
 
     def decision(self, policy: str, model: str | None) -> None:
-        self._decisions.labels(policy=self._policy(policy), model=self._model(model)).inc()
+        self._child(self._decisions, self._policy(policy), self._model(model)).inc()
 
     def upstream_error(self, model: str, kind: str) -> None:
         self._upstream_errors.labels(model=self._model(model), kind=self._error_kind(kind)).inc()

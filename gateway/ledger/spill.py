@@ -69,7 +69,9 @@ def _segment_owner(name: str) -> str | None:
 class _Segments:
     """The open segment of one series (wal or spill) and its rotation."""
 
-    def __init__(self, directory: Path, prefix: str, owner: str, max_bytes: int, fsync: bool = True) -> None:
+    def __init__(
+        self, directory: Path, prefix: str, owner: str, max_bytes: int, fsync: bool = True
+    ) -> None:
         self.directory = directory
         self.fsync = fsync
         self.prefix = prefix

@@ -41,8 +41,9 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-@router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
+    """Mounted as a plain Starlette route (see ``gateway.app``): the hot path needs none of
+    FastAPI's dependency solving, and skipping it is measurable at 1,000 requests/s."""
     s = services(request)
     assert s.auth is not None and s.chat is not None
     who = await s.auth.principal(request.headers.get("authorization"))
