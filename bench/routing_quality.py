@@ -1,0 +1,332 @@
+"""Routing quality on RouterBench (held-out test split): AIQ, cost to match GPT-4, APGR.
+
+Reads the RouterBench 0-shot subset from ``../shared/data/routerbench_zs`` (relative to the
+repository root; it is research-use data and is never copied into the project), converts
+the three CSVs in memory, splits by id hash (60% train / 20% validation / 20% test, seed 0),
+fits every router on train, picks each router's hyper-parameters on validation only (by
+validation AIQ, or APGR on the two-model slice), and reports on test:
+
+- AIQ over [cheapest, dearest single model cost] and the no-routing AIQ (single models'
+  hull, which contains their random mixes);
+- the cost at which each router's curve first reaches GPT-4's (gpt-4-1106-preview) test
+  accuracy, as % of GPT-4's cost;
+- APGR on the two-model slice gpt-4-1106-preview vs mistralai/mixtral-8x7b-chat, against a
+  random router.
+
+Usage::
+
+    .venv/bin/python bench/routing_quality.py [--data DIR] [--seed 0] [--embedding tfidf|static]
+        [--import MODULE] [--policy SPEC ...] [--quick]
+
+``--policy`` adds routers from ``training.evaluation.registry`` (baselines or loaders that an
+``--import``-ed module registers with ``register_router_loader``), fitted on train.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))  # run as a plain script from a checkout
+
+from router.outcomes import OutcomeRecord  # noqa: E402
+from training.datasets.convert import load_converted  # noqa: E402
+from training.datasets.splits import split_records  # noqa: E402
+from training.evaluation.baselines import (  # noqa: E402
+    KNNRouter,
+    MFRouter,
+    OracleRouter,
+    RandomMixRouter,
+)
+from training.evaluation.cascade import CascadeFamilyRouter, CascadeRouter  # noqa: E402
+from training.evaluation.compare import Comparison, Entry, compare  # noqa: E402
+from training.evaluation.embedding import HashingTfidfEmbedder  # noqa: E402
+from training.evaluation.metrics import apgr  # noqa: E402
+from training.evaluation.registry import LoadContext, default_registry  # noqa: E402
+from training.evaluation.sweep import OfflineRouter, restrict_models, sweep  # noqa: E402
+
+log = logging.getLogger("routing_quality")
+
+GPT4 = "gpt-4-1106-preview"
+MIXTRAL = "mistralai/mixtral-8x7b-chat"
+DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "routerbench_zs"
+
+
+class CachedEmbedding:
+    """Memoizes an embedding by text, so tuning many routers embeds each prompt once."""
+
+    def __init__(self, embed: Callable[[list[str]], np.ndarray]) -> None:
+        self._embed = embed
+        self._cache: dict[str, np.ndarray] = {}
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
+        if missing:
+            for t, v in zip(missing, self._embed(missing), strict=True):
+                self._cache[t] = v
+        return np.stack([self._cache[t] for t in texts])
+
+
+def make_embedding(kind: str, train: Sequence[OutcomeRecord]) -> CachedEmbedding:
+    if kind == "static":
+        from router.features.embedding import StaticEmbedding
+
+        static = StaticEmbedding.load()
+        return CachedEmbedding(lambda texts: static.encode(texts))
+    return CachedEmbedding(HashingTfidfEmbedder().fit([r.text for r in train]))
+
+
+def knn_grid(embed: CachedEmbedding, quick: bool) -> list[tuple[str, Callable[[], Any]]]:
+    ks = (25, 100, 400) if quick else (10, 25, 50, 100, 200, 400)
+    return [(f"knn:k={k}", functools.partial(KNNRouter, k=k, embed=embed)) for k in ks]
+
+
+def mf_grid(embed: CachedEmbedding, quick: bool) -> list[tuple[str, Callable[[], Any]]]:
+    configs: list[dict[str, Any]] = [
+        {"dim": 32, "l2": 1e-3, "epochs": 100},
+        {"dim": 16, "l2": 3e-3, "epochs": 150},
+    ]
+    if not quick:
+        configs += [{"dim": 64, "l2": 1e-3, "epochs": 100}, {"dim": 32, "l2": 3e-4, "epochs": 60}]
+    return [
+        (
+            "mf:" + ",".join(f"{k}={v}" for k, v in c.items()),
+            functools.partial(MFRouter, embed=embed, **c),
+        )
+        for c in configs
+    ]
+
+
+def cascade_grid(embed: CachedEmbedding, quick: bool) -> list[tuple[str, Callable[[], Any]]]:
+    configs: list[dict[str, Any]] = [
+        {"max_cheap": 4},
+        {"max_cheap": 4, "local_k": 400},
+        {"max_cheap": 4, "quorums": (2, 3), "batch_sizes": (2, 3), "local_k": 400},
+    ]
+    if not quick:
+        configs += [
+            {"max_cheap": 5, "quorums": (2, 3), "batch_sizes": (2, 3)},
+            {"max_cheap": 4, "local_k": 200},
+        ]
+    return [
+        (
+            "cascade:" + ",".join(f"{k}={v}" for k, v in c.items()),
+            functools.partial(CascadeFamilyRouter, embed=embed, **c),
+        )
+        for c in configs
+    ]
+
+
+def tune(
+    label: str,
+    grid: list[tuple[str, Callable[[], Any]]],
+    train: Sequence[OutcomeRecord],
+    val: Sequence[OutcomeRecord],
+    score: Callable[[Comparison], float],
+) -> tuple[str, OfflineRouter]:
+    """Fit every candidate on train; keep the one with the best validation score."""
+    best: tuple[float, str, OfflineRouter] | None = None
+    for name, build in grid:
+        t0 = time.perf_counter()
+        router = build().fit(train)
+        router.name = label
+        value = score(compare([Entry(router)], val))
+        log.info("  %-60s val %.4f (%.1fs)", name, value, time.perf_counter() - t0)
+        if best is None or value > best[0]:
+            best = (value, name, router)
+    assert best is not None
+    log.info("%s: picked %s on validation", label, best[1])
+    return best[1], best[2]
+
+
+def val_aiq(label: str) -> Callable[[Comparison], float]:
+    return lambda comp: comp.curve(label).aiq
+
+
+def val_apgr(label: str) -> Callable[[Comparison], float]:
+    return lambda comp: comp.curve(label).apgr or 0.0
+
+
+def verifier_cascades(
+    train: Sequence[OutcomeRecord], val: Sequence[OutcomeRecord], weak: str, strong: str
+) -> tuple[str, OfflineRouter]:
+    """On a two-model slice a cascade needs a second cheap opinion: call the weak model and a
+    cheap verifier; escalate to the strong model when they disagree. The verifier is picked
+    on validation by APGR (one operating point joined to the all-weak and all-strong ends)."""
+    models = list(train[0].outcomes)
+    cost = {m: np.mean([r.outcomes[m].cost_usd or 0.0 for r in train]) for m in models}
+    candidates = [m for m in models if m not in (weak, strong) and cost[m] < cost[strong]]
+    grid = [
+        (f"cascade:{weak}>{v}>{strong}", functools.partial(CascadeRouter, [weak, v, strong], k=2))
+        for v in candidates
+    ]
+    best: tuple[float, str, OfflineRouter] | None = None
+    for name, build in grid:
+        router = build()
+        router.name = "cascade+verifier"
+        value = _verifier_apgr(router, val, weak, strong)
+        log.info("  %-60s val APGR %.4f", name, value)
+        if best is None or value > best[0]:
+            best = (value, name, router)
+    assert best is not None
+    log.info("cascade+verifier: picked %s on validation", best[1])
+    return best[1], best[2]
+
+
+def _verifier_apgr(
+    router: OfflineRouter, records: Sequence[OutcomeRecord], weak: str, strong: str
+) -> float:
+    point = sweep(router, records, [0.0]).points[0]
+    q_weak = float(np.mean([r.outcomes[weak].score for r in records]))
+    q_strong = float(np.mean([r.outcomes[strong].score for r in records]))
+    return apgr([(point.calls.get(strong, 0.0), point.score)], q_weak, q_strong)
+
+
+def fmt(x: float | None, spec: str = ".4f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--seed", default="0", help="split seed")
+    parser.add_argument("--embedding", choices=("tfidf", "static"), default="tfidf")
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        help="module to import first (it may call register_router_loader)",
+    )
+    parser.add_argument(
+        "--policy", action="append", default=[], help="extra router spec to compare"
+    )
+    parser.add_argument("--quick", action="store_true", help="smaller hyper-parameter grids")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    csvs = sorted(args.data.glob("*.csv"))
+    if not csvs:
+        print(f"no RouterBench CSVs under {args.data}: nothing to measure", file=sys.stderr)
+        return 2
+    for module in args.imports:
+        importlib.import_module(module)
+    t_start = time.perf_counter()
+    records = load_converted("routerbench", csvs)
+    parts = split_records(records, (0.6, 0.2, 0.2), args.seed)
+    train, val, test = parts.train, parts.validation, parts.test
+    log.info(
+        "%d records: %d train / %d validation / %d test",
+        len(records),
+        len(train),
+        len(val),
+        len(test),
+    )
+    embed = make_embedding(args.embedding, train)
+
+    # -- full table: tune on validation, report on test ---------------------------------------
+    chosen: dict[str, str] = {}
+    routers: list[OfflineRouter] = [OracleRouter(), RandomMixRouter(seed=0).fit(train)]
+    for label, grid in (
+        ("knn", knn_grid(embed, args.quick)),
+        ("mf", mf_grid(embed, args.quick)),
+        ("cascade", cascade_grid(embed, args.quick)),
+    ):
+        chosen[label], router = tune(label, grid, train, val, val_aiq(label))
+        routers.append(router)
+    ctx = LoadContext(train, val, seed=0)
+    policies = [default_registry().load(spec, ctx) for spec in args.policy]
+    full = compare([*(Entry(r) for r in routers), *(Entry(p, "policy") for p in policies)], test)
+
+    # -- two-model slice: GPT-4 vs Mixtral -----------------------------------------------------
+    pair = [GPT4, MIXTRAL]
+    s_train, s_val, s_test = (restrict_models(x, pair) for x in (train, val, test))
+    slice_routers: list[OfflineRouter] = [OracleRouter(), RandomMixRouter(MIXTRAL, GPT4, seed=0)]
+    for label, grid in (("knn", knn_grid(embed, args.quick)), ("mf", mf_grid(embed, args.quick))):
+        chosen[f"{label} (slice)"], router = tune(label, grid, s_train, s_val, val_apgr(label))
+        slice_routers.append(router)
+    slice_routers.append(CascadeFamilyRouter(embed=embed).fit(s_train))
+    chosen["cascade+verifier (slice)"], verifier = verifier_cascades(train, val, MIXTRAL, GPT4)
+    two = compare([Entry(r) for r in slice_routers], s_test, GPT4, MIXTRAL)
+    # The verifier cascade calls a third model, so it is scored on the full test rows.
+    v_apgr = _verifier_apgr(verifier, test, MIXTRAL, GPT4)
+    v_point = sweep(verifier, test, [0.0]).points[0]
+
+    # -- report --------------------------------------------------------------------------------
+    elapsed = time.perf_counter() - t_start
+    gpt4 = full.curve(f"single:{GPT4}")
+    print()
+    print(
+        f"RouterBench 0-shot (ARC-Challenge, Winogrande, MBPP), test split: {full.n_records} prompts "
+        f"(train {len(train)}, validation {len(val)}; split seed {args.seed}; embedding {args.embedding})"
+    )
+    print(
+        f"GPT-4 test accuracy {gpt4.max_score:.4f} at ${full.best_cost:.6f}/prompt; "
+        f"AIQ range ${full.cost_range[0]:.6f}..${full.cost_range[1]:.6f}; "
+        f"no-routing AIQ {full.no_routing_aiq:.4f}"
+    )
+    print(
+        "hyper-parameters picked on validation: "
+        + "; ".join(f"{k}: {v}" for k, v in chosen.items())
+    )
+    print()
+    # Targets compare with a random router's expected APGR (0.5); the measured random mix on
+    # this test slice is printed in its own row.
+    random_apgr = 0.5
+    header = (
+        f"{'router':<22} {'AIQ':>7} {'vs no-routing':>13} {'GPT-4 acc at % cost':>20} "
+        f"{'APGR':>7} {'vs 0.5':>7}"
+    )
+    print(header)
+    print("-" * len(header))
+    names = ["oracle", "random", "knn", "mf", "cascade", *(p.name for p in policies)]
+    for name in names:
+        c = full.curve(name)
+        slice_name = name if name in {x.name for x in two.curves} else None
+        ap = two.curve(slice_name).apgr if slice_name else None
+        print(
+            f"{name:<22} {c.aiq:>7.4f} {c.aiq - full.no_routing_aiq:>+13.4f} "
+            f"{fmt(c.cost_to_best_pct, '.1f') + '%' if c.cost_to_best_pct is not None else 'never':>20} "
+            f"{fmt(ap):>7} {fmt(None if ap is None else ap - random_apgr, '+.4f'):>7}"
+        )
+    print(
+        f"{'cascade+verifier':<22} {'':>7} {'':>13} {'':>20} {v_apgr:>7.4f} {v_apgr - random_apgr:>+7.4f}"
+    )
+    print(
+        f"  (cascade+verifier = {chosen['cascade+verifier (slice)'].removeprefix('cascade:')}, k=2: "
+        f"GPT-4 called on {100 * v_point.calls.get(GPT4, 0.0):.1f}% of prompts, accuracy "
+        f"{v_point.score:.4f}, cost {100 * v_point.cost / full.best_cost:.1f}% of GPT-4's; the "
+        "verifier is a third model, so this is not a strict two-model router)"
+    )
+    print()
+    best_baseline_aiq = max(full.curve(n).aiq for n in ("knn", "mf"))
+    print(
+        "targets (held-out test): AIQ > no-routing and > kNN/MF; GPT-4 accuracy at <= 50% of "
+        "GPT-4 cost (then ~30%); APGR >= random + 0.1"
+    )
+    for name in ["cascade", *(p.name for p in policies)]:
+        c = full.curve(name)
+        ap = two.curve(name).apgr if name in {x.name for x in two.curves} else None
+        checks = {
+            "AIQ>no-routing": c.aiq > full.no_routing_aiq,
+            "AIQ>kNN/MF": c.aiq > best_baseline_aiq,
+            "GPT-4@<=50%": c.cost_to_best_pct is not None and c.cost_to_best_pct <= 50.0,
+            "APGR>=random+0.1": ap is not None and ap >= random_apgr + 0.1,
+        }
+        print(f"  {name}: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in checks.items()))
+    print(f"\n({elapsed:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

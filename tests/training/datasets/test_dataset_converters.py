@@ -1,0 +1,316 @@
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from router.outcomes import load_outcome_table
+from training.datasets.common import ConversionError, unwrap_literal_text
+from training.datasets.convert import convert, load_converted, main
+from training.datasets.prices import estimate_tokens
+from training.datasets.routeprofile import routeprofile_id
+
+REPO = Path(__file__).resolve().parents[3]
+SHARED = REPO.parent / "shared" / "data"
+PRICES = {
+    "small": {"input_price": 0.2, "output_price": 0.4},
+    "large": {"input_price": 1.0, "output_price": 3.0},
+}
+
+
+def usd(prompt_tokens: int, completion_tokens: int, model: str) -> float:
+    p = PRICES[model]
+    return (prompt_tokens * p["input_price"] + completion_tokens * p["output_price"]) / 1e6
+
+
+def write_json(path: Path, data: object) -> Path:
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+# -- RouterBench -------------------------------------------------------------------------------
+
+
+def write_routerbench(path: Path, rows: list[dict[str, str]]) -> Path:
+    models = ["m/a", "b"]
+    header = ["", "sample_id", "prompt", "eval_name"]
+    header += models + [f"{m}|model_response" for m in models] + [f"{m}|total_cost" for m in models]
+    header += ["oracle_model_to_route_to"]
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=header)
+        w.writeheader()
+        for i, row in enumerate(rows):
+            w.writerow({"": str(i), **row})
+    return path
+
+
+def rb_row(sid: str, a: str = "1.0", b: str = "0.0", cost_b: str = "0.002") -> dict[str, str]:
+    return {
+        "sample_id": sid,
+        "prompt": repr(["Which is it?\nA) x\nB) y\nAnswer:"]),
+        "eval_name": "arc",
+        "m/a": a,
+        "b": b,
+        "m/a|model_response": repr(["A\n"]),
+        "b|model_response": "plain text",
+        "m/a|total_cost": "0.0001",
+        "b|total_cost": cost_b,
+    }
+
+
+def test_routerbench_unwraps_literals_and_drops_incomplete_rows(tmp_path: Path) -> None:
+    path = write_routerbench(
+        tmp_path / "rb.csv", [rb_row("t.1"), rb_row("t.2", b=""), rb_row("t.3", a="0.0", b="1.0")]
+    )
+    records = load_converted("routerbench", [path])
+    assert [r.id for r in records] == ["t.1", "t.3"]
+    r = records[0]
+    assert r.prompt == "Which is it?\nA) x\nB) y\nAnswer:"
+    assert r.task == "arc"
+    assert r.outcomes["m/a"].score == 1.0 and r.outcomes["b"].score == 0.0
+    assert r.outcomes["m/a"].cost_usd == pytest.approx(0.0001)
+    assert r.outcomes["m/a"].response == "A\n"
+    assert r.outcomes["b"].response == "plain text"
+
+
+def test_routerbench_errors_name_file_and_line(tmp_path: Path) -> None:
+    path = write_routerbench(tmp_path / "rb.csv", [rb_row("t.1"), rb_row("t.2", a="maybe")])
+    with pytest.raises(ConversionError, match=r"rb\.csv:3: column 'm/a': score 'maybe'"):
+        load_converted("routerbench", [path])
+    bad = write_routerbench(tmp_path / "neg.csv", [rb_row("t.1", cost_b="-1")])
+    with pytest.raises(ConversionError, match=r"neg\.csv:2: .*negative cost"):
+        load_converted("routerbench", [bad])
+    dup = write_routerbench(tmp_path / "dup.csv", [rb_row("t.1"), rb_row("t.1")])
+    with pytest.raises(
+        ConversionError, match=r"dup\.csv:3: duplicate id 't\.1' \(first at .*dup\.csv:2\)"
+    ):
+        load_converted("routerbench", [dup])
+
+
+def test_unwrap_literal_text() -> None:
+    assert unwrap_literal_text("['a \"b\"\\nc']") == 'a "b"\nc'
+    assert unwrap_literal_text("['first', 'last']") == "last"
+    assert unwrap_literal_text("[1, 2]") == "[1, 2]"
+    assert unwrap_literal_text("[not a literal") == "[not a literal"
+
+
+@pytest.mark.skipif(not (SHARED / "routerbench_zs").is_dir(), reason="RouterBench data absent")
+def test_routerbench_real_file() -> None:
+    records = load_converted("routerbench", [SHARED / "routerbench_zs" / "mbpp_train.csv"])
+    assert len(records) == 299
+    assert all(len(r.outcomes) == 11 for r in records)
+    assert not any(r.prompt and r.prompt.startswith("['") for r in records)
+    gpt4 = [r.outcomes["gpt-4-1106-preview"] for r in records]
+    assert all(o.cost_usd and o.cost_usd > 0 and o.response for o in gpt4)
+
+
+# -- RouterDC ----------------------------------------------------------------------------------
+
+
+def test_routerdc_estimates_costs_and_says_so(tmp_path: Path) -> None:
+    question = "What is 2 + 2? Explain." * 3
+    data = write_json(
+        tmp_path / "dc.json",
+        [{"question": question, "scores": {"small": 1, "large": 0.5}, "cluster_id": 3}],
+    )
+    prices = write_json(tmp_path / "prices.json", PRICES)
+    [r] = load_converted("routerdc", [data], prices, completion_tokens=100)
+    pt = math.ceil(len(question) / 4)
+    assert r.task == "cluster-3" and r.prompt == question and r.id.startswith("dc-")
+    small = r.outcomes["small"]
+    assert (small.prompt_tokens, small.completion_tokens) == (pt, 100)
+    assert small.cost_usd == pytest.approx(usd(pt, 100, "small"))
+    assert small.model_extra == {"cost_estimated": True}
+    assert r.outcomes["large"].score == 0.5
+
+
+def test_routerdc_needs_prices_for_every_model(tmp_path: Path) -> None:
+    data = write_json(tmp_path / "dc.json", [{"question": "q", "scores": {"small": 1, "other": 0}}])
+    with pytest.raises(ConversionError, match="no price for model\\(s\\) other"):
+        load_converted("routerdc", [data], write_json(tmp_path / "p.json", PRICES))
+    with pytest.raises(ConversionError, match="pass a price table"):
+        load_converted("routerdc", [data])
+    bad = write_json(tmp_path / "bad.json", [{"question": "q", "scores": {"small": 2}}])
+    with pytest.raises(ConversionError, match=r"bad\.json: item 0: scores\.small.*outside"):
+        load_converted("routerdc", [bad], write_json(tmp_path / "p2.json", PRICES))
+
+
+@pytest.mark.skipif(not (SHARED / "llmrouter_dcrouter").is_dir(), reason="RouterDC data absent")
+def test_routerdc_real_rows(tmp_path: Path) -> None:
+    items = json.loads((SHARED / "llmrouter_dcrouter" / "train.json").read_text())[:25]
+    data = write_json(tmp_path / "dc.json", items)
+    records = load_converted("routerdc", [data], SHARED / "llmrouter_dcrouter" / "default_llm.json")
+    assert len(records) == 25
+    assert all(len(r.outcomes) == 9 for r in records)
+    assert len({r.id for r in records}) == 25
+
+
+# -- RouteLLM ----------------------------------------------------------------------------------
+
+
+def test_routellm_detects_model_columns(tmp_path: Path) -> None:
+    path = tmp_path / "eval.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["idx", "prompt", "small", "large", "category", "notes"])
+        w.writerow(["1", "What is love?", "True", "False", "philosophy", "free text"])
+        w.writerow(["2", "Add 2 and 3", "0", "1", "math", "x"])
+        w.writerow(["3", "Skipped", "", "1", "math", "y"])
+    prices = tmp_path / "prices.yaml"
+    prices.write_text(
+        "models:\n  small: {input: 0.2, output: 0.4}\n  large: {input: 1.0, output: 3.0}\n"
+    )
+    records = load_converted("routellm", [path], prices, completion_tokens=50)
+    assert [r.id for r in records] == ["1", "2"]
+    assert [r.task for r in records] == ["philosophy", "math"]
+    assert set(records[0].outcomes) == {"small", "large"}
+    assert records[0].outcomes["small"].score == 1.0 and records[1].outcomes["small"].score == 0.0
+    pt = estimate_tokens("What is love?")
+    assert records[0].outcomes["large"].cost_usd == pytest.approx(usd(pt, 50, "large"))
+
+
+def test_routellm_without_prompt_column(tmp_path: Path) -> None:
+    path = tmp_path / "eval.csv"
+    path.write_text("text,small\nhello,1\n")
+    with pytest.raises(ConversionError, match=r"eval\.csv:1: no prompt column"):
+        load_converted("routellm", [path], write_json(tmp_path / "p.json", PRICES))
+
+
+# -- RouteProfile ------------------------------------------------------------------------------
+
+
+def test_routeprofile_literal_and_object_performance(tmp_path: Path) -> None:
+    perf = {
+        "small": {
+            "response": "A",
+            "prompt_tokens": 10,
+            "completion_tokens": 2,
+            "success": True,
+            "task_performance": 1.3,
+        },
+        "large": {
+            "response": "B",
+            "prompt_tokens": 12,
+            "completion_tokens": 4,
+            "success": False,
+            "task_performance": None,
+        },
+    }
+    data = write_json(
+        tmp_path / "rp.json",
+        [
+            {"task_name": "mmlu", "query": "q1", "model_performance": perf},
+            {"task_name": "gsm8k", "query": "q2", "model_performance": repr(perf)},
+        ],
+    )
+    records = load_converted("routeprofile", [data], write_json(tmp_path / "p.json", PRICES))
+    assert [r.id for r in records] == [
+        routeprofile_id("mmlu", "q1"),
+        routeprofile_id("gsm8k", "q2"),
+    ]
+    for r in records:
+        assert r.outcomes["small"].score == 1.0  # clipped
+        assert r.outcomes["large"].score == 0.0  # a failed call with no score
+        assert r.outcomes["large"].cost_usd == pytest.approx(usd(12, 4, "large"))
+        assert r.outcomes["small"].model_extra == {"success": True}
+
+
+def test_routeprofile_bad_tokens(tmp_path: Path) -> None:
+    perf = {"small": {"prompt_tokens": -1, "completion_tokens": 2, "task_performance": 1}}
+    data = write_json(
+        tmp_path / "rp.json", [{"task_name": "t", "query": "q", "model_performance": perf}]
+    )
+    with pytest.raises(ConversionError, match=r"item 0: model_performance\.small: prompt_tokens"):
+        load_converted("routeprofile", [data], write_json(tmp_path / "p.json", PRICES))
+
+
+@pytest.mark.skipif(not (SHARED / "routeprofile").is_dir(), reason="RouteProfile data absent")
+def test_routeprofile_real_rows(tmp_path: Path) -> None:
+    items = json.loads((SHARED / "routeprofile" / "routing_test_data.json").read_text())[::50]
+    data = write_json(tmp_path / "rp.json", items)
+    records = load_converted(
+        "routeprofile", [data], SHARED / "routeprofile" / "candidate_models.json"
+    )
+    assert len(records) == 12 and len({r.task for r in records}) == 12
+    for r in records:
+        assert len(r.outcomes) == 8
+        assert all(0.0 <= o.score <= 1.0 and o.cost_usd is not None for o in r.outcomes.values())
+
+
+# -- ledger export -----------------------------------------------------------------------------
+
+
+def ledger_line(rid: str, **outcome: object) -> str:
+    return json.dumps(
+        {
+            "id": rid,
+            "messages": [{"role": "user", "content": "hello"}],
+            "outcomes": {"small": {"score": 1.0, **outcome}},
+            "logged": {
+                "action": "small",
+                "propensity": 0.25,
+                "cost_weight": 0.1,
+                "policy": "compact",
+            },
+        }
+    )
+
+
+def test_ledger_validates_and_fills_costs(tmp_path: Path) -> None:
+    path = tmp_path / "export.jsonl"
+    path.write_text(
+        ledger_line("a", cost_usd=0.01)
+        + "\n\n"
+        + ledger_line("b", prompt_tokens=100, completion_tokens=10)
+        + "\n"
+    )
+    records = load_converted("ledger", [path], write_json(tmp_path / "p.json", PRICES))
+    assert [r.id for r in records] == ["a", "b"]
+    assert records[1].outcomes["small"].cost_usd == pytest.approx(usd(100, 10, "small"))
+    assert records[0].logged is not None and records[0].logged.propensity == 0.25
+    assert records[1].text == "hello"
+
+
+def test_ledger_errors(tmp_path: Path) -> None:
+    no_cost = tmp_path / "a.jsonl"
+    no_cost.write_text(ledger_line("a") + "\n")
+    with pytest.raises(ConversionError, match=r"a\.jsonl:1: outcomes\.small has no cost_usd"):
+        load_converted("ledger", [no_cost])
+    unlogged = tmp_path / "b.jsonl"
+    unlogged.write_text(
+        ledger_line("a", cost_usd=0.1)
+        + "\n"
+        + json.dumps({"id": "b", "prompt": "p", "outcomes": {"x": {"score": 1}}})
+        + "\n"
+    )
+    with pytest.raises(ConversionError, match=r"b\.jsonl:2: no `logged`"):
+        load_converted("ledger", [unlogged])
+    broken = tmp_path / "c.jsonl"
+    broken.write_text(ledger_line("a", cost_usd=0.1) + "\n{oops\n")
+    with pytest.raises(ConversionError, match=r"c\.jsonl:2: not valid JSON"):
+        load_converted("ledger", [broken])
+    bad_prop = tmp_path / "d.jsonl"
+    bad_prop.write_text(ledger_line("a", cost_usd=0.1).replace("0.25", "0") + "\n")
+    with pytest.raises(ConversionError, match=r"d\.jsonl:1: logged\.propensity"):
+        load_converted("ledger", [bad_prop])
+
+
+# -- entry points ------------------------------------------------------------------------------
+
+
+def test_convert_writes_a_table_and_cli_reports_errors(tmp_path: Path, capsys) -> None:
+    src = write_routerbench(tmp_path / "rb.csv", [rb_row("t.1"), rb_row("t.2")])
+    out = tmp_path / "out" / "table.jsonl"
+    assert convert("routerbench", [src], out) == 2
+    assert [r.id for r in load_outcome_table(out)] == ["t.1", "t.2"]
+    assert main(["routerbench", str(src), "--out", str(tmp_path / "t2.jsonl")]) == 0
+    assert "wrote 2 records" in capsys.readouterr().out
+    assert (
+        main(["routerdc", str(tmp_path / "missing.json"), "--out", str(tmp_path / "x.jsonl")]) == 2
+    )
+    assert "no such file" in capsys.readouterr().err
+    with pytest.raises(ConversionError, match="unknown format"):
+        load_converted("nope", [src])

@@ -1,0 +1,199 @@
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from router.outcomes import OutcomeRecord, load_outcome_table, write_outcome_table
+from training.datasets.splits import split_records
+from training.evaluation.baselines import SingleModelRouter
+from training.evaluation.cli import add_eval_arguments, main, run_eval
+from training.evaluation.registry import LoadContext, RouterRegistry
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_eval_arguments(parser)
+    return parser.parse_args(argv)
+
+
+@pytest.fixture
+def table(tmp_path: Path, table_factory) -> Path:
+    path = tmp_path / "table.jsonl"
+    write_outcome_table(table_factory(300, seed=21), path)
+    return path
+
+
+def test_eval_writes_metrics_plot_and_report(table: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "report"
+    code = main(
+        [
+            "--table",
+            str(table),
+            "--policy",
+            "knn:k=10",
+            "--strong",
+            "strong",
+            "--weak",
+            "cheap",
+            "--lambdas",
+            "0,0.05,0.2,1,5",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    assert {p.name for p in out.iterdir()} == {"metrics.json", "curve.png", "report.md"}
+    assert (out / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    metrics = json.loads((out / "metrics.json").read_text())
+    comp = metrics["comparison"]
+    names = [r["name"] for r in comp["routers"]]
+    assert names[:3] == ["single:cheap", "single:mid", "single:strong"]
+    assert {"oracle", "random", "knn", "mf", "cascade", "knn:k=10"} <= set(names)
+    policy = next(r for r in comp["routers"] if r["name"] == "knn:k=10")
+    assert policy["kind"] == "policy" and [p["param"] for p in policy["points"]] == [
+        0,
+        0.05,
+        0.2,
+        1,
+        5,
+    ]
+    oracle = next(r for r in comp["routers"] if r["name"] == "oracle")
+    assert oracle["aiq"] > comp["no_routing_aiq"]
+    assert comp["best_single_model"]["name"] == "strong"
+    assert metrics["meta"]["n_evaluated"] + metrics["meta"]["n_train"] <= 300
+
+    two = metrics["two_model"]
+    assert two["models"] == ["cheap", "strong"]
+    assert two["pgr_pair"] == {"strong": "strong", "weak": "cheap"}
+    random_row = next(r for r in two["routers"] if r["name"] == "random")
+    assert 0.3 < random_row["apgr"] < 0.7
+    assert next(r for r in two["routers"] if r["name"] == "single:strong")["apgr"] is None
+
+    report = (out / "report.md").read_text()
+    assert "| knn:k=10 | policy |" in report and "APGR" in report
+    assert "xrouter eval --table" in report
+    assert "no-routing AIQ" in capsys.readouterr().out
+
+
+def test_two_model_table_gets_pgr_in_the_main_comparison(tmp_path: Path, table_factory) -> None:
+    path = tmp_path / "two.jsonl"
+    write_outcome_table(table_factory(200, seed=22, models={"cheap": 1e-4, "strong": 2e-3}), path)
+    out = tmp_path / "out"
+    assert (
+        run_eval(parse(["--table", str(path), "--baselines", "random,oracle", "--out", str(out)]))
+        == 0
+    )
+    metrics = json.loads((out / "metrics.json").read_text())
+    comp = metrics["comparison"]
+    assert comp["pgr_pair"] == {"strong": "strong", "weak": "cheap"}
+    # The oracle calls the strong model exactly where only it is right (a share x), which
+    # recovers the whole gap there: PGR goes (0, 0) -> (x, 1) -> (1, 1), area 1 - x / 2.
+    test = split_records(load_outcome_table(path), (0.6, 0.2, 0.2), "0").test
+    assert len(test) == comp["n_records"]
+    x = np.mean([r.outcomes["strong"].score > r.outcomes["cheap"].score for r in test])
+    oracle = next(r for r in comp["routers"] if r["name"] == "oracle")
+    assert oracle["apgr"] == pytest.approx(1 - x / 2)
+    assert oracle["cpt"]["50"] == pytest.approx(x / 2)
+
+
+def test_registered_loader_is_used(table: Path, tmp_path: Path) -> None:
+    seen: list[tuple[str, int]] = []
+
+    def load(spec: str, ctx: LoadContext) -> SingleModelRouter:
+        seen.append((spec, len(ctx.train)))
+        return SingleModelRouter(spec.removeprefix("const:"))
+
+    registry = RouterRegistry()
+    registry.register("const:", load)
+    out = tmp_path / "out"
+    args = parse(
+        ["--table", str(table), "--policy", "const:mid", "--baselines", "none", "--out", str(out)]
+    )
+    assert run_eval(args, registry) == 0
+    assert seen and seen[0][0] == "const:mid" and seen[0][1] > 100
+    names = [
+        r["name"] for r in json.loads((out / "metrics.json").read_text())["comparison"]["routers"]
+    ]
+    assert names[-1] == "single:mid"
+
+
+def test_unknown_policy_and_bad_table_exit_with_an_error(
+    table: Path, tmp_path: Path, capsys
+) -> None:
+    base = ["--table", str(table), "--baselines", "none", "--out", str(tmp_path / "o")]
+    assert run_eval(parse([*base, "--policy", "nonsense"]), RouterRegistry()) == 2
+    assert "unknown policy 'nonsense'" in capsys.readouterr().err
+    args = parse([*base, "--policy", "knn:q=3"])
+    assert run_eval(args, RouterRegistry()) == 2
+    assert "unknown parameter(s) q" in capsys.readouterr().err
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"id": "x"}\n')
+    assert run_eval(parse(["--table", str(broken), "--out", str(tmp_path / "o")])) == 2
+    assert "broken.jsonl:1" in capsys.readouterr().err
+
+
+class _Fixed:
+    """A deterministic policy for the logged-table path."""
+
+    name = "fixed-strong"
+
+    def route(self, records: Sequence[OutcomeRecord], cost_weight: float) -> list[str]:
+        return ["strong" if cost_weight < 1 else "cheap"] * len(records)
+
+
+def test_logged_table_is_evaluated_off_policy(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    rows = []
+    for i in range(600):
+        action = "strong" if rng.random() < 0.3 else "cheap"
+        p = 0.3 if action == "strong" else 0.7
+        score = float(rng.random() < (0.9 if action == "strong" else 0.5))
+        rows.append(
+            OutcomeRecord.model_validate(
+                {
+                    "id": f"l{i}",
+                    "prompt": "hello",
+                    "outcomes": {
+                        action: {
+                            "score": score,
+                            "cost_usd": 0.002 if action == "strong" else 0.0001,
+                        }
+                    },
+                    "logged": {"action": action, "propensity": p},
+                }
+            )
+        )
+    path = tmp_path / "logged.jsonl"
+    write_outcome_table(rows, path)
+    registry = RouterRegistry()
+    registry.register("fixed", lambda spec, ctx: _Fixed())
+    out = tmp_path / "out"
+    args = parse(
+        [
+            "--table",
+            str(path),
+            "--split",
+            "all",
+            "--policy",
+            "fixed",
+            "--lambdas",
+            "0,2",
+            "--out",
+            str(out),
+        ]
+    )
+    assert run_eval(args, registry) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["comparison"] is None
+    rows_out = {(r["router"], r["param"]): r["estimates"] for r in metrics["off_policy"]}
+    strong = rows_out[("fixed-strong", 0.0)]["score"]["snips"]
+    assert abs(strong["value"] - 0.9) < 3 * strong["stderr"] + 0.01
+    assert rows_out[("fixed-strong", 2.0)]["cost_usd"]["snips"]["value"] == pytest.approx(0.0001)
+    assert ("single:cheap", 0.0) in rows_out
+    assert "Off-policy estimates" in (out / "report.md").read_text()

@@ -1,0 +1,58 @@
+"""The gateway's ledger export -> a validated, normalized outcome table.
+
+``xrouter export`` writes logged traffic already in outcome-table form: one record per
+request with ``logged`` (the action taken, its propensity, the cost weight and policy) and
+an outcome for the chosen model only (partial feedback). Here every line is validated with
+the schema (errors name file:line), ids must be unique, every record must say how it was
+routed, and an outcome without ``cost_usd`` gets one from its token counts and the price
+table (marked ``cost_estimated: false``: tokens are real, only the arithmetic is ours).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from pricing import PriceCatalog
+from router.outcomes import OutcomeRecord, OutcomeTableError, parse_record
+from training.datasets.common import ConversionError, UniqueIds, build_record
+from training.datasets.prices import call_cost_usd
+
+
+def _normalize(record: OutcomeRecord, prices: PriceCatalog | None, where: str) -> OutcomeRecord:
+    data = record.model_dump(exclude_none=True)
+    for model, outcome in data["outcomes"].items():
+        if outcome.get("cost_usd") is not None:
+            continue
+        pt, ct = outcome.get("prompt_tokens"), outcome.get("completion_tokens")
+        if prices is None or pt is None or ct is None:
+            raise ConversionError(
+                f"{where}: outcomes.{model} has no cost_usd"
+                + ("" if prices is not None else " (pass a price table to derive it from tokens)")
+                + ("" if pt is not None and ct is not None else " and no token counts")
+            )
+        outcome["cost_usd"] = call_cost_usd(prices, model, pt, ct, where)
+        outcome["cost_estimated"] = False
+    return build_record(data, where)
+
+
+def convert_ledger(
+    paths: list[Path], prices: PriceCatalog | None = None, require_logged: bool = True
+) -> Iterator[OutcomeRecord]:
+    ids = UniqueIds()
+    for path in paths:
+        with path.open("rb") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{lineno}"
+                try:
+                    record = parse_record(line, where)
+                except OutcomeTableError as exc:
+                    raise ConversionError(str(exc)) from None
+                if require_logged and record.logged is None:
+                    raise ConversionError(
+                        f"{where}: no `logged` (action, propensity): not a ledger export record"
+                    )
+                ids.check(record.id, where)
+                yield _normalize(record, prices, where)

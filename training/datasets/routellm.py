@@ -1,0 +1,119 @@
+"""RouteLLM evaluation CSV -> outcome records.
+
+RouteLLM's benchmark files (MMLU, GSM8K, MT-Bench derivatives) hold a ``prompt`` column and
+one correctness column per model (``True``/``False``, ``1``/``0`` or a 0..1 score). We are
+liberal in what we read: any column other than the prompt, an id (``id``, ``sample_id``,
+``idx``, ``question_id``) or a task (``task``, ``eval_name``, ``category``, ``subject``)
+whose every non-empty cell is boolean-like is a model column, unless ``models`` names them
+explicitly. Costs come from a price table with token counts estimated from the prompt
+length and an assumed completion length (``cost_estimated: true``).
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from pricing import PriceCatalog
+from router.outcomes import OutcomeRecord
+from training.datasets.common import (
+    ConversionError,
+    UniqueIds,
+    build_record,
+    looks_boolean,
+    parse_score,
+    text_id,
+)
+from training.datasets.prices import call_cost_usd, estimate_tokens, require_prices
+from training.datasets.routerdc import DEFAULT_COMPLETION_TOKENS
+
+logger = logging.getLogger(__name__)
+
+PROMPT_COLUMNS = ("prompt", "question", "turns")
+ID_COLUMNS = ("id", "sample_id", "idx", "question_id")
+TASK_COLUMNS = ("task", "eval_name", "category", "subject")
+
+
+def _first_present(header: Sequence[str], names: Sequence[str]) -> str | None:
+    return next((n for n in names if n in header), None)
+
+
+def _detect_models(header: list[str], rows: list[dict[str, str]], reserved: set[str]) -> list[str]:
+    models = []
+    for col in header:
+        if col in reserved or not col.strip() or col.lower().startswith("unnamed"):
+            continue
+        cells = [row.get(col) or "" for row in rows]
+        if any(c.strip() for c in cells) and all(looks_boolean(c) for c in cells):
+            models.append(col)
+        else:
+            logger.debug("column %r is not a correctness column: ignored", col)
+    return models
+
+
+def convert_routellm(
+    paths: list[Path],
+    prices: PriceCatalog | None,
+    completion_tokens: int = DEFAULT_COMPLETION_TOKENS,
+    models: Sequence[str] | None = None,
+) -> Iterator[OutcomeRecord]:
+    csv.field_size_limit(sys.maxsize)
+    ids = UniqueIds()
+    for path in paths:
+        with path.open(newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            header = list(reader.fieldnames or [])
+            # Keep each row's physical line number for error messages.
+            rows = [(reader.line_num, row) for row in reader]
+        prompt_col = _first_present(header, PROMPT_COLUMNS)
+        if prompt_col is None:
+            raise ConversionError(
+                f"{path}:1: no prompt column (one of {', '.join(PROMPT_COLUMNS)})"
+            )
+        id_col = _first_present(header, ID_COLUMNS)
+        task_col = _first_present(header, TASK_COLUMNS)
+        reserved = {c for c in (prompt_col, id_col, task_col) if c}
+        if models:
+            absent = [m for m in models if m not in header]
+            if absent:
+                raise ConversionError(f"{path}:1: no column for model(s) {', '.join(absent)}")
+            cols = list(models)
+        else:
+            cols = _detect_models(header, [r for _, r in rows], reserved)
+        if not cols:
+            raise ConversionError(f"{path}:1: no model correctness columns found")
+        catalog = require_prices(prices, cols, str(path))
+        dropped = 0
+        for line, row in rows:
+            where = f"{path}:{line}"
+            prompt = row.get(prompt_col) or ""
+            if not prompt.strip():
+                raise ConversionError(f"{where}: empty {prompt_col!r}")
+            scores = {m: parse_score(row.get(m), f"{where}: column {m!r}") for m in cols}
+            if any(s is None for s in scores.values()):
+                dropped += 1
+                continue
+            prompt_tokens = estimate_tokens(prompt)
+            outcomes = {
+                m: {
+                    "score": s,
+                    "cost_usd": call_cost_usd(catalog, m, prompt_tokens, completion_tokens, where),
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "cost_estimated": True,
+                }
+                for m, s in scores.items()
+            }
+            raw_id = (row.get(id_col) or "").strip() if id_col else ""
+            record_id = raw_id or text_id("routellm", prompt)
+            ids.check(record_id, where)
+            data: dict[str, Any] = {"id": record_id, "prompt": prompt, "outcomes": outcomes}
+            if task_col and row.get(task_col):
+                data["task"] = row[task_col]
+            yield build_record(data, where)
+        if dropped:
+            logger.info("%s: dropped %d row(s) with a missing score", path, dropped)

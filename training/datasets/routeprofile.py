@@ -1,0 +1,89 @@
+"""RouteProfile routing data -> outcome records.
+
+Source items (``routing_test_data.json``): ``task_name``, ``query`` and ``model_performance``
+{model: {response, prompt_tokens, completion_tokens, success, task_performance}}; the upstream
+file stores ``model_performance`` as a Python-literal string in some versions and as a JSON
+object in others, so both are read. Score = ``task_performance`` clipped to [0, 1] (a failed
+call with no score earns 0); cost = the recorded tokens x ``candidate_models.json`` prices.
+Ids match ``scripts/build_demo_table.py`` (``rp-<task>-<sha256(query)[:10]>``), so the
+packaged demo table and a converted one split identically.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pricing import PriceCatalog
+from router.outcomes import OutcomeRecord
+from training.datasets.common import ConversionError, UniqueIds, build_record
+from training.datasets.prices import call_cost_usd, require_prices
+from training.datasets.routerdc import load_json_items
+
+
+def routeprofile_id(task: str, query: str) -> str:
+    return f"rp-{task}-{hashlib.sha256(query.encode('utf-8')).hexdigest()[:10]}"
+
+
+def _performance(raw: Any, where: str) -> dict[str, Any]:
+    if isinstance(raw, str):
+        try:
+            raw = ast.literal_eval(raw)
+        except (ValueError, SyntaxError) as exc:
+            raise ConversionError(
+                f"{where}: model_performance is not a Python literal ({exc})"
+            ) from None
+    if not isinstance(raw, dict) or not raw:
+        raise ConversionError(f"{where}: model_performance must be a non-empty mapping")
+    return raw
+
+
+def _tokens(result: dict[str, Any], key: str, where: str) -> int:
+    value = result.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConversionError(f"{where}: {key} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def convert_routeprofile(paths: list[Path], prices: PriceCatalog | None) -> Iterator[OutcomeRecord]:
+    ids = UniqueIds()
+    for path in paths:
+        for index, item in enumerate(load_json_items(path)):
+            where = f"{path}: item {index}"
+            if not isinstance(item, dict):
+                raise ConversionError(f"{where}: not an object")
+            task, query = item.get("task_name"), item.get("query")
+            if not isinstance(task, str) or not isinstance(query, str) or not query:
+                raise ConversionError(f"{where}: needs string `task_name` and non-empty `query`")
+            perf = _performance(item.get("model_performance"), where)
+            catalog = require_prices(prices, list(perf), where)
+            outcomes: dict[str, dict[str, Any]] = {}
+            for model, result in perf.items():
+                at = f"{where}: model_performance.{model}"
+                if not isinstance(result, dict):
+                    raise ConversionError(f"{at}: not an object")
+                raw_score = result.get("task_performance")
+                if raw_score is None:
+                    raw_score = 0.0
+                if not isinstance(raw_score, int | float):
+                    raise ConversionError(f"{at}: task_performance {raw_score!r} is not a number")
+                pt = _tokens(result, "prompt_tokens", at)
+                ct = _tokens(result, "completion_tokens", at)
+                out: dict[str, Any] = {
+                    "score": min(1.0, max(0.0, float(raw_score))),
+                    "cost_usd": call_cost_usd(catalog, str(model), pt, ct, at),
+                    "prompt_tokens": pt,
+                    "completion_tokens": ct,
+                    "response": str(result.get("response") or ""),
+                }
+                if "success" in result:
+                    out["success"] = bool(result["success"])
+                outcomes[str(model)] = out
+            record_id = routeprofile_id(task, query)
+            ids.check(record_id, where)
+            yield build_record(
+                {"id": record_id, "task": task, "prompt": query, "outcomes": outcomes}, where
+            )

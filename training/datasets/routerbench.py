@@ -1,0 +1,116 @@
+"""RouterBench-style wide CSV -> outcome records.
+
+Columns (Hu et al. 2024; RouterDC's re-split keeps them): ``sample_id``, ``prompt``,
+``eval_name``, then per model ``<model>`` (0/1 correctness), ``<model>|total_cost`` (USD
+actually charged) and ``<model>|model_response``. Other columns (the unnamed index,
+``oracle_model_to_route_to``) are ignored. Prompts and responses are stored as the ``repr``
+of a one-element Python list and are unwrapped. Rows where any model lacks a score or a cost
+are dropped (RouterBench has a few: partially failed runs) and counted in the log.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from router.outcomes import OutcomeRecord
+from training.datasets.common import (
+    ConversionError,
+    UniqueIds,
+    build_record,
+    parse_score,
+    unwrap_literal_text,
+)
+
+logger = logging.getLogger(__name__)
+
+COST_SUFFIX = "|total_cost"
+RESPONSE_SUFFIX = "|model_response"
+ID_COLUMN = "sample_id"
+PROMPT_COLUMN = "prompt"
+TASK_COLUMN = "eval_name"
+_NOT_MODELS = frozenset({"", ID_COLUMN, PROMPT_COLUMN, TASK_COLUMN, "oracle_model_to_route_to"})
+
+
+def model_columns(header: list[str]) -> list[str]:
+    """Models are the columns that have a matching ``<model>|total_cost`` column."""
+    names = set(header)
+    return [c for c in header if c not in _NOT_MODELS and "|" not in c and c + COST_SUFFIX in names]
+
+
+def _parse_cost(value: str, where: str) -> float | None:
+    text = value.strip()
+    if not text or text.lower() == "nan":
+        return None
+    try:
+        cost = float(text)
+    except ValueError:
+        raise ConversionError(f"{where}: cost {text[:40]!r} is not a number") from None
+    if cost < 0:
+        raise ConversionError(f"{where}: negative cost {cost}")
+    return cost
+
+
+def iter_routerbench_csv(
+    path: str | Path, ids: UniqueIds | None = None, with_responses: bool = True
+) -> Iterator[OutcomeRecord]:
+    p = Path(path)
+    ids = ids or UniqueIds()
+    # Responses can be long: lift the csv module's 128 KiB field cap.
+    csv.field_size_limit(sys.maxsize)
+    dropped = 0
+    with p.open(newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        header = list(reader.fieldnames or [])
+        for required in (ID_COLUMN, PROMPT_COLUMN):
+            if required not in header:
+                raise ConversionError(f"{p}:1: missing column {required!r}")
+        models = model_columns(header)
+        if not models:
+            raise ConversionError(
+                f"{p}:1: no model columns (need `<model>` and `<model>|total_cost`)"
+            )
+        for row in reader:
+            where = f"{p}:{reader.line_num}"
+            outcomes: dict[str, dict[str, Any]] = {}
+            for m in models:
+                score = parse_score(row.get(m), f"{where}: column {m!r}")
+                cost = _parse_cost(
+                    row.get(m + COST_SUFFIX) or "", f"{where}: column {m + COST_SUFFIX!r}"
+                )
+                if score is None or cost is None:
+                    break
+                out: dict[str, Any] = {"score": score, "cost_usd": cost}
+                response = row.get(m + RESPONSE_SUFFIX)
+                if with_responses and response is not None:
+                    out["response"] = unwrap_literal_text(response)
+                outcomes[m] = out
+            if len(outcomes) < len(models):
+                dropped += 1
+                continue
+            record_id = (row.get(ID_COLUMN) or "").strip()
+            if not record_id:
+                raise ConversionError(f"{where}: empty {ID_COLUMN}")
+            ids.check(record_id, where)
+            data: dict[str, Any] = {
+                "id": record_id,
+                "prompt": unwrap_literal_text(row.get(PROMPT_COLUMN) or ""),
+                "outcomes": outcomes,
+            }
+            if row.get(TASK_COLUMN):
+                data["task"] = row[TASK_COLUMN]
+            yield build_record(data, where)
+    if dropped:
+        logger.info("%s: dropped %d row(s) with a missing score or cost", p, dropped)
+
+
+def convert_routerbench(paths: list[Path], prices: Any = None) -> Iterator[OutcomeRecord]:
+    """All CSVs in order; ids must be unique across them. RouterBench records real costs,
+    so ``prices`` is not used."""
+    ids = UniqueIds()
+    for path in paths:
+        yield from iter_routerbench_csv(path, ids)

@@ -1,0 +1,74 @@
+"""RouterDC JSON -> outcome records.
+
+Source items (LLMRouter's preprocessed DC-Router data): ``{"question": str, "scores":
+{model: 0..1}, "cluster_id": int?}``. The source has no token counts and no responses, so
+each call's cost is *estimated*: prompt tokens from the question length (``ceil(chars/4)``)
+and a fixed assumed completion length, priced with a price table (``default_llm.json``
+format). Every outcome says so with ``cost_estimated: true``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pricing import PriceCatalog
+from router.outcomes import OutcomeRecord
+from training.datasets.common import ConversionError, UniqueIds, build_record, parse_score, text_id
+from training.datasets.prices import call_cost_usd, estimate_tokens, require_prices
+
+# Assumed completion length when the source records none: a short worked answer.
+DEFAULT_COMPLETION_TOKENS = 256
+
+
+def load_json_items(path: Path) -> list[Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConversionError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    if not isinstance(data, list):
+        raise ConversionError(f"{path}: expected a JSON list of items, got {type(data).__name__}")
+    return data
+
+
+def convert_routerdc(
+    paths: list[Path],
+    prices: PriceCatalog | None,
+    completion_tokens: int = DEFAULT_COMPLETION_TOKENS,
+) -> Iterator[OutcomeRecord]:
+    ids = UniqueIds()
+    for path in paths:
+        for index, item in enumerate(load_json_items(path)):
+            where = f"{path}: item {index}"
+            if not isinstance(item, dict):
+                raise ConversionError(f"{where}: not an object")
+            question = item.get("question")
+            scores = item.get("scores")
+            if not isinstance(question, str) or not question:
+                raise ConversionError(f"{where}: `question` must be a non-empty string")
+            if not isinstance(scores, dict) or not scores:
+                raise ConversionError(f"{where}: `scores` must be a non-empty object")
+            catalog = require_prices(prices, list(scores), where)
+            prompt_tokens = estimate_tokens(question)
+            outcomes: dict[str, dict[str, Any]] = {}
+            for model, raw in scores.items():
+                score = parse_score(raw, f"{where}: scores.{model}")
+                if score is None:
+                    raise ConversionError(f"{where}: scores.{model} is missing")
+                outcomes[model] = {
+                    "score": score,
+                    "cost_usd": call_cost_usd(
+                        catalog, model, prompt_tokens, completion_tokens, where
+                    ),
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "cost_estimated": True,
+                }
+            record_id = text_id("dc", question)
+            ids.check(record_id, where)
+            data: dict[str, Any] = {"id": record_id, "prompt": question, "outcomes": outcomes}
+            if item.get("cluster_id") is not None:
+                data["task"] = f"cluster-{item['cluster_id']}"
+            yield build_record(data, where)

@@ -1,0 +1,237 @@
+"""``xrouter eval``: compare a router with the baselines on an outcome table.
+
+    xrouter eval --table T [--split test --split-seed 0] --policy <baseline | prefix:checkpoint>
+                 [--lambdas 0,0.1,...] [--strong M --weak M] --out DIR
+
+Baselines and policies are fitted on the training split only and evaluated on ``--split``.
+Writes ``metrics.json``, ``curve.png`` and ``report.md`` to ``--out``. A logged table (one
+outcome per prompt, with propensities) is evaluated off-policy instead. The gateway's CLI
+calls ``add_eval_arguments`` and ``run_eval``; ``python -m training.evaluation.cli`` runs it
+standalone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from router.outcomes import OutcomeRecord, OutcomeTableError, load_outcome_table
+from training.datasets.splits import DEFAULT_FRACTIONS, canonical_split, split_records
+from training.evaluation.compare import Entry, compare, off_policy
+from training.evaluation.ope import OPEError
+from training.evaluation.registry import (
+    BASELINE_NAMES,
+    LoadContext,
+    RouterRegistry,
+    RouterSpecError,
+    default_registry,
+)
+from training.evaluation.report import EvalResult, write_report
+from training.evaluation.sweep import (
+    OutcomeMatrix,
+    RoutingError,
+    SweepDefaults,
+    is_full_information,
+    restrict_models,
+)
+from training.evaluation.utility import BASELINE_REWARD, lambda_grid
+from training.reward import RewardConfig
+
+logger = logging.getLogger(__name__)
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}"
+        ) from None
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--table", type=Path, required=True, help="outcome table (JSONL)")
+    parser.add_argument(
+        "--split", default="test", help="split to evaluate: train, validation, test or all"
+    )
+    parser.add_argument("--split-seed", default="0", help="seed of the id-hash split")
+    parser.add_argument(
+        "--split-fractions",
+        type=_floats,
+        default=list(DEFAULT_FRACTIONS),
+        help="train,validation,test fractions (default 0.6,0.2,0.2)",
+    )
+    parser.add_argument(
+        "--policy",
+        action="append",
+        default=[],
+        help="router under test: a baseline name (single:<model>, "
+        + ", ".join(BASELINE_NAMES)
+        + ") or a registered loader spec such as compact:<checkpoint>; repeatable",
+    )
+    parser.add_argument(
+        "--baselines",
+        default=",".join(BASELINE_NAMES),
+        help="comma-separated baselines to compare against ('none' for none)",
+    )
+    parser.add_argument(
+        "--lambdas", type=_floats, default=None, help="cost weights to sweep the policies over"
+    )
+    parser.add_argument("--strong", help="strong model of a two-model PGR slice")
+    parser.add_argument("--weak", help="weak model of a two-model PGR slice")
+    parser.add_argument(
+        "--cost-scale",
+        type=float,
+        default=BASELINE_REWARD.cost_scale,
+        help="USD per unit of normalized cost in the baselines' reward (sets λ's scale)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed for random baselines")
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+
+
+def _entries(
+    specs: Sequence[str],
+    kind: str,
+    ctx: LoadContext,
+    registry: RouterRegistry,
+    params: Sequence[float] | None,
+    notes: list[str],
+    strict: bool,
+) -> list[Entry]:
+    entries = []
+    for spec in specs:
+        try:
+            router = registry.load(spec, ctx)
+        except (RoutingError, OPEError) as exc:
+            if strict:
+                raise
+            notes.append(f"{spec}: not evaluated ({exc})")
+            continue
+        grid = params
+        if grid is None and not isinstance(router, SweepDefaults):
+            grid = lambda_grid(OutcomeMatrix.from_records(ctx.train).costs.mean(axis=0), ctx.reward)
+        entries.append(Entry(router, kind, grid))
+    return entries
+
+
+def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
+    records = load_outcome_table(args.table)
+    if not records:
+        raise RoutingError(f"{args.table}: the table is empty")
+    split = canonical_split(args.split)
+    parts = split_records(records, args.split_fractions, args.split_seed)
+    evaluated: list[OutcomeRecord] = parts.get(split)
+    if not evaluated:
+        raise RoutingError(f"split {split!r} of {args.table} is empty")
+    baselines = (
+        []
+        if args.baselines.strip() == "none"
+        else [b.strip() for b in args.baselines.split(",") if b.strip()]
+    )
+    result = EvalResult(
+        meta={
+            "table": str(args.table),
+            "split": split,
+            "split_seed": args.split_seed,
+            "split_fractions": list(args.split_fractions),
+            "n_records": len(records),
+            "n_evaluated": len(evaluated),
+            "n_train": len(parts.train),
+            "policies": list(args.policy),
+            "baselines": baselines,
+            "lambdas": args.lambdas,
+            "cost_scale": args.cost_scale,
+            "command": getattr(args, "command", None),
+        }
+    )
+    if split in ("train", "all"):
+        result.notes.append(
+            f"evaluated on the {split} split, which the routers were fitted on: optimistic"
+        )
+    reward = RewardConfig(form="additive", cost_scale=args.cost_scale)
+
+    if not is_full_information(records):
+        ctx = LoadContext(parts.train, parts.validation, reward, args.seed)
+        policies = _entries(
+            args.policy, "policy", ctx, registry, args.lambdas or [0.0], result.notes, True
+        )
+        result.notes.append(
+            "logged table (partial feedback): routers are evaluated off-policy; baselines that "
+            "need full outcomes (kNN, MF, cascade, oracle) are skipped"
+        )
+        rows, notes = off_policy(policies, evaluated, args.lambdas or [0.0])
+        result.off_policy, result.notes = rows, [*result.notes, *notes]
+        return result
+
+    if not parts.train:
+        raise RoutingError("the training split is empty: nothing to fit the routers on")
+    if (args.strong is None) != (args.weak is None):
+        raise RouterSpecError("--strong and --weak go together")
+    ctx = LoadContext(parts.train, parts.validation, reward, args.seed)
+    entries = [
+        *_entries(baselines, "baseline", ctx, registry, None, result.notes, False),
+        *_entries(args.policy, "policy", ctx, registry, args.lambdas, result.notes, True),
+    ]
+    result.main = compare(entries, evaluated, args.strong, args.weak)
+    if args.strong and len(result.main.models) > 2:
+        pair = [args.strong, args.weak]
+        sliced = LoadContext(
+            restrict_models(parts.train, pair),
+            restrict_models(parts.validation, pair),
+            reward,
+            args.seed,
+        )
+        slice_entries = [
+            *_entries(baselines, "baseline", sliced, registry, None, result.notes, False),
+            *_entries(args.policy, "policy", sliced, registry, args.lambdas, result.notes, False),
+        ]
+        result.two_model = compare(
+            slice_entries, restrict_models(evaluated, pair), args.strong, args.weak
+        )
+    return result
+
+
+def run_eval(args: argparse.Namespace, registry: RouterRegistry | None = None) -> int:
+    """Run the evaluation described by ``args`` (from ``add_eval_arguments``); 0 on
+    success, 2 on bad input (the reason goes to stderr)."""
+    try:
+        result = _evaluate(args, registry or default_registry())
+    except (OutcomeTableError, RoutingError, RouterSpecError, OPEError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    paths = write_report(result, args.out)
+    if result.main is not None:
+        comp = result.main
+        print(
+            f"{comp.n_records} prompts; best single model {comp.best_model} ({comp.best_score:.4f}); "
+            f"no-routing AIQ {comp.no_routing_aiq:.4f}"
+        )
+        for c in comp.curves:
+            if c.kind != "single":
+                pct = "-" if c.cost_to_best_pct is None else f"{c.cost_to_best_pct:.1f}%"
+                print(
+                    f"  {c.name:<28} AIQ {c.aiq:.4f}  best {c.max_score:.4f}  cost to match best {pct}"
+                )
+    for note in result.notes:
+        print(f"note: {note}")
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m training.evaluation.cli", description=__doc__.splitlines()[0]
+    )
+    add_eval_arguments(parser)
+    args = parser.parse_args(argv)
+    args.command = shlex.join(["xrouter", "eval", *(sys.argv[1:] if argv is None else argv)])
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    return run_eval(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

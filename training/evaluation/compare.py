@@ -1,0 +1,263 @@
+"""Run several routers over one table and compute the comparison metrics.
+
+Full-information tables (every model's outcome on every prompt) are evaluated directly: each
+router is swept, and its curve is summarized by AIQ over the single-model cost range, its best
+score, the cost at which its hull first matches the best single model's score, and, on
+two-model tables, APGR and CPT. Logged tables (one outcome per prompt) are evaluated
+off-policy (``off_policy``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from router.outcomes import OutcomeRecord
+from training.evaluation import metrics
+from training.evaluation.baselines import SingleModelRouter
+from training.evaluation.metrics import CurvePoint
+from training.evaluation.ope import (
+    OPEError,
+    all_estimates,
+    cost_reward,
+    deterministic_probs,
+    logged_bandit,
+    score_reward,
+)
+from training.evaluation.sweep import (
+    OfflineRouter,
+    RoutedPrompt,
+    RoutingError,
+    sweep,
+    table_models,
+)
+
+logger = logging.getLogger(__name__)
+
+CPT_LEVELS = (0.5, 0.8)
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A router to compare, its kind (``single``, ``baseline``, ``policy``) and the cost
+    weights to sweep (None: the router's own default)."""
+
+    router: OfflineRouter
+    kind: str = "baseline"
+    params: Sequence[float] | None = None
+
+
+@dataclass(slots=True)
+class RouterCurve:
+    name: str
+    kind: str
+    points: list[CurvePoint]
+    hull: list[CurvePoint]
+    aiq: float
+    max_score: float
+    min_cost: float
+    cost_to_best: float | None
+    cost_to_best_pct: float | None
+    apgr: float | None = None
+    cpt: dict[str, float | None] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "aiq": self.aiq,
+            "max_score": self.max_score,
+            "min_cost_usd": self.min_cost,
+            "cost_to_best_usd": self.cost_to_best,
+            "cost_to_best_pct": self.cost_to_best_pct,
+            "apgr": self.apgr,
+            "cpt": self.cpt,
+            "points": [p.to_dict() for p in self.points],
+            "hull": [p.to_dict() for p in self.hull],
+        }
+
+
+@dataclass(slots=True)
+class Comparison:
+    n_records: int
+    models: list[str]
+    cost_range: tuple[float, float]
+    best_model: str
+    best_score: float
+    best_cost: float
+    no_routing_aiq: float
+    curves: list[RouterCurve]
+    strong: str | None = None
+    weak: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def curve(self, name: str) -> RouterCurve:
+        for c in self.curves:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "n_records": self.n_records,
+            "models": self.models,
+            "aiq_cost_range_usd": list(self.cost_range),
+            "best_single_model": {
+                "name": self.best_model,
+                "score": self.best_score,
+                "cost_usd": self.best_cost,
+            },
+            "no_routing_aiq": self.no_routing_aiq,
+            "pgr_pair": {"strong": self.strong, "weak": self.weak} if self.strong else None,
+            "routers": [c.to_dict() for c in self.curves],
+            "notes": self.notes,
+        }
+
+
+def _summarize(
+    name: str,
+    kind: str,
+    points: list[CurvePoint],
+    cost_range: tuple[float, float],
+    best: CurvePoint,
+) -> RouterCurve:
+    reach = metrics.cost_to_reach(points, best.score)
+    return RouterCurve(
+        name=name,
+        kind=kind,
+        points=points,
+        hull=metrics.frontier(points),
+        aiq=metrics.aiq(points, *cost_range),
+        max_score=max(p.score for p in points),
+        min_cost=min(p.cost for p in points),
+        cost_to_best=reach,
+        cost_to_best_pct=None if reach is None or best.cost <= 0 else 100.0 * reach / best.cost,
+    )
+
+
+def _add_pgr(curve: RouterCurve, strong: str, q_weak: float, q_strong: float) -> None:
+    pairs = [(p.calls.get(strong, 0.0), p.score) for p in curve.points]
+    curve.apgr = metrics.apgr(pairs, q_weak, q_strong)
+    curve.cpt = {f"{int(x * 100)}": metrics.cpt(pairs, q_weak, q_strong, x) for x in CPT_LEVELS}
+
+
+def compare(
+    entries: Sequence[Entry],
+    records: Sequence[OutcomeRecord],
+    strong: str | None = None,
+    weak: str | None = None,
+) -> Comparison:
+    """Every single model plus ``entries`` on ``records`` (a full-information table). On a
+    two-model table, PGR metrics are added (strong = ``strong`` or the more accurate one)."""
+    models = table_models(records)
+    if not models:
+        raise RoutingError("the table has no model with an outcome on every record")
+    singles = {m: sweep(SingleModelRouter(m), records, [0.0]).points[0] for m in models}
+    cost_range = metrics.single_model_range(singles.values())
+    best_name, best = metrics.best_single(singles)
+    curves = [
+        _summarize(f"single:{m}", "single", [p], cost_range, best) for m, p in singles.items()
+    ]
+    notes: list[str] = []
+    for entry in entries:
+        try:
+            result = sweep(entry.router, records, entry.params)
+        except RoutingError as exc:
+            notes.append(f"{entry.router.name}: not evaluated ({exc})")
+            logger.warning("%s: not evaluated: %s", entry.router.name, exc)
+            continue
+        curves.append(_summarize(result.name, entry.kind, result.points, cost_range, best))
+    comparison = Comparison(
+        n_records=len(records),
+        models=models,
+        cost_range=cost_range,
+        best_model=best_name,
+        best_score=best.score,
+        best_cost=best.cost,
+        no_routing_aiq=metrics.aiq(singles.values(), *cost_range),
+        curves=curves,
+        notes=notes,
+    )
+    if len(models) == 2:
+        strong = strong or best_name
+        weak = weak or next(m for m in models if m != strong)
+        if {strong, weak} != set(models):
+            raise RoutingError(
+                f"strong/weak {strong!r}/{weak!r} are not the table's models {models}"
+            )
+        q_strong, q_weak = singles[strong].score, singles[weak].score
+        if q_strong <= q_weak:
+            notes.append(
+                f"no PGR metrics: {strong} does not score above {weak} ({q_strong:.4f} <= {q_weak:.4f})"
+            )
+        else:
+            comparison.strong, comparison.weak = strong, weak
+            # A single model is one end point of the PGR axis, not a curve.
+            for c in curves:
+                if c.kind != "single":
+                    _add_pgr(c, strong, q_weak, q_strong)
+    return comparison
+
+
+@dataclass(frozen=True, slots=True)
+class OffPolicyRow:
+    router: str
+    param: float
+    estimates: dict[str, dict[str, Any]]  # quantity ("score", "cost_usd") -> estimator -> Estimate
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"router": self.router, "param": self.param, "estimates": self.estimates}
+
+
+def off_policy(
+    entries: Sequence[Entry],
+    records: Sequence[OutcomeRecord],
+    params: Sequence[float] = (0.0,),
+    max_weight: float = 10.0,
+) -> tuple[list[OffPolicyRow], list[str]]:
+    """Off-policy estimates of each router's mean score and mean cost on logged records,
+    for routers that pick one model per prompt (a multi-call trajectory cannot be evaluated
+    from single-action logs)."""
+    logged = [r for r in records if r.logged is not None]
+    notes: list[str] = []
+    if not logged:
+        raise OPEError("no record has `logged`: cannot evaluate off-policy")
+    by_quantity = {
+        "score": logged_bandit(logged, reward=score_reward),
+    }
+    models = by_quantity["score"].models
+    by_quantity["cost_usd"] = logged_bandit(logged, models, reward=cost_reward)
+    singles = [Entry(SingleModelRouter(m), "single", [0.0]) for m in models]
+    rows: list[OffPolicyRow] = []
+    for entry in [*singles, *entries]:
+        grid = list(entry.params) if entry.params is not None else list(params)
+        for lam in grid:
+            try:
+                routes = entry.router.route(logged, lam)
+                choices = []
+                for r in routes:
+                    if isinstance(r, RoutedPrompt):
+                        if len(r.models_called) != 1:
+                            raise OPEError("multi-call trajectories cannot be evaluated off-policy")
+                        choices.append(r.final_model)
+                    elif isinstance(r, str):
+                        choices.append(r)
+                    else:
+                        if len(r) != 1:
+                            raise OPEError("multi-call trajectories cannot be evaluated off-policy")
+                        choices.append(r[0])
+                target = deterministic_probs(choices, models)
+            except (OPEError, RoutingError) as exc:
+                notes.append(f"{entry.router.name}: no off-policy estimate ({exc})")
+                break
+            estimates = {
+                q: {
+                    k: e.to_dict()
+                    for k, e in all_estimates(d, target, max_weight=max_weight).items()
+                }
+                for q, d in by_quantity.items()
+            }
+            rows.append(OffPolicyRow(entry.router.name, float(lam), estimates))
+    return rows, notes

@@ -1,0 +1,258 @@
+"""Off-policy evaluation of a new routing policy on logged traffic (partial feedback).
+
+Each logged record says which model the logging policy chose (``logged.action``) with which
+probability (``logged.propensity``) and holds that model's outcome only. For a target policy
+given as action probabilities ``π(a | x_i)`` (an ``(n, M)`` array over ``models``):
+
+- IPS: ``mean(w_i r_i)`` with ``w_i = π(a_i | x_i) / p_i`` (unbiased when every action the
+  target takes had a positive logging probability);
+- clipped IPS: weights capped at ``max_weight`` (biased low, lower variance);
+- SNIPS: ``sum(w_i r_i) / sum(w_i)`` (self-normalized; consistent, slightly biased);
+- DR: ``mean(sum_a π(a|x_i) r̂(x_i, a) + w_i (r_i - r̂(x_i, a_i)))`` with a reward model
+  ``r̂`` (a per-model mean of the logged rewards by default, or any ``(n, M)`` predictions);
+  unbiased if either the propensities or the reward model are right.
+
+Each estimate carries a standard error and a ``1 - alpha`` confidence interval, from the
+normal approximation (the estimators are means of per-record terms; SNIPS via its
+linearization) or from a seeded bootstrap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from statistics import NormalDist
+from typing import Literal
+
+import numpy as np
+
+from router.outcomes import ModelOutcome, OutcomeRecord
+
+CIMethod = Literal["normal", "bootstrap"]
+# What is being estimated from each logged outcome (its score by default).
+RewardFn = Callable[[ModelOutcome], float]
+
+
+class OPEError(ValueError):
+    """The logged data cannot support the requested estimate."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedBandit:
+    """Logged decisions as arrays."""
+
+    ids: list[str]
+    models: list[str]
+    actions: np.ndarray  # (n,) index into models
+    propensities: np.ndarray  # (n,)
+    rewards: np.ndarray  # (n,)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def score_reward(outcome: ModelOutcome) -> float:
+    return outcome.score
+
+
+def cost_reward(outcome: ModelOutcome) -> float:
+    if outcome.cost_usd is None:
+        raise OPEError("a logged outcome has no cost_usd")
+    return outcome.cost_usd
+
+
+def logged_bandit(
+    records: Sequence[OutcomeRecord],
+    models: Sequence[str] | None = None,
+    reward: RewardFn = score_reward,
+) -> LoggedBandit:
+    """The records that carry ``logged``; ``models`` fixes the action index (default: the
+    logged actions, sorted)."""
+    logged = [(r, r.logged) for r in records if r.logged is not None]
+    if not logged:
+        raise OPEError(
+            "no record has `logged` (action, propensity): nothing to evaluate off-policy"
+        )
+    names = list(models) if models is not None else sorted({lg.action for _, lg in logged})
+    index = {m: i for i, m in enumerate(names)}
+    actions, props, rewards = [], [], []
+    for r, lg in logged:
+        if lg.action not in index:
+            raise OPEError(f"record {r.id!r}: logged action {lg.action!r} is not in {names}")
+        actions.append(index[lg.action])
+        props.append(lg.propensity)
+        rewards.append(reward(r.outcomes[lg.action]))
+    return LoggedBandit(
+        [r.id for r, _ in logged],
+        names,
+        np.array(actions, dtype=int),
+        np.array(props, dtype=float),
+        np.array(rewards, dtype=float),
+    )
+
+
+def deterministic_probs(choices: Sequence[str], models: Sequence[str]) -> np.ndarray:
+    """One-hot action probabilities of a deterministic policy's choices."""
+    index = {m: i for i, m in enumerate(models)}
+    probs = np.zeros((len(choices), len(models)))
+    for i, c in enumerate(choices):
+        if c not in index:
+            raise OPEError(f"target action {c!r} was never logged: no data to evaluate it")
+        probs[i, index[c]] = 1.0
+    return probs
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    estimator: str
+    value: float
+    stderr: float
+    ci_low: float
+    ci_high: float
+    n: int
+
+    def to_dict(self) -> dict[str, float | int | str]:
+        return asdict(self)
+
+
+def _check(data: LoggedBandit, target: np.ndarray) -> np.ndarray:
+    probs = np.asarray(target, dtype=float)
+    if probs.shape != (len(data), len(data.models)):
+        raise OPEError(
+            f"target probabilities have shape {probs.shape}, expected {(len(data), len(data.models))}"
+        )
+    if np.any(probs < -1e-9) or np.any(np.abs(probs.sum(axis=1) - 1.0) > 1e-6):
+        raise OPEError("each row of target probabilities must be a distribution")
+    return probs
+
+
+def _weights(data: LoggedBandit, probs: np.ndarray) -> np.ndarray:
+    return probs[np.arange(len(data)), data.actions] / data.propensities
+
+
+def _finish(
+    name: str,
+    estimator: Callable[[np.ndarray], tuple[float, float]],
+    n: int,
+    ci: CIMethod,
+    alpha: float,
+    n_boot: int,
+    seed: int,
+) -> Estimate:
+    """``estimator(idx)`` returns (value, normal-approximation stderr) on rows ``idx``."""
+    value, stderr = estimator(np.arange(n))
+    z = NormalDist().inv_cdf(1.0 - alpha / 2.0)
+    if ci == "normal":
+        return Estimate(name, value, stderr, value - z * stderr, value + z * stderr, n)
+    rng = np.random.default_rng(seed)
+    boots = np.array([estimator(rng.integers(0, n, n))[0] for _ in range(n_boot)])
+    lo, hi = np.quantile(boots, [alpha / 2.0, 1.0 - alpha / 2.0])
+    return Estimate(name, value, float(boots.std(ddof=1)), float(lo), float(hi), n)
+
+
+def _mean_and_se(terms: np.ndarray) -> tuple[float, float]:
+    n = len(terms)
+    se = float(terms.std(ddof=1) / np.sqrt(n)) if n > 1 else float("inf")
+    return float(terms.mean()), se
+
+
+def ips(
+    data: LoggedBandit,
+    target: np.ndarray,
+    *,
+    max_weight: float | None = None,
+    ci: CIMethod = "normal",
+    alpha: float = 0.05,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> Estimate:
+    """Inverse propensity scoring; with ``max_weight`` the clipped variant."""
+    w = _weights(data, _check(data, target))
+    if max_weight is not None:
+        if max_weight <= 0:
+            raise OPEError("max_weight must be positive")
+        w = np.minimum(w, max_weight)
+    terms = w * data.rewards
+    name = "ips" if max_weight is None else "clipped_ips"
+    return _finish(name, lambda idx: _mean_and_se(terms[idx]), len(data), ci, alpha, n_boot, seed)
+
+
+def snips(
+    data: LoggedBandit,
+    target: np.ndarray,
+    *,
+    ci: CIMethod = "normal",
+    alpha: float = 0.05,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> Estimate:
+    """Self-normalized IPS."""
+    w = _weights(data, _check(data, target))
+
+    def estimate(idx: np.ndarray) -> tuple[float, float]:
+        wi, ri = w[idx], data.rewards[idx]
+        total = wi.sum()
+        if total <= 0:
+            return 0.0, float("inf")
+        value = float((wi * ri).sum() / total)
+        # Delta method: the ratio's influence terms are w_i (r_i - V) / mean(w).
+        _, se = _mean_and_se(wi * (ri - value) / wi.mean())
+        return value, se
+
+    return _finish("snips", estimate, len(data), ci, alpha, n_boot, seed)
+
+
+def mean_reward_model(data: LoggedBandit) -> np.ndarray:
+    """r̂(x, a) = the mean logged reward of action a (the overall mean for actions never
+    logged), as an ``(n, M)`` array."""
+    overall = float(data.rewards.mean())
+    per_model = np.array(
+        [
+            data.rewards[data.actions == j].mean() if np.any(data.actions == j) else overall
+            for j in range(len(data.models))
+        ]
+    )
+    return np.broadcast_to(per_model, (len(data), len(data.models))).copy()
+
+
+def doubly_robust(
+    data: LoggedBandit,
+    target: np.ndarray,
+    reward_model: np.ndarray | None = None,
+    *,
+    ci: CIMethod = "normal",
+    alpha: float = 0.05,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> Estimate:
+    probs = _check(data, target)
+    r_hat = mean_reward_model(data) if reward_model is None else np.asarray(reward_model, float)
+    if r_hat.shape != probs.shape:
+        raise OPEError(f"reward model has shape {r_hat.shape}, expected {probs.shape}")
+    w = _weights(data, probs)
+    logged_hat = r_hat[np.arange(len(data)), data.actions]
+    terms = (probs * r_hat).sum(axis=1) + w * (data.rewards - logged_hat)
+    return _finish("dr", lambda idx: _mean_and_se(terms[idx]), len(data), ci, alpha, n_boot, seed)
+
+
+def all_estimates(
+    data: LoggedBandit,
+    target: np.ndarray,
+    *,
+    max_weight: float = 10.0,
+    reward_model: np.ndarray | None = None,
+    ci: CIMethod = "normal",
+    alpha: float = 0.05,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> dict[str, Estimate]:
+    return {
+        "ips": ips(data, target, ci=ci, alpha=alpha, n_boot=n_boot, seed=seed),
+        "clipped_ips": ips(
+            data, target, max_weight=max_weight, ci=ci, alpha=alpha, n_boot=n_boot, seed=seed
+        ),
+        "snips": snips(data, target, ci=ci, alpha=alpha, n_boot=n_boot, seed=seed),
+        "dr": doubly_robust(
+            data, target, reward_model, ci=ci, alpha=alpha, n_boot=n_boot, seed=seed
+        ),
+    }

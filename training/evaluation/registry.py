@@ -1,0 +1,156 @@
+"""Turning ``--policy`` specs into fitted offline routers.
+
+Built-in baseline names: ``single:<model>``, ``oracle``, ``random``, ``knn``, ``mf``,
+``cascade``; the learned ones take ``name:key=value,...`` hyper-parameters
+(``knn:k=100``, ``mf:dim=16,epochs=200``, ``cascade:max_cheap=3,quorums=2|3``). Everything
+else goes to a loader registered with ``register_router_loader(prefix, fn)``: the compact
+policy's checkpoints (``compact:<path>``) and the lead's adapter for ``router.policy.Policy``
+objects plug in there. A loader registered with the empty prefix ``""`` is offered every
+spec that names an existing path and may decline it by returning None.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from router.outcomes import OutcomeRecord
+from training.evaluation.baselines import (
+    KNNRouter,
+    MFRouter,
+    OracleRouter,
+    RandomMixRouter,
+    SingleModelRouter,
+)
+from training.evaluation.cascade import CascadeFamilyRouter
+from training.evaluation.sweep import OfflineRouter
+from training.evaluation.utility import BASELINE_REWARD
+from training.reward import RewardConfig
+
+BASELINE_NAMES = ("oracle", "random", "knn", "mf", "cascade")
+
+
+class RouterSpecError(ValueError):
+    """A ``--policy`` spec names no known baseline or loader, or has bad parameters."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadContext:
+    """What a loader may use: the training split (to fit on), the validation split (to tune
+    on), the reward configuration baselines rank models by, and a seed."""
+
+    train: Sequence[OutcomeRecord]
+    validation: Sequence[OutcomeRecord] = ()
+    reward: RewardConfig = BASELINE_REWARD
+    seed: int = 0
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+RouterLoader = Callable[[str, LoadContext], OfflineRouter | None]
+
+
+def _parse_params(text: str, spec: str) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise RouterSpecError(f"{spec!r}: expected key=value, got {item!r}")
+        # "a|b" is a tuple (e.g. cascade:quorums=2|3).
+        values = [_scalar(v) for v in raw.split("|")]
+        params[key.strip()] = tuple(values) if len(values) > 1 else values[0]
+    return params
+
+
+def _scalar(raw: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(raw)
+        except ValueError:
+            continue
+    return raw
+
+
+def _construct(cls: type, spec: str, arg: str, **fixed: Any) -> Any:
+    """``cls(**fixed, **params from the spec)``, rejecting parameters it does not take."""
+    params = _parse_params(arg, spec)
+    allowed = set(inspect.signature(cls).parameters) - {"embed", "config", "name"}
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        raise RouterSpecError(
+            f"{spec!r}: unknown parameter(s) {', '.join(unknown)}; known: {', '.join(sorted(allowed))}"
+        )
+    try:
+        return cls(**{**fixed, **params})
+    except (TypeError, ValueError) as exc:
+        raise RouterSpecError(f"{spec!r}: {exc}") from None
+
+
+def build_baseline(spec: str, ctx: LoadContext) -> OfflineRouter | None:
+    """A fitted baseline for ``spec``, or None if the spec is not a baseline name."""
+    name, _, arg = spec.partition(":")
+    router: Any
+    if name == "single":
+        if not arg:
+            raise RouterSpecError("single:<model> needs a model name")
+        return SingleModelRouter(arg)
+    if name == "oracle":
+        return OracleRouter(ctx.reward)
+    if name == "random":
+        router = _construct(RandomMixRouter, spec, arg, seed=ctx.seed, name=spec)
+    elif name == "knn":
+        router = _construct(KNNRouter, spec, arg, config=ctx.reward, name=spec)
+    elif name == "mf":
+        router = _construct(MFRouter, spec, arg, seed=ctx.seed, config=ctx.reward, name=spec)
+    elif name == "cascade":
+        router = _construct(CascadeFamilyRouter, spec, arg, config=ctx.reward, name=spec)
+    else:
+        return None
+    fitted: OfflineRouter = router.fit(ctx.train)
+    return fitted
+
+
+class RouterRegistry:
+    def __init__(self) -> None:
+        self._loaders: dict[str, RouterLoader] = {}
+
+    def register(self, prefix: str, loader: RouterLoader) -> None:
+        """Route specs starting with ``prefix`` (e.g. ``"compact:"``) to ``loader``; the
+        latest registration for a prefix wins."""
+        self._loaders[prefix] = loader
+
+    @property
+    def prefixes(self) -> list[str]:
+        return sorted(self._loaders)
+
+    def load(self, spec: str, ctx: LoadContext) -> OfflineRouter:
+        router = build_baseline(spec, ctx)
+        if router is not None:
+            return router
+        for prefix in sorted((p for p in self._loaders if p), key=len, reverse=True):
+            if spec.startswith(prefix):
+                loaded = self._loaders[prefix](spec, ctx)
+                if loaded is None:
+                    raise RouterSpecError(f"loader for {prefix!r} could not load {spec!r}")
+                return loaded
+        if "" in self._loaders and Path(spec).exists():
+            loaded = self._loaders[""](spec, ctx)
+            if loaded is not None:
+                return loaded
+        known = ["single:<model>", *BASELINE_NAMES, *(f"{p}..." for p in self.prefixes if p)]
+        hint = " (no loader accepted this path)" if Path(spec).exists() else ""
+        raise RouterSpecError(f"unknown policy {spec!r}{hint}; known: {', '.join(known)}")
+
+
+@functools.cache
+def default_registry() -> RouterRegistry:
+    """The process-wide registry, created on first use (not at import)."""
+    return RouterRegistry()
+
+
+def register_router_loader(prefix: str, fn: RouterLoader) -> None:
+    """Let ``xrouter eval --policy <prefix>...`` load routers with ``fn(spec, ctx)``."""
+    default_registry().register(prefix, fn)

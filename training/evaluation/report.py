@@ -1,0 +1,260 @@
+"""The evaluation report: ``metrics.json`` (everything), ``curve.png`` (cost-quality curves,
+and PGR curves for a two-model slice) and ``report.md`` (the comparison table)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from training.evaluation.compare import Comparison, OffPolicyRow, RouterCurve
+from training.evaluation.metrics import CurvePoint, frontier, pgr
+
+METRICS_FILE = "metrics.json"
+PLOT_FILE = "curve.png"
+REPORT_FILE = "report.md"
+
+
+@dataclass(slots=True)
+class EvalResult:
+    meta: dict[str, Any]
+    main: Comparison | None = None
+    two_model: Comparison | None = None
+    off_policy: list[OffPolicyRow] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "meta": self.meta,
+            "comparison": self.main.to_dict() if self.main else None,
+            "two_model": self.two_model.to_dict() if self.two_model else None,
+            "off_policy": [r.to_dict() for r in self.off_policy],
+            "notes": self.notes,
+        }
+
+
+def _fmt(x: float | None, spec: str = ".4f") -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def _usd(x: float | None) -> str:
+    return "–" if x is None else f"${x:.6f}"
+
+
+def _table(comp: Comparison, with_pgr: bool) -> list[str]:
+    head = "| router | kind | AIQ | best score | min cost | cost to match best | % of best's cost |"
+    sep = "|---|---|---:|---:|---:|---:|---:|"
+    if with_pgr:
+        head += " APGR | CPT(50%) | CPT(80%) |"
+        sep += "---:|---:|---:|"
+    lines = [head, sep]
+    order = sorted(comp.curves, key=lambda c: (c.kind != "policy", c.kind == "single", -c.aiq))
+    for c in order:
+        row = (
+            f"| {c.name} | {c.kind} | {_fmt(c.aiq)} | {_fmt(c.max_score)} | {_usd(c.min_cost)} "
+            f"| {_usd(c.cost_to_best)} | {_fmt(c.cost_to_best_pct, '.1f')} |"
+        )
+        if with_pgr:
+            cpt = [None if v is None else 100 * v for v in (c.cpt.get("50"), c.cpt.get("80"))]
+            row += f" {_fmt(c.apgr)} | {_fmt(cpt[0], '.1f')} | {_fmt(cpt[1], '.1f')} |"
+        lines.append(row)
+    return lines
+
+
+def _comparison_md(comp: Comparison, title: str) -> list[str]:
+    lo, hi = comp.cost_range
+    lines = [
+        f"## {title}",
+        "",
+        f"{comp.n_records} prompts, {len(comp.models)} models. Best single model: "
+        f"**{comp.best_model}** (score {comp.best_score:.4f}, {_usd(comp.best_cost)} per prompt). "
+        f"AIQ is over [{_usd(lo)}, {_usd(hi)}] (cheapest to dearest single model); "
+        f"no-routing AIQ (hull of the single models) = **{comp.no_routing_aiq:.4f}**.",
+    ]
+    if comp.strong:
+        lines.append(f"PGR pair: strong = {comp.strong}, weak = {comp.weak}.")
+    lines += ["", *_table(comp, with_pgr=comp.strong is not None), ""]
+    lines += [f"- {n}" for n in comp.notes]
+    return lines
+
+
+def _off_policy_md(rows: list[OffPolicyRow]) -> list[str]:
+    lines = [
+        "## Off-policy estimates (logged traffic)",
+        "",
+        "| router | λ | score (SNIPS, 95% CI) | score (DR) | cost USD (SNIPS) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        s, c = r.estimates["score"], r.estimates["cost_usd"]
+        lines.append(
+            f"| {r.router} | {r.param:g} | {s['snips']['value']:.4f} "
+            f"[{s['snips']['ci_low']:.4f}, {s['snips']['ci_high']:.4f}] | {s['dr']['value']:.4f} "
+            f"| {_usd(c['snips']['value'])} |"
+        )
+    return [*lines, ""]
+
+
+def render_markdown(result: EvalResult) -> str:
+    meta = result.meta
+    lines = [
+        "# xrouter evaluation",
+        "",
+        f"Table `{meta.get('table')}`, split **{meta.get('split')}** "
+        f"(seed {meta.get('split_seed')}, fractions {meta.get('split_fractions')}), "
+        f"fitted on {meta.get('n_train')} training prompts.",
+    ]
+    if meta.get("command"):
+        lines += ["", f"Command: `{meta['command']}`"]
+    lines.append("")
+    if result.main:
+        lines += _comparison_md(result.main, "Cost-quality comparison")
+    if result.two_model:
+        lines += _comparison_md(result.two_model, "Two-model slice (RouteLLM metrics)")
+    if result.off_policy:
+        lines += _off_policy_md(result.off_policy)
+    if result.notes:
+        lines += ["## Notes", "", *[f"- {n}" for n in result.notes], ""]
+    lines += [
+        "Definitions: a point is (average cost per prompt, average score); a router's curve is "
+        "the non-decreasing upper-left convex hull of its points over a sweep of cost weights. "
+        "AIQ = area under that curve over the AIQ range divided by its width (0 left of the "
+        "curve's cheapest point). 'Cost to match best' is where the curve first reaches the "
+        "best single model's score (interpolated along the hull). APGR = area under PGR vs. "
+        "share of strong-model calls; CPT(x%) = the smallest share of strong calls reaching "
+        "PGR x%.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _dense_hull(
+    hull: Sequence[CurvePoint], per_segment: int = 24
+) -> tuple[list[float], list[float]]:
+    """The hull's chords sampled in linear cost, so they show as the curves they are on the
+    plot's log axis (AIQ integrates in linear cost)."""
+    xs: list[float] = [p.cost for p in hull[:1]]
+    ys: list[float] = [p.score for p in hull[:1]]
+    for a, b in itertools.pairwise(hull):
+        for t in np.linspace(0.0, 1.0, per_segment)[1:]:
+            xs.append(a.cost + t * (b.cost - a.cost))
+            ys.append(a.score + t * (b.score - a.score))
+    return xs, ys
+
+
+def _plot_comparison(ax: Any, comp: Comparison) -> None:
+    singles = [c for c in comp.curves if c.kind == "single"]
+    for c in singles:
+        p = c.points[0]
+        ax.scatter([p.cost], [p.score], color="black", s=18, zorder=3)
+        ax.annotate(
+            c.name.removeprefix("single:"),
+            (p.cost, p.score),
+            fontsize=6,
+            xytext=(3, 3),
+            textcoords="offset points",
+        )
+    xs, ys = _dense_hull(frontier(c.points[0] for c in singles))
+    ax.plot(xs, ys, "k--", lw=1, label="no routing (hull)")
+    for c in comp.curves:
+        if c.kind == "single":
+            continue
+        xs, ys = _dense_hull(c.hull)
+        line = ax.plot(xs, ys, lw=1.5, label=f"{c.name} (AIQ {c.aiq:.3f})")
+        ax.scatter(
+            [p.cost for p in c.points],
+            [p.score for p in c.points],
+            s=6,
+            color=line[0].get_color(),
+            alpha=0.5,
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("average cost per prompt (USD, log scale)")
+    ax.set_ylabel("average score")
+    ax.set_title(f"cost-quality ({comp.n_records} prompts)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=6, loc="lower right")
+
+
+def _plot_pgr(ax: Any, comp: Comparison, curves: list[RouterCurve]) -> None:
+    q_strong = next(c.max_score for c in curves if c.name == f"single:{comp.strong}")
+    q_weak = next(c.max_score for c in curves if c.name == f"single:{comp.weak}")
+    for c in curves:
+        if c.kind == "single" or c.apgr is None or comp.strong is None:
+            continue
+        pts = sorted(
+            (p.calls.get(comp.strong, 0.0), pgr(p.score, q_weak, q_strong)) for p in c.points
+        )
+        ax.plot(
+            [x for x, _ in pts],
+            [y for _, y in pts],
+            marker=".",
+            lw=1,
+            label=f"{c.name} (APGR {c.apgr:.3f})",
+        )
+    ax.plot([0, 1], [0, 1], "k--", lw=1, label="random (0.5)")
+    ax.set_xlabel(f"share of calls to {comp.strong}")
+    ax.set_ylabel("PGR")
+    ax.set_title(f"{comp.strong} vs {comp.weak}")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=6, loc="lower right")
+
+
+def _plot_off_policy(ax: Any, rows: list[OffPolicyRow]) -> None:
+    by_router: dict[str, list[OffPolicyRow]] = {}
+    for r in rows:
+        by_router.setdefault(r.router, []).append(r)
+    for name, rs in by_router.items():
+        xs = [r.estimates["cost_usd"]["snips"]["value"] for r in rs]
+        ys = [r.estimates["score"]["snips"]["value"] for r in rs]
+        err = [
+            [y - r.estimates["score"]["snips"]["ci_low"] for y, r in zip(ys, rs, strict=True)],
+            [r.estimates["score"]["snips"]["ci_high"] - y for y, r in zip(ys, rs, strict=True)],
+        ]
+        ax.errorbar(xs, ys, yerr=err, fmt="o-", ms=3, lw=1, capsize=2, label=name)
+    ax.set_xlabel("estimated average cost per prompt (USD, SNIPS)")
+    ax.set_ylabel("estimated average score (SNIPS, 95% CI)")
+    ax.set_title("off-policy estimates")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=6, loc="lower right")
+
+
+def plot(result: EvalResult, path: Path) -> None:
+    # The object-oriented API with the Agg canvas: no pyplot global state, no display needed.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    panels: list[Callable[[Any], None]] = []
+    main, two, rows = result.main, result.two_model, result.off_policy
+    if main is not None:
+        panels.append(lambda ax: _plot_comparison(ax, main))
+    if two is not None and two.strong:
+        panels.append(lambda ax: _plot_pgr(ax, two, two.curves))
+    if rows:
+        panels.append(lambda ax: _plot_off_policy(ax, rows))
+    fig = Figure(figsize=(7 * max(1, len(panels)), 5.5))
+    FigureCanvasAgg(fig)
+    if not panels:
+        fig.text(0.5, 0.5, "nothing to plot", ha="center")
+    for i, draw in enumerate(panels, 1):
+        draw(fig.add_subplot(1, len(panels), i))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def write_report(result: EvalResult, out_dir: str | Path) -> dict[str, Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"metrics": out / METRICS_FILE, "plot": out / PLOT_FILE, "report": out / REPORT_FILE}
+    paths["metrics"].write_bytes(
+        orjson.dumps(result.to_dict(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+    )
+    plot(result, paths["plot"])
+    paths["report"].write_text(render_markdown(result), encoding="utf-8")
+    return paths
