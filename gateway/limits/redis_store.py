@@ -25,6 +25,7 @@ breaks the atomicity of a check.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -36,7 +37,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from gateway.limits.base import (
     ALLOW_ALL,
@@ -115,6 +116,11 @@ class RedisLimitStore(LimitStore):
         # Unique, cheap log-entry ids: a random per-instance prefix plus a counter.
         self._instance = os.urandom(6).hex()
         self._seq = count()
+        # Script calls made in the same event-loop tick go to Redis as one pipeline (see
+        # _run): redis-py costs ~140 µs of CPU per command but ~40 µs per pipelined one.
+        self._batch: list[tuple[Any, Sequence[str], Sequence[str], asyncio.Future[Any]]] = []
+        self._flush_scheduled = False
+        self._flushes: set[asyncio.Task[None]] = set()
 
     # -- keys --------------------------------------------------------------------------------
 
@@ -139,10 +145,56 @@ class RedisLimitStore(LimitStore):
         return f"{self._instance}.{next(self._seq)}"
 
     async def _run(self, script: Any, keys: Sequence[str], args: Sequence[str]) -> Any:
+        """Run one script, batched with every other call of this loop tick. Each call is
+        still its own atomic script; only the network round trip is shared."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._batch.append((script, keys, args, fut))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._start_flush)
         try:
-            return await script(keys=keys, args=args)
+            return await fut
         except (RedisError, OSError) as exc:
             self._unavailable(exc)
+
+    def _start_flush(self) -> None:
+        self._flush_scheduled = False
+        batch, self._batch = self._batch, []
+        task = asyncio.get_running_loop().create_task(self._flush(batch))
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
+
+    async def _flush(
+        self, batch: list[tuple[Any, Sequence[str], Sequence[str], asyncio.Future[Any]]]
+    ) -> None:
+        try:
+            if len(batch) == 1:
+                script, keys, args, fut = batch[0]
+                results: list[Any] = [await script(keys=keys, args=args)]
+            else:
+                pipe = self._redis.pipeline(transaction=False)
+                for script, keys, args, _ in batch:
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                results = await pipe.execute(raise_on_error=False)
+                for i, (script, keys, args, _) in enumerate(batch):
+                    if isinstance(results[i], NoScriptError):
+                        # Redis restarted or flushed its script cache: load and run it again.
+                        results[i] = await script(keys=keys, args=args)
+        except BaseException as exc:  # the whole round trip failed: every caller sees it
+            for *_, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc if isinstance(exc, Exception) else RedisError(repr(exc)))
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (*_, fut), result in zip(batch, results, strict=True):
+            if fut.done():
+                continue
+            if isinstance(result, Exception):
+                fut.set_exception(result)
+            else:
+                fut.set_result(result)
 
     @staticmethod
     def _unavailable(exc: BaseException) -> NoReturn:
@@ -291,5 +343,7 @@ class RedisLimitStore(LimitStore):
             return False
 
     async def aclose(self) -> None:
+        if self._flushes:
+            await asyncio.gather(*self._flushes, return_exceptions=True)
         await self._redis.aclose()
         await self._pool.disconnect()

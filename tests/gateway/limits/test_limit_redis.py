@@ -154,3 +154,26 @@ async def test_unreachable_redis_raises_unavailable(closed_port: int) -> None:
 async def test_rejects_prefix_that_breaks_hash_tags() -> None:
     with pytest.raises(ValueError):
         RedisLimitStore(REDIS_URL, key_prefix="bad{prefix}")
+
+
+async def test_concurrent_calls_share_a_pipeline_and_survive_a_script_flush(
+    redis_client: aredis.Redis, redis_prefix: str
+) -> None:
+    store = RedisLimitStore(REDIS_URL, key_prefix=redis_prefix)
+    try:
+        limits = KeyLimits("batched", budget_micros=1_000, budget_period="total", rpm=1000)
+        # Redis forgets every script (as after a restart): batched EVALSHAs get NOSCRIPT,
+        # and the store loads the scripts and runs those calls again.
+        await redis_client.script_flush()
+        results = await asyncio.gather(*(store.reserve(limits, None, 30, f"r{i}") for i in range(50)))
+        assert sum(r.ok for r in results) == 33  # 33 x 30 <= 1000 < 34 x 30, exactly
+        rates = await asyncio.gather(*(store.check_rate(limits, 1) for _ in range(20)))
+        assert [r.remaining_requests for r in rates if r.allowed] != [] and all(r.allowed for r in rates)
+        await asyncio.gather(*(store.settle(limits, f"r{i}", 30, 10) for i in range(33)))
+        state = await store.spent(limits)
+        assert (state.spent, state.reserved) == (330, 0)
+    finally:
+        await store.aclose()
+        keys = [k async for k in redis_client.scan_iter(match=f"{redis_prefix}:*")]
+        if keys:
+            await redis_client.delete(*keys)
