@@ -101,12 +101,7 @@ def _load_compact(settings: Settings, pool: ModelPool) -> tuple[Policy | None, d
     policy = CompactPolicy(
         ckpt, pool, epsilon=settings.router.epsilon, temperature=settings.router.temperature
     )
-    return policy, {
-        "path": str(path),
-        "version": getattr(ckpt.metadata, "created_at", None)
-        if hasattr(ckpt, "metadata")
-        else None,
-    }
+    return policy, {"path": str(path), "version": ckpt.version, "feature_version": ckpt.feature_version}
 
 
 def _router_model(settings: Settings) -> PoolModel | None:
@@ -135,7 +130,6 @@ def build_runtime(
     *,
     events: CallEvents | None = None,
     previous: Runtime | None = None,
-    on_query_copy: Any = None,
 ) -> Runtime:
     """Build a snapshot; raises (CatalogError, CheckpointPoolMismatch, ...) with a clear
     message when the config is unusable, so a bad reload leaves the old snapshot serving."""
@@ -163,7 +157,6 @@ def build_runtime(
             router_model,
             temperature=settings.router.llm.temperature,
             system_prompt=settings.router.llm.system_prompt,
-            on_query_copy=on_query_copy,
         )
     default = settings.router.default_policy
     if default not in policies:

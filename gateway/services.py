@@ -67,7 +67,6 @@ class Services:
         self.runtime = build_runtime(
             s,
             events=_MetricEvents(self),
-            on_query_copy=lambda: self.metrics and self.metrics.query_copied(1),
         )
         if s.metrics.enabled:
             self.metrics = GatewayMetrics(

@@ -187,25 +187,29 @@ async def pricing(request: Request) -> Response:
     return _json({"catalog_version": rt.catalog.version, "pool": rt.pool.price_snapshot()})
 
 
+class ReloadRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # Deploy a router checkpoint (a path on the gateway's filesystem) without a config edit.
+    checkpoint: str | None = None
+
+
 @router.post("/reload")
 async def reload(request: Request) -> Response:
-    """Re-read the config file (pool, prices, checkpoint) and swap the runtime."""
+    """Re-read the config file (pool, prices, checkpoint) and swap the runtime; with
+    ``{"checkpoint": path}``, also switch the compact policy to that checkpoint. In-flight
+    requests finish on the runtime they started with."""
     s = await _admin(request)
     from gateway.settings import SettingsError, load_settings
 
+    body: ReloadRequest = await _body(request, ReloadRequest)
     path = request.app.state.config_path
     try:
         settings = load_settings(path) if path else s.settings
+        if body.checkpoint is not None:
+            router_settings = settings.router.model_copy(update={"checkpoint": body.checkpoint})
+            settings = settings.model_copy(update={"router": router_settings})
         rt = await s.reload(settings)
     except (SettingsError, ValueError, OSError) as exc:
-        raise APIError(
-            400, f"reload failed, still serving the previous config: {exc}", code="reload_failed"
-        ) from None
-    return _json(
-        {
-            "status": "reloaded",
-            "pool": rt.pool.names,
-            "policies": rt.policy_names,
-            "checkpoint": rt.checkpoint_info,
-        }
-    )
+        raise APIError(400, f"reload failed, still serving the previous config: {exc}", code="reload_failed") from None
+    return _json({"status": "reloaded", "pool": rt.pool.names, "policies": rt.policy_names, "checkpoint": rt.checkpoint_info})

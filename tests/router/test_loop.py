@@ -18,7 +18,8 @@ from router.policy import RouteContext, ToolCall
 from router.pool import ModelPool, PoolModelConfig
 from router.providers.client import DownstreamClient
 from router.tools import tool_name
-from tests.router.conftest import Downstream, ScriptedRouter
+from tests.conftest import ScriptedRouter
+from tests.router.conftest import Downstream
 
 CHEAP, MID, DEAR = "llama-3.2-3b-instruct", "gemma-2-9b-it", "llama-3.3-70b-instruct"
 ROUTER_PRICE = ModelPrice(input=Decimal("0.5"), output=Decimal("1.5"))
@@ -143,7 +144,7 @@ async def test_budget_exhausted_mid_loop(setup: Any, scripted_router: ScriptedRo
     assert r.final_model == CHEAP
     refused = [o for o in r.outcomes if not o.ok]
     assert [o.call.id for o in refused] == ["b"] and refused[0].error_kind == "budget"
-    told = [m for m in scripted_router.requests()[2]["messages"] if m.get("tool_call_id") == "b"][0]["content"]
+    told = next(m for m in scripted_router.requests()[2]["messages"] if m.get("tool_call_id") == "b")["content"]
     assert "budget" in told and '"selectable":false' in told
     assert r.cost_micros <= 1000
     assert_costs_add_up(p, r)

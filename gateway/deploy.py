@@ -1,0 +1,48 @@
+"""``xrouter deploy <checkpoint>``: make a running gateway hot-load a router checkpoint.
+
+The checkpoint is validated locally first (it loads, and says which pool it was trained on),
+then the gateway is asked to switch to it through the admin API; the gateway refuses it,
+and keeps serving the old one, if it does not fit its pool."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def run_deploy(args: argparse.Namespace) -> int:
+    from router.checkpoint import CheckpointError, load_checkpoint
+
+    path = Path(args.checkpoint).resolve()
+    try:
+        ckpt = load_checkpoint(path)
+    except CheckpointError as exc:
+        log.error("%s", exc)
+        return 2
+    if not args.admin_key:
+        log.error("an admin key is needed: --admin-key or XROUTER_ADMIN_KEY")
+        return 2
+    req = urllib.request.Request(
+        f"{args.url.rstrip('/')}/admin/reload",
+        data=json.dumps({"checkpoint": str(path)}).encode(),
+        headers={"Authorization": f"Bearer {args.admin_key}", "Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            body = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")
+        log.error("the gateway refused the checkpoint (%s): %s", exc.code, detail)
+        return 1
+    except urllib.error.URLError as exc:
+        log.error("cannot reach the gateway at %s: %s", args.url, exc.reason)
+        return 1
+    print(json.dumps({"deployed": str(path), "pool": ckpt.pool, **body}, indent=2))
+    return 0
