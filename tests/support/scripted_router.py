@@ -88,10 +88,14 @@ async def _main(port_file: str) -> None:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    await asyncio.to_thread(_announce, port_file, port)
+    await asyncio.Event().wait()
+
+
+def _announce(port_file: str, port: int) -> None:
     tmp = Path(port_file + ".tmp")
     tmp.write_text(str(port))
     os.replace(tmp, port_file)
-    await asyncio.Event().wait()
 
 
 if __name__ == "__main__":
