@@ -103,7 +103,7 @@ def observe(
                 reasoning_tokens=o.usage.reasoning_tokens,
                 cost_micros=o.cost_micros,
                 duration_s=o.latency_ms / 1000,
-                ttft_s=None,
+                ttft_s=o.ttft_ms / 1000 if o.ttft_ms is not None else None,
             )
         for action in state.decision.actions:
             metrics.decision(rlog.policy, action)

@@ -118,6 +118,7 @@ class _ProviderStream:
             usage=st.usage or TokenUsage(),
             cost_micros=self.sc.cost_micros(),
             latency_ms=st.latency_ms,
+            ttft_ms=st.ttft_ms,
             attempts=self.sc.attempts,
             fallback_from=self.sc.fallback_from,
             error=None if complete else "stream ended before usage was reported",

@@ -82,6 +82,7 @@ class CallOutcome:
     usage: TokenUsage = field(default_factory=TokenUsage)
     cost_micros: int = 0
     latency_ms: float = 0.0
+    ttft_ms: float | None = None  # streamed calls: time to the first chunk
     error: str | None = None
     error_kind: str | None = None
     attempts: int = 1
