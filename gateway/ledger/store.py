@@ -45,9 +45,11 @@ def _install_sqlite_events(engine: AsyncEngine) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         try:
+            # busy_timeout first: switching to WAL takes a lock too, and without a timeout
+            # a worker starting next to another fails at once with "database is locked".
+            cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         finally:
             cursor.close()
 

@@ -37,7 +37,7 @@ async def set_script(request: web.Request) -> web.Response:
     s: Script = request.app["script"]
     body = orjson.loads(await request.read())
     s.turns = list(body["turns"])
-    s.usage = body.get("usage") or s.usage
+    s.usage = body.get("usage") or {"prompt_tokens": 100, "completion_tokens": 20}
     s.requests = []
     return _json({"turns": len(s.turns)})
 
