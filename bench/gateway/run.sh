@@ -9,6 +9,7 @@
 #   --full    also xrouter with auth, a budgeted and rate-limited key, Redis limits and a
 #             PostgreSQL ledger (the production stack)
 #   --litellm also LiteLLM proxy (one worker, no database) through the same harness
+#   --compact also xrouter/compact end to end (features + policy + the call), demo pool
 #   --quick   shorter runs (5 s warm-up, 10 s measured, one repeat) for a smoke check
 # Needs: the harness's setup.sh run once (wrk, /tmp/venvs/{fake,litellm}); the project venv.
 set -euo pipefail
@@ -17,11 +18,12 @@ ROOT=$(cd "$HERE/../.." && pwd)
 HARNESS=${HARNESS:-$ROOT/../shared/bench/gateway}
 XR=${XROUTER_BIN:-$ROOT/.venv/bin/xrouter}
 OUT=${OUT:-/tmp/xrouter-bench-$(date +%Y%m%d-%H%M%S)}
-FULL=0; LITELLM=0; TIMING=()
+FULL=0; LITELLM=0; COMPACT=0; TIMING=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --full) FULL=1; shift ;;
     --litellm) LITELLM=1; shift ;;
+    --compact) COMPACT=1; shift ;;
     --quick) TIMING=(--warmup 5 --duration 10 --repeat 1); shift ;;
     --out) OUT=$2; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
@@ -56,7 +58,15 @@ if [[ $FULL == 1 ]]; then
   trap - EXIT
 fi
 
-# 3. LiteLLM proxy, the anchor.
+# 3. xrouter/compact: the learned policy decides per request, then the call goes through.
+if [[ $COMPACT == 1 ]]; then
+  MODE=compact "$HERE/xrouter_config.sh" "$OUT/compact.yaml"
+  "$HARNESS/run.sh" --gateway-cmd "$XR serve --config $OUT/compact.yaml --port 4102" \
+    --gateway-url http://127.0.0.1:4102 --model xrouter/compact --label xrouter-compact --skip-direct \
+    --out "$OUT/compact" "${TIMING[@]}"
+fi
+
+# 4. LiteLLM proxy, the anchor.
 if [[ $LITELLM == 1 ]]; then
   "$HARNESS/run.sh" --litellm --skip-direct --out "$OUT/litellm" "${TIMING[@]}"
 fi
