@@ -17,7 +17,14 @@ import orjson
 from pydantic import ValidationError
 from starlette.responses import Response, StreamingResponse
 
-from gateway.errors import APIError, bad_request, from_provider_error, not_found, upstream_error
+from gateway.errors import (
+    APIError,
+    bad_request,
+    forbidden,
+    from_provider_error,
+    not_found,
+    upstream_error,
+)
 from gateway.hooks import RequestHooks, RequestLog
 from gateway.runtime import POLICY_PREFIX, ROUTER_MODEL, Runtime
 from gateway.schemas import ChatCompletionRequest
@@ -101,26 +108,14 @@ def _resolve(rt: Runtime, req: ChatCompletionRequest, who: Principal) -> Resolve
                 f"unknown router policy {policy_name!r}; available: {', '.join(rt.policy_names)}"
             )
         if who.allowed_policies is not None and policy_name not in who.allowed_policies:
-            raise APIError(
-                403,
-                f"this key may not use policy {policy_name!r}",
-                type="permission_error",
-                param="model",
-                code="policy_not_allowed",
-            )
+            raise forbidden(f"this key may not use policy {policy_name!r}", "policy_not_allowed")
         return Resolved(policy, policy_name, passthrough=False)
     if name not in rt.pool:
         raise not_found(
             f"the model {name!r} does not exist; GET /v1/models lists the available ones"
         )
     if who.allowed_models is not None and name not in who.allowed_models:
-        raise APIError(
-            403,
-            f"this key may not use model {name!r}",
-            type="permission_error",
-            param="model",
-            code="model_not_allowed",
-        )
+        raise forbidden(f"this key may not use model {name!r}", "model_not_allowed")
     return Resolved(PassThrough(name), "passthrough", passthrough=True, pool_names=[name])
 
 
@@ -140,12 +135,8 @@ def _route_pool(
             )
         names = [n for n in names if n in req.xrouter.models]
     if not names:
-        raise APIError(
-            403,
-            "no pool model is allowed for this request",
-            type="permission_error",
-            param="xrouter.models",
-            code="no_allowed_models",
+        raise forbidden(
+            "no pool model is allowed for this request", "no_allowed_models", "xrouter.models"
         )
     return names
 

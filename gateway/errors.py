@@ -61,6 +61,10 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, param=param, code=code)
 
 
+def forbidden(message: str, code: str, param: str | None = "model") -> APIError:
+    return APIError(403, message, type="permission_error", param=param, code=code)
+
+
 def not_found(message: str, param: str | None = "model") -> APIError:
     return APIError(404, message, type="invalid_request_error", param=param, code="model_not_found")
 

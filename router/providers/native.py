@@ -56,6 +56,21 @@ def status_error(status: int, text: str, model: PoolModel, headers: Any = None) 
     )  # type: ignore[arg-type]
 
 
+def _timeout(model: PoolModel) -> ProviderError:
+    return ProviderError(
+        "timeout", f"upstream {model.name} timed out after {model.timeout_s:g}s", model=model.name
+    )
+
+
+def _unreachable(model: PoolModel, exc: BaseException) -> ProviderError:
+    # Only the exception's type: its text can carry the upstream's address.
+    return ProviderError(
+        "connection",
+        f"could not reach upstream {model.name} ({type(exc).__name__})",
+        model=model.name,
+    )
+
+
 class NativeOpenAIProvider(Provider):
     def __init__(self, session_factory: Any = None) -> None:
         self._session: aiohttp.ClientSession | None = None
@@ -98,17 +113,9 @@ class NativeOpenAIProvider(Provider):
                         resp.status, raw.decode("utf-8", "replace"), model, resp.headers
                     )
         except TimeoutError:
-            raise ProviderError(
-                "timeout",
-                f"upstream {model.name} timed out after {model.timeout_s:g}s",
-                model=model.name,
-            ) from None
+            raise _timeout(model) from None
         except aiohttp.ClientError as exc:
-            raise ProviderError(
-                "connection",
-                f"could not reach upstream {model.name}: {sanitize(type(exc).__name__)}",
-                model=model.name,
-            ) from None
+            raise _unreachable(model, exc) from None
         try:
             data = orjson.loads(raw)
             if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
@@ -176,17 +183,9 @@ class NativeOpenAIProvider(Provider):
                         model=model.name,
                     )
         except TimeoutError:
-            raise ProviderError(
-                "timeout",
-                f"upstream {model.name} timed out after {model.timeout_s:g}s",
-                model=model.name,
-            ) from None
+            raise _timeout(model) from None
         except aiohttp.ClientError as exc:
-            raise ProviderError(
-                "connection",
-                f"upstream {model.name} connection failed: {sanitize(type(exc).__name__)}",
-                model=model.name,
-            ) from None
+            raise _unreachable(model, exc) from None
         finally:
             stats.latency_ms = (time.perf_counter() - start) * 1000
 
