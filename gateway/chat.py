@@ -141,6 +141,14 @@ def _route_pool(
     return names
 
 
+def _max_turns(rt: Runtime, resolved: Resolved) -> int:
+    if resolved.passthrough:
+        return 1
+    if resolved.policy_name == "llm":
+        return rt.settings.router.llm.max_turns
+    return rt.settings.router.max_turns
+
+
 def build_context(
     rt: Runtime,
     data: dict[str, Any],
@@ -164,7 +172,7 @@ def build_context(
         pool=pool,
         cost_weight=cost_weight,
         max_cost_micros=max_cost,
-        max_turns=1 if resolved.passthrough else rt.settings.router.max_turns,
+        max_turns=_max_turns(rt, resolved),
         tools=data.get("tools"),
         request_params=params,
     )

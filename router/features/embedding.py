@@ -85,9 +85,9 @@ class StaticEmbedding:
         self._tokenizer.no_padding()
         self._tokenizer.enable_truncation(max_tokens)
         self._max_tokens = max_tokens
-        # Like model2vec, cut absurdly long inputs by characters before tokenizing so a
-        # 1 MB prompt costs the same as a 512-token one (a token averages this many chars).
-        self._max_chars = max_tokens * max(median_token_length, 1) * 2
+        # Like model2vec, cut long inputs by characters before tokenizing (max_tokens times
+        # the median token length): a 1 MB prompt then costs what a 512-token one does.
+        self._max_chars = max_tokens * max(median_token_length, 1)
         self._unk = unk_token_id
         self.info = EmbeddingInfo(
             dim=int(table.shape[1]),
@@ -138,7 +138,7 @@ class StaticEmbedding:
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids per text (no special tokens, unknown tokens dropped, truncated)."""
         clipped = [t[: self._max_chars] for t in texts]
-        encodings = self._tokenizer.encode_batch(clipped, add_special_tokens=False)
+        encodings = self._tokenizer.encode_batch_fast(clipped, add_special_tokens=False)
         if self._unk is None:
             return [e.ids for e in encodings]
         unk = self._unk
@@ -148,15 +148,19 @@ class StaticEmbedding:
         """Mean of the token vectors, L2-normalized (zeros for no tokens)."""
         if not ids:
             return np.zeros(self.dim, dtype=np.float32)
-        v = self._table[np.asarray(ids, dtype=np.intp)].mean(axis=0)
+        # The sum, not the mean: normalization cancels the 1/len factor.
+        v: np.ndarray = np.add.reduce(self._table.take(ids, axis=0), axis=0)
         n = float(np.sqrt(v @ v))
         return v / n if n > 0 else v
 
     def encode_one(self, text: str) -> tuple[np.ndarray, int]:
-        """(vector, number of tokens used) for one text: the request-path entry point."""
-        enc = self._tokenizer.encode(text[: self._max_chars], add_special_tokens=False)
+        """(vector, number of known tokens used) for one text: the request-path entry point."""
+        # encode_batch_fast skips the offset bookkeeping encode() does: ~15% faster.
+        enc = self._tokenizer.encode_batch_fast(
+            [text[: self._max_chars]], add_special_tokens=False
+        )[0]
         ids = enc.ids if self._unk is None else [i for i in enc.ids if i != self._unk]
-        return self.pool(ids), len(enc.ids)
+        return self.pool(ids), len(ids)
 
     def encode(self, texts: Sequence[str], *, batch_size: int = 512) -> np.ndarray:
         """Encode many texts: ``(len(texts), dim)`` float32, rows L2-normalized."""

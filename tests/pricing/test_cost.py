@@ -2,7 +2,14 @@ from decimal import Decimal
 
 import pytest
 
-from pricing import CatalogError, ModelPrice, PriceCatalog, TokenUsage, load_default_catalog, usd_to_micros
+from pricing import (
+    CatalogError,
+    ModelPrice,
+    PriceCatalog,
+    TokenUsage,
+    load_default_catalog,
+    usd_to_micros,
+)
 from pricing.money import format_usd, round_micros
 
 
