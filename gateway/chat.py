@@ -25,12 +25,12 @@ from gateway.errors import (
     not_found,
     upstream_error,
 )
-from gateway.hooks import RequestHooks, RequestLog
+from gateway.hooks import KeyBudgetGuard, RequestHooks, RequestLog
 from gateway.runtime import POLICY_PREFIX, ROUTER_MODEL, Runtime
 from gateway.schemas import ChatCompletionRequest
 from pricing import usd_to_micros
 from pricing.money import format_usd, micros_to_usd
-from router.loop import BudgetGuard, NoAnswer, RouteResult
+from router.loop import NoAnswer, RouteResult
 from router.policy import Call, LoopState, Policy, RouteContext, Select, Step, ToolCall
 from router.providers.errors import ProviderError
 
@@ -231,7 +231,7 @@ class ChatService:
             ctx = build_context(rt, data, req, who, resolved, request_id)
             rlog.messages = data["messages"]
             rlog.stream = req.stream
-            guard: BudgetGuard | None = await self.hooks.admit(rlog, ctx)
+            guard: KeyBudgetGuard | None = await self.hooks.admit(rlog, ctx)
             try:
                 result = await rt.orchestrator.run(
                     resolved.policy, ctx, stream=req.stream, guard=guard

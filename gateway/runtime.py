@@ -80,7 +80,6 @@ def _load_compact(settings: Settings, pool: ModelPool) -> tuple[Policy | None, d
     try:
         from router.checkpoint import (
             CheckpointError,
-            check_pool,
             default_checkpoint_path,
             load_checkpoint,
         )
@@ -90,17 +89,18 @@ def _load_compact(settings: Settings, pool: ModelPool) -> tuple[Policy | None, d
         return None, {}
     explicit = settings.router.checkpoint is not None
     path = settings.router.checkpoint or default_checkpoint_path()
+    r = settings.router
     try:
-        ckpt = load_checkpoint(path)
-        check_pool(ckpt, pool)
+        # The policy checks the checkpoint's pool against ours (and warns on price changes).
+        policy = CompactPolicy(
+            load_checkpoint(path), pool, epsilon=r.epsilon, temperature=r.temperature, sample=r.sample
+        )
     except CheckpointError as exc:
         if explicit:
             raise
         log.warning("packaged compact checkpoint not used: %s", exc)
         return None, {}
-    policy = CompactPolicy(
-        ckpt, pool, epsilon=settings.router.epsilon, temperature=settings.router.temperature
-    )
+    ckpt = policy.checkpoint
     return policy, {"path": str(path), "version": ckpt.version, "feature_version": ckpt.feature_version}
 
 

@@ -103,7 +103,11 @@ class RouterSettings(_Section):
     max_turns: int = Field(default=4, ge=1, le=16)
     checkpoint: str | None = None
     watch_files: bool = True
+    # Exploration for the compact policy, so logged traffic supports off-policy learning:
+    # ε-greedy mixing, or sampling from the softmax at ``temperature`` (``sample: true``).
+    # The propensity of the chosen action is logged either way.
     epsilon: float = Field(default=0.0, ge=0, le=1)
+    sample: bool = False
     temperature: float = Field(default=1.0, gt=0)
     cascade_order: list[str] = Field(default_factory=list)
     cascade_check: Literal["nonempty", "agreement"] = "agreement"

@@ -46,7 +46,8 @@ class NoAnswer(Exception):
 class StreamingCall(Protocol):
     """A final call whose answer streams straight through to the client."""
 
-    chunks: AsyncIterator[dict[str, Any]]
+    @property
+    def chunks(self) -> AsyncIterator[dict[str, Any]]: ...
 
     def finish(self) -> CallOutcome:
         """The call's outcome, once ``chunks`` is exhausted (or abandoned)."""

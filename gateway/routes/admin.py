@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import orjson
 from fastapi import APIRouter, Request
@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from gateway.errors import APIError, bad_request
 from gateway.ledger.keys import DuplicateAliasError, KeyInfo, KeyNotFoundError
-from gateway.ledger.spend import spend_report
+from gateway.ledger.spend import GroupBy, spend_report
 from gateway.routes.openai import read_body, services
 from gateway.services import Services
 from pricing import micros_to_usd, usd_to_micros
@@ -172,7 +172,7 @@ async def spend(request: Request) -> Response:
     await s.ledger.flush()
     rows = await spend_report(
         s.engine,
-        group_by,
+        cast(list[GroupBy], group_by),
         since=_time(q.get("since"), "since"),
         until=_time(q.get("until"), "until"),
         key_id=q.get("key"),

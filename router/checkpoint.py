@@ -1,0 +1,370 @@
+"""Compact-policy checkpoints: weights (safetensors) plus JSON metadata.
+
+Two layouts, both written by :func:`save_checkpoint` and read by :func:`load_checkpoint`:
+
+- a directory holding ``weights.safetensors`` and ``checkpoint.json`` (the default: easy to
+  inspect and diff);
+- a single ``*.safetensors`` file whose header metadata carries the same JSON under the key
+  ``xrouter_checkpoint`` (one file to ship).
+
+The metadata says everything needed to decide whether a checkpoint may serve a pool: the
+ordered pool it was trained on (position = action index), the prices at training time, the
+feature version of the inputs, the architecture, and how it was trained and scored.
+numpy + safetensors + pydantic only: the gateway loads checkpoints without torch.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from safetensors import safe_open
+from safetensors.numpy import load_file, save_file
+
+from router.pool import ModelPool
+
+logger = logging.getLogger(__name__)
+
+FORMAT: Literal["xrouter-compact"] = "xrouter-compact"
+FORMAT_VERSION = 1
+WEIGHTS_FILE = "weights.safetensors"
+META_FILE = "checkpoint.json"
+HEADER_KEY = "xrouter_checkpoint"
+
+
+def default_checkpoint_path() -> Path:
+    """The checkpoint shipped with xrouter for the demo pool."""
+    return Path(str(resources.files("router").joinpath("assets/checkpoints/demo")))
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, malformed or internally inconsistent."""
+
+
+class CheckpointPoolMismatch(CheckpointError):
+    """The configured pool cannot be served by the checkpoint."""
+
+
+class LambdaEncoding(BaseModel):
+    """How the cost weight λ enters the network (see ``router.policies.compact.encode_lambda``).
+
+    ``u = log1p(λ / lambda_scale) / log_scale`` (0 at λ = 0, about 1 at the largest trained λ;
+    dividing by ``lambda_scale`` ≈ the smallest trained λ keeps small cost weights apart,
+    which plain ``log1p(λ)`` squashes together); the encoding is ``[u, sin(πfu), cos(πfu) for
+    f in fourier_freqs, 1 − exp(−λ/c) for c in monotone_scales]``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lambda_scale: float = Field(default=0.01, gt=0)
+    log_scale: float = Field(default=math.log1p(30.0 / 0.01), gt=0)
+    fourier_freqs: tuple[float, ...] = (0.5, 1.0, 2.0)
+    monotone_scales: tuple[float, ...] = (0.03, 0.5, 10.0)
+
+    @property
+    def dim(self) -> int:
+        return 1 + 2 * len(self.fourier_freqs) + len(self.monotone_scales)
+
+
+class Architecture(BaseModel):
+    """An MLP over [standardized features, λ-encoding]; the λ-encoding is fed again to the
+    output layer so the cost trade-off can act directly on the logits."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["mlp"] = "mlp"
+    input_dim: int = Field(gt=0)
+    hidden: tuple[int, ...] = (128, 128)
+    activation: Literal["gelu_tanh", "relu", "silu"] = "gelu_tanh"
+    n_actions: int = Field(gt=0)
+    lambda_encoding: LambdaEncoding = Field(default_factory=LambdaEncoding)
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor of the checkpoint and its shape (torch layout: (out, in))."""
+        e = self.lambda_encoding.dim
+        shapes: dict[str, tuple[int, ...]] = {
+            "input_mean": (self.input_dim,),
+            "input_std": (self.input_dim,),
+        }
+        prev = self.input_dim + e
+        for i, width in enumerate(self.hidden):
+            shapes[f"layers.{i}.weight"] = (width, prev)
+            shapes[f"layers.{i}.bias"] = (width,)
+            prev = width
+        shapes["head.weight"] = (self.n_actions, prev + e)
+        shapes["head.bias"] = (self.n_actions,)
+        return shapes
+
+
+class CheckpointMetadata(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    format: Literal["xrouter-compact"] = FORMAT
+    format_version: int = FORMAT_VERSION
+    created_at: dt.datetime = Field(default_factory=lambda: dt.datetime.now(dt.UTC))
+    name: str = ""
+    description: str = ""
+    # Ordered: position i is the model of logit i.
+    pool: list[str]
+    # USD per 1M tokens as decimal strings, {"<model>": {"input": "0.2", "output": "0.2"}};
+    # a model may be absent when its price was unknown at training time.
+    prices: dict[str, dict[str, str]] = Field(default_factory=dict)
+    feature_version: str
+    feature_config: dict[str, Any] = Field(default_factory=dict)
+    architecture: Architecture
+    reward: dict[str, Any] = Field(default_factory=dict)
+    training: dict[str, Any] = Field(default_factory=dict)
+    metrics: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("pool")
+    @classmethod
+    def _unique_pool(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("pool is empty")
+        if len(set(v)) != len(v):
+            raise ValueError(f"pool has duplicate models: {v}")
+        return v
+
+
+@dataclass(slots=True)
+class CompactCheckpoint:
+    metadata: CheckpointMetadata
+    weights: dict[str, np.ndarray]
+    path: Path | None = None
+
+    @property
+    def pool(self) -> list[str]:
+        return list(self.metadata.pool)
+
+    @property
+    def feature_version(self) -> str:
+        return self.metadata.feature_version
+
+    @property
+    def version(self) -> str:
+        """A short content hash of weights and metadata: names exactly this checkpoint in
+        logs, the ledger and reload responses."""
+        h = hashlib.sha256(self.metadata.model_dump_json().encode())
+        for name in sorted(self.weights):
+            h.update(name.encode())
+            h.update(np.ascontiguousarray(self.weights[name], dtype=np.float32).tobytes())
+        return h.hexdigest()[:12]
+
+    @property
+    def architecture(self) -> Architecture:
+        return self.metadata.architecture
+
+    def validate(self) -> None:
+        """Raise :class:`CheckpointError` unless metadata and weights agree."""
+        meta = self.metadata
+        where = str(self.path) if self.path else "checkpoint"
+        if meta.format_version > FORMAT_VERSION:
+            raise CheckpointError(
+                f"{where}: format version {meta.format_version} is newer than this xrouter "
+                f"understands ({FORMAT_VERSION}); upgrade xrouter"
+            )
+        if meta.architecture.n_actions != len(meta.pool):
+            raise CheckpointError(
+                f"{where}: architecture has {meta.architecture.n_actions} actions but the pool "
+                f"lists {len(meta.pool)} models"
+            )
+        expected = meta.architecture.weight_shapes()
+        missing = sorted(set(expected) - set(self.weights))
+        extra = sorted(set(self.weights) - set(expected))
+        if missing or extra:
+            raise CheckpointError(f"{where}: weights missing {missing}, unexpected {extra}")
+        for name, shape in expected.items():
+            w = self.weights[name]
+            if tuple(w.shape) != shape:
+                raise CheckpointError(f"{where}: {name} has shape {w.shape}, expected {shape}")
+            if not np.all(np.isfinite(w)):
+                raise CheckpointError(f"{where}: {name} has non-finite values")
+        if np.any(self.weights["input_std"] <= 0):
+            raise CheckpointError(f"{where}: input_std must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class PoolCheck:
+    """How a configured pool maps onto a checkpoint."""
+
+    active: list[str]  # checkpoint models present in the pool, in checkpoint order
+    masked: list[str]  # checkpoint models absent from the pool (never chosen)
+    price_changes: dict[str, dict[str, tuple[str | None, str | None]]] = field(default_factory=dict)
+
+    @property
+    def warnings(self) -> list[str]:
+        out = []
+        for model, changes in self.price_changes.items():
+            desc = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changes.items())
+            out.append(f"price of {model!r} changed since training ({desc} USD/1M tokens)")
+        return out
+
+
+def _same_price(a: str | None, b: str | None) -> bool:
+    if a is None or b is None:
+        return a == b
+    try:
+        return Decimal(a) == Decimal(b)
+    except InvalidOperation:
+        return a == b
+
+
+def check_pool(ckpt: CompactCheckpoint, pool: ModelPool) -> PoolCheck:
+    """Check that ``pool`` can be served by ``ckpt``.
+
+    A pool model the checkpoint was not trained on is an error (the policy has no action
+    for it); checkpoint models missing from the pool are fine (masked out); a changed price
+    is a warning (the policy's trade-offs were learned at the old prices) and is logged.
+    """
+    trained = ckpt.pool
+    configured = pool.names
+    extra = [m for m in configured if m not in trained]
+    masked = [m for m in trained if m not in pool]
+    name = ckpt.metadata.name or (str(ckpt.path) if ckpt.path else "the checkpoint")
+    if extra or len(masked) == len(trained):
+        parts = [f"{name} cannot route the configured pool"]
+        if extra:
+            parts.append(f"models it was not trained on: {', '.join(extra)}")
+        if len(masked) == len(trained):
+            parts.append("no model of the pool is in the checkpoint")
+        parts.append(f"checkpoint pool: {', '.join(trained)}")
+        parts.append(f"configured pool: {', '.join(configured) or '(empty)'}")
+        parts.append("retrain on the new pool or remove the extra models")
+        raise CheckpointPoolMismatch("; ".join(parts))
+    changes: dict[str, dict[str, tuple[str | None, str | None]]] = {}
+    now = pool.price_snapshot()
+    for model in configured:
+        then = ckpt.metadata.prices.get(model)
+        if then is None:
+            continue
+        diff = {
+            k: (then.get(k), now[model].get(k))
+            for k in ("input", "output")
+            if not _same_price(then.get(k), now[model].get(k))
+        }
+        if diff:
+            changes[model] = diff
+    result = PoolCheck(
+        active=[m for m in trained if m in pool], masked=masked, price_changes=changes
+    )
+    for w in result.warnings:
+        logger.warning("%s: %s", name, w)
+    if masked:
+        logger.info("%s: models not in the configured pool are masked: %s", name, ", ".join(masked))
+    return result
+
+
+def _is_single_file(path: Path) -> bool:
+    return path.suffix == ".safetensors"
+
+
+def save_checkpoint(
+    path: str | Path, metadata: CheckpointMetadata, weights: dict[str, np.ndarray]
+) -> CompactCheckpoint:
+    """Validate and write a checkpoint (a directory, or one file if ``path`` ends in
+    ``.safetensors``). Returns the checkpoint as it will load."""
+    p = Path(path)
+    arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in weights.items()}
+    ckpt = CompactCheckpoint(metadata, arrays, p)
+    ckpt.validate()
+    meta_json = metadata.model_dump_json(indent=2)
+    if _is_single_file(p):
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(p.name + ".tmp")
+        save_file(arrays, str(tmp), metadata={HEADER_KEY: meta_json})
+        tmp.chmod(0o644)  # safetensors creates files owner-only; a checkpoint is not a secret
+        tmp.replace(p)
+    else:
+        p.mkdir(parents=True, exist_ok=True)
+        save_file(arrays, str(p / WEIGHTS_FILE))
+        (p / WEIGHTS_FILE).chmod(0o644)
+        (p / META_FILE).write_text(meta_json + "\n", encoding="utf-8")
+    return ckpt
+
+
+def _parse_metadata(raw: str | bytes, where: str) -> CheckpointMetadata:
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{where}: metadata is not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise CheckpointError(f"{where}: not an {FORMAT} checkpoint")
+    try:
+        return CheckpointMetadata.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"]) or "(metadata)"
+        raise CheckpointError(f"{where}: {loc}: {first['msg']}") from None
+
+
+def read_metadata(path: str | Path) -> CheckpointMetadata:
+    """The metadata only (cheap: no weights are read)."""
+    p = Path(path)
+    if p.is_dir():
+        meta = p / META_FILE
+        if not meta.is_file():
+            raise CheckpointError(f"{p}: no {META_FILE}")
+        return _parse_metadata(meta.read_bytes(), str(meta))
+    if p.is_file():
+        try:
+            with safe_open(str(p), framework="np") as fh:
+                header = fh.metadata() or {}
+        except Exception as exc:  # safetensors raises its own error types
+            raise CheckpointError(f"{p}: not a safetensors file ({exc})") from None
+        if HEADER_KEY not in header:
+            raise CheckpointError(f"{p}: safetensors file has no {HEADER_KEY} metadata")
+        return _parse_metadata(header[HEADER_KEY], str(p))
+    raise CheckpointError(f"{p}: no such checkpoint")
+
+
+def load_checkpoint(path: str | Path) -> CompactCheckpoint:
+    """Read and validate a checkpoint directory or file. Blocking file I/O: call it at
+    startup or from a thread."""
+    p = Path(path)
+    metadata = read_metadata(p)
+    weights_path = p / WEIGHTS_FILE if p.is_dir() else p
+    if not weights_path.is_file():
+        raise CheckpointError(f"{p}: no {WEIGHTS_FILE}")
+    try:
+        weights = load_file(str(weights_path))
+    except Exception as exc:
+        raise CheckpointError(f"{weights_path}: cannot read weights ({exc})") from None
+    ckpt = CompactCheckpoint(metadata, {k: v.astype(np.float32) for k, v in weights.items()}, p)
+    ckpt.validate()
+    return ckpt
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointInfo:
+    path: Path
+    metadata: CheckpointMetadata
+
+
+def list_checkpoints(directory: str | Path) -> list[CheckpointInfo]:
+    """Checkpoints directly under ``directory`` (subdirectories and ``.safetensors`` files),
+    newest first. Unreadable entries are skipped with a warning."""
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    found: list[CheckpointInfo] = []
+    for entry in sorted(root.iterdir()):
+        if not (entry.is_dir() and (entry / META_FILE).is_file()) and not (
+            entry.is_file() and _is_single_file(entry)
+        ):
+            continue
+        try:
+            found.append(CheckpointInfo(entry, read_metadata(entry)))
+        except CheckpointError as exc:
+            logger.warning("skipping %s: %s", entry, exc)
+    found.sort(key=lambda c: c.metadata.created_at, reverse=True)
+    return found

@@ -1,0 +1,171 @@
+"""Compact checkpoints: round trips in both layouts, validation, the registry, and the pool
+check that decides whether a checkpoint may serve a configured pool."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from decimal import Decimal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pricing import ModelPrice, PriceCatalog
+from router.checkpoint import (
+    Architecture,
+    CheckpointError,
+    CheckpointMetadata,
+    CheckpointPoolMismatch,
+    check_pool,
+    default_checkpoint_path,
+    list_checkpoints,
+    load_checkpoint,
+    read_metadata,
+    save_checkpoint,
+)
+from router.pool import ModelPool, PoolModelConfig
+
+MODELS = ["small", "medium", "large"]
+PRICES = {"small": ("0.1", "0.2"), "medium": ("0.5", "1.5"), "large": ("3", "15")}
+
+
+def make_pool(names: list[str], prices: dict[str, tuple[str, str]] | None = None) -> ModelPool:
+    table = {**PRICES, **(prices or {})}
+    catalog = PriceCatalog(
+        {n: ModelPrice(input=Decimal(table[n][0]), output=Decimal(table[n][1])) for n in names}
+    )
+    return ModelPool.from_configs(
+        [
+            PoolModelConfig(name=n, model=f"hosted_vllm/{n}", api_base="http://127.0.0.1:9/v1")
+            for n in names
+        ],
+        catalog,
+    )
+
+
+def make_checkpoint(
+    seed: int = 0, created: dt.datetime | None = None
+) -> tuple[CheckpointMetadata, dict[str, np.ndarray]]:
+    arch = Architecture(input_dim=6, hidden=(5, 4), n_actions=len(MODELS))
+    rng = np.random.default_rng(seed)
+    weights = {k: rng.normal(size=s).astype(np.float32) for k, s in arch.weight_shapes().items()}
+    weights["input_std"] = np.abs(weights["input_std"]) + 0.5
+    meta = CheckpointMetadata(
+        name=f"test-{seed}",
+        pool=MODELS,
+        prices=make_pool(MODELS).price_snapshot(),
+        feature_version="fx1-test",
+        architecture=arch,
+        reward={"form": "gated"},
+        training={"steps": 3},
+        metrics={"validation_mean_reward": 0.5},
+        **({"created_at": created} if created else {}),
+    )
+    return meta, weights
+
+
+@pytest.mark.parametrize("layout", ["dir", "file.safetensors"])
+def test_round_trip(tmp_path: Path, layout: str) -> None:
+    meta, weights = make_checkpoint()
+    path = tmp_path / layout
+    save_checkpoint(path, meta, weights)
+    ckpt = load_checkpoint(path)
+    assert ckpt.metadata == meta
+    assert sorted(ckpt.weights) == sorted(weights)
+    for k, w in weights.items():
+        assert np.array_equal(ckpt.weights[k], w)
+    assert read_metadata(path) == meta
+    assert ckpt.version == load_checkpoint(path).version
+
+
+def test_version_tracks_content(tmp_path: Path) -> None:
+    meta, weights = make_checkpoint()
+    a = save_checkpoint(tmp_path / "a", meta, weights)
+    weights["head.bias"] = weights["head.bias"] + 1
+    b = save_checkpoint(tmp_path / "b", meta, weights)
+    assert a.version != b.version
+
+
+def test_invalid_checkpoints_are_refused(tmp_path: Path) -> None:
+    meta, weights = make_checkpoint()
+    bad = dict(weights, **{"layers.0.weight": np.zeros((2, 2), np.float32)})
+    with pytest.raises(CheckpointError, match=r"layers\.0\.weight has shape"):
+        save_checkpoint(tmp_path / "x", meta, bad)
+    nan = dict(weights, **{"head.bias": np.full(3, np.nan, np.float32)})
+    with pytest.raises(CheckpointError, match="non-finite"):
+        save_checkpoint(tmp_path / "x", meta, nan)
+    with pytest.raises(CheckpointError, match="missing"):
+        save_checkpoint(
+            tmp_path / "x", meta, {k: v for k, v in weights.items() if k != "head.weight"}
+        )
+
+    save_checkpoint(tmp_path / "future", meta, weights)
+    raw = json.loads((tmp_path / "future" / "checkpoint.json").read_text())
+    raw["format_version"] = 99
+    (tmp_path / "future" / "checkpoint.json").write_text(json.dumps(raw))
+    with pytest.raises(CheckpointError, match="newer than this xrouter"):
+        load_checkpoint(tmp_path / "future")
+    raw["format"] = "something-else"
+    (tmp_path / "future" / "checkpoint.json").write_text(json.dumps(raw))
+    with pytest.raises(CheckpointError, match="not an xrouter-compact checkpoint"):
+        load_checkpoint(tmp_path / "future")
+    (tmp_path / "junk.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(CheckpointError, match="not a safetensors file"):
+        load_checkpoint(tmp_path / "junk.safetensors")
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        load_checkpoint(tmp_path / "nowhere")
+
+
+def test_registry_lists_newest_first_and_skips_junk(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    for i, name in enumerate(["old", "new.safetensors", "mid"]):
+        meta, weights = make_checkpoint(i, t0 + dt.timedelta(days=[0, 2, 1][i]))
+        save_checkpoint(tmp_path / name, meta, weights)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "checkpoint.json").write_text("{")
+    (tmp_path / "notes.txt").write_text("ignored")
+    with caplog.at_level(logging.WARNING):
+        infos = list_checkpoints(tmp_path)
+    assert [i.path.name for i in infos] == ["new.safetensors", "mid", "old"]
+    assert infos[0].metadata.name == "test-1"
+    assert "broken" in caplog.text
+    assert list_checkpoints(tmp_path / "missing") == []
+
+
+def test_pool_check(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    meta, weights = make_checkpoint()
+    ckpt = save_checkpoint(tmp_path / "c", meta, weights)
+
+    same = check_pool(ckpt, make_pool(MODELS))
+    assert same.active == MODELS and same.masked == [] and same.warnings == []
+
+    subset = check_pool(ckpt, make_pool(["large", "small"]))
+    assert subset.active == ["small", "large"] and subset.masked == ["medium"]
+
+    with caplog.at_level(logging.WARNING):
+        changed = check_pool(ckpt, make_pool(MODELS, {"large": ("2.5", "15")}))
+    assert changed.price_changes == {"large": {"input": ("3", "2.5")}}
+    assert "price of 'large' changed" in caplog.text and "3 -> 2.5" in caplog.text
+
+    with pytest.raises(CheckpointPoolMismatch) as exc:
+        check_pool(ckpt, make_pool(["small", "huge"], {"huge": ("9", "9")}))
+    msg = str(exc.value)
+    assert "not trained on: huge" in msg and "checkpoint pool: small, medium, large" in msg
+
+    with pytest.raises(CheckpointPoolMismatch, match="no model of the pool is in the checkpoint"):
+        check_pool(ckpt, make_pool(["other"], {"other": ("1", "1")}))
+
+
+def test_default_checkpoint_is_valid_and_small() -> None:
+    path = default_checkpoint_path()
+    ckpt = load_checkpoint(path)
+    size = sum(p.stat().st_size for p in path.iterdir())
+    assert size < 1_000_000
+    meta = ckpt.metadata
+    assert len(meta.pool) == 8 and set(meta.prices) == set(meta.pool)
+    assert "training.compact.cli" in meta.training["command"]
+    assert meta.metrics["validation"] and meta.metrics["validation_mean_reward"] > 0

@@ -1,0 +1,86 @@
+"""`xrouter train` (training.compact.cli): argument parsing, a short real run, clean errors."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from router.checkpoint import load_checkpoint
+from router.outcomes import OutcomeRecord, write_outcome_table
+from training.compact.cli import add_train_arguments, config_from_args, main
+
+
+def test_arguments_map_onto_the_config() -> None:
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    args = parser.parse_args(
+        ["--table", "t.jsonl", "--out", "o", "--steps", "7", "--group-size", "4", "--lambda-min", "0.1",
+         "--lambda-max", "5", "--reward", "additive", "--hidden", "32,16", "--offpolicy", "--estimator", "dr"]
+    )  # fmt: skip
+    cfg = config_from_args(args)
+    assert (cfg.steps, cfg.group_size, cfg.lambda_min, cfg.lambda_max) == (7, 4, 0.1, 5.0)
+    assert cfg.reward_form == "additive" and cfg.hidden == (32, 16)
+    assert cfg.offpolicy and cfg.estimator == "dr"
+
+
+def test_train_writes_a_loadable_checkpoint(
+    tables: tuple[list[OutcomeRecord], list[OutcomeRecord]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    full, _ = tables
+    table = tmp_path / "table.jsonl"
+    write_outcome_table(full[:120], table)
+    out = tmp_path / "run"
+    code = main(["--table", str(table), "--out", str(out), "--steps", "20", "--eval-every", "10",
+                 "--cost-scale", "0.01", "--val-lambdas", "0,1", "--no-progress", "--name", "tiny"])  # fmt: skip
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["checkpoint"] == str(out / "checkpoint") and set(summary["validation"]) == {
+        "0",
+        "1",
+    }
+    ckpt = load_checkpoint(out / "checkpoint")
+    assert ckpt.metadata.name == "tiny" and ckpt.metadata.training["command"].startswith(
+        "python -m training.compact.cli"
+    )
+    assert (
+        ckpt.metadata.training["table"]["records"] == 120
+        and len(ckpt.metadata.training["table"]["sha256"]) == 64
+    )
+    assert (out / "summary.json").is_file() and (out / "config.json").is_file()
+
+
+def test_errors_are_reported_not_raised(
+    tables: tuple[list[OutcomeRecord], list[OutcomeRecord]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--table", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "o")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    full, _ = tables
+    table = tmp_path / "table.jsonl"
+    write_outcome_table(full[:60], table)
+    assert (
+        main(["--table", str(table), "--out", str(tmp_path / "o"), "--offpolicy", "--no-progress"])
+        == 2
+    )
+    assert "no logged records" in capsys.readouterr().err
+    assert (
+        main(
+            [
+                "--table",
+                str(table),
+                "--out",
+                str(tmp_path / "o"),
+                "--pool",
+                "cheap,nope",
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
+    assert "no outcome in the table: nope" in capsys.readouterr().err

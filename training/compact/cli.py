@@ -1,0 +1,221 @@
+"""``xrouter train``: train a compact router on an outcome table.
+
+    xrouter train --table router/assets/demo_outcomes.jsonl --out runs/demo \\
+        [--pool a,b,...] [--steps N] [--lr LR] [--seed S] [--group-size G] \\
+        [--lambda-min L] [--lambda-max L] [--reward gated|additive] [--offpolicy]
+
+Writes ``RUN_DIR/checkpoint/`` (load it with ``router.checkpoint.load_checkpoint`` or point
+the gateway's ``router.checkpoint`` at it), ``config.json``, ``metrics.jsonl`` and
+``summary.json``. Also runnable as ``python -m training.compact.cli``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from training.compact.config import TrainConfig
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(v) for v in text.split(",") if v.strip())
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(",") if v.strip())
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    d = TrainConfig()
+    parser.add_argument("--table", required=True, help="outcome table (JSONL)")
+    parser.add_argument("--out", required=True, help="run directory (created)")
+    parser.add_argument(
+        "--pool", help="comma-separated models = actions, in order (default: the table's)"
+    )
+    parser.add_argument(
+        "--prices", help="price table (JSON/YAML) for the checkpoint's snapshot and missing costs"
+    )
+    parser.add_argument("--steps", type=int, default=d.steps)
+    parser.add_argument("--batch-size", type=int, default=d.batch_size)
+    parser.add_argument(
+        "--group-size", type=int, default=d.group_size, help="GRPO samples per prompt"
+    )
+    parser.add_argument("--ppo-epochs", type=int, default=d.ppo_epochs)
+    parser.add_argument("--lr", type=float, default=d.lr)
+    parser.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    parser.add_argument("--clip-eps", type=float, default=d.clip_eps)
+    parser.add_argument("--entropy", type=float, default=d.entropy_coef, help="entropy bonus")
+    parser.add_argument(
+        "--explore",
+        type=float,
+        default=d.explore_epsilon,
+        help="uniform exploration mixed into GRPO's group sampling",
+    )
+    parser.add_argument("--dropout", type=float, default=d.dropout)
+    parser.add_argument(
+        "--advantage-std-floor",
+        type=float,
+        default=d.advantage_std_floor,
+        help="floor of the group std that normalizes GRPO advantages",
+    )
+    parser.add_argument(
+        "--hidden", type=_ints, default=d.hidden, help="hidden widths, e.g. 128,128"
+    )
+    parser.add_argument("--activation", choices=["gelu_tanh", "relu", "silu"], default=d.activation)
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--split-seed", type=int, default=d.split_seed)
+    parser.add_argument(
+        "--lambda-min",
+        type=float,
+        default=d.lambda_min,
+        help="smallest trained cost weight (default: derived from the table's costs)",
+    )
+    parser.add_argument(
+        "--lambda-max",
+        type=float,
+        default=d.lambda_max,
+        help="largest trained cost weight (default: derived from the table's costs)",
+    )
+    parser.add_argument("--lambda-zero-prob", type=float, default=d.lambda_zero_prob)
+    parser.add_argument(
+        "--val-lambdas",
+        type=_floats,
+        default=d.val_lambdas,
+        help="cost weights to validate at, e.g. 0,0.1,1 (default: 0 and powers of ten in range)",
+    )
+    parser.add_argument("--reward", choices=["gated", "additive"], default=d.reward_form)
+    parser.add_argument(
+        "--cost-scale", type=float, default=d.cost_scale, help="USD per unit of normalized cost"
+    )
+    parser.add_argument(
+        "--reference-model", help="normalize cost by this model's cost on the same prompt"
+    )
+    parser.add_argument(
+        "--offpolicy", action="store_true", help="learn from logged records (partial feedback)"
+    )
+    parser.add_argument("--estimator", choices=["ips", "snips", "dr"], default=d.estimator)
+    parser.add_argument("--ips-clip", type=float, default=d.ips_clip)
+    parser.add_argument(
+        "--offpolicy-entropy",
+        type=float,
+        default=d.offpolicy_entropy_coef,
+        help="entropy bonus of off-policy training",
+    )
+    parser.add_argument("--eval-every", type=int, default=d.eval_every)
+    parser.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="0: never")
+    parser.add_argument("--cache-dir", help="feature cache (default RUN_DIR/cache)")
+    parser.add_argument(
+        "--report-test",
+        action="store_true",
+        help="also score the test split (never used for selection)",
+    )
+    parser.add_argument("--name", default="", help="checkpoint name (metadata)")
+    parser.add_argument("--description", default="")
+    parser.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    return TrainConfig(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        group_size=args.group_size,
+        ppo_epochs=args.ppo_epochs,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        clip_eps=args.clip_eps,
+        entropy_coef=args.entropy,
+        hidden=tuple(args.hidden),
+        dropout=args.dropout,
+        explore_epsilon=args.explore,
+        advantage_std_floor=args.advantage_std_floor,
+        activation=args.activation,
+        lambda_min=args.lambda_min,
+        lambda_max=args.lambda_max,
+        lambda_zero_prob=args.lambda_zero_prob,
+        val_lambdas=tuple(args.val_lambdas) if args.val_lambdas else None,
+        reward_form=args.reward,
+        cost_scale=args.cost_scale,
+        reference_model=args.reference_model,
+        offpolicy=args.offpolicy,
+        estimator=args.estimator,
+        ips_clip=args.ips_clip,
+        offpolicy_entropy_coef=args.offpolicy_entropy,
+        eval_every=args.eval_every,
+        checkpoint_every=args.checkpoint_every,
+        seed=args.seed,
+        split_seed=args.split_seed,
+        report_test=args.report_test,
+        threads=args.threads,
+        progress=not args.no_progress,
+    )
+
+
+def run_train(args: argparse.Namespace) -> int:
+    try:
+        from training.compact.trainer import train
+    except ImportError as exc:
+        print(f"xrouter train needs the 'train' extra (torch, tqdm): {exc}", file=sys.stderr)
+        return 2
+    from router.outcomes import OutcomeTableError, load_outcome_table
+
+    table = Path(args.table)
+    try:
+        records = load_outcome_table(table)
+    except (OSError, OutcomeTableError) as exc:
+        print(f"cannot read {table}: {exc}", file=sys.stderr)
+        return 2
+    pool = [m.strip() for m in args.pool.split(",") if m.strip()] if args.pool else None
+    command = getattr(args, "command_line", None) or "xrouter train " + shlex.join(sys.argv[2:])
+    try:
+        cfg = config_from_args(args)
+        result = train(
+            records,
+            cfg,
+            args.out,
+            pool=pool,
+            prices_path=args.prices,
+            cache_dir=args.cache_dir,
+            command=command,
+            name=args.name,
+            description=args.description,
+            table_path=table,
+        )
+    except ValueError as exc:
+        print(f"xrouter train: {exc}", file=sys.stderr)
+        return 2
+    summary = {
+        "checkpoint": str(result.checkpoint_path),
+        "best_step": result.best_step,
+        "seconds": round(result.seconds, 1),
+        "validation": {
+            k: {m: v[m] for m in ("reward", "score", "cost_usd") if m in v}
+            for k, v in result.validation.items()
+        },
+    }
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m training.compact.cli", description=__doc__.split("\n\n")[0]
+    )
+    add_train_arguments(parser)
+    args = parser.parse_args(argv)
+    args.command_line = "python -m training.compact.cli " + shlex.join(
+        sys.argv[1:] if argv is None else list(argv)
+    )
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return run_train(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,106 @@
+"""Training configuration of the compact policy (no torch here: the CLI builds it)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from training.reward import RewardConfig
+
+
+@dataclass(slots=True)
+class TrainConfig:
+    """Every knob of a training run; stored in the run's config.json and the checkpoint."""
+
+    steps: int = 1500
+    batch_size: int = 64
+    group_size: int = 8
+    ppo_epochs: int = 2
+    lr: float = 1e-3
+    weight_decay: float = 1e-3
+    grad_clip: float = 1.0
+    clip_eps: float = 0.2
+    entropy_coef: float = 0.05
+    # Share of uniform exploration mixed into the distribution GRPO groups are drawn from.
+    explore_epsilon: float = 0.1
+    # Advantages are (r - mean) / max(std, floor). Plain GRPO (floor 0) blows the tiny reward
+    # gaps of a group where every model answered correctly (gaps of cost penalty only) up to
+    # unit scale, which teaches "always the cheapest" even at small λ; the floor keeps such
+    # groups at their true, small weight.
+    advantage_std_floor: float = 0.1
+    hidden: tuple[int, ...] = (128, 128)
+    # Dropout on the hidden layers while training (inference is deterministic).
+    dropout: float = 0.1
+    activation: Literal["gelu_tanh", "relu", "silu"] = "gelu_tanh"
+    # The trained range of cost weights; None = derived from the table's costs (see
+    # training.compact.data.auto_lambda_range), so λ spans the trade-offs that exist.
+    lambda_min: float | None = None
+    lambda_max: float | None = None
+    lambda_zero_prob: float = 0.1
+    reward_form: Literal["gated", "additive"] = "gated"
+    reward_K: float = 1.0
+    reward_c_max: float = 1.0
+    cost_scale: float = 0.001
+    # Normalize cost by this model's cost on the same prompt instead of cost_scale.
+    reference_model: str | None = None
+    # Cost weights validated (and reported) at; None = 0 and each power of ten in the range.
+    val_lambdas: tuple[float, ...] | None = None
+    eval_every: int = 100
+    checkpoint_every: int = 500
+    seed: int = 0
+    split_seed: int = 0
+    fractions: tuple[float, float, float] = (0.6, 0.2, 0.2)
+    offpolicy: bool = False
+    estimator: Literal["ips", "snips", "dr"] = "snips"
+    ips_clip: float = 10.0
+    # Off-policy steps score each batch at this many λ (stratified over the range).
+    offpolicy_lambdas: int = 4
+    # The off-policy estimates are scaled to unit reward spread, so their entropy bonus
+    # lives on another scale than GRPO's; it must keep the policy soft long enough to learn
+    # how the best action depends on λ (importance weights of abandoned actions vanish).
+    offpolicy_entropy_coef: float = 0.1
+    reward_model_steps: int = 300
+    report_test: bool = False
+    threads: int = 1
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch_size < 1 or self.ppo_epochs < 1:
+            raise ValueError("steps, batch_size and ppo_epochs must be positive")
+        if self.group_size < 2:
+            raise ValueError("group_size must be at least 2 (advantages are relative to the group)")
+        if (self.lambda_min is not None and self.lambda_min <= 0) or (
+            self.lambda_min is not None
+            and self.lambda_max is not None
+            and self.lambda_min >= self.lambda_max
+        ):
+            raise ValueError("need 0 < lambda_min < lambda_max")
+        if not 0.0 <= self.lambda_zero_prob <= 1.0 or not 0.0 <= self.dropout < 1.0:
+            raise ValueError("lambda_zero_prob must be in [0, 1] and dropout in [0, 1)")
+        if self.val_lambdas is not None and (
+            not self.val_lambdas or any(lam < 0 for lam in self.val_lambdas)
+        ):
+            raise ValueError("val_lambdas must be non-empty and non-negative")
+        if self.ips_clip <= 0 or self.eval_every < 1:
+            raise ValueError("ips_clip and eval_every must be positive")
+        if self.reward_form not in ("gated", "additive"):
+            raise ValueError(f"unknown reward form {self.reward_form!r}")
+
+    @property
+    def lambda_range(self) -> tuple[float, float]:
+        """(λ_min, λ_max); only valid once resolved (``training.compact.data.resolve_lambdas``)."""
+        if self.lambda_min is None or self.lambda_max is None:
+            raise ValueError("the λ range is not resolved yet")
+        return self.lambda_min, self.lambda_max
+
+    def reward_config(self) -> RewardConfig:
+        return RewardConfig(
+            form=self.reward_form,
+            K=self.reward_K,
+            c_max=self.reward_c_max,
+            cost_scale=self.cost_scale,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
