@@ -147,8 +147,14 @@ class RouterRegistry:
 
 @functools.cache
 def default_registry() -> RouterRegistry:
-    """The process-wide registry, created on first use (not at import)."""
-    return RouterRegistry()
+    """The process-wide registry, created on first use (not at import), with the loaders
+    that run real policies through the orchestration loop (compact:, policy:, llm:)."""
+    from training.evaluation.loop_router import loop_loaders
+
+    registry = RouterRegistry()
+    for prefix, loader in loop_loaders().items():
+        registry.register(prefix, loader)
+    return registry
 
 
 def register_router_loader(prefix: str, fn: RouterLoader) -> None:

@@ -1,0 +1,56 @@
+"""Real policies evaluated offline through the orchestration loop (recorded outcomes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from router.checkpoint import default_checkpoint_path
+from router.outcomes import OutcomeRecord, load_outcome_table
+from training.evaluation.registry import LoadContext, default_registry
+from training.evaluation.sweep import RoutedPrompt
+
+DEMO = Path(__file__).resolve().parents[3] / "router" / "assets" / "demo_outcomes.jsonl"
+
+
+@pytest.fixture(scope="module")
+def records() -> list[OutcomeRecord]:
+    return load_outcome_table(DEMO)[:40]
+
+
+def test_fixed_policy_through_the_loop_matches_the_recorded_outcomes(
+    records: list[OutcomeRecord],
+) -> None:
+    router = default_registry().load("policy:fixed:gemma-2-9b-it", LoadContext(train=records))
+    routes = router.route(records, 0.0)
+    for r, route in zip(records, routes, strict=True):
+        assert isinstance(route, RoutedPrompt)
+        assert route.final_model == "gemma-2-9b-it" and route.models_called == ("gemma-2-9b-it",)
+        assert route.score == r.outcomes["gemma-2-9b-it"].score
+        assert route.cost_usd == pytest.approx(r.outcomes["gemma-2-9b-it"].cost_usd)
+
+
+def test_agreement_cascade_sums_the_costs_of_every_call(records: list[OutcomeRecord]) -> None:
+    routes = (
+        default_registry().load("policy:cascade", LoadContext(train=records)).route(records, 0.0)
+    )
+    multi = [(r, x) for r, x in zip(records, routes, strict=True) if len(x.models_called) > 1]
+    assert multi, "the agreement cascade always calls at least two models"
+    for r, x in multi:
+        assert x.cost_usd == pytest.approx(
+            sum(r.outcomes[m].cost_usd or 0 for m in x.models_called)
+        )
+        assert x.final_model in x.models_called
+
+
+def test_compact_checkpoint_loader_prefers_cheaper_models_at_high_cost_weight(
+    records: list[OutcomeRecord],
+) -> None:
+    router = default_registry().load(
+        f"compact:{default_checkpoint_path()}", LoadContext(train=records)
+    )
+    cheap = router.route(records, 20.0)
+    rich = router.route(records, 0.0)
+    assert sum(x.cost_usd for x in cheap) < sum(x.cost_usd for x in rich)
+    assert all(len(x.models_called) == 1 for x in rich)

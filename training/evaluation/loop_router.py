@@ -1,0 +1,170 @@
+"""Offline evaluation of real routing policies through the one orchestration loop.
+
+``router.loop.Orchestrator`` with an ``OutcomeExecutor`` replays each call from the recorded
+outcomes, so a policy is evaluated by exactly the code that serves it: its decisions, its
+fallbacks, multi-call trajectories and their summed costs. Loaders for ``xrouter eval``:
+
+- ``compact:<checkpoint>``  a compact-policy checkpoint (greedy);
+- ``policy:<name>``         a router baseline through the loop: ``cascade``, ``cheapest``,
+                            ``random``, ``fixed:<model>``;
+- ``llm:<base_url>[#model]`` an ``llm`` router endpoint (any OpenAI-compatible server with
+                            tool calling); answers the router writes itself have no recorded
+                            score and count as 0, a lower bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from collections.abc import Callable, Sequence
+from decimal import Decimal
+
+from pricing import ModelPrice, load_default_catalog
+from router.executors import OutcomeExecutor
+from router.loop import NoAnswer, Orchestrator
+from router.outcomes import OutcomeRecord
+from router.policy import Policy, RouteContext
+from router.pool import ModelPool, PoolModel
+from training.evaluation.registry import LoadContext, RouterLoader
+from training.evaluation.sweep import RoutedPrompt
+
+
+def pool_for(records: Sequence[OutcomeRecord]) -> ModelPool:
+    """A pool of the table's models. Calls are replayed at their recorded cost; prices come
+    from the catalog where it knows the model, else from the mean recorded cost per prompt
+    (per 1,000 tokens), which is enough to order models for cheapest and cascade."""
+    catalog = load_default_catalog()
+    costs: dict[str, list[float]] = {}
+    for r in records:
+        for m, o in r.outcomes.items():
+            if o.cost_usd is not None:
+                costs.setdefault(m, []).append(o.cost_usd)
+    models = []
+    for m in sorted({m for r in records for m in r.outcomes}):
+        per_token = Decimal(str(statistics.fmean(costs.get(m) or [0.0]))) * 1000
+        price = catalog.get(m) or ModelPrice(
+            input=per_token, output=per_token, source="recorded mean cost"
+        )
+        models.append(
+            PoolModel(
+                name=m,
+                provider="openai",
+                upstream_model=m,
+                api_base=None,
+                api_key=None,
+                transport="native",
+                price=price,
+                max_output_tokens=4096,
+                timeout_s=60,
+                max_concurrency=1024,
+                max_retries=0,
+                fallbacks=(),
+                description="",
+            )
+        )
+    return ModelPool(models)
+
+
+class LoopRouter:
+    """An ``OfflineRouter`` that runs a ``Policy`` through the orchestration loop."""
+
+    def __init__(
+        self, name: str, make_policy: Callable[[ModelPool], Policy], max_turns: int = 4
+    ) -> None:
+        self.name = name
+        self._make_policy = make_policy
+        self.max_turns = max_turns
+
+    def route(self, records: Sequence[OutcomeRecord], cost_weight: float) -> list[RoutedPrompt]:
+        return asyncio.run(self._route(records, cost_weight))
+
+    async def _route(
+        self, records: Sequence[OutcomeRecord], cost_weight: float
+    ) -> list[RoutedPrompt]:
+        pool = pool_for(records)
+        policy = self._make_policy(pool)
+        orchestrator = Orchestrator(OutcomeExecutor({r.id: r for r in records}))
+        out: list[RoutedPrompt] = []
+        try:
+            for r in records:
+                ctx = RouteContext(
+                    request_id=r.id,
+                    messages=r.chat_messages(),
+                    pool=pool.subset(list(r.outcomes)),
+                    cost_weight=cost_weight,
+                    max_turns=self.max_turns,
+                )
+                try:
+                    result = await orchestrator.run(policy, ctx)
+                except NoAnswer:
+                    result = None
+                called = [o.model for o in result.outcomes if o.ok] if result is not None else []
+                if result is not None and result.final_model is not None:
+                    out.append(RoutedPrompt.from_calls(r, called, final_model=result.final_model))
+                else:
+                    # The router answered itself (or nothing succeeded): no recorded score.
+                    cost = sum(r.outcomes[m].cost_usd or 0.0 for m in called)
+                    router_cost = result.router_cost_micros / 1e6 if result is not None else 0.0
+                    out.append(
+                        RoutedPrompt(
+                            final_model="router",
+                            models_called=tuple(called),
+                            cost_usd=cost + router_cost,
+                            score=0.0,
+                        )
+                    )
+        finally:
+            await policy.aclose()
+        return out
+
+
+def _compact(spec: str, ctx: LoadContext) -> LoopRouter:
+    from router.checkpoint import load_checkpoint
+    from router.policies.compact import CompactPolicy
+
+    ckpt = load_checkpoint(spec.removeprefix("compact:"))
+    return LoopRouter(f"compact[{ckpt.version}]", lambda pool: CompactPolicy(ckpt, pool))
+
+
+def _policy(spec: str, ctx: LoadContext) -> LoopRouter | None:
+    from router.policies.baselines import CascadePolicy, CheapestPolicy, FixedPolicy, RandomPolicy
+
+    name = spec.removeprefix("policy:")
+    factories: dict[str, Callable[[ModelPool], Policy]] = {
+        "cascade": lambda pool: CascadePolicy(check="agreement"),
+        "cheapest": lambda pool: CheapestPolicy(),
+        "random": lambda pool: RandomPolicy(seed=ctx.seed),
+    }
+    if name.startswith("fixed:"):
+        model = name.removeprefix("fixed:")
+        return LoopRouter(spec, lambda pool: FixedPolicy(model))
+    if name not in factories:
+        return None
+    return LoopRouter(spec, factories[name])
+
+
+def _llm(spec: str, ctx: LoadContext) -> LoopRouter:
+    from router.policies.llm import LLMRouterPolicy
+    from router.providers.native import NativeOpenAIProvider
+
+    base, _, model = spec.removeprefix("llm:").partition("#")
+    router_model = PoolModel(
+        name="router",
+        provider="openai",
+        upstream_model=model or "xrouter-router",
+        api_base=base.rstrip("/"),
+        api_key=None,
+        transport="native",
+        price=ModelPrice.free(),
+        max_output_tokens=4096,
+        timeout_s=120,
+        max_concurrency=64,
+        max_retries=1,
+        fallbacks=(),
+        description="router",
+    )
+    return LoopRouter(spec, lambda pool: LLMRouterPolicy(NativeOpenAIProvider(), router_model))
+
+
+def loop_loaders() -> dict[str, RouterLoader]:
+    return {"compact:": _compact, "policy:": _policy, "llm:": _llm}
