@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.util
 import json
 import logging
 from decimal import Decimal
-import importlib.util
 from pathlib import Path
 from typing import Any
 
