@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,26 @@ def sqlite_file(url: URL) -> Path | None:
     return Path(database)
 
 
+def _enable_wal(cursor: Any) -> None:
+    """Switch the database to WAL once. WAL is persistent, so a database that has it needs no
+    lock here; the switch itself needs an exclusive lock for which SQLite does not always
+    call the busy handler, so workers starting together retry it briefly. This runs once per
+    new connection (on the driver's thread), never on the request path."""
+    cursor.execute("PRAGMA journal_mode")
+    row = cursor.fetchone()
+    if row and str(row[0]).lower() == "wal":
+        return
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
 def _install_sqlite_events(engine: AsyncEngine) -> None:
     @event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -48,7 +70,7 @@ def _install_sqlite_events(engine: AsyncEngine) -> None:
             # busy_timeout first: switching to WAL takes a lock too, and without a timeout
             # a worker starting next to another fails at once with "database is locked".
             cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-            cursor.execute("PRAGMA journal_mode=WAL")
+            _enable_wal(cursor)
             cursor.execute("PRAGMA synchronous=NORMAL")
         finally:
             cursor.close()
