@@ -60,10 +60,20 @@ class RequestLog:
 class KeyBudgetGuard:
     """Reserves each call's worst case against the key's budget, settles with the real cost."""
 
-    def __init__(self, store: LimitStore, limits: KeyLimits, request_id: str) -> None:
+    def __init__(
+        self,
+        store: LimitStore,
+        limits: KeyLimits,
+        request_id: str,
+        *,
+        alias: str | None = None,
+        metrics: Any = None,
+    ) -> None:
         self.store = store
         self.limits = limits
         self.request_id = request_id
+        self.alias = alias
+        self.metrics = metrics
         self.rejection: Any = None
 
     async def reserve(self, call: ToolCall, worst_case_micros: int) -> str | None:
@@ -71,6 +81,9 @@ class KeyBudgetGuard:
             self.limits, None, worst_case_micros, f"{self.request_id}:{call.id}"
         )
         if res.ok:
+            # The store reports what is left after this hold: the budget gauge for free.
+            if self.metrics is not None and self.alias and res.remaining_micros is not None:
+                self.metrics.key_budget_remaining(self.alias, res.remaining_micros)
             return None
         self.rejection = res
         return f"{KEY_BUDGET}: a call to {call.model} may cost up to {worst_case_micros} µUSD, {res.remaining_micros} µUSD remain"
@@ -124,7 +137,9 @@ class RequestHooks:
             )
         if limits.budget_micros is None:
             return None
-        return KeyBudgetGuard(self.limits, limits, rlog.request_id)
+        return KeyBudgetGuard(
+            self.limits, limits, rlog.request_id, alias=rlog.principal.alias, metrics=self.metrics
+        )
 
     def budget_error(
         self, rlog: RequestLog, message: str, guard: KeyBudgetGuard | None
