@@ -42,6 +42,7 @@ def start_replay_upstream(
         "0",
         "--port-file",
         str(port_file),
+        "--exit-with-parent",
     ]
     if table:
         cmd += ["--table", table]

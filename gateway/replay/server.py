@@ -60,8 +60,21 @@ async def start(app: web.Application, host: str, port: int) -> tuple[web.AppRunn
     return runner, runner.addresses[0][1]
 
 
+async def _watch_parent(parent: int, stop: asyncio.Event) -> None:
+    # A child started by `xrouter serve` must not outlive it, however the gateway ends
+    # (uvicorn re-raises SIGTERM, which skips atexit; SIGKILL skips everything).
+    while os.getppid() == parent:  # noqa: ASYNC110 - no event exists for "parent died"
+        await asyncio.sleep(1.0)
+    log.info("parent process %d is gone; shutting down", parent)
+    stop.set()
+
+
 async def _serve_app(
-    app: web.Application, host: str, port: int, ready: int | str | Path | None
+    app: web.Application,
+    host: str,
+    port: int,
+    ready: int | str | Path | None,
+    exit_with_parent: bool = False,
 ) -> None:
     runner, bound = await start(app, host, port)
     try:
@@ -75,7 +88,12 @@ async def _serve_app(
                 loop.add_signal_handler(sig, stop.set)
             except (NotImplementedError, RuntimeError):
                 pass  # not the main thread (or no signals here): stopped by cancellation
+        watcher = (
+            asyncio.create_task(_watch_parent(os.getppid(), stop)) if exit_with_parent else None
+        )
         await stop.wait()
+        if watcher is not None:
+            watcher.cancel()
         log.info("replay upstream shutting down")
     finally:
         await runner.cleanup()
@@ -100,6 +118,7 @@ def serve(
     api_key: str | None = None,
     ready_fd_or_file: int | str | Path | None = None,
     stream_chunk_delay_ms: float = 0.0,
+    exit_with_parent: bool = False,
 ) -> None:
     """Serve until SIGINT/SIGTERM (blocking). ``port`` 0 picks a free port; once listening,
     the bound port is written (``"<port>\\n"``) to ``ready_fd_or_file`` — an open file
@@ -109,7 +128,7 @@ def serve(
     app = create_app(
         table, latency_ms=latency_ms, api_key=api_key, stream_chunk_delay_ms=stream_chunk_delay_ms
     )
-    _run(_serve_app(app, host, port, ready_fd_or_file))
+    _run(_serve_app(app, host, port, ready_fd_or_file, exit_with_parent))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -142,6 +161,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--port-file", type=Path, default=None, help="write the bound port here once listening"
     )
+    parser.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="shut down when the parent process exits (how `xrouter serve` starts it)",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
 
 
@@ -162,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
             api_key=args.api_key or None,
             ready_fd_or_file=args.port_file,
             stream_chunk_delay_ms=args.stream_chunk_delay_ms,
+            exit_with_parent=args.exit_with_parent,
         )
     except OSError as exc:  # table file missing, port in use, ...
         log.error("replay upstream: %s", exc)

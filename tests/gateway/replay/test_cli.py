@@ -184,3 +184,36 @@ def test_module_help() -> None:
     ).stdout  # fmt: skip
     for option in ("--host", "--port", "--table", "--latency-ms", "--api-key", "--port-file"):
         assert option in out
+
+
+def test_exit_with_parent_stops_when_the_parent_dies(tmp_path: Path) -> None:
+    # A parent that starts the replay upstream and is then killed without any cleanup.
+    port_file = tmp_path / "port"
+    pid_file = tmp_path / "child.pid"
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import subprocess, sys, time, pathlib\n"
+                f"p = subprocess.Popen([sys.executable, '-m', 'gateway.replay', '--port', '0', '--port-file', {str(port_file)!r}, '--exit-with-parent'])\n"
+                f"pathlib.Path({str(pid_file)!r}).write_text(str(p.pid))\n"
+                "time.sleep(60)\n"
+            ),
+        ],
+        cwd=REPO_ROOT,
+    )
+    deadline = time.monotonic() + 20
+    while not (port_file.exists() and pid_file.exists()):
+        assert time.monotonic() < deadline, "replay upstream did not start"
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while (
+        Path(f"/proc/{child}").exists()
+        and Path(f"/proc/{child}/status").read_text().find("State:\tZ") < 0
+    ):
+        assert time.monotonic() < deadline, "the replay upstream outlived its parent"
+        time.sleep(0.1)
