@@ -1,8 +1,11 @@
-"""CPU cost of the limit stores per request: check_rate + reserve + settle.
+"""CPU cost of the limit stores per request: check_rate + reserve + settle + add_tokens,
+the four operations a budgeted, rate-limited pass-through request makes.
 
-Measures this process's CPU time (time.process_time) over N sequential requests, so for
-Redis it is the gateway-side cost (building the call, the client, parsing the reply), not the
-Redis server's time; wall time per request is printed alongside.
+Measures this process's CPU time (time.process_time, user + system) over N requests, once
+one at a time (c=1) and once from 16 concurrent workers (c=16, how a loaded gateway runs
+them: calls of one loop tick share a round trip). For Redis it is the gateway-side cost
+(building the call, the client, syscalls, parsing the reply), not the Redis server's time;
+wall time per request is printed alongside. Runs on uvloop, as the gateway does.
 
     .venv/bin/python bench/limits_cpu.py [--n 5000] [--redis-url redis://127.0.0.1:6379/0]
 """
@@ -16,22 +19,30 @@ import time
 import uuid
 from pathlib import Path
 
+import uvloop
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gateway.limits import KeyLimits, LimitStore, MemoryLimitStore
 from gateway.limits.redis_store import RedisLimitStore
 
 
-async def run(store: LimitStore, n: int) -> tuple[float, float]:
+async def run(store: LimitStore, n: int, concurrency: int) -> tuple[float, float]:
     # Limits high enough that every request passes: we measure the work, not rejections.
     limits = KeyLimits("bench", budget_micros=10**15, budget_period="daily", rpm=10**9, tpm=10**12)
     for i in range(200):  # warm-up: connections, script cache, allocator
         await one(store, limits, f"w{i}")
+    tag = uuid.uuid4().hex[:6]
+
+    async def worker(w: int) -> None:
+        for i in range(n // concurrency):
+            await one(store, limits, f"{tag}-{w}-{i}")
+
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    for i in range(n):
-        await one(store, limits, f"r{i}")
+    await asyncio.gather(*(worker(w) for w in range(concurrency)))
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
-    return cpu / n * 1e6, wall / n * 1e6
+    done = n // concurrency * concurrency
+    return cpu / done * 1e6, wall / done * 1e6
 
 
 async def one(store: LimitStore, limits: KeyLimits, rid: str) -> None:
@@ -40,6 +51,7 @@ async def one(store: LimitStore, limits: KeyLimits, rid: str) -> None:
     held = await store.reserve(limits, 50_000, 20_000, rid)
     assert held.ok
     await store.settle(limits, rid, 20_000, 12_345)
+    await store.add_tokens(limits, -120)
 
 
 async def purge(url: str, prefix: str) -> None:
@@ -59,8 +71,11 @@ async def main() -> None:
     args = parser.parse_args()
 
     memory = MemoryLimitStore()
-    cpu, wall = await run(memory, args.n)
-    print(f"memory: {cpu:8.1f} µs CPU/request  {wall:8.1f} µs wall/request  (N={args.n})")
+    for c in (1, 16):
+        cpu, wall = await run(memory, args.n, c)
+        print(
+            f"memory c={c:<2}  {cpu:8.1f} µs CPU/request  {wall:8.1f} µs wall/request  (N={args.n})"
+        )
 
     prefix = f"xrbench-{uuid.uuid4().hex[:8]}"
     redis_store = RedisLimitStore(args.redis_url, key_prefix=prefix)
@@ -68,12 +83,15 @@ async def main() -> None:
         print(f"redis:  unreachable at {args.redis_url}, skipped")
         return
     try:
-        cpu, wall = await run(redis_store, args.n)
-        print(f"redis:  {cpu:8.1f} µs CPU/request  {wall:8.1f} µs wall/request  (N={args.n})")
+        for c in (1, 16):
+            cpu, wall = await run(redis_store, args.n, c)
+            print(
+                f"redis  c={c:<2}  {cpu:8.1f} µs CPU/request  {wall:8.1f} µs wall/request  (N={args.n})"
+            )
     finally:
         await redis_store.aclose()
         await purge(args.redis_url, prefix)
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    uvloop.run(main())

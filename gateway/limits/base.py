@@ -232,6 +232,12 @@ class LimitStore(ABC):
     async def ping(self) -> bool:
         """True if the backend answers; never raises."""
 
+    def set_error_listener(self, listener: Callable[[LimitStoreUnavailable], None]) -> None:
+        """Stores that apply bookkeeping (settle, add_tokens) write-behind report a failure
+        found after the call returned to ``listener``. Stores that finish it inline ignore
+        this."""
+        return None
+
     @abstractmethod
     async def aclose(self) -> None:
         """Release connections. The store is unusable afterwards."""
@@ -269,6 +275,7 @@ class FailPolicyStore(LimitStore):
         self.inner = inner
         self.on_error: FailMode = on_error
         self._on_event = on_event
+        inner.set_error_listener(lambda exc: self._report(exc, "write-behind bookkeeping"))
 
     def _report(self, exc: LimitStoreUnavailable, op: str) -> None:
         if self._on_event is not None:

@@ -2,7 +2,7 @@
 
 Each limit operation is one script, so Redis runs the read-check-write as a single atomic
 step: concurrent workers and replicas can't both see "one left" and both take it. Scripts
-are loaded once (SCRIPT LOAD) and called by SHA (redis-py's ``register_script`` falls back
+are loaded once (SCRIPT LOAD) and called by SHA (``gateway.limits.resp.Script`` falls back
 to loading on NOSCRIPT, e.g. after a Redis restart).
 
 Conventions shared by every script:

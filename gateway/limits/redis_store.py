@@ -25,19 +25,12 @@ breaks the atomicity of a check.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import count
 from typing import Any, NoReturn
-
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError
 
 from gateway.limits.base import (
     ALLOW_ALL,
@@ -53,6 +46,7 @@ from gateway.limits.base import (
 )
 from gateway.limits.lua import ADD_TOKENS_LUA, RATE_LUA, RESERVE_LUA, SETTLE_LUA, STATE_LUA
 from gateway.limits.memory import DEFAULT_HOLD_TTL_S
+from gateway.limits.resp import RespClient, RespConnectionError, RespError, Script
 from gateway.limits.windows import RATE_WINDOW_S, PeriodCache
 
 logger = logging.getLogger(__name__)
@@ -79,9 +73,7 @@ class RedisLimitStore(LimitStore):
         *,
         key_prefix: str = "xrouter",
         hold_ttl_s: float = DEFAULT_HOLD_TTL_S,
-        max_connections: int = 64,
-        socket_timeout_s: float = 1.0,
-        pool_timeout_s: float = 1.0,
+        timeout_s: float = 1.0,
     ) -> None:
         if not key_prefix or "{" in key_prefix or "}" in key_prefix:
             raise ValueError("key_prefix must be non-empty and contain no braces")
@@ -92,35 +84,21 @@ class RedisLimitStore(LimitStore):
         self._periods = PeriodCache()
         self._hold_ttl_ms = str(max(1, int(hold_ttl_s * 1000)))
         # Short timeouts: a limit check is on every request's critical path, and failing fast
-        # lets FailPolicyStore answer (503 or fail open) instead of hanging the client. A
-        # blocking pool makes a burst wait briefly for a connection rather than fail. One
-        # retry, only for connection errors (a pooled connection the server closed): a
-        # timed-out script may already have run, and running settle twice would double-count.
-        self._pool = BlockingConnectionPool.from_url(
-            url,
-            max_connections=max_connections,
-            timeout=pool_timeout_s,
-            socket_timeout=socket_timeout_s,
-            socket_connect_timeout=socket_timeout_s,
-        )
-        self._redis = Redis(
-            connection_pool=self._pool,
-            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-        )
-        # register_script: EVALSHA, falling back to SCRIPT LOAD when Redis doesn't know it.
-        self._rate = self._redis.register_script(RATE_LUA)
-        self._add_tokens = self._redis.register_script(ADD_TOKENS_LUA)
-        self._reserve = self._redis.register_script(RESERVE_LUA)
-        self._settle = self._redis.register_script(SETTLE_LUA)
-        self._state = self._redis.register_script(STATE_LUA)
+        # lets FailPolicyStore answer (503 or fail open) instead of hanging the client. The
+        # client pipelines every call of one loop tick into one write on one connection and
+        # never retries a command it has sent: a timed-out script may already have run, and
+        # running settle twice would double-count.
+        self._client = RespClient(url, timeout_s=timeout_s, connect_timeout_s=timeout_s)
+        self._client.on_deferred_error = self._deferred_failed
+        self._error_listener: Callable[[LimitStoreUnavailable], None] | None = None
+        self._rate = Script(self._client, RATE_LUA)
+        self._add_tokens = Script(self._client, ADD_TOKENS_LUA)
+        self._reserve = Script(self._client, RESERVE_LUA)
+        self._settle = Script(self._client, SETTLE_LUA)
+        self._state = Script(self._client, STATE_LUA)
         # Unique, cheap log-entry ids: a random per-instance prefix plus a counter.
         self._instance = os.urandom(6).hex()
         self._seq = count()
-        # Script calls made in the same event-loop tick go to Redis as one pipeline (see
-        # _run): redis-py costs ~140 µs of CPU per command but ~40 µs per pipelined one.
-        self._batch: list[tuple[Any, Sequence[str], Sequence[str], asyncio.Future[Any]]] = []
-        self._flush_scheduled = False
-        self._flushes: set[asyncio.Task[None]] = set()
 
     # -- keys --------------------------------------------------------------------------------
 
@@ -144,57 +122,32 @@ class RedisLimitStore(LimitStore):
     def _member(self) -> str:
         return f"{self._instance}.{next(self._seq)}"
 
-    async def _run(self, script: Any, keys: Sequence[str], args: Sequence[str]) -> Any:
-        """Run one script, batched with every other call of this loop tick. Each call is
-        still its own atomic script; only the network round trip is shared."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
-        self._batch.append((script, keys, args, fut))
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            loop.call_soon(self._start_flush)
+    async def _run(self, script: Script, keys: Sequence[str], args: Sequence[str]) -> Any:
+        """Run one script. Calls made in the same loop tick share one round trip; each is
+        still its own atomic script."""
         try:
-            return await fut
-        except (RedisError, OSError) as exc:
+            return await script(keys, args)
+        except (RespError, RespConnectionError, OSError) as exc:
             self._unavailable(exc)
 
-    def _start_flush(self) -> None:
-        self._flush_scheduled = False
-        batch, self._batch = self._batch, []
-        task = asyncio.get_running_loop().create_task(self._flush(batch))
-        self._flushes.add(task)
-        task.add_done_callback(self._flushes.discard)
-
-    async def _flush(
-        self, batch: list[tuple[Any, Sequence[str], Sequence[str], asyncio.Future[Any]]]
-    ) -> None:
+    async def _run_deferred(self, script: Script, keys: Sequence[str], args: Sequence[str]) -> None:
+        """Run a bookkeeping script write-behind: queued behind this connection's earlier
+        commands and ahead of its later ones (so the same request's next reserve sees it),
+        sent with the next round trip anyone makes. Nobody waits for the reply."""
         try:
-            if len(batch) == 1:
-                script, keys, args, fut = batch[0]
-                results: list[Any] = [await script(keys=keys, args=args)]
-            else:
-                pipe = self._redis.pipeline(transaction=False)
-                for script, keys, args, _ in batch:
-                    pipe.evalsha(script.sha, len(keys), *keys, *args)
-                results = await pipe.execute(raise_on_error=False)
-                for i, (script, keys, args, _) in enumerate(batch):
-                    if isinstance(results[i], NoScriptError):
-                        # Redis restarted or flushed its script cache: load and run it again.
-                        results[i] = await script(keys=keys, args=args)
-        except BaseException as exc:  # the whole round trip failed: every caller sees it
-            for *_, fut in batch:
-                if not fut.done():
-                    fut.set_exception(exc if isinstance(exc, Exception) else RedisError(repr(exc)))
-            if not isinstance(exc, Exception):
-                raise
-            return
-        for (*_, fut), result in zip(batch, results, strict=True):
-            if fut.done():
-                continue
-            if isinstance(result, Exception):
-                fut.set_exception(result)
-            else:
-                fut.set_result(result)
+            await script.send_deferred(keys, args)
+        except (RespError, RespConnectionError, OSError) as exc:
+            self._unavailable(exc)
+
+    def set_error_listener(self, listener: Callable[[LimitStoreUnavailable], None]) -> None:
+        self._error_listener = listener
+
+    def _deferred_failed(self, exc: Exception) -> None:
+        error = LimitStoreUnavailable(f"redis: {type(exc).__name__}: {exc}")
+        if self._error_listener is not None:
+            self._error_listener(error)
+        else:
+            logger.warning("limit store write-behind failed: %s", error)
 
     @staticmethod
     def _unavailable(exc: BaseException) -> NoReturn:
@@ -241,7 +194,7 @@ class RedisLimitStore(LimitStore):
         now = time.time() if now is None else now
         keys = self._rate_keys(limits)[1:]
         args = [_ts(now - RATE_WINDOW_S), _ts(now), str(int(tokens)), self._member()]
-        await self._run(self._add_tokens, keys, [*args, _RATE_KEY_TTL_MS])
+        await self._run_deferred(self._add_tokens, keys, [*args, _RATE_KEY_TTL_MS])
 
     # -- budgets -----------------------------------------------------------------------------
 
@@ -296,7 +249,7 @@ class RedisLimitStore(LimitStore):
         period = self._periods.window(None if limits is None else limits.budget_period, now)
         counter_ttl = period.counter_ttl_s(now)
         keys = self._budget_keys(self._base(limits, reservation_id), period.id, reservation_id)
-        await self._run(
+        await self._run_deferred(
             self._settle,
             keys,
             [
@@ -337,13 +290,10 @@ class RedisLimitStore(LimitStore):
 
     async def ping(self) -> bool:
         try:
-            return bool(await self._redis.ping())
-        except (RedisError, OSError) as exc:
+            return bool(await self._client.execute("PING") == "PONG")
+        except (RespError, RespConnectionError, OSError) as exc:
             logger.warning("redis limit store ping failed: %s", exc)
             return False
 
     async def aclose(self) -> None:
-        if self._flushes:
-            await asyncio.gather(*self._flushes, return_exceptions=True)
-        await self._redis.aclose()
-        await self._pool.disconnect()
+        await self._client.aclose()

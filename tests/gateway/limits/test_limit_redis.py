@@ -30,7 +30,7 @@ from gateway.limits.redis_store import RedisLimitStore
 prefix, start_at, attempts = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 
 async def main():
-    store = RedisLimitStore("redis://127.0.0.1:6379/0", key_prefix=prefix, max_connections=16)
+    store = RedisLimitStore("redis://127.0.0.1:6379/0", key_prefix=prefix)
     rate_key = KeyLimits("shared", rpm=50, tpm=1_000_000)
     budget_key = KeyLimits("shared", budget_micros=2_000, budget_period="daily")
     await store.ping()  # connect before the start line
@@ -165,10 +165,14 @@ async def test_concurrent_calls_share_a_pipeline_and_survive_a_script_flush(
         # Redis forgets every script (as after a restart): batched EVALSHAs get NOSCRIPT,
         # and the store loads the scripts and runs those calls again.
         await redis_client.script_flush()
-        results = await asyncio.gather(*(store.reserve(limits, None, 30, f"r{i}") for i in range(50)))
+        results = await asyncio.gather(
+            *(store.reserve(limits, None, 30, f"r{i}") for i in range(50))
+        )
         assert sum(r.ok for r in results) == 33  # 33 x 30 <= 1000 < 34 x 30, exactly
         rates = await asyncio.gather(*(store.check_rate(limits, 1) for _ in range(20)))
-        assert [r.remaining_requests for r in rates if r.allowed] != [] and all(r.allowed for r in rates)
+        assert [r.remaining_requests for r in rates if r.allowed] != [] and all(
+            r.allowed for r in rates
+        )
         await asyncio.gather(*(store.settle(limits, f"r{i}", 30, 10) for i in range(33)))
         state = await store.spent(limits)
         assert (state.spent, state.reserved) == (330, 0)
