@@ -115,6 +115,7 @@ class _Protocol(asyncio.Protocol):
         self.out: list[bytes] = []  # commands packed, not yet written
         self.flush_scheduled = False  # a flush at the next loop iteration
         self.deferred_flush: asyncio.TimerHandle | None = None
+        self.watchdog: asyncio.TimerHandle | None = None
         self._buf = bytearray()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -148,6 +149,10 @@ class _Protocol(asyncio.Protocol):
     def fail(self, exc: BaseException) -> None:
         """Give up on this connection: every outstanding command gets ``exc``."""
         self.closed = True
+        for timer in (self.watchdog, self.deferred_flush):
+            if timer is not None:
+                timer.cancel()
+        self.watchdog = self.deferred_flush = None
         while self.waiters:
             fut = self.waiters.popleft()
             if not fut.done():
@@ -248,7 +253,9 @@ class RespClient:
         self._deferred.add(fut)
         fut.add_done_callback(lambda f: self._deferred_done(f, on_error))
         if not conn.flush_scheduled and conn.deferred_flush is None:
-            conn.deferred_flush = loop.call_later(self._defer_s, self._flush, conn, loop)
+            # At most one idle-flush timer per connection; a flush anyone triggers meanwhile
+            # sends these bytes and leaves the timer nothing to do.
+            conn.deferred_flush = loop.call_later(self._defer_s, self._deferred_timer, conn, loop)
 
     def _deferred_done(
         self, fut: asyncio.Future[Any], on_error: Callable[[Exception], None] | None
@@ -285,23 +292,38 @@ class RespClient:
 
     def _flush(self, conn: _Protocol, loop: asyncio.AbstractEventLoop) -> None:
         conn.flush_scheduled = False
-        if conn.deferred_flush is not None:
-            conn.deferred_flush.cancel()
-            conn.deferred_flush = None
         out, conn.out = conn.out, []
         if not out or conn.closed or conn.transport is None:
             return  # fail() already failed the futures these bytes belonged to
         conn.transport.write(b"".join(out))
-        # One watchdog per batch: if its last reply is still missing at the deadline, the
-        # server is stuck or gone; drop the connection (failing everything outstanding)
-        # rather than let the FIFO wait forever.
-        last = conn.waiters[-1] if conn.waiters else None
-        if last is not None:
-            loop.call_later(self._timeout_s, self._watchdog, conn, last)
+        if conn.watchdog is None and conn.waiters:
+            self._arm_watchdog(conn, loop)
 
-    def _watchdog(self, conn: _Protocol, fut: asyncio.Future[Any]) -> None:
-        if not fut.done() and not conn.closed:
+    def _deferred_timer(self, conn: _Protocol, loop: asyncio.AbstractEventLoop) -> None:
+        conn.deferred_flush = None
+        if conn.out and not conn.flush_scheduled:
+            self._flush(conn, loop)
+
+    # One watchdog per connection (not one timer per command: at a thousand requests a second
+    # that would be thousands of live timers). It watches the newest outstanding reply; when
+    # that has arrived it moves on to whatever is outstanding then. A reply that never comes
+    # is therefore detected within one to two timeouts, and the connection is dropped (failing
+    # everything outstanding) rather than left to wait forever.
+    def _arm_watchdog(self, conn: _Protocol, loop: asyncio.AbstractEventLoop) -> None:
+        conn.watchdog = loop.call_later(
+            self._timeout_s, self._watchdog, conn, conn.waiters[-1], loop
+        )
+
+    def _watchdog(
+        self, conn: _Protocol, fut: asyncio.Future[Any], loop: asyncio.AbstractEventLoop
+    ) -> None:
+        conn.watchdog = None
+        if conn.closed:
+            return
+        if not fut.done():
             conn.fail(RespConnectionError(f"redis reply timed out after {self._timeout_s:g} s"))
+        elif conn.waiters:
+            self._arm_watchdog(conn, loop)
 
     async def _connect(self) -> _Protocol:
         # Concurrent first callers share one connection attempt.
