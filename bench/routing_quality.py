@@ -51,6 +51,7 @@ from training.evaluation.baselines import (  # noqa: E402
 from training.evaluation.cascade import CascadeFamilyRouter, CascadeRouter  # noqa: E402
 from training.evaluation.compare import Comparison, Entry, compare  # noqa: E402
 from training.evaluation.embedding import HashingTfidfEmbedder  # noqa: E402
+from training.evaluation.escalation import EscalationRouter  # noqa: E402
 from training.evaluation.metrics import apgr  # noqa: E402
 from training.evaluation.registry import LoadContext, default_registry  # noqa: E402
 from training.evaluation.sweep import OfflineRouter, restrict_models, sweep  # noqa: E402
@@ -59,6 +60,7 @@ log = logging.getLogger("routing_quality")
 
 GPT4 = "gpt-4-1106-preview"
 MIXTRAL = "mistralai/mixtral-8x7b-chat"
+YI = "zero-one-ai/Yi-34B-Chat"
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "routerbench_zs"
 
 
@@ -122,6 +124,31 @@ def cascade_grid(embed: CachedEmbedding, quick: bool) -> list[tuple[str, Callabl
         (
             "cascade:" + ",".join(f"{k}={v}" for k, v in c.items()),
             functools.partial(CascadeFamilyRouter, embed=embed, **c),
+        )
+        for c in configs
+    ]
+
+
+def escalation_grid() -> list[tuple[str, Callable[[], Any]]]:
+    """Learned escalation (see bench/escalation_routerbench.py, which picks its operating
+    points for a budget on validation); here it is tuned by validation AIQ like the rest."""
+    configs: list[dict[str, Any]] = [
+        {"max_cheap": 3, "first": 2, "l2": 10.0},
+        {
+            "max_cheap": 4,
+            "first": 2,
+            "l2": 10.0,
+            "plans": {
+                "arc-challenge": [MIXTRAL, YI, "claude-instant-v1", "gpt-3.5-turbo-1106"],
+                "mbpp": ["gpt-3.5-turbo-1106"],
+            },
+        },
+    ]
+    return [
+        (
+            "escalation:"
+            + ",".join(f"{k}={'custom' if k == 'plans' else v}" for k, v in c.items()),
+            functools.partial(EscalationRouter, **c),
         )
         for c in configs
     ]
@@ -241,6 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("knn", knn_grid(embed, args.quick)),
         ("mf", mf_grid(embed, args.quick)),
         ("cascade", cascade_grid(embed, args.quick)),
+        ("escalation", escalation_grid()),
     ):
         chosen[label], router = tune(label, grid, train, val, val_aiq(label))
         routers.append(router)
@@ -289,7 +317,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(header)
     print("-" * len(header))
-    names = ["oracle", "random", "knn", "mf", "cascade", *(p.name for p in policies)]
+    names = [
+        "oracle",
+        "random",
+        "knn",
+        "mf",
+        "cascade",
+        "escalation",
+        *(p.name for p in policies),
+    ]
     for name in names:
         c = full.curve(name)
         slice_name = name if name in {x.name for x in two.curves} else None
@@ -314,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "targets (held-out test): AIQ > no-routing and > kNN/MF; GPT-4 accuracy at <= 50% of "
         "GPT-4 cost (then ~30%); APGR >= random + 0.1"
     )
-    for name in ["cascade", *(p.name for p in policies)]:
+    for name in ["cascade", "escalation", *(p.name for p in policies)]:
         c = full.curve(name)
         ap = two.curve(name).apgr if name in {x.name for x in two.curves} else None
         checks = {
