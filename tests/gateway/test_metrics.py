@@ -259,47 +259,70 @@ for _ in range(requests):
 m.queue_depth(depth)
 m.key_budget_remaining("team-a", remaining)
 m.flushed(requests)
-print(os.getpid())
+print(os.getpid(), flush=True)
+sys.stdin.read()  # stay alive (a running worker) until the test closes stdin or kills us
 """
 
 
 def test_multiprocess_aggregates_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     env = {**os.environ, MULTIPROC_ENV: str(tmp_path), "PYTHONPATH": str(REPO_ROOT)}
+    procs: list[subprocess.Popen[str]] = []
     pids = []
-    # one after the other, so "mostrecent" has a defined answer (the second worker's value)
-    for args in (("3", "4", "2000000"), ("5", "6", "1500000")):
-        done = subprocess.run(
-            [sys.executable, "-c", _WORKER, *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
+    try:
+        # one after the other, so "mostrecent" has a defined answer (the second worker's value)
+        for args in (("3", "4", "2000000"), ("5", "6", "1500000")):
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _WORKER, *args],
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            procs.append(proc)
+            assert proc.stdout is not None
+            pids.append(int(proc.stdout.readline().strip()))
+
+        monkeypatch.setenv(MULTIPROC_ENV, str(tmp_path))
+
+        def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+            body, _ = render_metrics(CollectorRegistry())
+            return {
+                (s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(body.decode())
+                for s in family.samples
+            }
+
+        values = scrape()
+        req = ("policy", "compact"), ("model", "qwen3-8b"), ("status_class", "2xx")
+        assert values[("xrouter_requests_total", tuple(sorted(req)))] == 8
+        assert values[("xrouter_tokens_total", (("kind", "prompt"), ("model", "qwen3-8b")))] == 800
+        assert values[("xrouter_savings_usd_total", (("policy", "compact"),))] == pytest.approx(
+            0.0016
         )
-        assert done.returncode == 0, done.stderr
-        pids.append(int(done.stdout.strip()))
+        assert values[("xrouter_request_duration_seconds_count", (("policy", "compact"),))] == 8
+        assert values[("xrouter_ledger_rows_total", ())] == 8
+        assert values[("xrouter_ledger_queue_depth", ())] == 10  # livesum of both workers
+        assert values[("xrouter_key_budget_remaining_usd", (("key_alias", "team-a"),))] == 1.5
+        assert values[("xrouter_build_info", (("version", "9.9"),))] == 1
 
-    monkeypatch.setenv(MULTIPROC_ENV, str(tmp_path))
+        # A graceful exit: the server's worker-exit hook.
+        assert procs[0].stdin is not None
+        procs[0].stdin.close()
+        procs[0].wait(timeout=30)
+        mark_process_dead(pids[0])
+        values = scrape()
+        assert values[("xrouter_ledger_queue_depth", ())] == 6
+        assert values[("xrouter_requests_total", tuple(sorted(req)))] == 8  # counters survive
 
-    def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        body, _ = render_metrics(CollectorRegistry())
-        return {
-            (s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(body.decode())
-            for s in family.samples
-        }
-
-    values = scrape()
-    req = ("policy", "compact"), ("model", "qwen3-8b"), ("status_class", "2xx")
-    assert values[("xrouter_requests_total", tuple(sorted(req)))] == 8
-    assert values[("xrouter_tokens_total", (("kind", "prompt"), ("model", "qwen3-8b")))] == 800
-    assert values[("xrouter_savings_usd_total", (("policy", "compact"),))] == pytest.approx(0.0016)
-    assert values[("xrouter_request_duration_seconds_count", (("policy", "compact"),))] == 8
-    assert values[("xrouter_ledger_rows_total", ())] == 8
-    assert values[("xrouter_ledger_queue_depth", ())] == 10  # livesum of both workers
-    assert values[("xrouter_key_budget_remaining_usd", (("key_alias", "team-a"),))] == 1.5
-    assert values[("xrouter_build_info", (("version", "9.9"),))] == 1
-
-    mark_process_dead(pids[0])  # the server's worker-exit hook
-    values = scrape()
-    assert values[("xrouter_ledger_queue_depth", ())] == 6
-    assert values[("xrouter_requests_total", tuple(sorted(req)))] == 8  # counters survive
+        # A worker killed outright runs no hook: the next scrape reaps its live gauges.
+        procs[1].kill()
+        procs[1].wait(timeout=30)
+        values = scrape()
+        assert values.get(("xrouter_ledger_queue_depth", ()), 0) == 0
+        assert values[("xrouter_requests_total", tuple(sorted(req)))] == 8
+        assert not any(f"_{pids[1]}.db" in n and "live" in n for n in os.listdir(tmp_path))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
