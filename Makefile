@@ -22,6 +22,7 @@ serve: install
 
 lint:
 	$(VENV)/bin/ruff check pricing router gateway training tests bench scripts
+	$(VENV)/bin/ruff format --check pricing router gateway training tests bench scripts
 	$(VENV)/bin/mypy
 
 test: install-dev

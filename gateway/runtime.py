@@ -93,7 +93,11 @@ def _load_compact(settings: Settings, pool: ModelPool) -> tuple[Policy | None, d
     try:
         # The policy checks the checkpoint's pool against ours (and warns on price changes).
         policy = CompactPolicy(
-            load_checkpoint(path), pool, epsilon=r.epsilon, temperature=r.temperature, sample=r.sample
+            load_checkpoint(path),
+            pool,
+            epsilon=r.epsilon,
+            temperature=r.temperature,
+            sample=r.sample,
         )
     except CheckpointError as exc:
         if explicit:
@@ -101,7 +105,11 @@ def _load_compact(settings: Settings, pool: ModelPool) -> tuple[Policy | None, d
         log.warning("packaged compact checkpoint not used: %s", exc)
         return None, {}
     ckpt = policy.checkpoint
-    return policy, {"path": str(path), "version": ckpt.version, "feature_version": ckpt.feature_version}
+    return policy, {
+        "path": str(path),
+        "version": ckpt.version,
+        "feature_version": ckpt.feature_version,
+    }
 
 
 def _router_model(settings: Settings) -> PoolModel | None:

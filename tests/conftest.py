@@ -22,7 +22,9 @@ class ScriptedRouter:
     control: httpx.Client
 
     def script(self, *turns: dict[str, Any], usage: dict[str, int] | None = None) -> None:
-        self.control.post("/_script", json={"turns": list(turns), "usage": usage}).raise_for_status()
+        self.control.post(
+            "/_script", json={"turns": list(turns), "usage": usage}
+        ).raise_for_status()
 
     def requests(self) -> list[dict[str, Any]]:
         return self.control.get("/_requests").json()
@@ -30,7 +32,10 @@ class ScriptedRouter:
 
 def start_scripted_router(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
     port_file = tmp / "scripted.port"
-    proc = subprocess.Popen([sys.executable, "-m", "tests.support.scripted_router", "--port-file", str(port_file)], cwd=REPO_ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.scripted_router", "--port-file", str(port_file)],
+        cwd=REPO_ROOT,
+    )
     deadline = time.monotonic() + 20
     while not port_file.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -47,5 +52,3 @@ def scripted_router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Script
         yield ScriptedRouter(f"{root}/v1", ctl)
     proc.terminate()
     proc.wait(5)
-
-

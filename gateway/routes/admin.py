@@ -211,5 +211,14 @@ async def reload(request: Request) -> Response:
             settings = settings.model_copy(update={"router": router_settings})
         rt = await s.reload(settings)
     except (SettingsError, ValueError, OSError) as exc:
-        raise APIError(400, f"reload failed, still serving the previous config: {exc}", code="reload_failed") from None
-    return _json({"status": "reloaded", "pool": rt.pool.names, "policies": rt.policy_names, "checkpoint": rt.checkpoint_info})
+        raise APIError(
+            400, f"reload failed, still serving the previous config: {exc}", code="reload_failed"
+        ) from None
+    return _json(
+        {
+            "status": "reloaded",
+            "pool": rt.pool.names,
+            "policies": rt.policy_names,
+            "checkpoint": rt.checkpoint_info,
+        }
+    )

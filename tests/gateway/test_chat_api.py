@@ -346,7 +346,15 @@ def test_client_disconnect_mid_stream_cancels_upstream(
 
 
 def test_streamed_calls_record_time_to_first_token(gateway: Gateway) -> None:
-    list(client(gateway).chat.completions.create(model=MODEL, stream=True, messages=[{"role": "user", "content": "ttft"}]))
+    list(
+        client(gateway).chat.completions.create(
+            model=MODEL, stream=True, messages=[{"role": "user", "content": "ttft"}]
+        )
+    )
     metrics = httpx.get(f"{gateway.url}/metrics").text
-    count = [line for line in metrics.splitlines() if line.startswith("xrouter_time_to_first_token_seconds_count") and MODEL in line]
+    count = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("xrouter_time_to_first_token_seconds_count") and MODEL in line
+    ]
     assert count and float(count[0].rsplit(" ", 1)[1]) >= 1

@@ -208,7 +208,11 @@ def test_budget_holds_under_100_parallel_requests(gw: Gateway, stack: Stack) -> 
     listed = httpx.get(f"{gw.url}/admin/keys", headers=ADMIN).json()["data"]
     mine = next(x for x in listed if x["key_id"] == k["key_id"])
     assert round(mine["spent_usd"] * 1e6) == spent  # the store's counter matches the ledger
-    gauge = _metric(httpx.get(f"{gw.url}/metrics").text, "xrouter_key_budget_remaining_usd", key_alias=k["alias"])
+    gauge = _metric(
+        httpx.get(f"{gw.url}/metrics").text,
+        "xrouter_key_budget_remaining_usd",
+        key_alias=k["alias"],
+    )
     assert 0 <= gauge <= budget_micros / 1e6
 
 

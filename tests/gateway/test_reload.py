@@ -22,18 +22,31 @@ def model_ids(url: str) -> set[str]:
     return {m["id"] for m in httpx.get(f"{url}/v1/models").json()["data"]}
 
 
-def test_reload_by_admin_and_by_file_watch_keeps_in_flight_requests(upstream: Upstream, tmp_path: Path, demo_table: list) -> None:
+def test_reload_by_admin_and_by_file_watch_keeps_in_flight_requests(
+    upstream: Upstream, tmp_path: Path, demo_table: list
+) -> None:
     cfg = gateway_config(tmp_path, upstream.base_url, router={"watch_files": True})
     gw = start_gateway(tmp_path, cfg)
     try:
         assert "gemma-2-9b-it" in model_ids(gw.url)
         # A slow streamed answer is in flight while the pool changes under it.
-        rec = max((r for r in demo_table if SLOW in r.outcomes), key=lambda r: len(r.outcomes[SLOW].response or ""))
+        rec = max(
+            (r for r in demo_table if SLOW in r.outcomes),
+            key=lambda r: len(r.outcomes[SLOW].response or ""),
+        )
         result: dict[str, object] = {}
 
         def slow() -> None:
-            with httpx.stream("POST", f"{gw.base_url}/chat/completions", timeout=30,
-                              json={"model": SLOW, "stream": True, "messages": [{"role": "user", "content": rec.text}]}) as r:
+            with httpx.stream(
+                "POST",
+                f"{gw.base_url}/chat/completions",
+                timeout=30,
+                json={
+                    "model": SLOW,
+                    "stream": True,
+                    "messages": [{"role": "user", "content": rec.text}],
+                },
+            ) as r:
                 result["status"] = r.status_code
                 result["body"] = "".join(r.iter_text())
 
@@ -46,20 +59,36 @@ def test_reload_by_admin_and_by_file_watch_keeps_in_flight_requests(upstream: Up
         assert r.status_code == 200 and "gemma-2-9b-it" not in r.json()["pool"]
         assert "gemma-2-9b-it" not in model_ids(gw.url)
         t.join()
-        assert result["status"] == 200 and '"usage"' in str(result["body"]) and "[DONE]" in str(result["body"])
+        assert (
+            result["status"] == 200
+            and '"usage"' in str(result["body"])
+            and "[DONE]" in str(result["body"])
+        )
         # A broken config is refused and the old one keeps serving.
         gw.config_path.write_text("pool: [{name: 'bad name!'}]")
         r = httpx.post(f"{gw.url}/admin/reload", headers=ADMIN)
         assert r.status_code == 400 and r.json()["error"]["code"] == "reload_failed"
         assert SLOW in model_ids(gw.url)
         # File watch: restore gemma by editing the file only.
-        cfg["pool"].append({"name": "gemma-2-9b-it", "model": "openai/gemma-2-9b-it", "api_base": upstream.base_url})
+        cfg["pool"].append(
+            {
+                "name": "gemma-2-9b-it",
+                "model": "openai/gemma-2-9b-it",
+                "api_base": upstream.base_url,
+            }
+        )
         gw.config_path.write_text(yaml.safe_dump(cfg))
         deadline = time.monotonic() + 15
         while "gemma-2-9b-it" not in model_ids(gw.url):
             assert time.monotonic() < deadline, gw.log()
             time.sleep(0.2)
-        assert httpx.post(f"{gw.base_url}/chat/completions", json={"model": "gemma-2-9b-it", "messages": [{"role": "user", "content": "hi"}]}).status_code == 200
+        assert (
+            httpx.post(
+                f"{gw.base_url}/chat/completions",
+                json={"model": "gemma-2-9b-it", "messages": [{"role": "user", "content": "hi"}]},
+            ).status_code
+            == 200
+        )
     finally:
         gw.stop()
 

@@ -32,8 +32,12 @@ def client(gw: Gateway) -> openai.OpenAI:
     return openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0)
 
 
-def test_compact_routes_with_a_logged_propensity(gateway: Gateway, demo_table: list[OutcomeRecord]) -> None:
-    resp = client(gateway).chat.completions.create(model="xrouter/compact", messages=[{"role": "user", "content": demo_table[0].text}])
+def test_compact_routes_with_a_logged_propensity(
+    gateway: Gateway, demo_table: list[OutcomeRecord]
+) -> None:
+    resp = client(gateway).chat.completions.create(
+        model="xrouter/compact", messages=[{"role": "user", "content": demo_table[0].text}]
+    )
     d = resp.model_extra["xrouter"]["decision"]
     assert d["policy"] == "compact" and d["feature_version"].startswith("fx")
     assert d["actions"] == [resp.model] and 0 < d["propensity"] <= 1
@@ -42,25 +46,44 @@ def test_compact_routes_with_a_logged_propensity(gateway: Gateway, demo_table: l
 
 
 def test_default_model_name_is_the_compact_policy(gateway: Gateway) -> None:
-    raw = client(gateway).chat.completions.with_raw_response.create(model="xrouter", messages=[{"role": "user", "content": "Hello"}])
+    raw = client(gateway).chat.completions.with_raw_response.create(
+        model="xrouter", messages=[{"role": "user", "content": "Hello"}]
+    )
     assert raw.headers["x-xrouter-policy"] == "compact"
 
 
-def test_compact_streams_the_chosen_model_straight_through(gateway: Gateway, demo_table: list[OutcomeRecord]) -> None:
+def test_compact_streams_the_chosen_model_straight_through(
+    gateway: Gateway, demo_table: list[OutcomeRecord]
+) -> None:
     rec = demo_table[5]
-    chunks = list(client(gateway).chat.completions.create(model="xrouter/compact", stream=True, messages=[{"role": "user", "content": rec.text}]))
+    chunks = list(
+        client(gateway).chat.completions.create(
+            model="xrouter/compact", stream=True, messages=[{"role": "user", "content": rec.text}]
+        )
+    )
     model = chunks[0].model
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == rec.outcomes[model].response
-    assert chunks[-1].usage is not None and chunks[-1].model_extra["xrouter"]["decision"]["actions"] == [model]
+    assert (
+        "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        == rec.outcomes[model].response
+    )
+    assert chunks[-1].usage is not None and chunks[-1].model_extra["xrouter"]["decision"][
+        "actions"
+    ] == [model]
 
 
-def test_cost_weight_moves_traffic_to_cheaper_models(gateway: Gateway, demo_table: list[OutcomeRecord]) -> None:
+def test_cost_weight_moves_traffic_to_cheaper_models(
+    gateway: Gateway, demo_table: list[OutcomeRecord]
+) -> None:
     prompts = [r.text for r in demo_table[::25]]
     c = client(gateway)
 
     def mean_cost(weight: float) -> float:
         costs = [
-            c.chat.completions.create(model="xrouter/compact", messages=[{"role": "user", "content": p}], extra_body={"xrouter": {"cost_weight": weight}}).usage.model_extra["cost"]  # type: ignore[union-attr]
+            c.chat.completions.create(
+                model="xrouter/compact",
+                messages=[{"role": "user", "content": p}],
+                extra_body={"xrouter": {"cost_weight": weight}},
+            ).usage.model_extra["cost"]  # type: ignore[union-attr]
             for p in prompts
         ]
         return sum(costs) / len(costs)
@@ -71,16 +94,29 @@ def test_cost_weight_moves_traffic_to_cheaper_models(gateway: Gateway, demo_tabl
 def test_models_allow_list_is_respected(gateway: Gateway, demo_table: list[OutcomeRecord]) -> None:
     allowed = ["gemma-2-9b-it", "llama-3.2-3b-instruct"]
     for rec in demo_table[:6]:
-        resp = client(gateway).chat.completions.create(model="xrouter/compact", messages=[{"role": "user", "content": rec.text}], extra_body={"xrouter": {"models": allowed}})
+        resp = client(gateway).chat.completions.create(
+            model="xrouter/compact",
+            messages=[{"role": "user", "content": rec.text}],
+            extra_body={"xrouter": {"models": allowed}},
+        )
         assert resp.model in allowed
         assert set(resp.model_extra["xrouter"]["decision"]["distribution"]) <= set(allowed)
-    r = httpx.post(f"{gateway.base_url}/chat/completions", json={"model": "xrouter", "messages": [{"role": "user", "content": "x"}], "xrouter": {"models": ["gpt-99"]}})
+    r = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        json={
+            "model": "xrouter",
+            "messages": [{"role": "user", "content": "x"}],
+            "xrouter": {"models": ["gpt-99"]},
+        },
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "xrouter.models"
 
 
 @pytest.mark.parametrize("policy", ["cheapest", "random", "cascade", "fixed:gemma-2-9b-it"])
 def test_baseline_policies_by_model_name(gateway: Gateway, policy: str) -> None:
-    resp = client(gateway).chat.completions.create(model=f"xrouter/{policy}", messages=[{"role": "user", "content": "What is 2+2?"}])
+    resp = client(gateway).chat.completions.create(
+        model=f"xrouter/{policy}", messages=[{"role": "user", "content": "What is 2+2?"}]
+    )
     assert resp.model_extra["xrouter"]["policy"] == policy
     if policy == "cheapest":
         assert resp.model == "llama-3.2-3b-instruct"
@@ -92,11 +128,22 @@ def test_baseline_policies_by_model_name(gateway: Gateway, policy: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def llm_gateway(upstream: Upstream, scripted_router: ScriptedRouter, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, Path]]:
+def llm_gateway(
+    upstream: Upstream, scripted_router: ScriptedRouter, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Gateway, Path]]:
     tmp = tmp_path_factory.mktemp("llm")
     cfg = gateway_config(
-        tmp, upstream.base_url,
-        router={"watch_files": False, "default_policy": "llm", "llm": {"base_url": scripted_router.base_url, "model": "router", "price": {"input": 0.5, "output": 1.5}}},
+        tmp,
+        upstream.base_url,
+        router={
+            "watch_files": False,
+            "default_policy": "llm",
+            "llm": {
+                "base_url": scripted_router.base_url,
+                "model": "router",
+                "price": {"input": 0.5, "output": 1.5},
+            },
+        },
         auth={"enabled": False, "admin_key": ADMIN_KEY},
         metrics={"reference_model": "llama-3.3-70b-instruct"},
     )
@@ -114,20 +161,38 @@ async def _rows(db: Path, sql: str, **params: Any) -> list[Any]:
         await engine.dispose()
 
 
-def test_llm_policy_costs_and_ledger_rows_add_up(llm_gateway: tuple[Gateway, Path], scripted_router: ScriptedRouter) -> None:
+def test_llm_policy_costs_and_ledger_rows_add_up(
+    llm_gateway: tuple[Gateway, Path], scripted_router: ScriptedRouter
+) -> None:
     import asyncio
 
     gw, db = llm_gateway
     query = "Which planet is known as the red planet in our solar system?"
     scripted_router.script(
-        {"tool_calls": [
-            {"id": "a", "name": tool_name("gemma-2-9b-it"), "arguments": {"system_prompt": "Be brief."}},
-            {"id": "b", "name": tool_name("llama-3.3-70b-instruct"), "arguments": {"system_prompt": f"Answer: {query}"}},
-        ]},
-        {"tool_calls": [{"id": "s", "name": "select_response", "arguments": {"tool_call_id": "b"}}]},
+        {
+            "tool_calls": [
+                {
+                    "id": "a",
+                    "name": tool_name("gemma-2-9b-it"),
+                    "arguments": {"system_prompt": "Be brief."},
+                },
+                {
+                    "id": "b",
+                    "name": tool_name("llama-3.3-70b-instruct"),
+                    "arguments": {"system_prompt": f"Answer: {query}"},
+                },
+            ]
+        },
+        {
+            "tool_calls": [
+                {"id": "s", "name": "select_response", "arguments": {"tool_call_id": "b"}}
+            ]
+        },
         usage={"prompt_tokens": 300, "completion_tokens": 40},
     )
-    resp = client(gw).chat.completions.create(model="xrouter", messages=[{"role": "user", "content": query}])
+    resp = client(gw).chat.completions.create(
+        model="xrouter", messages=[{"role": "user", "content": query}]
+    )
     meta = resp.model_extra["xrouter"]
     assert resp.model == "llama-3.3-70b-instruct" and meta["policy"] == "llm"
     assert meta["router_cost_usd"] == pytest.approx(2 * (300 * 0.5 + 40 * 1.5) / 1e6)
@@ -135,8 +200,16 @@ def test_llm_policy_costs_and_ledger_rows_add_up(llm_gateway: tuple[Gateway, Pat
     assert [c["role"] for c in meta["calls"]].count("router") == 2
     httpx.get(f"{gw.url}/metrics")
     time.sleep(0.3)  # the ledger flushes every 20 ms
-    req = asyncio.run(_rows(db, "SELECT total_cost_micros, router_cost_micros, downstream_cost_micros FROM requests WHERE request_id = :r", r=meta["request_id"]))
-    calls = asyncio.run(_rows(db, "SELECT role, cost_micros FROM calls WHERE request_id = :r", r=meta["request_id"]))
+    req = asyncio.run(
+        _rows(
+            db,
+            "SELECT total_cost_micros, router_cost_micros, downstream_cost_micros FROM requests WHERE request_id = :r",
+            r=meta["request_id"],
+        )
+    )
+    calls = asyncio.run(
+        _rows(db, "SELECT role, cost_micros FROM calls WHERE request_id = :r", r=meta["request_id"])
+    )
     total, router, downstream = req[0]
     assert total == router + downstream == sum(c[1] for c in calls)
     assert router == sum(c[1] for c in calls if c[0] == "router") == 420
@@ -148,26 +221,62 @@ def test_llm_policy_costs_and_ledger_rows_add_up(llm_gateway: tuple[Gateway, Pat
 # ---------------------------------------------------------------- deploy
 
 
-def test_deploy_hot_loads_a_checkpoint_and_refuses_a_mismatched_one(upstream: Upstream, tmp_path: Path) -> None:
+def test_deploy_hot_loads_a_checkpoint_and_refuses_a_mismatched_one(
+    upstream: Upstream, tmp_path: Path
+) -> None:
     from router.checkpoint import default_checkpoint_path, load_checkpoint, save_checkpoint  # noqa: F401
 
-    cfg = gateway_config(tmp_path, upstream.base_url, auth={"enabled": True, "admin_key": ADMIN_KEY})
+    cfg = gateway_config(
+        tmp_path, upstream.base_url, auth={"enabled": True, "admin_key": ADMIN_KEY}
+    )
     gw = start_gateway(tmp_path, cfg)
     try:
-        cmd = [sys.executable, "-m", "gateway.cli", "deploy", str(default_checkpoint_path()), "--url", gw.url, "--admin-key", ADMIN_KEY]
+        cmd = [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "deploy",
+            str(default_checkpoint_path()),
+            "--url",
+            gw.url,
+            "--admin-key",
+            ADMIN_KEY,
+        ]
         out = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
-        assert json.loads(out.stdout)["checkpoint"]["version"] == load_checkpoint(default_checkpoint_path()).version
+        assert (
+            json.loads(out.stdout)["checkpoint"]["version"]
+            == load_checkpoint(default_checkpoint_path()).version
+        )
         # A gateway whose pool lacks the checkpoint's models refuses it and keeps serving.
-        small = gateway_config(tmp_path / "small", upstream.base_url, auth={"enabled": True, "admin_key": ADMIN_KEY})
-        small["pool"] = [m for m in small["pool"] if m["name"] in ("gemma-2-9b-it", "llama-3.2-3b-instruct")] + [
-            {"name": "extra-model", "model": "openai/gemma-2-9b-it", "api_base": upstream.base_url, "price": {"input": 1, "output": 1}}
+        small = gateway_config(
+            tmp_path / "small", upstream.base_url, auth={"enabled": True, "admin_key": ADMIN_KEY}
+        )
+        small["pool"] = [
+            m for m in small["pool"] if m["name"] in ("gemma-2-9b-it", "llama-3.2-3b-instruct")
+        ] + [
+            {
+                "name": "extra-model",
+                "model": "openai/gemma-2-9b-it",
+                "api_base": upstream.base_url,
+                "price": {"input": 1, "output": 1},
+            }
         ]
         gw2 = start_gateway(tmp_path / "small", small)
         try:
-            out = subprocess.run([*cmd[:-4], "--url", gw2.url, "--admin-key", ADMIN_KEY], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+            out = subprocess.run(
+                [*cmd[:-4], "--url", gw2.url, "--admin-key", ADMIN_KEY],
+                cwd=REPO_ROOT,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert out.returncode == 1 and "reload_failed" in out.stderr
-            r = httpx.post(f"{gw2.base_url}/chat/completions", json={"model": "gemma-2-9b-it", "messages": [{"role": "user", "content": "hi"}]}, headers={"Authorization": "Bearer x"})
+            r = httpx.post(
+                f"{gw2.base_url}/chat/completions",
+                json={"model": "gemma-2-9b-it", "messages": [{"role": "user", "content": "hi"}]},
+                headers={"Authorization": "Bearer x"},
+            )
             assert r.status_code == 401  # still up and serving
         finally:
             gw2.stop()

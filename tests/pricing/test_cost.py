@@ -20,8 +20,15 @@ def test_cost_is_tokens_times_price_per_million() -> None:
 
 
 def test_cached_and_reasoning_tokens_use_their_own_prices() -> None:
-    price = ModelPrice(input=Decimal("2"), output=Decimal("8"), cached_input=Decimal("0.5"), reasoning=Decimal("12"))
-    usage = TokenUsage(prompt_tokens=1000, completion_tokens=400, cached_tokens=600, reasoning_tokens=100)
+    price = ModelPrice(
+        input=Decimal("2"),
+        output=Decimal("8"),
+        cached_input=Decimal("0.5"),
+        reasoning=Decimal("12"),
+    )
+    usage = TokenUsage(
+        prompt_tokens=1000, completion_tokens=400, cached_tokens=600, reasoning_tokens=100
+    )
     # uncached 400x2 + cached 600x0.5 + visible output 300x8 + reasoning 100x12
     assert price.cost_micros(usage) == 800 + 300 + 2400 + 1200
 
@@ -62,10 +69,19 @@ def test_usd_conversion_and_format() -> None:
 
 def test_usage_parses_openai_details() -> None:
     u = TokenUsage.from_openai(
-        {"prompt_tokens": 10, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 4},
-         "completion_tokens_details": {"reasoning_tokens": 2}}
+        {
+            "prompt_tokens": 10,
+            "completion_tokens": 5,
+            "prompt_tokens_details": {"cached_tokens": 4},
+            "completion_tokens_details": {"reasoning_tokens": 2},
+        }
     )
-    assert (u.prompt_tokens, u.completion_tokens, u.cached_tokens, u.reasoning_tokens) == (10, 5, 4, 2)
+    assert (u.prompt_tokens, u.completion_tokens, u.cached_tokens, u.reasoning_tokens) == (
+        10,
+        5,
+        4,
+        2,
+    )
     assert u.to_openai()["total_tokens"] == 15
 
 
@@ -82,7 +98,9 @@ def test_unknown_model_is_an_error_not_zero() -> None:
 
 
 def test_overrides_replace_prices() -> None:
-    cat = load_default_catalog().with_overrides({"gpt-4o": ModelPrice(input=Decimal(1), output=Decimal(2))})
+    cat = load_default_catalog().with_overrides(
+        {"gpt-4o": ModelPrice(input=Decimal(1), output=Decimal(2))}
+    )
     assert cat.require("gpt-4o").input == Decimal(1)
 
 

@@ -18,7 +18,9 @@ class Downstream:
     control: httpx.Client
 
     def fault(self, model: str, fault: str, count: int = 1) -> None:
-        self.control.post("/_replay/faults", json={"model": model, "fault": fault, "count": count}).raise_for_status()
+        self.control.post(
+            "/_replay/faults", json={"model": model, "fault": fault, "count": count}
+        ).raise_for_status()
 
 
 @pytest.fixture(scope="session")

@@ -23,12 +23,22 @@ from tests.router.conftest import Downstream
 
 CHEAP, MID, DEAR = "llama-3.2-3b-instruct", "gemma-2-9b-it", "llama-3.3-70b-instruct"
 ROUTER_PRICE = ModelPrice(input=Decimal("0.5"), output=Decimal("1.5"))
-USER = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is the boiling point of water at sea level in Celsius?"}]
+USER = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "What is the boiling point of water at sea level in Celsius?"},
+]
 
 
 def pool(base: str, *, fallbacks: dict[str, list[str]] | None = None) -> ModelPool:
     cfgs = [
-        PoolModelConfig(name=m, model=f"openai/{m}", api_base=base, timeout_s=5, max_retries=0, fallbacks=(fallbacks or {}).get(m, []))
+        PoolModelConfig(
+            name=m,
+            model=f"openai/{m}",
+            api_base=base,
+            timeout_s=5,
+            max_retries=0,
+            fallbacks=(fallbacks or {}).get(m, []),
+        )
         for m in (CHEAP, MID, DEAR)
     ]
     return ModelPool.from_configs(cfgs, load_default_catalog())
@@ -40,12 +50,24 @@ async def setup(downstream: Downstream, scripted_router: ScriptedRouter) -> Asyn
     p = pool(downstream.base_url, fallbacks={MID: [DEAR]})
     client = DownstreamClient(p)
     router_model = p[CHEAP].__class__(
-        name="router", provider="openai", upstream_model="router", api_base=scripted_router.base_url, api_key=None,
-        transport="native", price=ROUTER_PRICE, max_output_tokens=1024, timeout_s=5, max_concurrency=16,
-        max_retries=0, fallbacks=(), description="",
+        name="router",
+        provider="openai",
+        upstream_model="router",
+        api_base=scripted_router.base_url,
+        api_key=None,
+        transport="native",
+        price=ROUTER_PRICE,
+        max_output_tokens=1024,
+        timeout_s=5,
+        max_concurrency=16,
+        max_retries=0,
+        fallbacks=(),
+        description="",
     )
     copies: list[int] = []
-    policy = LLMRouterPolicy(client.provider("native"), router_model, on_query_copy=lambda: copies.append(1))
+    policy = LLMRouterPolicy(
+        client.provider("native"), router_model, on_query_copy=lambda: copies.append(1)
+    )
     yield p, Orchestrator(ProviderExecutor(client)), policy, copies
     await client.aclose()
 
@@ -55,7 +77,11 @@ def ctx(p: ModelPool, **kw: Any) -> RouteContext:
 
 
 def call(model: str, tc_id: str, **args: Any) -> dict[str, Any]:
-    return {"id": tc_id, "name": tool_name(model), "arguments": {"system_prompt": "Answer briefly.", **args}}
+    return {
+        "id": tc_id,
+        "name": tool_name(model),
+        "arguments": {"system_prompt": "Answer briefly.", **args},
+    }
 
 
 def select(tc_id: str) -> dict[str, Any]:
@@ -67,10 +93,14 @@ def assert_costs_add_up(p: ModelPool, result: RouteResult) -> None:
         assert o.cost_micros == ROUTER_PRICE.cost_micros(o.usage)
     for o in result.outcomes:
         if o.ok:
-            assert o.cost_micros == p[o.model].price.cost_micros(o.usage) and o.usage.total_tokens > 0
+            assert (
+                o.cost_micros == p[o.model].price.cost_micros(o.usage) and o.usage.total_tokens > 0
+            )
         else:
             assert o.cost_micros == 0
-    assert result.cost_micros == sum(o.cost_micros for o in (*result.state.router_calls, *result.outcomes))
+    assert result.cost_micros == sum(
+        o.cost_micros for o in (*result.state.router_calls, *result.outcomes)
+    )
     assert result.router_cost_micros == sum(o.cost_micros for o in result.state.router_calls)
 
 
@@ -83,8 +113,18 @@ async def test_direct_answer(setup: Any, scripted_router: ScriptedRouter) -> Non
     assert r.cost_micros == ROUTER_PRICE.cost_micros(TokenUsage(100, 20)) == 80
     assert_costs_add_up(p, r)
     sent = scripted_router.requests()[0]
-    assert {t["function"]["name"] for t in sent["tools"]} == {tool_name(CHEAP), tool_name(MID), tool_name(DEAR), "select_response"}
-    assert "$0.88/1M input tokens" in next(t for t in sent["tools"] if t["function"]["name"] == tool_name(DEAR))["function"]["description"]
+    assert {t["function"]["name"] for t in sent["tools"]} == {
+        tool_name(CHEAP),
+        tool_name(MID),
+        tool_name(DEAR),
+        "select_response",
+    }
+    assert (
+        "$0.88/1M input tokens"
+        in next(t for t in sent["tools"] if t["function"]["name"] == tool_name(DEAR))["function"][
+            "description"
+        ]
+    )
 
 
 async def test_single_call_then_select(setup: Any, scripted_router: ScriptedRouter) -> None:
@@ -100,9 +140,13 @@ async def test_single_call_then_select(setup: Any, scripted_router: ScriptedRout
     assert_costs_add_up(p, r)
 
 
-async def test_parallel_calls_then_select_by_id(setup: Any, scripted_router: ScriptedRouter) -> None:
+async def test_parallel_calls_then_select_by_id(
+    setup: Any, scripted_router: ScriptedRouter
+) -> None:
     p, orch, policy, _ = setup
-    scripted_router.script({"tool_calls": [call(CHEAP, "a"), call(DEAR, "b")]}, {"tool_calls": [select("b")]})
+    scripted_router.script(
+        {"tool_calls": [call(CHEAP, "a"), call(DEAR, "b")]}, {"tool_calls": [select("b")]}
+    )
     r = await orch.run(policy, ctx(p))
     assert r.final_model == DEAR
     assert {o.call.id for o in r.outcomes} == {"a", "b"} and all(o.turn == 0 for o in r.outcomes)
@@ -111,55 +155,93 @@ async def test_parallel_calls_then_select_by_id(setup: Any, scripted_router: Scr
 
 async def test_synthesis(setup: Any, scripted_router: ScriptedRouter) -> None:
     p, orch, policy, _ = setup
-    scripted_router.script({"tool_calls": [call(CHEAP, "a"), call(MID, "b")]}, {"content": "Both agree: 100 °C."})
+    scripted_router.script(
+        {"tool_calls": [call(CHEAP, "a"), call(MID, "b")]}, {"content": "Both agree: 100 °C."}
+    )
     r = await orch.run(policy, ctx(p))
-    assert r.final_model is None and r.message == {"role": "assistant", "content": "Both agree: 100 °C."}
+    assert r.final_model is None and r.message == {
+        "role": "assistant",
+        "content": "Both agree: 100 °C.",
+    }
     assert r.extras["synthesized"] is True and len(r.outcomes) == 2
     assert_costs_add_up(p, r)
 
 
-async def test_invalid_tool_and_missing_argument_become_tool_errors(setup: Any, scripted_router: ScriptedRouter) -> None:
+async def test_invalid_tool_and_missing_argument_become_tool_errors(
+    setup: Any, scripted_router: ScriptedRouter
+) -> None:
     p, orch, policy, _ = setup
     scripted_router.script(
-        {"tool_calls": [{"id": "x1", "name": "call_gpt-99", "arguments": {"system_prompt": "hi"}}, {"id": "x2", "name": tool_name(CHEAP), "arguments": {}}]},
-        {"tool_calls": [{"id": "x3", "name": "select_response", "arguments": {}}, {"id": "x4", "name": tool_name(CHEAP), "arguments": "{not json"}]},
+        {
+            "tool_calls": [
+                {"id": "x1", "name": "call_gpt-99", "arguments": {"system_prompt": "hi"}},
+                {"id": "x2", "name": tool_name(CHEAP), "arguments": {}},
+            ]
+        },
+        {
+            "tool_calls": [
+                {"id": "x3", "name": "select_response", "arguments": {}},
+                {"id": "x4", "name": tool_name(CHEAP), "arguments": "{not json"},
+            ]
+        },
         {"content": "I'll answer myself: 100 °C."},
     )
     r = await orch.run(policy, ctx(p))
     assert r.message and r.message["content"].startswith("I'll answer")
     assert r.outcomes == []
-    assert r.state.notes["tool_errors"] == ["unknown_tool", "missing_argument", "missing_argument", "invalid_arguments"]
+    assert r.state.notes["tool_errors"] == [
+        "unknown_tool",
+        "missing_argument",
+        "missing_argument",
+        "invalid_arguments",
+    ]
     reqs = scripted_router.requests()
     tool_msgs = [m for m in reqs[1]["messages"] if m["role"] == "tool"]
     assert [m["tool_call_id"] for m in tool_msgs] == ["x1", "x2"]
-    assert "unknown_tool" in tool_msgs[0]["content"] and "missing_argument" in tool_msgs[1]["content"]
+    assert (
+        "unknown_tool" in tool_msgs[0]["content"] and "missing_argument" in tool_msgs[1]["content"]
+    )
     assert_costs_add_up(p, r)
 
 
 async def test_budget_exhausted_mid_loop(setup: Any, scripted_router: ScriptedRouter) -> None:
     p, orch, policy, _ = setup
-    scripted_router.script({"tool_calls": [call(CHEAP, "a")]}, {"tool_calls": [call(DEAR, "b", max_tokens=4000)]}, {"tool_calls": [select("a")]})
+    scripted_router.script(
+        {"tool_calls": [call(CHEAP, "a")]},
+        {"tool_calls": [call(DEAR, "b", max_tokens=4000)]},
+        {"tool_calls": [select("a")]},
+    )
     # Enough for the router turns and the cheap call, not for the dear one's worst case.
     r = await orch.run(policy, ctx(p, max_cost_micros=1000))
     assert r.final_model == CHEAP
     refused = [o for o in r.outcomes if not o.ok]
     assert [o.call.id for o in refused] == ["b"] and refused[0].error_kind == "budget"
-    told = next(m for m in scripted_router.requests()[2]["messages"] if m.get("tool_call_id") == "b")["content"]
+    told = next(
+        m for m in scripted_router.requests()[2]["messages"] if m.get("tool_call_id") == "b"
+    )["content"]
     assert "budget" in told and '"selectable":false' in told
     assert r.cost_micros <= 1000
     assert_costs_add_up(p, r)
 
 
-async def test_max_turns_falls_back_to_best_successful_answer(setup: Any, scripted_router: ScriptedRouter) -> None:
+async def test_max_turns_falls_back_to_best_successful_answer(
+    setup: Any, scripted_router: ScriptedRouter
+) -> None:
     p, orch, policy, _ = setup
-    scripted_router.script({"tool_calls": [call(CHEAP, "a")]}, {"tool_calls": [call(DEAR, "b")]}, {"tool_calls": [call(MID, "c")]})
+    scripted_router.script(
+        {"tool_calls": [call(CHEAP, "a")]},
+        {"tool_calls": [call(DEAR, "b")]},
+        {"tool_calls": [call(MID, "c")]},
+    )
     r = await orch.run(policy, ctx(p, max_turns=2))
     assert r.fallback_used and r.final_model == DEAR  # the dearest successful answer
     assert len(r.state.router_calls) == 2
     assert_costs_add_up(p, r)
 
 
-async def test_downstream_failure_uses_the_fallback_model(setup: Any, scripted_router: ScriptedRouter, downstream: Downstream) -> None:
+async def test_downstream_failure_uses_the_fallback_model(
+    setup: Any, scripted_router: ScriptedRouter, downstream: Downstream
+) -> None:
     p, orch, policy, _ = setup
     downstream.fault(MID, "status=500", count=1)
     scripted_router.script({"tool_calls": [call(MID, "a")]}, {"tool_calls": [select("a")]})
@@ -168,16 +250,25 @@ async def test_downstream_failure_uses_the_fallback_model(setup: Any, scripted_r
     assert_costs_add_up(p, r)
 
 
-async def test_failed_call_cannot_be_selected(setup: Any, scripted_router: ScriptedRouter, downstream: Downstream) -> None:
+async def test_failed_call_cannot_be_selected(
+    setup: Any, scripted_router: ScriptedRouter, downstream: Downstream
+) -> None:
     p, orch, policy, _ = setup
     downstream.fault(CHEAP, "status=400", count=1)
-    scripted_router.script({"tool_calls": [call(CHEAP, "a")]}, {"tool_calls": [select("a")]}, {"tool_calls": [call(MID, "b")]}, {"tool_calls": [select("b")]})
+    scripted_router.script(
+        {"tool_calls": [call(CHEAP, "a")]},
+        {"tool_calls": [select("a")]},
+        {"tool_calls": [call(MID, "b")]},
+        {"tool_calls": [select("b")]},
+    )
     r = await orch.run(policy, ctx(p))
     assert r.final_model == MID
     assert "not_selectable" in str(scripted_router.requests()[2]["messages"])
 
 
-async def test_router_failure_without_answers_routes_to_cheapest(setup: Any, scripted_router: ScriptedRouter) -> None:
+async def test_router_failure_without_answers_routes_to_cheapest(
+    setup: Any, scripted_router: ScriptedRouter
+) -> None:
     p, orch, policy, _ = setup
     scripted_router.script({"error_status": 500})
     r = await orch.run(policy, ctx(p))
@@ -186,7 +277,10 @@ async def test_router_failure_without_answers_routes_to_cheapest(setup: Any, scr
 
 async def test_query_copy_is_counted(setup: Any, scripted_router: ScriptedRouter) -> None:
     p, orch, policy, copies = setup
-    scripted_router.script({"tool_calls": [call(CHEAP, "a", system_prompt="Answer: " + USER[1]["content"])]}, {"tool_calls": [select("a")]})
+    scripted_router.script(
+        {"tool_calls": [call(CHEAP, "a", system_prompt="Answer: " + USER[1]["content"])]},
+        {"tool_calls": [select("a")]},
+    )
     r = await orch.run(policy, ctx(p))
     assert r.state.notes["query_copies"] == 1 and copies == [1]
 
@@ -203,13 +297,28 @@ async def test_no_answer_when_every_call_fails(setup: Any, downstream: Downstrea
 def test_downstream_gets_the_real_conversation() -> None:
     messages = [
         {"role": "system", "content": "Client system."},
-        {"role": "user", "content": [{"type": "text", "text": "Look:"}, {"type": "image_url", "image_url": {"url": "data:,"}}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Look:"},
+                {"type": "image_url", "image_url": {"url": "data:,"}},
+            ],
+        },
         {"role": "assistant", "content": "Seen."},
         {"role": "user", "content": "And now?"},
     ]
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-    c = RouteContext(request_id="r", messages=messages, pool=ModelPool([]), cost_weight=0, tools=tools, request_params={"temperature": 0.2, "max_tokens": 100, "seed": 7})
-    body = downstream_request(c, ToolCall(id="t", model="m", system_prompt="Router says.", temperature=0.9, max_tokens=50))
+    c = RouteContext(
+        request_id="r",
+        messages=messages,
+        pool=ModelPool([]),
+        cost_weight=0,
+        tools=tools,
+        request_params={"temperature": 0.2, "max_tokens": 100, "seed": 7},
+    )
+    body = downstream_request(
+        c, ToolCall(id="t", model="m", system_prompt="Router says.", temperature=0.9, max_tokens=50)
+    )
     assert body["messages"][0] == {"role": "system", "content": "Router says.\n\nClient system."}
     assert body["messages"][1:] == messages[1:]
     assert body["tools"] == tools and body["seed"] == 7

@@ -51,26 +51,59 @@ async def chat(request: web.Request) -> web.Response:
     body = orjson.loads(await request.read())
     s.requests.append(body)
     if not s.turns:
-        return _json({"error": {"message": "script exhausted", "type": "server_error", "param": None, "code": None}}, 500)
+        return _json(
+            {
+                "error": {
+                    "message": "script exhausted",
+                    "type": "server_error",
+                    "param": None,
+                    "code": None,
+                }
+            },
+            500,
+        )
     msg = dict(s.turns.pop(0))
     if msg.get("error_status"):
-        return _json({"error": {"message": "scripted failure", "type": "server_error", "param": None, "code": None}}, int(msg["error_status"]))
+        return _json(
+            {
+                "error": {
+                    "message": "scripted failure",
+                    "type": "server_error",
+                    "param": None,
+                    "code": None,
+                }
+            },
+            int(msg["error_status"]),
+        )
     msg.setdefault("role", "assistant")
     msg.setdefault("content", None)
     finish = "stop"
     if msg.get("tool_calls"):
         finish = "tool_calls"
         msg["tool_calls"] = [
-            {"id": tc.get("id") or f"chatcmpl-tool-{next(s.ids)}", "type": "function",
-             "function": {"name": tc["name"], "arguments": tc["arguments"] if isinstance(tc["arguments"], str) else orjson.dumps(tc["arguments"]).decode()}}
+            {
+                "id": tc.get("id") or f"chatcmpl-tool-{next(s.ids)}",
+                "type": "function",
+                "function": {
+                    "name": tc["name"],
+                    "arguments": tc["arguments"]
+                    if isinstance(tc["arguments"], str)
+                    else orjson.dumps(tc["arguments"]).decode(),
+                },
+            }
             for tc in msg["tool_calls"]
         ]
     u = s.usage
-    return _json({
-        "id": f"chatcmpl-script-{next(s.ids)}", "object": "chat.completion", "created": int(time.time()),
-        "model": body.get("model"), "choices": [{"index": 0, "message": msg, "finish_reason": finish}],
-        "usage": {**u, "total_tokens": u["prompt_tokens"] + u["completion_tokens"]},
-    })
+    return _json(
+        {
+            "id": f"chatcmpl-script-{next(s.ids)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model"),
+            "choices": [{"index": 0, "message": msg, "finish_reason": finish}],
+            "usage": {**u, "total_tokens": u["prompt_tokens"] + u["completion_tokens"]},
+        }
+    )
 
 
 def create_app() -> web.Application:

@@ -26,8 +26,13 @@ DEMO = REPO_ROOT / "router" / "assets" / "demo_outcomes.jsonl"
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, Path]]:
     tmp = tmp_path_factory.mktemp("logged")
     proc, base = start_replay_upstream(tmp)
-    cfg = gateway_config(tmp, base, router={"watch_files": False, "epsilon": 0.5}, ledger={"log_content": "full"},
-                         auth={"enabled": False, "admin_key": ADMIN_KEY})
+    cfg = gateway_config(
+        tmp,
+        base,
+        router={"watch_files": False, "epsilon": 0.5},
+        ledger={"log_content": "full"},
+        auth={"enabled": False, "admin_key": ADMIN_KEY},
+    )
     gw = start_gateway(tmp, cfg)
     yield gw, tmp
     gw.stop()
@@ -35,7 +40,13 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway,
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gateway.cli", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_export_retrain_off_policy_and_deploy(gateway: tuple[Gateway, Path]) -> None:
@@ -43,13 +54,24 @@ def test_export_retrain_off_policy_and_deploy(gateway: tuple[Gateway, Path]) -> 
     table: list[OutcomeRecord] = load_outcome_table(DEMO)[::5]
     with httpx.Client(base_url=gw.base_url, timeout=30) as c:
         for rec in table:
-            r = c.post("/chat/completions", json={"model": "xrouter/compact", "messages": [{"role": "user", "content": rec.text}],
-                                                 "xrouter": {"cost_weight": 1.0}})
+            r = c.post(
+                "/chat/completions",
+                json={
+                    "model": "xrouter/compact",
+                    "messages": [{"role": "user", "content": rec.text}],
+                    "xrouter": {"cost_weight": 1.0},
+                },
+            )
             assert r.status_code == 200
             body = r.json()
             # The client grades the answer; here, with the score recorded for that model.
             score = rec.outcomes[body["model"]].score
-            assert c.post("/feedback", json={"request_id": body["xrouter"]["request_id"], "score": score}).status_code == 200
+            assert (
+                c.post(
+                    "/feedback", json={"request_id": body["xrouter"]["request_id"], "score": score}
+                ).status_code
+                == 200
+            )
     out = tmp / "traffic.jsonl"
     res = run("export", "--config", str(gw.config_path), "--out", str(out))
     assert res.returncode == 0, res.stderr
@@ -62,8 +84,23 @@ def test_export_retrain_off_policy_and_deploy(gateway: tuple[Gateway, Path]) -> 
 
     run_dir = tmp / "run"
     pool = ",".join(load_checkpoint(default_checkpoint_path()).pool)
-    res = run("train", "--table", str(out), "--offpolicy", "--pool", pool, "--steps", "30", "--eval-every", "10",
-              "--out", str(run_dir), "--no-progress", "--threads", "1")
+    res = run(
+        "train",
+        "--table",
+        str(out),
+        "--offpolicy",
+        "--pool",
+        pool,
+        "--steps",
+        "30",
+        "--eval-every",
+        "10",
+        "--out",
+        str(run_dir),
+        "--no-progress",
+        "--threads",
+        "1",
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     ckpt = load_checkpoint(run_dir / "checkpoint")
     assert ckpt.pool == pool.split(",")
@@ -71,5 +108,8 @@ def test_export_retrain_off_policy_and_deploy(gateway: tuple[Gateway, Path]) -> 
     res = run("deploy", str(run_dir / "checkpoint"), "--url", gw.url, "--admin-key", ADMIN_KEY)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["checkpoint"]["version"] == ckpt.version
-    r = httpx.post(f"{gw.base_url}/chat/completions", json={"model": "xrouter", "messages": [{"role": "user", "content": table[0].text}]})
+    r = httpx.post(
+        f"{gw.base_url}/chat/completions",
+        json={"model": "xrouter", "messages": [{"role": "user", "content": table[0].text}]},
+    )
     assert r.status_code == 200 and r.json()["xrouter"]["decision"]["policy"] == "compact"

@@ -361,4 +361,9 @@ def test_models_health_and_stats(client: openai.OpenAI, replay: ReplayServer) ->
     assert stats["requests"] == {models[0]: 3, models[1]: 1}
     assert stats["total"] == 5 and stats["faults"] == {}
     assert replay.http.post("/_replay/reset").json()["total"] == 0
-    assert replay.http.get("/_replay/stats").json() == {"total": 0, "requests": {}, "faults": {}, "streams_abandoned": 0}
+    assert replay.http.get("/_replay/stats").json() == {
+        "total": 0,
+        "requests": {},
+        "faults": {},
+        "streams_abandoned": 0,
+    }

@@ -32,11 +32,29 @@ def _reset(upstream: tuple[str, httpx.Client]) -> None:
     upstream[1].post("/_replay/reset")
 
 
-def model(name: str, base: str, *, transport: str = "native", retries: int = 2, fallbacks: tuple[str, ...] = (), timeout: float = 5.0) -> PoolModel:
+def model(
+    name: str,
+    base: str,
+    *,
+    transport: str = "native",
+    retries: int = 2,
+    fallbacks: tuple[str, ...] = (),
+    timeout: float = 5.0,
+) -> PoolModel:
     return PoolModel(
-        name=name, provider="openai", upstream_model=name, api_base=base, api_key="sk-test-key-should-not-leak",
-        transport=transport, price=ModelPrice(input=Decimal("0.1"), output=Decimal("0.2")),  # type: ignore[arg-type]
-        max_output_tokens=256, timeout_s=timeout, max_retries=retries, max_concurrency=8, fallbacks=fallbacks, description="",
+        name=name,
+        provider="openai",
+        upstream_model=name,
+        api_base=base,
+        api_key="sk-test-key-should-not-leak",
+        transport=transport,
+        price=ModelPrice(input=Decimal("0.1"), output=Decimal("0.2")),  # type: ignore[arg-type]
+        max_output_tokens=256,
+        timeout_s=timeout,
+        max_retries=retries,
+        max_concurrency=8,
+        fallbacks=fallbacks,
+        description="",
     )
 
 
@@ -75,11 +93,15 @@ async def test_usage_and_cost_come_from_the_provider(upstream: tuple[str, httpx.
     r = await c.complete(A, BODY)
     assert r.model == A and r.attempts == 1
     assert r.usage.prompt_tokens == r.body["usage"]["prompt_tokens"]
-    assert r.cost_micros == ModelPrice(input=Decimal("0.1"), output=Decimal("0.2")).cost_micros(r.usage)
+    assert r.cost_micros == ModelPrice(input=Decimal("0.1"), output=Decimal("0.2")).cost_micros(
+        r.usage
+    )
     await c.aclose()
 
 
-async def test_retryable_failures_are_retried_then_succeed(upstream: tuple[str, httpx.Client]) -> None:
+async def test_retryable_failures_are_retried_then_succeed(
+    upstream: tuple[str, httpx.Client],
+) -> None:
     base, ctl = upstream
     ctl.post("/_replay/faults", json={"model": A, "fault": "status=503", "count": 2})
     c, ev = make(base)
@@ -100,7 +122,9 @@ async def test_exhausted_retries_fall_back(upstream: tuple[str, httpx.Client]) -
     await c.aclose()
 
 
-async def test_non_retryable_4xx_falls_back_without_retrying(upstream: tuple[str, httpx.Client]) -> None:
+async def test_non_retryable_4xx_falls_back_without_retrying(
+    upstream: tuple[str, httpx.Client],
+) -> None:
     base, ctl = upstream
     ctl.post("/_replay/faults", json={"model": A, "fault": "status=400", "count": 1})
     c, ev = make(base)
@@ -109,7 +133,9 @@ async def test_non_retryable_4xx_falls_back_without_retrying(upstream: tuple[str
     await c.aclose()
 
 
-async def test_timeouts_and_drops_raise_sanitized_errors(upstream: tuple[str, httpx.Client]) -> None:
+async def test_timeouts_and_drops_raise_sanitized_errors(
+    upstream: tuple[str, httpx.Client],
+) -> None:
     base, ctl = upstream
     ctl.post("/_replay/faults", json={"model": B, "fault": "timeout=30", "count": 1})
     c, _ = make(base, retries=0, timeout=0.5)
@@ -128,7 +154,9 @@ async def test_timeouts_and_drops_raise_sanitized_errors(upstream: tuple[str, ht
     await c.aclose()
 
 
-async def test_stream_retries_before_first_chunk_and_reports_usage(upstream: tuple[str, httpx.Client]) -> None:
+async def test_stream_retries_before_first_chunk_and_reports_usage(
+    upstream: tuple[str, httpx.Client],
+) -> None:
     base, ctl = upstream
     ctl.post("/_replay/faults", json={"model": A, "fault": "status=502", "count": 1})
     c, ev = make(base)
@@ -145,14 +173,23 @@ async def test_cut_stream_is_an_error(upstream: tuple[str, httpx.Client]) -> Non
     base, ctl = upstream
     ctl.post("/_replay/faults", json={"model": B, "fault": "cut-stream=1", "count": 1})
     c, _ = make(base)
-    sc = await c.open_stream(B, {"messages": [{"role": "user", "content": "a longer question that gets a longer answer " * 3}]})
+    sc = await c.open_stream(
+        B,
+        {
+            "messages": [
+                {"role": "user", "content": "a longer question that gets a longer answer " * 3}
+            ]
+        },
+    )
     with pytest.raises(ProviderError):
         async for _ in sc.chunks:
             pass
     await c.aclose()
 
 
-async def test_litellm_transport_calls_the_same_upstream(upstream: tuple[str, httpx.Client]) -> None:
+async def test_litellm_transport_calls_the_same_upstream(
+    upstream: tuple[str, httpx.Client],
+) -> None:
     base, ctl = upstream
     c, _ = make(base, transport="litellm")
     r = await c.complete(A, BODY)
@@ -162,7 +199,13 @@ async def test_litellm_transport_calls_the_same_upstream(upstream: tuple[str, ht
     r = await c.complete(A, BODY)
     assert r.attempts == 2
     sc = await c.open_stream(B, BODY)
-    text = "".join([(ch["choices"][0]["delta"].get("content") or "") async for ch in sc.chunks if ch.get("choices")])
+    text = "".join(
+        [
+            (ch["choices"][0]["delta"].get("content") or "")
+            async for ch in sc.chunks
+            if ch.get("choices")
+        ]
+    )
     assert text and sc.stats.usage is not None
     await c.aclose()
 
@@ -172,5 +215,3 @@ def test_sanitize_strips_secrets_urls_and_addresses() -> None:
     out = sanitize(msg, "hunter2")
     for leak in ("sk-abcdef", "internal.corp", "10.0.0.5", "xyz.abc", "hunter2"):
         assert leak not in out
-
-
