@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aredis
 
-from gateway.limits import KeyLimits, LimitStoreUnavailable
+from gateway.limits import STORE_UNAVAILABLE, FailPolicyStore, KeyLimits, LimitStoreUnavailable
 from gateway.limits.redis_store import RedisLimitStore
 
 pytestmark = pytest.mark.redis
@@ -181,3 +181,31 @@ async def test_concurrent_calls_share_a_pipeline_and_survive_a_script_flush(
         keys = [k async for k in redis_client.scan_iter(match=f"{redis_prefix}:*")]
         if keys:
             await redis_client.delete(*keys)
+
+
+async def test_write_behind_settle_failure_reaches_the_fail_policy(
+    redis_client: aredis.Redis, redis_prefix: str
+) -> None:
+    # settle() returns before Redis has run it; when the script then fails, the failure
+    # must still be reported (the gateway counts it in xrouter_limit_store_errors_total).
+    events: list[str] = []
+    store = FailPolicyStore(
+        RedisLimitStore(REDIS_URL, key_prefix=redis_prefix), "closed", events.append
+    )
+    limits = KeyLimits("wb", budget_micros=1_000, budget_period="total")
+    try:
+        assert (await store.reserve(limits, None, 100, "r1")).ok
+        await store.settle(limits, "r1", 100, 60)
+        assert (await store.spent(limits)).spent == 60  # a later read sees the settle
+        assert events == []
+        # Break the key's hold set so the next settle's script errors (WRONGTYPE).
+        holds = f"{redis_prefix}:{{wb}}:b:holds"
+        await redis_client.set(holds, "not a zset")  # (settled holds left it empty, i.e. gone)
+        await store.settle(limits, "r2", 100, 60)  # returns: nothing awaited the reply
+        for _ in range(100):
+            if events:
+                break
+            await asyncio.sleep(0.01)
+        assert events == [STORE_UNAVAILABLE]
+    finally:
+        await store.aclose()
