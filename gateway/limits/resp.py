@@ -225,6 +225,8 @@ class RespClient:
         conn = self._conn
         if conn is None or conn.closed:
             conn = await self._connect()
+            if conn.closed:  # lost while this caller was waking up: nothing would answer
+                raise RespConnectionError("redis connection lost while connecting")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         conn.waiters.append(fut)
@@ -246,6 +248,8 @@ class RespClient:
         conn = self._conn
         if conn is None or conn.closed:
             conn = await self._connect()
+            if conn.closed:  # lost while this caller was waking up: nothing would answer
+                raise RespConnectionError("redis connection lost while connecting")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         conn.waiters.append(fut)
