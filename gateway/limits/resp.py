@@ -222,15 +222,7 @@ class RespClient:
     async def execute(self, *args: str | bytes | int) -> Any:
         """Send one command (pipelined with the rest of this tick) and await its reply.
         Error replies raise RespError; connection failures and timeouts RespConnectionError."""
-        conn = self._conn
-        if conn is None or conn.closed:
-            conn = await self._connect()
-            if conn.closed:  # lost while this caller was waking up: nothing would answer
-                raise RespConnectionError("redis connection lost while connecting")
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
-        conn.waiters.append(fut)
-        conn.out.append(pack(args))
+        conn, fut, loop = await self._enqueue(args)
         if not conn.flush_scheduled:
             conn.flush_scheduled = True
             loop.call_soon(self._flush, conn, loop)
@@ -245,6 +237,18 @@ class RespClient:
         """Queue a command without waiting for its reply (see the module docstring). Only
         connecting can raise here (RespConnectionError); later failures go to ``on_error``,
         else to ``on_deferred_error``."""
+        conn, fut, loop = await self._enqueue(args)
+        self._deferred.add(fut)
+        fut.add_done_callback(lambda f: self._deferred_done(f, on_error))
+        if not conn.flush_scheduled and conn.deferred_flush is None:
+            # At most one idle-flush timer per connection; a flush anyone triggers meanwhile
+            # sends these bytes and leaves the timer nothing to do.
+            conn.deferred_flush = loop.call_later(self._defer_s, self._deferred_timer, conn, loop)
+
+    async def _enqueue(
+        self, args: Sequence[str | bytes | int]
+    ) -> tuple[_Protocol, asyncio.Future[Any], asyncio.AbstractEventLoop]:
+        """Pack a command and register its reply slot, in order, on a live connection."""
         conn = self._conn
         if conn is None or conn.closed:
             conn = await self._connect()
@@ -254,12 +258,7 @@ class RespClient:
         fut: asyncio.Future[Any] = loop.create_future()
         conn.waiters.append(fut)
         conn.out.append(pack(args))
-        self._deferred.add(fut)
-        fut.add_done_callback(lambda f: self._deferred_done(f, on_error))
-        if not conn.flush_scheduled and conn.deferred_flush is None:
-            # At most one idle-flush timer per connection; a flush anyone triggers meanwhile
-            # sends these bytes and leaves the timer nothing to do.
-            conn.deferred_flush = loop.call_later(self._defer_s, self._deferred_timer, conn, loop)
+        return conn, fut, loop
 
     def _deferred_done(
         self, fut: asyncio.Future[Any], on_error: Callable[[Exception], None] | None
@@ -269,24 +268,21 @@ class RespClient:
             return
         exc = fut.exception()
         error = exc if exc is not None else fut.result()
-        if not isinstance(error, Exception):
-            return
-        if on_error is None:
-            self.report_deferred(error)
-            return
-        try:
-            on_error(error)
-        except Exception:  # a broken hook must not break the connection's reply loop
-            logger.exception("deferred redis error handler failed")
+        if isinstance(error, Exception):
+            self.report_deferred(error, on_error)
 
-    def report_deferred(self, error: Exception) -> None:
-        """Hand a deferred command's failure to ``on_deferred_error`` (or the log)."""
-        if self.on_deferred_error is None:
+    def report_deferred(
+        self, error: Exception, handler: Callable[[Exception], None] | None = None
+    ) -> None:
+        """Hand a deferred command's failure to ``handler``, else ``on_deferred_error``, else
+        the log."""
+        handler = handler or self.on_deferred_error
+        if handler is None:
             logger.warning("deferred redis command failed: %s", error)
             return
         try:
-            self.on_deferred_error(error)
-        except Exception:
+            handler(error)
+        except Exception:  # a broken hook must not break the connection's reply loop
             logger.exception("deferred redis error handler failed")
 
     def track(self, task: asyncio.Task[Any]) -> None:
