@@ -29,6 +29,7 @@ import functools
 import importlib
 import logging
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -55,6 +56,7 @@ from training.evaluation.escalation import EscalationRouter  # noqa: E402
 from training.evaluation.metrics import apgr  # noqa: E402
 from training.evaluation.registry import LoadContext, default_registry  # noqa: E402
 from training.evaluation.sweep import OfflineRouter, restrict_models, sweep  # noqa: E402
+from training.evaluation.utility import lambda_grid  # noqa: E402
 
 log = logging.getLogger("routing_quality")
 
@@ -252,6 +254,19 @@ def every_pair(
     return rows
 
 
+def train_compact(records: Sequence[OutcomeRecord], run_dir: Path, seed: int) -> Path:
+    """Train the compact policy with its default configuration (no knob tuned here) on this
+    table. The trainer splits by the same id hash (60/20/20, split seed 0), fits on the
+    training part, keeps the step with the best validation reward and never reads the test
+    part. Returns the checkpoint; RouterBench may not be redistributed, so it stays in a
+    temporary directory."""
+    from training.compact.config import TrainConfig
+    from training.compact.trainer import train
+
+    cfg = TrainConfig(seed=seed, checkpoint_every=0, progress=False)
+    return Path(train(records, cfg, run_dir).checkpoint_path)
+
+
 def fmt(x: float | None, spec: str = ".4f") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -272,6 +287,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--policy", action="append", default=[], help="extra router spec to compare"
     )
     parser.add_argument("--quick", action="store_true", help="smaller hyper-parameter grids")
+    parser.add_argument(
+        "--no-compact",
+        action="store_true",
+        help="skip training the compact policy on this table (about 20 s)",
+    )
     parser.add_argument(
         "--no-pairs", action="store_true", help="skip the GPT-4-vs-every-cheaper-model APGR table"
     )
@@ -309,8 +329,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         chosen[label], router = tune(label, grid, train, val, val_aiq(label))
         routers.append(router)
     ctx = LoadContext(train, val, seed=0)
-    policies = [default_registry().load(spec, ctx) for spec in args.policy]
-    full = compare([*(Entry(r) for r in routers), *(Entry(p, "policy") for p in policies)], test)
+    specs = list(args.policy)
+    tmp = tempfile.TemporaryDirectory(prefix="xrouter-rq-")
+    if not args.no_compact:
+        t0 = time.perf_counter()
+        ckpt = train_compact(records, Path(tmp.name) / "run", seed=0)
+        log.info("compact: trained in %.0fs", time.perf_counter() - t0)
+        specs.append(f"compact:{ckpt}")
+    policies = [default_registry().load(spec, ctx) for spec in specs]
+    for policy in policies:
+        if policy.name.startswith("compact["):
+            policy.name = "compact"
+    # Policies (served through the orchestration loop) are swept over the same λ grid as
+    # `xrouter eval` gives them.
+    grid = lambda_grid(
+        np.array(
+            [np.mean([r.outcomes[m].cost_usd or 0.0 for r in train]) for m in train[0].outcomes]
+        )
+    )
+    entries = [*(Entry(r) for r in routers), *(Entry(p, "policy", grid) for p in policies)]
+    full = compare(entries, test)
+    # Validation AIQ of the same routers, for context: the choices above were made on it.
+    on_val = compare(entries, val)
+    tmp.cleanup()
 
     # -- two-model slice: GPT-4 vs Mixtral -----------------------------------------------------
     pair = [GPT4, MIXTRAL]
@@ -340,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"GPT-4 test accuracy {gpt4.max_score:.4f} at ${full.best_cost:.6f}/prompt; "
         f"AIQ range ${full.cost_range[0]:.6f}..${full.cost_range[1]:.6f}; "
-        f"no-routing AIQ {full.no_routing_aiq:.4f}"
+        f"no-routing AIQ {full.no_routing_aiq:.4f} (validation {on_val.no_routing_aiq:.4f})"
     )
     print(
         "hyper-parameters picked on validation: "
@@ -352,7 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     random_apgr = 0.5
     header = (
         f"{'router':<22} {'AIQ':>7} {'vs no-routing':>13} {'GPT-4 acc at % cost':>20} "
-        f"{'APGR':>7} {'vs 0.5':>7}"
+        f"{'APGR':>7} {'vs 0.5':>7} {'val AIQ':>8}"
     )
     print(header)
     print("-" * len(header))
@@ -372,7 +413,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"{name:<22} {c.aiq:>7.4f} {c.aiq - full.no_routing_aiq:>+13.4f} "
             f"{fmt(c.cost_to_best_pct, '.1f') + '%' if c.cost_to_best_pct is not None else 'never':>20} "
-            f"{fmt(ap):>7} {fmt(None if ap is None else ap - random_apgr, '+.4f'):>7}"
+            f"{fmt(ap):>7} {fmt(None if ap is None else ap - random_apgr, '+.4f'):>7} "
+            f"{on_val.curve(name).aiq:>8.4f}"
         )
     print(
         f"{'cascade+verifier':<22} {'':>7} {'':>13} {'':>20} {v_apgr:>7.4f} {v_apgr - random_apgr:>+7.4f}"
