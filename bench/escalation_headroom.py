@@ -22,7 +22,8 @@ deployable, learned version on held-out data.
 Tasks whose answers are code (MBPP) have no agreement to vote on; their line is the best cheap
 model with GPT-4 on a random share of prompts (what no signal buys). The "perfect escalation"
 line calls GPT-4 exactly where the vote is wrong and GPT-4 right: the per-prompt headroom
-that the oracle's figures advertise and that a vote cannot see.
+that the oracle's figures advertise and that a vote cannot see. A last line asks what a
+perfect check on the unvoted tasks (tests that tell a right MBPP answer) would add.
 
 Only the training and validation parts are read (same split as ``routing_quality.py``,
 60/20/20 by id hash, seed 0); the test part is not touched.
@@ -213,6 +214,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"GPT-4 accuracy {g_right / len(rows_all):.4f}"
     )
     hulls: dict[str, list[Point]] = {}
+    # What if every task without a vote had a perfect check (GPT-4's accuracy at the best
+    # cheap model's cost)? Bounds what a code check could add.
+    checked: dict[str, list[Point]] = {}
     for task in sorted({r.task or "*" for r in rows_all}):
         rows = [r for r in rows_all if (r.task or "*") == task]
         models = [m for m in rows[0].outcomes if m != GPT4]
@@ -253,6 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"  no answers to vote on: {best.split('/')[-1]} ({score[best]:.3f}) with GPT-4 on "
                 f"a random share; reaches GPT-4 at {reach_pct(curve, g_acc * len(rows), g_cost)}"
             )
+            ideal = Point(curve[0].cost, sum(r.outcomes[GPT4].score for r in rows))
+            checked[task] = upper_hull([*points, ideal])
         hulls[task] = upper_hull(points)
     print()
     for b in BUDGETS:
@@ -262,6 +268,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"budget {100 * b:.0f}% of GPT-4's cost: estimate {correct / len(rows_all):.4f} "
             f"accuracy ({correct / len(rows_all) - g_right / len(rows_all):+.4f} vs GPT-4); "
             f"spend {split}"
+        )
+    if checked:
+        correct, _ = best_mix({**hulls, **checked}, 0.5 * g_total)
+        print(
+            f"if {', '.join(sorted(checked))} had a perfect check (GPT-4's accuracy at the best "
+            f"cheap model's cost): {correct / len(rows_all):.4f} at 50% "
+            f"({correct / len(rows_all) - g_right / len(rows_all):+.4f} vs GPT-4)"
         )
     return 0
 
