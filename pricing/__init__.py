@@ -2,7 +2,7 @@
 
 from pricing.catalog import CatalogError, ModelPrice, PriceCatalog, load_default_catalog
 from pricing.money import MICROS_PER_USD, micros_to_usd, usd_to_micros
-from pricing.usage import TokenUsage
+from pricing.usage import TokenUsage, estimate_tokens
 
 __all__ = [
     "MICROS_PER_USD",
@@ -10,6 +10,7 @@ __all__ = [
     "ModelPrice",
     "PriceCatalog",
     "TokenUsage",
+    "estimate_tokens",
     "load_default_catalog",
     "micros_to_usd",
     "usd_to_micros",

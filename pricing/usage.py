@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
+
+CHARS_PER_TOKEN = 4  # English text under GPT-style BPE tokenizers, on average
+
+
+def estimate_tokens(text: str) -> int:
+    """A token count from text length, ``ceil(chars / 4)``: only where no provider or
+    recorded count exists (a stream cut off before its usage chunk, sources without
+    counts, synthesized replay content)."""
+    return math.ceil(len(text) / CHARS_PER_TOKEN)
 
 
 @dataclass(frozen=True, slots=True)

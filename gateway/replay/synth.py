@@ -20,7 +20,8 @@ from typing import Any
 import orjson
 
 from gateway.replay.schema import ChatRequest
-from gateway.replay.table import ReplayTable, estimate_tokens
+from gateway.replay.table import ReplayTable
+from pricing import estimate_tokens
 from router.outcomes import content_text
 
 _MAX_SCHEMA_DEPTH = 8

@@ -9,13 +9,13 @@ hits its record. The whole table is indexed once at startup; a lookup is one dic
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from pricing import estimate_tokens
 from router.outcomes import OutcomeRecord, conversation_text, parse_record
 
 log = logging.getLogger(__name__)
@@ -26,13 +26,6 @@ DEMO_TABLE_RESOURCE = ("router", "assets/demo_outcomes.jsonl")
 def normalize_prompt(text: str) -> str:
     """The lookup key: whitespace runs collapsed to one space, ends stripped."""
     return " ".join(text.split())
-
-
-def estimate_tokens(text: str) -> int:
-    """Rough token count, ceil(chars / 4). Used only where no recorded count exists (the
-    deterministic fallback answers and synthesized tool/JSON content), never for recorded
-    responses, whose real counts come from the table."""
-    return math.ceil(len(text) / 4)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ from pricing import (
     ModelPrice,
     PriceCatalog,
     TokenUsage,
+    estimate_tokens,
     load_default_catalog,
     usd_to_micros,
 )
@@ -83,6 +84,10 @@ def test_usage_parses_openai_details() -> None:
         2,
     )
     assert u.to_openai()["total_tokens"] == 15
+
+
+def test_token_estimate_is_a_quarter_of_the_characters_rounded_up() -> None:
+    assert [estimate_tokens("x" * n) for n in (0, 1, 4, 5)] == [0, 1, 1, 2]
 
 
 def test_packaged_catalog_prices_demo_pool_and_litellm_models() -> None:

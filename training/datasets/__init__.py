@@ -6,8 +6,9 @@ The conversion entry points live in ``training.datasets.convert`` (``convert``,
 training.datasets.convert`` does not find its own module already imported by the package.
 """
 
+from pricing import estimate_tokens
 from training.datasets.common import ConversionError
-from training.datasets.prices import estimate_tokens, load_price_table
+from training.datasets.prices import load_price_table
 from training.datasets.splits import Splits, hash_unit, split_of, split_records
 
 __all__ = [

@@ -13,24 +13,20 @@ micro-dollar with what the gateway would have charged for the same tokens.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from pricing import MICROS_PER_USD, CatalogError, ModelPrice, PriceCatalog, TokenUsage
+from pricing import (
+    MICROS_PER_USD,
+    CatalogError,
+    ModelPrice,
+    PriceCatalog,
+    TokenUsage,
+)
 from training.datasets.common import ConversionError
-
-# Characters per token for estimates: the usual rule of thumb for English BPE tokenizers.
-CHARS_PER_TOKEN = 4
-
-
-def estimate_tokens(text: str) -> int:
-    """Token count estimated from text length (``ceil(chars / 4)``), for sources that
-    record no token counts."""
-    return math.ceil(len(text) / CHARS_PER_TOKEN)
 
 
 def _entry_price(name: str, entry: Any, where: str) -> ModelPrice:

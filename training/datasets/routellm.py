@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from pricing import PriceCatalog
+from pricing import PriceCatalog, estimate_tokens
 from router.outcomes import OutcomeRecord
 from training.datasets.common import (
     ConversionError,
@@ -28,7 +28,7 @@ from training.datasets.common import (
     parse_score,
     text_id,
 )
-from training.datasets.prices import call_cost_usd, estimate_tokens, require_prices
+from training.datasets.prices import call_cost_usd, require_prices
 from training.datasets.routerdc import DEFAULT_COMPLETION_TOKENS
 
 logger = logging.getLogger(__name__)

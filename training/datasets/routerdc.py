@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pricing import PriceCatalog
+from pricing import PriceCatalog, estimate_tokens
 from router.outcomes import OutcomeRecord
 from training.datasets.common import ConversionError, UniqueIds, build_record, parse_score, text_id
-from training.datasets.prices import call_cost_usd, estimate_tokens, require_prices
+from training.datasets.prices import call_cost_usd, require_prices
 
 # Assumed completion length when the source records none: a short worked answer.
 DEFAULT_COMPLETION_TOKENS = 256

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from pricing import estimate_tokens
 from router.outcomes import load_outcome_table
 from training.datasets.common import ConversionError, unwrap_literal_text
 from training.datasets.convert import convert, load_converted, main
-from training.datasets.prices import estimate_tokens
 from training.datasets.routeprofile import routeprofile_id
 
 REPO = Path(__file__).resolve().parents[3]
