@@ -3,8 +3,10 @@ before, and accounting (ledger row, metrics, tpm correction) after."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +59,37 @@ class RequestLog:
         return max(total - sum(per_turn.values()), 0.0)
 
 
+class Bookkeeping:
+    """Runs what must happen once a call or request is over (settling a hold, the ledger
+    row, the tpm correction) to completion even when the request's task is cancelled.
+
+    A client that hangs up mid-stream cancels the response task, and the ASGI server's
+    cancel scope re-cancels every await in its ``finally`` blocks: a settle waiting on a
+    first-use Redis script load, or the ledger submission behind it, would be dropped. Each
+    such step runs in a task of its own, shielded from the caller's cancellation and
+    tracked here so that shutdown waits for it."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self, step: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(step)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        await asyncio.shield(task)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        # The caller may be gone (cancelled): a failure must still be seen somewhere.
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("bookkeeping step failed", exc_info=exc)
+
+    async def drain(self) -> None:
+        """Wait for every step still running (shutdown, before the ledger closes)."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
 class KeyBudgetGuard:
     """Reserves each call's worst case against the key's budget, settles with the real cost."""
 
@@ -68,12 +101,14 @@ class KeyBudgetGuard:
         *,
         alias: str | None = None,
         metrics: Any = None,
+        bookkeeping: Bookkeeping | None = None,
     ) -> None:
         self.store = store
         self.limits = limits
         self.request_id = request_id
         self.alias = alias
         self.metrics = metrics
+        self.bookkeeping = bookkeeping or Bookkeeping()
         self.rejection: Any = None
 
     async def reserve(self, call: ToolCall, worst_case_micros: int) -> str | None:
@@ -89,8 +124,11 @@ class KeyBudgetGuard:
         return f"{KEY_BUDGET}: a call to {call.model} may cost up to {worst_case_micros} µUSD, {res.remaining_micros} µUSD remain"
 
     async def settle(self, call: ToolCall, reserved_micros: int, actual_micros: int) -> None:
-        await self.store.settle(
-            self.limits, f"{self.request_id}:{call.id}", reserved_micros, actual_micros
+        # Called from the loop's `finally` blocks, often while the request is being cancelled.
+        await self.bookkeeping.run(
+            self.store.settle(
+                self.limits, f"{self.request_id}:{call.id}", reserved_micros, actual_micros
+            )
         )
 
 
@@ -107,6 +145,7 @@ class RequestHooks:
         self.ledger = ledger
         self.metrics = metrics
         self.reference_price = reference_price
+        self.bookkeeping = Bookkeeping()
 
     async def admit(self, rlog: RequestLog, ctx: RouteContext) -> KeyBudgetGuard | None:
         from gateway.limits.base import LimitStoreUnavailable
@@ -138,7 +177,12 @@ class RequestHooks:
         if limits.budget_micros is None:
             return None
         return KeyBudgetGuard(
-            self.limits, limits, rlog.request_id, alias=rlog.principal.alias, metrics=self.metrics
+            self.limits,
+            limits,
+            rlog.request_id,
+            alias=rlog.principal.alias,
+            metrics=self.metrics,
+            bookkeeping=self.bookkeeping,
         )
 
     def budget_error(
@@ -165,6 +209,9 @@ class RequestHooks:
         if rlog.finished:
             return
         rlog.finished = True
+        await self.bookkeeping.run(self._finish_logged(rlog, result))
+
+    async def _finish_logged(self, rlog: RequestLog, result: RouteResult | None) -> None:
         try:
             await self._finish(rlog, result)
         except Exception:

@@ -48,6 +48,7 @@ class Services:
     limits: Any = None
     keys: Any = None
     auth: Authenticator | None = None
+    hooks: RequestHooks | None = None
     chat: ChatService | None = None
     ready: bool = False
     reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -87,10 +88,10 @@ class Services:
             if s.metrics.reference_model
             else None
         )
-        hooks = RequestHooks(
+        self.hooks = RequestHooks(
             limits=self.limits, ledger=self.ledger, metrics=self.metrics, reference_price=ref
         )
-        self.chat = ChatService(self.current, hooks)
+        self.chat = ChatService(self.current, self.hooks)
         self.ready = True
 
     def _limit_store(self) -> Any:
@@ -126,6 +127,10 @@ class Services:
         self.ready = False
         for t in self.background:
             t.cancel()
+        if self.hooks is not None:
+            # Settles and ledger rows of requests that ended just now (a cancelled stream's
+            # bookkeeping outlives its task) must land before the ledger and store close.
+            await self.hooks.bookkeeping.drain()
         if self.ledger is not None:
             await self.ledger.close()
         if self.runtime is not None:

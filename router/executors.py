@@ -107,7 +107,7 @@ class _ProviderStream:
 
     def finish(self) -> CallOutcome:
         st = self.sc.stats
-        complete = st.usage is not None
+        complete = not self.sc.usage_estimated
         return CallOutcome(
             call=self.call,
             turn=self.turn,
@@ -115,13 +115,15 @@ class _ProviderStream:
             model=self.sc.model.name,
             message={"role": "assistant", "content": st.text},
             response={"choices": [{"index": 0, "finish_reason": st.finish_reason}]},
-            usage=st.usage or TokenUsage(),
+            usage=self.sc.usage(),
             cost_micros=self.sc.cost_micros(),
             latency_ms=st.latency_ms,
             ttft_ms=st.ttft_ms,
             attempts=self.sc.attempts,
             fallback_from=self.sc.fallback_from,
-            error=None if complete else "stream ended before usage was reported",
+            error=None
+            if complete
+            else "stream ended before usage was reported; usage estimated from the text relayed",
             error_kind=None if complete else "connection",
         )
 

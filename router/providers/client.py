@@ -4,13 +4,15 @@ fallbacks. Both the gateway's pass-through and the orchestration loop call throu
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
-from pricing import TokenUsage
+from pricing import TokenUsage, estimate_tokens
+from router.outcomes import content_text
 from router.pool import ModelPool, PoolModel
 from router.providers.base import Provider, StreamStats
 from router.providers.errors import ProviderError
@@ -61,9 +63,36 @@ class StreamCall:
     attempts: int
     fallback_from: str | None
     errors: list[ProviderError]
+    # The body sent upstream: the prompt is estimated from it only if usage never arrives.
+    request: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def usage_estimated(self) -> bool:
+        return self.stats.usage is None
+
+    def usage(self) -> TokenUsage:
+        """The provider's usage. A stream that ended before reporting it (the client hung up,
+        the upstream broke off) was still paid for up to that point, so it is charged an
+        estimate rather than nothing: the prompt from its characters, the completion from
+        the text relayed so far (at least a token per content chunk). Otherwise a client
+        could read a whole answer, drop the connection before the usage chunk and spend
+        nothing against its budget."""
+        if self.stats.usage is not None:
+            return self.stats.usage
+        relayed = max(len(self.stats.text_parts), estimate_tokens(self.stats.text))
+        return TokenUsage(
+            prompt_tokens=prompt_tokens_estimate(self.request), completion_tokens=relayed
+        )
 
     def cost_micros(self) -> int:
-        return self.model.price.cost_micros(self.stats.usage or TokenUsage())
+        return self.model.price.cost_micros(self.usage())
+
+
+def prompt_tokens_estimate(body: Mapping[str, Any]) -> int:
+    """Estimated prompt tokens of a chat request: its messages' text and its tool schemas."""
+    text = "\n".join(content_text(m.get("content")) for m in body.get("messages") or ())
+    tools = body.get("tools")
+    return estimate_tokens(text) + (estimate_tokens(json.dumps(tools)) if tools else 0)
 
 
 def upstream_body(model: PoolModel, body: dict[str, Any]) -> dict[str, Any]:
@@ -207,6 +236,7 @@ class DownstreamClient:
                         attempts=attempts,
                         fallback_from=name if model.name != name else None,
                         errors=errors,
+                        request=req,
                     )
                 errors.append(err)
                 self.events.on_upstream_error(model.name, err.kind)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import time
 from decimal import Decimal
 
@@ -12,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from pricing import TokenUsage, load_default_catalog
+from pricing import TokenUsage, estimate_tokens, load_default_catalog
 from router.outcomes import OutcomeRecord
 from tests.gateway.conftest import Upstream
 from tests.support.gateway import Gateway
@@ -330,6 +331,7 @@ def test_client_disconnect_mid_stream_cancels_upstream(
         json={"model": MODEL, "stream": True, "messages": [{"role": "user", "content": rec.text}]},
     ) as r:
         assert r.status_code == 200
+        request_id = r.headers["x-xrouter-request-id"]
         lines = r.iter_lines()
         next(lines)
         next(lines)
@@ -337,12 +339,51 @@ def test_client_disconnect_mid_stream_cancels_upstream(
     while upstream.stats()["streams_abandoned"] < 1 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert upstream.stats()["streams_abandoned"] == 1
+    # The abandoned request is in the ledger: status 499 (client closed), and charged for
+    # what it used before the hang-up (the usage chunk never came, so the prompt and the
+    # relayed text are estimated) rather than for nothing.
+    request, calls = _ledger_rows(gateway, request_id)
+    status, is_stream, total = request
+    assert (status, is_stream) == (499, 1)
+    [(model, cost, prompt_tokens, completion_tokens, error_type)] = calls
+    assert (model, error_type) == (MODEL, "connection")
+    assert prompt_tokens == estimate_tokens(rec.text)
+    assert 1 <= completion_tokens < (rec.outcomes[MODEL].completion_tokens or 0)
+    price = load_default_catalog().require(MODEL)
+    assert cost == price.cost_micros(TokenUsage(prompt_tokens, completion_tokens)) > 0
+    assert total == cost
     # The gateway still serves (no leaked concurrency slot) and logged no traceback.
     resp = client(gateway).chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "after"}]
     )
     assert resp.choices[0].message.content
     assert "Traceback" not in gateway.log()
+
+
+def _ledger_rows(
+    gw: Gateway, request_id: str, timeout_s: float = 5.0
+) -> tuple[tuple[int, int, int], list[tuple[str, int, int, int, str | None]]]:
+    """The request's ledger row (status, stream, total cost) and its calls (model, cost,
+    prompt and completion tokens, error type), read from the gateway's SQLite ledger once
+    the writer has flushed them."""
+    db = gw.config_path.parent / "ledger.db"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with sqlite3.connect(db) as conn:
+            req = conn.execute(
+                "SELECT status, stream, total_cost_micros FROM requests WHERE request_id = ?",
+                (request_id,),
+            ).fetchone()
+            calls = conn.execute(
+                "SELECT model, cost_micros, prompt_tokens, completion_tokens, error_type "
+                "FROM calls WHERE request_id = ? ORDER BY seq",
+                (request_id,),
+            ).fetchall()
+        if req is not None or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert req is not None, f"no ledger row for {request_id}"
+    return tuple(req), [tuple(c) for c in calls]  # type: ignore[return-value]
 
 
 def test_streamed_calls_record_time_to_first_token(gateway: Gateway) -> None:

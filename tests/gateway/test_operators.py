@@ -25,6 +25,7 @@ import redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from router.outcomes import OutcomeRecord
 from tests.gateway.conftest import Upstream
 from tests.gateway.ledger.factories import pg_admin, pg_url
 from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
@@ -220,6 +221,46 @@ def test_request_budget_cap(gw: Gateway) -> None:
     k = create_key(gw)
     r = chat(gw, k["key"], xrouter={"max_cost_usd": 0.0000001})
     assert r.status_code == 429 and r.json()["error"]["code"] == "request_budget_exceeded"
+
+
+def test_abandoned_stream_is_charged_to_its_key(
+    gw: Gateway, stack: Stack, demo_table: list[OutcomeRecord]
+) -> None:
+    # A client that reads part of an answer and hangs up before the usage chunk still pays
+    # for what it used: the key's budget counter and the ledger agree on a non-zero cost.
+    rec = max(
+        (r for r in demo_table if MODEL in r.outcomes),
+        key=lambda r: len(r.outcomes[MODEL].response or ""),
+    )
+    k = create_key(gw, budget_usd=1.0, budget_period="total")
+    with httpx.stream(
+        "POST",
+        f"{gw.base_url}/chat/completions",
+        json={"model": MODEL, "stream": True, "messages": [{"role": "user", "content": rec.text}]},
+        headers={"Authorization": f"Bearer {k['key']}"},
+        timeout=30,
+    ) as r:
+        assert r.status_code == 200
+        request_id = r.headers["x-xrouter-request-id"]
+        lines = r.iter_lines()
+        next(lines)
+        next(lines)
+    spent = 0.0
+    deadline = time.monotonic() + 10
+    while spent == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        listed = httpx.get(f"{gw.url}/admin/keys", headers=ADMIN).json()["data"]
+        spent = next(x for x in listed if x["key_id"] == k["key_id"])["spent_usd"]
+    assert spent > 0
+    httpx.get(f"{gw.url}/admin/spend", headers=ADMIN)  # flushes the ledger
+    rows = _run(
+        _query(
+            stack.ledger_url,
+            "SELECT status, total_cost_micros FROM requests WHERE request_id = :r",
+            r=request_id,
+        )
+    )
+    assert [tuple(row) for row in rows] == [(499, round(spent * 1e6))]
 
 
 def test_spend_report_reconciles_with_ledger(gw: Gateway, stack: Stack) -> None:

@@ -9,7 +9,7 @@ from decimal import Decimal
 import httpx
 import pytest
 
-from pricing import ModelPrice
+from pricing import ModelPrice, estimate_tokens
 from router.pool import ModelPool, PoolModel
 from router.providers.client import DownstreamClient
 from router.providers.errors import ProviderError, sanitize
@@ -164,6 +164,7 @@ async def test_stream_retries_before_first_chunk_and_reports_usage(
     chunks = [ch async for ch in sc.chunks]
     assert sc.attempts == 2 and ev.retries == [(A, "upstream_5xx")]
     assert sc.stats.usage is not None and sc.stats.usage.completion_tokens > 0
+    assert not sc.usage_estimated and sc.usage() == sc.stats.usage
     assert sc.stats.text and any(ch.get("choices") for ch in chunks)
     assert sc.cost_micros() > 0
     await c.aclose()
@@ -184,6 +185,15 @@ async def test_cut_stream_is_an_error(upstream: tuple[str, httpx.Client]) -> Non
     with pytest.raises(ProviderError):
         async for _ in sc.chunks:
             pass
+    # The upstream was paid for what it sent before breaking off: with no usage chunk the
+    # call is charged an estimate (prompt characters / 4, the relayed text), never zero.
+    assert sc.usage_estimated and sc.stats.text
+    usage = sc.usage()
+    assert usage.prompt_tokens == estimate_tokens(
+        "a longer question that gets a longer answer " * 3
+    )
+    assert usage.completion_tokens == max(len(sc.stats.text_parts), estimate_tokens(sc.stats.text))
+    assert sc.cost_micros() == sc.model.price.cost_micros(usage) > 0
     await c.aclose()
 
 
