@@ -13,7 +13,12 @@ def estimate_tokens(text: str) -> int:
     """A token count from text length, ``ceil(chars / 4)``: only where no provider or
     recorded count exists (a stream cut off before its usage chunk, sources without
     counts, synthesized replay content)."""
-    return math.ceil(len(text) / CHARS_PER_TOKEN)
+    return tokens_for_chars(len(text))
+
+
+def tokens_for_chars(chars: int) -> int:
+    """``estimate_tokens`` for a text known only by its length."""
+    return math.ceil(chars / CHARS_PER_TOKEN)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,10 @@ class StreamStats:
     text_parts: list[str] = field(default_factory=list)
     finish_reason: str | None = None
     chunks: int = 0
+    # What was generated in every choice (text and tool-call arguments): the basis of the
+    # usage estimate when a stream ends before its usage chunk.
+    generated_parts: int = 0
+    generated_chars: int = 0
 
     @property
     def text(self) -> str:
@@ -42,13 +46,20 @@ class StreamStats:
         if usage:
             self.usage = TokenUsage.from_openai(usage)
         for choice in chunk.get("choices") or ():
-            if choice.get("index", 0) != 0:
-                continue
+            first = choice.get("index", 0) == 0
             delta = choice.get("delta") or {}
             content = delta.get("content")
             if content:
-                self.text_parts.append(content)
-            if choice.get("finish_reason"):
+                self.generated_parts += 1
+                self.generated_chars += len(content)
+                if first:
+                    self.text_parts.append(content)
+            for tc in delta.get("tool_calls") or ():
+                arguments = (tc.get("function") or {}).get("arguments")
+                if arguments:
+                    self.generated_parts += 1
+                    self.generated_chars += len(arguments)
+            if first and choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
 
 

@@ -11,7 +11,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
-from pricing import TokenUsage, estimate_tokens
+from pricing import TokenUsage, estimate_tokens, tokens_for_chars
 from router.outcomes import content_text
 from router.pool import ModelPool, PoolModel
 from router.providers.base import Provider, StreamStats
@@ -74,12 +74,13 @@ class StreamCall:
         """The provider's usage. A stream that ended before reporting it (the client hung up,
         the upstream broke off) was still paid for up to that point, so it is charged an
         estimate rather than nothing: the prompt from its characters, the completion from
-        the text relayed so far (at least a token per content chunk). Otherwise a client
-        could read a whole answer, drop the connection before the usage chunk and spend
-        nothing against its budget."""
-        if self.stats.usage is not None:
-            return self.stats.usage
-        relayed = max(len(self.stats.text_parts), estimate_tokens(self.stats.text))
+        what was generated so far in every choice, text and tool-call arguments (at least a
+        token per chunk that carried any). Otherwise a client could read a whole answer,
+        drop the connection before the usage chunk and spend nothing against its budget."""
+        st = self.stats
+        if st.usage is not None:
+            return st.usage
+        relayed = max(st.generated_parts, tokens_for_chars(st.generated_chars))
         return TokenUsage(
             prompt_tokens=prompt_tokens_estimate(self.request), completion_tokens=relayed
         )

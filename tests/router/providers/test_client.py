@@ -193,6 +193,10 @@ async def test_cut_stream_is_an_error(upstream: tuple[str, httpx.Client]) -> Non
         "a longer question that gets a longer answer " * 3
     )
     assert usage.completion_tokens == max(len(sc.stats.text_parts), estimate_tokens(sc.stats.text))
+    assert (sc.stats.generated_parts, sc.stats.generated_chars) == (
+        len(sc.stats.text_parts),
+        len(sc.stats.text),
+    )
     assert sc.cost_micros() == sc.model.price.cost_micros(usage) > 0
     await c.aclose()
 
