@@ -107,7 +107,9 @@ class _ProviderStream:
 
     def finish(self) -> CallOutcome:
         st = self.sc.stats
-        complete = not self.sc.usage_estimated
+        # Finished: the upstream sent its usage, or at least a finish_reason (a server that
+        # ignores stream_options.include_usage); anything else was cut off mid-answer.
+        complete = st.usage is not None or st.finish_reason is not None
         return CallOutcome(
             call=self.call,
             turn=self.turn,
@@ -123,7 +125,7 @@ class _ProviderStream:
             fallback_from=self.sc.fallback_from,
             error=None
             if complete
-            else "stream ended before usage was reported; usage estimated from the text relayed",
+            else "stream ended before it finished; usage estimated from what was generated",
             error_kind=None if complete else "connection",
         )
 

@@ -126,11 +126,12 @@ class ReplayService:
         except ReplayRequestError as exc:
             return _error(400, str(exc), "invalid_request", exc.param)
         meta = self._ids.meta(req.model)
+        usage = fault is None or fault.kind != "no-usage"
         if not req.stream:
-            return _json(completion_body(completion, req.n, meta))
+            return _json(completion_body(completion, req.n, meta, usage=usage))
         cut = int(fault.value) if fault is not None and fault.kind == "cut-stream" else None
         return await self._stream(
-            request, stream_events(completion, req.n, meta, req.include_usage), cut
+            request, stream_events(completion, req.n, meta, req.include_usage and usage), cut
         )
 
     async def _fail(

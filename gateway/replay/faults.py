@@ -10,6 +10,7 @@ message):
 ``cut-stream=<n>``    stream n content events, then close the connection without [DONE]
 ``drop``              close the connection without sending a response
 ``latency=<ms>``      answer normally after an extra delay (slow, not failing)
+``no-usage``          answer normally but report no ``usage`` (as some servers do)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Literal
 
-FaultKind = Literal["status", "timeout", "cut-stream", "drop", "latency"]
+FaultKind = Literal["status", "timeout", "cut-stream", "drop", "latency", "no-usage"]
 
 DEFAULT_TIMEOUT_S = 300.0
 ANY_MODEL = "*"
@@ -46,6 +47,8 @@ class Fault:
         try:
             if name == "drop" and not sep:
                 return cls("drop")
+            if name == "no-usage" and not sep:
+                return cls("no-usage")
             if name == "timeout":
                 seconds = float(arg) if sep else DEFAULT_TIMEOUT_S
                 if not 0 < seconds < math.inf:
@@ -72,12 +75,12 @@ class Fault:
             raise FaultSyntaxError(f"bad fault argument in {text!r}") from None
         raise FaultSyntaxError(
             f"unknown fault {text!r}; expected status=<code>, timeout[=<s>], cut-stream=<n>, "
-            "drop or latency=<ms>"
+            "drop, latency=<ms> or no-usage"
         )
 
     def __str__(self) -> str:
-        if self.kind == "drop":
-            return "drop"
+        if self.kind in ("drop", "no-usage"):
+            return self.kind
         if self.kind in ("status", "cut-stream"):
             return f"{self.kind}={int(self.value)}"
         return f"{self.kind}={self.value:g}"

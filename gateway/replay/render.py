@@ -63,24 +63,25 @@ def _usage(c: Completion, n: int) -> dict[str, int]:
     }
 
 
-def completion_body(c: Completion, n: int, meta: ResponseMeta) -> bytes:
+def completion_body(c: Completion, n: int, meta: ResponseMeta, *, usage: bool = True) -> bytes:
+    """The ``chat.completion`` body; ``usage=False`` leaves the usage object out."""
     message: dict[str, Any] = {"role": "assistant", "content": c.content, "refusal": None}
     if c.tool_calls is not None:
         message["tool_calls"] = c.tool_calls
-    return orjson.dumps(
-        {
-            "id": meta.id,
-            "object": "chat.completion",
-            "created": meta.created,
-            "model": meta.model,
-            "system_fingerprint": SYSTEM_FINGERPRINT,
-            "choices": [
-                {"index": i, "message": message, "logprobs": None, "finish_reason": c.finish_reason}
-                for i in range(n)
-            ],
-            "usage": _usage(c, n),
-        }
-    )
+    body: dict[str, Any] = {
+        "id": meta.id,
+        "object": "chat.completion",
+        "created": meta.created,
+        "model": meta.model,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "choices": [
+            {"index": i, "message": message, "logprobs": None, "finish_reason": c.finish_reason}
+            for i in range(n)
+        ],
+    }
+    if usage:
+        body["usage"] = _usage(c, n)
+    return orjson.dumps(body)
 
 
 class ChunkEncoder:

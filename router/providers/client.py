@@ -89,6 +89,18 @@ class StreamCall:
         return self.model.price.cost_micros(self.usage())
 
 
+def completion_tokens_estimate(body: Mapping[str, Any]) -> int:
+    """Estimated completion tokens of a ``chat.completion``: every choice's text and
+    tool-call arguments."""
+    chars = 0
+    for choice in body.get("choices") or ():
+        message = choice.get("message") or {}
+        chars += len(content_text(message.get("content")))
+        for tc in message.get("tool_calls") or ():
+            chars += len((tc.get("function") or {}).get("arguments") or "")
+    return tokens_for_chars(chars)
+
+
 def prompt_tokens_estimate(body: Mapping[str, Any]) -> int:
     """Estimated prompt tokens of a chat request: its messages' text and its tool schemas."""
     text = "\n".join(content_text(m.get("content")) for m in body.get("messages") or ())
@@ -129,6 +141,7 @@ class DownstreamClient:
         self._backoff_base = backoff_base_s
         self._backoff_max = backoff_max_s
         self._sleep = sleep
+        self._no_usage_warned: set[str] = set()
 
     def with_pool(self, pool: ModelPool) -> DownstreamClient:
         """A client for a reloaded pool sharing this one's HTTP sessions."""
@@ -140,6 +153,15 @@ class DownstreamClient:
             backoff_max_s=self._backoff_max,
             sleep=self._sleep,
         )
+
+    def _warn_no_usage(self, model: str) -> None:
+        if model not in self._no_usage_warned:
+            self._no_usage_warned.add(model)
+            log.warning(
+                "upstream %s returned no usage: its calls are charged estimated tokens "
+                "(characters / 4) until it does",
+                model,
+            )
 
     def provider(self, transport: str) -> Provider:
         return self._providers[transport]
@@ -182,11 +204,18 @@ class DownstreamClient:
                     self.events.on_retry(model.name, err.kind)
                     await self._sleep(self._delay(attempt, err))
                     continue
+                usage = resp.usage
+                if not resp.body.get("usage"):
+                    # A server that reports no usage still charges: never count it as free.
+                    usage = TokenUsage(
+                        prompt_tokens_estimate(req), completion_tokens_estimate(resp.body)
+                    )
+                    self._warn_no_usage(model.name)
                 return CallResult(
                     model=model.name,
                     body=resp.body,
-                    usage=resp.usage,
-                    cost_micros=model.price.cost_micros(resp.usage),
+                    usage=usage,
+                    cost_micros=model.price.cost_micros(usage),
                     latency_ms=resp.latency_ms,
                     attempts=attempts,
                     fallback_from=name if model.name != name else None,

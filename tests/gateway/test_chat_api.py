@@ -360,6 +360,29 @@ def test_client_disconnect_mid_stream_cancels_upstream(
     assert "Traceback" not in gateway.log()
 
 
+def test_upstream_without_usage_is_charged_an_estimate(
+    gateway: Gateway, demo_table: list[OutcomeRecord]
+) -> None:
+    # Some OpenAI-compatible servers report no usage (or ignore include_usage when
+    # streaming). The answer still reaches the client whole, and the call is charged an
+    # estimate from the prompt and the answer, never nothing.
+    prompt, out = recorded(demo_table, MODEL, 7)
+    messages = [{"role": "user", "content": f"[[replay:no-usage]]{prompt}"}]
+    resp = client(gateway).chat.completions.create(model=MODEL, messages=messages)
+    assert resp.choices[0].message.content == out["response"]
+    assert resp.usage is not None
+    assert resp.usage.completion_tokens == estimate_tokens(out["response"])
+    assert resp.usage.model_extra["cost"] > 0
+    chunks = list(
+        client(gateway).chat.completions.create(model=MODEL, messages=messages, stream=True)
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == out["response"]
+    last = chunks[-1]
+    assert last.usage is not None and last.usage.model_extra["cost"] > 0
+    request, calls = _ledger_rows(gateway, last.model_extra["xrouter"]["request_id"])
+    assert request[0] == 200 and calls[0][4] is None and calls[0][3] > 0
+
+
 def _ledger_rows(
     gw: Gateway, request_id: str, timeout_s: float = 5.0
 ) -> tuple[tuple[int, int, int], list[tuple[str, int, int, int, str | None]]]:

@@ -96,6 +96,22 @@ def test_drop_fault(client: openai.OpenAI, replay: ReplayServer, channel: Channe
 
 
 @CHANNELS
+def test_no_usage_fault(client: openai.OpenAI, replay: ReplayServer, channel: Channel) -> None:
+    r = client.chat.completions.create(model=MODEL, **channel("no-usage", replay))
+    assert r.choices[0].message.content and r.usage is None
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            stream=True,
+            stream_options={"include_usage": True},
+            **channel("no-usage", replay),
+        )
+    )
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert all(c.usage is None for c in chunks)
+
+
+@CHANNELS
 @pytest.mark.parametrize("after", [0, 3])
 def test_cut_stream_fault(
     client: openai.OpenAI, replay: ReplayServer, channel: Channel, after: int

@@ -103,6 +103,7 @@ def test_tool_choice_naming_unknown_function_is_rejected() -> None:
         ("timeout=2.5", Fault("timeout", 2.5)),
         ("cut-stream=0", Fault("cut-stream", 0)),
         ("latency=40", Fault("latency", 40.0)),
+        ("no-usage", Fault("no-usage")),
     ],
 )
 def test_fault_syntax(text: str, expected: Fault) -> None:
@@ -122,6 +123,7 @@ def test_fault_syntax(text: str, expected: Fault) -> None:
         "boom",
         "timeout=nan",
         "latency=inf",
+        "no-usage=1",
     ],
 )
 def test_bad_fault_syntax(text: str) -> None:

@@ -99,6 +99,32 @@ async def test_usage_and_cost_come_from_the_provider(upstream: tuple[str, httpx.
     await c.aclose()
 
 
+async def test_a_response_without_usage_is_charged_an_estimate(
+    upstream: tuple[str, httpx.Client], caplog: pytest.LogCaptureFixture
+) -> None:
+    base, ctl = upstream
+    ctl.post("/_replay/faults", json={"model": A, "fault": "no-usage", "count": 2})
+    c, _ = make(base)
+    r = await c.complete(A, BODY)
+    assert "usage" not in r.body
+    text = r.body["choices"][0]["message"]["content"]
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (
+        estimate_tokens("hello there"),
+        estimate_tokens(text),
+    )
+    price = ModelPrice(input=Decimal("0.1"), output=Decimal("0.2"))
+    assert r.cost_micros == price.cost_micros(r.usage) > 0
+    # A stream that finishes without its usage chunk is complete, charged an estimate.
+    sc = await c.open_stream(A, BODY)
+    _ = [ch async for ch in sc.chunks]
+    assert sc.usage_estimated and sc.stats.finish_reason == "stop"
+    assert sc.usage().completion_tokens == max(
+        len(sc.stats.text_parts), estimate_tokens(sc.stats.text)
+    )
+    assert "returned no usage" in caplog.text
+    await c.aclose()
+
+
 async def test_retryable_failures_are_retried_then_succeed(
     upstream: tuple[str, httpx.Client],
 ) -> None:
