@@ -21,7 +21,7 @@ class ScriptedRouter:
     base_url: str
     control: httpx.Client
 
-    def script(self, *turns: dict[str, Any], usage: dict[str, int] | None = None) -> None:
+    def script(self, *turns: dict[str, Any], usage: dict[str, int] | bool | None = None) -> None:
         self.control.post(
             "/_script", json={"turns": list(turns), "usage": usage}
         ).raise_for_status()

@@ -89,6 +89,12 @@ class StreamCall:
         return self.model.price.cost_micros(self.usage())
 
 
+def estimate_usage(request: Mapping[str, Any], response: Mapping[str, Any]) -> TokenUsage:
+    """Usage of a complete call whose server reported none, from the request's and the
+    response's text (``pricing.estimate_tokens``)."""
+    return TokenUsage(prompt_tokens_estimate(request), completion_tokens_estimate(response))
+
+
 def completion_tokens_estimate(body: Mapping[str, Any]) -> int:
     """Estimated completion tokens of a ``chat.completion``: every choice's text and
     tool-call arguments."""
@@ -207,9 +213,7 @@ class DownstreamClient:
                 usage = resp.usage
                 if not resp.body.get("usage"):
                     # A server that reports no usage still charges: never count it as free.
-                    usage = TokenUsage(
-                        prompt_tokens_estimate(req), completion_tokens_estimate(resp.body)
-                    )
+                    usage = estimate_usage(req, resp.body)
                     self._warn_no_usage(model.name)
                 return CallResult(
                     model=model.name,

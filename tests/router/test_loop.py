@@ -16,7 +16,7 @@ from router.loop import NoAnswer, Orchestrator, RouteResult
 from router.policies.llm import LLMRouterPolicy
 from router.policy import RouteContext, ToolCall
 from router.pool import ModelPool, PoolModelConfig
-from router.providers.client import DownstreamClient
+from router.providers.client import DownstreamClient, estimate_usage
 from router.tools import tool_name
 from tests.conftest import ScriptedRouter
 from tests.router.conftest import Downstream
@@ -125,6 +125,19 @@ async def test_direct_answer(setup: Any, scripted_router: ScriptedRouter) -> Non
             "description"
         ]
     )
+
+
+async def test_router_server_without_usage_is_charged_an_estimate(
+    setup: Any, scripted_router: ScriptedRouter
+) -> None:
+    p, orch, policy, _ = setup
+    scripted_router.script({"content": "100 °C."}, usage=False)
+    r = await orch.run(policy, ctx(p))
+    [router_call] = r.state.router_calls
+    sent = scripted_router.requests()[0]
+    assert router_call.usage == estimate_usage(sent, {"choices": [{"message": r.message}]})
+    assert router_call.usage.prompt_tokens > 0 and router_call.cost_micros > 0
+    assert_costs_add_up(p, r)
 
 
 async def test_single_call_then_select(setup: Any, scripted_router: ScriptedRouter) -> None:

@@ -4,6 +4,7 @@ tool calls (``tool_calls`` with JSON-string ``arguments``, finish_reason ``tool_
 
     python -m tests.support.scripted_router --port-file F
     POST /_script   {"turns": [<assistant message>, ...], "usage": {"prompt_tokens": .., "completion_tokens": ..}}
+                    ("usage": false: report no usage, as some servers do)
     GET  /_requests  every request body received since the last /_script
 """
 
@@ -24,7 +25,7 @@ from aiohttp import web
 class Script:
     def __init__(self) -> None:
         self.turns: list[dict[str, Any]] = []
-        self.usage = {"prompt_tokens": 100, "completion_tokens": 20}
+        self.usage: dict[str, int] | None = {"prompt_tokens": 100, "completion_tokens": 20}
         self.requests: list[dict[str, Any]] = []
         self.ids = itertools.count()
 
@@ -37,7 +38,8 @@ async def set_script(request: web.Request) -> web.Response:
     s: Script = request.app["script"]
     body = orjson.loads(await request.read())
     s.turns = list(body["turns"])
-    s.usage = body.get("usage") or {"prompt_tokens": 100, "completion_tokens": 20}
+    usage = body.get("usage")
+    s.usage = None if usage is False else usage or {"prompt_tokens": 100, "completion_tokens": 20}
     s.requests = []
     return _json({"turns": len(s.turns)})
 
@@ -94,16 +96,16 @@ async def chat(request: web.Request) -> web.Response:
             for tc in msg["tool_calls"]
         ]
     u = s.usage
-    return _json(
-        {
-            "id": f"chatcmpl-script-{next(s.ids)}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.get("model"),
-            "choices": [{"index": 0, "message": msg, "finish_reason": finish}],
-            "usage": {**u, "total_tokens": u["prompt_tokens"] + u["completion_tokens"]},
-        }
-    )
+    out: dict[str, Any] = {
+        "id": f"chatcmpl-script-{next(s.ids)}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.get("model"),
+        "choices": [{"index": 0, "message": msg, "finish_reason": finish}],
+    }
+    if u is not None:
+        out["usage"] = {**u, "total_tokens": u["prompt_tokens"] + u["completion_tokens"]}
+    return _json(out)
 
 
 def create_app() -> web.Application:
