@@ -6,6 +6,7 @@ here, so this is where the ledger row, the metrics and the cost headers are prod
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -30,7 +31,7 @@ from gateway.runtime import POLICY_PREFIX, ROUTER_MODEL, Runtime
 from gateway.schemas import ChatCompletionRequest
 from pricing import usd_to_micros
 from pricing.money import format_usd, micros_to_usd
-from router.loop import NoAnswer, RouteResult
+from router.loop import NoAnswer, RequestTimeout, RouteResult
 from router.policy import Call, LoopState, Policy, RouteContext, Select, Step, ToolCall
 from router.providers.errors import ProviderError
 
@@ -234,10 +235,16 @@ class ChatService:
             guard: KeyBudgetGuard | None = await self.hooks.admit(rlog, ctx)
             try:
                 result = await rt.orchestrator.run(
-                    resolved.policy, ctx, stream=req.stream, guard=guard
+                    resolved.policy,
+                    ctx,
+                    stream=req.stream,
+                    guard=guard,
+                    timeout_s=rt.settings.server.request_timeout_s,
                 )
             except NoAnswer as exc:
                 rlog.result_state = exc.state
+                if isinstance(exc, RequestTimeout):
+                    raise upstream_error("timeout", str(exc)) from None
                 last = next((o for o in reversed(exc.state.outcomes) if not o.ok), None)
                 if last is not None and last.error_kind == "budget":
                     raise self.hooks.budget_error(
@@ -323,10 +330,28 @@ class ChatService:
         model_name = result.final_model or ROUTER_MODEL
         hooks = self.hooks
 
+        # The request's deadline covers the stream too: a budget hold must never outlive
+        # its call (holds expire request_timeout_s + 60 s after they are taken).
+        timeout_s = rt.settings.server.request_timeout_s
+        deadline = rlog.t0 + timeout_s
+
         async def body() -> AsyncIterator[bytes]:
             rlog.status = 499  # until the stream completes: the client may go away
+            chunks = aiter(stream.chunks)
             try:
-                async for chunk in stream.chunks:
+                while True:
+                    # The timeout is entered and left around each chunk's await, never held
+                    # across a yield: between chunks this generator is suspended and its
+                    # task runs the server's code, which a firing timeout would cancel.
+                    try:
+                        async with asyncio.timeout(deadline - time.perf_counter()):
+                            chunk = await anext(chunks)
+                    except StopAsyncIteration:
+                        break
+                    except TimeoutError:
+                        raise ProviderError(
+                            "timeout", f"the request did not finish within {timeout_s:g} s"
+                        ) from None
                     choices = chunk.get("choices")
                     if not choices:
                         continue  # upstream usage-only chunk: ours, with cost, comes last

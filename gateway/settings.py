@@ -45,8 +45,9 @@ class ServerSettings(_Section):
     workers: int = Field(default=1, ge=1, le=64)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    # Extra wall-clock headroom over the slowest pool model's timeout before a request is
-    # abandoned; bounded so a hung router can't pin a connection forever.
+    # The longest a request may run, streamed answer included: past it the gateway cancels
+    # what is in flight and answers 504. Budget holds live this long plus 60 s, so a hold
+    # never expires under a call that is still running.
     request_timeout_s: float = Field(default=600.0, gt=0)
 
 

@@ -43,6 +43,15 @@ class NoAnswer(Exception):
         self.error_kind = last.error_kind if last else None
 
 
+class RequestTimeout(NoAnswer):
+    """The request's deadline passed before the loop finished (calls in flight are cancelled
+    and their holds settled; the state keeps every call that completed)."""
+
+    def __init__(self, timeout_s: float, state: LoopState) -> None:
+        super().__init__(f"the request did not finish within {timeout_s:g} s", state)
+        self.error_kind = "timeout"
+
+
 class StreamingCall(Protocol):
     """A final call whose answer streams straight through to the client."""
 
@@ -230,11 +239,29 @@ class Orchestrator:
         *,
         stream: bool = False,
         guard: BudgetGuard | None = None,
+        timeout_s: float | None = None,
     ) -> RouteResult:
         """Run ``policy`` on one request. With ``stream``, a final single call is opened as a
         stream and returned un-consumed in ``RouteResult.stream``. ``guard`` reserves and
-        settles each call against the caller's budgets (e.g. an API key's)."""
+        settles each call against the caller's budgets (e.g. an API key's). ``timeout_s``
+        bounds the whole run (``RequestTimeout``); an opened stream is the caller's to bound."""
         state = LoopState(decision=Decision(policy.name, ctx.cost_weight, policy.feature_version))
+        if timeout_s is None:
+            return await self._run(policy, ctx, state, stream, guard)
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self._run(policy, ctx, state, stream, guard)
+        except TimeoutError:
+            raise RequestTimeout(timeout_s, state) from None
+
+    async def _run(
+        self,
+        policy: Policy,
+        ctx: RouteContext,
+        state: LoopState,
+        stream: bool,
+        guard: BudgetGuard | None,
+    ) -> RouteResult:
         for turn in range(ctx.max_turns):
             state.turn = turn
             step = await policy.step(ctx, state)

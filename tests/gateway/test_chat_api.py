@@ -7,6 +7,7 @@ import asyncio
 import json
 import sqlite3
 import time
+from collections.abc import Iterator
 from decimal import Decimal
 
 import httpx
@@ -16,7 +17,8 @@ import pytest
 from pricing import TokenUsage, estimate_tokens, load_default_catalog
 from router.outcomes import OutcomeRecord
 from tests.gateway.conftest import Upstream
-from tests.support.gateway import Gateway
+from tests.support.gateway import Gateway, gateway_config, start_gateway
+from tests.support.replay import start_replay_upstream, stop_replay_upstream
 
 MODEL = "mistral-small-24b-instruct-2501-bf16"
 
@@ -381,6 +383,67 @@ def test_upstream_without_usage_is_charged_an_estimate(
     assert last.usage is not None and last.usage.model_extra["cost"] > 0
     request, calls = _ledger_rows(gateway, last.model_extra["xrouter"]["request_id"])
     assert request[0] == 200 and calls[0][4] is None and calls[0][3] > 0
+
+
+@pytest.fixture(scope="module")
+def deadline_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """A gateway whose requests may take at most 1 s, on an upstream that streams slowly
+    (50 ms per chunk), so a long answer outlives the deadline mid-stream."""
+    tmp = tmp_path_factory.mktemp("deadline")
+    proc, base_url = start_replay_upstream(tmp, "--stream-chunk-delay-ms", "50")
+    gw = start_gateway(tmp, gateway_config(tmp, base_url, server={"request_timeout_s": 1.0}))
+    yield gw
+    gw.stop()
+    stop_replay_upstream(proc)
+
+
+def test_request_deadline_cuts_a_slow_call_with_504(
+    deadline_gateway: Gateway, demo_table: list[OutcomeRecord]
+) -> None:
+    prompt, _ = recorded(demo_table, MODEL)
+    started = time.monotonic()
+    r = httpx.post(
+        f"{deadline_gateway.base_url}/chat/completions",
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": f"[[replay:latency=5000]]{prompt}"}],
+        },
+        timeout=30,
+    )
+    assert time.monotonic() - started < 4
+    assert r.status_code == 504
+    assert r.json()["error"]["code"] == "upstream_timeout"
+    assert "did not finish within 1 s" in r.json()["error"]["message"]
+    request, _ = _ledger_rows(deadline_gateway, r.headers["x-xrouter-request-id"])
+    assert request[0] == 504
+
+
+def test_request_deadline_ends_a_long_stream_with_an_error_event(
+    deadline_gateway: Gateway, demo_table: list[OutcomeRecord]
+) -> None:
+    rec = max(
+        (r for r in demo_table if MODEL in r.outcomes),
+        key=lambda r: len(r.outcomes[MODEL].response or ""),
+    )
+    started = time.monotonic()
+    with httpx.stream(
+        "POST",
+        f"{deadline_gateway.base_url}/chat/completions",
+        json={"model": MODEL, "stream": True, "messages": [{"role": "user", "content": rec.text}]},
+        timeout=30,
+    ) as r:
+        assert r.status_code == 200
+        request_id = r.headers["x-xrouter-request-id"]
+        events = [line.removeprefix("data: ") for line in r.iter_lines() if line]
+    assert time.monotonic() - started < 4
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == "upstream_timeout"
+    content = [json.loads(e) for e in events[:-2]]
+    assert content and all(c["choices"] for c in content)
+    # Charged for what streamed before the cut (an estimate: no usage chunk came).
+    request, calls = _ledger_rows(deadline_gateway, request_id)
+    assert request[0] == 504 and calls[0][1] > 0 and calls[0][3] >= 1
 
 
 def _ledger_rows(
