@@ -126,7 +126,13 @@ def estimate_prompt_tokens(messages: list[dict[str, Any]], system_prompt: str | 
 
 def worst_case_micros(ctx: RouteContext, call: ToolCall) -> int:
     model = ctx.pool[call.model]
-    max_out = call.max_tokens or ctx.request_params.get("max_tokens") or model.max_output_tokens
+    params = ctx.request_params
+    max_out = (
+        call.max_tokens
+        or params.get("max_tokens")
+        or params.get("max_completion_tokens")
+        or model.max_output_tokens
+    )
     max_out = min(int(max_out), model.max_output_tokens)
     n = int(ctx.request_params.get("n") or 1)
     prompt = estimate_prompt_tokens(ctx.messages, call.system_prompt)

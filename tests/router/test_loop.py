@@ -12,7 +12,13 @@ import pytest
 
 from pricing import ModelPrice, TokenUsage, load_default_catalog
 from router.executors import ProviderExecutor, downstream_request
-from router.loop import NoAnswer, Orchestrator, RouteResult
+from router.loop import (
+    NoAnswer,
+    Orchestrator,
+    RouteResult,
+    estimate_prompt_tokens,
+    worst_case_micros,
+)
 from router.policies.llm import LLMRouterPolicy
 from router.policy import RouteContext, ToolCall
 from router.pool import ModelPool, PoolModelConfig
@@ -102,6 +108,26 @@ def assert_costs_add_up(p: ModelPool, result: RouteResult) -> None:
         o.cost_micros for o in (*result.state.router_calls, *result.outcomes)
     )
     assert result.router_cost_micros == sum(o.cost_micros for o in result.state.router_calls)
+
+
+async def test_worst_case_bounds_output_by_the_requests_limit(setup: Any) -> None:
+    p, *_ = setup
+    price, cap = p[DEAR].price, p[DEAR].max_output_tokens
+    prompt = estimate_prompt_tokens(USER, None)
+
+    def worst(**params: Any) -> int:
+        return worst_case_micros(
+            RouteContext(
+                request_id="r", messages=USER, pool=p, cost_weight=0, request_params=params
+            ),
+            ToolCall(id="c", model=DEAR),
+        )
+
+    assert worst() == price.worst_case_micros(prompt, cap)
+    assert worst(max_tokens=50) == price.worst_case_micros(prompt, 50)
+    assert worst(max_completion_tokens=70) == price.worst_case_micros(prompt, 70)
+    assert worst(max_tokens=10**9) == price.worst_case_micros(prompt, cap)
+    assert worst(max_tokens=50, n=3) == price.worst_case_micros(prompt, 150)
 
 
 async def test_direct_answer(setup: Any, scripted_router: ScriptedRouter) -> None:
