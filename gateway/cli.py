@@ -96,6 +96,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         log.error("%s", exc)
         return 2
+    try:
+        # The pool, prices and checkpoint must be usable: say so here, in one line, rather
+        # than as a traceback from inside the server's startup (and once, not per worker).
+        from gateway.runtime import build_runtime
+
+        build_runtime(settings)
+    except Exception as exc:
+        log.error("cannot start: %s", exc)
+        return 2
     srv = settings.server
     common: dict[str, Any] = dict(
         host=srv.host,

@@ -1,3 +1,5 @@
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -92,3 +94,25 @@ def test_unpriced_pool_model_fails_at_startup(tmp_path: Path) -> None:
     )
     with pytest.raises(CatalogError, match="no price"):
         ModelPool.from_configs(s.pool, load_default_catalog())
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("server: {log_level: warning}\n", "the pool is empty"),
+        ("pool: [{name: x, model: openai/unknown-model, api_base: 'http://h/v1'}]\n", "no price"),
+        ("limits: {backend: nope}\n", "limits.backend"),
+    ],
+)
+def test_serve_refuses_an_unusable_config_in_one_line(
+    tmp_path: Path, text: str, needle: str
+) -> None:
+    # `xrouter serve` exits 2 with the reason, before any server starts: no traceback.
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(write(tmp_path, text))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert needle in proc.stderr and "Traceback" not in proc.stderr
