@@ -21,15 +21,28 @@ router = APIRouter(prefix="/admin")
 
 Period = Literal["daily", "weekly", "monthly", "total"]
 
+# What the ledger's columns hold: budgets are BIGINT micro-USD (so at most $1e12, well inside
+# 2^63 micro-dollars), rpm/tpm are INTEGER (32-bit on PostgreSQL).
+MAX_BUDGET_USD = 1e12
+MAX_RATE = 2**31 - 1
+
+
+def _budget() -> Any:
+    return Field(default=None, ge=0, le=MAX_BUDGET_USD, allow_inf_nan=False)
+
+
+def _rate() -> Any:
+    return Field(default=None, ge=1, le=MAX_RATE)
+
 
 class KeyCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     alias: str = Field(min_length=1, max_length=128)
-    budget_usd: float | None = Field(default=None, ge=0)
+    budget_usd: float | None = _budget()
     budget_period: Period | None = None
-    rpm: int | None = Field(default=None, ge=1)
-    tpm: int | None = Field(default=None, ge=1)
+    rpm: int | None = _rate()
+    tpm: int | None = _rate()
     allowed_models: list[str] | None = None
     allowed_policies: list[str] | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
@@ -39,10 +52,10 @@ class KeyUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     alias: str | None = Field(default=None, min_length=1, max_length=128)
-    budget_usd: float | None = Field(default=None, ge=0)
+    budget_usd: float | None = _budget()
     budget_period: Period | None = None
-    rpm: int | None = Field(default=None, ge=1)
-    tpm: int | None = Field(default=None, ge=1)
+    rpm: int | None = _rate()
+    tpm: int | None = _rate()
     allowed_models: list[str] | None = None
     allowed_policies: list[str] | None = None
     metadata: dict[str, Any] | None = None

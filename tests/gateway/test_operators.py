@@ -161,6 +161,23 @@ def test_key_lifecycle_and_auth(gw: Gateway) -> None:
     assert httpx.delete(f"{gw.url}/admin/keys/key_nope", headers=ADMIN).status_code == 404
 
 
+def test_key_limits_are_bounded_by_what_the_ledger_stores(gw: Gateway) -> None:
+    # The largest values fit the columns (BIGINT micro-USD, INTEGER rpm/tpm on PostgreSQL);
+    # anything larger, or not finite, is a 400 naming the field, never a 500.
+    k = create_key(gw, budget_usd=1e12, budget_period="total", rpm=2**31 - 1, tpm=2**31 - 1)
+    assert k["budget_micros"] == 10**18 and k["rpm"] == k["tpm"] == 2**31 - 1
+    for fields, param in (
+        ({"budget_usd": 1e13, "budget_period": "total"}, "budget_usd"),
+        ({"budget_usd": "Infinity", "budget_period": "total"}, "budget_usd"),
+        ({"rpm": 2**31}, "rpm"),
+        ({"tpm": 10**19}, "tpm"),
+    ):
+        r = httpx.post(f"{gw.url}/admin/keys", json={"alias": "big", **fields}, headers=ADMIN)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    r = httpx.patch(f"{gw.url}/admin/keys/{k['key_id']}", json={"rpm": 2**40}, headers=ADMIN)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "rpm"
+
+
 def test_budget_holds_under_100_parallel_requests(gw: Gateway, stack: Stack) -> None:
     prompt = "Explain briefly why the sky is blue."
     max_tokens = 40
