@@ -154,6 +154,17 @@ class Settings(_Section):
                 raise ValueError(f"pool model {m.name!r} falls back to unknown models {unknown}")
         return self
 
+    @model_validator(mode="after")
+    def _check_limits_shared(self) -> Settings:
+        # The in-process store is per worker: with several, each would enforce a key's whole
+        # budget and rate limits on its own, multiplying them silently.
+        if self.server.workers > 1 and self.auth.enabled and self.limits.backend == "memory":
+            raise ValueError(
+                "limits.backend: memory keeps budgets and rate limits per process; with "
+                "server.workers > 1 use limits.backend: redis (or one worker)"
+            )
+        return self
+
     def pool_model(self, name: str) -> PoolModelConfig | None:
         for m in self.pool:
             if m.name == name:

@@ -68,6 +68,17 @@ def test_invalid_configs_name_the_problem(tmp_path: Path, text: str, needle: str
         load_settings(write(tmp_path, text), env={"SMALL_KEY": "k"})
 
 
+def test_several_workers_need_shared_limits(tmp_path: Path) -> None:
+    text = POOL + "server: {workers: 2}\nauth: {enabled: true}\n"
+    with pytest.raises(SettingsError, match=r"limits\.backend: redis"):
+        load_settings(write(tmp_path, text), env={"SMALL_KEY": "k"})
+    # Shared limits, or no keys at all (auth off: nothing to limit), are fine.
+    redis = text + "limits: {backend: redis}\n"
+    assert load_settings(write(tmp_path, redis), env={"SMALL_KEY": "k"}).server.workers == 2
+    no_auth = POOL + "server: {workers: 2}\nauth: {enabled: false}\n"
+    assert load_settings(write(tmp_path, no_auth), env={"SMALL_KEY": "k"}).server.workers == 2
+
+
 def test_not_yaml(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="YAML"):
         load_settings(write(tmp_path, "pool: [unclosed"), env={})
