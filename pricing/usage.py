@@ -9,6 +9,20 @@ from typing import Any
 CHARS_PER_TOKEN = 4  # English text under GPT-style BPE tokenizers, on average
 
 
+# No call reads or writes a billion tokens; anything larger is a broken or hostile report.
+MAX_CALL_TOKENS = 10**9
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return 0
+    try:
+        n = int(float(value)) if not isinstance(value, int) else value
+    except (ValueError, OverflowError):
+        return 0
+    return min(max(n, 0), MAX_CALL_TOKENS)
+
+
 def estimate_tokens(text: str) -> int:
     """A token count from text length, ``ceil(chars / 4)``: only where no provider or
     recorded count exists (a stream cut off before its usage chunk, sources without
@@ -48,17 +62,27 @@ class TokenUsage:
 
     @classmethod
     def from_openai(cls, usage: dict[str, Any] | None) -> TokenUsage:
-        """Parse an OpenAI ``usage`` dict, including the nested detail objects."""
-        if not usage:
+        """Parse an OpenAI ``usage`` dict, including the nested detail objects.
+
+        Counts come from another server and become money: each is read as a whole number in
+        ``[0, MAX_CALL_TOKENS]`` (a negative count would be a refund, an absurd one would
+        overflow the ledger's columns), anything unreadable counts as 0, and the cached and
+        reasoning subsets never exceed the counts they are part of."""
+        if not isinstance(usage, dict) or not usage:
             return cls()
-        prompt_details = usage.get("prompt_tokens_details") or {}
-        completion_details = usage.get("completion_tokens_details") or {}
-        return cls(
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            completion_tokens=int(usage.get("completion_tokens") or 0),
-            cached_tokens=int(prompt_details.get("cached_tokens") or 0),
-            reasoning_tokens=int(completion_details.get("reasoning_tokens") or 0),
+        prompt_details = usage.get("prompt_tokens_details")
+        completion_details = usage.get("completion_tokens_details")
+        prompt = _count(usage.get("prompt_tokens"))
+        completion = _count(usage.get("completion_tokens"))
+        cached = (
+            _count(prompt_details.get("cached_tokens")) if isinstance(prompt_details, dict) else 0
         )
+        reasoning = (
+            _count(completion_details.get("reasoning_tokens"))
+            if isinstance(completion_details, dict)
+            else 0
+        )
+        return cls(prompt, completion, min(cached, prompt), min(reasoning, completion))
 
     def to_openai(self) -> dict[str, Any]:
         out: dict[str, Any] = {

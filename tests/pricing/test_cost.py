@@ -12,6 +12,7 @@ from pricing import (
     usd_to_micros,
 )
 from pricing.money import format_usd, round_micros
+from pricing.usage import MAX_CALL_TOKENS
 
 
 def test_cost_is_tokens_times_price_per_million() -> None:
@@ -84,6 +85,43 @@ def test_usage_parses_openai_details() -> None:
         2,
     )
     assert u.to_openai()["total_tokens"] == 15
+
+
+def test_usage_from_another_server_is_read_defensively() -> None:
+    # Counts become money: no refunds through negative counts, no ledger overflow through
+    # absurd ones, nothing unreadable, subsets never larger than their totals.
+    u = TokenUsage.from_openai(
+        {
+            "prompt_tokens": -5,
+            "completion_tokens": 10**30,
+            "prompt_tokens_details": {"cached_tokens": 99},
+            "completion_tokens_details": {"reasoning_tokens": "many"},
+        }
+    )
+    assert u == TokenUsage(0, MAX_CALL_TOKENS, 0, 0)
+    assert TokenUsage.from_openai({"prompt_tokens": "12", "completion_tokens": 3.9}) == TokenUsage(
+        12, 3
+    )
+    assert TokenUsage.from_openai(
+        {
+            "prompt_tokens": 10,
+            "completion_tokens": 4,
+            "prompt_tokens_details": {"cached_tokens": 50},
+            "completion_tokens_details": {"reasoning_tokens": 9},
+        }
+    ) == TokenUsage(10, 4, 10, 4)
+    for junk in (None, [], "x", {"prompt_tokens": float("nan"), "completion_tokens": True}):
+        assert TokenUsage.from_openai(junk) == TokenUsage()  # type: ignore[arg-type]
+    # 50 cached of 10 prompt tokens: the 10 are priced as cached, never a negative remainder.
+    price = ModelPrice(input=Decimal("1"), output=Decimal("2"), cached_input=Decimal("0.5"))
+    usage = TokenUsage.from_openai(
+        {
+            "prompt_tokens": 10,
+            "completion_tokens": 0,
+            "prompt_tokens_details": {"cached_tokens": 50},
+        }
+    )
+    assert price.cost_micros(usage) == 5
 
 
 def test_token_estimate_is_a_quarter_of_the_characters_rounded_up() -> None:
