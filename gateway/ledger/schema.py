@@ -174,3 +174,29 @@ def insert_ignore(dialect_name: str, table: sa.Table) -> sa.Insert:
 
         return sqlite_insert(table).on_conflict_do_nothing()
     raise NotImplementedError(f"the ledger supports sqlite and postgresql, not {dialect_name}")
+
+
+class TextFitter:
+    """Makes the text values of a table's rows storable the same way on both databases:
+    NUL characters (which PostgreSQL's text types refuse, while SQLite keeps them) become
+    U+FFFD, and values longer than their ``VARCHAR(n)`` are cut to ``n`` (PostgreSQL refuses
+    them, SQLite does not check). Without this, one request naming a model with a NUL in it
+    would make the database refuse its ledger row."""
+
+    def __init__(self, table: sa.Table) -> None:
+        self.limits: dict[str, int | None] = {
+            c.name: c.type.length for c in table.columns if isinstance(c.type, sa.String)
+        }
+
+    def fit(self, rows: list[dict[str, Any]]) -> None:
+        limits = self.limits
+        for row in rows:
+            for name, limit in limits.items():
+                value = row.get(name)
+                if not isinstance(value, str):
+                    continue
+                if "\x00" in value:
+                    value = value.replace("\x00", "\ufffd")
+                if limit is not None and len(value) > limit:
+                    value = value[:limit]
+                row[name] = value

@@ -90,6 +90,13 @@ def _is_data_error(exc: BaseException) -> bool:
         return True
     if isinstance(exc, sa_exc.StatementError) and not isinstance(exc, sa_exc.DBAPIError):
         return True  # bind processing failed (e.g. a value the column can't take)
+    if isinstance(exc, sa_exc.DBAPIError):
+        # The asyncpg dialect wraps some data errors as a generic DBAPIError; the driver's
+        # SQLSTATE tells: class 22 is a data exception, 23 an integrity violation.
+        for inner in (exc.orig, getattr(exc.orig, "__cause__", None)):
+            state = getattr(inner, "sqlstate", None)
+            if isinstance(state, str) and state[:2] in ("22", "23"):
+                return True
     return isinstance(exc, TypeError | ValueError)
 
 
@@ -135,6 +142,11 @@ class LedgerWriter:
         self._stmt_requests = insert_ignore(dialect, schema.requests)
         self._stmt_calls = insert_ignore(dialect, schema.calls)
         self._stmt_feedback = insert_ignore(dialect, schema.feedback)
+        self._fit = (
+            schema.TextFitter(schema.requests),
+            schema.TextFitter(schema.calls),
+            schema.TextFitter(schema.feedback),
+        )
 
         self._pending: deque[_Item] = deque()
         # Records that found the queue full, waiting for the journal thread.
@@ -439,6 +451,8 @@ class LedgerWriter:
 
     async def _insert_txn(self, records: Sequence[LedgerRecord]) -> None:
         req_rows, call_rows, fb_rows = build_rows(records, self._settings.log_content)
+        for fitter, rows in zip(self._fit, (req_rows, call_rows, fb_rows), strict=True):
+            fitter.fit(rows)
         async with asyncio.timeout(self._db_timeout_s), self._engine.begin() as conn:
             for stmt, rows in (
                 (self._stmt_requests, req_rows),

@@ -305,6 +305,64 @@ async def test_a_record_the_database_refuses_is_set_aside(
         await writer.close()
 
 
+async def test_text_either_database_can_store_is_fitted_not_refused(
+    engine: AsyncEngine, make_settings: Settings, spill_dir: Path
+) -> None:
+    # A client controls the requested model's name and feedback text: a NUL character
+    # (PostgreSQL's text types refuse it) or a name longer than its VARCHAR must not cost
+    # the request its ledger row, nor hold up the rows batched with it.
+    writer = LedgerWriter(engine, make_settings())
+    await writer.start()
+    nul, long = make_request("nul"), make_request("long")
+    nul.requested_model = "gpt\x00-4"
+    long.requested_model = "m" * 400
+    note = make_feedback("nul", 0.5)
+    note.comment = "fine\x00print"
+    try:
+        for record in (make_request("before"), nul, long, note, make_request("after")):
+            writer.submit(record)
+        await writer.flush()
+        async with engine.connect() as conn:
+            models = dict(
+                (
+                    await conn.execute(
+                        sa.select(schema.requests.c.request_id, schema.requests.c.requested_model)
+                    )
+                ).all()
+            )
+            comment = (await conn.execute(sa.select(schema.feedback.c.comment))).scalar_one()
+        assert sorted(models) == ["after", "before", "long", "nul"]
+        assert models["nul"] == "gpt\ufffd-4" and models["long"] == "m" * 255
+        assert comment == "fine\ufffdprint"
+        assert rejected_ids(spill_dir) == [] and journal_files(spill_dir) == []
+    finally:
+        await writer.close()
+
+
+async def test_a_value_the_database_refuses_is_set_aside_not_retried(
+    backend: str, engine: AsyncEngine, make_settings: Settings, spill_dir: Path, sink: RecordingSink
+) -> None:
+    # PostgreSQL's INTEGER is 32-bit; asyncpg reports the refusal as a generic driver error
+    # whose SQLSTATE (class 22, data exception) marks it as the data's fault: that record is
+    # set aside, the rest of its batch stored, nothing retried forever.
+    if backend != "postgresql":
+        pytest.skip("SQLite stores any 64-bit integer")
+    writer = LedgerWriter(engine, make_settings(), sink)
+    await writer.start()
+    bad = make_request("huge")
+    bad.calls[0].attempts = 2**31
+    try:
+        writer.submit(make_request("good-1"))
+        writer.submit(bad)
+        writer.submit(make_request("good-2"))
+        await writer.flush()
+        assert await request_ids(engine) == ["good-1", "good-2"]
+        assert rejected_ids(spill_dir) == ["huge"] and journal_files(spill_dir) == []
+        assert sink.errors["data"] == 1
+    finally:
+        await writer.close()
+
+
 async def test_a_stopped_writers_journal_is_adopted_but_a_live_ones_is_not(
     backend: str, ledger_url: str, tmp_path: Path, spill_dir: Path
 ) -> None:
