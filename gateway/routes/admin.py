@@ -7,7 +7,7 @@ from typing import Any, Literal, cast
 
 import orjson
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.responses import Response
 
 from gateway.errors import APIError, bad_request
@@ -25,6 +25,13 @@ Period = Literal["daily", "weekly", "monthly", "total"]
 # 2^63 micro-dollars), rpm/tpm are INTEGER (32-bit on PostgreSQL).
 MAX_BUDGET_USD = 1e12
 MAX_RATE = 2**31 - 1
+
+
+def _no_nul(alias: str | None) -> str | None:
+    # PostgreSQL's text types refuse NUL characters; say so rather than fail the insert.
+    if alias is not None and "\x00" in alias:
+        raise ValueError("may not contain NUL characters")
+    return alias
 
 
 def _budget() -> Any:
@@ -47,6 +54,8 @@ class KeyCreate(BaseModel):
     allowed_policies: list[str] | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
+    _alias = field_validator("alias")(_no_nul)
+
 
 class KeyUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -59,6 +68,8 @@ class KeyUpdate(BaseModel):
     allowed_models: list[str] | None = None
     allowed_policies: list[str] | None = None
     metadata: dict[str, Any] | None = None
+
+    _alias = field_validator("alias")(_no_nul)
 
 
 def _json(data: Any, status: int = 200) -> Response:

@@ -171,6 +171,7 @@ def test_key_limits_are_bounded_by_what_the_ledger_stores(gw: Gateway) -> None:
         ({"budget_usd": "Infinity", "budget_period": "total"}, "budget_usd"),
         ({"rpm": 2**31}, "rpm"),
         ({"tpm": 10**19}, "tpm"),
+        ({"alias": "nul\x00"}, "alias"),
     ):
         r = httpx.post(f"{gw.url}/admin/keys", json={"alias": "big", **fields}, headers=ADMIN)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
