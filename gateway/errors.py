@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
@@ -116,6 +117,30 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return APIError(exc.status_code, str(exc.detail), type=kind).response()
+
+    @app.exception_handler(sa_exc.SQLAlchemyError)
+    async def _database(request: Request, exc: sa_exc.SQLAlchemyError) -> Response:
+        # Admin, feedback and spend read and write the ledger database directly. A value it
+        # refuses (a NUL character, a number out of range) is the request's fault; anything
+        # else means the database is not answering. Handled here, not as a 500, so the
+        # client's connection stays open.
+        from gateway.ledger.store import refused_data
+        from gateway.ledger.writer import describe_error
+
+        if refused_data(exc):
+            return bad_request(
+                "the request holds a value the database cannot store or compare "
+                "(for example a NUL character or a number out of range)"
+            ).response()
+        log.warning(
+            "database error on %s %s: %s", request.method, request.url.path, describe_error(exc)
+        )
+        return APIError(
+            503,
+            "the ledger database is unavailable",
+            type="server_error",
+            code="database_unavailable",
+        ).response()
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:

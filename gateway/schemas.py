@@ -97,7 +97,7 @@ class ChatCompletionRequest(_Open):
 class FeedbackRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    request_id: str = Field(min_length=1, max_length=128)
+    request_id: str = Field(min_length=1, max_length=128, pattern=r"^[0-9A-Za-z_.:-]+$")
     score: float = Field(ge=0, le=1)
     comment: str | None = Field(default=None, max_length=4000)
     source: str = Field(default="user", max_length=64)

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 from sqlalchemy import event
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -131,3 +132,20 @@ async def open_ledger_engine(url: str | URL, *, run_migrations: bool = True) -> 
             version,
         )
     return engine
+
+
+def refused_data(exc: BaseException) -> bool:
+    """The database (or its driver) refused the *values*, not the connection: retrying
+    them will fail again. SQLAlchemy's own DataError/IntegrityError, a bind that failed, or a
+    driver error whose SQLSTATE is class 22 (data exception) or 23 (integrity violation) —
+    the asyncpg dialect wraps some of those as a generic DBAPIError."""
+    if isinstance(exc, sa_exc.IntegrityError | sa_exc.DataError):
+        return True
+    if isinstance(exc, sa_exc.StatementError) and not isinstance(exc, sa_exc.DBAPIError):
+        return True  # bind processing failed (e.g. a value the column can't take)
+    if isinstance(exc, sa_exc.DBAPIError):
+        for inner in (exc.orig, getattr(exc.orig, "__cause__", None)):
+            state = getattr(inner, "sqlstate", None)
+            if isinstance(state, str) and state[:2] in ("22", "23"):
+                return True
+    return isinstance(exc, TypeError | ValueError)

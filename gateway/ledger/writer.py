@@ -47,6 +47,7 @@ from gateway.ledger.records import (
 )
 from gateway.ledger.schema import insert_ignore
 from gateway.ledger.spill import SpillJournal
+from gateway.ledger.store import refused_data
 from gateway.settings import LedgerSettings
 
 logger = logging.getLogger(__name__)
@@ -83,21 +84,10 @@ class LedgerUnavailableError(RuntimeError):
 
 
 def _is_data_error(exc: BaseException) -> bool:
-    """The database (or the driver) refused the *data*; retrying the same rows will fail
-    again. Anything else (connection refused, locked, read-only, missing table) is treated
-    as the database being unavailable, which a later replay can fix."""
-    if isinstance(exc, sa_exc.IntegrityError | sa_exc.DataError):
-        return True
-    if isinstance(exc, sa_exc.StatementError) and not isinstance(exc, sa_exc.DBAPIError):
-        return True  # bind processing failed (e.g. a value the column can't take)
-    if isinstance(exc, sa_exc.DBAPIError):
-        # The asyncpg dialect wraps some data errors as a generic DBAPIError; the driver's
-        # SQLSTATE tells: class 22 is a data exception, 23 an integrity violation.
-        for inner in (exc.orig, getattr(exc.orig, "__cause__", None)):
-            state = getattr(inner, "sqlstate", None)
-            if isinstance(state, str) and state[:2] in ("22", "23"):
-                return True
-    return isinstance(exc, TypeError | ValueError)
+    """The database refused the *data* (``refused_data``); anything else (connection refused,
+    locked, read-only, missing table) is treated as the database being unavailable, which a
+    later replay can fix."""
+    return refused_data(exc)
 
 
 def describe_error(exc: BaseException, limit: int = 300) -> str:

@@ -179,6 +179,30 @@ def test_key_limits_are_bounded_by_what_the_ledger_stores(gw: Gateway) -> None:
     assert r.status_code == 400 and r.json()["error"]["param"] == "rpm"
 
 
+def test_values_the_database_cannot_take_are_client_errors(gw: Gateway) -> None:
+    # PostgreSQL refuses NUL characters in text; on either database such input is a 4xx
+    # naming the problem, never a 500, and the client's connection stays usable.
+    k = create_key(gw)
+    with httpx.Client(base_url=gw.url, timeout=10) as c:
+        r = c.post(
+            "/v1/feedback",
+            json={"request_id": "abc\x00def", "score": 1},
+            headers={"Authorization": f"Bearer {k['key']}"},
+        )
+        assert r.status_code == 400 and r.json()["error"]["param"] == "request_id"
+        for method, path in (
+            ("GET", "/admin/spend?group_by=key&key=key_%00x"),
+            ("PATCH", "/admin/keys/key_%00x"),
+            ("DELETE", "/admin/keys/key_%00x"),
+        ):
+            body = {"rpm": 5} if method == "PATCH" else None
+            r = c.request(method, path, json=body, headers=ADMIN)
+            assert r.status_code in (200, 400, 404), (method, path, r.status_code, r.text)
+            assert r.json().get("error", {}).get("type") != "server_error"
+        # Same connection, still served.
+        assert c.get("/admin/keys", headers=ADMIN).status_code == 200
+
+
 def test_budget_holds_under_100_parallel_requests(gw: Gateway, stack: Stack) -> None:
     prompt = "Explain briefly why the sky is blue."
     max_tokens = 40
