@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
@@ -101,6 +102,40 @@ def _loc_to_param(loc: tuple[int | str, ...]) -> str | None:
     return out
 
 
+def internal_error() -> APIError:
+    return APIError(500, "internal error", type="server_error", code="internal_error")
+
+
+class CatchUnexpected:
+    """Answers an unexpected exception with the OpenAI-shaped 500 *inside* Starlette's
+    ServerErrorMiddleware, which would send the same answer and then re-raise, so that
+    uvicorn logged the traceback a second time and closed the client's keep-alive
+    connection. Once a response has started (a stream) there is nothing left to answer
+    with: the exception goes on up as before."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Any) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception:
+            if started:
+                raise
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            await internal_error().response()(scope, receive, send)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> Response:
@@ -142,10 +177,10 @@ def install_error_handlers(app: FastAPI) -> None:
             code="database_unavailable",
         ).response()
 
+    app.add_middleware(CatchUnexpected)
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
         # Never a traceback to the client; the log has it.
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return APIError(
-            500, "internal error", type="server_error", code="internal_error"
-        ).response()
+        return internal_error().response()

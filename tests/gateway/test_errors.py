@@ -1,0 +1,96 @@
+"""The last line of defence: an exception nobody expected still gets the OpenAI-shaped 500,
+is logged once, and leaves the client's keep-alive connection open (a real uvicorn server on
+loopback, driven by httpx)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
+
+from gateway.errors import install_error_handlers
+
+
+def _app() -> FastAPI:
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.get("/boom")
+    async def boom() -> None:
+        raise RuntimeError("a bug")
+
+    @app.get("/ok")
+    async def ok() -> dict[str, bool]:
+        return {"ok": True}
+
+    @app.get("/stream-boom")
+    async def stream_boom() -> StreamingResponse:
+        async def body() -> AsyncIterator[bytes]:
+            yield b"data: 1\n\n"
+            raise RuntimeError("a bug mid-stream")
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = uvicorn.Config(_app(), host="127.0.0.1", port=port, log_level="warning")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not srv.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    thread.join(10)
+
+
+def _local_port(r: httpx.Response) -> int:
+    stream = r.extensions["network_stream"]
+    return int(stream.get_extra_info("socket").getsockname()[1])
+
+
+def test_unexpected_error_is_one_500_and_keeps_the_connection(
+    server: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR)
+    with httpx.Client(base_url=server, timeout=10) as c:
+        r = c.get("/boom")
+        assert r.status_code == 500
+        assert r.json() == {
+            "error": {
+                "message": "internal error",
+                "type": "server_error",
+                "param": None,
+                "code": "internal_error",
+            }
+        }
+        port = _local_port(r)
+        again = c.get("/ok")
+        assert again.status_code == 200 and _local_port(again) == port  # same connection
+    tracebacks = [rec for rec in caplog.records if rec.exc_info]
+    assert len(tracebacks) == 1 and "a bug" in str(tracebacks[0].exc_info[1])  # type: ignore[index]
+
+
+def test_an_error_after_the_response_started_still_ends_it(server: str) -> None:
+    # Nothing can be answered once the status line is out: the stream is cut, the server
+    # goes on serving.
+    with httpx.Client(base_url=server, timeout=10) as c:
+        with pytest.raises(httpx.HTTPError), c.stream("GET", "/stream-boom") as r:
+            assert r.status_code == 200
+            r.read()
+        assert c.get("/ok").status_code == 200
