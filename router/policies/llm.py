@@ -27,7 +27,6 @@ from router.policy import (
 )
 from router.pool import PoolModel
 from router.providers.base import Provider
-from router.providers.client import estimate_usage
 from router.providers.errors import ProviderError
 from router.tools import MAX_TEMPERATURE, SELECT_TOOL, router_tools, tool_map
 
@@ -113,9 +112,7 @@ class LLMRouterPolicy(Policy):
                 )
             )
             return None
-        # A router server that reports no usage is charged an estimate, as downstream calls are.
-        usage = resp.usage if resp.body.get("usage") else estimate_usage(body, resp.body)
-        cost = self.price.cost_micros(usage)
+        cost = self.price.cost_micros(resp.usage)
         msg = (resp.body.get("choices") or [{}])[0].get("message") or {}
         state.router_calls.append(
             CallOutcome(
@@ -126,7 +123,7 @@ class LLMRouterPolicy(Policy):
                 model=self.router_model.name,
                 message=msg,
                 response=resp.body,
-                usage=usage,
+                usage=resp.usage,
                 cost_micros=cost,
                 latency_ms=resp.latency_ms,
             )

@@ -9,6 +9,7 @@ from typing import Any
 
 from pricing import TokenUsage
 from router.pool import PoolModel
+from router.providers.usage import reported_or_estimated
 
 
 @dataclass(slots=True)
@@ -18,6 +19,14 @@ class ProviderResponse:
     body: dict[str, Any]
     usage: TokenUsage
     latency_ms: float
+    usage_reported: bool = True  # False: the server sent no usage, ``usage`` is an estimate
+
+    @classmethod
+    def parse(
+        cls, request: dict[str, Any], body: dict[str, Any], latency_ms: float
+    ) -> ProviderResponse:
+        usage, reported = reported_or_estimated(request, body)
+        return cls(body, usage, latency_ms, reported)
 
 
 @dataclass(slots=True)

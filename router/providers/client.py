@@ -4,20 +4,19 @@ fallbacks. Both the gateway's pass-through and the orchestration loop call throu
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
-from pricing import TokenUsage, estimate_tokens, tokens_for_chars
-from router.outcomes import content_text
+from pricing import TokenUsage, tokens_for_chars
 from router.pool import ModelPool, PoolModel
 from router.providers.base import Provider, StreamStats
 from router.providers.errors import ProviderError
 from router.providers.litellm_provider import LiteLLMProvider
 from router.providers.native import NativeOpenAIProvider
+from router.providers.usage import prompt_tokens_estimate
 
 log = logging.getLogger(__name__)
 
@@ -87,31 +86,6 @@ class StreamCall:
 
     def cost_micros(self) -> int:
         return self.model.price.cost_micros(self.usage())
-
-
-def estimate_usage(request: Mapping[str, Any], response: Mapping[str, Any]) -> TokenUsage:
-    """Usage of a complete call whose server reported none, from the request's and the
-    response's text (``pricing.estimate_tokens``)."""
-    return TokenUsage(prompt_tokens_estimate(request), completion_tokens_estimate(response))
-
-
-def completion_tokens_estimate(body: Mapping[str, Any]) -> int:
-    """Estimated completion tokens of a ``chat.completion``: every choice's text and
-    tool-call arguments."""
-    chars = 0
-    for choice in body.get("choices") or ():
-        message = choice.get("message") or {}
-        chars += len(content_text(message.get("content")))
-        for tc in message.get("tool_calls") or ():
-            chars += len((tc.get("function") or {}).get("arguments") or "")
-    return tokens_for_chars(chars)
-
-
-def prompt_tokens_estimate(body: Mapping[str, Any]) -> int:
-    """Estimated prompt tokens of a chat request: its messages' text and its tool schemas."""
-    text = "\n".join(content_text(m.get("content")) for m in body.get("messages") or ())
-    tools = body.get("tools")
-    return estimate_tokens(text) + (estimate_tokens(json.dumps(tools)) if tools else 0)
 
 
 def upstream_body(model: PoolModel, body: dict[str, Any]) -> dict[str, Any]:
@@ -210,16 +184,13 @@ class DownstreamClient:
                     self.events.on_retry(model.name, err.kind)
                     await self._sleep(self._delay(attempt, err))
                     continue
-                usage = resp.usage
-                if not resp.body.get("usage"):
-                    # A server that reports no usage still charges: never count it as free.
-                    usage = estimate_usage(req, resp.body)
+                if not resp.usage_reported:
                     self._warn_no_usage(model.name)
                 return CallResult(
                     model=model.name,
                     body=resp.body,
-                    usage=usage,
-                    cost_micros=model.price.cost_micros(usage),
+                    usage=resp.usage,
+                    cost_micros=model.price.cost_micros(resp.usage),
                     latency_ms=resp.latency_ms,
                     attempts=attempts,
                     fallback_from=name if model.name != name else None,

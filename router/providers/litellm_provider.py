@@ -9,7 +9,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from pricing import TokenUsage
 from router.pool import PoolModel
 from router.providers.base import Provider, ProviderResponse, StreamStats
 from router.providers.errors import ProviderError, sanitize
@@ -106,7 +105,7 @@ class LiteLLMProvider(Provider):
         data = resp.model_dump(exclude_none=True)
         data.pop("_hidden_params", None)
         latency = (time.perf_counter() - start) * 1000
-        return ProviderResponse(data, TokenUsage.from_openai(data.get("usage")), latency)
+        return ProviderResponse.parse(body, data, latency)
 
     async def stream(
         self, model: PoolModel, body: dict[str, Any], stats: StreamStats

@@ -14,7 +14,6 @@ from typing import Any
 import aiohttp
 import orjson
 
-from pricing import TokenUsage
 from router.pool import PoolModel
 from router.providers.base import Provider, ProviderResponse, StreamStats
 from router.providers.errors import ErrorKind, ProviderError, sanitize
@@ -125,7 +124,7 @@ class NativeOpenAIProvider(Provider):
                 "bad_response", f"upstream {model.name} sent an invalid response", model=model.name
             ) from None
         latency = (time.perf_counter() - start) * 1000
-        return ProviderResponse(data, TokenUsage.from_openai(data.get("usage")), latency)
+        return ProviderResponse.parse(body, data, latency)
 
     async def stream(
         self, model: PoolModel, body: dict[str, Any], stats: StreamStats

@@ -22,7 +22,8 @@ from router.loop import (
 from router.policies.llm import LLMRouterPolicy
 from router.policy import RouteContext, ToolCall
 from router.pool import ModelPool, PoolModelConfig
-from router.providers.client import DownstreamClient, estimate_usage
+from router.providers.client import DownstreamClient
+from router.providers.usage import estimate_usage
 from router.tools import tool_name
 from tests.conftest import ScriptedRouter
 from tests.router.conftest import Downstream

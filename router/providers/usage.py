@@ -1,0 +1,47 @@
+"""Usage a provider did not report: estimated from text (``pricing.estimate_tokens``), so that
+a call is never counted as free. Complete responses without a ``usage`` object and streams
+cut off before their usage chunk both come here."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from pricing import TokenUsage, estimate_tokens, tokens_for_chars
+from router.outcomes import content_text
+
+
+def reported_or_estimated(
+    request: Mapping[str, Any], response: Mapping[str, Any]
+) -> tuple[TokenUsage, bool]:
+    """The response's usage and True, or, when it reports none, an estimate and False."""
+    usage = response.get("usage")
+    if usage:
+        return TokenUsage.from_openai(usage), True
+    return estimate_usage(request, response), False
+
+
+def estimate_usage(request: Mapping[str, Any], response: Mapping[str, Any]) -> TokenUsage:
+    """Usage of a complete call whose server reported none, from the request's and the
+    response's text."""
+    return TokenUsage(prompt_tokens_estimate(request), completion_tokens_estimate(response))
+
+
+def completion_tokens_estimate(body: Mapping[str, Any]) -> int:
+    """Estimated completion tokens of a ``chat.completion``: every choice's text and
+    tool-call arguments."""
+    chars = 0
+    for choice in body.get("choices") or ():
+        message = choice.get("message") or {}
+        chars += len(content_text(message.get("content")))
+        for tc in message.get("tool_calls") or ():
+            chars += len((tc.get("function") or {}).get("arguments") or "")
+    return tokens_for_chars(chars)
+
+
+def prompt_tokens_estimate(body: Mapping[str, Any]) -> int:
+    """Estimated prompt tokens of a chat request: its messages' text and its tool schemas."""
+    text = "\n".join(content_text(m.get("content")) for m in body.get("messages") or ())
+    tools = body.get("tools")
+    return estimate_tokens(text) + (estimate_tokens(json.dumps(tools)) if tools else 0)
