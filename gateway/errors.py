@@ -159,8 +159,7 @@ def install_error_handlers(app: FastAPI) -> None:
         # refuses (a NUL character, a number out of range) is the request's fault; anything
         # else means the database is not answering. Handled here, not as a 500, so the
         # client's connection stays open.
-        from gateway.ledger.store import refused_data
-        from gateway.ledger.writer import describe_error
+        from gateway.ledger.store import describe_error, refused_data
 
         if refused_data(exc):
             return bad_request(

@@ -101,14 +101,14 @@ class KeyBudgetGuard:
         *,
         alias: str | None = None,
         metrics: Any = None,
-        bookkeeping: Bookkeeping | None = None,
+        bookkeeping: Bookkeeping,
     ) -> None:
         self.store = store
         self.limits = limits
         self.request_id = request_id
         self.alias = alias
         self.metrics = metrics
-        self.bookkeeping = bookkeeping or Bookkeeping()
+        self.bookkeeping = bookkeeping
         self.rejection: Any = None
 
     async def reserve(self, call: ToolCall, worst_case_micros: int) -> str | None:

@@ -149,3 +149,11 @@ def refused_data(exc: BaseException) -> bool:
             if isinstance(state, str) and state[:2] in ("22", "23"):
                 return True
     return isinstance(exc, TypeError | ValueError)
+
+
+def describe_error(exc: BaseException, limit: int = 300) -> str:
+    """A short, parameter-free description for logs: SQLAlchemy's own message repeats the
+    statement and (unless hidden) the bound values, i.e. prompts and answers."""
+    inner = exc.orig if isinstance(exc, sa_exc.DBAPIError) and exc.orig is not None else exc
+    text = " ".join(str(inner).split())
+    return f"{type(inner).__name__}: {text[:limit]}"

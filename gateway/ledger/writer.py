@@ -33,7 +33,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
-from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.ledger import schema
@@ -47,7 +46,7 @@ from gateway.ledger.records import (
 )
 from gateway.ledger.schema import insert_ignore
 from gateway.ledger.spill import SpillJournal
-from gateway.ledger.store import refused_data
+from gateway.ledger.store import describe_error, refused_data
 from gateway.settings import LedgerSettings
 
 logger = logging.getLogger(__name__)
@@ -81,21 +80,6 @@ class LedgerMetricsSink(Protocol):
 class LedgerUnavailableError(RuntimeError):
     """A durable record could be neither committed nor journaled (database AND disk failed).
     The record is still held in memory and retried."""
-
-
-def _is_data_error(exc: BaseException) -> bool:
-    """The database refused the *data* (``refused_data``); anything else (connection refused,
-    locked, read-only, missing table) is treated as the database being unavailable, which a
-    later replay can fix."""
-    return refused_data(exc)
-
-
-def describe_error(exc: BaseException, limit: int = 300) -> str:
-    """A short, parameter-free description for logs: SQLAlchemy's own message repeats the
-    statement and (unless hidden) the bound values, i.e. prompts and answers."""
-    inner = exc.orig if isinstance(exc, sa_exc.DBAPIError) and exc.orig is not None else exc
-    text = " ".join(str(inner).split())
-    return f"{type(inner).__name__}: {text[:limit]}"
 
 
 class _LogThrottle:
@@ -422,7 +406,7 @@ class LedgerWriter:
             await self._insert_txn(records)
             return
         except Exception as exc:
-            if not _is_data_error(exc):
+            if not refused_data(exc):
                 raise
             first_error = exc
         if len(records) == 1:
@@ -435,7 +419,7 @@ class LedgerWriter:
             try:
                 await self._insert_txn([record])
             except Exception as exc:
-                if not _is_data_error(exc):
+                if not refused_data(exc):
                     raise
                 await self._reject(record, exc)
 
