@@ -35,6 +35,14 @@ class Upstream:
         self.control.post("/_replay/reset").raise_for_status()
 
 
+def longest_answer(table: list[OutcomeRecord], model: str) -> OutcomeRecord:
+    """The record with ``model``'s longest recorded answer: the stream that lasts longest."""
+    return max(
+        (r for r in table if model in r.outcomes),
+        key=lambda r: len(r.outcomes[model].response or ""),
+    )
+
+
 @pytest.fixture(scope="session")
 def demo_table() -> list[OutcomeRecord]:
     return load_outcome_table(DEMO_TABLE)

@@ -16,7 +16,7 @@ import pytest
 
 from pricing import TokenUsage, estimate_tokens, load_default_catalog
 from router.outcomes import OutcomeRecord
-from tests.gateway.conftest import Upstream
+from tests.gateway.conftest import Upstream, longest_answer
 from tests.support.gateway import Gateway, gateway_config, start_gateway
 from tests.support.replay import start_replay_upstream, stop_replay_upstream
 
@@ -323,10 +323,7 @@ def test_client_disconnect_mid_stream_cancels_upstream(
     gateway: Gateway, upstream: Upstream, demo_table: list[OutcomeRecord]
 ) -> None:
     # A long recorded answer streamed slowly (3 ms per chunk) that the client abandons.
-    rec = max(
-        (r for r in demo_table if MODEL in r.outcomes),
-        key=lambda r: len(r.outcomes[MODEL].response or ""),
-    )
+    rec = longest_answer(demo_table, MODEL)
     with httpx.stream(
         "POST",
         f"{gateway.base_url}/chat/completions",
@@ -423,10 +420,7 @@ def test_request_deadline_cuts_a_slow_call_with_504(
 def test_request_deadline_ends_a_long_stream_with_an_error_event(
     deadline_gateway: Gateway, demo_table: list[OutcomeRecord]
 ) -> None:
-    rec = max(
-        (r for r in demo_table if MODEL in r.outcomes),
-        key=lambda r: len(r.outcomes[MODEL].response or ""),
-    )
+    rec = longest_answer(demo_table, MODEL)
     started = time.monotonic()
     with httpx.stream(
         "POST",

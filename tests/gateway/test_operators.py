@@ -26,7 +26,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from router.outcomes import OutcomeRecord
-from tests.gateway.conftest import Upstream
+from tests.gateway.conftest import Upstream, longest_answer
 from tests.gateway.ledger.factories import pg_admin, pg_url
 from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
 
@@ -270,10 +270,7 @@ def test_abandoned_stream_is_charged_to_its_key(
 ) -> None:
     # A client that reads part of an answer and hangs up before the usage chunk still pays
     # for what it used: the key's budget counter and the ledger agree on a non-zero cost.
-    rec = max(
-        (r for r in demo_table if MODEL in r.outcomes),
-        key=lambda r: len(r.outcomes[MODEL].response or ""),
-    )
+    rec = longest_answer(demo_table, MODEL)
     k = create_key(gw, budget_usd=1.0, budget_period="total")
     with httpx.stream(
         "POST",
