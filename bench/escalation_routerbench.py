@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO_ROOT))  # run as a plain script from a checkout
 from router.outcomes import OutcomeRecord  # noqa: E402
 from training.datasets.convert import load_converted  # noqa: E402
 from training.datasets.splits import split_records  # noqa: E402
+from training.evaluation.bootstrap import mean_difference  # noqa: E402
 from training.evaluation.cascade import CascadeRouter  # noqa: E402
 from training.evaluation.escalation import EscalationRouter, best_under_budget  # noqa: E402
 from training.evaluation.metrics import cost_to_reach  # noqa: E402
@@ -150,11 +151,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         routed = router.route(test, lam)
         t_score = float(np.mean([r.score for r in routed]))
         t_cost = float(np.mean([r.cost_usd for r in routed]))
+        # Paired over the same test prompts: how sure the gap to GPT-4 is.
+        gap = mean_difference(
+            np.array([r.score for r in routed]),
+            np.array([r.outcomes[GPT4].score for r in test]),
+            samples=2000,
+        )
         print(
             f"budget {100 * b:.0f}% (λ={lam:.4g} chosen on validation): validation accuracy "
             f"{v_score:.4f} at {100 * v_cost / val_cost:.1f}% of GPT-4's cost; TEST accuracy "
             f"{t_score:.4f} at {100 * t_cost / test_cost:.1f}% of GPT-4's cost "
-            f"({t_score - test_acc:+.4f} vs GPT-4)"
+            f"(vs GPT-4 {gap.estimate:+.4f}, 95% paired-bootstrap interval "
+            f"[{gap.low:+.4f}, {gap.high:+.4f}])"
         )
         print(f"    test per task: {per_task(router, test, lam)}")
     print(

@@ -1,7 +1,7 @@
 """``xrouter eval``: compare a router with the baselines on an outcome table.
 
     xrouter eval --table T [--split test --split-seed 0] --policy <baseline | prefix:checkpoint>
-                 [--lambdas 0,0.1,...] [--strong M --weak M] --out DIR
+                 [--lambdas 0,0.1,...] [--strong M --weak M] [--bootstrap N] --out DIR
 
 Baselines and policies are fitted on the training split only and evaluated on ``--split``.
 Writes ``metrics.json``, ``curve.png`` and ``report.md`` to ``--out``. A logged table (one
@@ -90,6 +90,13 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         help="USD per unit of normalized cost in the baselines' reward (sets λ's scale)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for random baselines")
+    parser.add_argument(
+        "--bootstrap",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="paired-bootstrap resamples for AIQ confidence intervals (0: none)",
+    )
     parser.add_argument("--out", type=Path, required=True, help="output directory")
 
 
@@ -145,6 +152,7 @@ def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
             "baselines": baselines,
             "lambdas": args.lambdas,
             "cost_scale": args.cost_scale,
+            "bootstrap": args.bootstrap,
             "command": getattr(args, "command", None),
         }
     )
@@ -176,7 +184,11 @@ def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
         *_entries(baselines, "baseline", ctx, registry, None, result.notes, False),
         *_entries(args.policy, "policy", ctx, registry, args.lambdas, result.notes, True),
     ]
-    result.main = compare(entries, evaluated, args.strong, args.weak)
+    if args.bootstrap < 0:
+        raise RoutingError(f"--bootstrap must be 0 or more, got {args.bootstrap}")
+    result.main = compare(
+        entries, evaluated, args.strong, args.weak, args.bootstrap, bootstrap_seed=args.seed
+    )
     if args.strong and len(result.main.models) > 2:
         pair = [args.strong, args.weak]
         sliced = LoadContext(
@@ -190,7 +202,12 @@ def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
             *_entries(args.policy, "policy", sliced, registry, args.lambdas, result.notes, False),
         ]
         result.two_model = compare(
-            slice_entries, restrict_models(evaluated, pair), args.strong, args.weak
+            slice_entries,
+            restrict_models(evaluated, pair),
+            args.strong,
+            args.weak,
+            args.bootstrap,
+            bootstrap_seed=args.seed,
         )
     return result
 
@@ -213,8 +230,10 @@ def run_eval(args: argparse.Namespace, registry: RouterRegistry | None = None) -
         for c in comp.curves:
             if c.kind != "single":
                 pct = "-" if c.cost_to_best_pct is None else f"{c.cost_to_best_pct:.1f}%"
+                ci = "" if c.aiq_ci is None else f" [{c.aiq_ci.low:.4f}, {c.aiq_ci.high:.4f}]"
                 print(
-                    f"  {c.name:<28} AIQ {c.aiq:.4f}  best {c.max_score:.4f}  cost to match best {pct}"
+                    f"  {c.name:<28} AIQ {c.aiq:.4f}{ci}  best {c.max_score:.4f}  "
+                    f"cost to match best {pct}"
                 )
     for note in result.notes:
         print(f"note: {note}")

@@ -17,6 +17,7 @@ from typing import Any
 from router.outcomes import OutcomeRecord
 from training.evaluation import metrics
 from training.evaluation.baselines import SingleModelRouter
+from training.evaluation.bootstrap import AIQIntervals, Interval, PromptCurve, aiq_intervals
 from training.evaluation.metrics import CurvePoint
 from training.evaluation.ope import (
     OPEError,
@@ -30,6 +31,7 @@ from training.evaluation.sweep import (
     OfflineRouter,
     RoutedPrompt,
     RoutingError,
+    SweepResult,
     sweep,
     table_models,
 )
@@ -62,8 +64,22 @@ class RouterCurve:
     cost_to_best_pct: float | None
     apgr: float | None = None
     cpt: dict[str, float | None] = field(default_factory=dict)
+    # Paired-bootstrap intervals (``compare(bootstrap=N)``): AIQ, AIQ minus no routing, and
+    # this router's AIQ minus the reference router's.
+    aiq_ci: Interval | None = None
+    gain_ci: Interval | None = None
+    vs_reference_ci: Interval | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        intervals = {
+            k: v.to_dict()
+            for k, v in (
+                ("aiq", self.aiq_ci),
+                ("aiq_minus_no_routing", self.gain_ci),
+                ("aiq_minus_reference", self.vs_reference_ci),
+            )
+            if v is not None
+        }
         return {
             "name": self.name,
             "kind": self.kind,
@@ -74,6 +90,7 @@ class RouterCurve:
             "cost_to_best_pct": self.cost_to_best_pct,
             "apgr": self.apgr,
             "cpt": self.cpt,
+            "intervals": intervals,
             "points": [p.to_dict() for p in self.points],
             "hull": [p.to_dict() for p in self.hull],
         }
@@ -92,6 +109,7 @@ class Comparison:
     strong: str | None = None
     weak: str | None = None
     notes: list[str] = field(default_factory=list)
+    bootstrap: AIQIntervals | None = None
 
     def curve(self, name: str) -> RouterCurve:
         for c in self.curves:
@@ -112,6 +130,14 @@ class Comparison:
             "no_routing_aiq": self.no_routing_aiq,
             "pgr_pair": {"strong": self.strong, "weak": self.weak} if self.strong else None,
             "routers": [c.to_dict() for c in self.curves],
+            "bootstrap": None
+            if self.bootstrap is None
+            else {
+                "samples": self.bootstrap.samples,
+                "level": self.bootstrap.level,
+                "reference": self.bootstrap.reference,
+                "no_routing_aiq": self.bootstrap.no_routing.to_dict(),
+            },
             "notes": self.notes,
         }
 
@@ -148,19 +174,27 @@ def compare(
     records: Sequence[OutcomeRecord],
     strong: str | None = None,
     weak: str | None = None,
+    bootstrap: int = 0,
+    bootstrap_seed: int = 0,
+    reference: str | None = None,
 ) -> Comparison:
     """Every single model plus ``entries`` on ``records`` (a full-information table). On a
-    two-model table, PGR metrics are added (strong = ``strong`` or the more accurate one)."""
+    two-model table, PGR metrics are added (strong = ``strong`` or the more accurate one).
+    With ``bootstrap`` > 0, each router's AIQ gets a paired-bootstrap interval over the
+    prompts, as do its gain over no routing and its difference from the ``reference``
+    router (by name; default: the first entry of kind ``policy``)."""
     models = table_models(records)
     if not models:
         raise RoutingError("the table has no model with an outcome on every record")
-    singles = {m: sweep(SingleModelRouter(m), records, [0.0]).points[0] for m in models}
+    single_sweeps = {m: sweep(SingleModelRouter(m), records, [0.0]) for m in models}
+    singles = {m: s.points[0] for m, s in single_sweeps.items()}
     cost_range = metrics.single_model_range(singles.values())
     best_name, best = metrics.best_single(singles)
     curves = [
         _summarize(f"single:{m}", "single", [p], cost_range, best) for m, p in singles.items()
     ]
     notes: list[str] = []
+    per_prompt: dict[str, PromptCurve] = {}
     for entry in entries:
         try:
             result = sweep(entry.router, records, entry.params)
@@ -169,6 +203,7 @@ def compare(
             logger.warning("%s: not evaluated: %s", entry.router.name, exc)
             continue
         curves.append(_summarize(result.name, entry.kind, result.points, cost_range, best))
+        per_prompt[result.name] = PromptCurve.from_results(result.prompts)
     comparison = Comparison(
         n_records=len(records),
         models=models,
@@ -180,6 +215,8 @@ def compare(
         curves=curves,
         notes=notes,
     )
+    if bootstrap > 0:
+        _add_intervals(comparison, per_prompt, single_sweeps, bootstrap, bootstrap_seed, reference)
     if len(models) == 2:
         strong = strong or best_name
         weak = weak or next(m for m in models if m != strong)
@@ -199,6 +236,28 @@ def compare(
                 if c.kind != "single":
                     _add_pgr(c, strong, q_weak, q_strong)
     return comparison
+
+
+def _add_intervals(
+    comparison: Comparison,
+    per_prompt: dict[str, PromptCurve],
+    single_sweeps: dict[str, SweepResult],
+    samples: int,
+    seed: int,
+    reference: str | None,
+) -> None:
+    singles = {f"single:{m}": PromptCurve.from_results(s.prompts) for m, s in single_sweeps.items()}
+    curves = {**singles, **per_prompt}
+    if reference is None:
+        reference = next((c.name for c in comparison.curves if c.kind == "policy"), None)
+    elif reference not in curves:
+        raise RoutingError(f"reference router {reference!r} was not evaluated")
+    ivs = aiq_intervals(curves, singles, samples, seed, reference=reference)
+    comparison.bootstrap = ivs
+    for c in comparison.curves:
+        c.aiq_ci = ivs.aiq.get(c.name)
+        c.gain_ci = ivs.gain.get(c.name)
+        c.vs_reference_ci = ivs.vs_reference.get(c.name)
 
 
 @dataclass(frozen=True, slots=True)

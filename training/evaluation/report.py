@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from training.evaluation.bootstrap import Interval
 from training.evaluation.compare import Comparison, OffPolicyRow, RouterCurve
 from training.evaluation.metrics import CurvePoint, frontier, pgr
 
@@ -47,17 +48,41 @@ def _usd(x: float | None) -> str:
     return "–" if x is None else f"${x:.6f}"
 
 
+def _ci(iv: Interval | None, signed: bool = False) -> str:
+    if iv is None:
+        return "–"
+    spec = "+.4f" if signed else ".4f"
+    return f"[{iv.low:{spec}}, {iv.high:{spec}}]"
+
+
 def _table(comp: Comparison, with_pgr: bool) -> list[str]:
-    head = "| router | kind | AIQ | best score | min cost | cost to match best | % of best's cost |"
-    sep = "|---|---|---:|---:|---:|---:|---:|"
+    boot = comp.bootstrap
+    head = "| router | kind | AIQ |"
+    sep = "|---|---|---:|"
+    if boot is not None:
+        pct = f"{100 * boot.level:g}%"
+        head += f" AIQ {pct} CI | AIQ − no routing, {pct} CI |"
+        sep += "---:|---:|"
+        if boot.reference is not None:
+            head += f" AIQ − {boot.reference}, {pct} CI |"
+            sep += "---:|"
+    head += " best score | min cost | cost to match best | % of best's cost |"
+    sep += "---:|---:|---:|---:|"
     if with_pgr:
         head += " APGR | CPT(50%) | CPT(80%) |"
         sep += "---:|---:|---:|"
     lines = [head, sep]
     order = sorted(comp.curves, key=lambda c: (c.kind != "policy", c.kind == "single", -c.aiq))
     for c in order:
-        row = (
-            f"| {c.name} | {c.kind} | {_fmt(c.aiq)} | {_fmt(c.max_score)} | {_usd(c.min_cost)} "
+        row = f"| {c.name} | {c.kind} | {_fmt(c.aiq)} |"
+        if boot is not None:
+            gain = "–" if c.gain_ci is None else f"{c.gain_ci.estimate:+.4f} {_ci(c.gain_ci, True)}"
+            row += f" {_ci(c.aiq_ci)} | {gain} |"
+            if boot.reference is not None:
+                vs = c.vs_reference_ci
+                row += " – |" if vs is None else f" {vs.estimate:+.4f} {_ci(vs, True)} |"
+        row += (
+            f" {_fmt(c.max_score)} | {_usd(c.min_cost)} "
             f"| {_usd(c.cost_to_best)} | {_fmt(c.cost_to_best_pct, '.1f')} |"
         )
         if with_pgr:
@@ -77,6 +102,13 @@ def _comparison_md(comp: Comparison, title: str) -> list[str]:
         f"AIQ is over [{_usd(lo)}, {_usd(hi)}] (cheapest to dearest single model); "
         f"no-routing AIQ (hull of the single models) = **{comp.no_routing_aiq:.4f}**.",
     ]
+    if comp.bootstrap is not None:
+        b = comp.bootstrap
+        lines.append(
+            f"Intervals: paired bootstrap over the {comp.n_records} prompts ({b.samples} "
+            f"resamples, {100 * b.level:g}% percentile intervals; the routers are not refitted). "
+            f"No-routing AIQ {_ci(b.no_routing)}."
+        )
     if comp.strong:
         lines.append(f"PGR pair: strong = {comp.strong}, weak = {comp.weak}.")
     lines += ["", *_table(comp, with_pgr=comp.strong is not None), ""]

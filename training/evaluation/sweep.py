@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -118,33 +118,58 @@ def summarize(routed: Sequence[RoutedPrompt], param: float | None = None) -> Cur
 def evaluate_routes(
     records: Sequence[OutcomeRecord], routes: Sequence[Route], param: float | None = None
 ) -> CurvePoint:
+    return evaluate_prompts(records, routes, param).point
+
+
+@dataclass(frozen=True, slots=True)
+class PromptResults:
+    """One operating point and what it was made of: each prompt's score and cost (in the
+    records' order), which resampling for confidence intervals needs."""
+
+    point: CurvePoint
+    scores: np.ndarray  # (n,)
+    costs: np.ndarray  # (n,) USD
+
+
+def evaluate_prompts(
+    records: Sequence[OutcomeRecord], routes: Sequence[Route], param: float | None = None
+) -> PromptResults:
     if len(routes) != len(records):
         raise RoutingError(f"{len(routes)} routes for {len(records)} records")
     if not records:
         raise RoutingError("no prompts to evaluate")
     models = [r for r in routes if isinstance(r, str)]
     if len(models) != len(routes):
-        return summarize([resolve(rec, r) for rec, r in zip(records, routes, strict=True)], param)
+        routed = [resolve(rec, r) for rec, r in zip(records, routes, strict=True)]
+        return PromptResults(
+            summarize(routed, param),
+            np.fromiter((r.score for r in routed), float, len(routed)),
+            np.fromiter((r.cost_usd for r in routed), float, len(routed)),
+        )
     # Fast path for single-call routes (most routers), without per-prompt objects: a sweep
     # over a large table evaluates hundreds of thousands of them.
     n = len(records)
     finals: Counter[str] = Counter()
-    cost = score = 0.0
-    for rec, model in zip(records, models, strict=True):
+    scores = np.empty(n)
+    costs = np.empty(n)
+    for i, (rec, model) in enumerate(zip(records, models, strict=True)):
         outcome = _outcome(rec, model)
         if outcome.cost_usd is None:
             raise RoutingError(f"record {rec.id!r}: model {model!r} has no cost_usd")
         finals[model] += 1
-        cost += outcome.cost_usd
-        score += outcome.score
+        scores[i] = outcome.score
+        costs[i] = outcome.cost_usd
     shares = {m: c / n for m, c in sorted(finals.items())}
-    return CurvePoint(cost / n, score / n, shares, dict(shares), param)
+    point = CurvePoint(float(costs.sum()) / n, float(scores.sum()) / n, shares, dict(shares), param)
+    return PromptResults(point, scores, costs)
 
 
 @dataclass(frozen=True, slots=True)
 class SweepResult:
     name: str
     points: list[CurvePoint]
+    # Per point, each prompt's score and cost (same order as ``points``).
+    prompts: list[PromptResults] = field(default_factory=list)
 
 
 def sweep(
@@ -155,8 +180,8 @@ def sweep(
     """Evaluate ``router`` at each cost weight (or the router's own sweep values)."""
     if params is None:
         params = router.default_sweep(records) if isinstance(router, SweepDefaults) else [0.0]
-    points = [evaluate_routes(records, router.route(records, float(p)), float(p)) for p in params]
-    return SweepResult(router.name, points)
+    results = [evaluate_prompts(records, router.route(records, float(p)), float(p)) for p in params]
+    return SweepResult(router.name, [r.point for r in results], results)
 
 
 def table_models(records: Sequence[OutcomeRecord]) -> list[str]:

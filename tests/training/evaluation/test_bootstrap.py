@@ -1,0 +1,139 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from router.outcomes import write_outcome_table
+from training.datasets.splits import split_records
+from training.evaluation.baselines import OracleRouter, RandomMixRouter, SingleModelRouter
+from training.evaluation.bootstrap import (
+    PromptCurve,
+    aiq_intervals,
+    interval,
+    mean_difference,
+    resample_weights,
+)
+from training.evaluation.cli import main
+from training.evaluation.compare import Entry, compare
+from training.evaluation.sweep import sweep
+
+
+def test_resamples_are_seeded_multiplicities_of_the_prompts() -> None:
+    w = resample_weights(50, 200, seed=3)
+    assert w.shape == (200, 50)
+    assert np.all(w.sum(axis=1) == 50) and np.all(w >= 0)
+    assert np.array_equal(w, resample_weights(50, 200, seed=3))
+    assert not np.array_equal(w, resample_weights(50, 200, seed=4))
+    with pytest.raises(ValueError):
+        resample_weights(0, 10)
+    with pytest.raises(ValueError):
+        resample_weights(10, 0)
+
+
+def test_interval_is_the_central_percentile_range() -> None:
+    iv = interval(0.5, np.arange(101, dtype=float) / 100, level=0.9)
+    assert (iv.estimate, iv.low, iv.high) == (0.5, pytest.approx(0.05), pytest.approx(0.95))
+    assert iv.excludes_zero()
+    assert not interval(0.0, np.array([-1.0, 1.0])).excludes_zero()
+    with pytest.raises(ValueError):
+        interval(0.0, np.array([1.0]), level=1.0)
+
+
+def test_mean_difference_covers_the_true_gap_at_its_stated_rate() -> None:
+    # 300 synthetic evaluations of two routers whose true accuracies differ by 0.05: a 90%
+    # interval must cover 0.05 in about 90% of them (binomial sd of the rate: 1.7%).
+    rng = np.random.default_rng(0)
+    covered = 0
+    trials = 300
+    for t in range(trials):
+        a = (rng.random(400) < 0.80).astype(float)
+        b = (rng.random(400) < 0.75).astype(float)
+        iv = mean_difference(a, b, samples=400, seed=t, level=0.9)
+        covered += iv.low <= 0.05 <= iv.high
+    assert 0.84 <= covered / trials <= 0.96
+
+
+def test_mean_difference_of_identical_scores_is_exactly_zero() -> None:
+    a = np.array([1.0, 0.0, 1.0, 1.0])
+    iv = mean_difference(a, a.copy(), samples=100)
+    assert (iv.estimate, iv.low, iv.high) == (0.0, 0.0, 0.0)
+    with pytest.raises(ValueError):
+        mean_difference(a, a[:3])
+
+
+def _curves(records, routers):
+    return {r.name: PromptCurve.from_results(sweep(r, records).prompts) for r in routers}
+
+
+def test_aiq_intervals_match_the_point_estimates_and_order_routers(table_factory) -> None:
+    records = table_factory(240, seed=5)
+    models = ["cheap", "mid", "strong"]
+    singles = {
+        f"single:{m}": PromptCurve.from_results(sweep(SingleModelRouter(m), records).prompts)
+        for m in models
+    }
+    routers = _curves(records, [OracleRouter(), RandomMixRouter("cheap", "strong", seed=0)])
+    routers["twin"] = routers["oracle"]
+    ivs = aiq_intervals(routers, singles, samples=300, seed=1, reference="oracle")
+    comp = compare(
+        [Entry(OracleRouter()), Entry(RandomMixRouter("cheap", "strong", seed=0))], records
+    )
+    assert ivs.aiq["oracle"].estimate == pytest.approx(comp.curve("oracle").aiq)
+    assert ivs.aiq["random"].estimate == pytest.approx(comp.curve("random").aiq)
+    assert ivs.no_routing.estimate == pytest.approx(comp.no_routing_aiq)
+    for iv in ivs.aiq.values():
+        assert iv.low <= iv.estimate <= iv.high
+    # The oracle (the best model per prompt) is surely above no routing; random mixes lie on
+    # the single models' chords, so surely not above it; a router compared with itself on
+    # the same resamples differs by exactly 0.
+    assert ivs.gain["oracle"].low > 0
+    assert ivs.gain["random"].high <= 1e-9
+    assert ivs.vs_reference["random"].high < 0
+    twin = ivs.vs_reference["twin"]
+    assert (twin.low, twin.high) == (0.0, 0.0)
+    back = ivs.difference("oracle", "random")
+    fwd = ivs.vs_reference["random"]
+    assert (back.estimate, back.low, back.high) == pytest.approx(
+        (-fwd.estimate, -fwd.high, -fwd.low)
+    )
+    with pytest.raises(KeyError):
+        ivs.difference("oracle", "nope")
+    with pytest.raises(ValueError, match="reference"):
+        aiq_intervals(routers, singles, samples=10, reference="nope")
+    with pytest.raises(ValueError, match="different numbers of prompts"):
+        short = _curves(records[:10], [OracleRouter()])
+        aiq_intervals(short, singles, samples=10)
+
+
+def test_eval_cli_reports_intervals_against_the_policy(tmp_path: Path, table_factory) -> None:
+    table = tmp_path / "t.jsonl"
+    records = table_factory(300, seed=21)
+    write_outcome_table(records, table)
+    out = tmp_path / "report"
+    argv = ["--table", str(table), "--policy", "knn:k=10", "--baselines", "oracle,random"]
+    assert main([*argv, "--bootstrap", "200", "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    comp = metrics["comparison"]
+    assert comp["bootstrap"]["samples"] == 200 and comp["bootstrap"]["reference"] == "knn:k=10"
+    rows = {r["name"]: r for r in comp["routers"]}
+    policy = rows["knn:k=10"]["intervals"]
+    assert policy["aiq"]["low"] <= rows["knn:k=10"]["aiq"] <= policy["aiq"]["high"]
+    assert "aiq_minus_reference" not in policy  # the reference is not compared with itself
+    oracle = rows["oracle"]["intervals"]["aiq_minus_reference"]
+    assert oracle["estimate"] == pytest.approx(rows["oracle"]["aiq"] - rows["knn:k=10"]["aiq"])
+    assert oracle["low"] > 0  # the oracle beats a kNN router on every resample
+    test_n = len(split_records(records, (0.6, 0.2, 0.2), "0").test)
+    report = (out / "report.md").read_text()
+    assert f"paired bootstrap over the {test_n} prompts (200 resamples" in report
+    assert "AIQ − knn:k=10, 95% CI" in report
+
+    plain = tmp_path / "plain"
+    assert main([*argv, "--bootstrap", "0", "--out", str(plain)]) == 0
+    metrics = json.loads((plain / "metrics.json").read_text())
+    assert metrics["comparison"]["bootstrap"] is None
+    assert all(r["intervals"] == {} for r in metrics["comparison"]["routers"])
+    assert "CI" not in (plain / "report.md").read_text()
+    assert main([*argv, "--bootstrap", "-1", "--out", str(plain)]) == 2

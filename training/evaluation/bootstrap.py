@@ -1,0 +1,185 @@
+"""Paired bootstrap confidence intervals for curve metrics.
+
+A router's AIQ on a few hundred prompts is a noisy number: two routers 0.01 apart may swap
+places on another sample of prompts. Resampling the evaluated prompts with replacement and
+recomputing every router's curve on the *same* resample (a paired bootstrap) gives
+percentile intervals for each AIQ and, more usefully, for the difference between two
+routers, whose noise largely cancels because both see the same prompts.
+
+Each resample recomputes everything the metric depends on: every operating point's average
+score and cost, the hull, and the AIQ cost range (the single models' costs on that
+resample). The routers themselves are not refitted, so the intervals describe the
+uncertainty from the evaluated prompts given the trained routers, not from training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from training.evaluation import metrics
+from training.evaluation.metrics import CurvePoint
+from training.evaluation.sweep import PromptResults
+
+DEFAULT_LEVEL = 0.95
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """A percentile interval of a bootstrapped quantity around its full-sample value."""
+
+    estimate: float
+    low: float
+    high: float
+    level: float
+
+    def excludes_zero(self) -> bool:
+        return self.low > 0.0 or self.high < 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {"estimate": self.estimate, "low": self.low, "high": self.high, "level": self.level}
+
+    def __str__(self) -> str:
+        return f"{self.estimate:+.4f} [{self.low:+.4f}, {self.high:+.4f}]"
+
+
+def interval(estimate: float, samples: np.ndarray, level: float = DEFAULT_LEVEL) -> Interval:
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"confidence level must be in (0, 1), got {level}")
+    if samples.size == 0:
+        raise ValueError("no bootstrap samples")
+    tail = (1.0 - level) / 2.0
+    low, high = np.quantile(samples, [tail, 1.0 - tail])
+    return Interval(float(estimate), float(low), float(high), level)
+
+
+def resample_weights(n: int, samples: int, seed: int = 0) -> np.ndarray:
+    """``samples`` resamples of ``n`` prompts as multiplicity counts, shape (samples, n):
+    row ``b`` says how often each prompt was drawn (the rows sum to ``n``)."""
+    if n <= 0:
+        raise ValueError("nothing to resample")
+    if samples <= 0:
+        raise ValueError(f"bootstrap samples must be positive, got {samples}")
+    rng = np.random.default_rng(seed)
+    return rng.multinomial(n, np.full(n, 1.0 / n), size=samples).astype(np.float64)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptCurve:
+    """A router's operating points as per-prompt arrays: (points, prompts) scores and
+    costs."""
+
+    scores: np.ndarray
+    costs: np.ndarray
+
+    @classmethod
+    def from_results(cls, results: Sequence[PromptResults]) -> PromptCurve:
+        if not results:
+            raise ValueError("a curve needs at least one operating point")
+        return cls(np.stack([r.scores for r in results]), np.stack([r.costs for r in results]))
+
+    @property
+    def n_prompts(self) -> int:
+        return int(self.scores.shape[1])
+
+    def resampled(self, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Average score and cost of every point on every resample: two (samples, points)
+        arrays."""
+        n = self.n_prompts
+        return weights @ self.scores.T / n, weights @ self.costs.T / n
+
+
+def _aiq(scores: np.ndarray, costs: np.ndarray, c_min: float, c_max: float) -> float:
+    points = [CurvePoint(float(c), float(s)) for s, c in zip(scores, costs, strict=True)]
+    return metrics.aiq(points, c_min, c_max)
+
+
+@dataclass(frozen=True, slots=True)
+class AIQIntervals:
+    """Bootstrap intervals of each router's AIQ, of its gain over no routing (the single
+    models' hull on the same resample) and, when a reference router is named, of each other
+    router's AIQ minus the reference's (positive: the reference is worse)."""
+
+    samples: int
+    level: float
+    aiq: dict[str, Interval]
+    no_routing: Interval
+    gain: dict[str, Interval]
+    reference: str | None
+    vs_reference: dict[str, Interval]
+    # Each router's AIQ on the full sample (index 0) and on every resample, for further
+    # paired comparisons (``difference``).
+    values: dict[str, np.ndarray] = field(repr=False, default_factory=dict)
+
+    def difference(self, a: str, b: str) -> Interval:
+        """Paired interval of AIQ(a) - AIQ(b) on the same resamples."""
+        missing = [x for x in (a, b) if x not in self.values]
+        if missing:
+            raise KeyError(f"no bootstrapped AIQ for {', '.join(missing)}")
+        d = self.values[a] - self.values[b]
+        return interval(d[0], d[1:], self.level)
+
+
+def aiq_intervals(
+    routers: Mapping[str, PromptCurve],
+    singles: Mapping[str, PromptCurve],
+    samples: int = 1000,
+    seed: int = 0,
+    level: float = DEFAULT_LEVEL,
+    reference: str | None = None,
+) -> AIQIntervals:
+    """Paired bootstrap of AIQ for ``routers`` against the single models ``singles`` (one
+    point each), every curve recomputed on the same resamples of the prompts."""
+    if not singles:
+        raise ValueError("no single-model curves: the AIQ cost range is undefined")
+    if reference is not None and reference not in routers:
+        raise ValueError(f"reference router {reference!r} is not among the routers")
+    sizes = {c.n_prompts for c in [*routers.values(), *singles.values()]}
+    if len(sizes) != 1:
+        raise ValueError(f"curves cover different numbers of prompts: {sorted(sizes)}")
+    n = sizes.pop()
+    # Resample 0 is the full sample (every weight 1): the point estimates come from the same
+    # code path as the intervals.
+    weights = np.vstack([np.ones((1, n)), resample_weights(n, samples, seed)])
+    single_s = np.hstack([c.resampled(weights)[0] for c in singles.values()])
+    single_c = np.hstack([c.resampled(weights)[1] for c in singles.values()])
+    lo, hi = single_c.min(axis=1), single_c.max(axis=1)
+    no_routing = np.array(
+        [_aiq(single_s[b], single_c[b], lo[b], hi[b]) for b in range(len(weights))]
+    )
+    values: dict[str, np.ndarray] = {}
+    for name, curve in routers.items():
+        s, c = curve.resampled(weights)
+        values[name] = np.array([_aiq(s[b], c[b], lo[b], hi[b]) for b in range(len(weights))])
+
+    def iv(x: np.ndarray) -> Interval:
+        return interval(x[0], x[1:], level)
+
+    return AIQIntervals(
+        samples=samples,
+        level=level,
+        aiq={k: iv(v) for k, v in values.items()},
+        no_routing=iv(no_routing),
+        gain={k: iv(v - no_routing) for k, v in values.items()},
+        reference=reference,
+        vs_reference=(
+            {}
+            if reference is None
+            else {k: iv(v - values[reference]) for k, v in values.items() if k != reference}
+        ),
+        values=values,
+    )
+
+
+def mean_difference(
+    a: np.ndarray, b: np.ndarray, samples: int = 1000, seed: int = 0, level: float = DEFAULT_LEVEL
+) -> Interval:
+    """Paired bootstrap interval of ``mean(a) - mean(b)`` over the same prompts (say, two
+    routers' per-prompt scores)."""
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"need two equal-length 1-D arrays, got {a.shape} and {b.shape}")
+    diff = a - b
+    weights = resample_weights(len(diff), samples, seed)
+    return interval(float(diff.mean()), weights @ diff / len(diff), level)
