@@ -49,6 +49,7 @@ from training.evaluation.baselines import (  # noqa: E402
     OracleRouter,
     RandomMixRouter,
 )
+from training.evaluation.bootstrap import Interval  # noqa: E402
 from training.evaluation.cascade import CascadeFamilyRouter, CascadeRouter  # noqa: E402
 from training.evaluation.compare import Comparison, Entry, compare  # noqa: E402
 from training.evaluation.embedding import HashingTfidfEmbedder  # noqa: E402
@@ -228,12 +229,13 @@ def every_pair(
     embed: CachedEmbedding,
     strong: str,
     quick: bool,
-) -> list[tuple[str, float, float, float, float, str]]:
+    bootstrap: int,
+) -> list[tuple[str, float, float, float, float, str, Interval | None]]:
     """RouteLLM's setting for every weak model: ``strong`` against each model that is both
     less accurate and cheaper on train. kNN and MF are tuned on the slice's validation APGR
     and scored on its test part, with the seeded random mix measured too; of the two, the one
     with the better validation APGR is the slice's pick. Rows: (weak, weak's train accuracy,
-    random, kNN, MF test APGR, the pick)."""
+    random, kNN, MF test APGR, the pick, the pick's paired-bootstrap APGR interval)."""
     models = list(train[0].outcomes)
     acc = {m: np.mean([r.outcomes[m].score for r in train]) for m in models}
     cost = {m: np.mean([r.outcomes[m].cost_usd or 0.0 for r in train]) for m in models}
@@ -248,22 +250,24 @@ def every_pair(
             routers.append(tune(label, grid, s_train, s_val, val_apgr(label))[1])
         on_val = compare([Entry(r) for r in routers[1:]], s_val, strong, weak)
         pick = max(("knn", "mf"), key=lambda n: on_val.curve(n).apgr or 0.0)
-        comp = compare([Entry(r) for r in routers], s_test, strong, weak)
+        comp = compare([Entry(r) for r in routers], s_test, strong, weak, bootstrap)
         ap = [comp.curve(r.name).apgr or 0.0 for r in routers]
-        rows.append((weak, float(acc[weak]), ap[0], ap[1], ap[2], pick))
+        rows.append((weak, float(acc[weak]), ap[0], ap[1], ap[2], pick, comp.curve(pick).apgr_ci))
     return rows
 
 
-def train_compact(records: Sequence[OutcomeRecord], run_dir: Path, seed: int) -> Path:
+def train_compact(
+    records: Sequence[OutcomeRecord], run_dir: Path, seed: int, split_seed: int
+) -> Path:
     """Train the compact policy with its default configuration (no knob tuned here) on this
-    table. The trainer splits by the same id hash (60/20/20, split seed 0), fits on the
+    table. The trainer splits by the same id hash (60/20/20, ``split_seed``), fits on the
     training part, keeps the step with the best validation reward and never reads the test
     part. Returns the checkpoint; RouterBench may not be redistributed, so it stays in a
     temporary directory."""
     from training.compact.config import TrainConfig
     from training.compact.trainer import train
 
-    cfg = TrainConfig(seed=seed, checkpoint_every=0, progress=False)
+    cfg = TrainConfig(seed=seed, split_seed=split_seed, checkpoint_every=0, progress=False)
     return Path(train(records, cfg, run_dir).checkpoint_path)
 
 
@@ -308,7 +312,7 @@ def print_intervals(full: Comparison, names: Sequence[str]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    parser.add_argument("--seed", default="0", help="split seed")
+    parser.add_argument("--seed", type=int, default=0, help="split seed")
     parser.add_argument("--embedding", choices=("tfidf", "static"), default="tfidf")
     parser.add_argument(
         "--import",
@@ -374,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tmp = tempfile.TemporaryDirectory(prefix="xrouter-rq-")
     if not args.no_compact:
         t0 = time.perf_counter()
-        ckpt = train_compact(records, Path(tmp.name) / "run", seed=0)
+        ckpt = train_compact(records, Path(tmp.name) / "run", seed=0, split_seed=args.seed)
         log.info("compact: trained in %.0fs", time.perf_counter() - t0)
         specs.append(f"compact:{ckpt}")
     policies = [default_registry().load(spec, ctx) for spec in specs]
@@ -404,13 +408,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         slice_routers.append(router)
     slice_routers.append(CascadeFamilyRouter(embed=embed).fit(s_train))
     chosen["cascade+verifier (slice)"], verifier = verifier_cascades(train, val, MIXTRAL, GPT4)
-    two = compare([Entry(r) for r in slice_routers], s_test, GPT4, MIXTRAL)
+    two = compare([Entry(r) for r in slice_routers], s_test, GPT4, MIXTRAL, args.bootstrap)
     # The verifier cascade calls a third model, so it is scored on the full test rows.
     v_apgr = _verifier_apgr(verifier, test, MIXTRAL, GPT4)
     v_point = sweep(verifier, test, [0.0]).points[0]
 
     # -- every two-model slice with GPT-4 as the strong model ---------------------------------
-    pairs = [] if args.no_pairs else every_pair(train, val, test, embed, GPT4, args.quick)
+    pairs = (
+        []
+        if args.no_pairs
+        else every_pair(train, val, test, embed, GPT4, args.quick, args.bootstrap)
+    )
 
     # -- report --------------------------------------------------------------------------------
     elapsed = time.perf_counter() - t_start
@@ -469,6 +477,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if full.bootstrap is not None:
         print_intervals(full, names)
+        print(
+            "  APGR on the GPT-4/Mixtral slice, 95% intervals: "
+            + "; ".join(
+                f"{c.name} {c.apgr:.4f} [{c.apgr_ci.low:.4f}, {c.apgr_ci.high:.4f}]"
+                for c in two.curves
+                if c.apgr is not None and c.apgr_ci is not None
+            )
+        )
     print()
     best_baseline_aiq = max(full.curve(n).aiq for n in ("knn", "mf"))
     print(
@@ -491,19 +507,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("tuned on each slice's validation APGR):")
         header = (
             f"{'weak model':<36} {'acc':>6} {'random':>7} {'kNN':>7} {'MF':>7} "
-            f"{'pick (val)':>10} {'vs 0.5':>7}"
+            f"{'pick (val)':>10} {'vs 0.5':>7} {'pick APGR, 95% interval':>24}"
         )
         print(header)
         print("-" * len(header))
-        met = 0
-        for weak, weak_acc, ap_random, ap_knn, ap_mf, pick in pairs:
+        met = above_random = sure = 0
+        for weak, weak_acc, ap_random, ap_knn, ap_mf, pick, ci in pairs:
             ap = ap_knn if pick == "knn" else ap_mf
             met += ap >= random_apgr + 0.1
+            above_random += ci is not None and ci.low > random_apgr
+            sure += ci is not None and ci.low >= random_apgr + 0.1
+            interval = "" if ci is None else f"[{ci.low:.4f}, {ci.high:.4f}]"
             print(
                 f"{weak:<36} {weak_acc:>6.3f} {ap_random:>7.4f} {ap_knn:>7.4f} {ap_mf:>7.4f} "
-                f"{pick:>10} {ap - random_apgr:>+7.4f}"
+                f"{pick:>10} {ap - random_apgr:>+7.4f} {interval:>24}"
             )
         print(f"  the validation pick has APGR >= random + 0.1 on {met} of {len(pairs)} slices")
+        if args.bootstrap:
+            print(
+                f"  its 95% interval lies above 0.5 on {above_random} and above 0.6 on {sure} "
+                "of them"
+            )
     print(f"\n({elapsed:.0f} s)")
     return 0
 

@@ -73,12 +73,20 @@ class PromptCurve:
 
     scores: np.ndarray
     costs: np.ndarray
+    # Calls to the strong model of a two-model slice (for PGR), when asked for.
+    strong_calls: np.ndarray | None = None
 
     @classmethod
-    def from_results(cls, results: Sequence[PromptResults]) -> PromptCurve:
+    def from_results(
+        cls, results: Sequence[PromptResults], strong: str | None = None
+    ) -> PromptCurve:
         if not results:
             raise ValueError("a curve needs at least one operating point")
-        return cls(np.stack([r.scores for r in results]), np.stack([r.costs for r in results]))
+        return cls(
+            np.stack([r.scores for r in results]),
+            np.stack([r.costs for r in results]),
+            None if strong is None else np.stack([r.calls_to(strong) for r in results]),
+        )
 
     @property
     def n_prompts(self) -> int:
@@ -122,6 +130,12 @@ class AIQIntervals:
         return interval(d[0], d[1:], self.level)
 
 
+def _full_and_resampled(n: int, samples: int, seed: int) -> np.ndarray:
+    # Row 0 is the full sample (every weight 1): the point estimates come from the same code
+    # path as the intervals.
+    return np.vstack([np.ones((1, n)), resample_weights(n, samples, seed)])
+
+
 def aiq_intervals(
     routers: Mapping[str, PromptCurve],
     singles: Mapping[str, PromptCurve],
@@ -139,10 +153,7 @@ def aiq_intervals(
     sizes = {c.n_prompts for c in [*routers.values(), *singles.values()]}
     if len(sizes) != 1:
         raise ValueError(f"curves cover different numbers of prompts: {sorted(sizes)}")
-    n = sizes.pop()
-    # Resample 0 is the full sample (every weight 1): the point estimates come from the same
-    # code path as the intervals.
-    weights = np.vstack([np.ones((1, n)), resample_weights(n, samples, seed)])
+    weights = _full_and_resampled(sizes.pop(), samples, seed)
     single_s = np.hstack([c.resampled(weights)[0] for c in singles.values()])
     single_c = np.hstack([c.resampled(weights)[1] for c in singles.values()])
     lo, hi = single_c.min(axis=1), single_c.max(axis=1)
@@ -170,6 +181,72 @@ def aiq_intervals(
             else {k: iv(v - values[reference]) for k, v in values.items() if k != reference}
         ),
         values=values,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class APGRIntervals:
+    """Bootstrap intervals of each router's APGR on a two-model slice, recomputed with the
+    strong and weak models' scores of each resample, and of each router's APGR minus the
+    reference's. Resamples on which the strong model does not score above the weak one have
+    no PGR scale and are left out (``dropped`` counts them)."""
+
+    samples: int
+    level: float
+    apgr: dict[str, Interval]
+    reference: str | None
+    vs_reference: dict[str, Interval]
+    dropped: int
+
+
+def apgr_intervals(
+    routers: Mapping[str, PromptCurve],
+    strong: PromptCurve,
+    weak: PromptCurve,
+    samples: int = 1000,
+    seed: int = 0,
+    level: float = DEFAULT_LEVEL,
+    reference: str | None = None,
+) -> APGRIntervals:
+    """Paired bootstrap of APGR (``routers`` built with ``strong_calls``) on the same
+    resamples as ``aiq_intervals`` with the same seed."""
+    if reference is not None and reference not in routers:
+        raise ValueError(f"reference router {reference!r} is not among the routers")
+    if any(c.strong_calls is None for c in routers.values()):
+        raise ValueError("APGR needs each curve's calls to the strong model")
+    weights = _full_and_resampled(strong.n_prompts, samples, seed)
+    q_strong = strong.resampled(weights)[0][:, 0]
+    q_weak = weak.resampled(weights)[0][:, 0]
+    if q_strong[0] <= q_weak[0]:
+        raise ValueError("the strong model does not score above the weak one")
+    keep = np.flatnonzero(q_strong > q_weak)
+    n = strong.n_prompts
+    values: dict[str, np.ndarray] = {}
+    for name, curve in routers.items():
+        assert curve.strong_calls is not None
+        scores = curve.resampled(weights)[0]
+        shares = np.clip(weights @ curve.strong_calls.T / n, 0.0, 1.0)
+        values[name] = np.array(
+            [
+                metrics.apgr(zip(shares[b], scores[b], strict=True), q_weak[b], q_strong[b])
+                for b in keep
+            ]
+        )
+
+    def iv(x: np.ndarray) -> Interval:
+        return interval(x[0], x[1:], level)
+
+    return APGRIntervals(
+        samples=samples,
+        level=level,
+        apgr={k: iv(v) for k, v in values.items()},
+        reference=reference,
+        vs_reference=(
+            {}
+            if reference is None
+            else {k: iv(v - values[reference]) for k, v in values.items() if k != reference}
+        ),
+        dropped=int(len(weights) - len(keep)),
     )
 
 

@@ -13,6 +13,7 @@ standalone.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
 import shlex
 import sys
@@ -23,6 +24,7 @@ from router.outcomes import OutcomeRecord, OutcomeTableError, load_outcome_table
 from training.datasets.splits import DEFAULT_FRACTIONS, canonical_split, split_records
 from training.evaluation.compare import Entry, compare, off_policy
 from training.evaluation.ope import OPEError
+from training.evaluation.overlap import seen_in_training
 from training.evaluation.registry import (
     BASELINE_NAMES,
     LoadContext,
@@ -186,6 +188,7 @@ def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
     ]
     if args.bootstrap < 0:
         raise RoutingError(f"--bootstrap must be 0 or more, got {args.bootstrap}")
+    _note_training_overlap(entries, evaluated, args.table, split, result.notes)
     result.main = compare(
         entries, evaluated, args.strong, args.weak, args.bootstrap, bootstrap_seed=args.seed
     )
@@ -210,6 +213,32 @@ def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
             bootstrap_seed=args.seed,
         )
     return result
+
+
+def _note_training_overlap(
+    entries: Sequence[Entry],
+    evaluated: Sequence[OutcomeRecord],
+    table: Path,
+    split: str,
+    notes: list[str],
+) -> None:
+    digest: str | None = None
+    for entry in entries:
+        training = getattr(entry.router, "training", None)
+        if entry.kind != "policy" or not training:
+            continue
+        if digest is None:
+            digest = hashlib.sha256(table.read_bytes()).hexdigest()
+        seen = seen_in_training(training, evaluated, digest)
+        if seen and split not in ("train", "all"):  # those splits have their own note
+            cfg = training.get("config", {})
+            notes.append(
+                f"{entry.router.name}: {seen} of the {len(evaluated)} evaluated prompts were in "
+                f"its training or validation part (it was trained on this table with split seed "
+                f"{cfg.get('split_seed')}, fractions {cfg.get('fractions')}): optimistic; "
+                "evaluate with the seed and fractions it was trained with"
+            )
+            logger.warning("%s", notes[-1])
 
 
 def run_eval(args: argparse.Namespace, registry: RouterRegistry | None = None) -> int:

@@ -17,7 +17,14 @@ from typing import Any
 from router.outcomes import OutcomeRecord
 from training.evaluation import metrics
 from training.evaluation.baselines import SingleModelRouter
-from training.evaluation.bootstrap import AIQIntervals, Interval, PromptCurve, aiq_intervals
+from training.evaluation.bootstrap import (
+    AIQIntervals,
+    APGRIntervals,
+    Interval,
+    PromptCurve,
+    aiq_intervals,
+    apgr_intervals,
+)
 from training.evaluation.metrics import CurvePoint
 from training.evaluation.ope import (
     OPEError,
@@ -69,6 +76,8 @@ class RouterCurve:
     aiq_ci: Interval | None = None
     gain_ci: Interval | None = None
     vs_reference_ci: Interval | None = None
+    apgr_ci: Interval | None = None
+    apgr_vs_reference_ci: Interval | None = None
 
     def to_dict(self) -> dict[str, Any]:
         intervals = {
@@ -77,6 +86,8 @@ class RouterCurve:
                 ("aiq", self.aiq_ci),
                 ("aiq_minus_no_routing", self.gain_ci),
                 ("aiq_minus_reference", self.vs_reference_ci),
+                ("apgr", self.apgr_ci),
+                ("apgr_minus_reference", self.apgr_vs_reference_ci),
             )
             if v is not None
         }
@@ -110,6 +121,7 @@ class Comparison:
     weak: str | None = None
     notes: list[str] = field(default_factory=list)
     bootstrap: AIQIntervals | None = None
+    apgr_bootstrap: APGRIntervals | None = None
 
     def curve(self, name: str) -> RouterCurve:
         for c in self.curves:
@@ -194,7 +206,7 @@ def compare(
         _summarize(f"single:{m}", "single", [p], cost_range, best) for m, p in singles.items()
     ]
     notes: list[str] = []
-    per_prompt: dict[str, PromptCurve] = {}
+    swept: dict[str, SweepResult] = {}
     for entry in entries:
         try:
             result = sweep(entry.router, records, entry.params)
@@ -203,7 +215,7 @@ def compare(
             logger.warning("%s: not evaluated: %s", entry.router.name, exc)
             continue
         curves.append(_summarize(result.name, entry.kind, result.points, cost_range, best))
-        per_prompt[result.name] = PromptCurve.from_results(result.prompts)
+        swept[result.name] = result
     comparison = Comparison(
         n_records=len(records),
         models=models,
@@ -216,6 +228,7 @@ def compare(
         notes=notes,
     )
     if bootstrap > 0:
+        per_prompt = {k: PromptCurve.from_results(r.prompts) for k, r in swept.items()}
         _add_intervals(comparison, per_prompt, single_sweeps, bootstrap, bootstrap_seed, reference)
     if len(models) == 2:
         strong = strong or best_name
@@ -235,6 +248,10 @@ def compare(
             for c in curves:
                 if c.kind != "single":
                     _add_pgr(c, strong, q_weak, q_strong)
+            if bootstrap > 0:
+                _add_pgr_intervals(
+                    comparison, swept, single_sweeps, bootstrap, bootstrap_seed, reference
+                )
     return comparison
 
 
@@ -258,6 +275,39 @@ def _add_intervals(
         c.aiq_ci = ivs.aiq.get(c.name)
         c.gain_ci = ivs.gain.get(c.name)
         c.vs_reference_ci = ivs.vs_reference.get(c.name)
+
+
+def _add_pgr_intervals(
+    comparison: Comparison,
+    swept: dict[str, SweepResult],
+    single_sweeps: dict[str, SweepResult],
+    samples: int,
+    seed: int,
+    reference: str | None,
+) -> None:
+    """APGR intervals on the same resamples as the AIQ intervals (same seed)."""
+    strong, weak = comparison.strong, comparison.weak
+    assert strong is not None and weak is not None
+    curves = {k: PromptCurve.from_results(r.prompts, strong) for k, r in swept.items()}
+    if reference is None:
+        reference = next((c.name for c in comparison.curves if c.kind == "policy"), None)
+    ivs = apgr_intervals(
+        curves,
+        PromptCurve.from_results(single_sweeps[strong].prompts),
+        PromptCurve.from_results(single_sweeps[weak].prompts),
+        samples,
+        seed,
+        reference=reference if reference in curves else None,
+    )
+    comparison.apgr_bootstrap = ivs
+    if ivs.dropped:
+        comparison.notes.append(
+            f"APGR intervals: {ivs.dropped} of {samples} resamples left out ({strong} did not "
+            f"score above {weak} on them)"
+        )
+    for c in comparison.curves:
+        c.apgr_ci = ivs.apgr.get(c.name)
+        c.apgr_vs_reference_ci = ivs.vs_reference.get(c.name)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ import asyncio
 import statistics
 from collections.abc import Callable, Sequence
 from decimal import Decimal
+from typing import Any
 
 from pricing import ModelPrice, load_default_catalog
 from router.executors import OutcomeExecutor
@@ -74,6 +75,9 @@ class LoopRouter:
         self.name = name
         self._make_policy = make_policy
         self.max_turns = max_turns
+        # How the policy was trained (a checkpoint's metadata), to detect evaluation on
+        # prompts it was fitted on.
+        self.training: dict[str, Any] = {}
 
     def route(self, records: Sequence[OutcomeRecord], cost_weight: float) -> list[RoutedPrompt]:
         return asyncio.run(self._route(records, cost_weight))
@@ -123,7 +127,9 @@ def _compact(spec: str, ctx: LoadContext) -> LoopRouter:
     from router.policies.compact import CompactPolicy
 
     ckpt = load_checkpoint(spec.removeprefix("compact:"))
-    return LoopRouter(f"compact[{ckpt.version}]", lambda pool: CompactPolicy(ckpt, pool))
+    router = LoopRouter(f"compact[{ckpt.version}]", lambda pool: CompactPolicy(ckpt, pool))
+    router.training = dict(ckpt.metadata.training)
+    return router
 
 
 def _policy(spec: str, ctx: LoadContext) -> LoopRouter | None:

@@ -87,7 +87,8 @@ def _table(comp: Comparison, with_pgr: bool) -> list[str]:
         )
         if with_pgr:
             cpt = [None if v is None else 100 * v for v in (c.cpt.get("50"), c.cpt.get("80"))]
-            row += f" {_fmt(c.apgr)} | {_fmt(cpt[0], '.1f')} | {_fmt(cpt[1], '.1f')} |"
+            ap = _fmt(c.apgr) if c.apgr_ci is None else f"{_fmt(c.apgr)} {_ci(c.apgr_ci)}"
+            row += f" {ap} | {_fmt(cpt[0], '.1f')} | {_fmt(cpt[1], '.1f')} |"
         lines.append(row)
     return lines
 

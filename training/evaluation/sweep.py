@@ -129,6 +129,13 @@ class PromptResults:
     point: CurvePoint
     scores: np.ndarray  # (n,)
     costs: np.ndarray  # (n,) USD
+    # Calls each prompt made to each model (models never called are absent), for the share
+    # of strong calls that PGR is measured against.
+    calls: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def calls_to(self, model: str) -> np.ndarray:
+        found = self.calls.get(model)
+        return np.zeros(len(self.scores)) if found is None else found.astype(np.float64)
 
 
 def evaluate_prompts(
@@ -141,27 +148,34 @@ def evaluate_prompts(
     models = [r for r in routes if isinstance(r, str)]
     if len(models) != len(routes):
         routed = [resolve(rec, r) for rec, r in zip(records, routes, strict=True)]
+        calls: dict[str, np.ndarray] = {}
+        for i, r in enumerate(routed):
+            for m in r.models_called:
+                calls.setdefault(m, np.zeros(len(routed), np.uint16))[i] += 1
         return PromptResults(
             summarize(routed, param),
             np.fromiter((r.score for r in routed), float, len(routed)),
             np.fromiter((r.cost_usd for r in routed), float, len(routed)),
+            calls,
         )
     # Fast path for single-call routes (most routers), without per-prompt objects: a sweep
     # over a large table evaluates hundreds of thousands of them.
     n = len(records)
-    finals: Counter[str] = Counter()
+    codes: dict[str, int] = {}
+    chosen = np.empty(n, np.int32)
     scores = np.empty(n)
     costs = np.empty(n)
     for i, (rec, model) in enumerate(zip(records, models, strict=True)):
         outcome = _outcome(rec, model)
         if outcome.cost_usd is None:
             raise RoutingError(f"record {rec.id!r}: model {model!r} has no cost_usd")
-        finals[model] += 1
+        chosen[i] = codes.setdefault(model, len(codes))
         scores[i] = outcome.score
         costs[i] = outcome.cost_usd
-    shares = {m: c / n for m, c in sorted(finals.items())}
+    calls = {m: (chosen == k).astype(np.uint16) for m, k in sorted(codes.items())}
+    shares = {m: int(c.sum()) / n for m, c in calls.items()}
     point = CurvePoint(float(costs.sum()) / n, float(scores.sum()) / n, shares, dict(shares), param)
-    return PromptResults(point, scores, costs)
+    return PromptResults(point, scores, costs, calls)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from training.evaluation.baselines import OracleRouter, RandomMixRouter, SingleM
 from training.evaluation.bootstrap import (
     PromptCurve,
     aiq_intervals,
+    apgr_intervals,
     interval,
     mean_difference,
     resample_weights,
@@ -137,3 +138,43 @@ def test_eval_cli_reports_intervals_against_the_policy(tmp_path: Path, table_fac
     assert all(r["intervals"] == {} for r in metrics["comparison"]["routers"])
     assert "CI" not in (plain / "report.md").read_text()
     assert main([*argv, "--bootstrap", "-1", "--out", str(plain)]) == 2
+
+
+def test_two_model_slice_gets_apgr_intervals(tmp_path: Path, table_factory) -> None:
+    table = tmp_path / "t.jsonl"
+    write_outcome_table(table_factory(400, seed=8), table)
+    out = tmp_path / "report"
+    argv = ["--table", str(table), "--policy", "knn:k=10", "--baselines", "oracle,random"]
+    argv += ["--strong", "strong", "--weak", "cheap", "--bootstrap", "300", "--out", str(out)]
+    assert main(argv) == 0
+    two = json.loads((out / "metrics.json").read_text())["two_model"]
+    rows = {r["name"]: r for r in two["routers"]}
+    for name in ("oracle", "random", "knn:k=10"):
+        iv = rows[name]["intervals"]["apgr"]
+        assert iv["low"] <= rows[name]["apgr"] <= iv["high"]
+    # A random mix's PGR is its share of strong calls in expectation: its interval holds 0.5.
+    assert (
+        rows["random"]["intervals"]["apgr"]["low"]
+        < 0.5
+        < rows["random"]["intervals"]["apgr"]["high"]
+    )
+    # kNN on the topic-separable table recovers most of the gap, surely more than random.
+    assert rows["random"]["intervals"]["apgr_minus_reference"]["high"] < 0
+    assert rows["oracle"]["intervals"]["apgr"]["low"] > rows["random"]["intervals"]["apgr"]["high"]
+    assert "apgr" not in rows["single:strong"]["intervals"]
+
+
+def test_apgr_intervals_need_strong_calls_and_a_gap(table_factory) -> None:
+    records = table_factory(100, seed=2)
+    cheap, strong = (
+        PromptCurve.from_results(sweep(SingleModelRouter(m), records).prompts)
+        for m in ("cheap", "strong")
+    )
+    oracle = PromptCurve.from_results(sweep(OracleRouter(), records).prompts)
+    with pytest.raises(ValueError, match="calls to the strong model"):
+        apgr_intervals({"oracle": oracle}, strong, cheap, samples=10)
+    oracle = PromptCurve.from_results(sweep(OracleRouter(), records).prompts, "strong")
+    with pytest.raises(ValueError, match="does not score above"):
+        apgr_intervals({"oracle": oracle}, cheap, strong, samples=10)
+    ivs = apgr_intervals({"oracle": oracle}, strong, cheap, samples=50)
+    assert ivs.dropped == 0 and ivs.apgr["oracle"].estimate > 0.9

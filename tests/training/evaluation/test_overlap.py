@@ -1,0 +1,55 @@
+"""`xrouter eval` says when a checkpoint is evaluated on prompts it was trained on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from router.outcomes import write_outcome_table
+from training.compact.cli import main as train_main
+from training.datasets.splits import split_of
+from training.evaluation.cli import main as eval_main
+from training.evaluation.overlap import seen_in_training
+
+
+def test_counts_the_training_and_validation_prompts_of_the_same_table(table_factory) -> None:
+    records = table_factory(200, seed=3)
+    meta = {"table": {"sha256": "abc"}, "config": {"split_seed": 0, "fractions": [0.6, 0.2, 0.2]}}
+    # Its own test split: nothing seen.
+    own_test = [r for r in records if split_of(r.id, (0.6, 0.2, 0.2), 0) == "test"]
+    assert seen_in_training(meta, own_test, "abc") == 0
+    # Another seed's test split overlaps its training and validation parts (about 80%).
+    other_test = [r for r in records if split_of(r.id, (0.6, 0.2, 0.2), 1) == "test"]
+    expected = sum(split_of(r.id, (0.6, 0.2, 0.2), 0) != "test" for r in other_test)
+    assert seen_in_training(meta, other_test, "abc") == expected > 0
+    # Another table, or a checkpoint that did not record its table: nothing to go by.
+    assert seen_in_training(meta, other_test, "def") is None
+    assert seen_in_training({"config": meta["config"]}, other_test, "abc") is None
+    assert seen_in_training({}, other_test, "abc") is None
+
+
+@pytest.fixture
+def trained(tmp_path: Path, table_factory) -> tuple[Path, Path]:
+    table = tmp_path / "table.jsonl"
+    write_outcome_table(table_factory(150, seed=4), table)
+    out = tmp_path / "run"
+    argv = ["--table", str(table), "--out", str(out), "--steps", "10", "--eval-every", "5"]
+    assert train_main([*argv, "--val-lambdas", "0,1", "--no-progress"]) == 0
+    return table, out / "checkpoint"
+
+
+def test_eval_notes_a_checkpoint_evaluated_on_its_own_training_prompts(
+    trained: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    table, ckpt = trained
+    base = ["--table", str(table), "--policy", f"compact:{ckpt}", "--baselines", "none"]
+    base += ["--lambdas", "0,1", "--bootstrap", "0"]
+    assert eval_main([*base, "--out", str(tmp_path / "same")]) == 0
+    assert "were in its training or validation part" not in capsys.readouterr().out
+
+    assert eval_main([*base, "--split-seed", "1", "--out", str(tmp_path / "other")]) == 0
+    out = capsys.readouterr().out
+    assert "were in its training or validation part" in out and "split seed 0" in out
+    report = (tmp_path / "other" / "report.md").read_text()
+    assert "optimistic; evaluate with the seed and fractions it was trained with" in report
