@@ -189,7 +189,9 @@ def _time(v: str | None, name: str) -> dt.datetime | None:
 async def spend(request: Request) -> Response:
     s = await _admin(request)
     q = request.query_params
-    group_by = [g for g in (q.get("group_by") or "key").split(",") if g]
+    # Order kept, repeats dropped: the answer echoes the grouping the rows are keyed by.
+    group_by = list(dict.fromkeys(g.strip() for g in (q.get("group_by") or "key").split(",")))
+    group_by = [g for g in group_by if g]
     bad = [g for g in group_by if g not in ("key", "model", "policy", "day")]
     if bad:
         raise bad_request(f"group_by accepts key, model, policy, day; got {bad}", param="group_by")

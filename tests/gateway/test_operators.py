@@ -319,6 +319,12 @@ def test_spend_report_reconciles_with_ledger(gw: Gateway, stack: Stack) -> None:
         f"{gw.url}/admin/spend", params={"group_by": "key", "key": k["key_id"]}, headers=ADMIN
     ).json()["data"]
     assert sum(row["requests"] for row in mine) == 5
+    # A repeated or spaced group is asked once, and the answer says so.
+    again = httpx.get(
+        f"{gw.url}/admin/spend", params={"group_by": "key, model,key"}, headers=ADMIN
+    ).json()
+    assert again["group_by"] == ["key", "model"]
+    assert sum(row["total_cost_micros"] for row in again["data"]) == int(total)
 
 
 def test_feedback_only_from_the_requesting_key(gw: Gateway, stack: Stack) -> None:
