@@ -10,6 +10,7 @@ import asyncio
 import atexit
 import logging
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -240,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     args = build_parser().parse_args(argv)
+    # Reports and checkpoints record the command that made them.
+    args.command_line = shlex.join(["xrouter", *(sys.argv[1:] if argv is None else argv)])
     return int(args.func(args) or 0)
 
 

@@ -104,6 +104,7 @@ def test_export_retrain_off_policy_and_deploy(gateway: tuple[Gateway, Path]) -> 
     assert res.returncode == 0, res.stderr[-2000:]
     ckpt = load_checkpoint(run_dir / "checkpoint")
     assert ckpt.pool == pool.split(",")
+    assert ckpt.metadata.training["command"].startswith(f"xrouter train --table {out}")
 
     res = run("deploy", str(run_dir / "checkpoint"), "--url", gw.url, "--admin-key", ADMIN_KEY)
     assert res.returncode == 0, res.stderr

@@ -171,7 +171,7 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"cannot read {table}: {exc}", file=sys.stderr)
         return 2
     pool = [m.strip() for m in args.pool.split(",") if m.strip()] if args.pool else None
-    command = getattr(args, "command_line", None) or "xrouter train " + shlex.join(sys.argv[2:])
+    command = getattr(args, "command_line", None) or shlex.join(["xrouter", *sys.argv[1:]])
     try:
         cfg = config_from_args(args)
         result = train(

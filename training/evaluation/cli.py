@@ -155,7 +155,7 @@ def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
             "lambdas": args.lambdas,
             "cost_scale": args.cost_scale,
             "bootstrap": args.bootstrap,
-            "command": getattr(args, "command", None),
+            "command": getattr(args, "command_line", None),
         }
     )
     if split in ("train", "all"):
@@ -276,7 +276,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_eval_arguments(parser)
     args = parser.parse_args(argv)
-    args.command = shlex.join(["xrouter", "eval", *(sys.argv[1:] if argv is None else argv)])
+    args.command_line = "python -m training.evaluation.cli " + shlex.join(
+        sys.argv[1:] if argv is None else list(argv)
+    )
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     return run_eval(args)
 

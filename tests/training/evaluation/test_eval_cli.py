@@ -77,7 +77,7 @@ def test_eval_writes_metrics_plot_and_report(table: Path, tmp_path: Path, capsys
 
     report = (out / "report.md").read_text()
     assert "| knn:k=10 | policy |" in report and "APGR" in report
-    assert "xrouter eval --table" in report
+    assert "training.evaluation.cli --table" in report
     assert "no-routing AIQ" in capsys.readouterr().out
 
 
