@@ -3,8 +3,9 @@
 Reads the RouterBench 0-shot subset from ``../shared/data/routerbench_zs`` (relative to the
 repository root; it is research-use data and is never copied into the project), converts
 the three CSVs in memory, splits by id hash (60% train / 20% validation / 20% test, seed 0),
-fits every router on train, picks each router's hyper-parameters on validation only (by
-validation AIQ, or APGR on the two-model slice), and reports on test:
+fits every router on train, picks each router's hyper-parameters — for kNN, MF and the
+cascade also their prompt features, TF-IDF or the compact policy's static embedding — on
+validation only (by validation AIQ, or APGR on the two-model slice), and reports on test:
 
 - AIQ over [cheapest, dearest single model cost] and the no-routing AIQ (single models'
   hull, which contains their random mixes);
@@ -15,8 +16,8 @@ validation AIQ, or APGR on the two-model slice), and reports on test:
 
 Usage::
 
-    .venv/bin/python bench/routing_quality.py [--data DIR] [--seed 0] [--embedding tfidf|static]
-        [--import MODULE] [--policy SPEC ...] [--quick]
+    .venv/bin/python bench/routing_quality.py [--data DIR] [--seed 0] [--embedding both|tfidf|static]
+        [--import MODULE] [--policy SPEC ...] [--quick] [--no-compact] [--no-pairs] [--bootstrap N]
 
 ``--policy`` adds routers from ``training.evaluation.registry`` (baselines or loaders that an
 ``--import``-ed module registers with ``register_router_loader``), fitted on train.
@@ -48,8 +49,9 @@ from training.evaluation.baselines import (  # noqa: E402
     MFRouter,
     OracleRouter,
     RandomMixRouter,
+    SingleModelRouter,
 )
-from training.evaluation.bootstrap import Interval  # noqa: E402
+from training.evaluation.bootstrap import Interval, PromptCurve, apgr_intervals  # noqa: E402
 from training.evaluation.cascade import CascadeFamilyRouter, CascadeRouter  # noqa: E402
 from training.evaluation.compare import Comparison, Entry, compare  # noqa: E402
 from training.evaluation.embedding import HashingTfidfEmbedder  # noqa: E402
@@ -89,6 +91,30 @@ def make_embedding(kind: str, train: Sequence[OutcomeRecord]) -> CachedEmbedding
         static = StaticEmbedding.load()
         return CachedEmbedding(lambda texts: static.encode(texts))
     return CachedEmbedding(HashingTfidfEmbedder().fit([r.text for r in train]))
+
+
+Grid = list[tuple[str, Callable[[], Any]]]
+
+
+def make_embeddings(kind: str, train: Sequence[OutcomeRecord]) -> dict[str, CachedEmbedding]:
+    """The prompt features the prompt-only baselines may use: TF-IDF fitted on the training
+    prompts, the static embedding the compact policy runs on, or both (``both``: which one a
+    baseline uses is then one more hyper-parameter picked on validation)."""
+    kinds = ("tfidf", "static") if kind == "both" else (kind,)
+    return {k: make_embedding(k, train) for k in kinds}
+
+
+def over_embeddings(
+    make_grid: Callable[[CachedEmbedding, bool], Grid],
+    embeds: dict[str, CachedEmbedding],
+    quick: bool,
+) -> Grid:
+    """``make_grid`` once per embedding, each candidate's name tagged with it."""
+    return [
+        (f"{name}@{kind}", build)
+        for kind, embed in embeds.items()
+        for name, build in make_grid(embed, quick)
+    ]
 
 
 def knn_grid(embed: CachedEmbedding, quick: bool) -> list[tuple[str, Callable[[], Any]]]:
@@ -226,7 +252,7 @@ def every_pair(
     train: Sequence[OutcomeRecord],
     val: Sequence[OutcomeRecord],
     test: Sequence[OutcomeRecord],
-    embed: CachedEmbedding,
+    embeds: dict[str, CachedEmbedding],
     strong: str,
     quick: bool,
     bootstrap: int,
@@ -246,7 +272,10 @@ def every_pair(
         pair = [strong, weak]
         s_train, s_val, s_test = (restrict_models(x, pair) for x in (train, val, test))
         routers: list[OfflineRouter] = [RandomMixRouter(weak, strong, seed=0)]
-        for label, grid in (("knn", knn_grid(embed, quick)), ("mf", mf_grid(embed, quick))):
+        for label, grid in (
+            ("knn", over_embeddings(knn_grid, embeds, quick)),
+            ("mf", over_embeddings(mf_grid, embeds, quick)),
+        ):
             routers.append(tune(label, grid, s_train, s_val, val_apgr(label))[1])
         on_val = compare([Entry(r) for r in routers[1:]], s_val, strong, weak)
         pick = max(("knn", "mf"), key=lambda n: on_val.curve(n).apgr or 0.0)
@@ -313,7 +342,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--seed", type=int, default=0, help="split seed")
-    parser.add_argument("--embedding", choices=("tfidf", "static"), default="tfidf")
+    parser.add_argument(
+        "--embedding",
+        choices=("tfidf", "static", "both"),
+        default="both",
+        help="prompt features of kNN, MF and the cascade (both: picked on validation)",
+    )
     parser.add_argument(
         "--import",
         dest="imports",
@@ -360,15 +394,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         len(val),
         len(test),
     )
-    embed = make_embedding(args.embedding, train)
+    embeds = make_embeddings(args.embedding, train)
 
     # -- full table: tune on validation, report on test ---------------------------------------
     chosen: dict[str, str] = {}
     routers: list[OfflineRouter] = [OracleRouter(), RandomMixRouter(seed=0).fit(train)]
     for label, grid in (
-        ("knn", knn_grid(embed, args.quick)),
-        ("mf", mf_grid(embed, args.quick)),
-        ("cascade", cascade_grid(embed, args.quick)),
+        ("knn", over_embeddings(knn_grid, embeds, args.quick)),
+        ("mf", over_embeddings(mf_grid, embeds, args.quick)),
+        ("cascade", over_embeddings(cascade_grid, embeds, args.quick)),
         ("escalation", escalation_grid()),
     ):
         chosen[label], router = tune(label, grid, train, val, val_aiq(label))
@@ -403,21 +437,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     pair = [GPT4, MIXTRAL]
     s_train, s_val, s_test = (restrict_models(x, pair) for x in (train, val, test))
     slice_routers: list[OfflineRouter] = [OracleRouter(), RandomMixRouter(MIXTRAL, GPT4, seed=0)]
-    for label, grid in (("knn", knn_grid(embed, args.quick)), ("mf", mf_grid(embed, args.quick))):
+    for label, grid in (
+        ("knn", over_embeddings(knn_grid, embeds, args.quick)),
+        ("mf", over_embeddings(mf_grid, embeds, args.quick)),
+    ):
         chosen[f"{label} (slice)"], router = tune(label, grid, s_train, s_val, val_apgr(label))
         slice_routers.append(router)
-    slice_routers.append(CascadeFamilyRouter(embed=embed).fit(s_train))
+    # The strict two-model cascade has no second opinion (APGR 0.5 whatever its features).
+    slice_routers.append(CascadeFamilyRouter(embed=next(iter(embeds.values()))).fit(s_train))
     chosen["cascade+verifier (slice)"], verifier = verifier_cascades(train, val, MIXTRAL, GPT4)
     two = compare([Entry(r) for r in slice_routers], s_test, GPT4, MIXTRAL, args.bootstrap)
     # The verifier cascade calls a third model, so it is scored on the full test rows.
     v_apgr = _verifier_apgr(verifier, test, MIXTRAL, GPT4)
-    v_point = sweep(verifier, test, [0.0]).points[0]
+    v_sweep = sweep(verifier, test, [0.0])
+    v_point = v_sweep.points[0]
+    v_ci = None
+    if args.bootstrap:
+        strong_c, weak_c = (
+            PromptCurve.from_results(sweep(SingleModelRouter(m), test, [0.0]).prompts)
+            for m in (GPT4, MIXTRAL)
+        )
+        v_curve = PromptCurve.from_results(v_sweep.prompts, GPT4)
+        v_ci = apgr_intervals({"v": v_curve}, strong_c, weak_c, args.bootstrap).apgr["v"]
 
     # -- every two-model slice with GPT-4 as the strong model ---------------------------------
     pairs = (
         []
         if args.no_pairs
-        else every_pair(train, val, test, embed, GPT4, args.quick, args.bootstrap)
+        else every_pair(train, val, test, embeds, GPT4, args.quick, args.bootstrap)
     )
 
     # -- report --------------------------------------------------------------------------------
@@ -483,6 +530,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{c.name} {c.apgr:.4f} [{c.apgr_ci.low:.4f}, {c.apgr_ci.high:.4f}]"
                 for c in two.curves
                 if c.apgr is not None and c.apgr_ci is not None
+            )
+            + (
+                ""
+                if v_ci is None
+                else f"; cascade+verifier {v_apgr:.4f} [{v_ci.low:.4f}, {v_ci.high:.4f}]"
             )
         )
     print()
