@@ -14,7 +14,7 @@ uncertainty from the evaluated prompts given the trained routers, not from train
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,15 +55,46 @@ def interval(estimate: float, samples: np.ndarray, level: float = DEFAULT_LEVEL)
     return Interval(float(estimate), float(low), float(high), level)
 
 
-def resample_weights(n: int, samples: int, seed: int = 0) -> np.ndarray:
-    """``samples`` resamples of ``n`` prompts as multiplicity counts, shape (samples, n):
-    row ``b`` says how often each prompt was drawn (the rows sum to ``n``)."""
+# Resamples are drawn in blocks of at most this many bytes of weights: a table of 100,000
+# prompts would otherwise need 800 MB for 1,000 resamples.
+_BLOCK_BYTES = 64 * 2**20
+
+
+def weight_blocks(n: int, samples: int, seed: int = 0) -> Iterator[np.ndarray]:
+    """The full sample (one row of ones), then ``samples`` resamples of ``n`` prompts as
+    multiplicity counts (row ``b`` says how often each prompt was drawn; rows sum to
+    ``n``), in blocks of rows. Seeded: the same arguments give the same resamples."""
     if n <= 0:
         raise ValueError("nothing to resample")
     if samples <= 0:
         raise ValueError(f"bootstrap samples must be positive, got {samples}")
     rng = np.random.default_rng(seed)
-    return rng.multinomial(n, np.full(n, 1.0 / n), size=samples).astype(np.float64)
+    rows = max(1, _BLOCK_BYTES // (8 * n))
+    yield np.ones((1, n))
+    left = samples
+    while left > 0:
+        k = min(rows, left)
+        yield rng.multinomial(n, np.full(n, 1.0 / n), size=k).astype(np.float64)
+        left -= k
+
+
+def resample_weights(n: int, samples: int, seed: int = 0) -> np.ndarray:
+    """The resamples of ``weight_blocks`` as one (samples, n) array."""
+    return np.vstack(list(weight_blocks(n, samples, seed))[1:])
+
+
+def resampled_means(arrays: Sequence[np.ndarray], samples: int, seed: int = 0) -> list[np.ndarray]:
+    """For each (rows, n) array of per-prompt values, each row's mean on the full sample
+    (index 0) and on every resample: a (samples + 1, rows) array. Every array is resampled
+    the same way (a paired bootstrap)."""
+    n = arrays[0].shape[1]
+    if any(a.shape[1] != n for a in arrays):
+        raise ValueError(f"arrays cover different numbers of prompts: {[a.shape for a in arrays]}")
+    parts: list[list[np.ndarray]] = [[] for _ in arrays]
+    for w in weight_blocks(n, samples, seed):
+        for i, a in enumerate(arrays):
+            parts[i].append(w @ a.T / n)
+    return [np.vstack(p) for p in parts]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,12 +122,6 @@ class PromptCurve:
     @property
     def n_prompts(self) -> int:
         return int(self.scores.shape[1])
-
-    def resampled(self, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Average score and cost of every point on every resample: two (samples, points)
-        arrays."""
-        n = self.n_prompts
-        return weights @ self.scores.T / n, weights @ self.costs.T / n
 
 
 def _aiq(scores: np.ndarray, costs: np.ndarray, c_min: float, c_max: float) -> float:
@@ -130,12 +155,6 @@ class AIQIntervals:
         return interval(d[0], d[1:], self.level)
 
 
-def _full_and_resampled(n: int, samples: int, seed: int) -> np.ndarray:
-    # Row 0 is the full sample (every weight 1): the point estimates come from the same code
-    # path as the intervals.
-    return np.vstack([np.ones((1, n)), resample_weights(n, samples, seed)])
-
-
 def aiq_intervals(
     routers: Mapping[str, PromptCurve],
     singles: Mapping[str, PromptCurve],
@@ -153,17 +172,17 @@ def aiq_intervals(
     sizes = {c.n_prompts for c in [*routers.values(), *singles.values()]}
     if len(sizes) != 1:
         raise ValueError(f"curves cover different numbers of prompts: {sorted(sizes)}")
-    weights = _full_and_resampled(sizes.pop(), samples, seed)
-    single_s = np.hstack([c.resampled(weights)[0] for c in singles.values()])
-    single_c = np.hstack([c.resampled(weights)[1] for c in singles.values()])
+    curves = [*singles.values(), *routers.values()]
+    means = resampled_means([a for c in curves for a in (c.scores, c.costs)], samples, seed)
+    single_s = np.hstack(means[0 : 2 * len(singles) : 2])
+    single_c = np.hstack(means[1 : 2 * len(singles) : 2])
     lo, hi = single_c.min(axis=1), single_c.max(axis=1)
-    no_routing = np.array(
-        [_aiq(single_s[b], single_c[b], lo[b], hi[b]) for b in range(len(weights))]
-    )
+    rows = range(samples + 1)
+    no_routing = np.array([_aiq(single_s[b], single_c[b], lo[b], hi[b]) for b in rows])
     values: dict[str, np.ndarray] = {}
-    for name, curve in routers.items():
-        s, c = curve.resampled(weights)
-        values[name] = np.array([_aiq(s[b], c[b], lo[b], hi[b]) for b in range(len(weights))])
+    for i, name in enumerate(routers):
+        s, c = means[2 * (len(singles) + i)], means[2 * (len(singles) + i) + 1]
+        values[name] = np.array([_aiq(s[b], c[b], lo[b], hi[b]) for b in rows])
 
     def iv(x: np.ndarray) -> Interval:
         return interval(x[0], x[1:], level)
@@ -214,18 +233,21 @@ def apgr_intervals(
         raise ValueError(f"reference router {reference!r} is not among the routers")
     if any(c.strong_calls is None for c in routers.values()):
         raise ValueError("APGR needs each curve's calls to the strong model")
-    weights = _full_and_resampled(strong.n_prompts, samples, seed)
-    q_strong = strong.resampled(weights)[0][:, 0]
-    q_weak = weak.resampled(weights)[0][:, 0]
+    names = list(routers)
+    arrays = [strong.scores, weak.scores]
+    for name in names:
+        curve = routers[name]
+        assert curve.strong_calls is not None
+        arrays += [curve.scores, curve.strong_calls]
+    means = resampled_means(arrays, samples, seed)
+    q_strong, q_weak = means[0][:, 0], means[1][:, 0]
     if q_strong[0] <= q_weak[0]:
         raise ValueError("the strong model does not score above the weak one")
+    # Row 0 (the full sample) is always kept, so index 0 stays the point estimate.
     keep = np.flatnonzero(q_strong > q_weak)
-    n = strong.n_prompts
     values: dict[str, np.ndarray] = {}
-    for name, curve in routers.items():
-        assert curve.strong_calls is not None
-        scores = curve.resampled(weights)[0]
-        shares = np.clip(weights @ curve.strong_calls.T / n, 0.0, 1.0)
+    for i, name in enumerate(names):
+        scores, shares = means[2 + 2 * i], np.clip(means[3 + 2 * i], 0.0, 1.0)
         values[name] = np.array(
             [
                 metrics.apgr(zip(shares[b], scores[b], strict=True), q_weak[b], q_strong[b])
@@ -246,7 +268,7 @@ def apgr_intervals(
             if reference is None
             else {k: iv(v - values[reference]) for k, v in values.items() if k != reference}
         ),
-        dropped=int(len(weights) - len(keep)),
+        dropped=int(samples + 1 - len(keep)),
     )
 
 
@@ -257,6 +279,6 @@ def mean_difference(
     routers' per-prompt scores)."""
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError(f"need two equal-length 1-D arrays, got {a.shape} and {b.shape}")
-    diff = a - b
-    weights = resample_weights(len(diff), samples, seed)
-    return interval(float(diff.mean()), weights @ diff / len(diff), level)
+    diff = (a - b)[None, :]
+    means = resampled_means([diff], samples, seed)[0][:, 0]
+    return interval(float(means[0]), means[1:], level)

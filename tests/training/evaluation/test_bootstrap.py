@@ -8,6 +8,7 @@ import pytest
 
 from router.outcomes import write_outcome_table
 from training.datasets.splits import split_records
+from training.evaluation import bootstrap
 from training.evaluation.baselines import OracleRouter, RandomMixRouter, SingleModelRouter
 from training.evaluation.bootstrap import (
     PromptCurve,
@@ -16,22 +17,44 @@ from training.evaluation.bootstrap import (
     interval,
     mean_difference,
     resample_weights,
+    resampled_means,
+    weight_blocks,
 )
 from training.evaluation.cli import main
 from training.evaluation.compare import Entry, compare
 from training.evaluation.sweep import sweep
 
 
-def test_resamples_are_seeded_multiplicities_of_the_prompts() -> None:
+def test_resamples_are_seeded_multiplicities_of_the_prompts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     w = resample_weights(50, 200, seed=3)
     assert w.shape == (200, 50)
     assert np.all(w.sum(axis=1) == 50) and np.all(w >= 0)
     assert np.array_equal(w, resample_weights(50, 200, seed=3))
     assert not np.array_equal(w, resample_weights(50, 200, seed=4))
+    blocks = list(weight_blocks(50, 200, seed=3))
+    assert np.array_equal(blocks[0], np.ones((1, 50)))  # the full sample comes first
+    # Drawn in small blocks (as for a large table), the resamples are the same ones.
+    monkeypatch.setattr(bootstrap, "_BLOCK_BYTES", 8 * 50 * 7)
+    small = list(weight_blocks(50, 200, seed=3))
+    assert max(len(b) for b in small[1:]) == 7
+    assert np.array_equal(np.vstack(small[1:]), w)
     with pytest.raises(ValueError):
         resample_weights(0, 10)
     with pytest.raises(ValueError):
         resample_weights(10, 0)
+
+
+def test_resampled_means_are_paired_and_start_with_the_full_sample() -> None:
+    a = np.array([[1.0, 0.0, 1.0, 0.0], [2.0, 2.0, 2.0, 2.0]])
+    ma, mb = resampled_means([a, a[:1] * 3], samples=20, seed=1)
+    assert ma.shape == (21, 2) and mb.shape == (21, 1)
+    assert ma[0].tolist() == [0.5, 2.0]
+    assert np.allclose(ma[:, 1], 2.0)  # a constant row has no spread
+    assert np.allclose(mb[:, 0], 3 * ma[:, 0])  # both arrays saw the same resamples
+    with pytest.raises(ValueError, match="different numbers of prompts"):
+        resampled_means([a, a[:, :3]], samples=5)
 
 
 def test_interval_is_the_central_percentile_range() -> None:
