@@ -32,6 +32,7 @@ from gateway.schemas import ChatCompletionRequest
 from pricing import usd_to_micros
 from pricing.money import format_usd, micros_to_usd
 from router.loop import NoAnswer, RequestTimeout, RouteResult
+from router.modalities import request_modalities
 from router.policy import Call, LoopState, Policy, RouteContext, Select, Step, ToolCall
 from router.providers.errors import ProviderError
 
@@ -121,10 +122,14 @@ def _resolve(rt: Runtime, req: ChatCompletionRequest, who: Principal) -> Resolve
 
 
 def _route_pool(
-    rt: Runtime, req: ChatCompletionRequest, who: Principal, resolved: Resolved
+    rt: Runtime,
+    req: ChatCompletionRequest,
+    who: Principal,
+    resolved: Resolved,
+    messages: list[dict[str, Any]],
 ) -> list[str]:
     if resolved.passthrough:
-        return resolved.pool_names
+        return _capable(rt, resolved.pool_names, messages)
     names = rt.pool.names
     if who.allowed_models is not None:
         names = [n for n in names if n in who.allowed_models]
@@ -139,7 +144,25 @@ def _route_pool(
         raise forbidden(
             "no pool model is allowed for this request", "no_allowed_models", "xrouter.models"
         )
-    return names
+    return _capable(rt, names, messages)
+
+
+def _capable(rt: Runtime, names: list[str], messages: list[dict[str, Any]]) -> list[str]:
+    """``names`` without the models that cannot read the request's input (images, audio)."""
+    needed = request_modalities(messages)
+    if needed == {"text"}:
+        return names
+    capable = [n for n in names if rt.pool[n].accepts(needed)]
+    if not capable:
+        kinds = " and ".join(sorted(needed - {"text"}))
+        who = f"model {names[0]!r} does not" if len(names) == 1 else "no model it may use does"
+        raise bad_request(
+            f"the request carries {kinds} input, which {who} accept (input_modalities of the "
+            "pool models)",
+            param="messages",
+            code="unsupported_input",
+        )
+    return capable
 
 
 def _max_turns(rt: Runtime, resolved: Resolved) -> int:
@@ -159,7 +182,7 @@ def build_context(
     request_id: str,
 ) -> RouteContext:
     controls = req.xrouter
-    pool = rt.subset(_route_pool(rt, req, who, resolved))
+    pool = rt.subset(_route_pool(rt, req, who, resolved, data["messages"]))
     cost_weight = (
         controls.cost_weight
         if controls and controls.cost_weight is not None

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from pricing import CatalogError, ModelPrice, PriceCatalog
+from router.modalities import Modality, accepts
 
 # Providers whose API is OpenAI's chat completions: with an api_base they take the native
 # async fast path; everything else goes through LiteLLM's translation.
@@ -53,6 +54,16 @@ class PoolModelConfig(BaseModel):
     max_retries: int = Field(default=2, ge=0, le=10)
     fallbacks: list[str] = Field(default_factory=list)
     description: str = ""
+    # What the model can read: text, image, audio. Unset: not declared, any request may be
+    # routed to it; set: requests carrying other kinds of input are not.
+    input_modalities: tuple[Modality, ...] | None = None
+
+    @field_validator("input_modalities")
+    @classmethod
+    def _reads_text(cls, v: tuple[Modality, ...] | None) -> tuple[Modality, ...] | None:
+        if v is not None and "text" not in v:
+            raise ValueError("input_modalities must include text")
+        return v
 
     @field_validator("price", mode="before")
     @classmethod
@@ -79,6 +90,10 @@ class PoolModel:
     max_retries: int
     fallbacks: tuple[str, ...]
     description: str
+    input_modalities: frozenset[Modality] | None = None
+
+    def accepts(self, needed: frozenset[Modality]) -> bool:
+        return accepts(self.input_modalities, needed)
 
     @property
     def litellm_model(self) -> str:
@@ -121,6 +136,9 @@ class PoolModel:
             max_retries=cfg.max_retries,
             fallbacks=tuple(cfg.fallbacks),
             description=cfg.description,
+            input_modalities=(
+                None if cfg.input_modalities is None else frozenset(cfg.input_modalities)
+            ),
         )
 
 

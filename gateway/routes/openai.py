@@ -90,6 +90,10 @@ async def list_models(request: Request) -> Response:
                     },
                     "max_output_tokens": m.max_output_tokens,
                     "description": m.description,
+                    # None: not declared (any input is routed to it).
+                    "input_modalities": (
+                        None if m.input_modalities is None else sorted(m.input_modalities)
+                    ),
                 },
             }
             for m in rt.pool

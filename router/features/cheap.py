@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from router.modalities import request_modalities
 from router.outcomes import content_text
 
 CHEAP_FEATURES_VERSION = "cheap-v1"
@@ -147,17 +148,7 @@ def _ratio(count: int, total: int) -> float:
 
 
 def _has_images(messages: Sequence[dict[str, Any]]) -> bool:
-    for m in messages:
-        content = m.get("content")
-        if isinstance(content, list):
-            for part in content:
-                if isinstance(part, dict) and part.get("type") in (
-                    "image_url",
-                    "input_image",
-                    "image",
-                ):
-                    return True
-    return False
+    return "image" in request_modalities(messages)
 
 
 _ASCII_LETTERS = bytes(range(65, 91)) + bytes(range(97, 123))
