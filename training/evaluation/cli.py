@@ -73,7 +73,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="router under test: a baseline name (single:<model>, "
         + ", ".join(BASELINE_NAMES)
-        + ") or a registered loader spec such as compact:<checkpoint>; repeatable",
+        + ", escalation) or a registered loader spec such as compact:<checkpoint>; repeatable",
     )
     parser.add_argument(
         "--baselines",

@@ -27,6 +27,7 @@ from training.evaluation.baselines import (
     SingleModelRouter,
 )
 from training.evaluation.cascade import CascadeFamilyRouter
+from training.evaluation.escalation import EscalationRouter
 from training.evaluation.sweep import OfflineRouter
 from training.evaluation.utility import BASELINE_REWARD
 from training.reward import RewardConfig
@@ -107,6 +108,9 @@ def build_baseline(spec: str, ctx: LoadContext) -> OfflineRouter | None:
         router = _construct(MFRouter, spec, arg, seed=ctx.seed, config=ctx.reward, name=spec)
     elif name == "cascade":
         router = _construct(CascadeFamilyRouter, spec, arg, config=ctx.reward, name=spec)
+    elif name == "escalation":
+        # Not a default baseline: it needs recorded responses and fits per task (seconds).
+        router = _construct(EscalationRouter, spec, arg, config=ctx.reward, name=spec)
     else:
         return None
     fitted: OfflineRouter = router.fit(ctx.train)

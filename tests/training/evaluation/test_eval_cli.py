@@ -197,3 +197,24 @@ def test_logged_table_is_evaluated_off_policy(tmp_path: Path) -> None:
     assert rows_out[("fixed-strong", 2.0)]["cost_usd"]["snips"]["value"] == pytest.approx(0.0001)
     assert ("single:cheap", 0.0) in rows_out
     assert "Off-policy estimates" in (out / "report.md").read_text()
+
+
+def test_learned_escalation_is_available_by_name(table: Path, tmp_path: Path) -> None:
+    out = tmp_path / "esc"
+    argv = [
+        "--table",
+        str(table),
+        "--policy",
+        "escalation:max_cheap=2,l2=10",
+        "--baselines",
+        "none",
+    ]
+    assert main([*argv, "--bootstrap", "0", "--out", str(out)]) == 0
+    rows = {
+        r["name"]: r
+        for r in json.loads((out / "metrics.json").read_text())["comparison"]["routers"]
+    }
+    esc = rows["escalation:max_cheap=2,l2=10"]
+    # A multi-call policy: some of its points call more than one model per prompt.
+    assert any(sum(p["calls"].values()) > 1.0 for p in esc["points"])
+    assert main([*argv[:3], "escalation:nope=1", "--out", str(out)]) == 2
