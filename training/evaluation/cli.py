@@ -97,7 +97,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=1000,
         metavar="N",
-        help="paired-bootstrap resamples for AIQ confidence intervals (0: none)",
+        help="paired-bootstrap resamples for AIQ (and APGR) confidence intervals (0: none)",
     )
     parser.add_argument("--out", type=Path, required=True, help="output directory")
 
@@ -128,6 +128,8 @@ def _entries(
 
 
 def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
+    if args.bootstrap < 0:
+        raise RoutingError(f"--bootstrap must be 0 or more, got {args.bootstrap}")
     records = load_outcome_table(args.table)
     if not records:
         raise RoutingError(f"{args.table}: the table is empty")
@@ -186,8 +188,6 @@ def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
         *_entries(baselines, "baseline", ctx, registry, None, result.notes, False),
         *_entries(args.policy, "policy", ctx, registry, args.lambdas, result.notes, True),
     ]
-    if args.bootstrap < 0:
-        raise RoutingError(f"--bootstrap must be 0 or more, got {args.bootstrap}")
     _note_training_overlap(entries, evaluated, args.table, split, result.notes)
     result.main = compare(
         entries, evaluated, args.strong, args.weak, args.bootstrap, bootstrap_seed=args.seed
