@@ -151,8 +151,24 @@ class AIQIntervals:
         missing = [x for x in (a, b) if x not in self.values]
         if missing:
             raise KeyError(f"no bootstrapped AIQ for {', '.join(missing)}")
-        d = self.values[a] - self.values[b]
-        return interval(d[0], d[1:], self.level)
+        return _interval_of(self.values[a] - self.values[b], self.level)
+
+
+def _intervals(
+    values: Mapping[str, np.ndarray], reference: str | None, level: float
+) -> tuple[dict[str, Interval], dict[str, Interval]]:
+    """From each router's full-sample value (index 0) and resampled values: its interval,
+    and each other router's difference from the reference (none without a reference)."""
+    own = {k: _interval_of(v, level) for k, v in values.items()}
+    if reference is None:
+        return own, {}
+    ref = values[reference]
+    return own, {k: _interval_of(v - ref, level) for k, v in values.items() if k != reference}
+
+
+def _interval_of(values: np.ndarray, level: float) -> Interval:
+    """``values[0]`` is the full-sample estimate, the rest its resamples."""
+    return interval(float(values[0]), values[1:], level)
 
 
 def aiq_intervals(
@@ -184,21 +200,15 @@ def aiq_intervals(
         s, c = means[2 * (len(singles) + i)], means[2 * (len(singles) + i) + 1]
         values[name] = np.array([_aiq(s[b], c[b], lo[b], hi[b]) for b in rows])
 
-    def iv(x: np.ndarray) -> Interval:
-        return interval(x[0], x[1:], level)
-
+    own, vs_reference = _intervals(values, reference, level)
     return AIQIntervals(
         samples=samples,
         level=level,
-        aiq={k: iv(v) for k, v in values.items()},
-        no_routing=iv(no_routing),
-        gain={k: iv(v - no_routing) for k, v in values.items()},
+        aiq=own,
+        no_routing=_interval_of(no_routing, level),
+        gain={k: _interval_of(v - no_routing, level) for k, v in values.items()},
         reference=reference,
-        vs_reference=(
-            {}
-            if reference is None
-            else {k: iv(v - values[reference]) for k, v in values.items() if k != reference}
-        ),
+        vs_reference=vs_reference,
         values=values,
     )
 
@@ -255,19 +265,13 @@ def apgr_intervals(
             ]
         )
 
-    def iv(x: np.ndarray) -> Interval:
-        return interval(x[0], x[1:], level)
-
+    own, vs_reference = _intervals(values, reference, level)
     return APGRIntervals(
         samples=samples,
         level=level,
-        apgr={k: iv(v) for k, v in values.items()},
+        apgr=own,
         reference=reference,
-        vs_reference=(
-            {}
-            if reference is None
-            else {k: iv(v - values[reference]) for k, v in values.items() if k != reference}
-        ),
+        vs_reference=vs_reference,
         dropped=int(samples + 1 - len(keep)),
     )
 
@@ -280,5 +284,4 @@ def mean_difference(
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError(f"need two equal-length 1-D arrays, got {a.shape} and {b.shape}")
     diff = (a - b)[None, :]
-    means = resampled_means([diff], samples, seed)[0][:, 0]
-    return interval(float(means[0]), means[1:], level)
+    return _interval_of(resampled_means([diff], samples, seed)[0][:, 0], level)

@@ -255,6 +255,13 @@ def compare(
     return comparison
 
 
+def _reference(comparison: Comparison, reference: str | None) -> str | None:
+    """The router others are compared with: the named one, else the first policy."""
+    if reference is not None:
+        return reference
+    return next((c.name for c in comparison.curves if c.kind == "policy"), None)
+
+
 def _add_intervals(
     comparison: Comparison,
     per_prompt: dict[str, PromptCurve],
@@ -265,9 +272,8 @@ def _add_intervals(
 ) -> None:
     singles = {f"single:{m}": PromptCurve.from_results(s.prompts) for m, s in single_sweeps.items()}
     curves = {**singles, **per_prompt}
-    if reference is None:
-        reference = next((c.name for c in comparison.curves if c.kind == "policy"), None)
-    elif reference not in curves:
+    reference = _reference(comparison, reference)
+    if reference is not None and reference not in curves:
         raise RoutingError(f"reference router {reference!r} was not evaluated")
     ivs = aiq_intervals(curves, singles, samples, seed, reference=reference)
     comparison.bootstrap = ivs
@@ -289,8 +295,7 @@ def _add_pgr_intervals(
     strong, weak = comparison.strong, comparison.weak
     assert strong is not None and weak is not None
     curves = {k: PromptCurve.from_results(r.prompts, strong) for k, r in swept.items()}
-    if reference is None:
-        reference = next((c.name for c in comparison.curves if c.kind == "policy"), None)
+    reference = _reference(comparison, reference)
     ivs = apgr_intervals(
         curves,
         PromptCurve.from_results(single_sweeps[strong].prompts),
