@@ -1,79 +1,20 @@
-"""The one reward definition, used in training, validation, evaluation and the gateway's
-logged reward.
+"""The reward, as training code has always imported it: the definition is
+``router.reward`` (the served kNN policy ranks models by it too)."""
 
-Two forms, both on a trajectory's quality ``s`` in [0, 1] and cost ``C`` in USD:
+from router.reward import (
+    RewardConfig,
+    RewardForm,
+    RewardTerms,
+    compute_reward,
+    expected_reward,
+    normalized_cost,
+)
 
-- ``gated`` (the xRouter paper's): ``r = s · (K − min(λ·C̃, c_max))``; a wrong answer earns
-  nothing however cheap, a right one earns up to ``K`` minus a capped cost penalty;
-- ``additive``: ``r = s − λ·C̃``.
-
-``C̃`` is the normalized cost: ``C / reference_cost`` (a reference model's cost on the same
-prompt) when a reference is given, else ``C / cost_scale`` (a fixed USD scale), so that λ
-keeps its meaning when prices change. Every term is returned separately for logging.
-"""
-
-from __future__ import annotations
-
-from dataclasses import asdict, dataclass
-from typing import Literal
-
-RewardForm = Literal["gated", "additive"]
-
-
-@dataclass(frozen=True, slots=True)
-class RewardConfig:
-    form: RewardForm = "gated"
-    K: float = 1.0
-    c_max: float = 1.0
-    # USD that counts as one unit of normalized cost when no reference cost is given.
-    cost_scale: float = 0.001
-
-    def __post_init__(self) -> None:
-        if self.cost_scale <= 0:
-            raise ValueError("cost_scale must be positive")
-        if self.c_max < 0 or self.K < 0:
-            raise ValueError("K and c_max must be non-negative")
-
-
-@dataclass(frozen=True, slots=True)
-class RewardTerms:
-    reward: float
-    score: float
-    cost_usd: float
-    normalized_cost: float
-    penalty: float
-    cost_weight: float
-
-    def as_dict(self) -> dict[str, float]:
-        return asdict(self)
-
-
-def normalized_cost(
-    cost_usd: float, config: RewardConfig, reference_cost_usd: float | None = None
-) -> float:
-    if reference_cost_usd is not None and reference_cost_usd > 0:
-        return cost_usd / reference_cost_usd
-    return cost_usd / config.cost_scale
-
-
-def compute_reward(
-    score: float,
-    cost_usd: float,
-    cost_weight: float,
-    config: RewardConfig | None = None,
-    reference_cost_usd: float | None = None,
-) -> RewardTerms:
-    """Reward of one trajectory, with every term."""
-    cfg = config or RewardConfig()
-    if not 0.0 <= score <= 1.0:
-        raise ValueError(f"score must be in [0, 1], got {score}")
-    if cost_usd < 0 or cost_weight < 0:
-        raise ValueError("cost and cost_weight must be non-negative")
-    c_tilde = normalized_cost(cost_usd, cfg, reference_cost_usd)
-    if cfg.form == "gated":
-        penalty = min(cost_weight * c_tilde, cfg.c_max)
-        reward = score * (cfg.K - penalty)
-    else:
-        penalty = cost_weight * c_tilde
-        reward = score - penalty
-    return RewardTerms(reward, score, cost_usd, c_tilde, penalty, cost_weight)
+__all__ = [
+    "RewardConfig",
+    "RewardForm",
+    "RewardTerms",
+    "compute_reward",
+    "expected_reward",
+    "normalized_cost",
+]

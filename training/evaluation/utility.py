@@ -3,16 +3,16 @@
 Baselines that trade quality for cost (oracle, kNN, MF, the cascade family) choose the model
 with the highest *expected reward* under ``training.reward``: with a predicted score ``p`` in
 [0, 1] and a known cost, both reward forms are linear in the score, so the expected reward is
-``compute_reward(p, cost, λ)``. This module evaluates that formula on arrays (the same
-arithmetic as ``compute_reward``; a test checks they agree), so λ means the same thing for
-baselines as for the policies trained on that reward.
+``compute_reward(p, cost, λ)``, which ``router.reward.expected_reward`` evaluates on arrays,
+so λ means the same thing for baselines as for the policies trained on that reward.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from training.reward import RewardConfig
+from router import reward
+from router.reward import RewardConfig
 
 # Baselines rank models by the additive form by default: the gated form's capped penalty
 # makes every wrong-or-expensive choice tie at 0 for large λ, which flattens the curve.
@@ -29,10 +29,7 @@ def expected_reward(
     if cost_weight < 0:
         raise ValueError("cost_weight must be non-negative")
     c_tilde = np.asarray(cost_usd, dtype=float) / config.cost_scale
-    p = np.asarray(pred_score, dtype=float)
-    if config.form == "gated":
-        return p * (config.K - np.minimum(cost_weight * c_tilde, config.c_max))
-    return p - cost_weight * c_tilde
+    return reward.expected_reward(np.asarray(pred_score, dtype=float), c_tilde, cost_weight, config)
 
 
 def choose(utility: np.ndarray, cost_usd: np.ndarray) -> np.ndarray:
