@@ -300,6 +300,16 @@ def train_compact(
     return Path(train(records, cfg, run_dir).checkpoint_path)
 
 
+def build_knn_checkpoint(records: Sequence[OutcomeRecord], run_dir: Path, split_seed: int) -> Path:
+    """A kNN checkpoint (``xrouter train --knn``, k among 25..400 picked on validation) on
+    this table's training part, served through the same loop as the compact policy."""
+    from training.compact.config import TrainConfig
+    from training.compact.knn import build_knn
+
+    cfg = TrainConfig(split_seed=split_seed, checkpoint_every=0, progress=False)
+    return Path(build_knn(records, cfg, run_dir).checkpoint_path)
+
+
 def fmt(x: float | None, spec: str = ".4f") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -410,15 +420,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ctx = LoadContext(train, val, seed=0)
     specs = list(args.policy)
     tmp = tempfile.TemporaryDirectory(prefix="xrouter-rq-")
+    labels: dict[str, str] = {}
     if not args.no_compact:
         t0 = time.perf_counter()
         ckpt = train_compact(records, Path(tmp.name) / "run", seed=0, split_seed=args.seed)
         log.info("compact: trained in %.0fs", time.perf_counter() - t0)
         specs.append(f"compact:{ckpt}")
+        labels[f"compact:{ckpt}"] = "compact"
+        t0 = time.perf_counter()
+        knn_ckpt = build_knn_checkpoint(records, Path(tmp.name) / "knn", split_seed=args.seed)
+        log.info("compact kNN checkpoint: built in %.0fs", time.perf_counter() - t0)
+        specs.append(f"compact:{knn_ckpt}")
+        labels[f"compact:{knn_ckpt}"] = "compact-knn"
     policies = [default_registry().load(spec, ctx) for spec in specs]
-    for policy in policies:
-        if policy.name.startswith("compact["):
-            policy.name = "compact"
+    for spec, policy in zip(specs, policies, strict=True):
+        policy.name = labels.get(spec, policy.name)
     # Policies (served through the orchestration loop) are swept over the same λ grid as
     # `xrouter eval` gives them.
     lambdas = lambda_grid(

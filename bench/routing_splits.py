@@ -5,7 +5,8 @@ One test split of 423 prompts is a noisy judge (see the bootstrap intervals that
 This script repeats the whole protocol of ``routing_quality.py`` for each split seed — split
 60/20/20 by a hash of the id with that seed, kNN / MF / cascade hyper-parameters and prompt
 features (TF-IDF or the static embedding) picked on that split's validation part, the compact policy trained (default configuration) on that
-split's training part with its validation part choosing the step — and reports every
+split's training part with its validation part choosing the step, and the served kNN
+checkpoint built the same way (``xrouter train --knn``) — and reports every
 router's test AIQ per seed, their mean and standard deviation, and, per pair of routers, the
 mean difference and on how many seeds the first wins.
 
@@ -38,6 +39,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from routing_quality import (  # noqa: E402
     DEFAULT_DATA,
+    build_knn_checkpoint,
     cascade_grid,
     knn_grid,
     make_embeddings,
@@ -57,8 +59,15 @@ from training.evaluation.sweep import OfflineRouter  # noqa: E402
 from training.evaluation.utility import lambda_grid  # noqa: E402
 
 log = logging.getLogger("routing_splits")
-ROUTERS = ("no routing", "random", "knn", "mf", "cascade", "compact")
-PAIRS = (("compact", "no routing"), ("compact", "knn"), ("compact", "mf"), ("cascade", "knn"))
+ROUTERS = ("no routing", "random", "knn", "mf", "cascade", "compact", "compact-knn")
+PAIRS = (
+    ("compact", "no routing"),
+    ("compact", "knn"),
+    ("compact", "mf"),
+    ("cascade", "knn"),
+    ("compact-knn", "knn"),
+    ("compact-knn", "compact"),
+)
 
 
 def one_split(records: Sequence, seed: int, quick: bool) -> dict[str, float]:
@@ -74,15 +83,21 @@ def one_split(records: Sequence, seed: int, quick: bool) -> dict[str, float]:
     ):
         routers.append(tune(label, grid, train, val, val_aiq(label))[1])
     with tempfile.TemporaryDirectory(prefix="xrouter-splits-") as tmp:
-        ckpt = train_compact(records, Path(tmp) / "run", seed=0, split_seed=seed)
-        compact = default_registry().load(f"compact:{ckpt}", LoadContext(train, val))
-        compact.name = "compact"
+        served = {
+            "compact": train_compact(records, Path(tmp) / "run", seed=0, split_seed=seed),
+            "compact-knn": build_knn_checkpoint(records, Path(tmp) / "knn", split_seed=seed),
+        }
         lambdas = lambda_grid(
             np.array(
                 [np.mean([r.outcomes[m].cost_usd or 0.0 for r in train]) for m in train[0].outcomes]
             )
         )
-        comp = compare([*(Entry(r) for r in routers), Entry(compact, "policy", lambdas)], test)
+        entries = [Entry(r) for r in routers]
+        for label, ckpt in served.items():
+            policy = default_registry().load(f"compact:{ckpt}", LoadContext(train, val))
+            policy.name = label
+            entries.append(Entry(policy, "policy", lambdas))
+        comp = compare(entries, test)
     out = {name: comp.curve(name).aiq for name in ROUTERS if name != "no routing"}
     out["no routing"] = comp.no_routing_aiq
     return out

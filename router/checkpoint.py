@@ -27,7 +27,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
@@ -77,20 +84,49 @@ class LambdaEncoding(BaseModel):
 
 
 class Architecture(BaseModel):
-    """An MLP over [standardized features, λ-encoding]; the λ-encoding is fed again to the
-    output layer so the cost trade-off can act directly on the logits."""
+    """How a checkpoint maps features and λ to the models' logits.
+
+    - ``mlp`` (trained by policy gradient): an MLP over [standardized features,
+      λ-encoding]; the λ-encoding is fed again to the output layer so the cost trade-off can
+      act directly on the logits.
+    - ``knn``: the training prompts themselves — the first ``similarity_dims`` feature
+      columns of ``n_examples`` prompts (the static embedding), each model's score and
+      normalized cost on them; a request's logits are each model's expected reward over its
+      ``neighbours`` most similar prompts (``router.policies.knn``).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["mlp"] = "mlp"
+    kind: Literal["mlp", "knn"] = "mlp"
     input_dim: int = Field(gt=0)
     hidden: tuple[int, ...] = (128, 128)
     activation: Literal["gelu_tanh", "relu", "silu"] = "gelu_tanh"
     n_actions: int = Field(gt=0)
     lambda_encoding: LambdaEncoding = Field(default_factory=LambdaEncoding)
+    neighbours: int = Field(default=0, ge=0)
+    n_examples: int = Field(default=0, ge=0)
+    similarity_dims: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _knn_fields(self) -> Architecture:
+        if self.kind == "knn" and not (
+            1 <= self.neighbours <= self.n_examples and 1 <= self.similarity_dims <= self.input_dim
+        ):
+            raise ValueError(
+                "a knn architecture needs 1 <= neighbours <= n_examples and "
+                "1 <= similarity_dims <= input_dim"
+            )
+        return self
 
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor of the checkpoint and its shape (torch layout: (out, in))."""
+        if self.kind == "knn":
+            n, m = self.n_examples, self.n_actions
+            return {
+                "examples": (n, self.similarity_dims),
+                "scores": (n, m),
+                "normalized_costs": (n, m),
+            }
         e = self.lambda_encoding.dim
         shapes: dict[str, tuple[int, ...]] = {
             "input_mean": (self.input_dim,),
@@ -189,7 +225,7 @@ class CompactCheckpoint:
                 raise CheckpointError(f"{where}: {name} has shape {w.shape}, expected {shape}")
             if not np.all(np.isfinite(w)):
                 raise CheckpointError(f"{where}: {name} has non-finite values")
-        if np.any(self.weights["input_std"] <= 0):
+        if meta.architecture.kind == "mlp" and np.any(self.weights["input_std"] <= 0):
             raise CheckpointError(f"{where}: input_std must be positive")
 
 

@@ -43,6 +43,7 @@ from router.checkpoint import (
     load_checkpoint,
 )
 from router.features import FeatureConfig, FeatureExtractor
+from router.policies.knn import KNNHead
 from router.policy import Call, LoopState, Policy, RouteContext, Select, Step, ToolCall
 from router.pool import ModelPool
 
@@ -194,6 +195,13 @@ class CompactHead:
         return out
 
 
+def head_for(ckpt: CompactCheckpoint) -> CompactHead | KNNHead:
+    """The head that serves ``ckpt``: its network, or its stored neighbours."""
+    if ckpt.architecture.kind == "knn":
+        return KNNHead.from_checkpoint(ckpt)
+    return CompactHead.from_checkpoint(ckpt)
+
+
 def masked_softmax(logits: np.ndarray, mask: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     """Row-wise softmax of ``logits / temperature`` over the ``True`` entries of ``mask``
     (masked entries get probability 0), in float64."""
@@ -259,7 +267,7 @@ class CompactPolicy(Policy):
         self.feature_version = ckpt.feature_version
         self.actions: list[str] = ckpt.pool
         self._configured = np.array([m in pool for m in self.actions], dtype=bool)
-        self._head = CompactHead.from_checkpoint(ckpt)
+        self._head = head_for(ckpt)
         self.epsilon = float(epsilon)
         self.temperature = float(temperature)
         self.sample = bool(sample)

@@ -282,3 +282,46 @@ def test_deploy_hot_loads_a_checkpoint_and_refuses_a_mismatched_one(
             gw2.stop()
     finally:
         gw.stop()
+
+
+def test_a_knn_checkpoint_is_trained_deployed_and_served(
+    upstream: Upstream, demo_table: list[OutcomeRecord], tmp_path: Path
+) -> None:
+    from router.checkpoint import load_checkpoint
+
+    def xrouter(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gateway.cli", *args],
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    table = REPO_ROOT / "router" / "assets" / "demo_outcomes.jsonl"
+    run = tmp_path / "knn"
+    out = xrouter("train", "--table", str(table), "--out", str(run), "--knn", "25,100")
+    assert out.returncode == 0, out.stderr[-2000:]
+    ckpt = load_checkpoint(run / "checkpoint")
+    assert ckpt.architecture.kind == "knn"
+
+    cfg = gateway_config(
+        tmp_path, upstream.base_url, auth={"enabled": True, "admin_key": ADMIN_KEY}
+    )
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        out = xrouter("deploy", str(run / "checkpoint"), "--url", gw.url, "--admin-key", ADMIN_KEY)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["checkpoint"]["version"] == ckpt.version
+        made = httpx.post(f"{gw.url}/admin/keys", json={"alias": "knn"}, headers=ADMIN)
+        assert made.status_code == 201, made.text
+        key = made.json()["key"]
+        client = openai.OpenAI(base_url=gw.base_url, api_key=key, max_retries=0)
+        rec = demo_table[0]
+        r = client.chat.completions.with_raw_response.create(
+            model="xrouter/compact", messages=[{"role": "user", "content": rec.text}]
+        )
+        meta = r.http_response.json()["xrouter"]
+        assert meta["policy"] == "compact" and r.parse().model in ckpt.pool
+        assert meta["decision"]["feature_version"] == ckpt.feature_version
+        # The recorded answer of the model the neighbours picked.
+        assert r.parse().choices[0].message.content == rec.outcomes[r.parse().model].response
+    finally:
+        gw.stop()

@@ -18,6 +18,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from training.compact.config import TrainConfig
 
@@ -98,6 +99,14 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--offpolicy", action="store_true", help="learn from logged records (partial feedback)"
     )
+    parser.add_argument(
+        "--knn",
+        type=_ints,
+        default=None,
+        metavar="K[,K...]",
+        help="instead of training a network, store a kNN router over the training prompts "
+        "(k picked on validation among these, e.g. 25,50,100,200,400)",
+    )
     parser.add_argument("--estimator", choices=["ips", "snips", "dr"], default=d.estimator)
     parser.add_argument("--ips-clip", type=float, default=d.ips_clip)
     parser.add_argument(
@@ -174,24 +183,31 @@ def run_train(args: argparse.Namespace) -> int:
     command = getattr(args, "command_line", None) or shlex.join(["xrouter", *sys.argv[1:]])
     try:
         cfg = config_from_args(args)
-        result = train(
-            records,
-            cfg,
-            args.out,
-            pool=pool,
-            prices_path=args.prices,
-            cache_dir=args.cache_dir,
-            command=command,
-            name=args.name,
-            description=args.description,
-            table_path=table,
-        )
+        common: dict[str, Any] = {
+            "pool": pool,
+            "prices_path": args.prices,
+            "cache_dir": args.cache_dir,
+            "command": command,
+            "name": args.name,
+            "description": args.description,
+            "table_path": table,
+        }
+        if getattr(args, "knn", None):
+            from training.compact.knn import build_knn
+
+            result = build_knn(records, cfg, args.out, args.knn, **common)
+        else:
+            result = train(records, cfg, args.out, **common)
     except ValueError as exc:
         print(f"xrouter train: {exc}", file=sys.stderr)
         return 2
-    summary = {
+    summary: dict[str, Any] = {
         "checkpoint": str(result.checkpoint_path),
-        "best_step": result.best_step,
+        **(
+            {"neighbours": result.neighbours}
+            if result.neighbours is not None
+            else {"best_step": result.best_step}
+        ),
         "seconds": round(result.seconds, 1),
         "validation": {
             k: {m: v[m] for m in ("reward", "score", "cost_usd") if m in v}

@@ -39,6 +39,7 @@ from router.checkpoint import Architecture, CheckpointMetadata, save_checkpoint
 from router.features import FeatureExtractor
 from router.outcomes import OutcomeRecord
 from router.policies.compact import CompactHead, encode_lambda, masked_softmax
+from router.policies.knn import KNNHead
 from training.compact.config import TrainConfig
 from training.compact.data import (
     TableArrays,
@@ -62,7 +63,7 @@ logger = logging.getLogger(__name__)
 
 
 def evaluate_full(
-    head: CompactHead,
+    head: CompactHead | KNNHead,
     x: np.ndarray,
     arrays: TableArrays,
     lambdas: Sequence[float],
@@ -93,6 +94,56 @@ def evaluate_full(
             },
         }
     return out
+
+
+def run_metadata(
+    cfg: TrainConfig,
+    arch: Architecture,
+    models: list[str],
+    prices: dict[str, dict[str, str]],
+    extractor: FeatureExtractor,
+    records: Sequence[OutcomeRecord],
+    splits: dict[str, np.ndarray],
+    *,
+    mode: str,
+    name: str = "",
+    description: str = "",
+    command: str = "",
+    table_path: str | Path | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a run's checkpoint says about itself: the fixed metadata (pool, prices,
+    features, architecture, reward) and how it was trained (mode, command, configuration,
+    the table and its split sizes)."""
+    reward_cfg = cfg.reward_config()
+    base_meta: dict[str, Any] = {
+        "name": name,
+        "description": description,
+        "pool": models,
+        "prices": prices,
+        "feature_version": extractor.feature_version,
+        "feature_config": extractor.config.to_dict(),
+        "architecture": arch,
+        "reward": {
+            **dataclasses.asdict(reward_cfg),
+            "cost_normalization": "reference" if cfg.reference_model else "scale",
+            "reference_model": cfg.reference_model,
+        },
+    }
+    table_info: dict[str, Any] = {
+        "records": len(records),
+        **{f"n_{k}": len(v) for k, v in splits.items()},
+    }
+    if table_path is not None:
+        table_info["path"] = str(table_path)
+        table_info["sha256"] = hashlib.sha256(Path(table_path).read_bytes()).hexdigest()
+    training_meta = {
+        "mode": mode,
+        "command": command,
+        "config": cfg.to_dict(),
+        "table": table_info,
+        "torch": torch.__version__,
+    }
+    return base_meta, training_meta
 
 
 def mean_reward(metrics: dict[str, dict[str, Any]]) -> float:
@@ -185,6 +236,8 @@ class TrainResult:
     initial_validation: dict[str, dict[str, Any]]
     test: dict[str, dict[str, Any]] | None = None
     pool: list[str] = field(default_factory=list)
+    # kNN checkpoints: the number of neighbours picked on validation.
+    neighbours: int | None = None
 
 
 def _seed_everything(seed: int) -> torch.Generator:
@@ -194,7 +247,7 @@ def _seed_everything(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def _split_rows(ids: Sequence[str], cfg: TrainConfig) -> dict[str, np.ndarray]:
+def split_rows(ids: Sequence[str], cfg: TrainConfig) -> dict[str, np.ndarray]:
     names = np.array([split_of(i, cfg.fractions, cfg.split_seed) for i in ids])
     return {s: np.flatnonzero(names == s) for s in ("train", "validation", "test")}
 
@@ -241,7 +294,7 @@ def train(
         raise ValueError("off-policy training needs a fixed cost scale (no reference model)")
     catalog, snapshot = resolve_prices(models, prices_path)
     arrays = TableArrays.from_records(records, models, catalog)
-    splits = _split_rows(arrays.ids, cfg)
+    splits = split_rows(arrays.ids, cfg)
     ref_idx = models.index(cfg.reference_model) if cfg.reference_model else None
     reference = arrays.cost[:, ref_idx] if ref_idx is not None else None
     cfg = resolve_lambdas(
@@ -300,34 +353,20 @@ def train(
             return evaluate_full(head, xv, val, val_lambdas, reward_cfg, val_ref)
         return evaluate_logged(head, xv, val, val_lambdas, reward_cfg, cfg.ips_clip, reward_model)
 
-    base_meta: dict[str, Any] = {
-        "name": name,
-        "description": description,
-        "pool": models,
-        "prices": snapshot,
-        "feature_version": extractor.feature_version,
-        "feature_config": extractor.config.to_dict(),
-        "architecture": arch,
-        "reward": {
-            **dataclasses.asdict(reward_cfg),
-            "cost_normalization": "reference" if cfg.reference_model else "scale",
-            "reference_model": cfg.reference_model,
-        },
-    }
-    table_info: dict[str, Any] = {
-        "records": len(records),
-        **{f"n_{k}": len(v) for k, v in splits.items()},
-    }
-    if table_path is not None:
-        table_info["path"] = str(table_path)
-        table_info["sha256"] = hashlib.sha256(Path(table_path).read_bytes()).hexdigest()
-    training_meta = {
-        "mode": "offpolicy" if cfg.offpolicy else "grpo",
-        "command": command,
-        "config": cfg.to_dict(),
-        "table": table_info,
-        "torch": torch.__version__,
-    }
+    base_meta, training_meta = run_metadata(
+        cfg,
+        arch,
+        models,
+        snapshot,
+        extractor,
+        records,
+        splits,
+        mode="offpolicy" if cfg.offpolicy else "grpo",
+        name=name,
+        description=description,
+        command=command,
+        table_path=table_path,
+    )
     (out / "config.json").write_text(
         json.dumps(
             {**training_meta, "pool": models, "feature_version": extractor.feature_version},
