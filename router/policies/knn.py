@@ -12,7 +12,8 @@ plug-in estimate generalizes better than a policy network (README, Results).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -27,14 +28,14 @@ REWARD_TEMPERATURE = 0.02
 _TIE_BREAK = 1e-9
 
 
-def reward_config_of(reward: dict[str, object]) -> RewardConfig:
+def reward_config_of(reward: Mapping[str, Any]) -> RewardConfig:
     """The reward a checkpoint was built for, from its metadata."""
     default = RewardConfig()
     return RewardConfig(
         form="additive" if reward.get("form") == "additive" else "gated",
-        K=float(reward.get("K", default.K)),  # type: ignore[arg-type]
-        c_max=float(reward.get("c_max", default.c_max)),  # type: ignore[arg-type]
-        cost_scale=float(reward.get("cost_scale", default.cost_scale)),  # type: ignore[arg-type]
+        K=float(reward.get("K", default.K)),
+        c_max=float(reward.get("c_max", default.c_max)),
+        cost_scale=float(reward.get("cost_scale", default.cost_scale)),
     )
 
 
