@@ -12,8 +12,6 @@ policy network's best step. The checkpoint is an ordinary compact checkpoint of 
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 import logging
 import time
 from collections.abc import Sequence
@@ -28,19 +26,15 @@ from router.outcomes import OutcomeRecord
 from router.policies.knn import KNNHead
 from router.reward import normalized_cost
 from training.compact.config import TrainConfig
-from training.compact.data import (
-    TableArrays,
-    cached_features,
-    pool_of,
-    resolve_lambdas,
-    resolve_prices,
-)
+from training.compact.data import cached_features
 from training.compact.trainer import (
     TrainResult,
     evaluate_full,
     mean_reward,
+    prepare_table,
     run_metadata,
-    split_rows,
+    write_config,
+    write_summary,
 )
 
 logger = logging.getLogger(__name__)
@@ -83,32 +77,11 @@ def build_knn(
         raise ValueError("a kNN checkpoint needs a full-information table (not --offpolicy)")
     if not neighbours or any(k < 1 for k in neighbours):
         raise ValueError(f"neighbour counts must be positive, got {list(neighbours)}")
-    models = list(pool) if pool else pool_of(records, full_information=True)
-    if not models:
-        raise ValueError("no model has an outcome on every record: pass --pool")
-    kept = [r for r in records if all(m in r.outcomes for m in models)]
-    if len(kept) < len(records):
-        logger.warning(
-            "dropped %d records lacking an outcome for some pool model", len(records) - len(kept)
-        )
-    if cfg.reference_model is not None and cfg.reference_model not in models:
-        raise ValueError(f"reference model {cfg.reference_model!r} is not in the pool")
-    catalog, snapshot = resolve_prices(models, prices_path)
-    arrays = TableArrays.from_records(kept, models, catalog)
-    splits = split_rows(arrays.ids, cfg)
-    train_rows, val_rows = splits["train"], splits["validation"]
-    if len(train_rows) == 0 or len(val_rows) == 0:
-        raise ValueError(
-            f"need training and validation records, got {[len(v) for v in splits.values()]}"
-        )
+    table = prepare_table(records, cfg, pool, prices_path)
+    cfg, models, arrays = table.cfg, table.models, table.arrays
+    train_rows, val_rows = table.splits["train"], table.splits["validation"]
     if not arrays.available[train_rows].all():
         raise ValueError("the training part has unknown outcomes: a kNN checkpoint needs them all")
-    reference = arrays.cost[:, models.index(cfg.reference_model)] if cfg.reference_model else None
-    cfg = resolve_lambdas(
-        cfg,
-        arrays.subset(train_rows),
-        reference[train_rows] if reference is not None else None,
-    )
     val_lambdas = cfg.val_lambdas or (0.0,)
     reward_cfg = cfg.reward_config()
 
@@ -121,11 +94,11 @@ def build_knn(
         "examples": x[train_rows, :dims].astype(np.float32),
         "scores": arrays.score[train_rows].astype(np.float32),
         "normalized_costs": normalized_costs(
-            arrays.cost[train_rows], cfg, reference[train_rows] if reference is not None else None
+            arrays.cost[train_rows], cfg, table.reference_of(train_rows)
         ).astype(np.float32),
     }
     val = arrays.subset(val_rows)
-    val_ref = reference[val_rows] if reference is not None else None
+    val_ref = table.reference_of(val_rows)
     tried: dict[int, float] = {}
     best: tuple[float, int, Architecture, dict[str, dict[str, Any]]] | None = None
     for k in sorted({min(k, len(train_rows)) for k in neighbours}):
@@ -151,10 +124,10 @@ def build_knn(
         cfg,
         arch,
         models,
-        snapshot,
+        table.prices,
         extractor,
-        kept,
-        splits,
+        table.records,
+        table.splits,
         mode="knn",
         name=name,
         description=description,
@@ -162,13 +135,7 @@ def build_knn(
         table_path=table_path,
     )
     training_meta["neighbours_tried"] = {str(n): v for n, v in tried.items()}
-    (out / "config.json").write_text(
-        json.dumps(
-            {**training_meta, "pool": models, "feature_version": extractor.feature_version},
-            indent=2,
-        )
-        + "\n"
-    )
+    write_config(out, training_meta, models, extractor)
     metrics_out: dict[str, Any] = {
         "selected_by": f"mean greedy validation reward at λ in {list(val_lambdas)}",
         "neighbours": k,
@@ -186,17 +153,6 @@ def build_knn(
         ),
         weights,
     )
-    (out / "summary.json").write_text(
-        json.dumps(
-            {
-                "checkpoint": str(ckpt_path),
-                "seconds": round(seconds, 2),
-                "finished_at": dt.datetime.now(dt.UTC).isoformat(),
-                **metrics_out,
-            },
-            indent=2,
-        )
-        + "\n"
-    )
+    write_summary(out, ckpt_path, seconds, metrics_out)
     logger.info("kNN checkpoint with k=%d (validation reward %.4f): %s", k, score, ckpt_path)
     return TrainResult(out, ckpt_path, 0, 0, seconds, val_metrics, {}, None, models, k)

@@ -252,6 +252,84 @@ def split_rows(ids: Sequence[str], cfg: TrainConfig) -> dict[str, np.ndarray]:
     return {s: np.flatnonzero(names == s) for s in ("train", "validation", "test")}
 
 
+@dataclass(slots=True)
+class RunTable:
+    """A table ready to train on: the pool, the records kept for it, their arrays and
+    id-hash split, the reference model's costs (if cost is normalized by one) and the
+    configuration with its λ range resolved from the training part."""
+
+    cfg: TrainConfig
+    models: list[str]
+    records: list[OutcomeRecord]
+    prices: dict[str, dict[str, str]]
+    arrays: TableArrays
+    splits: dict[str, np.ndarray]
+    reference: np.ndarray | None
+
+    def reference_of(self, rows: np.ndarray) -> np.ndarray | None:
+        return None if self.reference is None else self.reference[rows]
+
+
+def prepare_table(
+    records: Sequence[OutcomeRecord],
+    cfg: TrainConfig,
+    pool: Sequence[str] | None = None,
+    prices_path: str | Path | None = None,
+) -> RunTable:
+    """Checks and arrays shared by every way of building a checkpoint from a table."""
+    models = list(pool) if pool else pool_of(records, full_information=not cfg.offpolicy)
+    if not models:
+        raise ValueError("no model has an outcome on every record: pass --pool")
+    seen = {m for r in records for m in r.outcomes}
+    unknown = [m for m in models if m not in seen]
+    if unknown:
+        raise ValueError(f"pool model(s) with no outcome in the table: {', '.join(unknown)}")
+    kept = list(records)
+    if not cfg.offpolicy:
+        kept = [r for r in records if all(m in r.outcomes for m in models)]
+        if len(kept) < len(records):
+            logger.warning(
+                "dropped %d records lacking an outcome for some pool model",
+                len(records) - len(kept),
+            )
+    if cfg.reference_model is not None and cfg.reference_model not in models:
+        raise ValueError(f"reference model {cfg.reference_model!r} is not in the pool")
+    if cfg.offpolicy and cfg.reference_model is not None:
+        raise ValueError("off-policy training needs a fixed cost scale (no reference model)")
+    catalog, prices = resolve_prices(models, prices_path)
+    arrays = TableArrays.from_records(kept, models, catalog)
+    splits = split_rows(arrays.ids, cfg)
+    if len(splits["train"]) == 0 or len(splits["validation"]) == 0:
+        raise ValueError(
+            f"need training and validation records, got {[len(v) for v in splits.values()]}"
+        )
+    reference = arrays.cost[:, models.index(cfg.reference_model)] if cfg.reference_model else None
+    table = RunTable(cfg, models, kept, prices, arrays, splits, reference)
+    table.cfg = resolve_lambdas(
+        cfg, arrays.subset(splits["train"]), table.reference_of(splits["train"])
+    )
+    return table
+
+
+def write_config(
+    out: Path, training_meta: dict[str, Any], models: list[str], extractor: FeatureExtractor
+) -> None:
+    """The run directory's config.json: how the run was set up."""
+    body = {**training_meta, "pool": models, "feature_version": extractor.feature_version}
+    (out / "config.json").write_text(json.dumps(body, indent=2) + "\n")
+
+
+def write_summary(out: Path, checkpoint: Path, seconds: float, metrics: dict[str, Any]) -> None:
+    """The run directory's summary.json: what came out."""
+    body = {
+        "checkpoint": str(checkpoint),
+        "seconds": round(seconds, 2),
+        "finished_at": dt.datetime.now(dt.UTC).isoformat(),
+        **metrics,
+    }
+    (out / "summary.json").write_text(json.dumps(body, indent=2) + "\n")
+
+
 def train(
     records: Sequence[OutcomeRecord],
     cfg: TrainConfig,
@@ -273,43 +351,18 @@ def train(
     gen = _seed_everything(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
 
-    models = list(pool) if pool else pool_of(records, full_information=not cfg.offpolicy)
-    if not models:
-        raise ValueError("no model has an outcome on every record: pass --pool")
-    seen = {m for r in records for m in r.outcomes}
-    unknown = [m for m in models if m not in seen]
-    if unknown:
-        raise ValueError(f"pool model(s) with no outcome in the table: {', '.join(unknown)}")
-    if not cfg.offpolicy:
-        kept = [r for r in records if all(m in r.outcomes for m in models)]
-        if len(kept) < len(records):
-            logger.warning(
-                "dropped %d records lacking an outcome for some pool model",
-                len(records) - len(kept),
-            )
-        records = kept
-    if cfg.reference_model is not None and cfg.reference_model not in models:
-        raise ValueError(f"reference model {cfg.reference_model!r} is not in the pool")
-    if cfg.offpolicy and cfg.reference_model is not None:
-        raise ValueError("off-policy training needs a fixed cost scale (no reference model)")
-    catalog, snapshot = resolve_prices(models, prices_path)
-    arrays = TableArrays.from_records(records, models, catalog)
-    splits = split_rows(arrays.ids, cfg)
-    ref_idx = models.index(cfg.reference_model) if cfg.reference_model else None
-    reference = arrays.cost[:, ref_idx] if ref_idx is not None else None
-    cfg = resolve_lambdas(
-        cfg,
-        arrays.subset(splits["train"]),
-        reference[splits["train"]] if reference is not None else None,
+    table = prepare_table(records, cfg, pool, prices_path)
+    cfg, models, arrays, splits, reference = (
+        table.cfg,
+        table.models,
+        table.arrays,
+        table.splits,
+        table.reference,
     )
     val_lambdas = cfg.val_lambdas or (0.0,)
     logger.info(
         "cost weights: trained on [%g, %g], validated at %s", *cfg.lambda_range, val_lambdas
     )
-    if len(splits["train"]) == 0 or len(splits["validation"]) == 0:
-        raise ValueError(
-            f"need training and validation records, got {[len(v) for v in splits.values()]}"
-        )
 
     extractor = extractor or FeatureExtractor.load()
     x = cached_features(
@@ -357,9 +410,9 @@ def train(
         cfg,
         arch,
         models,
-        snapshot,
+        table.prices,
         extractor,
-        records,
+        table.records,
         splits,
         mode="offpolicy" if cfg.offpolicy else "grpo",
         name=name,
@@ -367,13 +420,7 @@ def train(
         command=command,
         table_path=table_path,
     )
-    (out / "config.json").write_text(
-        json.dumps(
-            {**training_meta, "pool": models, "feature_version": extractor.feature_version},
-            indent=2,
-        )
-        + "\n"
-    )
+    write_config(out, training_meta, models, extractor)
 
     def save(
         path: Path, weights: dict[str, np.ndarray], metrics: dict[str, Any], step: int
@@ -455,18 +502,7 @@ def train(
     ckpt_path = out / "checkpoint"
     save(ckpt_path, best_weights, metrics, best_step)
     seconds = time.perf_counter() - started
-    (out / "summary.json").write_text(
-        json.dumps(
-            {
-                "checkpoint": str(ckpt_path),
-                "seconds": round(seconds, 2),
-                "finished_at": dt.datetime.now(dt.UTC).isoformat(),
-                **metrics,
-            },
-            indent=2,
-        )
-        + "\n"
-    )
+    write_summary(out, ckpt_path, seconds, metrics)
     logger.info(
         "best validation reward %.4f at step %d; checkpoint %s", best_score, best_step, ckpt_path
     )
