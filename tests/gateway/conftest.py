@@ -43,6 +43,21 @@ def longest_answer(table: list[OutcomeRecord], model: str) -> OutcomeRecord:
     )
 
 
+def abandon_stream(base_url: str, model: str, text: str, key: str | None = None) -> str:
+    """Start a streamed request, read its first two lines and hang up; the request id."""
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    body = {"model": model, "stream": True, "messages": [{"role": "user", "content": text}]}
+    with httpx.stream(
+        "POST", f"{base_url}/chat/completions", json=body, headers=headers, timeout=30
+    ) as r:
+        assert r.status_code == 200
+        request_id = r.headers["x-xrouter-request-id"]
+        lines = r.iter_lines()
+        next(lines)
+        next(lines)
+    return request_id
+
+
 @pytest.fixture(scope="session")
 def demo_table() -> list[OutcomeRecord]:
     return load_outcome_table(DEMO_TABLE)

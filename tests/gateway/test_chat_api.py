@@ -16,7 +16,7 @@ import pytest
 
 from pricing import TokenUsage, estimate_tokens, load_default_catalog
 from router.outcomes import OutcomeRecord
-from tests.gateway.conftest import Upstream, longest_answer
+from tests.gateway.conftest import Upstream, abandon_stream, longest_answer
 from tests.support.gateway import Gateway, gateway_config, start_gateway
 from tests.support.replay import start_replay_upstream, stop_replay_upstream
 
@@ -324,16 +324,7 @@ def test_client_disconnect_mid_stream_cancels_upstream(
 ) -> None:
     # A long recorded answer streamed slowly (3 ms per chunk) that the client abandons.
     rec = longest_answer(demo_table, MODEL)
-    with httpx.stream(
-        "POST",
-        f"{gateway.base_url}/chat/completions",
-        json={"model": MODEL, "stream": True, "messages": [{"role": "user", "content": rec.text}]},
-    ) as r:
-        assert r.status_code == 200
-        request_id = r.headers["x-xrouter-request-id"]
-        lines = r.iter_lines()
-        next(lines)
-        next(lines)
+    request_id = abandon_stream(gateway.base_url, MODEL, rec.text)
     deadline = time.monotonic() + 5
     while upstream.stats()["streams_abandoned"] < 1 and time.monotonic() < deadline:
         time.sleep(0.05)

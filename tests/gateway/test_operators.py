@@ -26,7 +26,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from router.outcomes import OutcomeRecord
-from tests.gateway.conftest import Upstream, longest_answer
+from tests.gateway.conftest import Upstream, abandon_stream, longest_answer
 from tests.gateway.ledger.factories import pg_admin, pg_url
 from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
 
@@ -272,18 +272,7 @@ def test_abandoned_stream_is_charged_to_its_key(
     # for what it used: the key's budget counter and the ledger agree on a non-zero cost.
     rec = longest_answer(demo_table, MODEL)
     k = create_key(gw, budget_usd=1.0, budget_period="total")
-    with httpx.stream(
-        "POST",
-        f"{gw.base_url}/chat/completions",
-        json={"model": MODEL, "stream": True, "messages": [{"role": "user", "content": rec.text}]},
-        headers={"Authorization": f"Bearer {k['key']}"},
-        timeout=30,
-    ) as r:
-        assert r.status_code == 200
-        request_id = r.headers["x-xrouter-request-id"]
-        lines = r.iter_lines()
-        next(lines)
-        next(lines)
+    request_id = abandon_stream(gw.base_url, MODEL, rec.text, k["key"])
     spent = 0.0
     deadline = time.monotonic() + 10
     while spent == 0 and time.monotonic() < deadline:
