@@ -7,7 +7,7 @@ import random
 from collections.abc import Sequence
 from typing import Literal
 
-from router.answers import agree
+from router.plans import CascadePlan, continue_plan, start_plan
 from router.policy import Call, LoopState, Policy, RouteContext, Select, Step, ToolCall
 from router.pool import ModelPool
 
@@ -96,31 +96,24 @@ class CascadePolicy(Policy):
 
     async def step(self, ctx: RouteContext, state: LoopState) -> Step:
         order = self._order(ctx)
+        if self.check == "agreement":
+            # The same plan semantics as a cascade checkpoint's and the offline evaluation's.
+            plan = CascadePlan(tuple(order), k=min(2, len(order)))
+            if state.turn == 0:
+                return start_plan(plan, state)
+            return continue_plan(plan, ctx, state)
         tried = [o.call.model for o in state.outcomes]
         ok = [o for o in state.outcomes if o.ok and o.text.strip()]
         if state.turn > 0:
-            if self.check == "nonempty":
-                last = state.outcomes[-1]
-                finish = ((last.response or {}).get("choices") or [{}])[0].get("finish_reason")
-                if last.ok and last.text.strip() and finish != "length":
-                    return Select(last.call.id)
-            else:
-                for i, a in enumerate(ok):
-                    for b in ok[i + 1 :]:
-                        if agree(a.text, b.text):
-                            cheaper = a if order.index(a.model) <= order.index(b.model) else b
-                            return Select(cheaper.call.id)
+            last = state.outcomes[-1]
+            finish = ((last.response or {}).get("choices") or [{}])[0].get("finish_reason")
+            if last.ok and last.text.strip() and finish != "length":
+                return Select(last.call.id)
         remaining = [m for m in order if m not in tried]
         if not remaining:
             return Select(ok[-1].call.id) if ok else Call(())
-        if state.turn == 0 and self.check == "agreement" and len(remaining) >= 2:
-            batch = remaining[:2]
-        else:
-            batch = remaining[:1]
-        for m in batch:
-            state.decision.record(m, 1.0)
-        final = len(remaining) == len(batch) and len(batch) == 1
+        state.decision.record(remaining[0], 1.0)
         return Call(
-            tuple(ToolCall(id=f"call_{state.turn}_{i}", model=m) for i, m in enumerate(batch)),
-            final=final,
+            (ToolCall(id=f"call_{state.turn}_0", model=remaining[0]),),
+            final=len(remaining) == 1,
         )

@@ -25,6 +25,7 @@ import numpy as np
 
 from router.answers import normalize_answer
 from router.outcomes import OutcomeRecord
+from router.plans import Accept, CascadePlan
 from training.evaluation.embedding import Embed, HashingTfidfEmbedder, normalize_rows
 from training.evaluation.sweep import OutcomeMatrix, RoutedPrompt, RoutingError
 from training.evaluation.utility import BASELINE_REWARD, expected_reward, lambda_grid
@@ -61,53 +62,36 @@ class CascadeRouter:
         check: Check | None = None,
         name: str | None = None,
     ) -> None:
-        if not order:
-            raise ValueError("a cascade needs at least one model")
-        if len(set(order)) != len(order):
-            raise ValueError(f"cascade order repeats a model: {list(order)}")
-        if not 1 <= k <= len(order):
-            raise ValueError(f"k must be between 1 and {len(order)}, got {k}")
-        if quorum < 2:
-            raise ValueError("quorum must be at least 2 (answers that must agree)")
         if check is not None and k != 1:
             raise ValueError("a checked cascade calls one model at a time (k=1)")
+        # The plan validates the order, k and quorum, and decides agreement exactly as the
+        # served policy does (``router.policies.planned``).
+        self.plan = CascadePlan(tuple(order), k, quorum)
         self.order, self.k, self.quorum, self.check = list(order), k, quorum, check
-        suffix = f"@{k}" + (f"q{quorum}" if quorum != 2 else "")
-        self.name = name or f"cascade:{'>'.join(self.order)}{suffix}"
+        self.name = name or self.plan.name
 
     def fit(self, records: Sequence[OutcomeRecord]) -> CascadeRouter:
         return self
 
-    def _agreed(
-        self, record: OutcomeRecord, called: list[str], answers: dict[str, str]
-    ) -> str | None:
-        """The cheapest called model whose (non-empty) answer is shared by ``quorum`` of the
-        called models, if any."""
-        votes: dict[str, list[str]] = {}
-        for m in called:
-            if m not in answers:
-                answers[m] = normalize_answer(_response(record, m))
-            if answers[m]:
-                votes.setdefault(answers[m], []).append(m)
-        # ``called`` is in cost order, so the first member of a group is its cheapest.
-        agreeing = [group[0] for group in votes.values() if len(group) >= self.quorum]
-        return min(agreeing, key=called.index) if agreeing else None
-
     def trajectory(self, record: OutcomeRecord) -> RoutedPrompt:
-        called = self.order[: self.k]
+        called = list(self.plan.first)
+        if self.check is not None:
+            while True:
+                last = called[-1]
+                if self.check(record, last, _response(record, last)) or len(called) == len(
+                    self.order
+                ):
+                    return RoutedPrompt.from_calls(record, called, last)
+                called.append(self.order[len(called)])
         answers: dict[str, str] = {}
         while True:
-            if self.check is not None:
-                last = called[-1]
-                if self.check(record, last, _response(record, last)):
-                    return RoutedPrompt.from_calls(record, called, last)
-            else:
-                agreed = self._agreed(record, called, answers)
-                if agreed is not None:
-                    return RoutedPrompt.from_calls(record, called, agreed)
-            if len(called) == len(self.order):
-                return RoutedPrompt.from_calls(record, called, called[-1])
-            called = self.order[: len(called) + 1]
+            for m in called:
+                if m not in answers:
+                    answers[m] = normalize_answer(_response(record, m))
+            step = self.plan.advance(called, answers)
+            if isinstance(step, Accept):
+                return RoutedPrompt.from_calls(record, called, step.model)
+            called.append(step.model)
 
     def route(self, records: Sequence[OutcomeRecord], cost_weight: float) -> list[RoutedPrompt]:
         return [self.trajectory(r) for r in records]
@@ -181,6 +165,10 @@ class CascadeFamilyRouter:
         # One cheap model, escalating to the fallback when they disagree.
         configs.extend(CascadeRouter([x, fallback], 2) for x in cheap)
         return configs
+
+    def candidates(self, records: Sequence[OutcomeRecord]) -> list[CascadeRouter]:
+        """The family's members for a training split (before any is measured)."""
+        return self._candidates(OutcomeMatrix.from_records(records))
 
     def fit(self, records: Sequence[OutcomeRecord]) -> CascadeFamilyRouter:
         m = OutcomeMatrix.from_records(records)

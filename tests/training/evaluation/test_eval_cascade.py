@@ -6,7 +6,7 @@ from router.outcomes import OutcomeRecord
 from training.evaluation.cascade import CascadeFamilyRouter, CascadeRouter, nonempty_check
 from training.evaluation.sweep import RoutingError, sweep
 
-COST = {"a": 0.1, "b": 0.2, "c": 1.0}
+COST = {"a": 0.1, "b": 0.2, "c": 1.0, "d": 5.0}
 
 
 def record(answers: dict[str, str], right: str = "B") -> OutcomeRecord:
@@ -34,10 +34,19 @@ def test_cheap_models_that_agree_answer_alone() -> None:
 
 
 def test_disagreement_escalates_and_a_late_agreement_selects_the_cheaper() -> None:
-    r = record({"a": "A", "b": "B", "c": "(B)"})
-    routed = CascadeRouter(["a", "b", "c"], k=2).trajectory(r)
+    r = record({"a": "A", "b": "B", "c": "(B)", "d": "C"})
+    routed = CascadeRouter(["a", "b", "c", "d"], k=2).trajectory(r)
     assert routed.models_called == ("a", "b", "c")
     assert routed.final_model == "b"
+    assert routed.cost_usd == pytest.approx(1.3)
+
+
+def test_the_last_escalation_answers_whatever_it_says() -> None:
+    # c agrees with b, but c is the order's last model called alone: its answer is final
+    # (so the gateway can stream it), at the same cost as selecting b's.
+    r = record({"a": "A", "b": "B", "c": "(B)"})
+    routed = CascadeRouter(["a", "b", "c"], k=2).trajectory(r)
+    assert (routed.models_called, routed.final_model) == (("a", "b", "c"), "c")
     assert routed.cost_usd == pytest.approx(1.3)
 
 
