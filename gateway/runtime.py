@@ -83,7 +83,7 @@ def _load_compact(settings: Settings, pool: ModelPool) -> tuple[Policy | None, d
             default_checkpoint_path,
             load_checkpoint,
         )
-        from router.policies.compact import CompactPolicy
+        from router.policies.checkpointed import policy_for_checkpoint
     except ImportError as exc:  # the compact policy's assets are optional in a slim install
         log.warning("compact policy unavailable: %s", exc)
         return None, {}
@@ -92,7 +92,7 @@ def _load_compact(settings: Settings, pool: ModelPool) -> tuple[Policy | None, d
     r = settings.router
     try:
         # The policy checks the checkpoint's pool against ours (and warns on price changes).
-        policy = CompactPolicy(
+        policy = policy_for_checkpoint(
             load_checkpoint(path),
             pool,
             epsilon=r.epsilon,

@@ -83,8 +83,26 @@ class LambdaEncoding(BaseModel):
         return 1 + 2 * len(self.fourier_freqs) + len(self.monotone_scales)
 
 
+class PlanSpec(BaseModel):
+    """One multi-call plan of a ``cascade`` checkpoint (``router.plans.CascadePlan``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    order: tuple[str, ...] = Field(min_length=1)
+    k: int = Field(default=2, ge=1)
+    quorum: int = Field(default=2, ge=2)
+
+    @model_validator(mode="after")
+    def _valid(self) -> PlanSpec:
+        if len(set(self.order)) != len(self.order):
+            raise ValueError(f"plan order repeats a model: {list(self.order)}")
+        if self.k > len(self.order):
+            raise ValueError(f"plan calls k={self.k} models first but has {len(self.order)}")
+        return self
+
+
 class Architecture(BaseModel):
-    """How a checkpoint maps features and λ to the models' logits.
+    """How a checkpoint maps features and λ to decisions.
 
     - ``mlp`` (trained by policy gradient): an MLP over [standardized features,
       λ-encoding]; the λ-encoding is fed again to the output layer so the cost trade-off can
@@ -93,11 +111,15 @@ class Architecture(BaseModel):
       columns of ``n_examples`` prompts (the static embedding), each model's score and
       normalized cost on them; a request's logits are each model's expected reward over its
       ``neighbours`` most similar prompts (``router.policies.knn``).
+    - ``cascade``: like ``knn``, but what is ranked are multi-call ``plans`` (call cheap
+      models first, escalate until answers agree); it stores every plan's score and
+      normalized cost on each training prompt and runs the plan with the best expected
+      reward over the neighbours (``router.policies.planned``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["mlp", "knn"] = "mlp"
+    kind: Literal["mlp", "knn", "cascade"] = "mlp"
     input_dim: int = Field(gt=0)
     hidden: tuple[int, ...] = (128, 128)
     activation: Literal["gelu_tanh", "relu", "silu"] = "gelu_tanh"
@@ -106,14 +128,19 @@ class Architecture(BaseModel):
     neighbours: int = Field(default=0, ge=0)
     n_examples: int = Field(default=0, ge=0)
     similarity_dims: int = Field(default=0, ge=0)
+    plans: tuple[PlanSpec, ...] = ()
 
     @model_validator(mode="after")
     def _knn_fields(self) -> Architecture:
-        if self.kind == "knn" and not (
+        if self.kind == "cascade" and not self.plans:
+            raise ValueError("a cascade architecture needs at least one plan")
+        if self.kind != "cascade" and self.plans:
+            raise ValueError(f"a {self.kind} architecture has no plans")
+        if self.kind in ("knn", "cascade") and not (
             1 <= self.neighbours <= self.n_examples and 1 <= self.similarity_dims <= self.input_dim
         ):
             raise ValueError(
-                "a knn architecture needs 1 <= neighbours <= n_examples and "
+                f"a {self.kind} architecture needs 1 <= neighbours <= n_examples and "
                 "1 <= similarity_dims <= input_dim"
             )
         return self
@@ -126,6 +153,13 @@ class Architecture(BaseModel):
                 "examples": (n, self.similarity_dims),
                 "scores": (n, m),
                 "normalized_costs": (n, m),
+            }
+        if self.kind == "cascade":
+            n, p = self.n_examples, len(self.plans)
+            return {
+                "examples": (n, self.similarity_dims),
+                "plan_scores": (n, p),
+                "plan_normalized_costs": (n, p),
             }
         e = self.lambda_encoding.dim
         shapes: dict[str, tuple[int, ...]] = {
@@ -227,6 +261,12 @@ class CompactCheckpoint:
                 raise CheckpointError(f"{where}: {name} has non-finite values")
         if meta.architecture.kind == "mlp" and np.any(self.weights["input_std"] <= 0):
             raise CheckpointError(f"{where}: input_std must be positive")
+        for plan in meta.architecture.plans:
+            unknown = [m for m in plan.order if m not in meta.pool]
+            if unknown:
+                raise CheckpointError(
+                    f"{where}: a plan calls {', '.join(unknown)}, not in the checkpoint's pool"
+                )
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
@@ -35,16 +34,13 @@ import numpy as np
 from router.checkpoint import (
     Architecture,
     CheckpointError,
-    CheckpointPoolMismatch,
     CompactCheckpoint,
     LambdaEncoding,
-    PoolCheck,
-    check_pool,
-    load_checkpoint,
 )
-from router.features import FeatureConfig, FeatureExtractor
+from router.features import FeatureExtractor
+from router.policies.checkpointed import CheckpointPolicy
 from router.policies.knn import KNNHead
-from router.policy import Call, LoopState, Policy, RouteContext, Select, Step, ToolCall
+from router.policy import Call, LoopState, RouteContext, Select, Step, ToolCall
 from router.pool import ModelPool
 
 logger = logging.getLogger(__name__)
@@ -199,6 +195,11 @@ def head_for(ckpt: CompactCheckpoint) -> CompactHead | KNNHead:
     """The head that serves ``ckpt``: its network, or its stored neighbours."""
     if ckpt.architecture.kind == "knn":
         return KNNHead.from_checkpoint(ckpt)
+    if ckpt.architecture.kind == "cascade":
+        raise CheckpointError(
+            "a cascade checkpoint ranks multi-call plans, not single models: serve it with "
+            "router.policies.planned.PlannedPolicy (policy_for_checkpoint picks the right one)"
+        )
     return CompactHead.from_checkpoint(ckpt)
 
 
@@ -222,8 +223,9 @@ def _list_price(ctx: RouteContext, model: str) -> float:
     return float(m.price.input + m.price.output) if m is not None else float("inf")
 
 
-class CompactPolicy(Policy):
-    """Routes each request to one pool model chosen by a compact checkpoint.
+class CompactPolicy(CheckpointPolicy):
+    """Routes each request to one pool model chosen by a compact checkpoint (kinds ``mlp``
+    and ``knn``; ``cascade`` checkpoints are served by ``router.policies.planned``).
 
     Construction reads the checkpoint and the embedding table (blocking file I/O): build it
     at startup, or with :meth:`aload` from async code.
@@ -247,54 +249,14 @@ class CompactPolicy(Policy):
             raise ValueError("epsilon must be in [0, 1]")
         if temperature <= 0:
             raise ValueError("temperature must be positive")
-        ckpt = (
-            checkpoint if isinstance(checkpoint, CompactCheckpoint) else load_checkpoint(checkpoint)
-        )
-        self.checkpoint = ckpt
-        self.pool_check: PoolCheck = check_pool(ckpt, pool)
-        if extractor is None:
-            extractor = FeatureExtractor.load(FeatureConfig.from_dict(ckpt.metadata.feature_config))
-        if extractor.feature_version != ckpt.feature_version:
-            raise CheckpointError(
-                f"checkpoint features {ckpt.feature_version} differ from this extractor's "
-                f"{extractor.feature_version} (embedding table or feature code changed): retrain"
-            )
-        if extractor.dim != ckpt.architecture.input_dim:
-            raise CheckpointError(
-                f"checkpoint expects {ckpt.architecture.input_dim} features, extractor gives {extractor.dim}"
-            )
-        self.extractor = extractor
-        self.feature_version = ckpt.feature_version
-        self.actions: list[str] = ckpt.pool
-        self._configured = np.array([m in pool for m in self.actions], dtype=bool)
-        self._head = head_for(ckpt)
+        super().__init__(checkpoint, pool, executor=executor, extractor=extractor)
+        self._head = head_for(self.checkpoint)
         self.epsilon = float(epsilon)
         self.temperature = float(temperature)
         self.sample = bool(sample)
         self._rng = np.random.default_rng(seed)
-        self._executor = executor
-        self._own_executor: ThreadPoolExecutor | None = None
-
-    @classmethod
-    async def aload(cls, checkpoint: str | Path, pool: ModelPool, **kwargs: Any) -> CompactPolicy:
-        """Build the policy in a worker thread (for reloads from a running event loop)."""
-        return await asyncio.to_thread(lambda: cls(checkpoint, pool, **kwargs))
 
     # -- synchronous API (offline evaluation, tests, benchmarks) ------------------------
-
-    def mask_for(self, allowed: Sequence[str] | ModelPool | None) -> np.ndarray:
-        """Actions that may be chosen: in the configured pool and in ``allowed``."""
-        if allowed is None:
-            return self._configured.copy()
-        names = allowed.names if isinstance(allowed, ModelPool) else list(allowed)
-        wanted = set(names)
-        mask = np.array([m in wanted for m in self.actions], dtype=bool) & self._configured
-        if not mask.any():
-            raise CheckpointPoolMismatch(
-                f"none of the allowed models ({', '.join(names) or 'none'}) is served by this "
-                f"checkpoint (pool: {', '.join(self.actions)})"
-            )
-        return mask
 
     def policy_probs(
         self,
@@ -365,17 +327,6 @@ class CompactPolicy(Policy):
 
     # -- the Policy interface --------------------------------------------------------
 
-    def _pool_executor(self) -> Executor:
-        if self._executor is not None:
-            return self._executor
-        if self._own_executor is None:
-            # A small dedicated pool: the tokenizer releases the GIL, and keeping it apart
-            # from the default executor stops file I/O elsewhere from queueing decisions.
-            self._own_executor = ThreadPoolExecutor(
-                max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="xrouter-compact"
-            )
-        return self._own_executor
-
     async def step(self, ctx: RouteContext, state: LoopState) -> Step:
         state.decision.feature_version = self.feature_version
         note = state.notes.get(NOTE_KEY)
@@ -431,8 +382,3 @@ class CompactPolicy(Policy):
             raise RuntimeError("compact policy: no call outcome to select from")
         # Nothing left to try: hand back the last failure so the loop reports its error.
         return Select(state.outcomes[-1].call.id)
-
-    async def aclose(self) -> None:
-        if self._own_executor is not None:
-            self._own_executor.shutdown(wait=False, cancel_futures=True)
-            self._own_executor = None

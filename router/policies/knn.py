@@ -44,6 +44,50 @@ def _unit_rows(x: np.ndarray) -> np.ndarray:
     return (x / np.maximum(norms, 1e-12)).astype(np.float32)
 
 
+class NeighbourIndex:
+    """The stored training prompts of a ``knn`` or ``cascade`` checkpoint: averages per-prompt
+    tables over each request's ``k`` most similar stored prompts (cosine over the first
+    ``similarity_dims`` feature columns)."""
+
+    def __init__(self, architecture: Architecture, examples: np.ndarray) -> None:
+        self.architecture = architecture
+        self._examples = _unit_rows(np.asarray(examples, dtype=np.float64))
+        self._k = architecture.neighbours
+
+    def means(self, features: np.ndarray, *tables: np.ndarray) -> list[np.ndarray]:
+        """Each ``(n_examples, m)`` table averaged over each feature row's neighbours:
+        ``(n, m)`` arrays, one per table."""
+        x = np.atleast_2d(np.asarray(features, dtype=np.float64))
+        if x.shape[1] != self.architecture.input_dim:
+            raise ValueError(
+                f"features have {x.shape[1]} columns, the head expects {self.architecture.input_dim}"
+            )
+        sims = _unit_rows(x[:, : self.architecture.similarity_dims]) @ self._examples.T
+        nearest = np.argpartition(-sims, self._k - 1, axis=1)[:, : self._k]
+        return [t[nearest].mean(axis=1) for t in tables]
+
+
+def ranked_rewards(
+    score: np.ndarray,
+    cost: np.ndarray,
+    cost_weights: float | Sequence[float] | np.ndarray,
+    reward: RewardConfig,
+) -> np.ndarray:
+    """Expected rewards of ``(n, m)`` estimated scores and normalized costs at one λ or one
+    per row, with equal rewards ordered by cost."""
+    lam = np.asarray(cost_weights, dtype=np.float64)
+    if np.any(lam < 0):
+        raise ValueError("cost weights must be non-negative")
+    if lam.ndim == 1:
+        if lam.shape[0] not in (1, score.shape[0]):
+            raise ValueError("need one cost weight, or one per row of features")
+        lam = lam[:, None]
+    # Equal expected rewards (the gated form's capped penalty makes every option earn 0 at
+    # a large λ) go to the cheaper option: a router should never pay for nothing.
+    out: np.ndarray = expected_reward(score, cost, lam, reward) - _TIE_BREAK * cost
+    return out
+
+
 class KNNHead:
     """Immutable and thread-safe, like ``CompactHead``, with the same ``logits``."""
 
@@ -54,10 +98,9 @@ class KNNHead:
             raise ValueError(f"a KNNHead needs a knn architecture, got {architecture.kind!r}")
         self.architecture = architecture
         self.reward = reward
-        self._examples = _unit_rows(np.asarray(weights["examples"], dtype=np.float64))
+        self._index = NeighbourIndex(architecture, weights["examples"])
         self._scores = np.asarray(weights["scores"], dtype=np.float64)
         self._costs = np.asarray(weights["normalized_costs"], dtype=np.float64)
-        self._k = architecture.neighbours
 
     @classmethod
     def from_checkpoint(cls, ckpt: CompactCheckpoint) -> KNNHead:
@@ -66,14 +109,8 @@ class KNNHead:
     def estimates(self, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each model's mean score and mean normalized cost over each row's neighbours:
         two (n, n_actions) arrays."""
-        x = np.atleast_2d(np.asarray(features, dtype=np.float64))
-        if x.shape[1] != self.architecture.input_dim:
-            raise ValueError(
-                f"features have {x.shape[1]} columns, the head expects {self.architecture.input_dim}"
-            )
-        sims = _unit_rows(x[:, : self.architecture.similarity_dims]) @ self._examples.T
-        nearest = np.argpartition(-sims, self._k - 1, axis=1)[:, : self._k]
-        return self._scores[nearest].mean(axis=1), self._costs[nearest].mean(axis=1)
+        score, cost = self._index.means(features, self._scores, self._costs)
+        return score, cost
 
     def logits(
         self, features: np.ndarray, cost_weights: float | Sequence[float] | np.ndarray
@@ -81,14 +118,4 @@ class KNNHead:
         """``(n, n_actions)`` expected rewards / ``REWARD_TEMPERATURE`` for one λ or one per
         row."""
         score, cost = self.estimates(features)
-        lam = np.asarray(cost_weights, dtype=np.float64)
-        if np.any(lam < 0):
-            raise ValueError("cost weights must be non-negative")
-        if lam.ndim == 1:
-            if lam.shape[0] not in (1, score.shape[0]):
-                raise ValueError("need one cost weight, or one per row of features")
-            lam = lam[:, None]
-        reward = expected_reward(score, cost, lam, self.reward)
-        # Equal expected rewards (the gated form's capped penalty makes every model earn 0
-        # at a large λ) go to the cheaper model: a router should never pay for nothing.
-        return (reward - _TIE_BREAK * cost) / REWARD_TEMPERATURE
+        return ranked_rewards(score, cost, cost_weights, self.reward) / REWARD_TEMPERATURE

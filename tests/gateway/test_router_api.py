@@ -325,3 +325,65 @@ def test_a_knn_checkpoint_is_trained_deployed_and_served(
         assert r.parse().choices[0].message.content == rec.outcomes[r.parse().model].response
     finally:
         gw.stop()
+
+
+def test_a_cascade_checkpoint_is_trained_deployed_and_runs_its_plan(
+    upstream: Upstream, demo_table: list[OutcomeRecord], tmp_path: Path
+) -> None:
+    """`xrouter train --cascade` → `xrouter deploy` → a request that the checkpoint answers
+    with a multi-call plan: the gateway makes exactly the calls that replaying the plan on
+    the recorded responses makes, and returns the same model's recorded answer."""
+    from router.checkpoint import load_checkpoint
+    from router.policies.planned import PlannedPolicy
+    from training.evaluation.cascade import CascadeRouter
+    from training.evaluation.loop_router import pool_for
+
+    def xrouter(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gateway.cli", *args],
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    table = REPO_ROOT / "router" / "assets" / "demo_outcomes.jsonl"
+    run = tmp_path / "cascade"
+    out = xrouter("train", "--table", str(table), "--out", str(run), "--cascade", "25,100")
+    assert out.returncode == 0, out.stderr[-2000:]
+    ckpt = load_checkpoint(run / "checkpoint")
+    assert ckpt.architecture.kind == "cascade"
+    # A prompt the checkpoint answers with more than one call at the request's cost weight.
+    lam = 0.5
+    policy = PlannedPolicy(ckpt, pool_for(demo_table))
+    features = policy.extractor.extract_batch([r.chat_messages() for r in demo_table[:100]])
+    record, plan = next(
+        (r, p)
+        for r, p in zip(demo_table, policy.route_batch(features, lam), strict=False)
+        if len(p.order) > 1
+    )
+    want = CascadeRouter(plan.order, plan.k, plan.quorum).trajectory(record)
+
+    cfg = gateway_config(
+        tmp_path, upstream.base_url, auth={"enabled": True, "admin_key": ADMIN_KEY}
+    )
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        out = xrouter("deploy", str(run / "checkpoint"), "--url", gw.url, "--admin-key", ADMIN_KEY)
+        assert out.returncode == 0, out.stderr
+        made = httpx.post(f"{gw.url}/admin/keys", json={"alias": "cascade"}, headers=ADMIN)
+        key = made.json()["key"]
+        client = openai.OpenAI(base_url=gw.base_url, api_key=key, max_retries=0)
+        r = client.chat.completions.with_raw_response.create(
+            model="xrouter/compact",
+            messages=[{"role": "user", "content": record.text}],
+            extra_body={"xrouter": {"cost_weight": lam}},
+        )
+        meta = r.http_response.json()["xrouter"]
+        assert [c["model"] for c in meta["calls"]] == list(want.models_called)
+        assert [c["turn"] for c in meta["calls"]][: plan.k] == [0] * plan.k
+        assert meta["decision"]["actions"] == list(want.models_called)
+        assert meta["decision"]["propensity"] == 1.0
+        assert r.parse().model == want.final_model
+        assert r.parse().choices[0].message.content == record.outcomes[want.final_model].response
+        # Every call is charged: the usage covers the whole plan.
+        assert meta["cost_usd"] == pytest.approx(sum(c["cost_usd"] for c in meta["calls"]))
+    finally:
+        gw.stop()

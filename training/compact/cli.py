@@ -107,6 +107,22 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="instead of training a network, store a kNN router over the training prompts "
         "(k picked on validation among these, e.g. 25,50,100,200,400)",
     )
+    parser.add_argument(
+        "--cascade",
+        type=_ints,
+        default=None,
+        metavar="K[,K...]",
+        help="instead of training a network, store multi-call plans (cheap models first, "
+        "escalate until answers agree) measured on the table's recorded responses, the plan "
+        "picked per request by its K nearest training prompts (K picked on validation among "
+        "these, e.g. 50,100,200,400)",
+    )
+    parser.add_argument(
+        "--max-cheap",
+        type=int,
+        default=4,
+        help="--cascade: plans use up to this many of the most accurate cheaper models",
+    )
     parser.add_argument("--estimator", choices=["ips", "snips", "dr"], default=d.estimator)
     parser.add_argument("--ips-clip", type=float, default=d.ips_clip)
     parser.add_argument(
@@ -192,10 +208,18 @@ def run_train(args: argparse.Namespace) -> int:
             "description": args.description,
             "table_path": table,
         }
+        if getattr(args, "knn", None) and getattr(args, "cascade", None):
+            raise ValueError("--knn and --cascade build different checkpoints: pass one")
         if getattr(args, "knn", None):
             from training.compact.knn import build_knn
 
             result = build_knn(records, cfg, args.out, args.knn, **common)
+        elif getattr(args, "cascade", None):
+            from training.compact.cascade import build_cascade
+
+            result = build_cascade(
+                records, cfg, args.out, args.cascade, max_cheap=args.max_cheap, **common
+            )
         else:
             result = train(records, cfg, args.out, **common)
     except ValueError as exc:

@@ -4,7 +4,8 @@
 outcomes, so a policy is evaluated by exactly the code that serves it: its decisions, its
 fallbacks, multi-call trajectories and their summed costs. Loaders for ``xrouter eval``:
 
-- ``compact:<checkpoint>``  a compact-policy checkpoint (greedy);
+- ``compact:<checkpoint>``  a compact checkpoint of any kind (greedy; ``cascade``
+                            checkpoints run their multi-call plans);
 - ``policy:<name>``         a router baseline through the loop: ``cascade``, ``cheapest``,
                             ``random``, ``fixed:<model>``;
 - ``llm:<base_url>[#model]`` an ``llm`` router endpoint (any OpenAI-compatible server with
@@ -124,10 +125,10 @@ class LoopRouter:
 
 def _compact(spec: str, ctx: LoadContext) -> LoopRouter:
     from router.checkpoint import load_checkpoint
-    from router.policies.compact import CompactPolicy
+    from router.policies.checkpointed import policy_for_checkpoint
 
     ckpt = load_checkpoint(spec.removeprefix("compact:"))
-    router = LoopRouter(f"compact[{ckpt.version}]", lambda pool: CompactPolicy(ckpt, pool))
+    router = LoopRouter(f"compact[{ckpt.version}]", lambda pool: policy_for_checkpoint(ckpt, pool))
     router.training = dict(ckpt.metadata.training)
     return router
 

@@ -1,0 +1,159 @@
+"""`xrouter train --cascade`: multi-call plans measured on recorded responses, served through
+the orchestration loop exactly as they were measured."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from router.checkpoint import load_checkpoint
+from router.features import FeatureExtractor
+from router.outcomes import OutcomeRecord, write_outcome_table
+from router.plans import CascadePlan
+from router.policies.checkpointed import policy_for_checkpoint
+from router.policies.planned import PlannedPolicy
+from training.compact.cli import main
+from training.evaluation.cascade import CascadeRouter
+from training.evaluation.loop_router import LoopRouter, pool_for
+
+COST = {"cheap-a": 0.0002, "cheap-b": 0.0003, "strong": 0.01}
+LETTERS = "ABCD"
+
+
+def make_table(n: int = 360, seed: int = 0) -> list[OutcomeRecord]:
+    """Multiple-choice prompts of two kinds. On "facts" the two cheap models are right 90%
+    of the time, so when they agree they are almost surely right; on "riddles" they share
+    a wrong answer half the time (agreeing is no sign of being right) and the strong model
+    is right 95% of the time on both."""
+    rng = np.random.default_rng(seed)
+    records = []
+    for i in range(n):
+        kind = "facts" if i % 2 else "riddles"
+        right = LETTERS[int(rng.integers(4))]
+        wrong = LETTERS[(LETTERS.index(right) + 1 + int(rng.integers(3))) % 4]
+        if kind == "facts":
+            text = f"Which year did event {i} happen? A) 1900 B) 1910 C) 1920 D) 1930"
+            cheap = [right if rng.random() < 0.9 else wrong for _ in range(2)]
+        else:
+            text = f"Riddle {i}: what walks on {i % 7} legs at dusk? A) x B) y C) z D) w"
+            shared = rng.random() < 0.5
+            cheap = [wrong, wrong] if shared else [right, wrong]
+        strong = right if rng.random() < 0.95 else wrong
+        answers = {"cheap-a": cheap[0], "cheap-b": cheap[1], "strong": strong}
+        records.append(
+            OutcomeRecord.model_validate(
+                {
+                    "id": f"q{i}",
+                    "task": kind,
+                    "prompt": text,
+                    "outcomes": {
+                        m: {
+                            "score": float(a == right),
+                            "cost_usd": COST[m],
+                            "response": f"The answer is ({a}).",
+                        }
+                        for m, a in answers.items()
+                    },
+                }
+            )
+        )
+    return records
+
+
+@pytest.fixture(scope="module")
+def table() -> list[OutcomeRecord]:
+    return make_table()
+
+
+@pytest.fixture(scope="module")
+def built(table: list[OutcomeRecord], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("cascade")
+    path = tmp / "table.jsonl"
+    write_outcome_table(table, path)
+    code = main(["--table", str(path), "--out", str(tmp / "run"), "--cascade", "5,40,1000",
+                 "--cost-scale", "0.01", "--val-lambdas", "0,0.5", "--name", "mc"])  # fmt: skip
+    assert code == 0
+    return tmp / "run"
+
+
+def test_builds_a_cascade_checkpoint_with_k_picked_on_validation(built: Path) -> None:
+    ckpt = load_checkpoint(built / "checkpoint")
+    arch = ckpt.architecture
+    assert arch.kind == "cascade" and ckpt.metadata.training["mode"] == "cascade"
+    plans = {CascadePlan(p.order, p.k, p.quorum) for p in arch.plans}
+    # Every single model, and the cheap pair escalating to the strong model on disagreement.
+    assert {CascadePlan((m,), 1) for m in COST} <= plans
+    assert CascadePlan(("cheap-a", "cheap-b", "strong"), 2) in plans
+    tried = ckpt.metadata.training["neighbours_tried"]
+    assert set(map(int, tried)) == {5, 40, arch.n_examples}
+    assert arch.neighbours == int(max(tried, key=lambda k: tried[k]))
+    assert ckpt.weights["plan_scores"].shape == (arch.n_examples, len(arch.plans))
+    summary = json.loads((built / "summary.json").read_text())
+    assert summary["neighbours"] == arch.neighbours
+
+
+def test_the_served_plan_follows_the_prompt_and_the_cost_weight(
+    built: Path, table: list[OutcomeRecord]
+) -> None:
+    ckpt = load_checkpoint(built / "checkpoint")
+    policy = policy_for_checkpoint(ckpt, pool_for(table))
+    assert isinstance(policy, PlannedPolicy)
+    fresh = make_table(200, seed=7)  # prompts the checkpoint has not seen
+    x = policy.extractor.extract_batch([r.chat_messages() for r in fresh])
+    plans = policy.route_batch(x, 0.05)
+    pair = CascadePlan(("cheap-a", "cheap-b", "strong"), 2)
+    facts = [p for p, r in zip(plans, fresh, strict=True) if r.task == "facts"]
+    riddles = [p for p, r in zip(plans, fresh, strict=True) if r.task == "riddles"]
+    # Where cheap answers that agree are right, ask them first; where agreeing means
+    # nothing, the strong model directly.
+    assert sum(p == pair for p in facts) > 0.7 * len(facts)
+    assert sum(p == CascadePlan(("strong",), 1) for p in riddles) > 0.7 * len(riddles)
+    # When cost dominates, one cheap call.
+    assert all(len(p.order) == 1 and p.order[0] != "strong" for p in policy.route_batch(x, 50))
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.05, 50.0])
+def test_served_through_the_loop_exactly_as_measured(
+    built: Path, table: list[OutcomeRecord], lam: float
+) -> None:
+    """The gateway's loop (replaying the recorded responses) makes the calls and returns the
+    answer that replaying the chosen plan offline gives, prompt by prompt."""
+    ckpt = load_checkpoint(built / "checkpoint")
+    records = table[:80]
+    served = LoopRouter("served", lambda pool: policy_for_checkpoint(ckpt, pool)).route(
+        records, lam
+    )
+    policy = policy_for_checkpoint(ckpt, pool_for(records))
+    assert isinstance(policy, PlannedPolicy)
+    x = FeatureExtractor.load().extract_batch([r.chat_messages() for r in records])
+    for record, plan, got in zip(records, policy.route_batch(x, lam), served, strict=True):
+        want = CascadeRouter(plan.order, plan.k, plan.quorum).trajectory(record)
+        assert got.models_called == want.models_called
+        assert (got.final_model, got.score) == (want.final_model, want.score)
+        assert got.cost_usd == pytest.approx(want.cost_usd)
+    assert any(len(r.models_called) > 1 for r in served) or lam > 1
+
+
+def test_cascade_needs_recorded_responses_and_full_information(
+    table: list[OutcomeRecord], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bare = [
+        r.model_copy(
+            update={
+                "outcomes": {
+                    m: o.model_copy(update={"response": None}) for m, o in r.outcomes.items()
+                }
+            }
+        )
+        for r in table[:60]
+    ]
+    path = tmp_path / "bare.jsonl"
+    write_outcome_table(bare, path)
+    argv = ["--table", str(path), "--out", str(tmp_path / "o"), "--cascade", "5"]
+    assert main(argv) == 2
+    assert "recorded response" in capsys.readouterr().err
+    assert main([*argv, "--knn", "5"]) == 2
+    assert "one" in capsys.readouterr().err
