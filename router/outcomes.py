@@ -46,6 +46,15 @@ class LoggedAction(BaseModel):
     propensity: float = Field(gt=0.0, le=1.0)
     cost_weight: float | None = None
     policy: str | None = None
+    # Every model called, in order, when the policy made more than one call (a cascade's
+    # plan). The outcome is then the whole trajectory's, not ``action``'s alone.
+    actions: list[str] | None = None
+
+    @property
+    def multi_call(self) -> bool:
+        """Whether the logged outcome is a multi-call trajectory's: learners and estimators
+        over single-model actions must skip it (no one model's outcome was observed)."""
+        return self.actions is not None and len(self.actions) > 1
 
 
 class OutcomeRecord(BaseModel):

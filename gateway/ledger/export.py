@@ -8,7 +8,9 @@ estimators need. Every JSONL line parses with ``router.outcomes.parse_record``.
 The outcome is keyed by the logged action (the decision's first action, falling back to the
 model that answered). They differ only when a fallback answered for the chosen model; the
 record then still says what happened when *that action* was taken, and the outcome's
-``model`` field names the model that actually answered.
+``model`` field names the model that actually answered. A request that made several calls
+(a cascade's plan) also lists them in ``logged.actions``: its outcome is the trajectory's,
+and the single-model off-policy learners and estimators skip it.
 
 Parquet is a flat table (one row per record, the chosen outcome in columns, ``calls`` and
 ``feedback`` as lists of structs, the conversation as JSON text) that analytics tools read
@@ -142,6 +144,11 @@ def build_record(
             "cost_weight": row["cost_weight"],
             "policy": row["policy"],
         }
+        actions = (decision or {}).get("actions") or []
+        if len(actions) > 1:
+            # A multi-call trajectory (a cascade's plan): its outcome is not ``action``'s
+            # alone, and off-policy learners over single models must know to skip it.
+            record["logged"]["actions"] = [str(a) for a in actions]
     record.update(
         created_at=row["created_at"].isoformat(),
         key_id=row["key_id"],

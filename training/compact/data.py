@@ -55,7 +55,13 @@ class TableArrays:
         action = np.full(n, -1, dtype=np.int64)
         prop = np.ones(n)
         index = {m: j for j, m in enumerate(models)}
+        multi = 0
         for i, r in enumerate(records):
+            if r.logged is not None and r.logged.multi_call:
+                # No single model's outcome was observed: the row stays unknown and
+                # unlogged, so off-policy learning skips it.
+                multi += 1
+                continue
             for m, o in r.outcomes.items():
                 j = index.get(m)
                 if j is None:
@@ -78,6 +84,12 @@ class TableArrays:
             if r.logged is not None and r.logged.action in index:
                 action[i] = index[r.logged.action]
                 prop[i] = r.logged.propensity
+        if multi:
+            logger.warning(
+                "%d logged records are multi-call trajectories (a cascade's calls): skipped, "
+                "their outcome is not one model's",
+                multi,
+            )
         return cls(
             [r.id for r in records],
             [r.chat_messages() for r in records],

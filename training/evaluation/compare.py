@@ -338,6 +338,12 @@ def off_policy(
     notes: list[str] = []
     if not logged:
         raise OPEError("no record has `logged`: cannot evaluate off-policy")
+    multi = sum(1 for r in logged if r.logged is not None and r.logged.multi_call)
+    if multi:
+        notes.append(
+            f"{multi} of {len(logged)} logged records are multi-call trajectories (a "
+            "cascade's calls) and were skipped: their outcome is no single model's"
+        )
     by_quantity = {
         "score": logged_bandit(logged, reward=score_reward),
     }

@@ -68,10 +68,12 @@ def logged_bandit(
 ) -> LoggedBandit:
     """The records that carry ``logged``; ``models`` fixes the action index (default: the
     logged actions, sorted)."""
-    logged = [(r, r.logged) for r in records if r.logged is not None]
+    # A multi-call trajectory's outcome is no single action's: it cannot be reweighted.
+    logged = [(r, r.logged) for r in records if r.logged is not None and not r.logged.multi_call]
     if not logged:
         raise OPEError(
-            "no record has `logged` (action, propensity): nothing to evaluate off-policy"
+            "no record has a single-call `logged` action (action, propensity): nothing to "
+            "evaluate off-policy"
         )
     names = list(models) if models is not None else sorted({lg.action for _, lg in logged})
     index = {m: i for i, m in enumerate(names)}

@@ -149,3 +149,36 @@ async def test_cli_export(
 
     bad = parser.parse_args(["--out", str(out), "--until", "yesterday"])
     assert await run_export(bad, ledger_url) == 2
+
+
+async def test_a_multi_call_request_lists_its_calls_so_learners_can_skip_it(
+    engine: AsyncEngine, make_settings: Callable[..., LedgerSettings], tmp_path: Path
+) -> None:
+    plan = ("cheap", "mid", "strong")
+    decision = {
+        "policy": "compact",
+        "cost_weight": 0.5,
+        "feature_version": "v1",
+        "actions": list(plan),
+        "propensities": [1.0, 1.0, 1.0],
+        "propensity": 1.0,
+        "distribution": None,
+        "explored": False,
+    }
+    cascade = make_request("m1", created_at=T0, models=plan, decision=decision)
+    single = make_request("m2", created_at=T0 + 1, models=("cheap",))
+    writer = LedgerWriter(engine, make_settings())
+    await writer.start()
+    for rec in (cascade, single):
+        writer.submit(rec)
+        writer.submit(make_feedback(rec.request_id, 1.0, created_at=T0 + 10))
+    await writer.close()
+    out = tmp_path / "ledger.jsonl"
+    assert await export_ledger(engine, out, "jsonl") == 2
+    by_id = {p.id: p for p in (parse_record(line) for line in read_lines(out))}
+    multi, one = by_id["m1"].logged, by_id["m2"].logged
+    assert multi is not None and one is not None
+    assert multi.actions == list(plan) and multi.multi_call
+    # The outcome is the whole trajectory's: every call's cost.
+    assert by_id["m1"].outcomes["cheap"].cost_micros == cascade.total_cost_micros  # type: ignore[attr-defined]
+    assert one.actions is None and not one.multi_call

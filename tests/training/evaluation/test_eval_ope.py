@@ -136,3 +136,29 @@ def test_logged_bandit_from_records() -> None:
     assert est.value == pytest.approx((2 * 1.0 + 0 + 2 * 0.5) / 3)
     with pytest.raises(OPEError, match="no record has"):
         logged_bandit([r.model_copy(update={"logged": None}) for r in records])
+
+
+def test_multi_call_trajectories_are_not_reweighted_as_single_actions() -> None:
+    from router.outcomes import OutcomeRecord
+    from training.compact.data import TableArrays
+    from training.evaluation.ope import logged_bandit
+
+    def rec(i: int, actions: list[str] | None) -> OutcomeRecord:
+        return OutcomeRecord.model_validate(
+            {
+                "id": f"r{i}",
+                "prompt": "q",
+                "outcomes": {"a": {"score": 1.0, "cost_usd": 0.5}},
+                "logged": {"action": "a", "propensity": 0.5, "actions": actions},
+            }
+        )
+
+    records = [rec(0, None), rec(1, ["a"]), rec(2, ["a", "b"])]
+    assert [r.logged.multi_call for r in records if r.logged] == [False, False, True]
+    bandit = logged_bandit(records)
+    assert bandit.ids == ["r0", "r1"]
+    arrays = TableArrays.from_records(records, ["a", "b"])
+    assert list(arrays.logged_action) == [0, 0, -1]
+    assert not arrays.available[2].any()
+    with pytest.raises(OPEError, match="single-call"):
+        logged_bandit(records[2:])
