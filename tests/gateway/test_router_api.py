@@ -28,6 +28,14 @@ from tests.support.replay import REPO_ROOT
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
+def xrouter_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """The `xrouter` command, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *args],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
 def client(gw: Gateway) -> openai.OpenAI:
     return openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0)
 
@@ -289,15 +297,9 @@ def test_a_knn_checkpoint_is_trained_deployed_and_served(
 ) -> None:
     from router.checkpoint import load_checkpoint
 
-    def xrouter(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "gateway.cli", *args],
-            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-
     table = REPO_ROOT / "router" / "assets" / "demo_outcomes.jsonl"
     run = tmp_path / "knn"
-    out = xrouter("train", "--table", str(table), "--out", str(run), "--knn", "25,100")
+    out = xrouter_cli("train", "--table", str(table), "--out", str(run), "--knn", "25,100")
     assert out.returncode == 0, out.stderr[-2000:]
     ckpt = load_checkpoint(run / "checkpoint")
     assert ckpt.architecture.kind == "knn"
@@ -307,7 +309,9 @@ def test_a_knn_checkpoint_is_trained_deployed_and_served(
     )
     gw = start_gateway(tmp_path, cfg)
     try:
-        out = xrouter("deploy", str(run / "checkpoint"), "--url", gw.url, "--admin-key", ADMIN_KEY)
+        out = xrouter_cli(
+            "deploy", str(run / "checkpoint"), "--url", gw.url, "--admin-key", ADMIN_KEY
+        )
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout)["checkpoint"]["version"] == ckpt.version
         made = httpx.post(f"{gw.url}/admin/keys", json={"alias": "knn"}, headers=ADMIN)
@@ -338,15 +342,9 @@ def test_a_cascade_checkpoint_is_trained_deployed_and_runs_its_plan(
     from training.evaluation.cascade import CascadeRouter
     from training.evaluation.loop_router import pool_for
 
-    def xrouter(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "gateway.cli", *args],
-            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-
     table = REPO_ROOT / "router" / "assets" / "demo_outcomes.jsonl"
     run = tmp_path / "cascade"
-    out = xrouter("train", "--table", str(table), "--out", str(run), "--cascade", "25,100")
+    out = xrouter_cli("train", "--table", str(table), "--out", str(run), "--cascade", "25,100")
     assert out.returncode == 0, out.stderr[-2000:]
     ckpt = load_checkpoint(run / "checkpoint")
     assert ckpt.architecture.kind == "cascade"
@@ -366,7 +364,9 @@ def test_a_cascade_checkpoint_is_trained_deployed_and_runs_its_plan(
     )
     gw = start_gateway(tmp_path, cfg)
     try:
-        out = xrouter("deploy", str(run / "checkpoint"), "--url", gw.url, "--admin-key", ADMIN_KEY)
+        out = xrouter_cli(
+            "deploy", str(run / "checkpoint"), "--url", gw.url, "--admin-key", ADMIN_KEY
+        )
         assert out.returncode == 0, out.stderr
         made = httpx.post(f"{gw.url}/admin/keys", json={"alias": "cascade"}, headers=ADMIN)
         key = made.json()["key"]
