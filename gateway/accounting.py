@@ -122,4 +122,5 @@ def observe(
         overhead_s=rlog.overhead_ms(result) / 1000,
         cost_micros=cost,
         reference_cost_micros=reference if reference_price is not None else None,
+        downstream_calls=len(state.outcomes) if state is not None else None,
     )

@@ -58,6 +58,10 @@ OVERHEAD_BUCKETS: tuple[float, ...] = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 )  # fmt: skip
 
+# Downstream calls per request: 0 (answered by the router, or refused), 1, and a cascade's
+# rounds (plans call at most five models; the llm router up to its max_turns).
+CALL_COUNT_BUCKETS: tuple[float, ...] = (0, 1, 2, 3, 4, 5, 8, 16)
+
 TOKEN_KINDS = ("prompt", "completion", "cached", "reasoning")
 # Budget rejections: the key's budget, or the request's own cap (max_cost_usd).
 BUDGET_REASONS = ("key", "request")
@@ -182,6 +186,15 @@ class GatewayMetrics:
             buckets=LLM_BUCKETS,
             registry=r,
         )
+        # How many downstream calls a request made: 1 for single-call policies; a cascade's
+        # share above 1 is how often it escalated (or called models in parallel).
+        self._calls_per_request = Histogram(
+            "xrouter_downstream_calls_per_request",
+            "Downstream model calls made for one request.",
+            ["policy"],
+            buckets=CALL_COUNT_BUCKETS,
+            registry=r,
+        )
         self._overhead = Histogram(
             "xrouter_overhead_seconds",
             "Request time spent in the gateway itself (total minus upstream and router calls).",
@@ -297,12 +310,16 @@ class GatewayMetrics:
         overhead_s: float | None,
         cost_micros: int,
         reference_cost_micros: int | None = None,
+        downstream_calls: int | None = None,
     ) -> None:
         """One finished request. ``model`` answered it (None if none did);
-        ``reference_cost_micros`` is what the reference model would have cost."""
+        ``reference_cost_micros`` is what the reference model would have cost;
+        ``downstream_calls`` how many pool-model calls it made."""
         p = self._policy(policy)
         self._child(self._requests, p, self._model(model), _status_class(status)).inc()
         self._child(self._request_duration, p).observe(duration_s)
+        if downstream_calls is not None:
+            self._child(self._calls_per_request, p).observe(downstream_calls)
         if overhead_s is not None:
             self._overhead.observe(overhead_s)
         if reference_cost_micros is not None:

@@ -105,11 +105,15 @@ def test_values_after_a_sequence_of_requests(
         ttft_s=0.04,
         policy="compact",
     )
-    metrics.observe_request("compact", "qwen3-8b", 200, 0.31, 0.0008, 100, 1_000)
+    metrics.observe_request(
+        "compact", "qwen3-8b", 200, 0.31, 0.0008, 100, 1_000, downstream_calls=1
+    )
     # llm policy called the dear model: cost 0.0025 more than the reference
     metrics.decision("llm", "claude-haiku")
     metrics.observe_call("claude-haiku", 2000, 500, 0, 0, 3_500, 7.0, None, policy="llm")
-    metrics.observe_request("llm", "claude-haiku", 200, 7.2, 0.003, 3_500, 1_000)
+    metrics.observe_request(
+        "llm", "claude-haiku", 200, 7.2, 0.003, 3_500, 1_000, downstream_calls=3
+    )
     # a failed request: no model answered
     metrics.upstream_error("gpt-5-mini", "rate_limited")
     metrics.fallback("gpt-5-mini")
@@ -148,6 +152,11 @@ def test_values_after_a_sequence_of_requests(
     assert get("xrouter_request_duration_seconds_bucket", {"policy": "llm", "le": "5.0"}) == 0
     assert get("xrouter_request_duration_seconds_bucket", {"policy": "llm", "le": "10.0"}) == 1
     assert get("xrouter_overhead_seconds_count") == 3
+    calls = "xrouter_downstream_calls_per_request"
+    assert get(f"{calls}_bucket", {"policy": "compact", "le": "1.0"}) == 1
+    assert get(f"{calls}_bucket", {"policy": "llm", "le": "2.0"}) == 0
+    assert get(f"{calls}_bucket", {"policy": "llm", "le": "3.0"}) == 1
+    assert get(f"{calls}_count", {"policy": "compact"}) == 1  # the failed one did not say
     assert get("xrouter_overhead_seconds_bucket", {"le": "0.001"}) == 2
     assert get("xrouter_upstream_duration_seconds_bucket", {"model": "qwen3-8b", "le": "0.25"}) == 0
     assert get("xrouter_upstream_duration_seconds_bucket", {"model": "qwen3-8b", "le": "0.5"}) == 1

@@ -385,5 +385,11 @@ def test_a_cascade_checkpoint_is_trained_deployed_and_runs_its_plan(
         assert r.parse().choices[0].message.content == record.outcomes[want.final_model].response
         # Every call is charged: the usage covers the whole plan.
         assert meta["cost_usd"] == pytest.approx(sum(c["cost_usd"] for c in meta["calls"]))
+        # Operators see how many calls the request made.
+        n = len(want.models_called)
+        scraped = httpx.get(f"{gw.url}/metrics").text
+        line = f'xrouter_downstream_calls_per_request_bucket{{le="{n - 1}.0",policy="compact"}} 0.0'
+        assert line in scraped
+        assert f'xrouter_downstream_calls_per_request_count{{policy="compact"}} 1.0' in scraped
     finally:
         gw.stop()
