@@ -310,6 +310,18 @@ def build_knn_checkpoint(records: Sequence[OutcomeRecord], run_dir: Path, split_
     return Path(build_knn(records, cfg, run_dir).checkpoint_path)
 
 
+def build_cascade_checkpoint(
+    records: Sequence[OutcomeRecord], run_dir: Path, split_seed: int
+) -> Path:
+    """A cascade checkpoint (``xrouter train --cascade``, k among 50..400 picked on
+    validation) on this table's training part: multi-call plans served through the loop."""
+    from training.compact.cascade import build_cascade
+    from training.compact.config import TrainConfig
+
+    cfg = TrainConfig(split_seed=split_seed, checkpoint_every=0, progress=False)
+    return Path(build_cascade(records, cfg, run_dir).checkpoint_path)
+
+
 def fmt(x: float | None, spec: str = ".4f") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -344,7 +356,11 @@ def print_intervals(full: Comparison, names: Sequence[str]) -> None:
             line += f" {str(c.vs_reference_ci) if c.vs_reference_ci else '':>28}"
         print(line)
     # The claims the README makes about the strongest routers, as paired intervals.
-    for a, b in (("cascade", "knn"), ("cascade", "mf"), ("knn", "mf")):
+    pairs = [("cascade", "knn"), ("cascade", "mf"), ("knn", "mf")]
+    if "compact-cascade" in names:
+        pairs += [("compact-cascade", "knn"), ("compact-cascade", "mf")]
+        pairs += [("compact-cascade", "cascade"), ("compact-cascade", "compact-knn")]
+    for a, b in pairs:
         print(f"  AIQ({a}) - AIQ({b}): {boot.difference(a, b)}")
 
 
@@ -432,6 +448,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.info("compact kNN checkpoint: built in %.0fs", time.perf_counter() - t0)
         specs.append(f"compact:{knn_ckpt}")
         labels[f"compact:{knn_ckpt}"] = "compact-knn"
+        t0 = time.perf_counter()
+        cas_ckpt = build_cascade_checkpoint(records, Path(tmp.name) / "cas", split_seed=args.seed)
+        log.info("compact cascade checkpoint: built in %.0fs", time.perf_counter() - t0)
+        specs.append(f"compact:{cas_ckpt}")
+        labels[f"compact:{cas_ckpt}"] = "compact-cascade"
     policies = [default_registry().load(spec, ctx) for spec in specs]
     for spec, policy in zip(specs, policies, strict=True):
         policy.name = labels.get(spec, policy.name)

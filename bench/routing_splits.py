@@ -39,6 +39,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from routing_quality import (  # noqa: E402
     DEFAULT_DATA,
+    build_cascade_checkpoint,
     build_knn_checkpoint,
     cascade_grid,
     knn_grid,
@@ -59,7 +60,16 @@ from training.evaluation.sweep import OfflineRouter  # noqa: E402
 from training.evaluation.utility import lambda_grid  # noqa: E402
 
 log = logging.getLogger("routing_splits")
-ROUTERS = ("no routing", "random", "knn", "mf", "cascade", "compact", "compact-knn")
+ROUTERS = (
+    "no routing",
+    "random",
+    "knn",
+    "mf",
+    "cascade",
+    "compact",
+    "compact-knn",
+    "compact-cascade",
+)
 PAIRS = (
     ("compact", "no routing"),
     ("compact", "knn"),
@@ -67,6 +77,9 @@ PAIRS = (
     ("cascade", "knn"),
     ("compact-knn", "knn"),
     ("compact-knn", "compact"),
+    ("compact-cascade", "knn"),
+    ("compact-cascade", "mf"),
+    ("compact-cascade", "cascade"),
 )
 
 
@@ -86,6 +99,9 @@ def one_split(records: Sequence, seed: int, quick: bool) -> dict[str, float]:
         served = {
             "compact": train_compact(records, Path(tmp) / "run", seed=0, split_seed=seed),
             "compact-knn": build_knn_checkpoint(records, Path(tmp) / "knn", split_seed=seed),
+            "compact-cascade": build_cascade_checkpoint(
+                records, Path(tmp) / "cas", split_seed=seed
+            ),
         }
         lambdas = lambda_grid(
             np.array(
@@ -130,14 +146,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print()
     print(f"test AIQ per split seed (RouterBench 0-shot, {len(records)} prompts, 60/20/20)")
-    header = f"{'router':<12}" + "".join(f"{'seed ' + str(s):>10}" for s in seeds)
+    header = f"{'router':<16}" + "".join(f"{'seed ' + str(s):>10}" for s in seeds)
     header += f"{'mean':>9}{'sd':>8}"
     print(header)
     print("-" * len(header))
     for name in ROUTERS:
         v = np.array([results[s][name] for s in seeds])
         print(
-            f"{name:<12}"
+            f"{name:<16}"
             + "".join(f"{x:>10.4f}" for x in v)
             + f"{v.mean():>9.4f}{v.std(ddof=1) if len(v) > 1 else 0.0:>8.4f}"
         )
