@@ -108,6 +108,7 @@ def _load_compact(settings: Settings, pool: ModelPool) -> tuple[Policy | None, d
     return policy, {
         "path": str(path),
         "version": ckpt.version,
+        "kind": ckpt.architecture.kind,
         "feature_version": ckpt.feature_version,
     }
 

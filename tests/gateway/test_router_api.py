@@ -313,7 +313,8 @@ def test_a_knn_checkpoint_is_trained_deployed_and_served(
             "deploy", str(run / "checkpoint"), "--url", gw.url, "--admin-key", ADMIN_KEY
         )
         assert out.returncode == 0, out.stderr
-        assert json.loads(out.stdout)["checkpoint"]["version"] == ckpt.version
+        deployed = json.loads(out.stdout)["checkpoint"]
+        assert (deployed["version"], deployed["kind"]) == (ckpt.version, "knn")
         made = httpx.post(f"{gw.url}/admin/keys", json={"alias": "knn"}, headers=ADMIN)
         assert made.status_code == 201, made.text
         key = made.json()["key"]
@@ -368,6 +369,8 @@ def test_a_cascade_checkpoint_is_trained_deployed_and_runs_its_plan(
             "deploy", str(run / "checkpoint"), "--url", gw.url, "--admin-key", ADMIN_KEY
         )
         assert out.returncode == 0, out.stderr
+        deployed = json.loads(out.stdout)["checkpoint"]
+        assert (deployed["version"], deployed["kind"]) == (ckpt.version, "cascade")
         made = httpx.post(f"{gw.url}/admin/keys", json={"alias": "cascade"}, headers=ADMIN)
         key = made.json()["key"]
         client = openai.OpenAI(base_url=gw.base_url, api_key=key, max_retries=0)
