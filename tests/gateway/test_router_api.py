@@ -393,6 +393,23 @@ def test_a_cascade_checkpoint_is_trained_deployed_and_runs_its_plan(
         scraped = httpx.get(f"{gw.url}/metrics").text
         line = f'xrouter_downstream_calls_per_request_bucket{{le="{n - 1}.0",policy="compact"}} 0.0'
         assert line in scraped
-        assert f'xrouter_downstream_calls_per_request_count{{policy="compact"}} 1.0' in scraped
+        assert 'xrouter_downstream_calls_per_request_count{policy="compact"} 1.0' in scraped
+        # Streamed, the same plan runs and the chosen answer arrives whole, with the usage
+        # and cost of every call in the last chunk.
+        chunks = list(
+            client.chat.completions.create(
+                model="xrouter/compact",
+                stream=True,
+                messages=[{"role": "user", "content": record.text}],
+                extra_body={"xrouter": {"cost_weight": lam}},
+            )
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == record.outcomes[want.final_model].response
+        last = chunks[-1]
+        assert last.usage is not None
+        streamed = last.model_extra["xrouter"]
+        assert [c["model"] for c in streamed["calls"]] == list(want.models_called)
+        assert last.usage.model_extra["cost"] == pytest.approx(meta["cost_usd"])
     finally:
         gw.stop()
