@@ -72,7 +72,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.ERROR)
     variants = [json.loads(v) for v in args.variants] or VARIANTS
     records = load(args.data)
-    split = np.array([split_of(r.id) for r in records])
     extractor = FeatureExtractor.load()
     grid = np.concatenate([[0.0], np.geomspace(1e-4, 30.0, 60)])
     with tempfile.TemporaryDirectory(prefix="xrouter-variants-") as tmp:
@@ -81,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if "hidden" in overrides:
                 overrides = {**overrides, "hidden": tuple(overrides["hidden"])}
             cfg = TrainConfig(checkpoint_every=0, progress=False, **overrides)
+            # The validation part of the split the variant trains on (split_seed, default 0).
+            split = np.array([split_of(r.id, seed=cfg.split_seed) for r in records])
             started = time.perf_counter()
             res = train(records, cfg, Path(tmp) / f"run{i}", extractor=extractor, cache_dir=cache)
             ckpt = load_checkpoint(res.checkpoint_path)
