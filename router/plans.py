@@ -20,6 +20,7 @@ plan is served exactly as it was measured.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -125,6 +126,26 @@ def start_plan(plan: CascadePlan, state: LoopState) -> Call:
     return Call(tuple(_call(m) for m in plan.first), final=len(plan.order) == 1)
 
 
+def answer_key(outcome: CallOutcome) -> str:
+    """What two answers must share to agree: the normalized final answer of the text, or,
+    for an answer that calls the client's tools, the calls themselves (function names and
+    arguments, key order ignored). A failed call's key is empty: it agrees with none."""
+    if not outcome.ok:
+        return ""
+    calls = (outcome.message or {}).get("tool_calls") or []
+    if calls:
+        canon = []
+        for c in calls:
+            fn = (c or {}).get("function") or {}
+            try:
+                args = json.loads(fn.get("arguments") or "{}")
+            except (TypeError, ValueError):
+                args = fn.get("arguments")
+            canon.append([fn.get("name"), args])
+        return "tools:" + json.dumps(canon, sort_keys=True, separators=(",", ":"))
+    return normalize_answer(outcome.text)
+
+
 def continue_plan(plan: CascadePlan, ctx: RouteContext, state: LoopState) -> Step:
     """The next step of ``plan`` given the calls made so far: select the agreed answer, or
     call the next model. A failed call counts as an answer that agrees with none; a call
@@ -133,7 +154,7 @@ def continue_plan(plan: CascadePlan, ctx: RouteContext, state: LoopState) -> Ste
     for o in state.outcomes:
         by_model[o.call.model] = o  # a retried model: its latest outcome
     called = [m for m in plan.order if m in by_model]
-    answers = {m: normalize_answer(o.text) if o.ok else "" for m, o in by_model.items()}
+    answers = {m: answer_key(o) for m, o in by_model.items()}
     step = plan.advance(called, answers)
     refused = any(o.error_kind == "budget" for o in state.outcomes)
     if not isinstance(step, Accept) and not refused:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.plans import Accept, CascadePlan, Escalate, continue_plan, start_plan
+from router.plans import Accept, CascadePlan, Escalate, answer_key, continue_plan, start_plan
 from router.policy import (
     Call,
     CallOutcome,
@@ -148,3 +148,30 @@ def test_when_nothing_succeeded_the_last_failure_is_handed_back() -> None:
     run_round(state, first, {"solo": None})
     step = continue_plan(plan, ctx(), state)
     assert isinstance(step, Select) and step.tool_call_id == first.calls[0].id
+
+
+def test_answers_that_call_the_clients_tools_agree_on_the_calls() -> None:
+    def tool_answer(model: str, name: str, args: str) -> CallOutcome:
+        call = {"type": "function", "function": {"name": name, "arguments": args}}
+        return CallOutcome(
+            call=ToolCall(id=f"id-{model}", model=model),
+            turn=0,
+            ok=True,
+            model=model,
+            message={"role": "assistant", "content": None, "tool_calls": [call]},
+        )
+
+    same_a = tool_answer("a", "get_weather", '{"city": "Paris", "unit": "C"}')
+    same_b = tool_answer("b", "get_weather", '{"unit": "C", "city": "Paris"}')
+    other = tool_answer("b", "get_weather", '{"city": "Rome", "unit": "C"}')
+    assert answer_key(same_a) == answer_key(same_b) != answer_key(other)
+    assert answer_key(same_a).startswith("tools:")
+    plan = CascadePlan(("a", "b", "strong"), k=2)
+    state = LoopState(Decision("compact", 0.0))
+    start_plan(plan, state)
+    state.outcomes.extend([same_a, same_b])
+    step = continue_plan(plan, ctx(), state)
+    assert isinstance(step, Select) and step.tool_call_id == "id-a"
+    state.outcomes[-1] = other
+    escalated = continue_plan(plan, ctx(), state)
+    assert isinstance(escalated, Call) and escalated.calls[0].model == "strong"

@@ -157,3 +157,21 @@ def test_cascade_needs_recorded_responses_and_full_information(
     assert "recorded response" in capsys.readouterr().err
     assert main([*argv, "--knn", "5"]) == 2
     assert "one" in capsys.readouterr().err
+
+
+def test_plans_use_only_allowed_and_configured_models(
+    built: Path, table: list[OutcomeRecord]
+) -> None:
+    ckpt = load_checkpoint(built / "checkpoint")
+    fresh = make_table(60, seed=3)
+    # A configured pool without cheap-b: its plans are masked.
+    pool = pool_for(fresh).subset(["cheap-a", "strong"])
+    policy = policy_for_checkpoint(ckpt, pool)
+    assert isinstance(policy, PlannedPolicy)
+    x = policy.extractor.extract_batch([r.chat_messages() for r in fresh])
+    for lam in (0.0, 0.05, 50.0):
+        assert all(set(p.order) <= {"cheap-a", "strong"} for p in policy.route_batch(x, lam))
+    # A request's allow-list narrows it further.
+    assert {p.order for p in policy.route_batch(x, 0.0, allowed=["strong"])} == {("strong",)}
+    with pytest.raises(ValueError):
+        policy.plan_mask(["cheap-b"])  # configured out: nothing to run
