@@ -128,7 +128,9 @@ def _compact(spec: str, ctx: LoadContext) -> LoopRouter:
     from router.policies.checkpointed import policy_for_checkpoint
 
     ckpt = load_checkpoint(spec.removeprefix("compact:"))
-    router = LoopRouter(f"compact[{ckpt.version}]", lambda pool: policy_for_checkpoint(ckpt, pool))
+    kind = ckpt.architecture.kind
+    label = "compact" if kind == "mlp" else f"compact-{kind}"  # the report says which kind
+    router = LoopRouter(f"{label}[{ckpt.version}]", lambda pool: policy_for_checkpoint(ckpt, pool))
     router.training = dict(ckpt.metadata.training)
     return router
 
