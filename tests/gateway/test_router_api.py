@@ -413,3 +413,32 @@ def test_a_cascade_checkpoint_is_trained_deployed_and_runs_its_plan(
         assert last.usage.model_extra["cost"] == pytest.approx(meta["cost_usd"])
     finally:
         gw.stop()
+
+
+def test_cascade_accepts_agreeing_tool_calls_without_escalating(gateway: Gateway) -> None:
+    """Two cheap models that call the client's tool with the same arguments agree: the
+    cascade answers with the cheaper one's call and never pays for a third model."""
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}},
+                    "required": ["city"],
+                },
+            },
+        }
+    ]
+    r = client(gateway).chat.completions.with_raw_response.create(
+        model="xrouter/cascade",
+        messages=[{"role": "user", "content": "What's the weather in Paris?"}],
+        tools=tools,  # type: ignore[arg-type]
+    )
+    resp, meta = r.parse(), r.http_response.json()["xrouter"]
+    calls = resp.choices[0].message.tool_calls
+    assert calls and calls[0].function.name == "get_weather"
+    assert resp.choices[0].finish_reason == "tool_calls"
+    assert [c["turn"] for c in meta["calls"]] == [0, 0]
+    assert resp.model == meta["calls"][0]["model"] == "llama-3.2-3b-instruct"  # the cheapest
