@@ -295,6 +295,8 @@ def _parquet_schema() -> Any:
             ("propensity", pa.float64()),
             ("cost_weight", pa.float64()),
             ("logged_policy", pa.string()),
+            # Every model called, when a multi-call policy (a cascade's plan) made several.
+            ("logged_actions", pa.list_(pa.string())),
             ("calls", pa.list_(call)),
             ("feedback", pa.list_(fb)),
         ]
@@ -329,6 +331,7 @@ def _flatten(rec: dict[str, Any]) -> dict[str, Any]:
         "propensity": logged.get("propensity"),
         "cost_weight": logged.get("cost_weight"),
         "logged_policy": logged.get("policy"),
+        "logged_actions": logged.get("actions"),
         "calls": rec["calls"],
         "feedback": rec["feedback"],
     }
@@ -355,6 +358,8 @@ def _unflatten(row: dict[str, Any]) -> dict[str, Any]:
             "cost_weight": row["cost_weight"],
             "policy": row["logged_policy"],
         }
+        if row.get("logged_actions"):
+            rec["logged"]["actions"] = list(row["logged_actions"])
     if row["score"] is None:
         rec["scored"] = False
     for k in (

@@ -182,3 +182,9 @@ async def test_a_multi_call_request_lists_its_calls_so_learners_can_skip_it(
     # The outcome is the whole trajectory's: every call's cost.
     assert by_id["m1"].outcomes["cheap"].cost_micros == cascade.total_cost_micros  # type: ignore[attr-defined]
     assert one.actions is None and not one.multi_call
+    # Parquet keeps it too.
+    pq = tmp_path / "ledger.parquet"
+    assert await export_ledger(engine, pq, "parquet") == 2
+    back = {r.id: r.logged for r in read_export(pq)}
+    assert back["m1"] is not None and back["m1"].actions == list(plan) and back["m1"].multi_call
+    assert back["m2"] is not None and not back["m2"].multi_call
