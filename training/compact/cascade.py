@@ -5,7 +5,8 @@ plan picked per prompt by its neighbours, the number of neighbours picked on val
 family on the training part (every single model; every set of two to ``max_cheap`` of the
 most accurate cheaper models, called cheapest first, two together in the first round,
 accepted when two answers agree, with or without the most accurate model as the last
-escalation; each cheap model followed by that model), replays each plan on every training
+escalation; each cheap model called together with that model, the cheap answer kept when
+the two agree), replays each plan on every training
 prompt's recorded responses (``router.plans``: the code the gateway runs them with) and
 stores each plan's score and normalized cost there, next to the prompts' static embeddings.
 It keeps the number of neighbours with the best mean validation reward over the validation
