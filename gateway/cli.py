@@ -1,4 +1,5 @@
-"""The ``xrouter`` command line: serve, replay-upstream, export, train, eval, deploy.
+"""The ``xrouter`` command line: serve, replay-upstream, export, train, eval, deploy,
+checkpoints.
 
 Training and evaluation are imported lazily so that the gateway never imports torch.
 """
@@ -175,6 +176,12 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     return run_deploy(args)
 
 
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    from gateway.registry import run_checkpoints
+
+    return run_checkpoints(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="xrouter", description="Cost-aware LLM routing gateway with an RL-trained router."
@@ -222,6 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="admin key (env XROUTER_ADMIN_KEY)",
     )
     p.set_defaults(func=cmd_deploy)
+
+    from gateway.registry import add_checkpoints_arguments
+
+    p = sub.add_parser("checkpoints", help="list checkpoints and their metadata (the registry)")
+    add_checkpoints_arguments(p)
+    p.set_defaults(func=cmd_checkpoints)
     return ap
 
 

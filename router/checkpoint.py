@@ -426,21 +426,56 @@ class CheckpointInfo:
     metadata: CheckpointMetadata
 
 
-def list_checkpoints(directory: str | Path) -> list[CheckpointInfo]:
-    """Checkpoints directly under ``directory`` (subdirectories and ``.safetensors`` files),
-    newest first. Unreadable entries are skipped with a warning."""
-    root = Path(directory)
+def _is_checkpoint(path: Path) -> bool:
+    return (path.is_dir() and (path / META_FILE).is_file()) or (
+        path.is_file() and _is_single_file(path)
+    )
+
+
+def _candidates(root: Path, steps: bool) -> list[Path]:
+    """``root`` itself if it is a checkpoint; else the checkpoints of ``root`` as a run
+    directory (``checkpoint``, and ``checkpoints/step_*`` with ``steps``); else those of
+    each entry directly under it (a directory of checkpoints or of run directories)."""
+    if _is_checkpoint(root):
+        return [root]
     if not root.is_dir():
         return []
-    found: list[CheckpointInfo] = []
+    run = [root / "checkpoint"] if _is_checkpoint(root / "checkpoint") else []
+    if steps and (root / "checkpoints").is_dir():
+        run += [p for p in sorted((root / "checkpoints").iterdir()) if _is_checkpoint(p)]
+    if run:
+        return run
+    found: list[Path] = []
     for entry in sorted(root.iterdir()):
-        if not (entry.is_dir() and (entry / META_FILE).is_file()) and not (
-            entry.is_file() and _is_single_file(entry)
-        ):
-            continue
-        try:
-            found.append(CheckpointInfo(entry, read_metadata(entry)))
-        except CheckpointError as exc:
-            logger.warning("skipping %s: %s", entry, exc)
+        if _is_checkpoint(entry):
+            found.append(entry)
+        elif entry.is_dir():
+            if _is_checkpoint(entry / "checkpoint"):
+                found.append(entry / "checkpoint")
+            if steps and (entry / "checkpoints").is_dir():
+                found += [p for p in sorted((entry / "checkpoints").iterdir()) if _is_checkpoint(p)]
+    return found
+
+
+def list_checkpoints(
+    directories: str | Path | list[str | Path], *, steps: bool = False
+) -> list[CheckpointInfo]:
+    """The checkpoint registry: every checkpoint found under ``directories`` — a checkpoint,
+    a run directory of ``xrouter train`` (its ``checkpoint``; with ``steps`` also its
+    intermediate ``checkpoints/step_*``), or a directory of either — newest first. Only
+    metadata is read. Unreadable entries are skipped with a warning."""
+    roots = [directories] if isinstance(directories, str | Path) else list(directories)
+    seen: set[Path] = set()
+    found: list[CheckpointInfo] = []
+    for root in roots:
+        for path in _candidates(Path(root), steps):
+            key = path.resolve()
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                found.append(CheckpointInfo(path, read_metadata(path)))
+            except CheckpointError as exc:
+                logger.warning("skipping %s: %s", path, exc)
     found.sort(key=lambda c: c.metadata.created_at, reverse=True)
     return found

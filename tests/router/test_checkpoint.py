@@ -136,6 +136,24 @@ def test_registry_lists_newest_first_and_skips_junk(
     assert list_checkpoints(tmp_path / "missing") == []
 
 
+def test_registry_finds_the_checkpoints_of_run_directories(tmp_path: Path) -> None:
+    """``xrouter train --out RUN`` writes RUN/checkpoint and RUN/checkpoints/step_*: a run
+    directory, a directory of runs and several roots are all searched, each checkpoint once."""
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    runs = tmp_path / "runs"
+    for i, run in enumerate(["a", "b"]):
+        meta, weights = make_checkpoint(i, t0 + dt.timedelta(days=i))
+        save_checkpoint(runs / run / "checkpoint", meta, weights)
+        step_meta, step_weights = make_checkpoint(10 + i, t0 + dt.timedelta(hours=i))
+        save_checkpoint(runs / run / "checkpoints" / "step_000100", step_meta, step_weights)
+    assert [i.path.parent.name for i in list_checkpoints(runs)] == ["b", "a"]
+    assert [i.path.parent.name for i in list_checkpoints(runs / "a")] == ["a"]
+    with_steps = list_checkpoints(runs / "a", steps=True)
+    assert [i.path.name for i in with_steps] == ["checkpoint", "step_000100"]
+    both = list_checkpoints([runs, runs / "b", runs / "b" / "checkpoint"])
+    assert [i.path.parent.name for i in both] == ["b", "a"]  # found twice, listed once
+
+
 def test_pool_check(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     meta, weights = make_checkpoint()
     ckpt = save_checkpoint(tmp_path / "c", meta, weights)

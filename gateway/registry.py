@@ -1,0 +1,99 @@
+"""``xrouter checkpoints``: the checkpoint registry on the command line.
+
+Lists the checkpoints under run directories (what ``xrouter train --out`` writes) or
+directories of them, newest first, from their metadata alone: kind, name, pool size, how
+they were trained and on which table, and the validation reward that selected them. With
+``--show`` it prints one checkpoint's whole metadata and its content version (the hash that
+``xrouter deploy``, reload responses and the ledger name it by), after validating its weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def add_checkpoints_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "paths",
+        nargs="*",
+        default=["."],
+        help="checkpoints, run directories or directories of them (default: .)",
+    )
+    p.add_argument(
+        "--steps", action="store_true", help="also list runs' intermediate checkpoints/step_*"
+    )
+    p.add_argument("--json", action="store_true", help="one JSON object per checkpoint")
+    p.add_argument("--show", metavar="CHECKPOINT", help="print one checkpoint's metadata")
+
+
+def summary(path: Path, meta: Any) -> dict[str, Any]:
+    """The registry row of a checkpoint (``meta``: its ``CheckpointMetadata``)."""
+    training: dict[str, Any] = meta.training or {}
+    table: dict[str, Any] = training.get("table") or {}
+    config: dict[str, Any] = training.get("config") or {}
+    reward = (meta.metrics or {}).get("validation_mean_reward")
+    return {
+        "path": str(path),
+        "name": meta.name,
+        "kind": meta.architecture.kind,
+        "created_at": meta.created_at.isoformat(),
+        "models": len(meta.pool),
+        "mode": training.get("mode"),
+        "table": table.get("path"),
+        "table_sha256": table.get("sha256"),
+        "split_seed": config.get("split_seed"),
+        "validation_mean_reward": reward,
+        "feature_version": meta.feature_version,
+    }
+
+
+def _table_line(row: dict[str, Any]) -> str:
+    reward = row["validation_mean_reward"]
+    table = Path(row["table"]).name if row["table"] else "-"
+    sha = (row["table_sha256"] or "")[:8]
+    return (
+        f"{row['created_at'][:16]:<17} {row['kind']:<8} {row['name'] or '-':<16} "
+        f"{row['models']:>6} {row['mode'] or '-':<10} {table + (' ' + sha if sha else ''):<36} "
+        f"{'-' if reward is None else format(reward, '.4f'):>8}  {row['path']}"
+    )
+
+
+def run_checkpoints(args: argparse.Namespace) -> int:
+    from router.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
+
+    if args.show:
+        try:
+            ckpt = load_checkpoint(args.show)
+        except CheckpointError as exc:
+            log.error("%s", exc)
+            return 2
+        out = {"path": str(args.show), "version": ckpt.version}
+        out.update(json.loads(ckpt.metadata.model_dump_json()))
+        print(json.dumps(out, indent=2))
+        return 0
+    missing = [p for p in args.paths if not Path(p).exists()]
+    if missing:
+        log.error("no such path: %s", ", ".join(missing))
+        return 2
+    rows = [summary(c.path, c.metadata) for c in list_checkpoints(args.paths, steps=args.steps)]
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+        return 0
+    if not rows:
+        print(f"no checkpoints under {', '.join(args.paths)}", file=sys.stderr)
+        return 0
+    print(
+        f"{'created (UTC)':<17} {'kind':<8} {'name':<16} {'models':>6} {'mode':<10} "
+        f"{'trained on':<36} {'val rew':>8}  path"
+    )
+    for row in rows:
+        print(_table_line(row))
+    return 0

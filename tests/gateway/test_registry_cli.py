@@ -1,0 +1,67 @@
+"""``xrouter checkpoints``: the registry on the command line, on checkpoints that
+``xrouter train`` really wrote."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main
+from router.checkpoint import load_checkpoint
+from router.outcomes import write_outcome_table
+from tests.training.compact.conftest import make_tables
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("registry")
+    full, _ = make_tables(n=120)
+    table = tmp / "topics.jsonl"
+    write_outcome_table(full, table)
+    for name, k in (("first", "5"), ("second", "10")):
+        argv = ["train", "--table", str(table), "--out", str(tmp / "runs" / name), "--knn", k,
+                "--name", name]  # fmt: skip
+        assert main(argv) == 0
+    return tmp / "runs"
+
+
+def test_lists_runs_newest_first_with_how_they_were_trained(
+    runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capsys.readouterr()
+    assert main(["checkpoints", str(runs), "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["name"] for r in rows] == ["second", "first"]
+    for row in rows:
+        meta = load_checkpoint(row["path"]).metadata
+        assert (row["kind"], row["mode"], row["models"]) == ("knn", "knn", 3)
+        assert row["table"].endswith("topics.jsonl") and len(row["table_sha256"]) == 64
+        assert row["validation_mean_reward"] == meta.metrics["validation_mean_reward"]
+        assert row["split_seed"] == 0
+    assert main(["checkpoints", str(runs)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("created (UTC)") and "second" in lines[1] and "first" in lines[2]
+
+
+def test_show_prints_the_metadata_and_the_version(
+    runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = runs / "first" / "checkpoint"
+    capsys.readouterr()
+    assert main(["checkpoints", "--show", str(path)]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    ckpt = load_checkpoint(path)
+    assert shown["version"] == ckpt.version and shown["name"] == "first"
+    assert shown["architecture"]["kind"] == "knn" and shown["pool"] == ckpt.pool
+
+
+def test_bad_paths_are_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    assert main(["checkpoints", str(tmp_path / "missing")]) == 2
+    assert "no such path" in caplog.text
+    assert main(["checkpoints", "--show", str(tmp_path)]) == 2
+    assert main(["checkpoints", str(tmp_path)]) == 0  # empty: said on stderr, not an error
+    assert "no checkpoints" in capsys.readouterr().err
