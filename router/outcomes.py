@@ -49,6 +49,8 @@ class LoggedAction(BaseModel):
     # Every model called, in order, when the policy made more than one call (a cascade's
     # plan). The outcome is then the whole trajectory's, not ``action``'s alone.
     actions: list[str] | None = None
+    # The content version of the checkpoint that decided, when one did.
+    checkpoint: str | None = None
 
     @property
     def multi_call(self) -> bool:

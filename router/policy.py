@@ -103,6 +103,9 @@ class Decision:
     policy: str
     cost_weight: float
     feature_version: str | None = None
+    # The content version of the checkpoint that decided (checkpoint-served policies), so
+    # logged traffic says which deployed router made each decision.
+    checkpoint: str | None = None
     actions: list[str] = field(default_factory=list)
     propensities: list[float] = field(default_factory=list)
     distribution: dict[str, float] | None = None
@@ -129,6 +132,7 @@ class Decision:
             "policy": self.policy,
             "cost_weight": self.cost_weight,
             "feature_version": self.feature_version,
+            "checkpoint": self.checkpoint,
             "actions": list(self.actions),
             "propensities": list(self.propensities),
             "propensity": self.propensity,

@@ -144,6 +144,9 @@ def build_record(
             "cost_weight": row["cost_weight"],
             "policy": row["policy"],
         }
+        checkpoint = (decision or {}).get("checkpoint")
+        if checkpoint:
+            record["logged"]["checkpoint"] = str(checkpoint)  # which deployed router decided
         actions = (decision or {}).get("actions") or []
         if len(actions) > 1:
             # A multi-call trajectory (a cascade's plan): its outcome is not ``action``'s
@@ -297,6 +300,7 @@ def _parquet_schema() -> Any:
             ("logged_policy", pa.string()),
             # Every model called, when a multi-call policy (a cascade's plan) made several.
             ("logged_actions", pa.list_(pa.string())),
+            ("logged_checkpoint", pa.string()),
             ("calls", pa.list_(call)),
             ("feedback", pa.list_(fb)),
         ]
@@ -332,6 +336,7 @@ def _flatten(rec: dict[str, Any]) -> dict[str, Any]:
         "cost_weight": logged.get("cost_weight"),
         "logged_policy": logged.get("policy"),
         "logged_actions": logged.get("actions"),
+        "logged_checkpoint": logged.get("checkpoint"),
         "calls": rec["calls"],
         "feedback": rec["feedback"],
     }
@@ -360,6 +365,8 @@ def _unflatten(row: dict[str, Any]) -> dict[str, Any]:
         }
         if row.get("logged_actions"):
             rec["logged"]["actions"] = list(row["logged_actions"])
+        if row.get("logged_checkpoint"):
+            rec["logged"]["checkpoint"] = row["logged_checkpoint"]
     if row["score"] is None:
         rec["scored"] = False
     for k in (

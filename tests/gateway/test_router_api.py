@@ -326,6 +326,7 @@ def test_a_knn_checkpoint_is_trained_deployed_and_served(
         meta = r.http_response.json()["xrouter"]
         assert meta["policy"] == "compact" and r.parse().model in ckpt.pool
         assert meta["decision"]["feature_version"] == ckpt.feature_version
+        assert meta["decision"]["checkpoint"] == ckpt.version
         # The recorded answer of the model the neighbours picked.
         assert r.parse().choices[0].message.content == rec.outcomes[r.parse().model].response
     finally:
@@ -384,6 +385,7 @@ def test_a_cascade_checkpoint_is_trained_deployed_and_runs_its_plan(
         assert [c["turn"] for c in meta["calls"]][: plan.k] == [0] * plan.k
         assert meta["decision"]["actions"] == list(want.models_called)
         assert meta["decision"]["propensity"] == 1.0
+        assert meta["decision"]["checkpoint"] == ckpt.version
         assert r.parse().model == want.final_model
         assert r.parse().choices[0].message.content == record.outcomes[want.final_model].response
         # Every call is charged: the usage covers the whole plan.

@@ -164,6 +164,7 @@ async def test_a_multi_call_request_lists_its_calls_so_learners_can_skip_it(
         "propensity": 1.0,
         "distribution": None,
         "explored": False,
+        "checkpoint": "0123456789ab",
     }
     cascade = make_request("m1", created_at=T0, models=plan, decision=decision)
     single = make_request("m2", created_at=T0 + 1, models=("cheap",))
@@ -179,6 +180,7 @@ async def test_a_multi_call_request_lists_its_calls_so_learners_can_skip_it(
     multi, one = by_id["m1"].logged, by_id["m2"].logged
     assert multi is not None and one is not None
     assert multi.actions == list(plan) and multi.multi_call
+    assert multi.checkpoint == "0123456789ab" and one.checkpoint is None
     # The outcome is the whole trajectory's: every call's cost.
     assert by_id["m1"].outcomes["cheap"].cost_micros == cascade.total_cost_micros  # type: ignore[attr-defined]
     assert one.actions is None and not one.multi_call
@@ -187,4 +189,5 @@ async def test_a_multi_call_request_lists_its_calls_so_learners_can_skip_it(
     assert await export_ledger(engine, pq, "parquet") == 2
     back = {r.id: r.logged for r in read_export(pq)}
     assert back["m1"] is not None and back["m1"].actions == list(plan) and back["m1"].multi_call
+    assert back["m1"].checkpoint == "0123456789ab"
     assert back["m2"] is not None and not back["m2"].multi_call
