@@ -213,6 +213,23 @@ async def pricing(request: Request) -> Response:
     return _json({"catalog_version": rt.catalog.version, "pool": rt.pool.price_snapshot()})
 
 
+@router.get("/router")
+async def router_state(request: Request) -> Response:
+    """What is serving now: the default policy, the policies by name and the compact
+    checkpoint (path, content version, kind, feature version) — the same object a reload
+    answers with, without reloading."""
+    s = await _admin(request)
+    rt = s.current()
+    return _json(
+        {
+            "default_policy": rt.default_policy,
+            "policies": rt.policy_names,
+            "pool": rt.pool.names,
+            "checkpoint": rt.checkpoint_info,
+        }
+    )
+
+
 class ReloadRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -97,7 +97,7 @@ def test_admin_reload_needs_the_admin_key(gateway) -> None:  # type: ignore[no-u
     assert httpx.post(f"{gateway.url}/admin/reload").status_code == 401
 
 
-@pytest.mark.parametrize("path", ["/admin/keys", "/admin/spend", "/admin/pricing"])
+@pytest.mark.parametrize("path", ["/admin/keys", "/admin/spend", "/admin/pricing", "/admin/router"])
 def test_admin_endpoints_need_the_admin_key(gateway, path: str) -> None:  # type: ignore[no-untyped-def]
     r = httpx.get(f"{gateway.url}{path}", headers={"Authorization": "Bearer nope"})
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"

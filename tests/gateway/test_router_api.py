@@ -372,6 +372,8 @@ def test_a_cascade_checkpoint_is_trained_deployed_and_runs_its_plan(
         assert out.returncode == 0, out.stderr
         deployed = json.loads(out.stdout)["checkpoint"]
         assert (deployed["version"], deployed["kind"]) == (ckpt.version, "cascade")
+        serving = httpx.get(f"{gw.url}/admin/router", headers=ADMIN).json()
+        assert serving["checkpoint"] == deployed and serving["default_policy"] == "compact"
         made = httpx.post(f"{gw.url}/admin/keys", json={"alias": "cascade"}, headers=ADMIN)
         key = made.json()["key"]
         client = openai.OpenAI(base_url=gw.base_url, api_key=key, max_retries=0)
