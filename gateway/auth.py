@@ -3,6 +3,7 @@ put a database round trip on the hot path; revocations take effect within the TT
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import time
@@ -25,6 +26,21 @@ def _bearer(header: str | None) -> str | None:
     if scheme.lower() != "bearer" or not token.strip():
         return None
     return token.strip()
+
+
+def _basic_password(header: str | None) -> str | None:
+    """The password of HTTP Basic credentials (what a browser sends after its login prompt)."""
+    if not header:
+        return None
+    scheme, _, encoded = header.partition(" ")
+    if scheme.lower() != "basic" or not encoded.strip():
+        return None
+    try:
+        decoded = base64.b64decode(encoded.strip(), validate=True).decode()
+    except (ValueError, UnicodeDecodeError):
+        return None
+    _, sep, password = decoded.partition(":")
+    return password if sep and password else None
 
 
 def unauthorized(message: str = "missing or invalid API key") -> APIError:
@@ -91,6 +107,31 @@ class Authenticator:
             else None,
             limits=limits,
         )
+
+    def require_dashboard(self, authorization: str | None) -> None:
+        """The dashboard is open when auth is off (like the rest of the gateway); with auth on
+        it takes the admin key, as a bearer token or as the password of a browser's Basic
+        login prompt."""
+        if not self.enabled:
+            return
+        if self._admin_digest is None:
+            raise APIError(
+                403,
+                "the dashboard needs auth.admin_key when auth is enabled",
+                type="permission_error",
+                code="admin_disabled",
+            )
+        token = _bearer(authorization) or _basic_password(authorization)
+        if token is None or not hmac.compare_digest(
+            hashlib.sha256(token.encode()).digest(), self._admin_digest
+        ):
+            raise APIError(
+                401,
+                "the dashboard needs the admin key",
+                type="authentication_error",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": 'Basic realm="xrouter", charset="UTF-8"'},
+            )
 
     def require_admin(self, authorization: str | None) -> None:
         if self._admin_digest is None:

@@ -1,0 +1,167 @@
+"""``GET /dashboard``: one server-rendered page for operators — what is serving, what it
+costs, and which keys are near their budgets.
+
+Read from the same sources as the admin API (the runtime snapshot, the ledger's spend
+report, the key store and the limit backend), rendered without JavaScript and refreshed
+every 30 s. Open when auth is off, like the rest of the gateway; with auth on it takes the
+admin key (a browser's Basic login prompt, password = the admin key, or a bearer token).
+Every value that a client or an operator chose (model names, aliases, paths) is escaped.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import HTMLResponse, Response
+
+from gateway.routes.openai import services
+
+router = APIRouter()
+
+_STYLE = """
+body{font:14px system-ui,sans-serif;margin:24px;color:#222}
+h1{font-size:20px}h2{font-size:16px;margin-top:28px}
+table{border-collapse:collapse;margin-top:6px}
+th,td{padding:4px 10px;border-bottom:1px solid #ddd;text-align:left}
+td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}
+.muted{color:#777}
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def _usd(value: Any) -> str:
+    return "–" if value is None else f"${float(value):,.6f}"
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]], numeric: set[int]) -> str:
+    head = "".join(
+        f'<th class="n">{_e(h)}</th>' if i in numeric else f"<th>{_e(h)}</th>"
+        for i, h in enumerate(headers)
+    )
+    body = []
+    for row in rows:
+        cells = "".join(
+            f'<td class="n">{_e(v)}</td>' if i in numeric else f"<td>{_e(v)}</td>"
+            for i, v in enumerate(row)
+        )
+        body.append(f"<tr>{cells}</tr>")
+    if not body:
+        body.append(f'<tr><td class="muted" colspan="{len(headers)}">nothing yet</td></tr>')
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _spend_rows(rows: list[dict[str, Any]], key: str) -> list[list[Any]]:
+    return [
+        [
+            r.get(key) or "–",
+            r.get("requests", 0),
+            r.get("calls", "–"),
+            _usd(r.get("total_cost_usd")),
+            r.get("prompt_tokens", 0),
+            r.get("completion_tokens", 0),
+        ]
+        for r in rows
+    ]
+
+
+async def _keys(s: Any) -> list[list[Any]]:
+    from gateway.limits.base import KeyLimits
+    from pricing import micros_to_usd
+
+    if s.keys is None:
+        return []
+    out = []
+    for k in await s.keys.list(include_revoked=False):
+        spent = remaining = None
+        if k.budget_micros is not None and s.limits is not None:
+            state = await s.limits.spent(
+                KeyLimits(k.key_id, k.budget_micros, k.budget_period, k.rpm, k.tpm)
+            )
+            spent = micros_to_usd(state.spent)
+            remaining = micros_to_usd(max(k.budget_micros - state.spent, 0))
+        out.append(
+            [
+                k.alias or "–",
+                k.key_id,
+                _usd(k.budget_usd),
+                k.budget_period or "–",
+                _usd(spent),
+                _usd(remaining),
+                k.rpm or "–",
+                k.tpm or "–",
+            ]
+        )
+    return out
+
+
+@router.get("/dashboard")
+async def dashboard(request: Request) -> Response:
+    from gateway.ledger.spend import spend_report
+
+    s = services(request)
+    assert s.auth is not None
+    s.auth.require_dashboard(request.headers.get("authorization"))
+    rt = s.current()
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(days=14)
+    by_model = await spend_report(s.engine, ["model"]) if s.engine is not None else []
+    by_policy = await spend_report(s.engine, ["policy"]) if s.engine is not None else []
+    by_day = await spend_report(s.engine, ["day"], since=since) if s.engine is not None else []
+    ckpt = rt.checkpoint_info
+    prices = rt.pool.price_snapshot()
+    sections = [
+        "<h1>xrouter</h1>",
+        f"<p>default policy <b>{_e(rt.default_policy)}</b>; policies "
+        f"{_e(', '.join(rt.policy_names))}; compact checkpoint "
+        + (
+            f"<b>{_e(ckpt.get('kind'))}</b> {_e(ckpt.get('version'))} "
+            f'<span class="muted">{_e(ckpt.get("path"))}</span>'
+            if ckpt
+            else '<span class="muted">none</span>'
+        )
+        + "</p>",
+        "<h2>Spend by model (all time)</h2>",
+        _table(
+            ["model", "requests", "calls", "cost", "prompt tokens", "completion tokens"],
+            _spend_rows(by_model, "model"),
+            {1, 2, 3, 4, 5},
+        ),
+        "<h2>Spend by policy (all time)</h2>",
+        _table(
+            ["policy", "requests", "calls", "cost", "prompt tokens", "completion tokens"],
+            _spend_rows(by_policy, "policy"),
+            {1, 2, 3, 4, 5},
+        ),
+        "<h2>Spend by day (UTC, last 14 days)</h2>",
+        _table(
+            ["day", "requests", "calls", "cost", "prompt tokens", "completion tokens"],
+            _spend_rows(sorted(by_day, key=lambda r: str(r.get("day")), reverse=True), "day"),
+            {1, 2, 3, 4, 5},
+        ),
+        "<h2>Keys and budgets</h2>",
+        _table(
+            ["alias", "key id", "budget", "period", "spent", "remaining", "rpm", "tpm"],
+            await _keys(s),
+            {2, 4, 5, 6, 7},
+        ),
+        "<h2>Pool (USD per 1M tokens)</h2>",
+        _table(
+            ["model", "input", "output"],
+            [[m, p.get("input"), p.get("output")] for m, p in prices.items()],
+            {1, 2},
+        ),
+        '<p class="muted">Refreshes every 30 s. Prometheus metrics: <a href="/metrics">'
+        "/metrics</a>.</p>",
+    ]
+    page = (
+        '<!doctype html><html><head><meta charset="utf-8">'
+        '<meta http-equiv="refresh" content="30"><title>xrouter dashboard</title>'
+        f"<style>{_STYLE}</style></head><body>{''.join(sections)}</body></html>"
+    )
+    return HTMLResponse(page, headers={"Cache-Control": "no-store"})

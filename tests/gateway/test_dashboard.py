@@ -1,0 +1,93 @@
+"""``GET /dashboard``: the operators' page, on a real gateway with a real ledger."""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.gateway.conftest import Upstream
+from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+def basic(password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"admin:{password}".encode()).decode()}
+
+
+def wait_for_ledger(gw: Gateway, check: str) -> str:
+    """The page once ``check`` shows on it (ledger writes are batched off the hot path)."""
+    deadline = time.monotonic() + 10
+    while True:
+        page = httpx.get(f"{gw.url}/dashboard", headers=ADMIN).text
+        if check in page or time.monotonic() > deadline:
+            return page
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def secured(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    tmp = tmp_path_factory.mktemp("dashboard")
+    gw = start_gateway(tmp, gateway_config(tmp, upstream.base_url, auth={"enabled": True}))
+    yield gw
+    gw.stop()
+
+
+def test_open_when_auth_is_off_and_shows_what_was_spent(gateway: Gateway) -> None:
+    client = openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
+    resp = client.chat.completions.create(
+        model="gemma-2-9b-it", messages=[{"role": "user", "content": "dashboard check"}]
+    )
+    cost = resp.usage.model_extra["cost"]  # type: ignore[union-attr]
+    r = httpx.get(f"{gateway.url}/dashboard")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    page = wait_for_ledger(gateway, "<td>gemma-2-9b-it</td>")
+    assert "<td>gemma-2-9b-it</td>" in page and "Spend by policy" in page
+    assert "passthrough" in page  # a named model is still metered, under its own policy
+    row = page[page.index("<td>gemma-2-9b-it</td>") :].split("</tr>")[0]
+    assert cost > 0 and f"${cost:,.6f}" in row  # the call's cost, as the client was charged
+    assert "default policy <b>compact</b>" in page and "<b>mlp</b>" in page
+
+
+def test_with_auth_on_it_takes_the_admin_key_from_a_browser_prompt_or_a_token(
+    secured: Gateway,
+) -> None:
+    r = httpx.get(f"{secured.url}/dashboard")
+    assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Basic")
+    assert r.json()["error"]["type"] == "authentication_error"
+    assert httpx.get(f"{secured.url}/dashboard", headers=basic("wrong")).status_code == 401
+    assert httpx.get(f"{secured.url}/dashboard", headers=basic(ADMIN_KEY)).status_code == 200
+    assert httpx.get(f"{secured.url}/dashboard", headers=ADMIN).status_code == 200
+
+
+def test_keys_show_their_budgets_and_chosen_names_are_escaped(secured: Gateway) -> None:
+    alias = "<script>alert(1)</script>"
+    made = httpx.post(
+        f"{secured.url}/admin/keys",
+        json={"alias": alias, "budget_usd": 2.5, "budget_period": "daily"},
+        headers=ADMIN,
+    )
+    assert made.status_code == 201, made.text
+    page = httpx.get(f"{secured.url}/dashboard", headers=ADMIN).text
+    assert alias not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    row = page[page.index("&lt;script&gt;") :].split("</tr>")[0]
+    assert "$2.500000" in row and "daily" in row and made.json()["key_id"] in row
+
+
+def test_no_admin_key_configured_means_no_dashboard_when_auth_is_on(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    cfg = gateway_config(tmp_path, upstream.base_url, auth={"enabled": True, "admin_key": None})
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        r = httpx.get(f"{gw.url}/dashboard", headers=ADMIN)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "admin_disabled"
+    finally:
+        gw.stop()
