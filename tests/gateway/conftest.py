@@ -3,6 +3,7 @@ real subprocesses on loopback, shared by a module and reset between tests."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +45,10 @@ def longest_answer(table: list[OutcomeRecord], model: str) -> OutcomeRecord:
 
 
 def abandon_stream(base_url: str, model: str, text: str, key: str | None = None) -> str:
-    """Start a streamed request, read its first two lines and hang up; the request id."""
+    """Start a streamed request, read it up to its first chunk of answer text and hang up;
+    the request id. (Hanging up after the first event alone races the gateway: that event
+    carries only the role, and whether any text was relayed before the hang-up is seen
+    would depend on timing.)"""
     headers = {"Authorization": f"Bearer {key}"} if key else None
     body = {"model": model, "stream": True, "messages": [{"role": "user", "content": text}]}
     with httpx.stream(
@@ -52,9 +56,14 @@ def abandon_stream(base_url: str, model: str, text: str, key: str | None = None)
     ) as r:
         assert r.status_code == 200
         request_id = r.headers["x-xrouter-request-id"]
-        lines = r.iter_lines()
-        next(lines)
-        next(lines)
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            choices = json.loads(line.removeprefix("data: ")).get("choices") or [{}]
+            if (choices[0].get("delta") or {}).get("content"):
+                break
+        else:
+            raise AssertionError("the stream ended before any answer text")
     return request_id
 
 
