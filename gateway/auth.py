@@ -108,6 +108,15 @@ class Authenticator:
             limits=limits,
         )
 
+    def _admin_disabled(self, what: str) -> APIError:
+        return APIError(403, what, type="permission_error", code="admin_disabled")
+
+    def _is_admin(self, token: str | None) -> bool:
+        assert self._admin_digest is not None
+        return token is not None and hmac.compare_digest(
+            hashlib.sha256(token.encode()).digest(), self._admin_digest
+        )
+
     def require_dashboard(self, authorization: str | None) -> None:
         """The dashboard is open when auth is off (like the rest of the gateway); with auth on
         it takes the admin key, as a bearer token or as the password of a browser's Basic
@@ -115,16 +124,8 @@ class Authenticator:
         if not self.enabled:
             return
         if self._admin_digest is None:
-            raise APIError(
-                403,
-                "the dashboard needs auth.admin_key when auth is enabled",
-                type="permission_error",
-                code="admin_disabled",
-            )
-        token = _bearer(authorization) or _basic_password(authorization)
-        if token is None or not hmac.compare_digest(
-            hashlib.sha256(token.encode()).digest(), self._admin_digest
-        ):
+            raise self._admin_disabled("the dashboard needs auth.admin_key when auth is enabled")
+        if not self._is_admin(_bearer(authorization) or _basic_password(authorization)):
             raise APIError(
                 401,
                 "the dashboard needs the admin key",
@@ -135,14 +136,6 @@ class Authenticator:
 
     def require_admin(self, authorization: str | None) -> None:
         if self._admin_digest is None:
-            raise APIError(
-                403,
-                "the admin API is disabled: set auth.admin_key",
-                type="permission_error",
-                code="admin_disabled",
-            )
-        token = _bearer(authorization)
-        if token is None or not hmac.compare_digest(
-            hashlib.sha256(token.encode()).digest(), self._admin_digest
-        ):
+            raise self._admin_disabled("the admin API is disabled: set auth.admin_key")
+        if not self._is_admin(_bearer(authorization)):
             raise unauthorized("missing or invalid admin key")
