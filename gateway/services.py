@@ -54,6 +54,20 @@ class Services:
     reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     background: list[asyncio.Task[Any]] = field(default_factory=list)
 
+    async def key_spend(self, info: Any) -> tuple[float | None, float | None]:
+        """A key's spend and remaining budget (USD) in its current period, from the limit
+        store; (None, None) without a budget or a store."""
+        if info.budget_micros is None or self.limits is None:
+            return None, None
+        from gateway.limits.base import KeyLimits
+        from pricing import micros_to_usd
+
+        state = await self.limits.spent(
+            KeyLimits(info.key_id, info.budget_micros, info.budget_period, info.rpm, info.tpm)
+        )
+        remaining = micros_to_usd(state.remaining) if state.remaining is not None else None
+        return micros_to_usd(state.spent), remaining
+
     def current(self) -> Runtime:
         assert self.runtime is not None
         return self.runtime

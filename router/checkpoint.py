@@ -211,6 +211,8 @@ class CompactCheckpoint:
     metadata: CheckpointMetadata
     weights: dict[str, np.ndarray]
     path: Path | None = None
+    # ``version``, hashed once: a checkpoint is not changed after it is loaded or saved.
+    _version: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def pool(self) -> list[str]:
@@ -224,11 +226,13 @@ class CompactCheckpoint:
     def version(self) -> str:
         """A short content hash of weights and metadata: names exactly this checkpoint in
         logs, the ledger and reload responses."""
-        h = hashlib.sha256(self.metadata.model_dump_json().encode())
-        for name in sorted(self.weights):
-            h.update(name.encode())
-            h.update(np.ascontiguousarray(self.weights[name], dtype=np.float32).tobytes())
-        return h.hexdigest()[:12]
+        if self._version is None:
+            h = hashlib.sha256(self.metadata.model_dump_json().encode())
+            for name in sorted(self.weights):
+                h.update(name.encode())
+                h.update(np.ascontiguousarray(self.weights[name], dtype=np.float32).tobytes())
+            self._version = h.hexdigest()[:12]
+        return self._version
 
     @property
     def architecture(self) -> Architecture:

@@ -15,7 +15,7 @@ from gateway.ledger.keys import DuplicateAliasError, KeyInfo, KeyNotFoundError
 from gateway.ledger.spend import GroupBy, spend_report
 from gateway.routes.openai import read_body, services
 from gateway.services import Services
-from pricing import micros_to_usd, usd_to_micros
+from pricing import usd_to_micros
 
 router = APIRouter(prefix="/admin")
 
@@ -131,15 +131,7 @@ async def list_keys(request: Request) -> Response:
     for k in keys:
         view = _key_view(k)
         if k.budget_micros is not None and s.limits is not None:
-            from gateway.limits.base import KeyLimits
-
-            state = await s.limits.spent(
-                KeyLimits(k.key_id, k.budget_micros, k.budget_period, k.rpm, k.tpm)
-            )
-            view["spent_usd"] = micros_to_usd(state.spent)
-            view["remaining_usd"] = (
-                micros_to_usd(state.remaining) if state.remaining is not None else None
-            )
+            view["spent_usd"], view["remaining_usd"] = await s.key_spend(k)
         out.append(view)
     return _json({"data": out})
 

@@ -72,20 +72,11 @@ def _spend_rows(rows: list[dict[str, Any]], key: str) -> list[list[Any]]:
 
 
 async def _keys(s: Any) -> list[list[Any]]:
-    from gateway.limits.base import KeyLimits
-    from pricing import micros_to_usd
-
     if s.keys is None:
         return []
     out = []
     for k in await s.keys.list(include_revoked=False):
-        spent = remaining = None
-        if k.budget_micros is not None and s.limits is not None:
-            state = await s.limits.spent(
-                KeyLimits(k.key_id, k.budget_micros, k.budget_period, k.rpm, k.tpm)
-            )
-            spent = micros_to_usd(state.spent)
-            remaining = micros_to_usd(max(k.budget_micros - state.spent, 0))
+        spent, remaining = await s.key_spend(k)
         out.append(
             [
                 k.alias or "–",

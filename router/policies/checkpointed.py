@@ -50,7 +50,6 @@ class CheckpointPolicy(Policy):
             checkpoint if isinstance(checkpoint, CompactCheckpoint) else load_checkpoint(checkpoint)
         )
         self.checkpoint = ckpt
-        self.checkpoint_version = ckpt.version  # a hash of the weights: computed once
         self.pool_check: PoolCheck = check_pool(ckpt, pool)
         if extractor is None:
             extractor = FeatureExtractor.load(FeatureConfig.from_dict(ckpt.metadata.feature_config))

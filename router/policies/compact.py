@@ -329,7 +329,7 @@ class CompactPolicy(CheckpointPolicy):
 
     async def step(self, ctx: RouteContext, state: LoopState) -> Step:
         state.decision.feature_version = self.feature_version
-        state.decision.checkpoint = self.checkpoint_version
+        state.decision.checkpoint = self.checkpoint.version
         note = state.notes.get(NOTE_KEY)
         if note is None:
             return await self._first_step(ctx, state)

@@ -139,7 +139,7 @@ class PlannedPolicy(CheckpointPolicy):
 
     async def step(self, ctx: RouteContext, state: LoopState) -> Step:
         state.decision.feature_version = self.feature_version
-        state.decision.checkpoint = self.checkpoint_version
+        state.decision.checkpoint = self.checkpoint.version
         note = state.notes.get(NOTE_KEY)
         if note is not None:
             return continue_plan(self.plans[note["index"]], ctx, state)
