@@ -67,8 +67,20 @@ class CascadeRouter:
         # The plan validates the order, k and quorum, and decides agreement exactly as the
         # served policy does (``router.policies.planned``).
         self.plan = CascadePlan(tuple(order), k, quorum)
-        self.order, self.k, self.quorum, self.check = list(order), k, quorum, check
+        self.check = check
         self.name = name or self.plan.name
+
+    @property
+    def order(self) -> list[str]:
+        return list(self.plan.order)
+
+    @property
+    def k(self) -> int:
+        return self.plan.k
+
+    @property
+    def quorum(self) -> int:
+        return self.plan.quorum
 
     def fit(self, records: Sequence[OutcomeRecord]) -> CascadeRouter:
         return self
@@ -78,11 +90,10 @@ class CascadeRouter:
         if self.check is not None:
             while True:
                 last = called[-1]
-                if self.check(record, last, _response(record, last)) or len(called) == len(
-                    self.order
-                ):
+                order = self.plan.order
+                if self.check(record, last, _response(record, last)) or len(called) == len(order):
                     return RoutedPrompt.from_calls(record, called, last)
-                called.append(self.order[len(called)])
+                called.append(order[len(called)])
         answers: dict[str, str] = {}
         while True:
             for m in called:
