@@ -74,7 +74,7 @@ def plan_outcomes(
     return scores, costs
 
 
-def _validation_metrics(
+def _greedy_metrics(
     head: PlanHead,
     x: np.ndarray,
     scores: np.ndarray,
@@ -83,7 +83,7 @@ def _validation_metrics(
     lambdas: Sequence[float],
     reward: RewardConfig,
 ) -> Metrics:
-    """Greedy reward, score and cost of the served decision per λ (the plan each validation
+    """Greedy reward, score and cost of the served decision per λ (the plan each
     prompt would run, scored on that prompt's own replayed outcome)."""
     rows = np.arange(x.shape[0])
     out: Metrics = {}
@@ -142,7 +142,6 @@ def build_cascade(
             "responses to see whether cheap answers agree"
         )
     train_records = [kept[i] for i in build.train_rows]
-    val_records = [kept[i] for i in build.val_rows]
     plans = candidate_plans(train_records, max_cheap)
     logger.info("%d plans over %d models", len(plans), len(models))
     train_scores, train_costs = plan_outcomes(plans, train_records)
@@ -153,20 +152,28 @@ def build_cascade(
             train_costs, build.cfg, table.reference_of(build.train_rows)
         ).astype(np.float32),
     }
-    val_scores, val_costs = plan_outcomes(plans, val_records)
-    val_norm = normalized_costs(val_costs, build.cfg, table.reference_of(build.val_rows))
     specs = tuple(PlanSpec(order=p.order, k=p.k, quorum=p.quorum) for p in plans)
     reward_cfg = build.cfg.reward_config()
+    # Each part's plans are replayed once, not once per k tried.
+    replayed: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
-    def validate(arch: Architecture) -> Metrics:
+    def evaluate(arch: Architecture, rows: np.ndarray) -> Metrics:
+        key = rows.tobytes()
+        if key not in replayed:
+            scores, costs = plan_outcomes(plans, [kept[i] for i in rows])
+            replayed[key] = (
+                scores,
+                costs,
+                normalized_costs(costs, build.cfg, table.reference_of(rows)),
+            )
+        scores, costs, norm = replayed[key]
         head = PlanHead(arch, weights, reward_cfg)
-        x_val = build.x[build.val_rows]
-        return _validation_metrics(
-            head, x_val, val_scores, val_costs, val_norm, build.val_lambdas, reward_cfg
+        return _greedy_metrics(
+            head, build.x[rows], scores, costs, norm, build.val_lambdas, reward_cfg
         )
 
     arch, val_metrics, tried = pick_neighbours(
-        build, neighbours, lambda k: build.architecture(k, plans=specs), validate
+        build, neighbours, lambda k: build.architecture(k, plans=specs), evaluate
     )
     return finish_build(
         build,
@@ -174,6 +181,7 @@ def build_cascade(
         val_metrics,
         tried,
         weights,
+        evaluate=evaluate,
         training_extra={"max_cheap": max_cheap},
         metrics_extra={"plans": len(plans)},
         name=name,

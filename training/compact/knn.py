@@ -68,22 +68,21 @@ def build_knn(
             table.arrays.cost[rows], build.cfg, table.reference_of(rows)
         ).astype(np.float32),
     }
-    val = table.arrays.subset(build.val_rows)
-    val_ref = table.reference_of(build.val_rows)
     reward_cfg = build.cfg.reward_config()
 
-    def validate(arch: Architecture) -> Metrics:
+    def evaluate(arch: Architecture, rows: np.ndarray) -> Metrics:
         head = KNNHead(arch, weights, reward_cfg)
-        x_val = build.x[build.val_rows]
-        return evaluate_full(head, x_val, val, build.val_lambdas, reward_cfg, val_ref)
+        part, ref = table.arrays.subset(rows), table.reference_of(rows)
+        return evaluate_full(head, build.x[rows], part, build.val_lambdas, reward_cfg, ref)
 
-    arch, val_metrics, tried = pick_neighbours(build, neighbours, build.architecture, validate)
+    arch, val_metrics, tried = pick_neighbours(build, neighbours, build.architecture, evaluate)
     return finish_build(
         build,
         arch,
         val_metrics,
         tried,
         weights,
+        evaluate=evaluate,
         name=name,
         description=description,
         command=command,

@@ -38,6 +38,9 @@ logger = logging.getLogger(__name__)
 
 Metrics = dict[str, dict[str, Any]]
 StoredKind = Literal["knn", "cascade"]
+# Greedy metrics per cost weight of an architecture on some rows of the table (validation to
+# pick k; test, with ``--report-test``, to report it).
+Evaluate = Callable[[Architecture, np.ndarray], Metrics]
 
 
 def normalized_costs(
@@ -129,7 +132,7 @@ def pick_neighbours(
     build: StoredBuild,
     neighbours: Sequence[int],
     make_architecture: Callable[[int], Architecture],
-    validate: Callable[[Architecture], Metrics],
+    evaluate: Evaluate,
 ) -> tuple[Architecture, Metrics, dict[int, float]]:
     """The architecture whose number of neighbours has the best mean validation reward (a
     count above the training part's size means all of it), its validation metrics, and the
@@ -138,7 +141,7 @@ def pick_neighbours(
     best: tuple[float, Architecture, Metrics] | None = None
     for k in sorted({min(k, len(build.train_rows)) for k in neighbours}):
         arch = make_architecture(k)
-        metrics = validate(arch)
+        metrics = evaluate(arch, build.val_rows)
         tried[k] = float(np.mean([m["reward"] for m in metrics.values()]))
         logger.info("k=%d: mean validation reward %.4f", k, tried[k])
         if best is None or tried[k] > best[0]:
@@ -154,6 +157,7 @@ def finish_build(
     tried: dict[int, float],
     weights: dict[str, np.ndarray],
     *,
+    evaluate: Evaluate,
     training_extra: dict[str, Any] | None = None,
     metrics_extra: dict[str, Any] | None = None,
     name: str = "",
@@ -161,7 +165,8 @@ def finish_build(
     command: str = "",
     table_path: str | Path | None = None,
 ) -> TrainResult:
-    """Write the run files and the checkpoint."""
+    """Write the run files and the checkpoint (with the test part's metrics when the config
+    asks to report them)."""
     table, models = build.table, build.table.models
     base_meta, training_meta = run_metadata(
         build.cfg,
@@ -188,6 +193,12 @@ def finish_build(
         "validation_mean_reward": tried[k],
         "validation": val_metrics,
     }
+    test_metrics = _test_metrics(build, arch, evaluate)
+    if test_metrics is not None:
+        metrics_out["test_mean_reward"] = float(
+            np.mean([m["reward"] for m in test_metrics.values()])
+        )
+        metrics_out["test"] = test_metrics
     ckpt_path = build.out / "checkpoint"
     seconds = time.perf_counter() - build.started
     save_checkpoint(
@@ -203,4 +214,18 @@ def finish_build(
     logger.info(
         "%s checkpoint with k=%d (validation reward %.4f): %s", build.kind, k, tried[k], ckpt_path
     )
-    return TrainResult(build.out, ckpt_path, 0, 0, seconds, val_metrics, {}, None, models, k)
+    return TrainResult(
+        build.out, ckpt_path, 0, 0, seconds, val_metrics, {}, test_metrics, models, k
+    )
+
+
+def _test_metrics(build: StoredBuild, arch: Architecture, evaluate: Evaluate) -> Metrics | None:
+    rows = build.table.splits["test"]
+    if not build.cfg.report_test or not len(rows):
+        return None
+    if not build.table.arrays.available[rows].all():
+        # Logged traffic cannot be replayed exactly; the network trainer's off-policy
+        # estimate has no counterpart for stored prompts, so say so instead of guessing.
+        logger.warning("test part has unknown outcomes: no test metrics reported")
+        return None
+    return evaluate(arch, rows)

@@ -74,7 +74,8 @@ def built(table: list[OutcomeRecord], tmp_path_factory: pytest.TempPathFactory) 
     path = tmp / "table.jsonl"
     write_outcome_table(table, path)
     code = main(["--table", str(path), "--out", str(tmp / "run"), "--cascade", "5,40,1000",
-                 "--cost-scale", "0.01", "--val-lambdas", "0,0.5", "--name", "mc"])  # fmt: skip
+                 "--cost-scale", "0.01", "--val-lambdas", "0,0.5", "--name", "mc",
+                 "--report-test"])  # fmt: skip
     assert code == 0
     return tmp / "run"
 
@@ -93,6 +94,14 @@ def test_builds_a_cascade_checkpoint_with_k_picked_on_validation(built: Path) ->
     assert ckpt.weights["plan_scores"].shape == (arch.n_examples, len(arch.plans))
     summary = json.loads((built / "summary.json").read_text())
     assert summary["neighbours"] == arch.neighbours
+    # --report-test: the held-out part, replayed with the plan each prompt is served.
+    test = ckpt.metadata.metrics["test"]
+    assert set(test) == {"0", "0.5"} and summary["test"] == test
+    assert test["0"]["score"] > 0.85
+    assert test["0.5"]["cost_usd"] < test["0"]["cost_usd"]
+    assert ckpt.metadata.metrics["test_mean_reward"] == pytest.approx(
+        np.mean([m["reward"] for m in test.values()])
+    )
 
 
 def test_the_served_plan_follows_the_prompt_and_the_cost_weight(

@@ -46,6 +46,8 @@ def test_builds_a_checkpoint_with_k_picked_on_validation(built: tuple[Path, dict
     assert ckpt.metadata.training["command"].startswith("python -m training.compact.cli")
     assert ckpt.weights["examples"].shape == (arch.n_examples, arch.similarity_dims)
     assert summary["validation"]["0"]["reward"] > 0
+    # Without --report-test the test part is not even looked at.
+    assert "test" not in ckpt.metadata.metrics and "test" not in summary
 
 
 def test_the_compact_policy_serves_it_by_topic_and_by_cost(built: tuple[Path, dict]) -> None:
