@@ -48,7 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from pricing import load_default_catalog  # noqa: E402
-from router.checkpoint import default_checkpoint_path, load_checkpoint  # noqa: E402
+from router.checkpoint import load_checkpoint, packaged_checkpoint_path  # noqa: E402
 from router.features import FeatureExtractor, cheap_features  # noqa: E402
 from router.outcomes import load_outcome_table  # noqa: E402
 from router.policies.compact import CompactHead, CompactPolicy, masked_softmax  # noqa: E402
@@ -103,7 +103,7 @@ async def atimeit(fn: Callable[[], Any], iterations: int) -> tuple[float, float]
 def latency(iterations: int) -> None:
     extractor = FeatureExtractor.load()
     assert extractor.embedding is not None
-    ckpt = load_checkpoint(default_checkpoint_path())
+    ckpt = load_checkpoint(packaged_checkpoint_path("demo-rl"))  # the policy network
     pool = ModelPool.from_configs(
         [
             PoolModelConfig(name=m, model=f"openai/{m}", api_base="http://127.0.0.1:9/v1")

@@ -221,7 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("deploy", help="make a running gateway hot-load a checkpoint")
-    p.add_argument("checkpoint", help="checkpoint directory")
+    p.add_argument(
+        "checkpoint", help="checkpoint directory, or packaged:<name> for one shipped with xrouter"
+    )
     p.add_argument("--url", default="http://127.0.0.1:8000", help="gateway base URL")
     p.add_argument(
         "--admin-key",

@@ -17,9 +17,12 @@ log = logging.getLogger(__name__)
 
 
 def run_deploy(args: argparse.Namespace) -> int:
-    from router.checkpoint import CheckpointError, load_checkpoint
+    from router.checkpoint import PACKAGED_PREFIX, CheckpointError, load_checkpoint
 
-    path = Path(args.checkpoint).resolve()
+    # ``packaged:<name>`` names a checkpoint shipped with xrouter: the gateway resolves it in
+    # its own installation, so it is sent as written.
+    packaged = str(args.checkpoint).startswith(PACKAGED_PREFIX)
+    path = args.checkpoint if packaged else Path(args.checkpoint).resolve()
     try:
         ckpt = load_checkpoint(path)
     except CheckpointError as exc:

@@ -10,6 +10,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from router.checkpoint import PACKAGED_PREFIX
+
 if TYPE_CHECKING:
     from gateway.services import Services
 
@@ -48,7 +50,8 @@ class FileWatcher:
     def _paths(self) -> list[Path]:
         paths = [self.config_path] if self.config_path else []
         ckpt = self.services.settings.router.checkpoint
-        if ckpt:
+        # A packaged checkpoint ships with the installed code: it changes only with it.
+        if ckpt and not ckpt.startswith(PACKAGED_PREFIX):
             paths.append(Path(ckpt))
         return paths
 

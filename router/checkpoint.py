@@ -49,13 +49,44 @@ META_FILE = "checkpoint.json"
 HEADER_KEY = "xrouter_checkpoint"
 
 
-def default_checkpoint_path() -> Path:
-    """The checkpoint shipped with xrouter for the demo pool."""
-    return Path(str(resources.files("router").joinpath("assets/checkpoints/demo")))
+PACKAGED_PREFIX = "packaged:"
+DEFAULT_PACKAGED = "demo"
 
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, malformed or internally inconsistent."""
+
+
+def _packaged_root() -> Path:
+    return Path(str(resources.files("router").joinpath("assets/checkpoints")))
+
+
+def packaged_checkpoint_names() -> list[str]:
+    """The checkpoints shipped inside the package (``router/assets/checkpoints``)."""
+    return sorted(p.name for p in _packaged_root().iterdir() if (p / META_FILE).is_file())
+
+
+def packaged_checkpoint_path(name: str = DEFAULT_PACKAGED) -> Path:
+    path = _packaged_root() / name
+    if "/" in name or name.startswith(".") or not (path / META_FILE).is_file():
+        raise CheckpointError(
+            f"no packaged checkpoint {name!r}; packaged: {', '.join(packaged_checkpoint_names())}"
+        )
+    return path
+
+
+def default_checkpoint_path() -> Path:
+    """The checkpoint the gateway serves when none is configured: ``demo``, for the demo pool."""
+    return packaged_checkpoint_path(DEFAULT_PACKAGED)
+
+
+def checkpoint_location(path: str | Path) -> Path:
+    """A checkpoint path, or ``packaged:<name>`` for one shipped with xrouter (installed
+    packages live in site-packages, whose path operators should not have to spell)."""
+    text = str(path)
+    if text.startswith(PACKAGED_PREFIX):
+        return packaged_checkpoint_path(text.removeprefix(PACKAGED_PREFIX))
+    return Path(path)
 
 
 class CheckpointPoolMismatch(CheckpointError):
@@ -389,7 +420,7 @@ def _parse_metadata(raw: str | bytes, where: str) -> CheckpointMetadata:
 
 def read_metadata(path: str | Path) -> CheckpointMetadata:
     """The metadata only (cheap: no weights are read)."""
-    p = Path(path)
+    p = checkpoint_location(path)
     if p.is_dir():
         meta = p / META_FILE
         if not meta.is_file():
@@ -410,7 +441,7 @@ def read_metadata(path: str | Path) -> CheckpointMetadata:
 def load_checkpoint(path: str | Path) -> CompactCheckpoint:
     """Read and validate a checkpoint directory or file. Blocking file I/O: call it at
     startup or from a thread."""
-    p = Path(path)
+    p = checkpoint_location(path)
     metadata = read_metadata(p)
     weights_path = p / WEIGHTS_FILE if p.is_dir() else p
     if not weights_path.is_file():

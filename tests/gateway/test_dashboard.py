@@ -52,7 +52,7 @@ def test_open_when_auth_is_off_and_shows_what_was_spent(gateway: Gateway) -> Non
     assert "passthrough" in page  # a named model is still metered, under its own policy
     row = page[page.index("<td>gemma-2-9b-it</td>") :].split("</tr>")[0]
     assert cost > 0 and f"${cost:,.6f}" in row  # the call's cost, as the client was charged
-    assert "default policy <b>compact</b>" in page and "<b>mlp</b>" in page
+    assert "default policy <b>compact</b>" in page and "<b>knn</b>" in page
 
 
 def test_with_auth_on_it_takes_the_admin_key_from_a_browser_prompt_or_a_token(

@@ -232,7 +232,7 @@ def test_llm_policy_costs_and_ledger_rows_add_up(
 def test_deploy_hot_loads_a_checkpoint_and_refuses_a_mismatched_one(
     upstream: Upstream, tmp_path: Path
 ) -> None:
-    from router.checkpoint import default_checkpoint_path, load_checkpoint, save_checkpoint  # noqa: F401
+    from router.checkpoint import default_checkpoint_path, load_checkpoint
 
     cfg = gateway_config(
         tmp_path, upstream.base_url, auth={"enabled": True, "admin_key": ADMIN_KEY}
@@ -244,18 +244,24 @@ def test_deploy_hot_loads_a_checkpoint_and_refuses_a_mismatched_one(
             "-m",
             "gateway.cli",
             "deploy",
-            str(default_checkpoint_path()),
+            "packaged:demo-rl",
             "--url",
             gw.url,
             "--admin-key",
             ADMIN_KEY,
         ]
+        # The gateway serves the packaged default (kNN); deploying the packaged policy
+        # network by name swaps it in.
+        assert load_checkpoint(default_checkpoint_path()).metadata.architecture.kind == "knn"
         out = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
-        assert (
-            json.loads(out.stdout)["checkpoint"]["version"]
-            == load_checkpoint(default_checkpoint_path()).version
-        )
+        deployed = json.loads(out.stdout)["checkpoint"]
+        assert deployed["version"] == load_checkpoint("packaged:demo-rl").version
+        assert deployed["kind"] == "mlp"
+        serving = httpx.get(
+            f"{gw.url}/admin/router", headers={"Authorization": f"Bearer {ADMIN_KEY}"}
+        ).json()
+        assert serving["checkpoint"]["version"] == deployed["version"]
         # A gateway whose pool lacks the checkpoint's models refuses it and keeps serving.
         small = gateway_config(
             tmp_path / "small", upstream.base_url, auth={"enabled": True, "admin_key": ADMIN_KEY}

@@ -22,6 +22,8 @@ from router.checkpoint import (
     default_checkpoint_path,
     list_checkpoints,
     load_checkpoint,
+    packaged_checkpoint_names,
+    packaged_checkpoint_path,
     read_metadata,
     save_checkpoint,
 )
@@ -178,12 +180,31 @@ def test_pool_check(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
         check_pool(ckpt, make_pool(["other"], {"other": ("1", "1")}))
 
 
-def test_default_checkpoint_is_valid_and_small() -> None:
-    path = default_checkpoint_path()
-    ckpt = load_checkpoint(path)
-    size = sum(p.stat().st_size for p in path.iterdir())
-    assert size < 1_000_000
+@pytest.mark.parametrize(
+    ("name", "kind", "trained_by"),
+    [("demo", "knn", "--knn"), ("demo-rl", "mlp", "training.compact.cli")],
+)
+def test_packaged_checkpoints_are_valid_small_and_reproducible_by_their_command(
+    name: str, kind: str, trained_by: str
+) -> None:
+    path = packaged_checkpoint_path(name)
+    ckpt = load_checkpoint(f"packaged:{name}")
+    assert ckpt.path == path and ckpt.version == load_checkpoint(path).version
+    assert sum(p.stat().st_size for p in path.iterdir()) < 1_000_000
     meta = ckpt.metadata
+    assert meta.architecture.kind == kind
     assert len(meta.pool) == 8 and set(meta.prices) == set(meta.pool)
-    assert "training.compact.cli" in meta.training["command"]
+    assert trained_by in meta.training["command"]
     assert meta.metrics["validation"] and meta.metrics["validation_mean_reward"] > 0
+    # Both report the held-out part they never saw while being chosen.
+    assert set(meta.metrics["test"]) == set(meta.metrics["validation"])
+
+
+def test_the_default_is_the_packaged_demo_and_unknown_names_are_refused() -> None:
+    assert default_checkpoint_path() == packaged_checkpoint_path("demo")
+    assert set(packaged_checkpoint_names()) >= {"demo", "demo-rl"}
+    for bad in ("nope", "../demo", ".hidden", ""):
+        with pytest.raises(
+            CheckpointError, match=r"no packaged checkpoint .*packaged: demo, demo-rl"
+        ):
+            load_checkpoint(f"packaged:{bad}")

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from pricing import load_default_catalog
-from router.checkpoint import CheckpointPoolMismatch, default_checkpoint_path, load_checkpoint
+from router.checkpoint import CheckpointPoolMismatch, load_checkpoint, packaged_checkpoint_path
 from router.executors import ProviderExecutor
 from router.features import FeatureExtractor
 from router.loop import Orchestrator, worst_case_micros
@@ -32,7 +32,8 @@ QUESTION = [{"role": "user", "content": "What is the capital of Australia? Answe
 
 @pytest.fixture(scope="module")
 def ckpt() -> Any:
-    return load_checkpoint(default_checkpoint_path())
+    # The packaged policy network (the default packaged checkpoint is a kNN router).
+    return load_checkpoint(packaged_checkpoint_path("demo-rl"))
 
 
 @pytest.fixture(scope="module")
