@@ -1,7 +1,7 @@
 """The whole loop on logged traffic: a gateway routes with exploration and logs every
 decision with its propensity, clients send feedback, the ledger is exported as an outcome
-table with partial feedback, a compact router is retrained off-policy from it, and the new
-checkpoint is deployed to the running gateway."""
+table with partial feedback, a compact router (the policy network, then a kNN router) is
+retrained off-policy from it, and the new checkpoint is deployed to the running gateway."""
 
 from __future__ import annotations
 
@@ -114,3 +114,22 @@ def test_export_retrain_off_policy_and_deploy(gateway: tuple[Gateway, Path]) -> 
         json={"model": "xrouter", "messages": [{"role": "user", "content": table[0].text}]},
     )
     assert r.status_code == 200 and r.json()["xrouter"]["decision"]["policy"] == "compact"
+
+    # The same traffic builds the default checkpoint's kind: a kNN router over the logged
+    # prompts, storing doubly-robust estimates of every model's outcome on each.
+    knn_dir = tmp / "knn"
+    res = run("train", "--table", str(out), "--offpolicy", "--knn", "10,25,50", "--pool", pool,
+              "--out", str(knn_dir), "--no-progress", "--threads", "1")  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    knn = load_checkpoint(knn_dir / "checkpoint")
+    assert knn.architecture.kind == "knn" and knn.pool == pool.split(",")
+    assert knn.metadata.training["stored_outcomes"] == "doubly_robust"
+    assert knn.architecture.n_examples == len(knn.weights["scores"]) > 0
+    res = run("deploy", str(knn_dir / "checkpoint"), "--url", gw.url, "--admin-key", ADMIN_KEY)
+    assert res.returncode == 0, res.stderr
+    r = httpx.post(
+        f"{gw.base_url}/chat/completions",
+        json={"model": "xrouter", "messages": [{"role": "user", "content": table[1].text}]},
+    )
+    assert r.status_code == 200
+    assert r.json()["xrouter"]["decision"]["checkpoint"] == knn.version

@@ -105,7 +105,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="K[,K...]",
         help="instead of training a network, store a kNN router over the training prompts "
-        "(k picked on validation among these, e.g. 25,50,100,200,400)",
+        "(k picked on validation among these, e.g. 25,50,100,200,400); with --offpolicy, "
+        "over logged prompts with doubly-robust outcome estimates",
     )
     parser.add_argument(
         "--cascade",

@@ -7,7 +7,15 @@ run's reward normalization) — and keeps the number of neighbours with the best
 validation reward over the validation cost weights, the same criterion that picks the
 policy network's best step. The checkpoint is an ordinary compact checkpoint of kind
 ``knn``: served, evaluated, deployed and hot-reloaded like the network
-(``router.policies.knn``). No gradient steps, so no torch work and a few seconds.
+(``router.policies.knn``). No policy-gradient steps: a few seconds.
+
+From logged traffic (``--offpolicy --knn ...``), where each prompt has only the chosen
+model's outcome, it stores the logged prompts with doubly-robust estimates of every model's
+score and cost on each (a reward model fitted to the logged outcomes, corrected by the
+importance-weighted residual on the logged action: ``training.compact.offpolicy``), and
+picks k on the validation part's off-policy estimate (SNIPS, or DR with ``--estimator
+dr``). Averaging over k neighbours is what tames the per-prompt variance of those
+estimates.
 """
 
 from __future__ import annotations
@@ -22,6 +30,12 @@ from router.features import FeatureExtractor
 from router.outcomes import OutcomeRecord
 from router.policies.knn import KNNHead
 from training.compact.config import TrainConfig
+from training.compact.data import standardization
+from training.compact.offpolicy import (
+    doubly_robust_outcomes,
+    evaluate_logged,
+    fit_reward_model,
+)
 from training.compact.stored import (
     Metrics,
     finish_build,
@@ -60,20 +74,38 @@ def build_knn(
         extractor=extractor,
         cache_dir=cache_dir,
     )
-    table, rows = build.table, build.train_rows
+    table, rows, cfg = build.table, build.train_rows, build.cfg
+    reward_model = None
+    if cfg.offpolicy:
+        mean, std = standardization(build.x[rows])
+        reward_model = fit_reward_model(
+            build.x, table.arrays, rows, mean, std, steps=cfg.reward_model_steps, seed=cfg.seed
+        )
+        scores, costs = doubly_robust_outcomes(
+            reward_model, build.x, table.arrays, rows, cfg.ips_clip
+        )
+    else:
+        scores, costs = table.arrays.score[rows], table.arrays.cost[rows]
     weights = {
         "examples": build.examples(),
-        "scores": table.arrays.score[rows].astype(np.float32),
-        "normalized_costs": normalized_costs(
-            table.arrays.cost[rows], build.cfg, table.reference_of(rows)
-        ).astype(np.float32),
+        "scores": scores.astype(np.float32),
+        "normalized_costs": normalized_costs(costs, cfg, table.reference_of(rows)).astype(
+            np.float32
+        ),
     }
-    reward_cfg = build.cfg.reward_config()
+    reward_cfg = cfg.reward_config()
+    # Off-policy estimates on logged parts: DR with the same reward model, as the network's
+    # trainer does with --estimator dr, else SNIPS.
+    estimate_with = reward_model if cfg.estimator == "dr" else None
 
     def evaluate(arch: Architecture, rows: np.ndarray) -> Metrics:
         head = KNNHead(arch, weights, reward_cfg)
         part, ref = table.arrays.subset(rows), table.reference_of(rows)
-        return evaluate_full(head, build.x[rows], part, build.val_lambdas, reward_cfg, ref)
+        if part.available.all():
+            return evaluate_full(head, build.x[rows], part, build.val_lambdas, reward_cfg, ref)
+        return evaluate_logged(
+            head, build.x[rows], part, build.val_lambdas, reward_cfg, cfg.ips_clip, estimate_with
+        )
 
     arch, val_metrics, tried = pick_neighbours(build, neighbours, build.architecture, evaluate)
     return finish_build(
@@ -83,6 +115,8 @@ def build_knn(
         tried,
         weights,
         evaluate=evaluate,
+        # What the stored outcome tables are: recorded, or estimated from logged traffic.
+        training_extra={"stored_outcomes": "doubly_robust" if cfg.offpolicy else "recorded"},
         name=name,
         description=description,
         command=command,

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from router.policies.compact import CompactHead, encode_lambda, masked_softmax
+from router.policies.knn import KNNHead
 from training.compact.config import TrainConfig
 from training.compact.data import TableArrays, reward_matrix, stratified_lambdas
 from training.compact.model import CompactMLP, masked_entropy, masked_log_softmax
@@ -158,6 +159,33 @@ def fit_reward_model(
     return model
 
 
+def doubly_robust_outcomes(
+    reward_model: RewardModel,
+    x: np.ndarray,
+    arrays: TableArrays,
+    rows: np.ndarray,
+    clip: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every model's score and cost on each logged record, ``(len(rows), n_actions)`` each:
+    the reward model's prediction, corrected on the logged action by the importance-weighted
+    residual ``w_i (y_i − ŷ(x_i, a_i))``, ``w_i = 1/p_i`` clipped at ``clip``. Each entry is
+    an unbiased estimate of that model's outcome on that prompt when the propensities are
+    right (clipping trades a little bias for variance), and close to it when the reward
+    model is; averages over many records (a kNN checkpoint's neighbours) are what make
+    the single-record noise small. A single entry may fall outside the outcome's range (a
+    negative cost where the reward model overestimated it); entries are not clipped, as
+    clipping each one would bias their averages."""
+    a = arrays.logged_action[rows]
+    if np.any(a < 0):
+        raise ValueError("every row must have a logged action")
+    score, cost = reward_model.predict(x[rows])
+    w = importance_weights(np.ones(len(rows)), arrays.logged_propensity[rows], clip)
+    i = np.arange(len(rows))
+    score[i, a] += w * (arrays.score[rows, a] - score[i, a])
+    cost[i, a] += w * (arrays.cost[rows, a] - cost[i, a])
+    return score, cost
+
+
 # -- learner --------------------------------------------------------------------------------
 
 
@@ -248,7 +276,7 @@ class OffPolicyLearner:
 
 
 def evaluate_logged(
-    head: CompactHead,
+    head: CompactHead | KNNHead,
     x: np.ndarray,
     arrays: TableArrays,
     lambdas: Sequence[float],

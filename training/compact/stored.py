@@ -110,13 +110,19 @@ def start_build(
     started = time.perf_counter()
     out = Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if cfg.offpolicy:
+    if cfg.offpolicy and kind != "knn":
         raise ValueError(f"a {kind} checkpoint needs a full-information table (not --offpolicy)")
     if not neighbours or any(k < 1 for k in neighbours):
         raise ValueError(f"neighbour counts must be positive, got {list(neighbours)}")
     table = prepare_table(records, cfg, pool, prices_path)
     train_rows, val_rows = table.splits["train"], table.splits["validation"]
-    if not table.arrays.available[train_rows].all():
+    if cfg.offpolicy:
+        # Logged traffic: the stored prompts are the logged ones (multi-call requests have
+        # no single logged action and are left out, as the network's learner does).
+        train_rows = train_rows[table.arrays.logged_action[train_rows] >= 0]
+        if not len(train_rows):
+            raise ValueError("no logged records (with a `logged` action) to learn from")
+    elif not table.arrays.available[train_rows].all():
         raise ValueError(
             f"the training part has unknown outcomes: a {kind} checkpoint needs them all"
         )
@@ -222,10 +228,5 @@ def finish_build(
 def _test_metrics(build: StoredBuild, arch: Architecture, evaluate: Evaluate) -> Metrics | None:
     rows = build.table.splits["test"]
     if not build.cfg.report_test or not len(rows):
-        return None
-    if not build.table.arrays.available[rows].all():
-        # Logged traffic cannot be replayed exactly; the network trainer's off-policy
-        # estimate has no counterpart for stored prompts, so say so instead of guessing.
-        logger.warning("test part has unknown outcomes: no test metrics reported")
         return None
     return evaluate(arch, rows)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from router.checkpoint import load_checkpoint
 from router.features import FeatureExtractor
@@ -13,7 +14,13 @@ from router.outcomes import OutcomeRecord
 from router.policies.compact import CompactHead
 from training.compact.config import TrainConfig
 from training.compact.data import TableArrays, cached_features
-from training.compact.offpolicy import dr_estimate, ips_estimate, snips_estimate
+from training.compact.offpolicy import (
+    RewardModel,
+    doubly_robust_outcomes,
+    dr_estimate,
+    ips_estimate,
+    snips_estimate,
+)
 from training.compact.trainer import evaluate_full, train
 
 
@@ -64,6 +71,44 @@ def test_estimators_recover_the_better_policy() -> None:
     assert ips_estimate(p_good, d["prop"], d["r"], clip=2.0) < ips_estimate(
         p_good, d["prop"], d["r"]
     )
+
+
+def test_doubly_robust_outcomes_are_unbiased_even_with_a_wrong_reward_model() -> None:
+    """Per-record estimates of every action's score and cost from one logged action each:
+    their averages per context match the true means, both with a reward model that knows
+    nothing (every score 0.5, every cost $0.005) and with clipped weights that never bind."""
+    d = synthetic_bandit(30_000, seed=1)
+    n = len(d["ctx"])
+    true_cost = np.array([0.01, 0.02, 0.001])
+    arrays = TableArrays(
+        ids=[str(i) for i in range(n)],
+        conversations=[[] for _ in range(n)],
+        models=["a", "b", "c"],
+        score=np.full((n, 3), np.nan),
+        cost=np.full((n, 3), np.nan),
+        logged_action=d["actions"],
+        logged_propensity=d["prop"],
+    )
+    rows = np.arange(n)
+    arrays.score[rows, d["actions"]] = d["r"]
+    arrays.cost[rows, d["actions"]] = true_cost[d["actions"]]
+    x = np.zeros((n, 1), dtype=np.float32)
+    uninformed = RewardModel(1, 3, np.zeros(1), np.ones(1))
+    with torch.no_grad():
+        for p in uninformed.parameters():
+            p.zero_()
+        uninformed.log_cost.bias.fill_(float(np.log(0.005)))
+    score, cost = doubly_robust_outcomes(uninformed, x, arrays, rows, clip=10.0)
+    assert score.shape == cost.shape == (n, 3)
+    for c in (0, 1):
+        mine = d["ctx"] == c
+        assert score[mine].mean(axis=0) == pytest.approx(d["mean"][c], abs=0.04)
+        assert cost[mine].mean(axis=0) == pytest.approx(true_cost, rel=0.1)
+    # The reward model alone is far off; the importance-weighted correction is what fixes it.
+    assert abs(0.5 - d["mean"][0, 0]) > 0.25
+    with pytest.raises(ValueError, match="logged action"):
+        arrays.logged_action[0] = -1
+        doubly_robust_outcomes(uninformed, x, arrays, rows)
 
 
 @pytest.mark.parametrize("estimator", ["snips", "dr"])

@@ -4,6 +4,7 @@ served by the compact policy."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,10 @@ from router.outcomes import OutcomeRecord, write_outcome_table
 from router.policies.compact import CompactPolicy
 from router.policies.knn import KNNHead
 from router.pool import ModelPool, PoolModelConfig
+from tests.training.compact.conftest import ACCURACY
 from training.compact.cli import main
+from training.compact.config import TrainConfig
+from training.datasets.splits import split_of
 
 
 @pytest.fixture
@@ -43,6 +47,7 @@ def test_builds_a_checkpoint_with_k_picked_on_validation(built: tuple[Path, dict
     best = int(max(tried, key=lambda k: tried[k]))
     assert arch.neighbours == summary["neighbours"] == best
     assert ckpt.metadata.training["mode"] == "knn"
+    assert ckpt.metadata.training["stored_outcomes"] == "recorded"
     assert ckpt.metadata.training["command"].startswith("python -m training.compact.cli")
     assert ckpt.weights["examples"].shape == (arch.n_examples, arch.similarity_dims)
     assert summary["validation"]["0"]["reward"] > 0
@@ -50,9 +55,9 @@ def test_builds_a_checkpoint_with_k_picked_on_validation(built: tuple[Path, dict
     assert "test" not in ckpt.metadata.metrics and "test" not in summary
 
 
-def test_the_compact_policy_serves_it_by_topic_and_by_cost(built: tuple[Path, dict]) -> None:
-    out, _ = built
-    ckpt = load_checkpoint(out / "checkpoint")
+def serving(ckpt_dir: Path) -> Callable[[str, float], str]:
+    """The greedy choice of the compact policy serving a checkpoint, by prompt and λ."""
+    ckpt = load_checkpoint(ckpt_dir)
     pool = ModelPool.from_configs(
         [
             PoolModelConfig(name=m, model=f"openai/{m}", api_base="http://127.0.0.1:9/v1",
@@ -70,6 +75,12 @@ def test_the_compact_policy_serves_it_by_topic_and_by_cost(built: tuple[Path, di
         assert probs.sum() == pytest.approx(1.0) and np.all(probs >= 0)
         return policy.actions[int(probs.argmax())]
 
+    return pick
+
+
+def test_the_compact_policy_serves_it_by_topic_and_by_cost(built: tuple[Path, dict]) -> None:
+    out, _ = built
+    pick = serving(out / "checkpoint")
     # With cost nearly free, each topic goes to its specialist; when cost dominates, the
     # cheap generalist gets both.
     assert pick("Solve for x: x + 12 = 40.", 0.0) == "math-pro"
@@ -81,7 +92,51 @@ def test_the_compact_policy_serves_it_by_topic_and_by_cost(built: tuple[Path, di
     assert pick("Solve for x: x + 12 = 40.", 500.0) == "cheap"
 
 
-def test_knn_needs_full_information(
+@pytest.mark.parametrize("estimator", ["snips", "dr"])
+def test_built_from_logged_traffic_with_doubly_robust_outcomes(
+    big_tables: tuple[list[OutcomeRecord], list[OutcomeRecord]], tmp_path: Path, estimator: str
+) -> None:
+    """Each prompt logged with one model's outcome, chosen uniformly at random (propensity
+    1/3): the stored estimates recover what the full table says, and the router serves it."""
+    full, logged = big_tables
+    table = tmp_path / "logged.jsonl"
+    write_outcome_table(logged, table)
+    out = tmp_path / "run"
+    code = main(["--table", str(table), "--out", str(out), "--offpolicy", "--knn", "5,40,1000",
+                 "--estimator", estimator, "--cost-scale", "0.01", "--val-lambdas", "0,1",
+                 "--report-test", "--threads", "1"])  # fmt: skip
+    assert code == 0
+    ckpt = load_checkpoint(out / "checkpoint")
+    arch, meta = ckpt.architecture, ckpt.metadata
+    assert meta.training["mode"] == "knn" and meta.training["config"]["offpolicy"] is True
+    assert meta.training["stored_outcomes"] == "doubly_robust"
+    # Validation and test are off-policy estimates on the logged parts.
+    for part in ("validation", "test"):
+        for m in meta.metrics[part].values():
+            assert {"ips", "snips", "logging_policy_reward", "match_rate"} <= set(m)
+            assert ("dr" in m) == (estimator == "dr")
+            assert m["reward"] == m[estimator]
+    assert meta.training["neighbours_tried"] and arch.neighbours in (5, 40, arch.n_examples)
+
+    # The stored per-prompt estimates, averaged per topic, are close to each model's true
+    # mean on that topic (the table's accuracies), though each prompt saw one model.
+    by_id = {r.id: r for r in full}
+    cfg = TrainConfig()
+    rows = [r for r in logged if split_of(r.id, cfg.fractions, cfg.split_seed) == "train"]
+    assert len(rows) == arch.n_examples
+    scores = ckpt.weights["scores"]
+    for topic, accuracy in ACCURACY.items():
+        mine = [i for i, r in enumerate(rows) if by_id[r.id].task == topic]
+        for j, model in enumerate(ckpt.pool):
+            assert scores[mine, j].mean() == pytest.approx(accuracy[model], abs=0.12)
+
+    pick = serving(out / "checkpoint")
+    assert pick("Solve for x: x + 12 = 40.", 0.0) == "math-pro"
+    assert pick("Write a short poem about the moon at night.", 0.0) == "poet"
+    assert pick("Compose a haiku on winter and rain.", 5.0) == "cheap"
+
+
+def test_knn_refuses_a_logged_table_without_offpolicy_and_bad_k(
     tables: tuple[list[OutcomeRecord], list[OutcomeRecord]], tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
@@ -89,6 +144,7 @@ def test_knn_needs_full_information(
     table = tmp_path / "logged.jsonl"
     write_outcome_table(logged, table)
     argv = ["--table", str(table), "--out", str(tmp_path / "o"), "--knn", "5"]
-    assert main([*argv, "--offpolicy"]) == 2
-    assert "full-information" in capsys.readouterr().err
-    assert main([*argv[:-1], "0"]) == 2
+    # Without --offpolicy, a kNN checkpoint takes every model's outcome as known.
+    assert main(argv) == 2
+    assert "no model has an outcome on every record" in capsys.readouterr().err
+    assert main([*argv[:-1], "0", "--offpolicy"]) == 2
