@@ -1,5 +1,5 @@
 # make serve : install and start the gateway on its embedded default (the demo).
-# make test  : install everything (CPU torch for training) and run lint, types and the tests.
+# make test  : install everything (CPU torch for training, promtool) and run lint, types and the tests.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --disable-pip-version-check
@@ -16,6 +16,7 @@ install: $(PY)
 install-dev: $(PY)
 	$(PIP) torch==2.13.0
 	$(PIP) -e '.[train,dev]'
+	scripts/tools.sh $(VENV)
 
 serve: install
 	$(VENV)/bin/xrouter serve
