@@ -144,7 +144,10 @@ def _route_pool(
         raise forbidden(
             "no pool model is allowed for this request", "no_allowed_models", "xrouter.models"
         )
-    return _capable(rt, names, messages)
+    names = _capable(rt, names, messages)
+    # Policies choose among models whose circuit is not open (router.health). If every one
+    # is open, leave them all: the calls fail fast and the client gets a 503 at once.
+    return rt.client.breakers.available(names) or names
 
 
 def _capable(rt: Runtime, names: list[str], messages: list[dict[str, Any]]) -> list[str]:

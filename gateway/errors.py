@@ -80,6 +80,7 @@ _UPSTREAM_STATUS = {
     "not_found": (502, "upstream_error"),
     "connection": (503, "upstream_unavailable"),
     "bad_response": (502, "upstream_bad_response"),
+    "circuit_open": (503, "upstream_unavailable"),
 }
 
 

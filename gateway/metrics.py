@@ -131,7 +131,7 @@ class GatewayMetrics:
         # writer's sink; anything new still gets a series, up to the first-come room.
         self._error_kind = _FirstComeLabel(
             ("timeout", "rate_limited", "upstream_4xx", "upstream_5xx", "connection",
-             "bad_response", "not_found", "budget")
+             "bad_response", "not_found", "budget", "circuit_open")
         )  # fmt: skip
         self._spill_reason = _FirstComeLabel(("queue_full", "db_error", "db_unavailable"))
         self._write_error_kind = _FirstComeLabel(("db", "data", "spill", "closed"))
@@ -271,6 +271,13 @@ class GatewayMetrics:
             ["mode"],
             registry=r,
         )
+        self._circuit_open = Gauge(
+            "xrouter_circuit_open",
+            "1 while a model's circuit breaker keeps calls away from it (router.health).",
+            ["model"],
+            registry=r,
+            multiprocess_mode="max",
+        )
         self._key_budget_remaining = Gauge(
             "xrouter_key_budget_remaining_usd",
             "Budget left in the current period, for at most metrics.budget_gauge_keys keys.",
@@ -362,6 +369,9 @@ class GatewayMetrics:
 
     def upstream_error(self, model: str, kind: str) -> None:
         self._upstream_errors.labels(model=self._model(model), kind=self._error_kind(kind)).inc()
+
+    def circuit(self, model: str, is_open: bool) -> None:
+        self._circuit_open.labels(model=self._model(model)).set(1 if is_open else 0)
 
     def fallback(self, model: str) -> None:
         self._fallbacks.labels(model=self._model(model)).inc()

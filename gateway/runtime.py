@@ -12,6 +12,7 @@ from typing import Any
 from gateway.settings import Settings
 from pricing import ModelPrice, PriceCatalog, load_default_catalog
 from router.executors import ProviderExecutor
+from router.health import BreakerConfig, CircuitBreakers
 from router.loop import Orchestrator
 from router.policies.baselines import CascadePolicy, CheapestPolicy, FixedPolicy, RandomPolicy
 from router.policy import Policy
@@ -146,7 +147,18 @@ def build_runtime(
     pool = ModelPool.from_configs(settings.pool, catalog)
     if not len(pool):
         raise ValueError("the pool is empty: configure at least one model under `pool:`")
-    client = previous.client.with_pool(pool) if previous else DownstreamClient(pool, events=events)
+    breaker = BreakerConfig(
+        settings.router.circuit_breaker.failures, settings.router.circuit_breaker.cooldown_s
+    )
+    if previous:
+        # Circuits survive a reload: a model that was failing a moment ago still is.
+        client = previous.client.with_pool(pool)
+        client.breakers.config = breaker
+    else:
+        on_change = events.on_circuit if events is not None else None
+        client = DownstreamClient(
+            pool, events=events, breakers=CircuitBreakers(breaker, on_change=on_change)
+        )
     orchestrator = Orchestrator(ProviderExecutor(client))
     policies: dict[str, Policy] = {
         "cheapest": CheapestPolicy(),

@@ -36,6 +36,10 @@ class _MetricEvents:
         if self._s.metrics is not None:
             self._s.metrics.upstream_error(model, kind)
 
+    def on_circuit(self, model: str, state: str) -> None:
+        if self._s.metrics is not None:
+            self._s.metrics.circuit(model, state != "closed")
+
 
 @dataclass
 class Services:

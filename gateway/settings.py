@@ -98,6 +98,13 @@ class LLMRouterSettings(_Section):
     system_prompt: str | None = None
 
 
+class CircuitBreakerSettings(_Section):
+    """router.health: a model whose calls keep failing is skipped for a while."""
+
+    failures: int = Field(default=5, ge=0)  # consecutive failed attempts; 0 turns it off
+    cooldown_s: float = Field(default=30.0, gt=0)
+
+
 class RouterSettings(_Section):
     default_policy: str = "compact"
     cost_weight: float = Field(default=0.5, ge=0)
@@ -113,6 +120,7 @@ class RouterSettings(_Section):
     cascade_order: list[str] = Field(default_factory=list)
     cascade_check: Literal["nonempty", "agreement"] = "agreement"
     llm: LLMRouterSettings = LLMRouterSettings()
+    circuit_breaker: CircuitBreakerSettings = CircuitBreakerSettings()
 
 
 class PricingSettings(_Section):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from pricing import TokenUsage, tokens_for_chars
+from router.health import BreakerConfig, CircuitBreakers
 from router.pool import ModelPool, PoolModel
 from router.providers.base import Provider, StreamStats
 from router.providers.errors import ProviderError
@@ -27,6 +28,7 @@ class CallEvents(Protocol):
     def on_retry(self, model: str, kind: str) -> None: ...
     def on_fallback(self, model: str) -> None: ...
     def on_upstream_error(self, model: str, kind: str) -> None: ...
+    def on_circuit(self, model: str, state: str) -> None: ...
 
 
 class NullEvents:
@@ -37,6 +39,9 @@ class NullEvents:
         pass
 
     def on_upstream_error(self, model: str, kind: str) -> None:
+        pass
+
+    def on_circuit(self, model: str, state: str) -> None:
         pass
 
 
@@ -110,9 +115,12 @@ class DownstreamClient:
         backoff_base_s: float = 0.1,
         backoff_max_s: float = 2.0,
         sleep: Callable[[float], Any] = asyncio.sleep,
+        breakers: CircuitBreakers | None = None,
     ) -> None:
         self.pool = pool
         self.events: CallEvents = events or NullEvents()
+        # Off unless given: callers that build a client directly get plain retries.
+        self.breakers = breakers or CircuitBreakers(BreakerConfig(failures=0))
         self._providers: dict[str, Provider] = providers or {
             "native": NativeOpenAIProvider(),
             "litellm": LiteLLMProvider(),
@@ -132,6 +140,7 @@ class DownstreamClient:
             backoff_base_s=self._backoff_base,
             backoff_max_s=self._backoff_max,
             sleep=self._sleep,
+            breakers=self.breakers,
         )
 
     def _warn_no_usage(self, model: str) -> None:
@@ -155,6 +164,26 @@ class DownstreamClient:
                 chain.append(m)
         return chain
 
+    def _short_circuit(self, model: PoolModel, errors: list[ProviderError]) -> bool:
+        """True (and the refusal recorded as this model's error) when the model's circuit
+        is open: the caller moves on to the next fallback without calling it."""
+        if self.breakers.allow(model.name):
+            return False
+        errors.append(
+            ProviderError(
+                "circuit_open",
+                f"{model.name} is temporarily not called: its recent calls failed",
+                model=model.name,
+            )
+        )
+        self.events.on_upstream_error(model.name, "circuit_open")
+        return True
+
+    def _failed(self, model: PoolModel, err: ProviderError, errors: list[ProviderError]) -> None:
+        errors.append(err)
+        self.events.on_upstream_error(model.name, err.kind)
+        self.breakers.record_failure(model.name, err.kind)
+
     def _delay(self, attempt: int, err: ProviderError) -> float:
         if err.retry_after is not None:
             return min(err.retry_after, self._backoff_max)
@@ -172,18 +201,20 @@ class DownstreamClient:
             provider = self._providers[model.transport]
             req = upstream_body(model, body)
             for attempt in range(model.max_retries + 1):
+                if self._short_circuit(model, errors):
+                    break
                 attempts += 1
                 try:
                     async with self._sem[model.name]:
                         resp = await provider.complete(model, req)
                 except ProviderError as err:
-                    errors.append(err)
-                    self.events.on_upstream_error(model.name, err.kind)
+                    self._failed(model, err, errors)
                     if not err.retryable or attempt == model.max_retries:
                         break
                     self.events.on_retry(model.name, err.kind)
                     await self._sleep(self._delay(attempt, err))
                     continue
+                self.breakers.record_success(model.name)
                 if not resp.usage_reported:
                     self._warn_no_usage(model.name)
                 return CallResult(
@@ -212,6 +243,8 @@ class DownstreamClient:
             # Ask for usage so cost comes from the provider, never from counting characters.
             req["stream_options"] = {**(req.get("stream_options") or {}), "include_usage": True}
             for attempt in range(model.max_retries + 1):
+                if self._short_circuit(model, errors):
+                    break
                 attempts += 1
                 stats = StreamStats()
                 sem = self._sem[model.name]
@@ -234,6 +267,7 @@ class DownstreamClient:
                     await _close(gen)
                     raise
                 else:
+                    self.breakers.record_success(model.name)
                     return StreamCall(
                         model=model,
                         chunks=_rest(first, gen, sem),
@@ -243,8 +277,7 @@ class DownstreamClient:
                         errors=errors,
                         request=req,
                     )
-                errors.append(err)
-                self.events.on_upstream_error(model.name, err.kind)
+                self._failed(model, err, errors)
                 if not err.retryable or attempt == model.max_retries:
                     break
                 self.events.on_retry(model.name, err.kind)

@@ -13,6 +13,7 @@ ErrorKind = Literal[
     "connection",
     "bad_response",
     "not_found",
+    "circuit_open",  # not called: the model's recent calls failed (router.health)
 ]
 
 # Things that must never reach a client or a log line from an upstream error: API keys and

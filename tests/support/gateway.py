@@ -46,7 +46,10 @@ def gateway_config(tmp_path: Path, replay_base: str, **sections: Any) -> dict[st
             "spill_dir": str(tmp_path / "spill"),
             "flush_interval_ms": 20,
         },
-        "router": {"watch_files": False},
+        # Module-scoped gateways share one process across tests that inject failures on
+        # purpose; its circuit breakers would carry one test's failures into the next. The
+        # breaker's own tests turn it on.
+        "router": {"watch_files": False, "circuit_breaker": {"failures": 0}},
         "pool": [
             {
                 "name": m,

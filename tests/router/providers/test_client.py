@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from pricing import ModelPrice, estimate_tokens
+from router.health import BreakerConfig, CircuitBreakers
 from router.pool import ModelPool, PoolModel
 from router.providers.client import DownstreamClient
 from router.providers.errors import ProviderError, sanitize
@@ -255,3 +256,45 @@ def test_sanitize_strips_secrets_urls_and_addresses() -> None:
     out = sanitize(msg, "hunter2")
     for leak in ("sk-abcdef", "internal.corp", "10.0.0.5", "xyz.abc", "hunter2"):
         assert leak not in out
+
+
+async def test_an_open_circuit_skips_the_model_then_a_probe_closes_it(
+    upstream: tuple[str, httpx.Client],
+) -> None:
+    """With A's upstream failing, two failed attempts open A's circuit: later requests go
+    straight to the fallback without calling A; after the cooldown one request probes A."""
+    base, ctl = upstream
+    clock = [0.0]
+    ev = Events()
+    pool = ModelPool([model(A, base, fallbacks=(B,), retries=1), model(B, base, retries=1)])
+    breakers = CircuitBreakers(BreakerConfig(failures=2, cooldown_s=30), clock=lambda: clock[0])
+
+    async def no_sleep(s: float) -> None:
+        pass
+
+    c = DownstreamClient(pool, events=ev, sleep=no_sleep, breakers=breakers)
+    ctl.post("/_replay/faults", json={"model": A, "fault": "status=500", "count": 100})
+    first = await c.complete(A, BODY)
+    assert first.model == B and first.attempts == 3  # A twice, then B
+    assert breakers.state(A) == "open"
+    second = await c.complete(A, BODY)
+    assert second.model == B and second.attempts == 1 and second.fallback_from == A
+    assert [e.kind for e in second.errors] == ["circuit_open"]
+    stream = await c.open_stream(A, BODY)
+    assert stream.model.name == B and [e.kind for e in stream.errors] == ["circuit_open"]
+    _ = [ch async for ch in stream.chunks]
+    assert ctl.get("/_replay/stats").json()["requests"][A] == 2  # never called again
+    assert ev.errors.count((A, "circuit_open")) == 2
+    # With every model open, a call fails at once with circuit_open.
+    breakers.record_failure(B, "timeout")
+    breakers.record_failure(B, "timeout")
+    with pytest.raises(ProviderError) as exc:
+        await c.complete(A, BODY)
+    assert exc.value.kind == "circuit_open" and "temporarily" in exc.value.message
+    # The cooldown passes and A recovers: the next request probes A and closes its circuit.
+    ctl.delete("/_replay/faults")
+    clock[0] += 30
+    probe = await c.complete(A, BODY)
+    assert probe.model == A and probe.fallback_from is None
+    assert breakers.state(A) == "closed"
+    await c.aclose()

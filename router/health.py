@@ -1,0 +1,136 @@
+"""Per-model circuit breakers: stop sending traffic to a model whose calls keep failing.
+
+Without one, every request routed to a dead upstream pays its timeout and retries before
+the fallback answers, and a routing policy keeps choosing the model its checkpoint likes.
+A model's circuit is
+
+- **closed**: calls go through; each failed attempt of a kind that says the upstream is in
+  trouble (timeout, 5xx, connection, 429) counts, a success resets the count;
+- **open** after ``failures`` consecutive such failures: calls to it fail at once (kind
+  ``circuit_open``, so the client goes to the fallbacks), and routing leaves it out of the
+  pool a policy chooses from;
+- **half-open** once ``cooldown_s`` has passed: one call is let through as a probe (another
+  is let through if a probe reports nothing within ``cooldown_s``, e.g. it was cancelled);
+  its success closes the circuit, its failure opens it for another ``cooldown_s``.
+
+Client errors (4xx, model not found, a bad response body) say nothing about the upstream's
+health and don't count. State is per process, like LiteLLM's router cooldowns without a
+shared cache: each worker learns about a failing model from its own calls, which takes
+``failures`` calls per worker. It survives config reloads (keyed by model name).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+log = logging.getLogger(__name__)
+
+State = Literal["closed", "open", "half_open"]
+# Failure kinds that count against a model's health (router.providers.errors.ErrorKind).
+UNHEALTHY_KINDS = frozenset({"timeout", "upstream_5xx", "connection", "rate_limited"})
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerConfig:
+    failures: int = 5  # consecutive failed attempts that open a circuit; 0 turns breaking off
+    cooldown_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.failures < 0 or self.cooldown_s <= 0:
+            raise ValueError("failures must be >= 0 and cooldown_s > 0")
+
+    @property
+    def enabled(self) -> bool:
+        return self.failures > 0
+
+
+@dataclass(slots=True)
+class _Circuit:
+    failures: int = 0
+    opened_at: float | None = None  # None: closed
+    probe_at: float | None = None  # when the half-open probe was let through
+
+
+class CircuitBreakers:
+    """The circuits of every model, by name. Not thread-safe: used from one event loop."""
+
+    def __init__(
+        self,
+        config: BreakerConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[str, State], None] | None = None,
+    ) -> None:
+        self.config = config or BreakerConfig()
+        self._clock = clock
+        self._on_change = on_change
+        self._circuits: dict[str, _Circuit] = {}
+
+    def state(self, model: str) -> State:
+        c = self._circuits.get(model)
+        if c is None or c.opened_at is None:
+            return "closed"
+        return "half_open" if self._clock() - c.opened_at >= self.config.cooldown_s else "open"
+
+    def available(self, models: Iterable[str]) -> list[str]:
+        """The models a policy may choose from: those whose circuit is not open (half-open
+        ones included, so that some request probes them)."""
+        return [m for m in models if self.state(m) != "open"]
+
+    def allow(self, model: str) -> bool:
+        """Whether a call to ``model`` may go out now. In half-open state this admits the
+        probe (and records it), so call it right before the call."""
+        if not self.config.enabled:
+            return True
+        state = self.state(model)
+        if state == "closed":
+            return True
+        if state == "open":
+            return False
+        c = self._circuits[model]
+        now = self._clock()
+        if c.probe_at is not None and now - c.probe_at < self.config.cooldown_s:
+            return False  # a probe is in flight
+        c.probe_at = now
+        return True
+
+    def record_success(self, model: str) -> None:
+        c = self._circuits.get(model)
+        if c is None:
+            return
+        was_open = c.opened_at is not None
+        c.failures, c.opened_at, c.probe_at = 0, None, None
+        if was_open:
+            log.info("circuit for %s closed: a call succeeded", model)
+            self._notify(model, "closed")
+
+    def record_failure(self, model: str, kind: str) -> None:
+        if not self.config.enabled or kind not in UNHEALTHY_KINDS:
+            return
+        c = self._circuits.setdefault(model, _Circuit())
+        c.failures += 1
+        if c.opened_at is not None:
+            # A failed probe (or a call that was already out when the circuit opened):
+            # open again for a full cooldown.
+            c.opened_at, c.probe_at = self._clock(), None
+        elif c.failures >= self.config.failures:
+            c.opened_at = self._clock()
+            log.warning(
+                "circuit for %s opened after %d consecutive failures (%s); retrying in %.0f s",
+                model,
+                c.failures,
+                kind,
+                self.config.cooldown_s,
+            )
+            self._notify(model, "open")
+
+    def open_models(self) -> list[str]:
+        return sorted(m for m in self._circuits if self.state(m) != "closed")
+
+    def _notify(self, model: str, state: State) -> None:
+        if self._on_change is not None:
+            self._on_change(model, state)

@@ -1,0 +1,79 @@
+"""Circuit breakers in the gateway: a model whose upstream keeps failing is left out of
+routing (no more calls, no more waiting on it) until a probe after the cooldown finds it
+healthy; the state is a metric."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.gateway.conftest import Upstream
+from tests.support.gateway import Gateway, gateway_config, start_gateway
+
+CHEAPEST = "llama-3.2-3b-instruct"  # the demo pool's cheapest model
+
+
+@pytest.fixture
+def gateway(upstream: Upstream, tmp_path: Path) -> Iterator[Gateway]:
+    cfg = gateway_config(
+        tmp_path, upstream.base_url, router={"circuit_breaker": {"failures": 2, "cooldown_s": 1.0}}
+    )
+    gw = start_gateway(tmp_path, cfg)
+    yield gw
+    gw.stop()
+
+
+def ask(gw: Gateway) -> httpx.Response:
+    return httpx.post(
+        f"{gw.base_url}/chat/completions",
+        json={"model": "xrouter/cheapest", "messages": [{"role": "user", "content": "hi"}]},
+        timeout=30,
+    )
+
+
+def circuit_gauge(gw: Gateway, model: str) -> float | None:
+    for line in httpx.get(f"{gw.url}/metrics").text.splitlines():
+        if line.startswith(f'xrouter_circuit_open{{model="{model}"}}'):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_a_failing_model_is_routed_around_until_a_probe_finds_it_healthy(
+    gateway: Gateway, upstream: Upstream
+) -> None:
+    upstream.fault(CHEAPEST, "status=500", count=1000)
+    # Its two attempts (one retry) fail and the loop's next turn asks the next cheapest
+    # model; the circuit is now open.
+    first = ask(gateway)
+    assert first.status_code == 200
+    calls = [(c["model"], c["status"]) for c in first.json()["xrouter"]["calls"]]
+    assert calls[0] == (CHEAPEST, "error") and calls[1][1] == "ok"
+    assert upstream.stats()["requests"][CHEAPEST] == 2
+    assert circuit_gauge(gateway, CHEAPEST) == 1.0
+    # Now routing leaves it out: the cheapest healthy model answers on the first turn, and
+    # the failing one is not called at all.
+    calls_before = upstream.stats()["requests"][CHEAPEST]
+    for _ in range(3):
+        r = ask(gateway)
+        assert r.status_code == 200, r.text
+        assert r.json()["model"] != CHEAPEST
+        assert [c["model"] for c in r.json()["xrouter"]["calls"]] == [r.json()["model"]]
+    assert upstream.stats()["requests"][CHEAPEST] == calls_before
+    # A pass-through to it fails at once with a 503 (no fallbacks configured).
+    direct = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        json={"model": CHEAPEST, "messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert direct.status_code == 503 and direct.json()["error"]["code"] == "upstream_unavailable"
+    assert upstream.stats()["requests"][CHEAPEST] == calls_before
+    # It recovers; after the cooldown one request probes it, and it is back in the pool.
+    upstream.reset()
+    time.sleep(1.1)
+    probe = ask(gateway)
+    assert probe.status_code == 200 and probe.json()["model"] == CHEAPEST
+    assert circuit_gauge(gateway, CHEAPEST) == 0.0
+    assert ask(gateway).json()["model"] == CHEAPEST

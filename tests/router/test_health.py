@@ -1,0 +1,89 @@
+"""Circuit breakers: closed → open after consecutive upstream failures → half-open probe after
+the cooldown → closed on success or open again on failure."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.health import BreakerConfig, CircuitBreakers
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def breakers(failures: int = 3, cooldown_s: float = 10.0) -> tuple[CircuitBreakers, Clock, list]:
+    clock, changes = Clock(), []
+    b = CircuitBreakers(
+        BreakerConfig(failures, cooldown_s),
+        clock=clock,
+        on_change=lambda m, s: changes.append((m, s)),
+    )
+    return b, clock, changes
+
+
+def test_opens_after_consecutive_failures_and_a_success_resets_the_count() -> None:
+    b, _, changes = breakers()
+    for _ in range(2):
+        b.record_failure("m", "timeout")
+    b.record_success("m")  # the run is broken: counting starts again
+    for _ in range(2):
+        b.record_failure("m", "upstream_5xx")
+    assert b.state("m") == "closed" and b.allow("m") and changes == []
+    b.record_failure("m", "connection")
+    assert b.state("m") == "open" and not b.allow("m")
+    assert changes == [("m", "open")] and b.open_models() == ["m"]
+    assert b.available(["m", "other"]) == ["other"]
+
+
+def test_client_errors_do_not_count() -> None:
+    b, _, _ = breakers(failures=1)
+    for kind in ("upstream_4xx", "not_found", "bad_response", "circuit_open"):
+        b.record_failure("m", kind)
+    assert b.state("m") == "closed"
+    b.record_failure("m", "rate_limited")  # a 429 does: the provider is saturated
+    assert b.state("m") == "open"
+
+
+def test_one_probe_after_the_cooldown_closes_or_reopens() -> None:
+    b, clock, changes = breakers(failures=1, cooldown_s=10)
+    b.record_failure("m", "timeout")
+    clock.now += 9.9
+    assert not b.allow("m")
+    clock.now += 0.1
+    assert b.state("m") == "half_open" and b.available(["m"]) == ["m"]
+    assert b.allow("m")  # the probe
+    assert not b.allow("m")  # only one at a time
+    b.record_failure("m", "timeout")  # the probe failed: a full cooldown again
+    assert b.state("m") == "open"
+    clock.now += 10
+    assert b.allow("m")
+    b.record_success("m")
+    assert b.state("m") == "closed" and b.allow("m") and b.allow("m")
+    assert changes == [("m", "open"), ("m", "closed")]
+
+
+def test_a_probe_that_never_reports_is_replaced_after_a_cooldown() -> None:
+    b, clock, _ = breakers(failures=1, cooldown_s=5)
+    b.record_failure("m", "timeout")
+    clock.now += 5
+    assert b.allow("m")  # a probe that is then cancelled: no success, no failure
+    clock.now += 4.9
+    assert not b.allow("m")
+    clock.now += 0.1
+    assert b.allow("m")
+
+
+def test_zero_failures_turns_breaking_off_and_configs_are_validated() -> None:
+    b, _, _ = breakers(failures=0)
+    for _ in range(100):
+        b.record_failure("m", "timeout")
+    assert b.allow("m") and b.state("m") == "closed"
+    with pytest.raises(ValueError):
+        BreakerConfig(failures=-1)
+    with pytest.raises(ValueError):
+        BreakerConfig(cooldown_s=0)
