@@ -157,19 +157,19 @@ def build_cascade(
     # Each part's plans are replayed once, not once per k tried.
     replayed: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
-    def evaluate(arch: Architecture, rows: np.ndarray) -> Metrics:
-        key = rows.tobytes()
+    def evaluate(arch: Architecture, part_rows: np.ndarray) -> Metrics:
+        key = part_rows.tobytes()
         if key not in replayed:
-            scores, costs = plan_outcomes(plans, [kept[i] for i in rows])
+            scores, costs = plan_outcomes(plans, [kept[i] for i in part_rows])
             replayed[key] = (
                 scores,
                 costs,
-                normalized_costs(costs, build.cfg, table.reference_of(rows)),
+                normalized_costs(costs, build.cfg, table.reference_of(part_rows)),
             )
         scores, costs, norm = replayed[key]
         head = PlanHead(arch, weights, reward_cfg)
         return _greedy_metrics(
-            head, build.x[rows], scores, costs, norm, build.val_lambdas, reward_cfg
+            head, build.x[part_rows], scores, costs, norm, build.val_lambdas, reward_cfg
         )
 
     arch, val_metrics, tried = pick_neighbours(

@@ -98,13 +98,17 @@ def build_knn(
     # trainer does with --estimator dr, else SNIPS.
     estimate_with = reward_model if cfg.estimator == "dr" else None
 
-    def evaluate(arch: Architecture, rows: np.ndarray) -> Metrics:
+    def evaluate(arch: Architecture, part_rows: np.ndarray) -> Metrics:
         head = KNNHead(arch, weights, reward_cfg)
-        part, ref = table.arrays.subset(rows), table.reference_of(rows)
+        part, ref, x = (
+            table.arrays.subset(part_rows),
+            table.reference_of(part_rows),
+            build.x[part_rows],
+        )
         if part.available.all():
-            return evaluate_full(head, build.x[rows], part, build.val_lambdas, reward_cfg, ref)
+            return evaluate_full(head, x, part, build.val_lambdas, reward_cfg, ref)
         return evaluate_logged(
-            head, build.x[rows], part, build.val_lambdas, reward_cfg, cfg.ips_clip, estimate_with
+            head, x, part, build.val_lambdas, reward_cfg, cfg.ips_clip, estimate_with
         )
 
     arch, val_metrics, tried = pick_neighbours(build, neighbours, build.architecture, evaluate)
