@@ -218,6 +218,8 @@ async def router_state(request: Request) -> Response:
             "policies": rt.policy_names,
             "pool": rt.pool.names,
             "checkpoint": rt.checkpoint_info,
+            # Models whose circuit breaker is not closed, in the worker that answered.
+            "circuits": {m: rt.client.breakers.state(m) for m in rt.client.breakers.open_models()},
         }
     )
 

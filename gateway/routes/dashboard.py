@@ -141,10 +141,13 @@ async def dashboard(request: Request) -> Response:
             await _keys(s),
             {2, 4, 5, 6, 7},
         ),
-        "<h2>Pool (USD per 1M tokens)</h2>",
+        "<h2>Pool (USD per 1M tokens; circuit as this worker sees it)</h2>",
         _table(
-            ["model", "input", "output"],
-            [[m, p.get("input"), p.get("output")] for m, p in prices.items()],
+            ["model", "input", "output", "circuit"],
+            [
+                [m, p.get("input"), p.get("output"), rt.client.breakers.state(m)]
+                for m, p in prices.items()
+            ],
             {1, 2},
         ),
         '<p class="muted">Refreshes every 30 s. Prometheus metrics: <a href="/metrics">'

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.gateway.conftest import Upstream
-from tests.support.gateway import Gateway, gateway_config, start_gateway
+from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
 
 CHEAPEST = "llama-3.2-3b-instruct"  # the demo pool's cheapest model
 
@@ -70,6 +70,12 @@ def test_a_failing_model_is_routed_around_until_a_probe_finds_it_healthy(
     )
     assert direct.status_code == 503 and direct.json()["error"]["code"] == "upstream_unavailable"
     assert upstream.stats()["requests"][CHEAPEST] == calls_before
+    # Operators see it: the admin API and the dashboard name the open circuit.
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    state = httpx.get(f"{gateway.url}/admin/router", headers=admin).json()
+    assert state["circuits"] == {CHEAPEST: "open"}
+    page = httpx.get(f"{gateway.url}/dashboard", headers=admin).text
+    assert f"<td>{CHEAPEST}</td>" in page and "<td>open</td>" in page
     # It recovers; after the cooldown one request probes it, and it is back in the pool.
     upstream.reset()
     time.sleep(1.1)
@@ -77,3 +83,4 @@ def test_a_failing_model_is_routed_around_until_a_probe_finds_it_healthy(
     assert probe.status_code == 200 and probe.json()["model"] == CHEAPEST
     assert circuit_gauge(gateway, CHEAPEST) == 0.0
     assert ask(gateway).json()["model"] == CHEAPEST
+    assert httpx.get(f"{gateway.url}/admin/router", headers=admin).json()["circuits"] == {}
