@@ -29,6 +29,11 @@ def add_checkpoints_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--steps", action="store_true", help="also list runs' intermediate checkpoints/step_*"
     )
+    p.add_argument(
+        "--packaged",
+        action="store_true",
+        help="list the checkpoints shipped with xrouter (named packaged:<name>) instead",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per checkpoint")
     p.add_argument("--show", metavar="CHECKPOINT", help="print one checkpoint's metadata")
 
@@ -65,8 +70,29 @@ def _table_line(row: dict[str, Any]) -> str:
     )
 
 
+def _display(path: Path) -> str:
+    """How to name a checkpoint to ``xrouter deploy`` or ``router.checkpoint``: shipped ones
+    by ``packaged:<name>``, others by path."""
+    from router.checkpoint import (
+        PACKAGED_PREFIX,
+        packaged_checkpoint_names,
+        packaged_checkpoint_path,
+    )
+
+    for name in packaged_checkpoint_names():
+        if packaged_checkpoint_path(name).resolve() == path.resolve():
+            return f"{PACKAGED_PREFIX}{name}"
+    return str(path)
+
+
 def run_checkpoints(args: argparse.Namespace) -> int:
-    from router.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
+    from router.checkpoint import (
+        CheckpointError,
+        checkpoint_location,
+        list_checkpoints,
+        load_checkpoint,
+        packaged_checkpoint_names,
+    )
 
     if args.show:
         try:
@@ -78,11 +104,23 @@ def run_checkpoints(args: argparse.Namespace) -> int:
         out.update(json.loads(ckpt.metadata.model_dump_json()))
         print(json.dumps(out, indent=2))
         return 0
-    missing = [p for p in args.paths if not Path(p).exists()]
+    try:
+        paths = (
+            [checkpoint_location(f"packaged:{n}") for n in packaged_checkpoint_names()]
+            if args.packaged
+            else [checkpoint_location(p) for p in args.paths]
+        )
+    except CheckpointError as exc:
+        log.error("%s", exc)
+        return 2
+    missing = [str(p) for p in paths if not p.exists()]
     if missing:
         log.error("no such path: %s", ", ".join(missing))
         return 2
-    rows = [summary(c.path, c.metadata) for c in list_checkpoints(args.paths, steps=args.steps)]
+    rows = [
+        summary(Path(_display(c.path)), c.metadata)
+        for c in list_checkpoints(list(paths), steps=args.steps)
+    ]
     if args.json:
         for row in rows:
             print(json.dumps(row))

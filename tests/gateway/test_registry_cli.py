@@ -65,3 +65,21 @@ def test_bad_paths_are_refused_in_one_line(
     assert main(["checkpoints", "--show", str(tmp_path)]) == 2
     assert main(["checkpoints", str(tmp_path)]) == 0  # empty: said on stderr, not an error
     assert "no checkpoints" in capsys.readouterr().err
+
+
+def test_packaged_checkpoints_are_listed_and_named_as_deploy_takes_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    capsys.readouterr()
+    assert main(["checkpoints", "--packaged", "--json"]) == 0
+    rows = {
+        json.loads(line)["path"]: json.loads(line) for line in capsys.readouterr().out.splitlines()
+    }
+    assert set(rows) == {"packaged:demo", "packaged:demo-rl"}
+    assert (rows["packaged:demo"]["kind"], rows["packaged:demo-rl"]["kind"]) == ("knn", "mlp")
+    # The names work wherever a checkpoint path does.
+    assert main(["checkpoints", "--show", "packaged:demo"]) == 0
+    assert (
+        json.loads(capsys.readouterr().out)["version"] == load_checkpoint("packaged:demo").version
+    )
+    assert main(["checkpoints", "packaged:nope"]) == 2
