@@ -26,11 +26,12 @@ from tests.support.gateway import DEMO_MODELS, free_port
 from tests.support.replay import start_replay_upstream, stop_replay_upstream
 
 PG = "postgresql://postgres@127.0.0.1:5432"
+REPO = Path(__file__).resolve().parents[2]
 ADMIN = "sk-admin-ro-test"
 
 pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None,
-    reason="needs root and unshare(1) for a private read-only mount namespace",
+    os.geteuid() != 0 or shutil.which("unshare") is None or not Path("/mnt").is_dir(),
+    reason="needs root, unshare(1) and /mnt for a private read-only mount namespace",
 )
 
 
@@ -69,7 +70,12 @@ def test_serves_with_only_tmp_writable(tmp_path: Path, pg_database: str) -> None
         script = textwrap.dedent(
             f"""
             set -e
-            mount --bind / / && mount -o remount,bind,ro / && mount -t tmpfs tmpfs /tmp
+            mount --bind / / && mount -o remount,bind,ro /
+            # A checkout under /tmp (a CI runner's) would vanish under the tmpfs: keep a
+            # read-only view of it aside and put it back at its path.
+            mount --bind {REPO} /mnt
+            mount -t tmpfs tmpfs /tmp
+            mkdir -p {REPO} && mount --bind /mnt {REPO}
             if touch {Path(__file__).resolve().parent}/probe 2>/dev/null; then
               echo "root is writable"; exit 3
             fi
@@ -112,7 +118,7 @@ def test_serves_with_only_tmp_writable(tmp_path: Path, pg_database: str) -> None
         )
         env = {
             **os.environ,
-            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+            "PYTHONPATH": str(REPO),
             "XROUTER_TEST_CONFIG": yaml.safe_dump(config),
             "XROUTER_TEST_CLIENT": client,
         }
