@@ -125,12 +125,24 @@ class LoopRouter:
 
 def _compact(spec: str, ctx: LoadContext) -> LoopRouter:
     from router.checkpoint import load_checkpoint
+    from router.features import FeatureConfig, FeatureExtractor
     from router.policies.checkpointed import policy_for_checkpoint
 
     ckpt = load_checkpoint(spec.removeprefix("compact:"))
     kind = ckpt.architecture.kind
     label = "compact" if kind == "mlp" else f"compact-{kind}"  # the report says which kind
-    router = LoopRouter(f"{label}[{ckpt.version}]", lambda pool: policy_for_checkpoint(ckpt, pool))
+    # The policy is rebuilt for each swept λ (a fresh pool per record list); the feature
+    # extractor it reads from disk is the same every time, so it is loaded once.
+    extractors: list[FeatureExtractor] = []
+
+    def make(pool: ModelPool) -> Policy:
+        if not extractors:
+            extractors.append(
+                FeatureExtractor.load(FeatureConfig.from_dict(ckpt.metadata.feature_config))
+            )
+        return policy_for_checkpoint(ckpt, pool, extractor=extractors[0])
+
+    router = LoopRouter(f"{label}[{ckpt.version}]", make)
     router.training = dict(ckpt.metadata.training)
     return router
 
