@@ -70,28 +70,15 @@ def _table_line(row: dict[str, Any]) -> str:
     )
 
 
-def _display(path: Path) -> str:
-    """How to name a checkpoint to ``xrouter deploy`` or ``router.checkpoint``: shipped ones
-    by ``packaged:<name>``, others by path."""
-    from router.checkpoint import (
-        PACKAGED_PREFIX,
-        packaged_checkpoint_names,
-        packaged_checkpoint_path,
-    )
-
-    for name in packaged_checkpoint_names():
-        if packaged_checkpoint_path(name).resolve() == path.resolve():
-            return f"{PACKAGED_PREFIX}{name}"
-    return str(path)
-
-
 def run_checkpoints(args: argparse.Namespace) -> int:
     from router.checkpoint import (
+        PACKAGED_PREFIX,
         CheckpointError,
         checkpoint_location,
         list_checkpoints,
         load_checkpoint,
         packaged_checkpoint_names,
+        packaged_checkpoint_path,
     )
 
     if args.show:
@@ -104,9 +91,14 @@ def run_checkpoints(args: argparse.Namespace) -> int:
         out.update(json.loads(ckpt.metadata.model_dump_json()))
         print(json.dumps(out, indent=2))
         return 0
+    # Shipped checkpoints are shown by the name deploy and config take, not their path.
+    packaged = {
+        packaged_checkpoint_path(n).resolve(): f"{PACKAGED_PREFIX}{n}"
+        for n in packaged_checkpoint_names()
+    }
     try:
         paths = (
-            [checkpoint_location(f"packaged:{n}") for n in packaged_checkpoint_names()]
+            [packaged_checkpoint_path(n) for n in packaged_checkpoint_names()]
             if args.packaged
             else [checkpoint_location(p) for p in args.paths]
         )
@@ -118,7 +110,7 @@ def run_checkpoints(args: argparse.Namespace) -> int:
         log.error("no such path: %s", ", ".join(missing))
         return 2
     rows = [
-        summary(Path(_display(c.path)), c.metadata)
+        summary(Path(packaged.get(c.path.resolve(), str(c.path))), c.metadata)
         for c in list_checkpoints(list(paths), steps=args.steps)
     ]
     if args.json:

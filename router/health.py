@@ -27,11 +27,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from router.providers.errors import UPSTREAM_TROUBLE
+
 log = logging.getLogger(__name__)
 
 State = Literal["closed", "open", "half_open"]
-# Failure kinds that count against a model's health (router.providers.errors.ErrorKind).
-UNHEALTHY_KINDS = frozenset({"timeout", "upstream_5xx", "connection", "rate_limited"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +109,7 @@ class CircuitBreakers:
             self._notify(model, "closed")
 
     def record_failure(self, model: str, kind: str) -> None:
-        if not self.config.enabled or kind not in UNHEALTHY_KINDS:
+        if not self.config.enabled or kind not in UPSTREAM_TROUBLE:
             return
         c = self._circuits.setdefault(model, _Circuit())
         c.failures += 1

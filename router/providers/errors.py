@@ -16,6 +16,12 @@ ErrorKind = Literal[
     "circuit_open",  # not called: the model's recent calls failed (router.health)
 ]
 
+# Failures that say the upstream itself is in trouble: worth a retry, and they count
+# against the model's circuit breaker (router.health). Client errors are neither.
+UPSTREAM_TROUBLE: frozenset[str] = frozenset(
+    {"timeout", "rate_limited", "upstream_5xx", "connection"}
+)
+
 # Things that must never reach a client or a log line from an upstream error: API keys and
 # bearer tokens, URLs (internal hostnames, signed URLs), and IP addresses.
 _SECRET_PATTERNS = (
@@ -69,7 +75,7 @@ class ProviderError(Exception):
 
     @property
     def retryable(self) -> bool:
-        return self.kind in ("timeout", "rate_limited", "upstream_5xx", "connection")
+        return self.kind in UPSTREAM_TROUBLE
 
     def __repr__(self) -> str:
         return f"ProviderError({self.kind!r}, status={self.status}, model={self.model!r})"
