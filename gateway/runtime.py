@@ -178,6 +178,7 @@ def build_runtime(
             router_model,
             temperature=settings.router.llm.temperature,
             system_prompt=settings.router.llm.system_prompt,
+            cost_weight_in_prompt=settings.router.llm.cost_weight_in_prompt,
         )
     default = settings.router.default_policy
     if default not in policies:

@@ -96,6 +96,9 @@ class LLMRouterSettings(_Section):
     max_turns: int = Field(default=4, ge=1, le=16)
     timeout_s: float = Field(default=60.0, gt=0)
     system_prompt: str | None = None
+    # A λ-conditioned router (trained on verl by training.verl) reads the request's cost
+    # weight from its system prompt; prompt-engineered routers don't need it.
+    cost_weight_in_prompt: bool = False
 
 
 class CircuitBreakerSettings(_Section):

@@ -47,8 +47,17 @@ def call_tool_schema(m: PoolModel) -> dict[str, Any]:
                         "description": "Instructions for this model. The user's conversation is sent "
                         "to it in full: do not repeat the user's query here.",
                     },
-                    "temperature": {"type": "number", "minimum": 0, "maximum": MAX_TEMPERATURE},
-                    "max_tokens": {"type": "integer", "minimum": 1, "maximum": m.max_output_tokens},
+                    # Bounds are stated in words, not as minimum/maximum: verl's tool schema
+                    # keeps only type, description and enum, and a router trained there
+                    # must see the schema it is served. Out-of-range values are clamped.
+                    "temperature": {
+                        "type": "number",
+                        "description": f"Sampling temperature, 0 to {MAX_TEMPERATURE}.",
+                    },
+                    "max_tokens": {
+                        "type": "integer",
+                        "description": f"Most tokens to generate, 1 to {m.max_output_tokens}.",
+                    },
                 },
                 "required": ["system_prompt"],
             },
@@ -70,6 +79,17 @@ def select_tool_schema() -> dict[str, Any]:
             },
         },
     }
+
+
+def tool_result_text(call_id: str, model: str, answer: str) -> str:
+    """The content of the tool message that reports a model's answer to the router.
+
+    The call's id is written into the text because Hermes-style chat templates (Qwen, the
+    xRouter paper's base family) render tool results without their ``tool_call_id``: a
+    router model served that way could otherwise never name the call ``select_response``
+    wants. Serving (``router.policies.llm``) and training (``training.verl.tools``) both
+    format results here, so the router sees the same text in both."""
+    return f"[tool_call_id: {call_id} | model: {model}]\n{answer or '(empty answer)'}"
 
 
 def router_tools(pool: ModelPool) -> list[dict[str, Any]]:

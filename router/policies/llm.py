@@ -28,7 +28,13 @@ from router.policy import (
 from router.pool import PoolModel
 from router.providers.base import Provider
 from router.providers.errors import ProviderError
-from router.tools import MAX_TEMPERATURE, SELECT_TOOL, router_tools, tool_map
+from router.tools import (
+    MAX_TEMPERATURE,
+    SELECT_TOOL,
+    router_tools,
+    tool_map,
+    tool_result_text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +50,26 @@ rewriting it. Write your own final answer only to combine or correct answers.
 conversation already."""
 
 
+def cost_weight_line(cost_weight: float) -> str:
+    """The system-prompt line that tells a λ-conditioned router model the request's
+    trade-off. A router trained on verl (``training.verl``) sees it in every training
+    prompt, with λ drawn per prompt, so one checkpoint serves every trade-off; serve it with
+    ``router.llm.cost_weight_in_prompt: true`` so it sees the same line."""
+    return (
+        f"Cost weight for this request: lambda = {cost_weight:g}. The reward is the answer's "
+        "quality minus lambda times its normalized cost: with a higher lambda, spend less."
+    )
+
+
+def router_system_prompt(
+    cost_weight: float | None, system_prompt: str = DEFAULT_SYSTEM_PROMPT
+) -> str:
+    """The router's system message; with a cost weight, ends with ``cost_weight_line``."""
+    if cost_weight is None:
+        return system_prompt
+    return f"{system_prompt}\n\n{cost_weight_line(cost_weight)}"
+
+
 class LLMRouterPolicy(Policy):
     name = "llm"
 
@@ -54,12 +80,14 @@ class LLMRouterPolicy(Policy):
         *,
         temperature: float = 0.0,
         system_prompt: str | None = None,
+        cost_weight_in_prompt: bool = False,
         on_query_copy: Any = None,
     ) -> None:
         self.provider = provider
         self.router_model = router_model
         self.temperature = temperature
         self.system_prompt = system_prompt or DEFAULT_SYSTEM_PROMPT
+        self.cost_weight_in_prompt = cost_weight_in_prompt
         self._on_query_copy = on_query_copy
 
     @property
@@ -74,7 +102,7 @@ class LLMRouterPolicy(Policy):
                 continue
             seen.add(o.call.id)
             if o.ok:
-                content = o.text or "(empty answer)"
+                content = tool_result_text(o.call.id, o.model or o.call.model, o.text)
             else:
                 content = orjson.dumps(
                     {"error": o.error_kind or "failed", "message": o.error, "selectable": False}
@@ -133,7 +161,9 @@ class LLMRouterPolicy(Policy):
 
     async def step(self, ctx: RouteContext, state: LoopState) -> Step:
         if not state.transcript:
-            state.transcript.append({"role": "system", "content": self.system_prompt})
+            weight = ctx.cost_weight if self.cost_weight_in_prompt else None
+            system = router_system_prompt(weight, self.system_prompt)
+            state.transcript.append({"role": "system", "content": system})
             state.transcript.extend(ctx.messages)
         self._report_results(state)
         msg = await self._call_router(ctx, state)

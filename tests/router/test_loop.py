@@ -19,7 +19,12 @@ from router.loop import (
     estimate_prompt_tokens,
     worst_case_micros,
 )
-from router.policies.llm import LLMRouterPolicy
+from router.policies.llm import (
+    DEFAULT_SYSTEM_PROMPT,
+    LLMRouterPolicy,
+    cost_weight_line,
+    router_system_prompt,
+)
 from router.policy import RouteContext, ToolCall
 from router.pool import ModelPool, PoolModelConfig
 from router.providers.client import DownstreamClient
@@ -167,15 +172,34 @@ async def test_router_server_without_usage_is_charged_an_estimate(
     assert_costs_add_up(p, r)
 
 
+async def test_cost_weight_reaches_a_lambda_conditioned_router(
+    setup: Any, scripted_router: ScriptedRouter
+) -> None:
+    p, orch, policy, _ = setup
+    conditioned = LLMRouterPolicy(policy.provider, policy.router_model, cost_weight_in_prompt=True)
+    scripted_router.script({"content": "100 °C."}, {"content": "100 °C."})
+    await orch.run(policy, ctx(p))
+    await orch.run(conditioned, ctx(p))
+    plain, weighted = (r["messages"][0]["content"] for r in scripted_router.requests())
+    assert plain == DEFAULT_SYSTEM_PROMPT
+    assert weighted == router_system_prompt(0.5) == f"{plain}\n\n{cost_weight_line(0.5)}"
+    assert "lambda = 0.5" in weighted
+
+
 async def test_single_call_then_select(setup: Any, scripted_router: ScriptedRouter) -> None:
     p, orch, policy, _ = setup
     scripted_router.script({"tool_calls": [call(CHEAP, "t1")]}, {"tool_calls": [select("t1")]})
     r = await orch.run(policy, ctx(p))
     assert r.final_model == CHEAP and r.message and r.message["content"]
     assert len(r.state.router_calls) == 2 and [o.model for o in r.outcomes] == [CHEAP]
-    # The router saw the downstream answer as the tool result of its call.
+    # The router saw the downstream answer as the tool result of its call, with the call's
+    # id in the text (Hermes chat templates drop tool_call_id).
     second = scripted_router.requests()[1]["messages"]
-    assert second[-1] == {"role": "tool", "tool_call_id": "t1", "content": r.message["content"]}
+    assert second[-1] == {
+        "role": "tool",
+        "tool_call_id": "t1",
+        "content": f"[tool_call_id: t1 | model: {CHEAP}]\n{r.message['content']}",
+    }
     assert r.decision.actions == [CHEAP, f"select:{CHEAP}"]
     assert_costs_add_up(p, r)
 
