@@ -168,7 +168,12 @@ def _llm(spec: str, ctx: LoadContext) -> LoopRouter:
     from router.policies.llm import LLMRouterPolicy
     from router.providers.native import NativeOpenAIProvider
 
-    base, _, model = spec.removeprefix("llm:").partition("#")
+    # llm:BASE_URL[#MODEL[#lambda]]: "lambda" for a router trained on verl, which reads the
+    # cost weight from its system prompt (router.llm.cost_weight_in_prompt when served).
+    base, _, rest = spec.removeprefix("llm:").partition("#")
+    model, _, flag = rest.partition("#")
+    if flag not in ("", "lambda"):
+        raise ValueError(f"{spec}: expected llm:BASE_URL[#MODEL[#lambda]]")
     router_model = PoolModel(
         name="router",
         provider="openai",
@@ -184,7 +189,12 @@ def _llm(spec: str, ctx: LoadContext) -> LoopRouter:
         fallbacks=(),
         description="router",
     )
-    return LoopRouter(spec, lambda pool: LLMRouterPolicy(NativeOpenAIProvider(), router_model))
+    return LoopRouter(
+        spec,
+        lambda pool: LLMRouterPolicy(
+            NativeOpenAIProvider(), router_model, cost_weight_in_prompt=flag == "lambda"
+        ),
+    )
 
 
 def loop_loaders() -> dict[str, RouterLoader]:

@@ -8,6 +8,9 @@ import pytest
 
 from router.checkpoint import default_checkpoint_path
 from router.outcomes import OutcomeRecord, load_outcome_table
+from router.policies.llm import router_system_prompt
+from router.tools import tool_name
+from tests.conftest import ScriptedRouter
 from training.evaluation.registry import LoadContext, default_registry
 from training.evaluation.sweep import RoutedPrompt
 
@@ -54,3 +57,26 @@ def test_compact_checkpoint_loader_prefers_cheaper_models_at_high_cost_weight(
     rich = router.route(records, 0.0)
     assert sum(x.cost_usd for x in cheap) < sum(x.cost_usd for x in rich)
     assert all(len(x.models_called) == 1 for x in rich)
+
+
+@pytest.mark.parametrize("flag", ["", "#lambda"])
+def test_an_llm_router_endpoint_is_evaluated_through_the_loop(
+    records: list[OutcomeRecord], scripted_router: ScriptedRouter, flag: str
+) -> None:
+    record = records[0]
+    model = "gemma-2-9b-it"
+    call = {"id": "t1", "name": tool_name(model), "arguments": {"system_prompt": "Be brief."}}
+    select = {"id": "s1", "name": "select_response", "arguments": {"tool_call_id": "t1"}}
+    scripted_router.script({"tool_calls": [call]}, {"tool_calls": [select]})
+    spec = f"llm:{scripted_router.base_url}#router{flag}"
+    (route,) = default_registry().load(spec, LoadContext(train=records)).route([record], 0.3)
+    assert route.final_model == model and route.models_called == (model,)
+    assert route.score == record.outcomes[model].score
+    system = scripted_router.requests()[-2]["messages"][0]["content"]
+    # "#lambda": the router reads the swept cost weight from its prompt, as it was trained.
+    assert system == router_system_prompt(0.3 if flag else None)
+
+
+def test_an_llm_spec_with_an_unknown_flag_is_refused(records: list[OutcomeRecord]) -> None:
+    with pytest.raises(ValueError, match="BASE_URL"):
+        default_registry().load("llm:http://127.0.0.1:9/v1#router#fast", LoadContext(train=records))
