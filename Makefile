@@ -15,7 +15,7 @@ install: $(PY)
 
 install-dev: $(PY)
 	$(PIP) torch==2.13.0
-	$(PIP) -e '.[train,dev]'
+	$(PIP) -e '.[train,verl,dev]'
 	scripts/tools.sh $(VENV)
 
 serve: install

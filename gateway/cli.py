@@ -164,6 +164,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     return run_train(args)
 
 
+def cmd_verl_data(args: argparse.Namespace) -> int:
+    from training.verl.cli import run_verl_data
+
+    return run_verl_data(args)
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from training.evaluation.cli import run_eval
 
@@ -219,6 +225,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="evaluate a policy over an outcome table")
     _lazy_arguments(p, "training.evaluation.cli", "add_eval_arguments")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser(
+        "verl-data", help="an outcome table as verl's dataset for RL of the LLM router (GPU)"
+    )
+    _lazy_arguments(p, "training.verl.cli", "add_verl_data_arguments")
+    p.set_defaults(func=cmd_verl_data)
 
     p = sub.add_parser("deploy", help="make a running gateway hot-load a checkpoint")
     p.add_argument(

@@ -1,0 +1,82 @@
+"""``xrouter verl-data``: an outcome table as verl's dataset and tool config for the LLM
+router (``training.verl.data``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from router.reward import RewardConfig
+from training.verl.data import DEFAULT_LAMBDAS, VerlDataConfig, write_verl_dataset
+from training.verl.launch import GrpoRun
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(",") if x.strip())
+
+
+def add_verl_data_arguments(parser: argparse.ArgumentParser) -> None:
+    d = RewardConfig()
+    parser.add_argument("--table", required=True, help="outcome table (JSONL)")
+    parser.add_argument(
+        "--out", required=True, help="directory for the parquet files and tools.yaml"
+    )
+    parser.add_argument(
+        "--lambdas",
+        type=_floats,
+        default=DEFAULT_LAMBDAS,
+        help="cost weights drawn per prompt (default: %(default)s)",
+    )
+    parser.add_argument("--reward", choices=["gated", "additive"], default="gated")
+    parser.add_argument("--K", type=float, default=d.K, help="gated reward's K")
+    parser.add_argument("--c-max", type=float, default=d.c_max)
+    parser.add_argument("--cost-scale", type=float, default=d.cost_scale, help="USD per unit of C̃")
+    parser.add_argument(
+        "--reference-model", help="normalize cost by this model's cost on the same prompt"
+    )
+    run = GrpoRun()
+    parser.add_argument("--model", default=run.model, help="router model for train_grpo.sh")
+    parser.add_argument("--gpus-per-node", type=int, default=run.gpus_per_node)
+    parser.add_argument("--nodes", type=int, default=run.nodes)
+    parser.add_argument(
+        "--group-size", type=int, default=run.group_size, help="GRPO rollouts per prompt"
+    )
+    parser.add_argument("--split-seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the per-prompt λ draw")
+
+
+def run_verl_data(args: argparse.Namespace) -> int:
+    from router.outcomes import OutcomeTableError, load_outcome_table
+
+    try:
+        records = load_outcome_table(Path(args.table))
+    except (OSError, OutcomeTableError) as exc:
+        print(f"cannot read {args.table}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        config = VerlDataConfig(
+            lambdas=args.lambdas,
+            reward=RewardConfig(
+                form=args.reward, K=args.K, c_max=args.c_max, cost_scale=args.cost_scale
+            ),
+            reference_model=args.reference_model,
+            split_seed=args.split_seed,
+            seed=args.seed,
+        )
+        if args.reference_model and not any(args.reference_model in r.outcomes for r in records):
+            raise ValueError(f"no record has an outcome for {args.reference_model!r}")
+        run = GrpoRun(
+            model=args.model,
+            gpus_per_node=args.gpus_per_node,
+            nodes=args.nodes,
+            group_size=args.group_size,
+        )
+        out = write_verl_dataset(records, Path(args.out), config, run)
+    except (ValueError, OSError) as exc:
+        print(f"xrouter verl-data: {exc}", file=sys.stderr)
+        return 2
+    rows = ", ".join(f"{k} {v}" for k, v in out.rows.items())
+    print(f"{out.out_dir}: {rows} rows; tools for {len(out.models)} models in tools.yaml")
+    print(f"train on GPUs with {out.out_dir / 'train_grpo.sh'}")
+    return 0
