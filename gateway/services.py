@@ -39,6 +39,8 @@ class _MetricEvents:
     def on_circuit(self, model: str, state: str) -> None:
         if self._s.metrics is not None:
             self._s.metrics.circuit(model, state != "closed")
+        if self._s.circuits is not None:
+            self._s.circuits.on_change(model, state)
 
 
 @dataclass
@@ -50,6 +52,7 @@ class Services:
     engine: Any = None
     ledger: Any = None
     limits: Any = None
+    circuits: Any = None  # gateway.circuits.SharedCircuits, with a Redis limit store
     keys: Any = None
     auth: Authenticator | None = None
     hooks: RequestHooks | None = None
@@ -99,6 +102,7 @@ class Services:
         await self.ledger.start()
         self.keys = KeyRepository(self.engine)
         self.limits = self._limit_store()
+        self.circuits = self._shared_circuits()
         admin = s.auth.admin_key.get_secret_value() if s.auth.admin_key else None
         self.auth = Authenticator(self.keys, enabled=s.auth.enabled, admin_key=admin)
         ref = (
@@ -124,6 +128,24 @@ class Services:
         # A hold older than the longest possible request is presumed abandoned.
         ttl = self.settings.server.request_timeout_s + 60
         return build_limit_store(self.settings.limits, hold_ttl_s=ttl, on_event=on_event)
+
+    def _shared_circuits(self) -> Any:
+        """Workers and replicas share circuit openings through the limits' Redis."""
+        cb, limits = self.settings.router.circuit_breaker, self.settings.limits
+        if not (cb.shared and cb.failures > 0 and limits.backend == "redis"):
+            return None
+        from gateway.circuits import SharedCircuits
+        from gateway.limits.resp import RespClient
+
+        shared = SharedCircuits(
+            RespClient(limits.redis_url),
+            lambda: self.current().client.breakers,
+            lambda: self.current().pool.names,
+            interval_s=cb.sync_interval_s,
+            prefix=f"{limits.key_prefix}:circuit:",
+        )
+        shared.start()
+        return shared
 
     async def reload(self, settings: Settings | None = None) -> Runtime:
         """Build a new runtime snapshot and swap it in. In-flight requests keep the old one."""
@@ -155,6 +177,8 @@ class Services:
             await self.runtime.client.aclose()
         if self.limits is not None:
             await self.limits.aclose()
+        if self.circuits is not None:
+            await self.circuits.aclose()
         if self.engine is not None:
             await self.engine.dispose()
         if multiproc_dir():

@@ -106,6 +106,10 @@ class CircuitBreakerSettings(_Section):
 
     failures: int = Field(default=5, ge=0)  # consecutive failed attempts; 0 turns it off
     cooldown_s: float = Field(default=30.0, gt=0)
+    # With limits.backend: redis, workers and replicas tell each other when a circuit opens
+    # (gateway/circuits.py), read every sync_interval_s.
+    shared: bool = True
+    sync_interval_s: float = Field(default=1.0, gt=0)
 
 
 class RouterSettings(_Section):

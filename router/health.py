@@ -14,9 +14,11 @@ A model's circuit is
   its success closes the circuit, its failure opens it for another ``cooldown_s``.
 
 Client errors (4xx, model not found, a bad response body) say nothing about the upstream's
-health and don't count. State is per process, like LiteLLM's router cooldowns without a
-shared cache: each worker learns about a failing model from its own calls, which takes
-``failures`` calls per worker. It survives config reloads (keyed by model name).
+health and don't count. State lives in the process and survives config reloads (keyed by
+model name); with a shared store, workers and replicas tell each other when a circuit opens
+(``adopt_open``; the gateway shares them through Redis, ``gateway/circuits.py``), as
+LiteLLM's router shares cooldowns through its Redis cache, so a dead model costs
+``failures`` calls in all, not per worker. Each process still probes for itself.
 """
 
 from __future__ import annotations
@@ -115,8 +117,9 @@ class CircuitBreakers:
         c.failures += 1
         if c.opened_at is not None:
             # A failed probe (or a call that was already out when the circuit opened):
-            # open again for a full cooldown.
+            # open again for a full cooldown (and tell the other workers again).
             c.opened_at, c.probe_at = self._clock(), None
+            self._notify(model, "open")
         elif c.failures >= self.config.failures:
             c.opened_at = self._clock()
             log.warning(
@@ -127,6 +130,22 @@ class CircuitBreakers:
                 self.config.cooldown_s,
             )
             self._notify(model, "open")
+
+    def adopt_open(self, model: str, opened_ago_s: float) -> bool:
+        """Open ``model``'s circuit because another process saw it fail, ``opened_ago_s``
+        seconds ago, so that the cooldown ends when theirs does. Only a closed circuit is
+        changed (one this process opened or already adopted keeps its own timing); a
+        report older than the cooldown is ignored. Returns whether the circuit opened."""
+        if not self.config.enabled or opened_ago_s >= self.config.cooldown_s:
+            return False
+        if self.state(model) != "closed":
+            return False
+        c = self._circuits.setdefault(model, _Circuit())
+        c.failures = self.config.failures
+        c.opened_at, c.probe_at = self._clock() - max(0.0, opened_ago_s), None
+        log.warning("circuit for %s opened: another worker saw it failing", model)
+        self._notify(model, "open")
+        return True
 
     def open_models(self) -> list[str]:
         return sorted(m for m in self._circuits if self.state(m) != "closed")

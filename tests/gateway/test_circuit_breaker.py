@@ -4,15 +4,18 @@ healthy; the state is a metric."""
 
 from __future__ import annotations
 
+import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from tests.gateway.conftest import Upstream
-from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
+from tests.support.gateway import ADMIN_KEY, Gateway, free_port, gateway_config, start_gateway
 
 CHEAPEST = "llama-3.2-3b-instruct"  # the demo pool's cheapest model
 
@@ -84,3 +87,108 @@ def test_a_failing_model_is_routed_around_until_a_probe_finds_it_healthy(
     assert circuit_gauge(gateway, CHEAPEST) == 0.0
     assert ask(gateway).json()["model"] == CHEAPEST
     assert httpx.get(f"{gateway.url}/admin/router", headers=admin).json()["circuits"] == {}
+
+
+@pytest.mark.redis
+def test_replicas_share_an_opening_through_redis(upstream: Upstream, tmp_path: Path) -> None:
+    """Two gateways (replicas, or workers: the same sharing) on one Redis: the failures one
+    of them sees open the circuit in both, so the other never calls the dead model."""
+    prefix = f"xrtest-circuits-{uuid.uuid4().hex[:8]}"
+    gateways = []
+    for name in ("a", "b"):
+        cfg = gateway_config(
+            tmp_path / name,
+            upstream.base_url,
+            router={"circuit_breaker": {"failures": 2, "cooldown_s": 30.0, "sync_interval_s": 0.1}},
+            limits={
+                "backend": "redis",
+                "redis_url": "redis://127.0.0.1:6379/0",
+                "key_prefix": prefix,
+            },
+        )
+        (tmp_path / name).mkdir()
+        gateways.append(start_gateway(tmp_path / name, cfg))
+    a, b = gateways
+    try:
+        upstream.fault(CHEAPEST, "status=500", count=1000)
+        assert ask(a).status_code == 200  # two failed attempts in a, then the next model
+        assert upstream.stats()["requests"][CHEAPEST] == 2
+        admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        deadline = time.monotonic() + 5
+        while httpx.get(f"{b.url}/admin/router", headers=admin).json()["circuits"] != {
+            CHEAPEST: "open"
+        }:
+            assert time.monotonic() < deadline, "b never adopted a's opening"
+            time.sleep(0.05)
+        assert circuit_gauge(b, CHEAPEST) == 1.0
+        # b has never called the model itself, yet routes around it from its first request.
+        for _ in range(3):
+            r = ask(b)
+            assert r.status_code == 200 and r.json()["model"] != CHEAPEST
+        assert upstream.stats()["requests"][CHEAPEST] == 2
+        assert redis.Redis().exists(f"{prefix}:circuit:{CHEAPEST}")
+    finally:
+        for gw in gateways:
+            gw.stop()
+        redis.Redis().delete(f"{prefix}:circuit:{CHEAPEST}")
+
+
+@pytest.mark.redis
+def test_when_redis_goes_away_each_gateway_keeps_its_own_breakers(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not _pings(port):
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+        cfg = gateway_config(
+            tmp_path,
+            upstream.base_url,
+            router={"circuit_breaker": {"failures": 2, "cooldown_s": 30.0, "sync_interval_s": 0.1}},
+            # Limits fail open, so requests still go through once Redis is gone.
+            limits={
+                "backend": "redis",
+                "redis_url": f"redis://127.0.0.1:{port}/0",
+                "on_store_error": "open",
+            },
+        )
+        gw = start_gateway(tmp_path, cfg)
+    finally:
+        server.kill()
+        server.wait()
+    try:
+        upstream.fault(CHEAPEST, "status=500", count=1000)
+        assert ask(gw).status_code == 200
+        r = ask(gw)
+        assert r.status_code == 200 and r.json()["model"] != CHEAPEST
+        assert upstream.stats()["requests"][CHEAPEST] == 2
+        deadline = time.monotonic() + 5
+        while "cannot share circuit breaker state through Redis" not in gw.log():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert "Traceback" not in gw.log()
+    finally:
+        gw.stop()
+
+
+def _pings(port: int) -> bool:
+    try:
+        return bool(redis.Redis(port=port, socket_timeout=0.2).ping())
+    except redis.RedisError:
+        return False

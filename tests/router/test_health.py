@@ -64,7 +64,7 @@ def test_one_probe_after_the_cooldown_closes_or_reopens() -> None:
     assert b.allow("m")
     b.record_success("m")
     assert b.state("m") == "closed" and b.allow("m") and b.allow("m")
-    assert changes == [("m", "open"), ("m", "closed")]
+    assert changes == [("m", "open"), ("m", "open"), ("m", "closed")]
 
 
 def test_a_probe_that_never_reports_is_replaced_after_a_cooldown() -> None:
@@ -87,3 +87,37 @@ def test_zero_failures_turns_breaking_off_and_configs_are_validated() -> None:
         BreakerConfig(failures=-1)
     with pytest.raises(ValueError):
         BreakerConfig(cooldown_s=0)
+
+
+def test_an_opening_another_process_saw_is_adopted_with_its_timing() -> None:
+    b, clock, changes = breakers(failures=3, cooldown_s=10.0)
+    assert b.adopt_open("m", 4.0)
+    assert b.state("m") == "open" and changes == [("m", "open")]
+    clock.now += 5.9
+    assert b.state("m") == "open"
+    clock.now += 0.2  # the opener's cooldown ends 6 s after the report, not 10
+    assert b.state("m") == "half_open" and b.allow("m")  # this process probes for itself
+    b.record_success("m")
+    assert b.state("m") == "closed" and changes[-1] == ("m", "closed")
+
+
+def test_adopting_leaves_own_circuits_and_stale_reports_alone() -> None:
+    b, clock, changes = breakers(failures=1, cooldown_s=10.0)
+    b.record_failure("m", "timeout")  # opened here
+    clock.now += 3
+    assert not b.adopt_open("m", 0.0)  # keeps its own timing
+    clock.now += 7
+    assert b.state("m") == "half_open"
+    assert not b.adopt_open("x", 10.0)  # as old as the cooldown: already over
+    assert b.state("x") == "closed" and changes == [("m", "open")]
+    off, _, _ = breakers(failures=0)
+    assert not off.adopt_open("m", 0.0) and off.state("m") == "closed"
+
+
+def test_a_failed_probe_reports_the_reopening() -> None:
+    b, clock, changes = breakers(failures=1, cooldown_s=10.0)
+    b.record_failure("m", "timeout")
+    clock.now += 10
+    assert b.allow("m")
+    b.record_failure("m", "timeout")
+    assert b.state("m") == "open" and changes == [("m", "open"), ("m", "open")]
