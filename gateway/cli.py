@@ -98,16 +98,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         log.error("%s", exc)
         return 2
+    srv = settings.server
+    app = None
     try:
         # The pool, prices and checkpoint must be usable: say so here, in one line, rather
         # than as a traceback from inside the server's startup (and once, not per worker).
-        from gateway.runtime import build_runtime
+        # One worker serves the runtime built here; several build their own.
+        if srv.workers == 1:
+            app = create_app(settings, config_path=path)
+            app.state.services.prepare()
+        else:
+            from gateway.runtime import build_runtime
 
-        build_runtime(settings)
+            build_runtime(settings)
     except Exception as exc:
         log.error("cannot start: %s", exc)
         return 2
-    srv = settings.server
     common: dict[str, Any] = dict(
         host=srv.host,
         port=srv.port,
@@ -124,12 +130,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         srv.workers,
         "s" * (srv.workers > 1),
     )
-    if srv.workers == 1:
-        try:
-            app = create_app(settings, config_path=path)
-        except Exception as exc:
-            log.error("cannot start: %s", exc)
-            return 2
+    if app is not None:
         uvicorn.run(app, **common)
         return 0
     # Several workers: each builds its own app from the same config; metrics aggregate

@@ -184,4 +184,10 @@ def build_runtime(
     if default not in policies:
         log.warning("default policy %r is not available; using 'cascade'", default)
         default = "cascade"
+    log.info(
+        "runtime built: %d models, policies %s, default %s",
+        len(pool),
+        ",".join(sorted(policies)),
+        default,
+    )
     return Runtime(settings, catalog, pool, client, orchestrator, policies, default, info)

@@ -79,6 +79,13 @@ class Services:
         assert self.runtime is not None
         return self.runtime
 
+    def prepare(self) -> None:
+        """Build the runtime snapshot (pool, prices, policies, checkpoint) unless built:
+        ``xrouter serve`` calls it before the server starts, so that an unusable config is
+        one error line, and the lifespan's ``start`` then uses it instead of building twice."""
+        if self.runtime is None:
+            self.runtime = build_runtime(self.settings, events=_MetricEvents(self))
+
     async def start(self) -> None:
         from gateway.ledger.keys import KeyRepository
         from gateway.ledger.store import open_ledger_engine
@@ -86,10 +93,8 @@ class Services:
         from gateway.metrics import GatewayMetrics
 
         s = self.settings
-        self.runtime = build_runtime(
-            s,
-            events=_MetricEvents(self),
-        )
+        self.prepare()
+        assert self.runtime is not None
         if s.metrics.enabled:
             self.metrics = GatewayMetrics(
                 self.registry,

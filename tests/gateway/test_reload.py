@@ -101,3 +101,16 @@ def test_admin_reload_needs_the_admin_key(gateway) -> None:  # type: ignore[no-u
 def test_admin_endpoints_need_the_admin_key(gateway, path: str) -> None:  # type: ignore[no-untyped-def]
     r = httpx.get(f"{gateway.url}{path}", headers={"Authorization": "Bearer nope"})
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+
+
+def test_serve_builds_the_runtime_once_and_a_reload_once_more(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    gw = start_gateway(tmp_path, gateway_config(tmp_path, upstream.base_url))
+    try:
+        # The one-line pre-check of `xrouter serve` builds the snapshot the server uses.
+        assert gw.log().count("runtime built:") == 1
+        assert httpx.post(f"{gw.url}/admin/reload", headers=ADMIN).status_code == 200
+        assert gw.log().count("runtime built:") == 2
+    finally:
+        gw.stop()
