@@ -42,6 +42,13 @@ def add_verl_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--group-size", type=int, default=run.group_size, help="GRPO rollouts per prompt"
     )
+    parser.add_argument(
+        "--router-price",
+        type=_floats,
+        default=(0.0, 0.0),
+        metavar="IN,OUT",
+        help="the router's own tokens, USD per 1M input and output tokens (default free)",
+    )
     parser.add_argument("--split-seed", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0, help="seed of the per-prompt λ draw")
 
@@ -63,6 +70,7 @@ def run_verl_data(args: argparse.Namespace) -> int:
             reference_model=args.reference_model,
             split_seed=args.split_seed,
             seed=args.seed,
+            router_price=args.router_price,
         )
         if args.reference_model and not any(args.reference_model in r.outcomes for r in records):
             raise ValueError(f"no record has an outcome for {args.reference_model!r}")

@@ -31,6 +31,7 @@ from typing import Any
 import orjson
 import yaml
 
+from pricing import estimate_tokens
 from router.outcomes import OutcomeRecord
 from router.policies.llm import router_system_prompt
 from router.pool import ModelPool
@@ -60,10 +61,15 @@ class VerlDataConfig:
     split_seed: int = 0
     fractions: tuple[float, float, float] = (0.6, 0.2, 0.2)
     seed: int = 0  # of the per-prompt λ draw
+    # The router's own tokens, USD per 1M (input, output): they count in the trajectory's
+    # cost as they do in the gateway (router.llm.price). Free: a self-hosted router.
+    router_price: tuple[float, float] = (0.0, 0.0)
 
     def __post_init__(self) -> None:
         if not self.lambdas or any(lam < 0 for lam in self.lambdas):
             raise ValueError("lambdas must be non-empty and non-negative")
+        if len(self.router_price) != 2 or any(p < 0 for p in self.router_price):
+            raise ValueError("router_price is two non-negative prices (input, output)")
 
 
 def draw_lambda(record_id: str, lambdas: Sequence[float], seed: int = 0) -> float:
@@ -104,7 +110,11 @@ def ground_truth(record: OutcomeRecord, reference_model: str | None) -> dict[str
 
 
 def verl_row(
-    record: OutcomeRecord, split: str, index: int, config: VerlDataConfig
+    record: OutcomeRecord,
+    split: str,
+    index: int,
+    config: VerlDataConfig,
+    tool_schemas: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     cost_weight = draw_lambda(record.id, config.lambdas, config.seed)
     prompt = [
@@ -124,6 +134,11 @@ def verl_row(
         }
         for m, o in sorted(record.outcomes.items())
     }
+    offered = [*tools_kwargs, SELECT_TOOL]
+    # What the router reads before its first word: the prompt and the offered tools'
+    # schemas (the chat template renders them into the system turn).
+    schemas = [tool_schemas[t] for t in offered if tool_schemas and t in tool_schemas]
+    prompt_tokens = estimate_tokens(orjson.dumps([prompt, schemas]).decode())
     return {
         "data_source": DATA_SOURCE,
         "agent_name": AGENT_NAME,
@@ -140,15 +155,23 @@ def verl_row(
             "split": split,
             "index": index,
             "cost_weight": cost_weight,
-            "reward": orjson.dumps(_reward_dict(config.reward)).decode(),
+            "reward": orjson.dumps(_reward_dict(config)).decode(),
             "tools_kwargs": tools_kwargs,
-            "tool_selection": [*tools_kwargs, SELECT_TOOL],
+            "tool_selection": offered,
+            "prompt_tokens": prompt_tokens,
         },
     }
 
 
-def _reward_dict(cfg: RewardConfig) -> dict[str, Any]:
-    return {"form": cfg.form, "K": cfg.K, "c_max": cfg.c_max, "cost_scale": cfg.cost_scale}
+def _reward_dict(config: VerlDataConfig) -> dict[str, Any]:
+    cfg = config.reward
+    return {
+        "form": cfg.form,
+        "K": cfg.K,
+        "c_max": cfg.c_max,
+        "cost_scale": cfg.cost_scale,
+        "router_price": list(config.router_price),
+    }
 
 
 def tool_config(pool: ModelPool) -> dict[str, Any]:
@@ -192,14 +215,16 @@ def write_verl_dataset(
         raise ValueError("the outcome table is empty")
     out_dir.mkdir(parents=True, exist_ok=True)
     splits = split_records(records, cfg.fractions, seed=cfg.split_seed)
+    pool = pool_for(records)
+    config_tools = tool_config(pool)["tools"]
+    schemas = {t["tool_schema"]["function"]["name"]: t["tool_schema"] for t in config_tools}
     counts: dict[str, int] = {}
     for split in SPLIT_NAMES:
-        rows = [verl_row(r, split, i, cfg) for i, r in enumerate(splits.get(split))]
+        rows = [verl_row(r, split, i, cfg, schemas) for i, r in enumerate(splits.get(split))]
         counts[split] = len(rows)
         if rows:
             pq.write_table(pa.Table.from_pylist(rows), out_dir / f"{split}.parquet")
-    pool = pool_for(records)
-    (out_dir / "tools.yaml").write_text(yaml.safe_dump(tool_config(pool), sort_keys=False))
+    (out_dir / "tools.yaml").write_text(yaml.safe_dump({"tools": config_tools}, sort_keys=False))
     script = out_dir / "train_grpo.sh"
     script.write_text(grpo_script(out_dir.resolve(), run))
     script.chmod(0o755)

@@ -16,6 +16,12 @@ Which answer the trajectory returns, as the gateway's loop decides it:
 3. anything else — an answer of its own with nothing recorded to grade it against —
    scores 0. Outcome tables record downstream models only, so a router trained on them
    learns to answer through models; the cost of the calls is charged either way.
+
+The cost is every call's recorded cost plus the router's own tokens at the router's price
+(``xrouter verl-data --router-price``; free by default, as a self-hosted router is in the
+gateway): each turn reads the whole context so far and writes its text. Token counts are
+estimated from text (``pricing.estimate_tokens``) — the reward function sees decoded text,
+not token ids — which is exact enough for a term that is small next to downstream calls.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Any
 
 import orjson
 
+from pricing import estimate_tokens
 from router.answers import normalize_answer
 from router.reward import RewardConfig, compute_reward
 
@@ -34,6 +41,7 @@ CALLS = "xrouter_calls"
 SELECTED = "xrouter_selected"
 
 _TOOL_CALL = re.compile(r"<tool_call>.*?(</tool_call>|$)", re.S)
+_TOOL_RESPONSE = re.compile(r"<tool_response>.*?</tool_response>", re.S)
 _ROLE_HEADER = re.compile(r"^\s*(assistant|user|tool)\s*\n")
 
 
@@ -46,6 +54,23 @@ def final_text(solution_str: str) -> str:
     while (m := _ROLE_HEADER.match(tail)) is not None:
         tail = tail[m.end() :]
     return tail.strip()
+
+
+def router_tokens(solution_str: str, prompt_tokens: int) -> tuple[int, int]:
+    """(input, output) tokens of the router's turns: the trajectory alternates the router's
+    text with tool responses; each router turn reads everything before it."""
+    context, read, written = prompt_tokens, 0, 0
+    pos = 0
+    for m in [*_TOOL_RESPONSE.finditer(solution_str), None]:
+        own = solution_str[pos : m.start() if m else len(solution_str)]
+        if _ROLE_HEADER.sub("", own).strip():  # a turn (not only the header between results)
+            read += context
+            written += estimate_tokens(own)
+        context += estimate_tokens(own)
+        if m is not None:
+            context += estimate_tokens(m.group(0))
+            pos = m.end()
+    return read, written
 
 
 def _json(value: Any) -> Any:
@@ -76,13 +101,20 @@ def compute_score(
 ) -> dict[str, float]:
     info = extra_info or {}
     truth = _json(ground_truth) or {}
-    reward_cfg = RewardConfig(**(_json(info.get("reward")) or {}))
+    reward_settings = dict(_json(info.get("reward")) or {})
+    price_in, price_out = (float(p) for p in reward_settings.pop("router_price", (0.0, 0.0)))
+    reward_cfg = RewardConfig(**reward_settings)
     calls = [c for c in (info.get(CALLS) or []) if isinstance(c, dict)]
     selected = info.get(SELECTED)
     score, how = trajectory_score(
         calls, selected if isinstance(selected, str) else None, solution_str
     )
     cost = sum(float(c.get("cost_usd") or 0.0) for c in calls)
+    router_cost = 0.0
+    if price_in or price_out:
+        read, written = router_tokens(solution_str, int(info.get("prompt_tokens") or 0))
+        router_cost = (read * price_in + written * price_out) / 1e6
+    cost += router_cost
     terms = compute_reward(
         score,
         cost,
@@ -108,6 +140,7 @@ def compute_score(
         "score": terms.reward,
         "quality": terms.score,
         "cost_usd": terms.cost_usd,
+        "router_cost_usd": router_cost,
         "normalized_cost": terms.normalized_cost,
         "penalty": terms.penalty,
         "cost_weight": terms.cost_weight,

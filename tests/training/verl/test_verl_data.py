@@ -118,6 +118,7 @@ def test_the_cli_writes_the_dataset(tmp_path: Path, capsys: pytest.CaptureFixtur
     write_outcome_table(small_table(), table)
     out = tmp_path / "verl"
     args = ["--lambdas", "0,0.2", "--reward", "additive", "--reference-model", "dear/model:v1"]
+    args += ["--router-price", "0.1,0.4"]
     code = xrouter(["verl-data", "--table", str(table), "--out", str(out), *args])
     assert code == 0
     assert {p.name for p in out.iterdir()} == {
@@ -129,6 +130,8 @@ def test_the_cli_writes_the_dataset(tmp_path: Path, capsys: pytest.CaptureFixtur
     }
     row = rows(out, "train")[0]
     assert orjson.loads(row["extra_info"]["reward"])["form"] == "additive"
+    assert orjson.loads(row["extra_info"]["reward"])["router_price"] == [0.1, 0.4]
+    assert row["extra_info"]["prompt_tokens"] > len(row["prompt"][0]["content"]) // 4
     assert row["extra_info"]["cost_weight"] in (0.0, 0.2)
     printed = capsys.readouterr().out
     assert "tools for 3 models" in printed and "train_grpo.sh" in printed
@@ -145,3 +148,5 @@ def test_the_cli_names_what_is_wrong(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "no record has an outcome for 'gpt-9'" in capsys.readouterr().err
     assert xrouter(["verl-data", "--table", str(table), "--out", out, "--lambdas", "-1"]) == 2
     assert "non-negative" in capsys.readouterr().err
+    assert xrouter(["verl-data", "--table", str(table), "--out", out, "--router-price", "1"]) == 2
+    assert "router_price is two" in capsys.readouterr().err

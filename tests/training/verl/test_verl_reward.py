@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from training.verl.reward import compute_score, final_text, trajectory_score
+from training.verl.reward import compute_score, final_text, router_tokens, trajectory_score
 
 TRUTH = orjson.dumps(
     {
@@ -84,3 +84,27 @@ def test_final_text_is_what_follows_the_last_tool_response() -> None:
 def test_no_calls_no_cost() -> None:
     r = compute_score("xrouter", "B", TRUTH, info(0.3))
     assert r["cost_usd"] == 0.0 and r["score"] == 0.0 and r["own_answer"] == 1.0
+
+
+def test_the_routers_own_tokens_count_at_its_price() -> None:
+    # Turn 1 writes 40 chars (10 tokens) after a 100-token prompt; a 40-char tool response
+    # (10 tokens) follows; turn 2 writes 12 chars (3 tokens) after 120 tokens of context.
+    own1 = "assistant\n<tool_call>{}</tool_call>user\n"
+    tool = "<tool_response>" + "y" * 9 + "</tool_response>"
+    own2 = "\nassistant\nB"
+    assert (len(own1), len(tool), len(own2)) == (40, 40, 12)
+    solution = own1 + tool + own2
+    assert router_tokens(solution, 100) == (100 + 120, 10 + 3)
+    # Parallel results with only a role header between them (6 chars: 2 tokens of context)
+    # are not a router turn.
+    assert router_tokens(own1 + tool + "\nuser\n" + tool + own2, 100) == (100 + 132, 13)
+    extra = info(0.0, xrouter_calls=CALLS[1:], xrouter_selected="call_2", prompt_tokens=100)
+    extra["reward"] = orjson.dumps({"router_price": [1.0, 2.0]}).decode()
+    r = compute_score("xrouter", solution, TRUTH, extra)
+    assert r["router_cost_usd"] == pytest.approx((220 * 1.0 + 13 * 2.0) / 1e6)
+    assert r["cost_usd"] == pytest.approx(0.004 + r["router_cost_usd"])
+    # Free by default.
+    assert (
+        compute_score("xrouter", solution, TRUTH, info(0.0, prompt_tokens=100))["router_cost_usd"]
+        == 0.0
+    )
