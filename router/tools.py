@@ -87,8 +87,8 @@ def tool_result_text(call_id: str, model: str, answer: str) -> str:
     The call's id is written into the text because Hermes-style chat templates (Qwen, the
     xRouter paper's base family) render tool results without their ``tool_call_id``: a
     router model served that way could otherwise never name the call ``select_response``
-    wants. Serving (``router.policies.llm``) and training (``training.verl.tools``) both
-    format results here, so the router sees the same text in both."""
+    wants. The ``llm`` policy formats results here when it serves and when verl trains it
+    (``training.verl.agent_loop`` runs the same policy), so the router sees one text."""
     return f"[tool_call_id: {call_id} | model: {model}]\n{answer or '(empty answer)'}"
 
 

@@ -47,24 +47,27 @@ def pool_for(records: Sequence[OutcomeRecord]) -> ModelPool:
         price = catalog.get(m) or ModelPrice(
             input=per_token, output=per_token, source="recorded mean cost"
         )
-        models.append(
-            PoolModel(
-                name=m,
-                provider="openai",
-                upstream_model=m,
-                api_base=None,
-                api_key=None,
-                transport="native",
-                price=price,
-                max_output_tokens=4096,
-                timeout_s=60,
-                max_concurrency=1024,
-                max_retries=0,
-                fallbacks=(),
-                description="",
-            )
-        )
+        models.append(replay_model(m, price))
     return ModelPool(models)
+
+
+def replay_model(name: str, price: ModelPrice) -> PoolModel:
+    """A pool model whose calls are replayed from a table (no upstream)."""
+    return PoolModel(
+        name=name,
+        provider="openai",
+        upstream_model=name,
+        api_base=None,
+        api_key=None,
+        transport="native",
+        price=price,
+        max_output_tokens=4096,
+        timeout_s=60,
+        max_concurrency=1024,
+        max_retries=0,
+        fallbacks=(),
+        description="",
+    )
 
 
 class LoopRouter:

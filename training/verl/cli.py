@@ -20,7 +20,9 @@ def add_verl_data_arguments(parser: argparse.ArgumentParser) -> None:
     d = RewardConfig()
     parser.add_argument("--table", required=True, help="outcome table (JSONL)")
     parser.add_argument(
-        "--out", required=True, help="directory for the parquet files and tools.yaml"
+        "--out",
+        required=True,
+        help="directory for the dataset, pool, agent-loop config and launch script",
     )
     parser.add_argument(
         "--lambdas",
@@ -85,6 +87,6 @@ def run_verl_data(args: argparse.Namespace) -> int:
         print(f"xrouter verl-data: {exc}", file=sys.stderr)
         return 2
     rows = ", ".join(f"{k} {v}" for k, v in out.rows.items())
-    print(f"{out.out_dir}: {rows} rows; tools for {len(out.models)} models in tools.yaml")
+    print(f"{out.out_dir}: {rows} rows over {len(out.models)} models")
     print(f"train on GPUs with {out.out_dir / 'train_grpo.sh'}")
     return 0

@@ -4,19 +4,18 @@
 of the router model (``training/verl/README.md`` has the command):
 
 - ``train.parquet``, ``validation.parquet``, ``test.parquet``, split by a hash of the id as
-  everywhere else (``training.datasets.splits``). Each row is one prompt: the router's
-  system prompt ending with a cost-weight line (λ drawn per prompt, so one checkpoint
-  serves every trade-off, as the compact policy's λ-sampling does), the user's
-  conversation, the recorded outcome of every model — the replayed answer in the
-  ``tools_kwargs`` verl hands the tools, score and cost in ``reward_model.ground_truth``
-  for the reward function — and ``extra_info.tool_selection``, the tools of the models
-  that have an outcome for this prompt;
-- ``tools.yaml``: verl's tool config, one ``RecordedModelTool`` per pool model with the
-  schema the gateway's router sees (``router.tools``), and ``select_response``;
+  everywhere else (``training.datasets.splits``). Each row is one prompt: the user's
+  conversation, its cost weight λ (drawn per prompt, so one checkpoint serves every
+  trade-off, as the compact policy's λ-sampling does), the reward settings and the whole
+  outcome record — every model's recorded answer, tokens, cost and score — which the agent
+  loop replays;
+- ``pool.json``: the pool's models and prices (the router's tool descriptions);
+- ``agent_loops.yaml``: registers ``training.verl.agent_loop.XRouterAgentLoop`` with verl
+  as ``xrouter``, the agent every row names;
 - ``train_grpo.sh``: the ``verl.trainer.main_ppo`` command (``training.verl.launch``).
 
 Nothing here imports verl: the files can be made wherever the table is and copied to the
-GPU machine.
+GPU machine (they name it by absolute path: keep the directory at the same path there).
 """
 
 from __future__ import annotations
@@ -25,27 +24,26 @@ import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import orjson
 import yaml
 
-from pricing import estimate_tokens
+from pricing import ModelPrice
 from router.outcomes import OutcomeRecord
-from router.policies.llm import router_system_prompt
-from router.pool import ModelPool
 from router.reward import RewardConfig
-from router.tools import SELECT_TOOL, call_tool_schema, select_tool_schema, tool_name
 from training.datasets.splits import SPLIT_NAMES, split_records
 from training.evaluation.loop_router import pool_for
 from training.verl.launch import GrpoRun, grpo_script
+from training.verl.pool import pool_to_json
 
 log = logging.getLogger(__name__)
 
 DATA_SOURCE = "xrouter"
-AGENT_NAME = "tool_agent"  # verl's multi-turn agent loop that executes tool calls
-TOOLS_MODULE = "training.verl.tools"
+AGENT_NAME = "xrouter"  # training.verl.agent_loop.XRouterAgentLoop
+AGENT_LOOP = "training.verl.agent_loop.XRouterAgentLoop"
 # The λ grid drawn from when none is given: no cost pressure to strong pressure, in the
 # units of the default cost scale (USD 0.001 = one unit of normalized cost).
 DEFAULT_LAMBDAS = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0)
@@ -96,102 +94,61 @@ def conversation(record: OutcomeRecord) -> list[dict[str, str]]:
     return turns
 
 
-def ground_truth(record: OutcomeRecord, reference_model: str | None) -> dict[str, Any]:
-    """What the reward function needs to score a trajectory: each model's recorded score
-    and cost, and the reference cost if the table has the reference model here."""
-    ref = record.outcomes.get(reference_model) if reference_model else None
-    return {
-        "outcomes": {
-            m: {"score": o.score, "cost_usd": o.cost_usd or 0.0}
-            for m, o in sorted(record.outcomes.items())
-        },
-        "reference_cost_usd": ref.cost_usd if ref is not None else None,
-    }
-
-
 def verl_row(
-    record: OutcomeRecord,
-    split: str,
-    index: int,
-    config: VerlDataConfig,
-    tool_schemas: dict[str, Any] | None = None,
+    record: OutcomeRecord, split: str, index: int, config: VerlDataConfig
 ) -> dict[str, Any]:
     cost_weight = draw_lambda(record.id, config.lambdas, config.seed)
-    prompt = [
-        {"role": "system", "content": router_system_prompt(cost_weight)},
-        *(m for m in conversation(record) if m.get("role") != "system"),
-    ]
-    # Replayed answers travel with the row: verl passes them to the tool it calls, so the
-    # rollout workers need no copy of the table.
-    tools_kwargs = {
-        tool_name(m): {
-            "create_kwargs": {
-                "model": m,
-                "response": o.response or "",
-                "score": o.score,
-                "cost_usd": o.cost_usd or 0.0,
-            }
-        }
-        for m, o in sorted(record.outcomes.items())
-    }
-    offered = [*tools_kwargs, SELECT_TOOL]
-    # What the router reads before its first word: the prompt and the offered tools'
-    # schemas (the chat template renders them into the system turn).
-    schemas = [tool_schemas[t] for t in offered if tool_schemas and t in tool_schemas]
-    prompt_tokens = estimate_tokens(orjson.dumps([prompt, schemas]).decode())
     return {
         "data_source": DATA_SOURCE,
         "agent_name": AGENT_NAME,
-        "prompt": prompt,
+        # The policy adds the router's system prompt itself, as in the gateway.
+        "prompt": [m for m in conversation(record) if m["role"] != "system"],
         "ability": record.task or "chat",
         "reward_model": {
             "style": "rule",
-            # JSON text: the models a row has outcomes for differ from row to row, which a
-            # parquet struct column would pad with nulls.
-            "ground_truth": orjson.dumps(ground_truth(record, config.reference_model)).decode(),
+            # The scores, for verl's bookkeeping; the agent loop computes the reward.
+            "ground_truth": orjson.dumps({m: o.score for m, o in record.outcomes.items()}).decode(),
         },
         "extra_info": {
             "id": record.id,
             "split": split,
             "index": index,
             "cost_weight": cost_weight,
-            "reward": orjson.dumps(_reward_dict(config)).decode(),
-            "tools_kwargs": tools_kwargs,
-            "tool_selection": offered,
-            "prompt_tokens": prompt_tokens,
+            "reward": orjson.dumps(reward_settings(config)).decode(),
+            # JSON text: the models a row has outcomes for differ from row to row, which a
+            # parquet struct column would pad with nulls.
+            "record": record.model_dump_json(exclude_none=True),
         },
     }
 
 
-def _reward_dict(config: VerlDataConfig) -> dict[str, Any]:
+def reward_settings(config: VerlDataConfig) -> dict[str, Any]:
     cfg = config.reward
+    price_in, price_out = config.router_price
+    router_price = ModelPrice(
+        input=Decimal(str(price_in)), output=Decimal(str(price_out)), source="router"
+    )
     return {
         "form": cfg.form,
         "K": cfg.K,
         "c_max": cfg.c_max,
         "cost_scale": cfg.cost_scale,
-        "router_price": list(config.router_price),
+        "reference_model": config.reference_model,
+        "router_price": router_price.model_dump(mode="json"),
     }
 
 
-def tool_config(pool: ModelPool) -> dict[str, Any]:
-    """verl's tool config (``actor_rollout_ref.rollout.multi_turn.tool_config_path``)."""
-    tools = [
+def agent_loop_config(pool_path: Path, max_turns: int) -> list[dict[str, Any]]:
+    """``actor_rollout_ref.rollout.agent.agent_loop_config_path``: verl instantiates the
+    entry with Hydra, passing these fields to the constructor."""
+    return [
         {
-            "class_name": f"{TOOLS_MODULE}.RecordedModelTool",
-            "config": {"type": "native"},
-            "tool_schema": call_tool_schema(m),
+            "name": AGENT_NAME,
+            "_target_": AGENT_LOOP,
+            "pool_path": str(pool_path),
+            "max_turns": max_turns,
         }
-        for m in pool
     ]
-    tools.append(
-        {
-            "class_name": f"{TOOLS_MODULE}.SelectResponseTool",
-            "config": {"type": "native"},
-            "tool_schema": select_tool_schema(),
-        }
-    )
-    return {"tools": tools}
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,22 +168,26 @@ def write_verl_dataset(
     import pyarrow.parquet as pq
 
     cfg = config or VerlDataConfig()
+    run = run or GrpoRun()
     if not records:
         raise ValueError("the outcome table is empty")
     out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = out_dir.resolve()
     splits = split_records(records, cfg.fractions, seed=cfg.split_seed)
-    pool = pool_for(records)
-    config_tools = tool_config(pool)["tools"]
-    schemas = {t["tool_schema"]["function"]["name"]: t["tool_schema"] for t in config_tools}
     counts: dict[str, int] = {}
     for split in SPLIT_NAMES:
-        rows = [verl_row(r, split, i, cfg, schemas) for i, r in enumerate(splits.get(split))]
+        rows = [verl_row(r, split, i, cfg) for i, r in enumerate(splits.get(split))]
         counts[split] = len(rows)
         if rows:
             pq.write_table(pa.Table.from_pylist(rows), out_dir / f"{split}.parquet")
-    (out_dir / "tools.yaml").write_text(yaml.safe_dump({"tools": config_tools}, sort_keys=False))
+    pool = pool_for(records)
+    (out_dir / "pool.json").write_bytes(
+        orjson.dumps(pool_to_json(pool), option=orjson.OPT_INDENT_2)
+    )
+    loops = agent_loop_config(out_dir / "pool.json", run.max_turns)
+    (out_dir / "agent_loops.yaml").write_text(yaml.safe_dump(loops, sort_keys=False))
     script = out_dir / "train_grpo.sh"
-    script.write_text(grpo_script(out_dir.resolve(), run))
+    script.write_text(grpo_script(out_dir, run))
     script.chmod(0o755)
-    log.info("verl dataset in %s: %s rows; %d model tools", out_dir, counts, len(pool))
+    log.info("verl dataset in %s: %s rows; %d models", out_dir, counts, len(pool))
     return VerlDataset(out_dir, counts, tuple(m.name for m in pool))

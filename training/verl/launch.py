@@ -7,8 +7,9 @@ own ``ppo_trainer`` config, so a key verl renamed fails in CI rather than on a G
 The defaults are the xRouter paper's recipe on verl: GRPO advantages over a group of
 rollouts per prompt, with DAPO's decoupled clip (a higher upper clip ratio) and dynamic
 sampling (groups whose rollouts all earn the same reward carry no gradient and are
-refilled), token-mean loss, no KL term; multi-turn Hermes tool calling through
-``ToolAgentLoop``; the reward function of ``training.verl.reward``.
+refilled), token-mean loss, no KL term; rollouts through the gateway's own loop
+(``training.verl.agent_loop``) with Hermes tool calling, which also computes the reward
+(``training.verl.reward``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-
-REWARD_FUNCTION = "pkg://training.verl.reward"
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +30,8 @@ class GrpoRun:
     lr: float = 1e-6
     epochs: int = 10
     max_turns: int = 4  # the gateway's default router.max_turns
-    max_prompt_length: int = 4096
+    # The router's prompt includes every model's tool schema (about 150 tokens each).
+    max_prompt_length: int = 6144
     max_response_length: int = 4096
     tensor_parallel: int = 2
     clip_low: float = 0.2
@@ -79,12 +79,10 @@ def grpo_overrides(data_dir: Path, run: GrpoRun | None = None) -> list[str]:
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
         f"{multi_turn}.enable=True",
         f"{multi_turn}.format=hermes",
-        f"{multi_turn}.tool_config_path={d / 'tools.yaml'}",
-        f"{multi_turn}.max_assistant_turns={r.max_turns}",
-        "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=4",
-        "actor_rollout_ref.rollout.multi_turn.max_tool_response_length=2048",
-        f"reward.custom_reward_function.path={REWARD_FUNCTION}",
-        "reward.custom_reward_function.name=compute_score",
+        # The gateway's loop as the rollout (training.verl.agent_loop); it sets each
+        # trajectory's reward itself, so no reward function is configured.
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={d / 'agent_loops.yaml'}",
+        "actor_rollout_ref.rollout.agent.default_agent_loop=xrouter",
         "trainer.project_name=xrouter",
         f"trainer.experiment_name={r.experiment}",
         "trainer.logger=[console]",

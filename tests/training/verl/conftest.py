@@ -4,6 +4,7 @@ scripted router model standing in for vLLM behind verl's ``LLMServerClient`` int
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,13 +69,14 @@ def hermes_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def rollout_config() -> DictConfig:
+def rollout_config(response_length: int = 8192) -> DictConfig:
     return OmegaConf.create(
         {
+            "data": {},
             "actor_rollout_ref": {
                 "rollout": {
                     "prompt_length": 8192,
-                    "response_length": 8192,
+                    "response_length": response_length,
                     "full_determinism": False,
                     "multi_turn": {
                         "max_user_turns": 4,
@@ -85,27 +87,36 @@ def rollout_config() -> DictConfig:
                         "format": "hermes",
                     },
                 }
-            }
+            },
         }
     )
 
 
-class ScriptedRouterModel(LLMServerClient):
-    """verl's client of the rollout servers (vLLM on a GPU), answering with scripted turns;
-    it keeps every prompt it was sent, decoded."""
+Turn = str | Callable[[str], str]
 
-    def __init__(self, tokenizer: PreTrainedTokenizerFast, turns: list[str]) -> None:
+
+class ScriptedRouterModel(LLMServerClient):
+    """verl's client of the rollout servers (vLLM on a GPU), answering with scripted turns —
+    a text, or a function of the decoded prompt (to copy a tool call id, as a model
+    would); it keeps every prompt it was sent, decoded."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerFast, turns: list[Turn]) -> None:
         super().__init__(rollout_config(), None)
         self.tokenizer = tokenizer
         self.turns = list(turns)
         self.prompts: list[str] = []
+        self.generated: list[list[int]] = []
 
     async def generate(  # type: ignore[override]
         self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **_: Any
     ) -> TokenOutput:
-        self.prompts.append(self.tokenizer.decode(prompt_ids))
-        text = self.turns.pop(0) + "<|im_end|>"
-        return TokenOutput(token_ids=self.tokenizer.encode(text, add_special_tokens=False))
+        prompt = self.tokenizer.decode(prompt_ids)
+        self.prompts.append(prompt)
+        turn = self.turns.pop(0)
+        text = (turn(prompt) if callable(turn) else turn) + "<|im_end|>"
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        self.generated.append(ids)
+        return TokenOutput(token_ids=ids)
 
 
 def outcome(score: float, cost: float, response: str) -> ModelOutcome:

@@ -26,12 +26,13 @@ def test_the_overrides_are_valid_verl_config(tmp_path: Path) -> None:
     rollout = cfg.actor_rollout_ref.rollout
     assert cfg.algorithm.adv_estimator == "grpo" and rollout.n == 4
     assert rollout.multi_turn.enable and rollout.multi_turn.format == "hermes"
-    assert rollout.multi_turn.tool_config_path == str(tmp_path / "tools.yaml")
-    # verl's dataset sees the same tools as the rollout (it filters overlong prompts with them).
-    assert cfg.data.tool_config_path == str(tmp_path / "tools.yaml")
-    assert cfg.reward.custom_reward_function.path == "pkg://training.verl.reward"
+    # Rollouts run the gateway's loop, registered from the dataset directory.
+    assert rollout.agent.agent_loop_config_path == str(tmp_path / "agent_loops.yaml")
+    assert rollout.agent.default_agent_loop == "xrouter"
+    assert cfg.algorithm.filter_groups.enable and cfg.algorithm.filter_groups.metric == "reward"
     assert cfg.actor_rollout_ref.actor.clip_ratio_high == 0.28
     assert cfg.trainer.n_gpus_per_node == 2
+    assert cfg.data.train_files == str(tmp_path / "train.parquet")
 
 
 def test_a_key_verl_does_not_have_is_refused(tmp_path: Path) -> None:

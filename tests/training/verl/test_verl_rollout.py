@@ -1,180 +1,207 @@
-"""A router trajectory through verl's real multi-turn rollout (``ToolAgentLoop`` with the
-Hermes tool parser), our tools replaying the table, and verl's reward manager calling our
-reward function, loaded the way ``main_ppo`` loads it. The router model is scripted."""
+"""Router trajectories through the gateway's loop as verl's agent loop: ``XRouterAgentLoop``
+instantiated from ``agent_loops.yaml`` the way verl's agent-loop worker does (Hydra), fed
+rows read by verl's ``RLHFDataset``, generating with verl's Hermes tool parser through a
+scripted router model behind verl's ``LLMServerClient``. Checked: what the router sees,
+which tokens are trained on, and the reward with every term."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import hydra
 import orjson
-import pyarrow.parquet as pq
 import pytest
-import torch
+import yaml
 from omegaconf import OmegaConf
-from tensordict import TensorDict
-from verl import DataProto
-from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, DictConfigWrap, ToolListWrap
-from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
-from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
-from verl.tools.tool_registry import initialize_tools_from_config
-from verl.trainer.ppo.reward import get_custom_reward_fn
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopOutput,
+    DictConfigWrap,
+    ToolListWrap,
+)
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
 from router.policies.llm import cost_weight_line
 from router.tools import tool_result_text
+from training.verl.agent_loop import XRouterAgentLoop
+from training.verl.data import VerlDataConfig, write_verl_dataset
 
-from .conftest import ScriptedRouterModel, hermes_tokenizer, rollout_config
+from .conftest import ScriptedRouterModel, Turn, hermes_tokenizer, rollout_config, small_table
+
+HEADER = re.compile(r"\[tool_call_id: (\S+) \| model: (\S+)\]")
 
 
 def call(tool: str, **arguments: Any) -> str:
-    return (
-        "<tool_call>\n"
-        + orjson.dumps({"name": tool, "arguments": arguments}).decode()
-        + "\n</tool_call>"
+    body = orjson.dumps({"name": tool, "arguments": arguments}).decode()
+    return f"<tool_call>\n{body}\n</tool_call>"
+
+
+def select(model: str) -> Turn:
+    """Select the call that answered with ``model``, by the id its result shows."""
+
+    def turn(prompt: str) -> str:
+        ids = {m: i for i, m in HEADER.findall(prompt)}
+        return call("select_response", tool_call_id=ids[model])
+
+    return turn
+
+
+def dataset_item(verl_dir: Path, record_id: str, tmp_path: Path) -> dict[str, Any]:
+    config = OmegaConf.create(
+        {"prompt_key": "prompt", "filter_overlong_prompts": False, "cache_dir": str(tmp_path)}
     )
-
-
-def row_for(verl_dir: Path, record_id: str) -> dict[str, Any]:
     for split in ("train", "validation", "test"):
-        for row in pq.read_table(verl_dir / f"{split}.parquet").to_pylist():
-            if row["extra_info"]["id"] == record_id:
-                return row
+        data = RLHFDataset([str(verl_dir / f"{split}.parquet")], hermes_tokenizer(), config)
+        for i in range(len(data)):
+            if data[i]["extra_info"]["id"] == record_id:
+                return data[i]
     raise KeyError(record_id)
 
 
 async def rollout(
-    verl_dir: Path, record_id: str, turns: list[str]
-) -> tuple[AgentLoopOutput, ScriptedRouterModel, dict[str, Any], Any]:
+    verl_dir: Path,
+    record_id: str,
+    turns: list[Turn],
+    tmp_path: Path,
+    response_length: int = 8192,
+) -> tuple[AgentLoopOutput, ScriptedRouterModel, dict[str, Any]]:
     tokenizer = hermes_tokenizer()
     model = ScriptedRouterModel(tokenizer, turns)
-    loop = ToolAgentLoop(
-        trainer_config=DictConfigWrap(rollout_config()),
+    config = rollout_config(response_length)
+    (entry,) = yaml.safe_load((verl_dir / "agent_loops.yaml").read_text())
+    loop = hydra.utils.instantiate(
+        config=OmegaConf.create(entry),
+        trainer_config=DictConfigWrap(config=config),
         server_manager=model,
         tokenizer=tokenizer,
         processor=None,
+        hf_model_type=None,
         dataset_cls=RLHFDataset,
-        data_config=DictConfigWrap(OmegaConf.create({})),
-        tools=ToolListWrap(initialize_tools_from_config(str(verl_dir / "tools.yaml"))),
+        data_config=DictConfigWrap(config.data),
+        tools=ToolListWrap([]),
     )
-    row = row_for(verl_dir, record_id)
-    out = await loop.run(
-        {"temperature": 1.0},
-        raw_prompt=row["prompt"],
-        tools_kwargs=row["extra_info"]["tools_kwargs"],
-        extra_info=row["extra_info"],
-    )
-    return out, model, row, tokenizer
+    assert isinstance(loop, XRouterAgentLoop)
+    item = dataset_item(verl_dir, record_id, tmp_path)
+    out = await loop.run({"temperature": 1.0}, **item)
+    return out, model, item
 
 
-async def reward(out: AgentLoopOutput, row: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
-    """What verl's reward loop worker does with a finished trajectory."""
-    config = OmegaConf.create(
-        {
-            "reward": {
-                "custom_reward_function": {
-                    "path": "pkg://training.verl.reward",
-                    "name": "compute_score",
-                }
-            }
-        }
-    )
-    manager = NaiveRewardManager(config, tokenizer, get_custom_reward_fn(config))
-    prompts = torch.tensor([out.prompt_ids])
-    responses = torch.tensor([out.response_ids])
-    data = DataProto(
-        batch=TensorDict(
-            {
-                "prompts": prompts,
-                "responses": responses,
-                "attention_mask": torch.ones(
-                    1, prompts.shape[1] + responses.shape[1], dtype=torch.int64
-                ),
-            },
-            batch_size=1,
-        ),
-        non_tensor_batch={
-            "data_source": np.array([row["data_source"]]),
-            "reward_model": np.array([row["reward_model"]], dtype=object),
-            "extra_info": np.array([dict(row["extra_info"])], dtype=object),
-            "tool_extra_fields": np.array([out.extra_fields], dtype=object),
-            "__num_turns__": np.array([out.num_turns]),
-        },
-    )
-    return await manager.run_single(data)
+def terms(out: AgentLoopOutput) -> dict[str, float]:
+    return out.extra_fields["reward_extra_info"]
 
 
-@pytest.mark.parametrize("record_id", ["q0"])
-async def test_call_two_then_select_the_cheap_right_answer(verl_dir: Path, record_id: str) -> None:
-    # q0: cheap answers B (right), mid answers B (right), dear is right too.
-    out, model, row, tokenizer = await rollout(
+def generated_runs(out: AgentLoopOutput) -> list[tuple[int, int]]:
+    """(offset, length) of each run of model-generated tokens in the response."""
+    runs, start = [], None
+    for i, m in enumerate([*out.response_mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            runs.append((start, i - start))
+            start = None
+    return runs
+
+
+async def test_call_two_cheap_models_and_select_the_right_answer(
+    verl_dir: Path, tmp_path: Path
+) -> None:
+    # q0: cheap answers "B" (right, $0.0001), mid answers "B" (right, $0.001).
+    out, model, item = await rollout(
         verl_dir,
-        record_id,
+        "q0",
         [
             call("call_cheap", system_prompt="Answer with a letter.")
             + call("call_mid", system_prompt="Answer with a letter."),
-            call("select_response", tool_call_id="call_1"),
-            "Done.",
+            select("cheap"),
         ],
+        tmp_path,
     )
-    lam = row["extra_info"]["cost_weight"]
-    # What the router saw: its λ line, then both answers with the ids to select them by.
+    lam = item["extra_info"]["cost_weight"]
+    # The router saw the served system prompt with its λ, then both answers with their ids.
     assert cost_weight_line(lam) in model.prompts[0]
-    assert tool_result_text("call_1", "cheap", "B") in model.prompts[1]
-    assert tool_result_text("call_2", "mid", "B") in model.prompts[1]
-    assert [c["model"] for c in out.extra_fields["xrouter_calls"]] == ["cheap", "mid"]
-    assert out.extra_fields["xrouter_selected"] == "call_1"
-
-    result = await reward(out, row, tokenizer)
-    info = result["reward_extra_info"]
-    assert info["quality"] == 1.0 and info["selected"] == 1.0
-    assert info["cost_usd"] == pytest.approx(0.0011)
+    ids = dict((m, i) for i, m in HEADER.findall(model.prompts[1]))
+    assert tool_result_text(ids["cheap"], "cheap", "B") in model.prompts[1]
+    assert ids["cheap"].startswith("chatcmpl-tool-")
+    # verl trains on exactly the tokens the model generated: the mask marks both turns.
+    tokens = out.response_ids
+    runs = generated_runs(out)
+    assert [tokens[o : o + n] for o, n in runs] == model.generated
+    assert len(out.prompt_ids) + len(out.response_ids) > len(out.prompt_ids) + sum(
+        n for _, n in runs
+    )  # the tool results are in the context, masked out
+    t = terms(out)
+    assert t["quality"] == 1.0 and t["calls"] == 2.0 and t["own_answer"] == 0.0
+    assert t["cost_usd"] == pytest.approx(0.0011) and t["router_cost_usd"] == 0.0
     # gated reward, cost scale $0.001: 1 · (1 − min(λ · 1.1, 1))
-    assert result["reward_score"] == pytest.approx(1.0 - min(lam * 1.1, 1.0))
+    assert out.reward_score == pytest.approx(1.0 - min(lam * 1.1, 1.0)) == t["score"]
+    # verl turns the score into the trajectory's reward at its last token.
+    assert out.as_dict()["rm_scores"][-1] == pytest.approx(out.reward_score)
 
 
-async def test_a_rewrite_that_keeps_a_models_answer_earns_its_score(verl_dir: Path) -> None:
-    # q1: cheap says A (wrong), dear says "The answer is B." (right).
-    out, _, row, tokenizer = await rollout(
+async def test_an_answer_of_its_own_earns_nothing(verl_dir: Path, tmp_path: Path) -> None:
+    out, _, _ = await rollout(
         verl_dir,
         "q1",
-        [
-            call("call_cheap", system_prompt="Letter only.")
-            + call("call_dear_model_v1", system_prompt="Letter only."),
-            "Both answered; the better reasoned answer is B.",
-        ],
+        [call("call_dear_model_v1", system_prompt="Letter only."), "It is B, I am sure."],
+        tmp_path,
     )
-    info = (await reward(out, row, tokenizer))["reward_extra_info"]
-    assert info["quality"] == 1.0 and info["selected"] == 0.0 and info["own_answer"] == 0.0
-    assert info["calls"] == 2.0
+    t = terms(out)
+    # As `xrouter eval` scores it: the router's own text has no recorded score.
+    assert t["own_answer"] == 1.0 and t["quality"] == 0.0 and out.reward_score == 0.0
+    assert t["cost_usd"] == pytest.approx(0.01)
+    assert t["best_single_call_reward"] > 0  # what calling one model would have earned
 
 
-async def test_answering_alone_scores_nothing_and_costs_nothing(verl_dir: Path) -> None:
-    out, _, row, tokenizer = await rollout(verl_dir, "q2", ["B"])
-    result = await reward(out, row, tokenizer)
-    assert result["reward_score"] == 0.0
-    assert result["reward_extra_info"]["own_answer"] == 1.0
-    assert result["reward_extra_info"]["cost_usd"] == 0.0
-    # The best single call at this prompt's λ is still reported, as the trajectory's regret.
-    assert result["reward_extra_info"]["best_single_call_reward"] > 0
-
-
-async def test_bad_calls_get_the_gateways_errors_and_cost_nothing(verl_dir: Path) -> None:
-    out, model, row, tokenizer = await rollout(
+async def test_bad_calls_get_the_gateways_errors(verl_dir: Path, tmp_path: Path) -> None:
+    out, model, _ = await rollout(
         verl_dir,
-        "q5",  # mid has no outcome here: its tool is not offered
+        "q5",  # mid has no outcome for q5: its tool is not offered
         [
             call("call_mid", system_prompt="x")
             + call("call_cheap")
             + call("select_response", tool_call_id="call_9"),
             "I give up.",
         ],
+        tmp_path,
     )
     seen = model.prompts[1]
-    assert "Unknown function 'call_mid'" in seen
+    assert '"name": "call_mid"' not in model.prompts[0].split("</tools>")[0]
+    assert "no tool named 'call_mid'" in seen
     assert "call_cheap needs system_prompt (a string)" in seen
     assert "'call_9' is not a successful call" in seen
-    assert out.extra_fields.get("xrouter_calls", []) == []
-    result = await reward(out, row, tokenizer)
-    assert result["reward_score"] == 0.0 and result["reward_extra_info"]["cost_usd"] == 0.0
+    assert terms(out)["calls"] == 0.0 and terms(out)["cost_usd"] == 0.0
+
+
+async def test_the_routers_own_tokens_cost_what_they_read_and_write(tmp_path: Path) -> None:
+    verl_dir = tmp_path / "priced"
+    config = VerlDataConfig(lambdas=(0.0,), router_price=(1.0, 2.0))
+    write_verl_dataset(small_table(), verl_dir, config)
+    out, _, _ = await rollout(
+        verl_dir,
+        "q0",
+        [call("call_cheap", system_prompt="Letter."), select("cheap")],
+        tmp_path,
+    )
+    # Each turn reads the whole context before it and writes its own tokens.
+    runs = generated_runs(out)
+    read = sum(len(out.prompt_ids) + offset for offset, _ in runs)
+    written = sum(n for _, n in runs)
+    t = terms(out)
+    assert t["router_cost_usd"] == pytest.approx((read * 1.0 + written * 2.0) / 1e6)
+    assert t["cost_usd"] == pytest.approx(0.0001 + t["router_cost_usd"])
+
+
+async def test_a_trajectory_out_of_room_ends_and_earns_nothing(
+    verl_dir: Path, tmp_path: Path
+) -> None:
+    out, model, _ = await rollout(
+        verl_dir,
+        "q0",
+        [call("call_cheap", system_prompt="Letter."), select("cheap")],
+        tmp_path,
+        response_length=60,
+    )
+    assert len(model.prompts) == 1  # the second turn never ran
+    assert terms(out)["truncated"] == 1.0 and out.reward_score == 0.0
+    assert len(out.response_ids) <= 60 and len(out.response_mask) == len(out.response_ids)

@@ -1,0 +1,184 @@
+"""The gateway's orchestration loop as a verl agent loop: RL rollouts of the router model run
+the same code that serves it.
+
+``XRouterAgentLoop`` is registered with verl under ``xrouter`` (``agent_loops.yaml``, written
+by ``xrouter verl-data``). For each prompt it runs ``router.loop.Orchestrator`` with the
+``llm`` policy (``router.policies.llm.LLMRouterPolicy``) exactly as the gateway does — the
+system prompt with the prompt's cost weight, the tool schemas, argument checks and error
+messages, ``select_response``, the turn limit, the fallback when turns run out — with two
+parts swapped for training:
+
+- the router model's endpoint is ``VerlRouterProvider``: the transcript rendered by the
+  model's chat template, generated on verl's rollout servers (vLLM on the GPUs), the
+  Hermes tool calls parsed by verl's parser; it keeps the trajectory's tokens and the mask
+  of the tokens the model generated, which is what verl trains on;
+- downstream calls go to ``router.executors.OutcomeExecutor``, which replays each model's
+  recorded answer, tokens and cost for this prompt (the table travels in the row).
+
+The reward is computed from the loop's result (``training.verl.reward``) and handed to verl
+as the trajectory's score, with every term for its logs. There is no second copy of the
+routing loop to drift from the served one (the seed release had two).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import orjson
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopBase,
+    AgentLoopMetrics,
+    AgentLoopOutput,
+)
+from verl.experimental.agent_loop.tool_parser import ToolParser
+
+from pricing import ModelPrice, TokenUsage
+from router.executors import OutcomeExecutor
+from router.loop import NoAnswer, Orchestrator, RouteResult
+from router.outcomes import OutcomeRecord
+from router.policies.llm import LLMRouterPolicy
+from router.policy import RouteContext
+from router.pool import PoolModel
+from router.providers.base import Provider, ProviderResponse, StreamStats
+from training.evaluation.loop_router import replay_model
+from training.verl.pool import pool_from_json
+from training.verl.reward import trajectory_reward
+
+
+class VerlRouterProvider(Provider):
+    """The router model inside a rollout. One per trajectory: it holds the trajectory's
+    token ids (prompt, then every generated and every appended context token), the mask of
+    the generated ones and their log-probabilities."""
+
+    def __init__(self, agent: XRouterAgentLoop, sampling_params: dict[str, Any]) -> None:
+        self.agent = agent
+        self.sampling_params = sampling_params
+        self.request_id = uuid.uuid4().hex
+        self.prompt_ids: list[int] | None = None
+        self.token_ids: list[int] = []
+        self.mask: list[int] = []
+        self.logprobs: list[float] = []
+        self.turns = 0
+        self.truncated = False
+        self._seen: list[dict[str, Any]] = []
+
+    async def complete(self, model: PoolModel, body: dict[str, Any]) -> ProviderResponse:
+        start = time.perf_counter()
+        agent = self.agent
+        messages, tools = body["messages"], body.get("tools") or []
+        if self.prompt_ids is None:
+            self.token_ids = await agent.ct_build_initial_tokens(messages, tools=tools)
+            self.prompt_ids = list(self.token_ids)
+        else:
+            merged, self.mask, logprobs = await agent.ct_merge_context_msg(
+                self._seen, messages, self.token_ids, self.mask, self.logprobs or None, tools=tools
+            )
+            self.token_ids, self.logprobs = merged.token_ids, logprobs or []
+        read = len(self.token_ids)
+        if len(self.mask) >= agent.response_length:
+            # Out of room: the trajectory ends with an empty answer (it earns nothing).
+            self.truncated = True
+            return self._response({"role": "assistant", "content": ""}, read, 0, start)
+        output = await agent.server_manager.generate(
+            request_id=self.request_id,
+            prompt_ids=self.token_ids,
+            sampling_params=self._sampling(),
+        )
+        self.turns += 1
+        merged, self.mask, logprobs = await agent.ct_merge_assistant_token(
+            self.token_ids,
+            output.token_ids,
+            self.mask,
+            self.logprobs or None,
+            assistant_logprobs=output.log_probs or None,
+        )
+        self.token_ids, self.logprobs = merged.token_ids, logprobs or []
+        content, calls = await agent.tool_parser.extract_tool_calls(output.token_ids)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            # Ids as vLLM's OpenAI server assigns them when it serves the router.
+            message["tool_calls"] = [
+                {
+                    "id": f"chatcmpl-tool-{uuid.uuid4().hex}",
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in calls
+            ]
+        # The policy appends this message to its transcript; the next call's messages
+        # extend exactly this list.
+        self._seen = [*messages, message]
+        return self._response(message, read, len(output.token_ids), start)
+
+    def _sampling(self) -> dict[str, Any]:
+        stop = self.agent.tool_parser.stop_token_ids
+        if not stop:
+            return self.sampling_params
+        merged = set(self.sampling_params.get("stop_token_ids") or []) | set(stop)
+        return {**self.sampling_params, "stop_token_ids": sorted(merged)}
+
+    def _response(
+        self, message: dict[str, Any], read: int, written: int, start: float
+    ) -> ProviderResponse:
+        body = {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+        return ProviderResponse(
+            body, TokenUsage(read, written), (time.perf_counter() - start) * 1000
+        )
+
+    def stream(self, model: PoolModel, body: dict[str, Any], stats: StreamStats) -> Any:
+        raise NotImplementedError("the router model is never streamed")
+
+
+class XRouterAgentLoop(AgentLoopBase):
+    """verl's agent-loop interface around ``router.loop.Orchestrator`` (see the module)."""
+
+    def __init__(self, *args: Any, pool_path: str, max_turns: int = 4, **kwargs: Any) -> None:
+        kwargs.pop("tools", None)  # the pool's tools come from router.tools, not verl's config
+        super().__init__(*args, **kwargs)
+        with open(pool_path, "rb") as f:
+            self.pool = pool_from_json(orjson.loads(f.read()))
+        self.max_turns = max_turns
+        rollout = self.rollout_config
+        self.response_length: int = rollout.response_length
+        self.tool_parser = ToolParser.get_tool_parser(rollout.multi_turn.format, self.tokenizer)
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        info = kwargs.get("extra_info") or {}
+        record = OutcomeRecord.model_validate(orjson.loads(info["record"]))
+        settings = orjson.loads(info["reward"])
+        router_price = ModelPrice.model_validate(settings.pop("router_price"))
+        ctx = RouteContext(
+            request_id=record.id,
+            messages=list(kwargs["raw_prompt"]),
+            pool=self.pool.subset(list(record.outcomes)),
+            cost_weight=float(info["cost_weight"]),
+            max_turns=self.max_turns,
+        )
+        provider = VerlRouterProvider(self, sampling_params)
+        policy = LLMRouterPolicy(
+            provider, replay_model("router", router_price), cost_weight_in_prompt=True
+        )
+        result: RouteResult | None
+        try:
+            result = await Orchestrator(OutcomeExecutor({record.id: record})).run(policy, ctx)
+        except NoAnswer:  # nothing succeeded and the router said nothing
+            result = None
+        finally:
+            await policy.aclose()
+        terms = trajectory_reward(result, record, ctx.cost_weight, settings)
+        terms["truncated"] = float(provider.truncated)
+        prompt_ids = provider.prompt_ids or []
+        response_ids = provider.token_ids[len(prompt_ids) :][: self.response_length]
+        output = AgentLoopOutput(
+            prompt_ids=prompt_ids,
+            response_ids=response_ids,
+            response_mask=provider.mask[: self.response_length],
+            response_logprobs=provider.logprobs[: self.response_length] or None,
+            reward_score=terms["score"],
+            num_turns=2 * provider.turns + 1,
+            metrics=AgentLoopMetrics(),
+            extra_fields={"reward_extra_info": terms},
+        )
+        return output
