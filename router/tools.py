@@ -47,17 +47,8 @@ def call_tool_schema(m: PoolModel) -> dict[str, Any]:
                         "description": "Instructions for this model. The user's conversation is sent "
                         "to it in full: do not repeat the user's query here.",
                     },
-                    # Bounds are stated in words, not as minimum/maximum: verl's tool schema
-                    # keeps only type, description and enum, and a router trained there
-                    # must see the schema it is served. Out-of-range values are clamped.
-                    "temperature": {
-                        "type": "number",
-                        "description": f"Sampling temperature, 0 to {MAX_TEMPERATURE}.",
-                    },
-                    "max_tokens": {
-                        "type": "integer",
-                        "description": f"Most tokens to generate, 1 to {m.max_output_tokens}.",
-                    },
+                    "temperature": {"type": "number", "minimum": 0, "maximum": MAX_TEMPERATURE},
+                    "max_tokens": {"type": "integer", "minimum": 1, "maximum": m.max_output_tokens},
                 },
                 "required": ["system_prompt"],
             },
