@@ -15,12 +15,13 @@ from verl.utils.dataset.rl_dataset import RLHFDataset
 
 from gateway.cli import main as xrouter
 from router.outcomes import OutcomeRecord, write_outcome_table
+from tests.support.verl import hermes_tokenizer
 from training.datasets.splits import split_of
 from training.evaluation.loop_router import pool_for
 from training.verl.data import VerlDataConfig, draw_lambda
 from training.verl.pool import pool_from_json
 
-from .conftest import hermes_tokenizer, small_table
+from .conftest import small_table
 
 
 def rows(verl_dir: Path, split: str) -> list[dict]:

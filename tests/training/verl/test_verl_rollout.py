@@ -24,10 +24,11 @@ from verl.utils.dataset.rl_dataset import RLHFDataset
 
 from router.policies.llm import cost_weight_line
 from router.tools import tool_result_text
+from tests.support.verl import ScriptedRouterModel, Turn, hermes_tokenizer, rollout_config
 from training.verl.agent_loop import XRouterAgentLoop
 from training.verl.data import VerlDataConfig, write_verl_dataset
 
-from .conftest import ScriptedRouterModel, Turn, hermes_tokenizer, rollout_config, small_table
+from .conftest import small_table
 
 HEADER = re.compile(r"\[tool_call_id: (\S+) \| model: (\S+)\]")
 

@@ -1,0 +1,114 @@
+"""verl's real rollout pieces on a CPU, for tests and benchmarks: a byte-level tokenizer with
+a Hermes-style chat template built here (no model download), verl's rollout config, and a
+scripted router model standing in for vLLM behind verl's ``LLMServerClient`` interface."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+from verl.workers.rollout.llm_server import LLMServerClient
+from verl.workers.rollout.replica import TokenOutput
+
+# A minimal Hermes-style template: tools in the system turn, <tool_call> JSON in assistant
+# turns, results in <tool_response> blocks without their tool_call_id (as Qwen2.5 renders
+# them). Written for these tests.
+HERMES_TEMPLATE = """
+{%- if tools %}<|im_start|>system
+{% if messages[0].role == 'system' %}{{ messages[0].content }}
+
+{% endif %}# Tools
+<tools>
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}</tools>
+Call a tool with <tool_call>{"name": <name>, "arguments": <object>}</tool_call>.<|im_end|>
+{% elif messages[0].role == 'system' %}<|im_start|>system
+{{ messages[0].content }}<|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% elif message.role == 'assistant' %}<|im_start|>assistant
+{{ message.content }}
+{%- for tc in message.tool_calls or [] %}<tool_call>
+{"name": "{{ tc.function.name }}", "arguments": {{ tc.function.arguments | tojson }}}
+</tool_call>
+{%- endfor %}<|im_end|>
+{% elif message.role != 'system' %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}
+""".strip()
+
+
+def hermes_tokenizer() -> PreTrainedTokenizerFast:
+    """Every byte is a token (no merges), so any text round-trips exactly."""
+    vocab = {c: i for i, c in enumerate(pre_tokenizers.ByteLevel.alphabet())}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>", "<|endoftext|>"])
+    tok.add_tokens(["<tool_call>", "</tool_call>"])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=HERMES_TEMPLATE,
+    )
+
+
+def rollout_config(response_length: int = 8192) -> DictConfig:
+    return OmegaConf.create(
+        {
+            "data": {},
+            "actor_rollout_ref": {
+                "rollout": {
+                    "prompt_length": 8192,
+                    "response_length": response_length,
+                    "full_determinism": False,
+                    "multi_turn": {
+                        "max_user_turns": 4,
+                        "max_assistant_turns": 5,
+                        "max_parallel_calls": 4,
+                        "max_tool_response_length": 4000,
+                        "tool_response_truncate_side": "middle",
+                        "format": "hermes",
+                    },
+                }
+            },
+        }
+    )
+
+
+Turn = str | Callable[[str], str]
+
+
+class ScriptedRouterModel(LLMServerClient):
+    """verl's client of the rollout servers (vLLM on a GPU), answering with scripted turns —
+    a text, or a function of the decoded prompt (to copy a tool call id, as a model
+    would); it keeps every prompt it was sent, decoded."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerFast, turns: list[Turn]) -> None:
+        super().__init__(rollout_config(), None)
+        self.tokenizer = tokenizer
+        self.turns = list(turns)
+        self.prompts: list[str] = []
+        self.generated: list[list[int]] = []
+
+    async def generate(  # type: ignore[override]
+        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **_: Any
+    ) -> TokenOutput:
+        prompt = self.tokenizer.decode(prompt_ids)
+        self.prompts.append(prompt)
+        turn = self.turns.pop(0)
+        text = (turn(prompt) if callable(turn) else turn) + "<|im_end|>"
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        self.generated.append(ids)
+        return TokenOutput(token_ids=ids)
