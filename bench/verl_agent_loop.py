@@ -37,7 +37,12 @@ sys.path.insert(0, str(ROOT))
 
 from router.outcomes import load_outcome_table  # noqa: E402
 from router.tools import tool_name  # noqa: E402
-from tests.support.verl import ScriptedRouterModel, hermes_tokenizer, rollout_config  # noqa: E402
+from tests.support.verl import (  # noqa: E402
+    ScriptedRouterModel,
+    Turn,
+    hermes_tokenizer,
+    rollout_config,
+)
 from training.verl.data import VerlDataConfig, write_verl_dataset  # noqa: E402
 
 HEADER = re.compile(r"\[tool_call_id: (\S+) \| model: (\S+)\]")
@@ -54,7 +59,7 @@ async def run(n: int) -> None:
     tokenizer = hermes_tokenizer()
     data = RLHFDataset(
         [str(tmp / "train.parquet")],
-        tokenizer,
+        tokenizer,  # type: ignore[arg-type]
         OmegaConf.create({"filter_overlong_prompts": False, "cache_dir": str(tmp / "cache")}),
     )
     (entry,) = yaml.safe_load((tmp / "agent_loops.yaml").read_text())
@@ -69,7 +74,7 @@ async def run(n: int) -> None:
             ids = {m: i for i, m in HEADER.findall(prompt)}
             return call("select_response", tool_call_id=ids[first])
 
-        turns = [
+        turns: list[Turn] = [
             "".join(call(tool_name(m), system_prompt="Answer briefly.") for m in models),
             select,
         ]

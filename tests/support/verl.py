@@ -96,7 +96,8 @@ class ScriptedRouterModel(LLMServerClient):
     would); it keeps every prompt it was sent, decoded."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerFast, turns: list[Turn]) -> None:
-        super().__init__(rollout_config(), None)
+        # No load balancer: generate() below never asks for a server.
+        super().__init__(rollout_config(), None)  # type: ignore[arg-type]
         self.tokenizer = tokenizer
         self.turns = list(turns)
         self.prompts: list[str] = []
@@ -105,7 +106,7 @@ class ScriptedRouterModel(LLMServerClient):
     async def generate(  # type: ignore[override]
         self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **_: Any
     ) -> TokenOutput:
-        prompt = self.tokenizer.decode(prompt_ids)
+        prompt = str(self.tokenizer.decode(prompt_ids))
         self.prompts.append(prompt)
         turn = self.turns.pop(0)
         text = (turn(prompt) if callable(turn) else turn) + "<|im_end|>"
