@@ -6,6 +6,7 @@ which tokens are trained on, and the reward with every term."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,9 @@ from verl.utils.dataset.rl_dataset import RLHFDataset
 
 from router.policies.llm import cost_weight_line
 from router.tools import tool_result_text
+from tests.conftest import ScriptedRouter
 from tests.support.verl import ScriptedRouterModel, Turn, hermes_tokenizer, rollout_config
+from training.evaluation.registry import LoadContext, default_registry
 from training.verl.agent_loop import XRouterAgentLoop
 from training.verl.data import VerlDataConfig, write_verl_dataset
 
@@ -206,3 +209,42 @@ async def test_a_trajectory_out_of_room_ends_and_earns_nothing(
     assert len(model.prompts) == 1  # the second turn never ran
     assert terms(out)["truncated"] == 1.0 and out.reward_score == 0.0
     assert len(out.response_ids) <= 60 and len(out.response_mask) == len(out.response_ids)
+
+
+async def test_the_router_reads_the_same_prompt_in_training_and_serving(
+    verl_dir: Path, tmp_path: Path, scripted_router: ScriptedRouter
+) -> None:
+    """The policy served over HTTP (here through `xrouter eval`'s `llm:` loader, the same
+    policy and loop the gateway runs) and the verl rollout put the same text in front of
+    the router model: rendered with one chat template, the first prompt is identical, and
+    the tool result of the second differs only in the call id."""
+    record = next(r for r in small_table() if r.id == "q0")
+    _, model, item = await rollout(
+        verl_dir, "q0", [call("call_cheap", system_prompt="Letter."), select("cheap")], tmp_path
+    )
+    lam = item["extra_info"]["cost_weight"]
+    first = {"id": "t1", "name": "call_cheap", "arguments": {"system_prompt": "Letter."}}
+    pick = {"id": "s1", "name": "select_response", "arguments": {"tool_call_id": "t1"}}
+    scripted_router.script({"tool_calls": [first]}, {"tool_calls": [pick]})
+    spec = f"llm:{scripted_router.base_url}#router#lambda"
+    router = default_registry().load(spec, LoadContext(train=small_table()))
+    (routed,) = await asyncio.to_thread(router.route, [record], lam)
+    assert routed.final_model == "cheap"
+    served = scripted_router.requests()[-2:]
+    tokenizer = hermes_tokenizer()
+
+    def render(request: dict[str, Any]) -> str:
+        return str(
+            tokenizer.apply_chat_template(
+                request["messages"],
+                tools=request["tools"],
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+        )
+
+    assert render(served[0]) == model.prompts[0]
+    served_result = render(served[1]).rsplit("<tool_response>", 1)[1]
+    trained_result = model.prompts[1].rsplit("<tool_response>", 1)[1]
+    trained_id = HEADER.search(trained_result).group(1)  # type: ignore[union-attr]
+    assert served_result == trained_result.replace(trained_id, "t1")
