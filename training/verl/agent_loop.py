@@ -22,6 +22,7 @@ routing loop to drift from the served one (the seed release had two).
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from typing import Any
@@ -40,7 +41,7 @@ from router.loop import NoAnswer, Orchestrator, RouteResult
 from router.outcomes import OutcomeRecord
 from router.policies.llm import LLMRouterPolicy
 from router.policy import RouteContext
-from router.pool import PoolModel
+from router.pool import ModelPool, PoolModel
 from router.providers.base import Provider, ProviderResponse, StreamStats
 from training.evaluation.loop_router import replay_model
 from training.verl.pool import pool_from_json
@@ -131,14 +132,20 @@ class VerlRouterProvider(Provider):
         raise NotImplementedError("the router model is never streamed")
 
 
+@functools.lru_cache(maxsize=8)
+def _pool(path: str) -> ModelPool:
+    # verl builds an agent loop per trajectory, inside its event loop: read the file once.
+    with open(path, "rb") as f:
+        return pool_from_json(orjson.loads(f.read()))
+
+
 class XRouterAgentLoop(AgentLoopBase):
     """verl's agent-loop interface around ``router.loop.Orchestrator`` (see the module)."""
 
     def __init__(self, *args: Any, pool_path: str, max_turns: int = 4, **kwargs: Any) -> None:
         kwargs.pop("tools", None)  # the pool's tools come from router.tools, not verl's config
         super().__init__(*args, **kwargs)
-        with open(pool_path, "rb") as f:
-            self.pool = pool_from_json(orjson.loads(f.read()))
+        self.pool = _pool(pool_path)
         self.max_turns = max_turns
         rollout = self.rollout_config
         self.response_length: int = rollout.response_length
