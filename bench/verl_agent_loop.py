@@ -25,11 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import hydra
 import orjson
-import yaml
 from omegaconf import OmegaConf
-from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,6 +37,7 @@ from router.tools import tool_name  # noqa: E402
 from tests.support.verl import (  # noqa: E402
     ScriptedRouterModel,
     Turn,
+    build_agent_loop,
     hermes_tokenizer,
     rollout_config,
 )
@@ -62,7 +60,6 @@ async def run(n: int) -> None:
         tokenizer,  # type: ignore[arg-type]
         OmegaConf.create({"filter_overlong_prompts": False, "cache_dir": str(tmp / "cache")}),
     )
-    (entry,) = yaml.safe_load((tmp / "agent_loops.yaml").read_text())
     config = rollout_config(response_length=65536)
     config.actor_rollout_ref.rollout.prompt_length = 65536
     wall, cpu, prompt_tokens, response_tokens = [], [], [], []
@@ -79,17 +76,7 @@ async def run(n: int) -> None:
             select,
         ]
         model = ScriptedRouterModel(tokenizer, turns)
-        loop = hydra.utils.instantiate(
-            config=OmegaConf.create(entry),
-            trainer_config=DictConfigWrap(config=config),
-            server_manager=model,
-            tokenizer=tokenizer,
-            processor=None,
-            hf_model_type=None,
-            dataset_cls=RLHFDataset,
-            data_config=DictConfigWrap(OmegaConf.create({})),
-            tools=ToolListWrap([]),
-        )
+        loop = build_agent_loop(tmp, model, config)
         t0, c0 = time.perf_counter(), time.process_time()
         out = await loop.run({"temperature": 1.0}, **item)
         wall.append((time.perf_counter() - t0) * 1000)

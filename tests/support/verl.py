@@ -5,6 +5,7 @@ scripted router model standing in for vLLM behind verl's ``LLMServerClient`` int
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -113,3 +114,29 @@ class ScriptedRouterModel(LLMServerClient):
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         self.generated.append(ids)
         return TokenOutput(token_ids=ids)
+
+
+def build_agent_loop(
+    verl_dir: Path,
+    model: ScriptedRouterModel,
+    config: DictConfig,
+) -> Any:
+    """The agent loop ``xrouter verl-data`` registered in ``verl_dir``, instantiated the way
+    verl's agent-loop worker does it (Hydra, from the registry entry)."""
+    import hydra
+    import yaml
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    (entry,) = yaml.safe_load((verl_dir / "agent_loops.yaml").read_text())
+    return hydra.utils.instantiate(
+        config=OmegaConf.create(entry),
+        trainer_config=DictConfigWrap(config=config),
+        server_manager=model,
+        tokenizer=model.tokenizer,
+        processor=None,
+        hf_model_type=None,
+        dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(config.get("data") or OmegaConf.create({})),
+        tools=ToolListWrap([]),
+    )

@@ -11,22 +11,24 @@ import re
 from pathlib import Path
 from typing import Any
 
-import hydra
 import orjson
 import pytest
-import yaml
 from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import (
     AgentLoopOutput,
-    DictConfigWrap,
-    ToolListWrap,
 )
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
 from router.policies.llm import cost_weight_line
 from router.tools import tool_result_text
 from tests.conftest import ScriptedRouter
-from tests.support.verl import ScriptedRouterModel, Turn, hermes_tokenizer, rollout_config
+from tests.support.verl import (
+    ScriptedRouterModel,
+    Turn,
+    build_agent_loop,
+    hermes_tokenizer,
+    rollout_config,
+)
 from training.evaluation.registry import LoadContext, default_registry
 from training.verl.agent_loop import XRouterAgentLoop
 from training.verl.data import VerlDataConfig, write_verl_dataset
@@ -72,19 +74,7 @@ async def rollout(
 ) -> tuple[AgentLoopOutput, ScriptedRouterModel, dict[str, Any]]:
     tokenizer = hermes_tokenizer()
     model = ScriptedRouterModel(tokenizer, turns)
-    config = rollout_config(response_length)
-    (entry,) = yaml.safe_load((verl_dir / "agent_loops.yaml").read_text())
-    loop = hydra.utils.instantiate(
-        config=OmegaConf.create(entry),
-        trainer_config=DictConfigWrap(config=config),
-        server_manager=model,
-        tokenizer=tokenizer,
-        processor=None,
-        hf_model_type=None,
-        dataset_cls=RLHFDataset,
-        data_config=DictConfigWrap(config.data),
-        tools=ToolListWrap([]),
-    )
+    loop = build_agent_loop(verl_dir, model, rollout_config(response_length))
     assert isinstance(loop, XRouterAgentLoop)
     item = dataset_item(verl_dir, record_id, tmp_path)
     out = await loop.run({"temperature": 1.0}, **item)
