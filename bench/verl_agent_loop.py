@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import orjson
 from omegaconf import OmegaConf
@@ -38,16 +36,12 @@ from tests.support.verl import (  # noqa: E402
     ScriptedRouterModel,
     Turn,
     build_agent_loop,
+    hermes_call,
     hermes_tokenizer,
     rollout_config,
+    select_by_model,
 )
 from training.verl.data import VerlDataConfig, write_verl_dataset  # noqa: E402
-
-HEADER = re.compile(r"\[tool_call_id: (\S+) \| model: (\S+)\]")
-
-
-def call(tool: str, **arguments: Any) -> str:
-    return f"<tool_call>\n{orjson.dumps({'name': tool, 'arguments': arguments}).decode()}\n</tool_call>"
 
 
 async def run(n: int) -> None:
@@ -67,13 +61,9 @@ async def run(n: int) -> None:
         item = data[i % len(data)]
         models = sorted(orjson.loads(item["extra_info"]["record"])["outcomes"])[:2]
 
-        def select(prompt: str, first: str = models[0]) -> str:
-            ids = {m: i for i, m in HEADER.findall(prompt)}
-            return call("select_response", tool_call_id=ids[first])
-
         turns: list[Turn] = [
-            "".join(call(tool_name(m), system_prompt="Answer briefly.") for m in models),
-            select,
+            "".join(hermes_call(tool_name(m), system_prompt="Answer briefly.") for m in models),
+            select_by_model(models[0]),
         ]
         model = ScriptedRouterModel(tokenizer, turns)
         loop = build_agent_loop(tmp, model, config)

@@ -4,10 +4,12 @@ scripted router model standing in for vLLM behind verl's ``LLMServerClient`` int
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
@@ -89,6 +91,25 @@ def rollout_config(response_length: int = 8192) -> DictConfig:
 
 
 Turn = str | Callable[[str], str]
+# The header the router reads above each tool result (router.tools.tool_result_text).
+RESULT_HEADER = re.compile(r"\[tool_call_id: (\S+) \| model: (\S+)\]")
+
+
+def hermes_call(tool: str, **arguments: Any) -> str:
+    """A tool call as a Hermes-format model writes it."""
+    body = orjson.dumps({"name": tool, "arguments": arguments}).decode()
+    return f"<tool_call>\n{body}\n</tool_call>"
+
+
+def select_by_model(model: str) -> Turn:
+    """A turn that selects the call that answered with ``model``, by the id its result shows
+    in the prompt (as a router model must)."""
+
+    def turn(prompt: str) -> str:
+        ids = {m: i for i, m in RESULT_HEADER.findall(prompt)}
+        return hermes_call("select_response", tool_call_id=ids[model])
+
+    return turn
 
 
 class ScriptedRouterModel(LLMServerClient):

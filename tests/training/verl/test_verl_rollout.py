@@ -7,11 +7,9 @@ which tokens are trained on, and the reward with every term."""
 from __future__ import annotations
 
 import asyncio
-import re
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import (
@@ -23,34 +21,26 @@ from router.policies.llm import cost_weight_line
 from router.tools import tool_result_text
 from tests.conftest import ScriptedRouter
 from tests.support.verl import (
+    RESULT_HEADER as HEADER,
+)
+from tests.support.verl import (
     ScriptedRouterModel,
     Turn,
     build_agent_loop,
     hermes_tokenizer,
     rollout_config,
 )
+from tests.support.verl import (
+    hermes_call as call,
+)
+from tests.support.verl import (
+    select_by_model as select,
+)
 from training.evaluation.registry import LoadContext, default_registry
 from training.verl.agent_loop import XRouterAgentLoop
 from training.verl.data import VerlDataConfig, write_verl_dataset
 
 from .conftest import small_table
-
-HEADER = re.compile(r"\[tool_call_id: (\S+) \| model: (\S+)\]")
-
-
-def call(tool: str, **arguments: Any) -> str:
-    body = orjson.dumps({"name": tool, "arguments": arguments}).decode()
-    return f"<tool_call>\n{body}\n</tool_call>"
-
-
-def select(model: str) -> Turn:
-    """Select the call that answered with ``model``, by the id its result shows."""
-
-    def turn(prompt: str) -> str:
-        ids = {m: i for i, m in HEADER.findall(prompt)}
-        return call("select_response", tool_call_id=ids[model])
-
-    return turn
 
 
 def dataset_item(verl_dir: Path, record_id: str, tmp_path: Path) -> dict[str, Any]:
