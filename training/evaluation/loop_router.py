@@ -16,6 +16,7 @@ fallbacks, multi-call trajectories and their summed costs. Loaders for ``xrouter
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import statistics
 from collections.abc import Callable, Sequence
 from decimal import Decimal
@@ -177,20 +178,14 @@ def _llm(spec: str, ctx: LoadContext) -> LoopRouter:
     model, _, flag = rest.partition("#")
     if flag not in ("", "lambda"):
         raise ValueError(f"{spec}: expected llm:BASE_URL[#MODEL[#lambda]]")
-    router_model = PoolModel(
-        name="router",
-        provider="openai",
+    # The router endpoint is real (HTTP); its tokens are not priced here.
+    router_model = dataclasses.replace(
+        replay_model("router", ModelPrice.free()),
         upstream_model=model or "xrouter-router",
         api_base=base.rstrip("/"),
-        api_key=None,
-        transport="native",
-        price=ModelPrice.free(),
-        max_output_tokens=4096,
         timeout_s=120,
         max_concurrency=64,
         max_retries=1,
-        fallbacks=(),
-        description="router",
     )
     return LoopRouter(
         spec,
