@@ -108,12 +108,15 @@ class LoopRouter:
                 except NoAnswer:
                     result = None
                 called = [o.model for o in result.outcomes if o.ok] if result is not None else []
+                # The router's own tokens count in the cost, as in the gateway's ledger and
+                # the RL reward (a priced router model; policies without one cost nothing).
+                router_cost = result.router_cost_micros / 1e6 if result is not None else 0.0
                 if result is not None and result.final_model is not None:
-                    out.append(RoutedPrompt.from_calls(r, called, final_model=result.final_model))
+                    routed = RoutedPrompt.from_calls(r, called, final_model=result.final_model)
+                    out.append(dataclasses.replace(routed, cost_usd=routed.cost_usd + router_cost))
                 else:
                     # The router answered itself (or nothing succeeded): no recorded score.
                     cost = sum(r.outcomes[m].cost_usd or 0.0 for m in called)
-                    router_cost = result.router_cost_micros / 1e6 if result is not None else 0.0
                     out.append(
                         RoutedPrompt(
                             final_model="router",

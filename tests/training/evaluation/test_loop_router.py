@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
+from pricing import ModelPrice
 from router.checkpoint import default_checkpoint_path
 from router.outcomes import OutcomeRecord, load_outcome_table
-from router.policies.llm import router_system_prompt
+from router.policies.llm import LLMRouterPolicy, router_system_prompt
+from router.providers.native import NativeOpenAIProvider
 from router.tools import tool_name
 from tests.conftest import ScriptedRouter
+from training.evaluation.loop_router import LoopRouter, replay_model
 from training.evaluation.registry import LoadContext, default_registry
 from training.evaluation.sweep import RoutedPrompt
 
@@ -80,3 +85,22 @@ def test_an_llm_router_endpoint_is_evaluated_through_the_loop(
 def test_an_llm_spec_with_an_unknown_flag_is_refused(records: list[OutcomeRecord]) -> None:
     with pytest.raises(ValueError, match="BASE_URL"):
         default_registry().load("llm:http://127.0.0.1:9/v1#router#fast", LoadContext(train=records))
+
+
+def test_a_priced_router_models_tokens_count_in_the_cost(
+    records: list[OutcomeRecord], scripted_router: ScriptedRouter
+) -> None:
+    record, model = records[0], "gemma-2-9b-it"
+    call = {"id": "t1", "name": tool_name(model), "arguments": {"system_prompt": "Be brief."}}
+    select = {"id": "s1", "name": "select_response", "arguments": {"tool_call_id": "t1"}}
+    usage = {"prompt_tokens": 100, "completion_tokens": 20}
+    scripted_router.script({"tool_calls": [call]}, {"tool_calls": [select]}, usage=usage)
+    priced = dataclasses.replace(
+        replay_model("router", ModelPrice(input=Decimal(1), output=Decimal(2))),
+        api_base=scripted_router.base_url,
+    )
+    router = LoopRouter("llm", lambda pool: LLMRouterPolicy(NativeOpenAIProvider(), priced))
+    (route,) = router.route([record], 0.0)
+    # Two router calls of 100 + 20 tokens at $1 / $2 per 1M, on top of the recorded call.
+    assert route.final_model == model
+    assert route.cost_usd == pytest.approx(record.outcomes[model].cost_usd + 2 * 140e-6)
