@@ -101,8 +101,9 @@ def verl_row(
     return {
         "data_source": DATA_SOURCE,
         "agent_name": AGENT_NAME,
-        # The policy adds the router's system prompt itself, as in the gateway.
-        "prompt": [m for m in conversation(record) if m["role"] != "system"],
+        # The client's conversation as the gateway receives it; the policy puts the
+        # router's own system prompt in front, as when it serves.
+        "prompt": conversation(record),
         "ability": record.task or "chat",
         "reward_model": {
             "style": "rule",
