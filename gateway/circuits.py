@@ -2,10 +2,9 @@
 
 Each process keeps its own circuit breakers (``router.health``); this tells the others when
 one opens. An opening is written as ``SET <prefix>:circuit:<model> <unix ms> PX <cooldown>``
-(the prefix is ``limits.key_prefix``)
-— the key expires when the cooldown does — and every process reads the pool's keys with one
-``MGET`` each ``sync_interval_s``, adopting the openings it has not seen (with the opener's
-timing). A successful probe deletes the key; the other processes probe for themselves when
+(the prefix is ``limits.key_prefix``): the key expires when the cooldown does. Every
+process reads the pool's keys with one ``MGET`` each ``sync_interval_s``, adopting the
+openings it has not seen (with the opener's timing). A successful probe deletes the key; the other processes probe for themselves when
 their cooldown ends. So a dead model costs ``failures`` failed calls across the whole
 deployment plus at most ``sync_interval_s`` of other workers' traffic, not ``failures``
 calls per worker.

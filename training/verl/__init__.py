@@ -1,4 +1,5 @@
 """The LLM router's RL pipeline on verl (the xRouter paper's setting): an outcome table as
-verl's multi-turn dataset (``data``, no verl needed), the replayed downstream models as
-verl tools (``tools``) and the cost-penalized reward as verl's reward function
-(``reward``). Needs the ``verl`` extra; training itself needs GPUs (README.md here)."""
+verl's dataset (``data``, no verl needed), the gateway's own loop and ``llm`` policy as
+verl's agent loop (``agent_loop``), the cost-penalized reward of a trajectory (``reward``)
+and the launch command (``launch``). The agent loop needs the ``verl`` extra; training
+itself needs GPUs (README.md here)."""

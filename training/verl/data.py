@@ -32,7 +32,7 @@ import orjson
 import yaml
 
 from pricing import ModelPrice
-from router.outcomes import OutcomeRecord
+from router.outcomes import OutcomeRecord, content_text
 from router.reward import RewardConfig
 from training.datasets.splits import SPLIT_NAMES, split_records
 from training.evaluation.loop_router import pool_for
@@ -80,18 +80,10 @@ def draw_lambda(record_id: str, lambdas: Sequence[float], seed: int = 0) -> floa
 def conversation(record: OutcomeRecord) -> list[dict[str, str]]:
     """The record's turns as role/text pairs (parquet needs one type per column; the router
     reads text)."""
-    if not record.messages:
-        return [{"role": "user", "content": record.prompt or ""}]
-    turns = []
-    for m in record.messages:
-        content = m.get("content")
-        if not isinstance(content, str):
-            parts = content if isinstance(content, list) else []
-            content = "\n".join(
-                str(p.get("text", "")) for p in parts if isinstance(p, dict) and p.get("text")
-            )
-        turns.append({"role": str(m.get("role", "user")), "content": content})
-    return turns
+    return [
+        {"role": str(m.get("role", "user")), "content": content_text(m.get("content"))}
+        for m in record.chat_messages()
+    ]
 
 
 def verl_row(
