@@ -272,14 +272,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             ideal = Point(curve[0].cost, sum(r.outcomes[GPT4].score for r in rows))
             checked[task] = upper_hull([*points, ideal])
             union = union_points(rows, cheap[:MAX_CHECKED])
-            union_checked[task] = upper_hull([*points, *union])
-            for n, p in enumerate(union[::2], start=1):
+            union_checked[task] = upper_hull([*points, *itertools.chain.from_iterable(union)])
+            for n, (alone, escalated) in enumerate(union, start=1):
                 print(
                     f"  perfect check over the first {n} cheap answers: "
-                    f"{p.correct / len(rows):.3f} at {100 * p.cost / g_cost:.0f}% of the task's "
-                    f"GPT-4 cost (GPT-4 where none is right: "
-                    f"{union[2 * n - 1].correct / len(rows):.3f} at "
-                    f"{100 * union[2 * n - 1].cost / g_cost:.0f}%)"
+                    f"{alone.correct / len(rows):.3f} at {100 * alone.cost / g_cost:.0f}% of the "
+                    f"task's GPT-4 cost (GPT-4 where none is right: "
+                    f"{escalated.correct / len(rows):.3f} at {100 * escalated.cost / g_cost:.0f}%)"
                 )
         hulls[task] = upper_hull(points)
     print()
@@ -326,23 +325,21 @@ def task_only(rows: Sequence[OutcomeRecord], g_total: float, g_right: float) -> 
     )
 
 
-def union_points(rows: Sequence[OutcomeRecord], cheap: Sequence[str]) -> list[Point]:
+def union_points(rows: Sequence[OutcomeRecord], cheap: Sequence[str]) -> list[tuple[Point, Point]]:
     """A perfect check over the answers of the first n cheap models (all called), for each
-    n: right whenever one of them is; then the same with GPT-4 called where none is."""
-    points: list[Point] = []
+    n: right whenever one of them is; and the same with GPT-4 called where none is."""
+    pairs: list[tuple[Point, Point]] = []
     for n in range(1, len(cheap) + 1):
         called = cheap[:n]
         base = sum(sum(r.outcomes[m].cost_usd or 0.0 for m in called) for r in rows)
         none = [r for r in rows if not any(r.outcomes[m].score > 0 for m in called)]
         right = len(rows) - len(none)
-        points.append(Point(base, right))
-        points.append(
-            Point(
-                base + sum(r.outcomes[GPT4].cost_usd or 0.0 for r in none),
-                right + sum(r.outcomes[GPT4].score for r in none),
-            )
+        escalated = Point(
+            base + sum(r.outcomes[GPT4].cost_usd or 0.0 for r in none),
+            right + sum(r.outcomes[GPT4].score for r in none),
         )
-    return points
+        pairs.append((Point(base, right), escalated))
+    return pairs
 
 
 if __name__ == "__main__":
