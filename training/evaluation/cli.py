@@ -73,7 +73,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="router under test: a baseline name (single:<model>, "
         + ", ".join(BASELINE_NAMES)
-        + ", escalation) or a registered loader spec such as compact:<checkpoint>; repeatable",
+        + ", escalation) or a loader spec: compact:<checkpoint>, policy:<cascade|cheapest|random"
+        "|fixed:MODEL>, llm:<base_url>[#model[#lambda,price=IN/OUT]] (USD per 1M tokens; "
+        "else the catalog's price for the model, else free); repeatable",
     )
     parser.add_argument(
         "--baselines",

@@ -8,15 +8,18 @@ fallbacks, multi-call trajectories and their summed costs. Loaders for ``xrouter
                             checkpoints run their multi-call plans);
 - ``policy:<name>``         a router baseline through the loop: ``cascade``, ``cheapest``,
                             ``random``, ``fixed:<model>``;
-- ``llm:<base_url>[#model]`` an ``llm`` router endpoint (any OpenAI-compatible server with
-                            tool calling); answers the router writes itself have no recorded
-                            score and count as 0, a lower bound.
+- ``llm:<base_url>[#model[#options]]`` an ``llm`` router endpoint (any OpenAI-compatible
+                            server with tool calling); answers the router writes itself have
+                            no recorded score and count as 0, a lower bound. Options, comma
+                            separated: ``lambda`` (the router reads the cost weight from its
+                            system prompt) and ``price=IN/OUT`` (its USD per 1M tokens).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import statistics
 from collections.abc import Callable, Sequence
 from decimal import Decimal
@@ -30,6 +33,8 @@ from router.policy import Policy, RouteContext
 from router.pool import ModelPool, PoolModel
 from training.evaluation.registry import LoadContext, RouterLoader
 from training.evaluation.sweep import RoutedPrompt
+
+logger = logging.getLogger(__name__)
 
 
 def pool_for(records: Sequence[OutcomeRecord]) -> ModelPool:
@@ -171,21 +176,63 @@ def _policy(spec: str, ctx: LoadContext) -> LoopRouter | None:
     return LoopRouter(spec, factories[name])
 
 
+LLM_SPEC = "llm:BASE_URL[#MODEL[#OPTIONS]], OPTIONS a comma-separated list of lambda, price=IN/OUT"
+
+
+def parse_llm_spec(spec: str) -> tuple[str, str, bool, ModelPrice | None]:
+    """``llm:BASE_URL[#MODEL[#OPTIONS]]`` -> (base URL, model, reads λ, explicit price).
+
+    ``lambda``: a router trained on verl reads the cost weight from its system prompt
+    (``router.llm.cost_weight_in_prompt`` when served). ``price=IN/OUT``: the router model's
+    USD per 1M input / output tokens, as ``router.llm.price`` in the gateway's config and
+    ``xrouter verl-data --router-price`` in training, so all three score the same trajectory
+    at the same cost.
+    """
+    base, _, rest = spec.removeprefix("llm:").partition("#")
+    model, _, options = rest.partition("#")
+    if not base:
+        raise ValueError(f"{spec}: expected {LLM_SPEC}")
+    reads_lambda, price = False, None
+    for option in filter(None, (o.strip() for o in options.split(","))):
+        key, eq, value = option.partition("=")
+        if option == "lambda":
+            reads_lambda = True
+        elif key == "price" and eq:
+            try:
+                price_in, price_out = (Decimal(v) for v in value.split("/"))
+                if not (price_in.is_finite() and price_out.is_finite()):
+                    raise ValueError("not a finite price")
+                price = ModelPrice(input=price_in, output=price_out, source="eval spec")
+            except (ValueError, ArithmeticError) as exc:
+                raise ValueError(
+                    f"{spec}: price is two non-negative USD prices per 1M tokens, IN/OUT"
+                ) from exc
+        else:
+            raise ValueError(f"{spec}: unknown option {option!r}; expected {LLM_SPEC}")
+    return base.rstrip("/"), model or "xrouter-router", reads_lambda, price
+
+
 def _llm(spec: str, ctx: LoadContext) -> LoopRouter:
     from router.policies.llm import LLMRouterPolicy
     from router.providers.native import NativeOpenAIProvider
 
-    # llm:BASE_URL[#MODEL[#lambda]]: "lambda" for a router trained on verl, which reads the
-    # cost weight from its system prompt (router.llm.cost_weight_in_prompt when served).
-    base, _, rest = spec.removeprefix("llm:").partition("#")
-    model, _, flag = rest.partition("#")
-    if flag not in ("", "lambda"):
-        raise ValueError(f"{spec}: expected llm:BASE_URL[#MODEL[#lambda]]")
-    # The router endpoint is real (HTTP); its tokens are not priced here.
+    base, model, reads_lambda, price = parse_llm_spec(spec)
+    if price is None:
+        # A router model the catalog knows (a hosted model used as the router) costs what the
+        # gateway would charge for it; a self-hosted one is free unless the spec prices it.
+        price = load_default_catalog().get(model)
+    if price is None:
+        logger.warning(
+            "%s: the router model %r has no price; its own tokens count as free "
+            "(add #price=IN/OUT to the spec)",
+            spec,
+            model,
+        )
+        price = ModelPrice.free()
     router_model = dataclasses.replace(
-        replay_model("router", ModelPrice.free()),
-        upstream_model=model or "xrouter-router",
-        api_base=base.rstrip("/"),
+        replay_model("router", price),
+        upstream_model=model,
+        api_base=base,
         timeout_s=120,
         max_concurrency=64,
         max_retries=1,
@@ -193,7 +240,7 @@ def _llm(spec: str, ctx: LoadContext) -> LoopRouter:
     return LoopRouter(
         spec,
         lambda pool: LLMRouterPolicy(
-            NativeOpenAIProvider(), router_model, cost_weight_in_prompt=flag == "lambda"
+            NativeOpenAIProvider(), router_model, cost_weight_in_prompt=reads_lambda
         ),
     )
 

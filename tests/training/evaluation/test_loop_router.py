@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from pricing import ModelPrice
+from pricing import ModelPrice, load_default_catalog
 from router.checkpoint import default_checkpoint_path
 from router.outcomes import OutcomeRecord, load_outcome_table
 from router.policies.llm import LLMRouterPolicy, router_system_prompt
 from router.providers.native import NativeOpenAIProvider
 from router.tools import tool_name
 from tests.conftest import ScriptedRouter
-from training.evaluation.loop_router import LoopRouter, replay_model
+from training.evaluation.loop_router import LoopRouter, parse_llm_spec, replay_model
 from training.evaluation.registry import LoadContext, default_registry
 from training.evaluation.sweep import RoutedPrompt
 
@@ -82,9 +82,27 @@ def test_an_llm_router_endpoint_is_evaluated_through_the_loop(
     assert system == router_system_prompt(0.3 if flag else None)
 
 
-def test_an_llm_spec_with_an_unknown_flag_is_refused(records: list[OutcomeRecord]) -> None:
-    with pytest.raises(ValueError, match="BASE_URL"):
-        default_registry().load("llm:http://127.0.0.1:9/v1#router#fast", LoadContext(train=records))
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "llm:http://127.0.0.1:9/v1#router#fast",
+        "llm:http://127.0.0.1:9/v1#router#price=1",
+        "llm:http://127.0.0.1:9/v1#router#price=-1/2",
+        "llm:http://127.0.0.1:9/v1#router#price=1/x",
+        "llm:http://127.0.0.1:9/v1#router#price=inf/1",
+        "llm:#router",
+    ],
+)
+def test_a_malformed_llm_spec_is_refused(records: list[OutcomeRecord], spec: str) -> None:
+    with pytest.raises(ValueError, match=r"BASE_URL|price is two"):
+        default_registry().load(spec, LoadContext(train=records))
+
+
+def test_llm_spec_options_parse() -> None:
+    base, model, reads_lambda, price = parse_llm_spec("llm:http://h:1/v1/#r#lambda, price=0.05/0.2")
+    assert (base, model, reads_lambda) == ("http://h:1/v1", "r", True)
+    assert price is not None and (price.input, price.output) == (Decimal("0.05"), Decimal("0.2"))
+    assert parse_llm_spec("llm:http://h:1/v1") == ("http://h:1/v1", "xrouter-router", False, None)
 
 
 def test_a_priced_router_models_tokens_count_in_the_cost(
@@ -104,3 +122,39 @@ def test_a_priced_router_models_tokens_count_in_the_cost(
     # Two router calls of 100 + 20 tokens at $1 / $2 per 1M, on top of the recorded call.
     assert route.final_model == model
     assert route.cost_usd == pytest.approx(record.outcomes[model].cost_usd + 2 * 140e-6)
+
+
+@pytest.mark.parametrize(
+    ("router_model", "options", "per_call_usd"),
+    [
+        # Priced in the spec: 100 input + 20 output tokens at $1 / $2 per 1M.
+        ("router", "#price=1/2", 140e-6),
+        # A model the price catalog knows costs what the gateway would charge for it.
+        ("gpt-4o-mini", "", None),
+        # Unpriced and unknown: free (and a warning says so).
+        ("router", "", 0.0),
+    ],
+)
+def test_an_llm_specs_router_tokens_are_priced_from_the_spec_or_the_catalog(
+    records: list[OutcomeRecord],
+    scripted_router: ScriptedRouter,
+    router_model: str,
+    options: str,
+    per_call_usd: float | None,
+) -> None:
+    record, model = records[0], "gemma-2-9b-it"
+    call = {"id": "t1", "name": tool_name(model), "arguments": {"system_prompt": "Be brief."}}
+    select = {"id": "s1", "name": "select_response", "arguments": {"tool_call_id": "t1"}}
+    scripted_router.script(
+        {"tool_calls": [call]},
+        {"tool_calls": [select]},
+        usage={"prompt_tokens": 100, "completion_tokens": 20},
+    )
+    if per_call_usd is None:
+        catalog_price = load_default_catalog().require(router_model)
+        per_call_usd = float(catalog_price.input * 100 + catalog_price.output * 20) / 1e6
+        assert per_call_usd > 0
+    spec = f"llm:{scripted_router.base_url}#{router_model}{options}"
+    (route,) = default_registry().load(spec, LoadContext(train=records)).route([record], 0.0)
+    assert route.final_model == model
+    assert route.cost_usd == pytest.approx(record.outcomes[model].cost_usd + 2 * per_call_usd)
