@@ -266,7 +266,7 @@ def run_eval(args: argparse.Namespace, registry: RouterRegistry | None = None) -
                     f"  {c.name:<28} AIQ {c.aiq:.4f}{ci}  best {c.max_score:.4f}  "
                     f"cost to match best {pct}"
                 )
-    for note in result.notes:
+    for note in [*(result.main.notes if result.main is not None else ()), *result.notes]:
         print(f"note: {note}")
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0

@@ -216,6 +216,9 @@ def compare(
             continue
         curves.append(_summarize(result.name, entry.kind, result.points, cost_range, best))
         swept[result.name] = result
+        for note in getattr(entry.router, "notes", ()):  # e.g. router-model failures
+            notes.append(note)
+            logger.warning("%s", note)
     comparison = Comparison(
         n_records=len(records),
         models=models,

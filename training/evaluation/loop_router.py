@@ -27,12 +27,12 @@ from typing import Any
 
 from pricing import ModelPrice, load_default_catalog
 from router.executors import OutcomeExecutor
-from router.loop import NoAnswer, Orchestrator
+from router.loop import NoAnswer, Orchestrator, RouteResult
 from router.outcomes import OutcomeRecord
 from router.policy import Policy, RouteContext
 from router.pool import ModelPool, PoolModel
 from training.evaluation.registry import LoadContext, RouterLoader
-from training.evaluation.sweep import RoutedPrompt
+from training.evaluation.sweep import RoutedPrompt, RoutingError
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +88,24 @@ class LoopRouter:
         # How the policy was trained (a checkpoint's metadata), to detect evaluation on
         # prompts it was fitted on.
         self.training: dict[str, Any] = {}
+        # Router-model failures over every route() call (a whole λ sweep). Serving falls
+        # back when the router model fails, which is right for availability but would make
+        # an evaluation score the fallback under the router's name: they are counted and
+        # reported (``notes``), and a sweep point where the router never answered is refused.
+        self._routed = 0
+        self._router_failed = 0
+        self._last_router_error = ""
+
+    @property
+    def notes(self) -> list[str]:
+        """What the evaluation report should say about this router's runs."""
+        if not self._router_failed:
+            return []
+        return [
+            f"{self.name}: the router model failed on {self._router_failed} of {self._routed} "
+            f"routed prompts over the sweep (last error: {self._last_router_error}); the "
+            "serving loop's fallback answered those, so its curve is partly the fallback's"
+        ]
 
     def route(self, records: Sequence[OutcomeRecord], cost_weight: float) -> list[RoutedPrompt]:
         return asyncio.run(self._route(records, cost_weight))
@@ -99,6 +117,7 @@ class LoopRouter:
         policy = self._make_policy(pool)
         orchestrator = Orchestrator(OutcomeExecutor({r.id: r for r in records}))
         out: list[RoutedPrompt] = []
+        router_ok = router_failed = 0
         try:
             for r in records:
                 ctx = RouteContext(
@@ -108,14 +127,21 @@ class LoopRouter:
                     cost_weight=cost_weight,
                     max_turns=self.max_turns,
                 )
+                result: RouteResult | None
                 try:
                     result = await orchestrator.run(policy, ctx)
-                except NoAnswer:
-                    result = None
-                called = [o.model for o in result.outcomes if o.ok] if result is not None else []
+                    state = result.state
+                except NoAnswer as exc:
+                    result, state = None, exc.state
+                failures = [o for o in state.router_calls if not o.ok]
+                router_ok += len(state.router_calls) - len(failures)
+                if failures:
+                    router_failed += 1
+                    self._last_router_error = failures[-1].error or failures[-1].error_kind or ""
+                called = [o.model for o in state.outcomes if o.ok]
                 # The router's own tokens count in the cost, as in the gateway's ledger and
                 # the RL reward (a priced router model; policies without one cost nothing).
-                router_cost = result.router_cost_micros / 1e6 if result is not None else 0.0
+                router_cost = sum(o.cost_micros for o in state.router_calls) / 1e6
                 if result is not None and result.final_model is not None:
                     routed = RoutedPrompt.from_calls(r, called, final_model=result.final_model)
                     out.append(dataclasses.replace(routed, cost_usd=routed.cost_usd + router_cost))
@@ -132,6 +158,13 @@ class LoopRouter:
                     )
         finally:
             await policy.aclose()
+        self._routed += len(records)
+        self._router_failed += router_failed
+        if router_failed and not router_ok:
+            raise RoutingError(
+                f"the router model never answered at cost weight {cost_weight:g} "
+                f"({self._last_router_error})"
+            )
         return out
 
 
@@ -237,9 +270,16 @@ def _llm(spec: str, ctx: LoadContext) -> LoopRouter:
         max_concurrency=64,
         max_retries=1,
     )
+
+    class OwningLLMRouterPolicy(LLMRouterPolicy):
+        # The gateway shares one provider between policies and closes it on shutdown; here
+        # each swept λ builds a policy with its own HTTP session, closed with the policy.
+        async def aclose(self) -> None:
+            await self.provider.aclose()
+
     return LoopRouter(
         spec,
-        lambda pool: LLMRouterPolicy(
+        lambda pool: OwningLLMRouterPolicy(
             NativeOpenAIProvider(), router_model, cost_weight_in_prompt=reads_lambda
         ),
     )

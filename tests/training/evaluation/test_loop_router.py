@@ -15,9 +15,10 @@ from router.policies.llm import LLMRouterPolicy, router_system_prompt
 from router.providers.native import NativeOpenAIProvider
 from router.tools import tool_name
 from tests.conftest import ScriptedRouter
+from training.evaluation.compare import Entry, compare
 from training.evaluation.loop_router import LoopRouter, parse_llm_spec, replay_model
 from training.evaluation.registry import LoadContext, default_registry
-from training.evaluation.sweep import RoutedPrompt
+from training.evaluation.sweep import RoutedPrompt, RoutingError
 
 DEMO = Path(__file__).resolve().parents[3] / "router" / "assets" / "demo_outcomes.jsonl"
 
@@ -158,3 +159,33 @@ def test_an_llm_specs_router_tokens_are_priced_from_the_spec_or_the_catalog(
     (route,) = default_registry().load(spec, LoadContext(train=records)).route([record], 0.0)
     assert route.final_model == model
     assert route.cost_usd == pytest.approx(record.outcomes[model].cost_usd + 2 * per_call_usd)
+
+
+def test_router_model_failures_are_reported_not_scored_as_the_router(
+    records: list[OutcomeRecord], scripted_router: ScriptedRouter
+) -> None:
+    # The first prompt's router call fails (the serving loop falls back to the cheapest
+    # model); the second is routed by the router. The evaluation says so.
+    model = "gemma-2-9b-it"
+    call = {"id": "t1", "name": tool_name(model), "arguments": {"system_prompt": "Be brief."}}
+    select = {"id": "s1", "name": "select_response", "arguments": {"tool_call_id": "t1"}}
+    scripted_router.script({"error_status": 500}, {"tool_calls": [call]}, {"tool_calls": [select]})
+    router = default_registry().load(
+        f"llm:{scripted_router.base_url}#router", LoadContext(train=records)
+    )
+    assert isinstance(router, LoopRouter) and router.notes == []
+    fallback, routed = router.route(records[:2], 0.0)
+    assert routed.final_model == model
+    assert fallback.final_model != "router" and len(fallback.models_called) == 1
+    (note,) = router.notes
+    assert "failed on 1 of 2 routed prompts" in note and "fallback" in note
+
+
+def test_an_unreachable_router_model_is_not_evaluated(records: list[OutcomeRecord]) -> None:
+    router = default_registry().load("llm:http://127.0.0.1:9/v1#router", LoadContext(train=records))
+    with pytest.raises(RoutingError, match="never answered"):
+        router.route(records[:3], 0.0)
+    # Through the comparison: no curve, a note saying why.
+    comparison = compare([Entry(router, "policy", [0.0])], records[:3])
+    assert all(c.name != router.name for c in comparison.curves)
+    assert any("never answered" in n for n in comparison.notes)
