@@ -86,6 +86,14 @@ class OutcomeRecord(BaseModel):
             return self.prompt
         return conversation_text(self.messages or [])
 
+    @property
+    def has_prompt(self) -> bool:
+        """False for a ledger export of a request whose content the gateway did not log
+        (``content_logged``: ``none`` or ``hash``, from ``ledger.log_content``): its prompt
+        is a placeholder, the same for every such request, so a router that reads the
+        prompt can neither learn from it nor be judged on it."""
+        return (self.model_extra or {}).get("content_logged") not in ("none", "hash")
+
     def chat_messages(self) -> list[dict[str, Any]]:
         if self.messages:
             return self.messages

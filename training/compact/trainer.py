@@ -284,14 +284,27 @@ def prepare_table(
     unknown = [m for m in models if m not in seen]
     if unknown:
         raise ValueError(f"pool model(s) with no outcome in the table: {', '.join(unknown)}")
-    kept = list(records)
+    kept = [r for r in records if r.has_prompt]
+    if not kept:
+        raise ValueError(
+            f"none of the {len(records)} records carries its prompt (a ledger export of "
+            "traffic logged with ledger.log_content 'none' or 'hash'): a router that reads "
+            "the prompt cannot learn from placeholders; set ledger.log_content: full, "
+            "collect traffic and export again"
+        )
+    if len(kept) < len(records):
+        logger.warning(
+            "dropped %d records whose prompt was not logged (content_logged none/hash)",
+            len(records) - len(kept),
+        )
     if not cfg.offpolicy:
-        kept = [r for r in records if all(m in r.outcomes for m in models)]
-        if len(kept) < len(records):
+        full = [r for r in kept if all(m in r.outcomes for m in models)]
+        if len(full) < len(kept):
             logger.warning(
                 "dropped %d records lacking an outcome for some pool model",
-                len(records) - len(kept),
+                len(kept) - len(full),
             )
+        kept = full
     if cfg.reference_model is not None and cfg.reference_model not in models:
         raise ValueError(f"reference model {cfg.reference_model!r} is not in the pool")
     if cfg.offpolicy and cfg.reference_model is not None:

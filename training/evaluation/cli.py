@@ -166,6 +166,15 @@ def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
         result.notes.append(
             f"evaluated on the {split} split, which the routers were fitted on: optimistic"
         )
+    blind = sum(not r.has_prompt for r in evaluated)
+    if blind:
+        result.notes.append(
+            f"{blind} of the {len(evaluated)} evaluated records carry no prompt (logged with "
+            "ledger.log_content none or hash): a router that reads the prompt saw the same "
+            "placeholder on each, so its figures are not its value on that traffic (fixed-model "
+            "policies are unaffected); log with log_content: full to evaluate routers"
+        )
+        logger.warning("%s", result.notes[-1])
     reward = RewardConfig(form="additive", cost_scale=args.cost_scale)
 
     if not is_full_information(records):

@@ -29,10 +29,10 @@ from pricing import ModelPrice, load_default_catalog
 from router.executors import OutcomeExecutor
 from router.loop import NoAnswer, Orchestrator, RouteResult
 from router.outcomes import OutcomeRecord
-from router.policy import Policy, RouteContext
+from router.policy import Call, Decision, LoopState, Policy, RouteContext
 from router.pool import ModelPool, PoolModel
 from training.evaluation.registry import LoadContext, RouterLoader
-from training.evaluation.sweep import RoutedPrompt, RoutingError
+from training.evaluation.sweep import Route, RoutedPrompt, RoutingError, is_full_information
 
 logger = logging.getLogger(__name__)
 
@@ -107,8 +107,43 @@ class LoopRouter:
             "serving loop's fallback answered those, so its curve is partly the fallback's"
         ]
 
-    def route(self, records: Sequence[OutcomeRecord], cost_weight: float) -> list[RoutedPrompt]:
+    def route(self, records: Sequence[OutcomeRecord], cost_weight: float) -> Sequence[Route]:
+        if not is_full_information(records):
+            return asyncio.run(self._choices(records, cost_weight))
         return asyncio.run(self._route(records, cost_weight))
+
+    async def _choices(self, records: Sequence[OutcomeRecord], cost_weight: float) -> list[str]:
+        """Logged traffic (partial feedback): the model the policy picks for each prompt, for
+        the off-policy estimators. The table holds only the logged model's outcome, so
+        nothing is replayed: the policy is asked for its first step, as the serving loop asks
+        it, over every model of the table (restricting each prompt to the models it has an
+        outcome for would hand every policy the logged action). A policy whose first step is
+        not one final call (a cascade's plan, an llm router's turns) has no single action to
+        estimate, and is refused."""
+        pool = pool_for(records)
+        policy = self._make_policy(pool)
+        choices: list[str] = []
+        try:
+            for r in records:
+                ctx = RouteContext(
+                    request_id=r.id,
+                    messages=r.chat_messages(),
+                    pool=pool,
+                    cost_weight=cost_weight,
+                    max_turns=self.max_turns,
+                )
+                state = LoopState(Decision(policy.name, cost_weight, policy.feature_version))
+                step = await policy.step(ctx, state)
+                if not (isinstance(step, Call) and step.final and len(step.calls) == 1):
+                    raise RoutingError(
+                        f"record {r.id!r}: the policy's first step is not a single final call "
+                        f"({type(step).__name__}); multi-call trajectories cannot be evaluated "
+                        "off-policy"
+                    )
+                choices.append(step.calls[0].model)
+        finally:
+            await policy.aclose()
+        return choices
 
     async def _route(
         self, records: Sequence[OutcomeRecord], cost_weight: float

@@ -84,3 +84,34 @@ def test_errors_are_reported_not_raised(
         == 2
     )
     assert "no outcome in the table: nope" in capsys.readouterr().err
+
+
+def _without_content(record: OutcomeRecord, how: str = "none") -> OutcomeRecord:
+    """The record as `xrouter export` writes a request whose content was not logged."""
+    data = record.model_dump(exclude_none=True)
+    data.update(prompt="[content not logged]", content_logged=how)
+    return OutcomeRecord.model_validate(data)
+
+
+def test_logged_traffic_without_prompts_is_refused_or_dropped(
+    tables: tuple[list[OutcomeRecord], list[OutcomeRecord]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _, logged = tables
+    table = tmp_path / "blind.jsonl"
+    write_outcome_table([_without_content(r) for r in logged], table)
+    args = ["--table", str(table), "--offpolicy", "--knn", "5", "--no-progress"]
+    # Every prompt a placeholder: a prompt-reading router would learn one constant choice.
+    assert main([*args, "--out", str(tmp_path / "o1")]) == 2
+    assert "ledger.log_content: full" in capsys.readouterr().err
+    assert not (tmp_path / "o1" / "checkpoint").exists()
+    # Some prompts logged (content logging switched on later): the others are left out.
+    blind = {r.id for r in logged[::3]}
+    mixed = [_without_content(r, "hash") if r.id in blind else r for r in logged]
+    write_outcome_table(mixed, table)
+    with caplog.at_level("WARNING"):
+        assert main([*args, "--out", str(tmp_path / "o2")]) == 0
+    assert f"dropped {len(blind)} records whose prompt was not logged" in caplog.text
+    assert (tmp_path / "o2" / "checkpoint").exists()

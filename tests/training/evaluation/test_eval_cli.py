@@ -218,3 +218,27 @@ def test_learned_escalation_is_available_by_name(table: Path, tmp_path: Path) ->
     # A multi-call policy: some of its points call more than one model per prompt.
     assert any(sum(p["calls"].values()) > 1.0 for p in esc["points"])
     assert main([*argv[:3], "escalation:nope=1", "--out", str(out)]) == 2
+
+
+def test_records_without_a_logged_prompt_are_flagged(tmp_path: Path) -> None:
+    rows = [
+        OutcomeRecord.model_validate(
+            {
+                "id": f"b{i}",
+                "prompt": "[content not logged]",
+                "content_logged": "none" if i % 2 else "full",
+                "outcomes": {"cheap": {"score": 1.0, "cost_usd": 0.0001}},
+                "logged": {"action": "cheap", "propensity": 0.5},
+            }
+        )
+        for i in range(40)
+    ]
+    path = tmp_path / "logged.jsonl"
+    write_outcome_table(rows, path)
+    registry = RouterRegistry()
+    registry.register("fixed", lambda spec, ctx: _Fixed())
+    out = tmp_path / "out"
+    args = parse(["--table", str(path), "--split", "all", "--policy", "fixed", "--out", str(out)])
+    assert run_eval(args, registry) == 0
+    notes = json.loads((out / "metrics.json").read_text())["notes"]
+    assert any(n.startswith("20 of the 40 evaluated records carry no prompt") for n in notes)

@@ -6,6 +6,7 @@ import dataclasses
 from decimal import Decimal
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pricing import ModelPrice, load_default_catalog
@@ -189,3 +190,38 @@ def test_an_unreachable_router_model_is_not_evaluated(records: list[OutcomeRecor
     comparison = compare([Entry(router, "policy", [0.0])], records[:3])
     assert all(c.name != router.name for c in comparison.curves)
     assert any("never answered" in n for n in comparison.notes)
+
+
+def test_on_logged_traffic_a_checkpoint_picks_among_every_model_not_the_logged_one() -> None:
+    # Partial feedback: each prompt keeps only the outcome of a uniformly logged model. The
+    # policy must still choose over the whole pool, exactly as it does on the full table;
+    # restricting it to the models a record has outcomes for would return the logged action.
+    full = load_outcome_table(DEMO)[:160]
+    models = list(full[0].outcomes)
+    rng = np.random.default_rng(0)
+    logged = []
+    for r in full:
+        action = models[int(rng.integers(len(models)))]
+        data = r.model_dump(exclude_none=True)
+        data["outcomes"] = {action: data["outcomes"][action]}
+        data["logged"] = {"action": action, "propensity": 1 / len(models)}
+        logged.append(OutcomeRecord.model_validate(data))
+    router = default_registry().load("compact:packaged:demo", LoadContext(train=full))
+    on_full = router.route(full, 0.0)
+    on_logged = router.route(logged, 0.0)
+    assert list(on_logged) == [x.final_model for x in on_full if isinstance(x, RoutedPrompt)]
+    same = sum(a == r.logged.action for a, r in zip(on_logged, logged, strict=True) if r.logged)
+    assert same < len(logged) / 2
+
+
+def test_a_multi_call_policy_is_refused_on_logged_traffic(records: list[OutcomeRecord]) -> None:
+    logged = []
+    for i, r in enumerate(records):
+        action = list(r.outcomes)[i % 2]
+        data = r.model_dump(exclude_none=True)
+        data["outcomes"] = {action: data["outcomes"][action]}
+        data["logged"] = {"action": action, "propensity": 0.5}
+        logged.append(OutcomeRecord.model_validate(data))
+    router = default_registry().load("policy:cascade", LoadContext(train=records))
+    with pytest.raises(RoutingError, match="multi-call"):
+        router.route(logged, 0.0)
