@@ -159,6 +159,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     return asyncio.run(run_export(args, url))
 
 
+def cmd_convert(args: argparse.Namespace) -> int:
+    from training.datasets.convert import run_convert
+
+    return run_convert(args)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from training.compact.cli import run_train
 
@@ -218,6 +224,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ledger", help="ledger database URL (overrides --config)")
     add_export_arguments(p)
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser(
+        "convert",
+        help="convert routing outcome data (RouterBench, RouterDC, RouteLLM, RouteProfile, "
+        "ledger export) to an outcome table",
+    )
+    _lazy_arguments(p, "training.datasets.convert", "add_convert_arguments")
+    p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("train", help="train a compact router (needs the 'train' extra)")
     _lazy_arguments(p, "training.compact.cli", "add_train_arguments")

@@ -90,11 +90,7 @@ def convert(
     return write_outcome_table(records, out_path)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m training.datasets.convert",
-        description="Convert routing outcome data to xrouter's outcome table (JSONL).",
-    )
+def add_convert_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("format", choices=FORMATS)
     ap.add_argument("inputs", nargs="+", type=Path, help="source file(s)")
     ap.add_argument("--out", type=Path, required=True, help="outcome table to write (JSONL)")
@@ -105,12 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_COMPLETION_TOKENS,
         help="assumed completion length where the source records none (routerdc, routellm)",
     )
-    return ap
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+def run_convert(args: argparse.Namespace) -> int:
+    """Convert as ``args`` (from ``add_convert_arguments``) say; 0 on success, 2 on bad input
+    (the reason goes to stderr)."""
     try:
         n = convert(args.format, args.inputs, args.out, args.prices, args.completion_tokens)
     except ConversionError as exc:
@@ -118,6 +113,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(f"wrote {n} records to {args.out}")
     return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m training.datasets.convert",
+        description="Convert routing outcome data to xrouter's outcome table (JSONL).",
+    )
+    add_convert_arguments(ap)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    return run_convert(args)
 
 
 if __name__ == "__main__":

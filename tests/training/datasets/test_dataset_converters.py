@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.cli import main as xrouter_main
 from pricing import estimate_tokens
 from router.outcomes import load_outcome_table
 from training.datasets.common import ConversionError, unwrap_literal_text
@@ -314,3 +315,14 @@ def test_convert_writes_a_table_and_cli_reports_errors(tmp_path: Path, capsys) -
     assert "no such file" in capsys.readouterr().err
     with pytest.raises(ConversionError, match="unknown format"):
         load_converted("nope", [src])
+
+
+def test_xrouter_convert_is_the_same_command(tmp_path: Path, capsys) -> None:
+    src = write_routerbench(tmp_path / "rb.csv", [rb_row("t.1"), rb_row("t.2"), rb_row("t.3")])
+    out = tmp_path / "t.jsonl"
+    assert xrouter_main(["convert", "routerbench", str(src), "--out", str(out)]) == 0
+    assert "wrote 3 records" in capsys.readouterr().out
+    assert [r.id for r in load_outcome_table(out)] == ["t.1", "t.2", "t.3"]
+    bad = ["convert", "routerdc", str(tmp_path / "missing.json"), "--out", str(out)]
+    assert xrouter_main(bad) == 2
+    assert "no such file" in capsys.readouterr().err
