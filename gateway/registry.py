@@ -65,7 +65,7 @@ def _table_line(row: dict[str, Any]) -> str:
     sha = (row["table_sha256"] or "")[:8]
     return (
         f"{row['created_at'][:16]:<17} {row['kind']:<8} {row['name'] or '-':<16} "
-        f"{row['models']:>6} {row['mode'] or '-':<10} {table + (' ' + sha if sha else ''):<36} "
+        f"{row['models']:>6} {row['mode'] or '-':<13} {table + (' ' + sha if sha else ''):<36} "
         f"{'-' if reward is None else format(reward, '.4f'):>8}  {row['path']}"
     )
 
@@ -121,7 +121,7 @@ def run_checkpoints(args: argparse.Namespace) -> int:
         print(f"no checkpoints under {', '.join(args.paths)}", file=sys.stderr)
         return 0
     print(
-        f"{'created (UTC)':<17} {'kind':<8} {'name':<16} {'models':>6} {'mode':<10} "
+        f"{'created (UTC)':<17} {'kind':<8} {'name':<16} {'models':>6} {'mode':<13} "
         f"{'trained on':<36} {'val rew':>8}  path"
     )
     for row in rows:

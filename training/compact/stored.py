@@ -182,7 +182,7 @@ def finish_build(
         build.extractor,
         table.records,
         table.splits,
-        mode=build.kind,
+        mode=f"{build.kind}-offpolicy" if build.cfg.offpolicy else build.kind,
         name=name,
         description=description,
         command=command,

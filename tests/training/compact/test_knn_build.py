@@ -108,7 +108,7 @@ def test_built_from_logged_traffic_with_doubly_robust_outcomes(
     assert code == 0
     ckpt = load_checkpoint(out / "checkpoint")
     arch, meta = ckpt.architecture, ckpt.metadata
-    assert meta.training["mode"] == "knn" and meta.training["config"]["offpolicy"] is True
+    assert meta.training["mode"] == "knn-offpolicy" and meta.training["config"]["offpolicy"] is True
     assert meta.training["stored_outcomes"] == "doubly_robust"
     # Validation and test are off-policy estimates on the logged parts.
     for part in ("validation", "test"):
