@@ -60,6 +60,16 @@ class Services:
     ready: bool = False
     reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     background: list[asyncio.Task[Any]] = field(default_factory=list)
+    # What the config says; ``settings`` is what serves: the same, except for a deployed
+    # router checkpoint (``xrouter deploy``), which holds until the config's own changes.
+    file_settings: Settings | None = None
+    deployments: Any = None  # gateway.ledger.deployments.DeploymentRepository
+    deployment: Any = None  # the newest Deployment this process has seen
+    _seen_deployment: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.file_settings is None:
+            self.file_settings = self.settings
 
     async def key_spend(self, info: Any) -> tuple[float | None, float | None]:
         """A key's spend and remaining budget (USD) in its current period, from the limit
@@ -105,6 +115,7 @@ class Services:
         self.engine = await open_ledger_engine(s.ledger.url)
         self.ledger = LedgerWriter(self.engine, s.ledger, self.metrics)
         await self.ledger.start()
+        await self._start_deployments()
         self.keys = KeyRepository(self.engine)
         self.limits = self._limit_store()
         self.circuits = self._shared_circuits()
@@ -153,20 +164,95 @@ class Services:
         return shared
 
     async def reload(self, settings: Settings | None = None) -> Runtime:
-        """Build a new runtime snapshot and swap it in. In-flight requests keep the old one."""
+        """Build a new runtime snapshot from ``settings`` (the config as read; default: the
+        last one) with the deployed checkpoint, if it still applies, and swap it in.
+        In-flight requests keep the old one."""
         async with self.reload_lock:
-            new_settings = settings or self.settings
-            # Building loads a checkpoint from disk: keep it off the event loop.
-            runtime = await asyncio.to_thread(
-                build_runtime,
-                new_settings,
-                events=_MetricEvents(self),
-                previous=self.runtime,
-            )
-            self.settings = new_settings
-            self.runtime = runtime
+            file_settings = settings or self.file_settings or self.settings
+            serving = self._effective(file_settings)
+            runtime = await self._build(serving)
+            self.file_settings, self.settings, self.runtime = file_settings, serving, runtime
             log.info("reloaded: pool=%s policies=%s", runtime.pool.names, runtime.policy_names)
             return runtime
+
+    async def deploy(self, checkpoint: str, settings: Settings | None = None) -> Runtime:
+        """Serve ``checkpoint`` here and record it for every other worker and replica (and
+        for restarts). The runtime is built first: a checkpoint that does not load is
+        refused (``ValueError``/``OSError``) and nothing is recorded."""
+        async with self.reload_lock:
+            file_settings = settings or self.file_settings or self.settings
+            serving = _with_checkpoint(file_settings, checkpoint)
+            runtime = await self._build(serving)
+            if self.deployments is not None:
+                info = runtime.checkpoint_info or {}
+                self.deployment = await self.deployments.record(
+                    checkpoint, info.get("version"), file_settings.router.checkpoint
+                )
+                self._seen_deployment = self.deployment.id
+            self.file_settings, self.settings, self.runtime = file_settings, serving, runtime
+            log.info("deployed %s (deployment %s)", checkpoint, self._seen_deployment)
+            return runtime
+
+    async def _build(self, settings: Settings) -> Runtime:
+        # Building loads a checkpoint from disk: keep it off the event loop.
+        return await asyncio.to_thread(
+            build_runtime, settings, events=_MetricEvents(self), previous=self.runtime
+        )
+
+    def _effective(self, file_settings: Settings) -> Settings:
+        d = self.deployment
+        if d is None or not d.applies_to(file_settings.router.checkpoint):
+            return file_settings
+        return _with_checkpoint(file_settings, d.checkpoint)
+
+    @property
+    def active_deployment(self) -> Any:
+        """The deployment serving here, if any (None once the config's checkpoint changed)."""
+        d, f = self.deployment, self.file_settings
+        return d if d is not None and f is not None and d.applies_to(f.router.checkpoint) else None
+
+    async def _start_deployments(self) -> None:
+        """Start on the newest deployment (a restart keeps what was deployed), then follow
+        the ones other workers record."""
+        from gateway.ledger.deployments import DeploymentRepository
+
+        self.deployments = DeploymentRepository(self.engine)
+        try:
+            await self._follow_deployment()
+        except Exception as exc:  # a checkpoint missing here must not stop the gateway
+            log.error(
+                "could not load the deployed router checkpoint; serving the config's: %s", exc
+            )
+        interval = self.settings.router.deployment_poll_s
+        self.background.append(
+            asyncio.create_task(self._poll_deployments(interval), name="xrouter-deployments")
+        )
+
+    async def _follow_deployment(self) -> None:
+        latest = await self.deployments.latest()
+        if latest is None or latest.id == self._seen_deployment:
+            return
+        self._seen_deployment = latest.id
+        previous, self.deployment = self.deployment, latest
+        file_checkpoint = (self.file_settings or self.settings).router.checkpoint
+        if latest.applies_to(file_checkpoint):
+            try:
+                await self.reload()
+            except BaseException:
+                self.deployment = previous
+                raise
+            log.info("following deployment %d: %s", latest.id, latest.checkpoint)
+
+    async def _poll_deployments(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self._follow_deployment()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # The database is down or the checkpoint does not load here: keep serving.
+                log.error("following the newest router deployment failed: %s", exc)
 
     async def stop(self) -> None:
         self.ready = False
@@ -191,6 +277,11 @@ class Services:
             from gateway.metrics import mark_process_dead
 
             mark_process_dead(os.getpid())
+
+
+def _with_checkpoint(settings: Settings, checkpoint: str) -> Settings:
+    router = settings.router.model_copy(update={"checkpoint": checkpoint})
+    return settings.model_copy(update={"router": router})
 
 
 def multiproc_dir() -> str | None:

@@ -118,6 +118,8 @@ class RouterSettings(_Section):
     max_turns: int = Field(default=4, ge=1, le=16)
     checkpoint: str | None = None
     watch_files: bool = True
+    # How often each worker reads the newest `xrouter deploy` from the ledger database.
+    deployment_poll_s: float = Field(default=2.0, gt=0)
     # Exploration for the compact policy, so logged traffic supports off-policy learning:
     # ε-greedy mixing, or sampling from the softmax at ``temperature`` (``sample: true``).
     # The propensity of the chosen action is logged either way.

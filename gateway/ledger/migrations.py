@@ -1,6 +1,6 @@
 """Versioned schema migrations, run at startup, the same code for SQLite and PostgreSQL.
 
-A small explicit runner instead of alembic: the ledger has four tables and must migrate
+A small explicit runner instead of alembic: the ledger has a handful of tables and must migrate
 itself inside ``xrouter serve`` with no separate tool. The ``schema_version`` table holds
 one row per applied step; every pending step runs in ONE transaction together with its
 version row, so a failed step leaves the database exactly as it was. Both databases have
@@ -142,8 +142,24 @@ def _v1_baseline(conn: sa.Connection) -> None:
     md.create_all(conn, checkfirst=False)
 
 
+def _v2_router_deployments(conn: sa.Connection) -> None:
+    """router_deployments: checkpoints deployed at run time, shared by workers (frozen)."""
+    md = sa.MetaData()
+    sa.Table(
+        "router_deployments",
+        md,
+        sa.Column("id", BigIntPK, primary_key=True, autoincrement=True),
+        sa.Column("checkpoint", sa.String(1024), nullable=False),
+        sa.Column("version", sa.String(64)),
+        sa.Column("config_checkpoint", sa.String(1024)),
+        sa.Column("created_at", UTCDateTime(), nullable=False),
+    )
+    md.create_all(conn, checkfirst=False)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: requests, calls, feedback, api_keys", _v1_baseline),
+    Migration(2, "router_deployments", _v2_router_deployments),
 )
 
 

@@ -160,7 +160,20 @@ api_keys = sa.Table(
     sa.UniqueConstraint("alias", name="uq_api_keys_alias"),
 )
 
-LEDGER_TABLES = ("requests", "calls", "feedback", "api_keys")
+# Router checkpoints deployed at run time (``xrouter deploy``), newest last: every worker and
+# replica polls the newest row, so a deploy reaches all of them and survives restarts.
+router_deployments = sa.Table(
+    "router_deployments",
+    metadata,
+    sa.Column("id", BigIntPK, primary_key=True, autoincrement=True),
+    sa.Column("checkpoint", sa.String(1024), nullable=False),
+    sa.Column("version", sa.String(64), nullable=True),
+    # The config's router.checkpoint when it was deployed: a config changed since then wins.
+    sa.Column("config_checkpoint", sa.String(1024), nullable=True),
+    sa.Column("created_at", UTCDateTime(), nullable=False),
+)
+
+LEDGER_TABLES = ("requests", "calls", "feedback", "api_keys", "router_deployments")
 
 
 def insert_ignore(dialect_name: str, table: sa.Table) -> sa.Insert:

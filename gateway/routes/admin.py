@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 from typing import Any, Literal, cast
 
 import orjson
@@ -212,12 +213,18 @@ async def router_state(request: Request) -> Response:
     answers with, without reloading."""
     s = await _admin(request)
     rt = s.current()
+    deployment = s.active_deployment
     return _json(
         {
             "default_policy": rt.default_policy,
             "policies": rt.policy_names,
             "pool": rt.pool.names,
             "checkpoint": rt.checkpoint_info,
+            # The `xrouter deploy` it serves (None: the config's checkpoint), and which worker
+            # answered: each worker follows the newest deployment within
+            # router.deployment_poll_s.
+            "deployment": deployment.to_dict() if deployment is not None else None,
+            "worker": os.getpid(),
             # Models whose circuit breaker is not closed, in the worker that answered.
             "circuits": {m: rt.client.breakers.state(m) for m in rt.client.breakers.open_models()},
         }
@@ -234,28 +241,33 @@ class ReloadRequest(BaseModel):
 @router.post("/reload")
 async def reload(request: Request) -> Response:
     """Re-read the config file (pool, prices, checkpoint) and swap the runtime; with
-    ``{"checkpoint": path}``, also switch the compact policy to that checkpoint. In-flight
-    requests finish on the runtime they started with."""
+    ``{"checkpoint": path}``, deploy that checkpoint: this worker loads it, and the ledger
+    database records it for every other worker and replica, which follow within
+    ``router.deployment_poll_s``, and for restarts. A deployed checkpoint holds across
+    reloads until the config's own ``router.checkpoint`` changes. In-flight requests finish
+    on the runtime they started with."""
     s = await _admin(request)
     from gateway.settings import SettingsError, load_settings
 
     body: ReloadRequest = await _body(request, ReloadRequest)
     path = request.app.state.config_path
     try:
-        settings = load_settings(path) if path else s.settings
+        settings = load_settings(path) if path else s.file_settings
         if body.checkpoint is not None:
-            router_settings = settings.router.model_copy(update={"checkpoint": body.checkpoint})
-            settings = settings.model_copy(update={"router": router_settings})
-        rt = await s.reload(settings)
+            rt = await s.deploy(body.checkpoint, settings)
+        else:
+            rt = await s.reload(settings)
     except (SettingsError, ValueError, OSError) as exc:
         raise APIError(
             400, f"reload failed, still serving the previous config: {exc}", code="reload_failed"
         ) from None
+    deployment = s.active_deployment
     return _json(
         {
             "status": "reloaded",
             "pool": rt.pool.names,
             "policies": rt.policy_names,
             "checkpoint": rt.checkpoint_info,
+            "deployment": deployment.to_dict() if deployment is not None else None,
         }
     )

@@ -11,6 +11,7 @@ import httpx
 import pytest
 import yaml
 
+from router.checkpoint import load_checkpoint
 from tests.gateway.conftest import Upstream
 from tests.support.gateway import ADMIN_KEY, gateway_config, start_gateway
 
@@ -112,5 +113,77 @@ def test_serve_builds_the_runtime_once_and_a_reload_once_more(
         assert gw.log().count("runtime built:") == 1
         assert httpx.post(f"{gw.url}/admin/reload", headers=ADMIN).status_code == 200
         assert gw.log().count("runtime built:") == 2
+    finally:
+        gw.stop()
+
+
+def _serving(url: str) -> dict[str, object]:
+    r = httpx.get(f"{url}/admin/router", headers=ADMIN, timeout=10)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def _deploy(url: str, checkpoint: str) -> httpx.Response:
+    return httpx.post(
+        f"{url}/admin/reload", headers=ADMIN, json={"checkpoint": checkpoint}, timeout=30
+    )
+
+
+def test_a_deploy_holds_across_file_reloads_and_restarts_until_the_config_changes(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    rl = load_checkpoint("packaged:demo-rl")
+    default = load_checkpoint("packaged:demo")
+    cfg = gateway_config(tmp_path, upstream.base_url, router={"watch_files": True})
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        assert _serving(gw.url)["checkpoint"]["version"] == default.version  # type: ignore[index]
+        r = _deploy(gw.url, str(rl.path))
+        assert r.status_code == 200 and r.json()["deployment"]["version"] == rl.version
+        # The file watcher notices the deployed checkpoint's directory and reloads; a
+        # plain admin reload re-reads the config. Neither undoes the deploy.
+        time.sleep(5)
+        assert httpx.post(f"{gw.url}/admin/reload", headers=ADMIN).status_code == 200
+        state = _serving(gw.url)
+        assert state["checkpoint"]["version"] == rl.version, gw.log()  # type: ignore[index]
+        assert state["deployment"]["checkpoint"] == str(rl.path)  # type: ignore[index]
+    finally:
+        gw.stop()
+    # A restart starts on the deployed checkpoint (same config, same ledger database).
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        assert _serving(gw.url)["checkpoint"]["version"] == rl.version  # type: ignore[index]
+        # Editing the config's own checkpoint is a newer decision: it wins.
+        cfg["router"] = {**cfg["router"], "checkpoint": str(default.path)}
+        gw.config_path.write_text(yaml.safe_dump(cfg))
+        deadline = time.monotonic() + 15
+        while (state := _serving(gw.url))["checkpoint"]["version"] != default.version:  # type: ignore[index]
+            assert time.monotonic() < deadline, gw.log()
+            time.sleep(0.2)
+        assert state["deployment"] is None
+        # A checkpoint that does not load is refused, and nothing is recorded.
+        r = _deploy(gw.url, str(tmp_path / "missing"))
+        assert r.status_code == 400 and r.json()["error"]["code"] == "reload_failed"
+        assert _serving(gw.url)["checkpoint"]["version"] == default.version  # type: ignore[index]
+    finally:
+        gw.stop()
+
+
+def test_a_deploy_reaches_every_worker(upstream: Upstream, tmp_path: Path) -> None:
+    rl = load_checkpoint("packaged:demo-rl")
+    cfg = gateway_config(tmp_path, upstream.base_url, router={"deployment_poll_s": 0.2})
+    gw = start_gateway(tmp_path, cfg, workers=2)
+    try:
+        assert _deploy(gw.url, "packaged:demo-rl").status_code == 200
+        # Each request below may reach either worker; both must end up on the new checkpoint.
+        on_new: set[int] = set()
+        deadline = time.monotonic() + 30
+        while len(on_new) < 2:
+            assert time.monotonic() < deadline, (on_new, gw.log())
+            with httpx.Client() as fresh:  # a new connection each time
+                state = fresh.get(f"{gw.url}/admin/router", headers=ADMIN).json()
+            if state["checkpoint"]["version"] == rl.version:
+                on_new.add(state["worker"])
+            time.sleep(0.05)
     finally:
         gw.stop()
