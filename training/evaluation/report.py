@@ -208,11 +208,27 @@ def _plot_comparison(ax: Any, comp: Comparison) -> None:
             alpha=0.5,
         )
     ax.set_xscale("log")
+    # Ticks at 1, 2 and 5 per decade, labelled in plain dollars: matplotlib's default labels
+    # every minor tick of a short log range in scientific notation, and they overlap.
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: "$" + _plain(x)))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.tick_params(axis="x", labelsize=7)
     ax.set_xlabel("average cost per prompt (USD, log scale)")
     ax.set_ylabel("average score")
     ax.set_title(f"cost-quality ({comp.n_records} prompts)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=6, loc="lower right")
+    # Beside the axes: inside, it hides the cheap single models at the bottom right.
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+
+
+def _plain(x: float) -> str:
+    """2 significant digits without exponent: 2e-05 -> 0.00002."""
+    import numpy as np
+
+    return str(np.format_float_positional(x, precision=2, unique=False, fractional=False, trim="-"))
 
 
 def _plot_pgr(ax: Any, comp: Comparison, curves: list[RouterCurve]) -> None:
@@ -271,7 +287,7 @@ def plot(result: EvalResult, path: Path) -> None:
         panels.append(lambda ax: _plot_pgr(ax, two, two.curves))
     if rows:
         panels.append(lambda ax: _plot_off_policy(ax, rows))
-    fig = Figure(figsize=(7 * max(1, len(panels)), 5.5))
+    fig = Figure(figsize=(8.5 * max(1, len(panels)), 5.5))
     FigureCanvasAgg(fig)
     if not panels:
         fig.text(0.5, 0.5, "nothing to plot", ha="center")
