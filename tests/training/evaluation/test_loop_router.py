@@ -192,6 +192,19 @@ def test_an_unreachable_router_model_is_not_evaluated(records: list[OutcomeRecor
     assert any("never answered" in n for n in comparison.notes)
 
 
+def _logged(
+    records: list[OutcomeRecord], actions: list[str], propensity: float
+) -> list[OutcomeRecord]:
+    """The records as a gateway logs them: one model's outcome each, with its propensity."""
+    out = []
+    for r, action in zip(records, actions, strict=True):
+        data = r.model_dump(exclude_none=True)
+        data["outcomes"] = {action: data["outcomes"][action]}
+        data["logged"] = {"action": action, "propensity": propensity}
+        out.append(OutcomeRecord.model_validate(data))
+    return out
+
+
 def test_on_logged_traffic_a_checkpoint_picks_among_every_model_not_the_logged_one() -> None:
     # Partial feedback: each prompt keeps only the outcome of a uniformly logged model. The
     # policy must still choose over the whole pool, exactly as it does on the full table;
@@ -199,13 +212,8 @@ def test_on_logged_traffic_a_checkpoint_picks_among_every_model_not_the_logged_o
     full = load_outcome_table(DEMO)[:160]
     models = list(full[0].outcomes)
     rng = np.random.default_rng(0)
-    logged = []
-    for r in full:
-        action = models[int(rng.integers(len(models)))]
-        data = r.model_dump(exclude_none=True)
-        data["outcomes"] = {action: data["outcomes"][action]}
-        data["logged"] = {"action": action, "propensity": 1 / len(models)}
-        logged.append(OutcomeRecord.model_validate(data))
+    picks = [models[int(rng.integers(len(models)))] for _ in full]
+    logged = _logged(full, picks, 1 / len(models))
     router = default_registry().load("compact:packaged:demo", LoadContext(train=full))
     on_full = router.route(full, 0.0)
     on_logged = router.route(logged, 0.0)
@@ -215,13 +223,7 @@ def test_on_logged_traffic_a_checkpoint_picks_among_every_model_not_the_logged_o
 
 
 def test_a_multi_call_policy_is_refused_on_logged_traffic(records: list[OutcomeRecord]) -> None:
-    logged = []
-    for i, r in enumerate(records):
-        action = list(r.outcomes)[i % 2]
-        data = r.model_dump(exclude_none=True)
-        data["outcomes"] = {action: data["outcomes"][action]}
-        data["logged"] = {"action": action, "propensity": 0.5}
-        logged.append(OutcomeRecord.model_validate(data))
+    logged = _logged(records, [list(r.outcomes)[i % 2] for i, r in enumerate(records)], 0.5)
     router = default_registry().load("policy:cascade", LoadContext(train=records))
     with pytest.raises(RoutingError, match="multi-call"):
         router.route(logged, 0.0)
