@@ -125,6 +125,17 @@ def test_export_retrain_off_policy_and_deploy(gateway: tuple[Gateway, Path]) -> 
     assert knn.architecture.kind == "knn" and knn.pool == pool.split(",")
     assert knn.metadata.training["stored_outcomes"] == "doubly_robust"
     assert knn.architecture.n_examples == len(knn.weights["scores"]) > 0
+    # Evaluated off-policy on the same logs: the new checkpoint chooses over the whole pool
+    # (not the one logged model per prompt), so it gets its own estimate.
+    ev = tmp / "eval"
+    res = run("eval", "--table", str(out), "--split", "all", "--policy",
+              f"compact:{knn_dir / 'checkpoint'}", "--policy", "policy:cascade", "--out", str(ev))  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    metrics = json.loads((ev / "metrics.json").read_text())
+    rows = {r["router"]: r["estimates"]["score"] for r in metrics["off_policy"]}
+    mine = rows[f"compact-knn[{knn.version}]"]
+    assert {"ips", "snips", "dr"} <= set(mine) and 0 <= mine["snips"]["value"] <= 1
+    assert any(n.startswith("policy:cascade: no off-policy estimate") for n in metrics["notes"])
     res = run("deploy", str(knn_dir / "checkpoint"), "--url", gw.url, "--admin-key", ADMIN_KEY)
     assert res.returncode == 0, res.stderr
     r = httpx.post(
