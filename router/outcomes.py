@@ -130,6 +130,10 @@ def parse_record(line: str | bytes, where: str = "<input>") -> OutcomeRecord:
         data = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
         raise OutcomeTableError(f"{where}: not valid JSON ({exc})") from None
+    return validate_record(data, where)
+
+
+def validate_record(data: Any, where: str = "<input>") -> OutcomeRecord:
     try:
         return OutcomeRecord.model_validate(data)
     except ValidationError as exc:
@@ -139,7 +143,22 @@ def parse_record(line: str | bytes, where: str = "<input>") -> OutcomeRecord:
 
 
 def iter_outcome_table(path: str | Path) -> Iterator[OutcomeRecord]:
+    """JSONL, one record per line; or a ledger export in Parquet (``.parquet``)."""
     p = Path(path)
+    if p.suffix == ".parquet":
+        from router.export_parquet import read_parquet_records
+
+        try:
+            rows = read_parquet_records(p)
+        except ImportError:
+            raise OutcomeTableError(
+                f"{p}: reading Parquet needs pyarrow (pip install 'xrouter[train]')"
+            ) from None
+        except Exception as exc:  # pyarrow's errors for a file that is not this layout
+            raise OutcomeTableError(f"{p}: not a ledger export in Parquet ({exc})") from None
+        for i, row in enumerate(rows, 1):
+            yield validate_record(row, f"{p}: row {i}")
+        return
     with p.open("rb") as fh:
         for lineno, line in enumerate(fh, 1):
             if line.strip():

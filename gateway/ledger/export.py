@@ -12,9 +12,9 @@ record then still says what happened when *that action* was taken, and the outco
 (a cascade's plan) also lists them in ``logged.actions``: its outcome is the trajectory's,
 and the single-model off-policy learners and estimators skip it.
 
-Parquet is a flat table (one row per record, the chosen outcome in columns, ``calls`` and
-``feedback`` as lists of structs, the conversation as JSON text) that analytics tools read
-directly; :func:`read_export` turns either format back into ``OutcomeRecord``s.
+Parquet is a flat table (one row per record; layout in ``router.export_parquet``, which the
+outcome-table reader shares) that analytics tools read directly; :func:`read_export` turns
+either format back into ``OutcomeRecord``s.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from gateway.ledger.schema import calls, feedback, requests
 from gateway.ledger.spend import TimeBound, request_filters
 from gateway.ledger.store import open_ledger_engine, sqlite_file
 from pricing import micros_to_usd
+from router.export_parquet import flatten, parquet_schema, read_parquet_records
 from router.outcomes import OutcomeRecord
 
 logger = logging.getLogger(__name__)
@@ -242,150 +243,6 @@ async def iter_export_records(
             return
 
 
-# -- Parquet layout -------------------------------------------------------------------
-
-
-def _parquet_schema() -> Any:
-    import pyarrow as pa
-
-    call = pa.struct(
-        [
-            ("turn", pa.int32()),
-            ("role", pa.string()),
-            ("model", pa.string()),
-            ("status", pa.string()),
-            ("error_type", pa.string()),
-            ("prompt_tokens", pa.int64()),
-            ("completion_tokens", pa.int64()),
-            ("cached_tokens", pa.int64()),
-            ("reasoning_tokens", pa.int64()),
-            ("cost_micros", pa.int64()),
-            ("latency_ms", pa.float64()),
-            ("attempts", pa.int32()),
-            ("fallback_from", pa.string()),
-        ]
-    )
-    fb = pa.struct(
-        [
-            ("score", pa.float64()),
-            ("source", pa.string()),
-            ("comment", pa.string()),
-            ("created_at", pa.string()),
-        ]
-    )
-    return pa.schema(
-        [
-            ("id", pa.string()),
-            ("created_at", pa.string()),
-            ("key_id", pa.string()),
-            ("policy", pa.string()),
-            ("requested_model", pa.string()),
-            ("content_logged", pa.string()),
-            ("prompt", pa.string()),
-            ("prompt_sha256", pa.string()),
-            ("messages_json", pa.string()),
-            ("action", pa.string()),
-            ("model", pa.string()),
-            ("score", pa.float64()),
-            ("cost_usd", pa.float64()),
-            ("cost_micros", pa.int64()),
-            ("router_cost_micros", pa.int64()),
-            ("downstream_cost_micros", pa.int64()),
-            ("prompt_tokens", pa.int64()),
-            ("completion_tokens", pa.int64()),
-            ("latency_ms", pa.float64()),
-            ("response", pa.string()),
-            ("propensity", pa.float64()),
-            ("cost_weight", pa.float64()),
-            ("logged_policy", pa.string()),
-            # Every model called, when a multi-call policy (a cascade's plan) made several.
-            ("logged_actions", pa.list_(pa.string())),
-            ("logged_checkpoint", pa.string()),
-            ("calls", pa.list_(call)),
-            ("feedback", pa.list_(fb)),
-        ]
-    )
-
-
-def _flatten(rec: dict[str, Any]) -> dict[str, Any]:
-    ((action, outcome),) = rec["outcomes"].items()
-    logged = rec.get("logged") or {}
-    messages = rec.get("messages")
-    return {
-        "id": rec["id"],
-        "created_at": rec["created_at"],
-        "key_id": rec["key_id"],
-        "policy": rec["policy"],
-        "requested_model": rec["requested_model"],
-        "content_logged": rec["content_logged"],
-        "prompt": rec.get("prompt"),
-        "prompt_sha256": rec.get("prompt_sha256"),
-        "messages_json": orjson.dumps(messages).decode() if messages is not None else None,
-        "action": action,
-        "model": outcome["model"],
-        "score": outcome.get("score"),
-        "cost_usd": outcome["cost_usd"],
-        "cost_micros": outcome["cost_micros"],
-        "router_cost_micros": rec["router_cost_micros"],
-        "downstream_cost_micros": rec["downstream_cost_micros"],
-        "prompt_tokens": outcome["prompt_tokens"],
-        "completion_tokens": outcome["completion_tokens"],
-        "latency_ms": outcome["latency_ms"],
-        "response": outcome.get("response"),
-        "propensity": logged.get("propensity"),
-        "cost_weight": logged.get("cost_weight"),
-        "logged_policy": logged.get("policy"),
-        "logged_actions": logged.get("actions"),
-        "logged_checkpoint": logged.get("checkpoint"),
-        "calls": rec["calls"],
-        "feedback": rec["feedback"],
-    }
-
-
-def _unflatten(row: dict[str, Any]) -> dict[str, Any]:
-    outcome: dict[str, Any] = {
-        k: row[k]
-        for k in ("score", "cost_usd", "cost_micros", "prompt_tokens", "completion_tokens")
-        if row[k] is not None
-    }
-    outcome.update(latency_ms=row["latency_ms"], model=row["model"])
-    if row["response"] is not None:
-        outcome["response"] = row["response"]
-    rec: dict[str, Any] = {"id": row["id"], "outcomes": {row["action"]: outcome}}
-    if row["messages_json"] is not None:
-        rec["messages"] = orjson.loads(row["messages_json"])
-    else:
-        rec["prompt"] = row["prompt"]
-    if row["propensity"] is not None:
-        rec["logged"] = {
-            "action": row["action"],
-            "propensity": row["propensity"],
-            "cost_weight": row["cost_weight"],
-            "policy": row["logged_policy"],
-        }
-        if row.get("logged_actions"):
-            rec["logged"]["actions"] = list(row["logged_actions"])
-        if row.get("logged_checkpoint"):
-            rec["logged"]["checkpoint"] = row["logged_checkpoint"]
-    if row["score"] is None:
-        rec["scored"] = False
-    for k in (
-        "created_at",
-        "key_id",
-        "policy",
-        "requested_model",
-        "content_logged",
-        "prompt_sha256",
-        "router_cost_micros",
-        "downstream_cost_micros",
-        "calls",
-        "feedback",
-    ):
-        if row[k] is not None:
-            rec[k] = row[k]
-    return rec
-
-
 # -- writing and reading --------------------------------------------------------------
 
 
@@ -406,13 +263,13 @@ class _ParquetSink:
     def __init__(self, path: Path) -> None:
         import pyarrow.parquet as pq
 
-        self._schema = _parquet_schema()
+        self._schema = parquet_schema()
         self._writer = pq.ParquetWriter(str(path), self._schema, compression="zstd")
 
     def write(self, records: list[dict[str, Any]]) -> None:
         import pyarrow as pa
 
-        table = pa.Table.from_pylist([_flatten(r) for r in records], schema=self._schema)
+        table = pa.Table.from_pylist([flatten(r) for r in records], schema=self._schema)
         self._writer.write_table(table)
 
     def close(self) -> None:
@@ -470,9 +327,7 @@ def read_export(path: str | os.PathLike[str], skip_unscored: bool = True) -> lis
     tools and training, not the request path."""
     p = Path(path)
     if p.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        rows = [_unflatten(r) for r in pq.read_table(str(p)).to_pylist()]
+        rows = read_parquet_records(p)
     else:
         rows = [orjson.loads(line) for line in p.read_bytes().splitlines() if line.strip()]
     return [

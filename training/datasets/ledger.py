@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from pricing import PriceCatalog
-from router.outcomes import OutcomeRecord, OutcomeTableError, parse_record
+from router.outcomes import OutcomeRecord, OutcomeTableError, iter_outcome_table, parse_record
 from training.datasets.common import ConversionError, UniqueIds, build_record
 from training.datasets.prices import call_cost_usd
 
@@ -41,18 +41,26 @@ def convert_ledger(
 ) -> Iterator[OutcomeRecord]:
     ids = UniqueIds()
     for path in paths:
+        for where, record in _records(path):
+            if require_logged and record.logged is None:
+                raise ConversionError(
+                    f"{where}: no `logged` (action, propensity): not a ledger export record"
+                )
+            ids.check(record.id, where)
+            yield _normalize(record, prices, where)
+
+
+def _records(path: Path) -> Iterator[tuple[str, OutcomeRecord]]:
+    """(where, record) for each record of an export, JSONL or Parquet."""
+    try:
+        if path.suffix == ".parquet":
+            for i, record in enumerate(iter_outcome_table(path), 1):
+                yield f"{path}: row {i}", record
+            return
         with path.open("rb") as fh:
             for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{lineno}"
-                try:
-                    record = parse_record(line, where)
-                except OutcomeTableError as exc:
-                    raise ConversionError(str(exc)) from None
-                if require_logged and record.logged is None:
-                    raise ConversionError(
-                        f"{where}: no `logged` (action, propensity): not a ledger export record"
-                    )
-                ids.check(record.id, where)
-                yield _normalize(record, prices, where)
+                if line.strip():
+                    where = f"{path}:{lineno}"
+                    yield where, parse_record(line, where)
+    except OutcomeTableError as exc:
+        raise ConversionError(str(exc)) from None

@@ -111,6 +111,16 @@ async def test_parquet_export_holds_the_same_records(
     from_jsonl = read_export(jsonl)
     from_parquet = read_export(parquet)
     assert [r.model_dump() for r in from_parquet] == [r.model_dump() for r in from_jsonl]
+    # The training side reads the Parquet export as it reads the JSONL one: the outcome
+    # table reader (xrouter train / eval) and the ledger converter (xrouter convert ledger).
+    from router.outcomes import load_outcome_table
+    from training.datasets.ledger import convert_ledger
+
+    expected = [r.model_dump() for r in from_jsonl]
+    assert [r.model_dump() for r in load_outcome_table(parquet)] == expected
+    assert [r.model_dump() for r in convert_ledger([parquet])] == [
+        r.model_dump() for r in convert_ledger([jsonl])
+    ]
 
 
 async def test_without_logged_content_the_prompt_is_a_hash_note(
