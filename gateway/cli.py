@@ -72,9 +72,15 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _wants_replay(path: str) -> tuple[bool, str | None]:
-    raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    demo = raw.get("demo") or {}
-    return bool(demo.get("replay_upstream")), demo.get("replay_table")
+    try:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False, None  # load_settings reports what is wrong with the file
+    demo = raw.get("demo") if isinstance(raw, dict) else None
+    if not isinstance(demo, dict):
+        return False, None
+    table = demo.get("replay_table")
+    return bool(demo.get("replay_upstream")), str(table) if table is not None else None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -37,7 +37,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.ledger.schema import calls, feedback, requests
 from gateway.ledger.spend import TimeBound, request_filters
-from gateway.ledger.store import open_ledger_engine, sqlite_file
+from gateway.ledger.store import describe_error, open_ledger_engine, sqlite_file
 from pricing import micros_to_usd
 from router.export_parquet import flatten, parquet_schema, read_parquet_records
 from router.outcomes import OutcomeRecord
@@ -361,22 +361,28 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
 async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
     """Run ``xrouter export``; return the process exit code."""
     fmt: ExportFormat = args.format or ("parquet" if args.out.endswith(".parquet") else "jsonl")
-    db_file = sqlite_file(make_url(ledger_url))
+    try:
+        db_file = sqlite_file(make_url(ledger_url))
+        since, until = _parse_bound(args.since), _parse_bound(args.until)
+    except (ValueError, sa.exc.ArgumentError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if db_file is not None and not await asyncio.to_thread(db_file.exists):
         print(f"error: no ledger database at {db_file}", file=sys.stderr)
         return 2
     try:
-        since, until = _parse_bound(args.since), _parse_bound(args.until)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        engine = await open_ledger_engine(ledger_url)
+        try:
+            n = await export_ledger(
+                engine, args.out, fmt, since, until, args.key, args.include_unscored
+            )
+        finally:
+            await engine.dispose()
+    except (OSError, ValueError, sa.exc.SQLAlchemyError) as exc:
+        # An unreachable database or an unwritable output file: one line, not a traceback
+        # (and no statement or bound values, which would be prompts).
+        print(f"error: export failed: {describe_error(exc)}", file=sys.stderr)
         return 2
-    engine = await open_ledger_engine(ledger_url)
-    try:
-        n = await export_ledger(
-            engine, args.out, fmt, since, until, args.key, args.include_unscored
-        )
-    finally:
-        await engine.dispose()
     print(f"exported {n} records to {args.out}")
     return 0
 

@@ -113,6 +113,10 @@ def test_unpriced_pool_model_fails_at_startup(tmp_path: Path) -> None:
         ("server: {log_level: warning}\n", "the pool is empty"),
         ("pool: [{name: x, model: openai/unknown-model, api_base: 'http://h/v1'}]\n", "no price"),
         ("limits: {backend: nope}\n", "limits.backend"),
+        # Not YAML, or not a mapping: said as such, though `serve` peeks at the file first.
+        ("pool: [\n", "is not valid YAML"),
+        ("- a\n- b\n", "must hold a mapping"),
+        ("demo: [replay]\n", "demo"),
     ],
 )
 def test_serve_refuses_an_unusable_config_in_one_line(

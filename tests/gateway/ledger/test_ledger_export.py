@@ -159,6 +159,15 @@ async def test_cli_export(
 
     bad = parser.parse_args(["--out", str(out), "--until", "yesterday"])
     assert await run_export(bad, ledger_url) == 2
+    # An unreachable database, a URL that is none, an unwritable output: one line, exit 2.
+    unwritable = parser.parse_args(["--out", str(out / "under-a-file.jsonl")])
+    assert await run_export(unwritable, ledger_url) == 2
+    assert "error: export failed" in capsys.readouterr().err
+    anywhere = parser.parse_args(["--out", str(out)])
+    assert await run_export(anywhere, "postgresql+asyncpg://postgres@127.0.0.1:9/x") == 2
+    assert "error: export failed: ConnectionRefusedError" in capsys.readouterr().err
+    assert await run_export(anywhere, "not a url") == 2
+    assert "error:" in capsys.readouterr().err
 
 
 async def test_a_multi_call_request_lists_its_calls_so_learners_can_skip_it(
