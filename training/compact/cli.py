@@ -223,7 +223,7 @@ def run_train(args: argparse.Namespace) -> int:
             )
         else:
             result = train(records, cfg, args.out, **common)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:  # bad settings or table; a run directory not writable
         print(f"xrouter train: {exc}", file=sys.stderr)
         return 2
     summary: dict[str, Any] = {

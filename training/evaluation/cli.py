@@ -260,7 +260,11 @@ def run_eval(args: argparse.Namespace, registry: RouterRegistry | None = None) -
     except (OutcomeTableError, RoutingError, RouterSpecError, OPEError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    paths = write_report(result, args.out)
+    try:
+        paths = write_report(result, args.out)
+    except OSError as exc:
+        print(f"error: cannot write the report: {exc}", file=sys.stderr)
+        return 2
     if result.main is not None:
         comp = result.main
         print(

@@ -84,6 +84,9 @@ def test_errors_are_reported_not_raised(
         == 2
     )
     assert "no outcome in the table: nope" in capsys.readouterr().err
+    # A run directory that cannot be made (here: under a file) is one line, not a traceback.
+    assert main(["--table", str(table), "--out", str(table / "run"), "--no-progress"]) == 2
+    assert "xrouter train:" in capsys.readouterr().err
 
 
 def _without_content(record: OutcomeRecord, how: str = "none") -> OutcomeRecord:

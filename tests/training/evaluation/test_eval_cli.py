@@ -14,6 +14,8 @@ from training.evaluation.baselines import SingleModelRouter
 from training.evaluation.cli import add_eval_arguments, main, run_eval
 from training.evaluation.registry import LoadContext, RouterRegistry
 
+DEMO = Path(__file__).resolve().parents[3] / "router" / "assets" / "demo_outcomes.jsonl"
+
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
@@ -242,3 +244,14 @@ def test_records_without_a_logged_prompt_are_flagged(tmp_path: Path) -> None:
     assert run_eval(args, registry) == 0
     notes = json.loads((out / "metrics.json").read_text())["notes"]
     assert any(n.startswith("20 of the 40 evaluated records carry no prompt") for n in notes)
+
+
+def test_an_unwritable_output_directory_is_an_error_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    table = tmp_path / "t.jsonl"
+    write_outcome_table(load_outcome_table(DEMO)[:60], table)
+    args = parse(["--table", str(table), "--baselines", "none", "--bootstrap", "0",
+                  "--out", str(table / "out")])  # fmt: skip
+    assert run_eval(args) == 2
+    assert "cannot write the report" in capsys.readouterr().err
