@@ -104,6 +104,7 @@ def observe(
                 cost_micros=o.cost_micros,
                 duration_s=o.latency_ms / 1000,
                 ttft_s=o.ttft_ms / 1000 if o.ttft_ms is not None else None,
+                policy=rlog.policy or "unresolved",
             )
         for action in state.decision.actions:
             metrics.decision(rlog.policy, action)

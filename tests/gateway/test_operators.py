@@ -359,6 +359,15 @@ def test_metrics_match_the_ledger(gw: Gateway, stack: Stack) -> None:
         _query(stack.ledger_url, "SELECT SUM(total_cost_micros), COUNT(*) FROM requests")
     )[0]
     assert _metric(body, "xrouter_cost_usd_total") == pytest.approx(int(cost) / 1e6, abs=1e-9)
+    # Cost by policy (the dashboard's "cost by policy" panel) as the ledger has it.
+    by_policy = _run(
+        _query(stack.ledger_url, "SELECT policy, SUM(total_cost_micros) FROM requests GROUP BY 1")
+    )
+    assert by_policy and all(int(c) > 0 for _, c in by_policy)
+    for policy, c in by_policy:
+        assert _metric(body, "xrouter_cost_usd_total", policy=policy) == pytest.approx(
+            int(c) / 1e6, abs=1e-9
+        )
     assert _metric(body, "xrouter_requests_total") == n
     prompt_tokens = _run(_query(stack.ledger_url, "SELECT SUM(prompt_tokens) FROM calls"))[0][0]
     assert _metric(body, "xrouter_tokens_total", kind="prompt") == int(prompt_tokens)
