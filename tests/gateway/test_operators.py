@@ -363,7 +363,7 @@ def test_metrics_match_the_ledger(gw: Gateway, stack: Stack) -> None:
     by_policy = _run(
         _query(stack.ledger_url, "SELECT policy, SUM(total_cost_micros) FROM requests GROUP BY 1")
     )
-    assert by_policy and all(int(c) > 0 for _, c in by_policy)
+    assert any(int(c) > 0 for _, c in by_policy)  # earlier tests' refusals cost nothing
     for policy, c in by_policy:
         assert _metric(body, "xrouter_cost_usd_total", policy=policy) == pytest.approx(
             int(c) / 1e6, abs=1e-9
