@@ -104,13 +104,14 @@ def _key_view(info: KeyInfo) -> dict[str, Any]:
 async def create_key(request: Request) -> Response:
     s = await _admin(request)
     body: KeyCreate = await _body(request, KeyCreate)
-    if body.budget_usd is not None and body.budget_period is None:
-        raise bad_request("budget_period is required with budget_usd", param="budget_period")
+    # A budget without a period never resets, as LiteLLM's max_budget without
+    # budget_duration and OpenRouter's key limit without a reset.
+    period = body.budget_period or ("total" if body.budget_usd is not None else None)
     try:
         info, secret = await s.keys.create(
             alias=body.alias,
             budget_usd=body.budget_usd,
-            budget_period=body.budget_period,
+            budget_period=period,
             rpm=body.rpm,
             tpm=body.tpm,
             allowed_models=body.allowed_models,

@@ -473,3 +473,9 @@ def test_rate_limits_hold_across_workers(stack: Stack, upstream: Upstream) -> No
         assert _metric(m, "xrouter_rate_limited_total", limit="rpm") == 19
     finally:
         g.stop()
+
+
+def test_a_budget_without_a_period_never_resets(gw: Gateway) -> None:
+    k = create_key(gw, budget_usd=0.5)
+    assert (k["budget_usd"], k["budget_period"]) == (0.5, "total")
+    assert create_key(gw)["budget_period"] is None  # no budget, no period
