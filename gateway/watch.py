@@ -61,13 +61,18 @@ class FileWatcher:
     async def _run(self) -> None:
         from gateway.settings import load_settings
 
-        last = await asyncio.to_thread(_fingerprint, self._paths())
+        paths = self._paths()
+        last = await asyncio.to_thread(_fingerprint, paths)
         while True:
             await asyncio.sleep(self.interval_s)
-            current = await asyncio.to_thread(_fingerprint, self._paths())
-            if current == last:
-                continue
+            watched, paths = paths, self._paths()
+            current = await asyncio.to_thread(_fingerprint, paths)
+            changed = current != last
             last = current
+            # A new set of paths means a reload or deploy switched checkpoints and has
+            # loaded the new one already: watch it from here on, without reloading again.
+            if not changed or paths != watched:
+                continue
             try:
                 settings = (
                     await asyncio.to_thread(load_settings, self.config_path)
