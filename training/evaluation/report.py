@@ -226,8 +226,6 @@ def _plot_comparison(ax: Any, comp: Comparison) -> None:
 
 def _plain(x: float) -> str:
     """2 significant digits without exponent: 2e-05 -> 0.00002."""
-    import numpy as np
-
     return str(np.format_float_positional(x, precision=2, unique=False, fractional=False, trim="-"))
 
 
