@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +67,9 @@ class Services:
     deployments: Any = None  # gateway.ledger.deployments.DeploymentRepository
     deployment: Any = None  # the newest Deployment this process has seen
     _seen_deployment: int | None = None
+    # A deployment whose checkpoint did not load here: (id, retry after (monotonic s), delay s).
+    _deploy_retry: tuple[int, float, float] | None = None
+    _poll_error: str | None = None  # the last polling failure, so an outage is logged once
 
     def __post_init__(self) -> None:
         if self.file_settings is None:
@@ -232,16 +236,35 @@ class Services:
         latest = await self.deployments.latest()
         if latest is None or latest.id == self._seen_deployment:
             return
-        self._seen_deployment = latest.id
+        retry = self._deploy_retry
+        again = retry is not None and retry[0] == latest.id
+        if retry is not None and again and time.monotonic() < retry[1]:
+            return
         previous, self.deployment = self.deployment, latest
         file_checkpoint = (self.file_settings or self.settings).router.checkpoint
         if latest.applies_to(file_checkpoint):
             try:
                 await self.reload()
+            except Exception as exc:
+                # The checkpoint may not have reached this replica yet (a volume still
+                # syncing): keep serving the previous router and try again later, backing
+                # off so that a checkpoint that never loads is not rebuilt every poll.
+                self.deployment = previous
+                delay = (
+                    min(2 * retry[2], _MAX_DEPLOY_RETRY_S)
+                    if retry is not None and again
+                    else 2 * self.settings.router.deployment_poll_s
+                )
+                self._deploy_retry = (latest.id, time.monotonic() + delay, delay)
+                raise DeploymentLoadError(
+                    f"deployment {latest.id} ({latest.checkpoint}): {exc}; "
+                    f"retrying in {delay:.0f} s"
+                ) from exc
             except BaseException:
                 self.deployment = previous
                 raise
             log.info("following deployment %d: %s", latest.id, latest.checkpoint)
+        self._seen_deployment, self._deploy_retry = latest.id, None
 
     async def _poll_deployments(self, interval_s: float) -> None:
         while True:
@@ -250,9 +273,20 @@ class Services:
                 await self._follow_deployment()
             except asyncio.CancelledError:
                 raise
+            except DeploymentLoadError as exc:
+                # Keep serving the previous router; logged at each (backed-off) attempt.
+                log.error("could not load the deployed router checkpoint: %s", exc)
             except Exception as exc:
-                # The database is down or the checkpoint does not load here: keep serving.
-                log.error("following the newest router deployment failed: %s", exc)
+                # The database is unreachable: keep serving. An outage is logged when it
+                # starts (or its error changes) and when it ends, not at every poll.
+                message = f"{type(exc).__name__}: {exc}"
+                if message != self._poll_error:
+                    log.error("reading router deployments failed: %s", exc)
+                self._poll_error = message
+                continue
+            if self._poll_error is not None:
+                log.info("reading router deployments again")
+                self._poll_error = None
 
     async def stop(self) -> None:
         self.ready = False
@@ -277,6 +311,13 @@ class Services:
             from gateway.metrics import mark_process_dead
 
             mark_process_dead(os.getpid())
+
+
+_MAX_DEPLOY_RETRY_S = 300.0
+
+
+class DeploymentLoadError(Exception):
+    """A recorded deployment's checkpoint did not load in this process."""
 
 
 def _with_checkpoint(settings: Settings, checkpoint: str) -> Settings:

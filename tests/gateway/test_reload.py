@@ -187,3 +187,87 @@ def test_a_deploy_reaches_every_worker(upstream: Upstream, tmp_path: Path) -> No
             time.sleep(0.05)
     finally:
         gw.stop()
+
+
+def _record_deployment(ledger_db: Path, checkpoint: str) -> int:
+    """Record a deployment as another replica's ``xrouter deploy`` does (same database)."""
+    import asyncio
+
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from gateway.ledger.deployments import DeploymentRepository
+
+    async def record() -> int:
+        engine = create_async_engine(f"sqlite+aiosqlite:///{ledger_db}")
+        try:
+            return (await DeploymentRepository(engine).record(checkpoint, None, None)).id
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(record())
+
+
+def test_a_deployment_whose_checkpoint_is_not_here_yet_is_retried_until_it_loads(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    """Another replica deployed a checkpoint this one cannot read yet (a volume still
+    syncing): it keeps serving its router, logs the failure, and loads the checkpoint once
+    it arrives, without a newer deployment."""
+    import shutil
+
+    rl = load_checkpoint("packaged:demo-rl")
+    default = load_checkpoint("packaged:demo")
+    cfg = gateway_config(tmp_path, upstream.base_url, router={"deployment_poll_s": 0.1})
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        arriving = tmp_path / "shared-volume" / "rl"
+        deployment = _record_deployment(tmp_path / "ledger.db", str(arriving))
+        deadline = time.monotonic() + 15
+        while "could not load the deployed router checkpoint" not in gw.log():
+            assert time.monotonic() < deadline, gw.log()
+            time.sleep(0.1)
+        state = _serving(gw.url)
+        assert state["checkpoint"]["version"] == default.version  # type: ignore[index]
+        assert state["deployment"] is None
+        # Backed off: a handful of attempts in a second, not one per 0.1 s poll.
+        time.sleep(1.0)
+        attempts = gw.log().count("could not load the deployed router checkpoint")
+        assert 1 <= attempts <= 5, gw.log()
+        shutil.copytree(rl.path, arriving)
+        deadline = time.monotonic() + 15
+        while (state := _serving(gw.url))["checkpoint"]["version"] != rl.version:  # type: ignore[index]
+            assert time.monotonic() < deadline, gw.log()
+            time.sleep(0.1)
+        assert state["deployment"]["id"] == deployment  # type: ignore[index]
+    finally:
+        gw.stop()
+
+
+def test_a_ledger_database_outage_is_logged_once_by_the_deployment_poller(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    import sqlite3
+
+    cfg = gateway_config(tmp_path, upstream.base_url, router={"deployment_poll_s": 0.05})
+    gw = start_gateway(tmp_path, cfg)
+    db = sqlite3.connect(tmp_path / "ledger.db")
+    try:
+        assert _serving(gw.url)["deployment"] is None
+        # The deployments table disappears, as with a database that stopped answering:
+        # every poll fails (about 30 polls below).
+        db.execute("ALTER TABLE router_deployments RENAME TO router_deployments_away")
+        db.commit()
+        time.sleep(1.5)
+        assert gw.log().count("reading router deployments failed") == 1, gw.log()
+        db.execute("ALTER TABLE router_deployments_away RENAME TO router_deployments")
+        db.commit()
+        deadline = time.monotonic() + 10
+        while "reading router deployments again" not in gw.log():
+            assert time.monotonic() < deadline, gw.log()
+            time.sleep(0.1)
+        assert gw.log().count("reading router deployments failed") == 1
+        # It follows deployments again.
+        assert _deploy(gw.url, "packaged:demo-rl").status_code == 200
+    finally:
+        db.close()
+        gw.stop()
