@@ -248,6 +248,7 @@ def test_a_ledger_database_outage_is_logged_once_by_the_deployment_poller(
 ) -> None:
     import sqlite3
 
+    default = load_checkpoint("packaged:demo")
     cfg = gateway_config(tmp_path, upstream.base_url, router={"deployment_poll_s": 0.05})
     gw = start_gateway(tmp_path, cfg)
     db = sqlite3.connect(tmp_path / "ledger.db")
@@ -259,6 +260,11 @@ def test_a_ledger_database_outage_is_logged_once_by_the_deployment_poller(
         db.commit()
         time.sleep(1.5)
         assert gw.log().count("reading router deployments failed") == 1, gw.log()
+        # A deploy that cannot be recorded changes nothing, and says why.
+        r = _deploy(gw.url, "packaged:demo-rl")
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "database_unavailable", r.text
+        assert _serving(gw.url)["checkpoint"]["version"] == default.version  # type: ignore[index]
         db.execute("ALTER TABLE router_deployments_away RENAME TO router_deployments")
         db.commit()
         deadline = time.monotonic() + 10
