@@ -10,6 +10,7 @@ off-policy (``off_policy``).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -351,7 +352,9 @@ def off_policy(
         "score": logged_bandit(logged, reward=score_reward),
     }
     models = by_quantity["score"].models
-    by_quantity["cost_usd"] = logged_bandit(logged, models, reward=cost_reward)
+    by_quantity["cost_usd"] = logged_bandit(
+        logged, models, reward=cost_reward, bounds=(0.0, math.inf)
+    )
     singles = [Entry(SingleModelRouter(m), "single", [0.0]) for m in models]
     rows: list[OffPolicyRow] = []
     for entry in [*singles, *entries]:

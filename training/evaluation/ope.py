@@ -14,11 +14,14 @@ given as action probabilities ``π(a | x_i)`` (an ``(n, M)`` array over ``models
 
 Each estimate carries a standard error and a ``1 - alpha`` confidence interval, from the
 normal approximation (the estimators are means of per-record terms; SNIPS via its
-linearization) or from a seeded bootstrap.
+linearization) or from a seeded bootstrap. The interval is intersected with the range the
+reward can take (a score in [0, 1], a cost ≥ 0: the true value lies in it, so coverage is
+unchanged); the point estimate is not clipped, since that would bias IPS and DR.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from statistics import NormalDist
@@ -46,6 +49,8 @@ class LoggedBandit:
     actions: np.ndarray  # (n,) index into models
     propensities: np.ndarray  # (n,)
     rewards: np.ndarray  # (n,)
+    # The range a reward can take; confidence intervals are clipped to it.
+    bounds: tuple[float, float] = (-math.inf, math.inf)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -65,9 +70,10 @@ def logged_bandit(
     records: Sequence[OutcomeRecord],
     models: Sequence[str] | None = None,
     reward: RewardFn = score_reward,
+    bounds: tuple[float, float] = (0.0, 1.0),
 ) -> LoggedBandit:
     """The records that carry ``logged``; ``models`` fixes the action index (default: the
-    logged actions, sorted)."""
+    logged actions, sorted). ``bounds``: the range ``reward`` takes (a score's by default)."""
     # A multi-call trajectory's outcome is no single action's: it cannot be reweighted.
     logged = [(r, r.logged) for r in records if r.logged is not None and not r.logged.multi_call]
     if not logged:
@@ -90,6 +96,7 @@ def logged_bandit(
         np.array(actions, dtype=int),
         np.array(props, dtype=float),
         np.array(rewards, dtype=float),
+        bounds,
     )
 
 
@@ -135,21 +142,25 @@ def _weights(data: LoggedBandit, probs: np.ndarray) -> np.ndarray:
 def _finish(
     name: str,
     estimator: Callable[[np.ndarray], tuple[float, float]],
-    n: int,
+    data: LoggedBandit,
     ci: CIMethod,
     alpha: float,
     n_boot: int,
     seed: int,
 ) -> Estimate:
     """``estimator(idx)`` returns (value, normal-approximation stderr) on rows ``idx``."""
+    n = len(data)
     value, stderr = estimator(np.arange(n))
-    z = NormalDist().inv_cdf(1.0 - alpha / 2.0)
     if ci == "normal":
-        return Estimate(name, value, stderr, value - z * stderr, value + z * stderr, n)
-    rng = np.random.default_rng(seed)
-    boots = np.array([estimator(rng.integers(0, n, n))[0] for _ in range(n_boot)])
-    lo, hi = np.quantile(boots, [alpha / 2.0, 1.0 - alpha / 2.0])
-    return Estimate(name, value, float(boots.std(ddof=1)), float(lo), float(hi), n)
+        z = NormalDist().inv_cdf(1.0 - alpha / 2.0)
+        lo, hi = value - z * stderr, value + z * stderr
+    else:
+        rng = np.random.default_rng(seed)
+        boots = np.array([estimator(rng.integers(0, n, n))[0] for _ in range(n_boot)])
+        lo, hi = (float(q) for q in np.quantile(boots, [alpha / 2.0, 1.0 - alpha / 2.0]))
+        stderr = float(boots.std(ddof=1))
+    low, high = data.bounds
+    return Estimate(name, value, stderr, min(max(lo, low), high), min(max(hi, low), high), n)
 
 
 def _mean_and_se(terms: np.ndarray) -> tuple[float, float]:
@@ -176,7 +187,7 @@ def ips(
         w = np.minimum(w, max_weight)
     terms = w * data.rewards
     name = "ips" if max_weight is None else "clipped_ips"
-    return _finish(name, lambda idx: _mean_and_se(terms[idx]), len(data), ci, alpha, n_boot, seed)
+    return _finish(name, lambda idx: _mean_and_se(terms[idx]), data, ci, alpha, n_boot, seed)
 
 
 def snips(
@@ -201,7 +212,7 @@ def snips(
         _, se = _mean_and_se(wi * (ri - value) / wi.mean())
         return value, se
 
-    return _finish("snips", estimate, len(data), ci, alpha, n_boot, seed)
+    return _finish("snips", estimate, data, ci, alpha, n_boot, seed)
 
 
 def mean_reward_model(data: LoggedBandit) -> np.ndarray:
@@ -234,7 +245,7 @@ def doubly_robust(
     w = _weights(data, probs)
     logged_hat = r_hat[np.arange(len(data)), data.actions]
     terms = (probs * r_hat).sum(axis=1) + w * (data.rewards - logged_hat)
-    return _finish("dr", lambda idx: _mean_and_se(terms[idx]), len(data), ci, alpha, n_boot, seed)
+    return _finish("dr", lambda idx: _mean_and_se(terms[idx]), data, ci, alpha, n_boot, seed)
 
 
 def all_estimates(

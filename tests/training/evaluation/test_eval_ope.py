@@ -162,3 +162,26 @@ def test_multi_call_trajectories_are_not_reweighted_as_single_actions() -> None:
     assert not arrays.available[2].any()
     with pytest.raises(OPEError, match="single-call"):
         logged_bandit(records[2:])
+
+
+def test_intervals_stay_in_the_reward_range_and_point_estimates_are_not_clipped() -> None:
+    """Few logged prompts, all answered well by the target's action with a small logging
+    propensity: the normal interval of IPS reaches above 1, which no score's mean can be."""
+    rng = np.random.default_rng(0)
+    n = 40
+    actions = rng.choice(3, size=n, p=[0.45, 0.45, 0.1])
+    props = np.where(actions == 2, 0.1, 0.45)
+    ids = [f"r{i}" for i in range(n)]
+    data = LoggedBandit(ids, MODELS, actions, props, np.ones(n), (0.0, 1.0))
+    target = deterministic_probs(["strong"] * n, MODELS)
+    for ci in ("normal", "bootstrap"):
+        est = ips(data, target, ci=ci)  # type: ignore[arg-type]
+        # Unclipped, the interval would leave [0, 1]; the point estimate stays as computed.
+        assert est.value + 1.96 * est.stderr > 1.0 or est.value > 1.0, est
+        assert 0.0 <= est.ci_low <= est.ci_high <= 1.0, est
+        assert est.ci_high == 1.0
+        assert est.value == pytest.approx(float((actions == 2).sum() / 0.1 / n))
+    # A cost has no upper bound: only the lower end is clipped.
+    costs = LoggedBandit(data.ids, MODELS, actions, props, np.full(n, 0.002), (0.0, np.inf))
+    est = ips(costs, target)
+    assert est.ci_low >= 0.0 and est.ci_high > 0.002
