@@ -271,14 +271,15 @@ def run_eval(args: argparse.Namespace, registry: RouterRegistry | None = None) -
             f"{comp.n_records} prompts; best single model {comp.best_model} ({comp.best_score:.4f}); "
             f"no-routing AIQ {comp.no_routing_aiq:.4f}"
         )
-        for c in comp.curves:
-            if c.kind != "single":
-                pct = "-" if c.cost_to_best_pct is None else f"{c.cost_to_best_pct:.1f}%"
-                ci = "" if c.aiq_ci is None else f" [{c.aiq_ci.low:.4f}, {c.aiq_ci.high:.4f}]"
-                print(
-                    f"  {c.name:<28} AIQ {c.aiq:.4f}{ci}  best {c.max_score:.4f}  "
-                    f"cost to match best {pct}"
-                )
+        rows = [c for c in comp.curves if c.kind != "single"]
+        width = max((len(c.name) for c in rows), default=0)
+        for c in rows:
+            pct = "never" if c.cost_to_best_pct is None else f"{c.cost_to_best_pct:.1f}%"
+            ci = "" if c.aiq_ci is None else f" [{c.aiq_ci.low:.4f}, {c.aiq_ci.high:.4f}]"
+            print(
+                f"  {c.name:<{width}}  AIQ {c.aiq:.4f}{ci}  best {c.max_score:.4f}  "
+                f"cost to match best {pct}"
+            )
     for note in [*(result.main.notes if result.main is not None else ()), *result.notes]:
         print(f"note: {note}")
     print("wrote " + ", ".join(str(p) for p in paths.values()))
