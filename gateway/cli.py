@@ -83,6 +83,27 @@ def _wants_replay(path: str) -> tuple[bool, str | None]:
     return bool(demo.get("replay_upstream")), str(table) if table is not None else None
 
 
+async def _check_ledger(url: str) -> str | None:
+    """Open the ledger once and bring its schema up to date before the server starts: a
+    database that is down, missing or refusing us is one line here, not a traceback from
+    every worker's startup (and the workers then find the schema migrated)."""
+    import sqlalchemy as sa
+    from sqlalchemy.engine import make_url
+
+    from gateway.ledger.store import describe_error, open_ledger_engine
+
+    try:
+        engine = await open_ledger_engine(url)
+    except (OSError, ValueError, sa.exc.SQLAlchemyError) as exc:
+        try:
+            where = make_url(url).render_as_string(hide_password=True)
+        except (ValueError, sa.exc.ArgumentError):
+            where = "URL"  # malformed: the error says so; it may hold a password
+        return f"the ledger database {where} is not usable: {describe_error(exc)}"
+    await engine.dispose()
+    return None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -119,6 +140,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             build_runtime(settings)
     except Exception as exc:
         log.error("cannot start: %s", exc)
+        return 2
+    problem = asyncio.run(_check_ledger(settings.ledger.url))
+    if problem is not None:
+        log.error("cannot start: %s", problem)
         return 2
     common: dict[str, Any] = dict(
         host=srv.host,

@@ -131,3 +131,29 @@ def test_serve_refuses_an_unusable_config_in_one_line(
     )
     assert proc.returncode == 2
     assert needle in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("url", "needle"),
+    [
+        # PostgreSQL (on this machine) without that database or role; nothing listening.
+        ("postgresql+asyncpg://127.0.0.1:5432/xrouter_no_such_db", "does not exist"),
+        ("postgresql+asyncpg://nobody:s3cret-pw@127.0.0.1:5432/test", 'role "nobody"'),
+        ("postgresql+asyncpg://127.0.0.1:1/test", "ConnectionRefusedError"),
+        ("sqlite+aiosqlite:////proc/xrouter/ledger.db", "not usable"),
+    ],
+)
+def test_serve_refuses_a_ledger_database_it_cannot_use_in_one_line(
+    tmp_path: Path, url: str, needle: str
+) -> None:
+    pool = "pool: [{name: m, model: openai/m, api_base: 'http://127.0.0.1:1/v1', price: 0}]\n"
+    text = pool + f"ledger: {{url: '{url}'}}\n"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(write(tmp_path, text))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot start: the ledger database" in proc.stderr and needle in proc.stderr
+    assert "Traceback" not in proc.stderr and "s3cret-pw" not in proc.stderr
