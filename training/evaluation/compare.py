@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from router.outcomes import OutcomeRecord
 from training.evaluation import metrics
 from training.evaluation.baselines import SingleModelRouter
@@ -324,9 +326,16 @@ class OffPolicyRow:
     router: str
     param: float
     estimates: dict[str, dict[str, Any]]  # quantity ("score", "cost_usd") -> estimator -> Estimate
+    # Records where the router's choice had logging probability 0 (no data for it).
+    unsupported: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"router": self.router, "param": self.param, "estimates": self.estimates}
+        return {
+            "router": self.router,
+            "param": self.param,
+            "estimates": self.estimates,
+            "unsupported": self.unsupported,
+        }
 
 
 def off_policy(
@@ -348,6 +357,8 @@ def off_policy(
             f"{multi} of {len(logged)} logged records are multi-call trajectories (a "
             "cascade's calls) and were skipped: their outcome is no single model's"
         )
+    # The estimators' rows: the single-call records, in order (routed below, too).
+    logged = [r for r in logged if r.logged is not None and not r.logged.multi_call]
     by_quantity = {
         "score": logged_bandit(logged, reward=score_reward),
     }
@@ -355,9 +366,16 @@ def off_policy(
     by_quantity["cost_usd"] = logged_bandit(
         logged, models, reward=cost_reward, bounds=(0.0, math.inf)
     )
+    bandit = by_quantity["score"]
+    # A record logged with propensity 1 (a request that named its model, or a greedy
+    # router) gave every other model probability 0: a target choosing another model there
+    # has no data, so IPS and SNIPS count it as 0 and DR relies on its reward model alone.
+    deterministic = bandit.propensities >= 1.0 - 1e-9
     singles = [Entry(SingleModelRouter(m), "single", [0.0]) for m in models]
+    named = {e.router.name for e in singles}
     rows: list[OffPolicyRow] = []
-    for entry in [*singles, *entries]:
+    # A `--policy single:MODEL` is already among the single-model rows.
+    for entry in [*singles, *(e for e in entries if e.router.name not in named)]:
         grid = list(entry.params) if entry.params is not None else list(params)
         for lam in grid:
             try:
@@ -385,5 +403,21 @@ def off_policy(
                 }
                 for q, d in by_quantity.items()
             }
-            rows.append(OffPolicyRow(entry.router.name, float(lam), estimates))
+            chosen = target[np.arange(len(bandit)), bandit.actions] > 0
+            unsupported = int((deterministic & ~chosen).sum())
+            rows.append(OffPolicyRow(entry.router.name, float(lam), estimates, unsupported))
+    worst: dict[str, int] = {}
+    for r in rows:
+        if r.unsupported:
+            worst[r.router] = max(worst.get(r.router, 0), r.unsupported)
+    if worst:
+        listed = ", ".join(f"{name} {n}" for name, n in worst.items())
+        notes.append(
+            f"off-policy support: on some of the {len(bandit)} logged records these routers "
+            f"choose a model the logging policy could not have taken there (at most: {listed}; "
+            "logged with propensity 1 for another model: a request that named its model, or "
+            "a greedy router). IPS and SNIPS count those records as 0, so those estimates "
+            "are biased; DR rests on its reward model there. Log with exploration "
+            "(router.epsilon) for unbiased estimates"
+        )
     return rows, notes

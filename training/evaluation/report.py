@@ -121,16 +121,23 @@ def _off_policy_md(rows: list[OffPolicyRow]) -> list[str]:
     lines = [
         "## Off-policy estimates (logged traffic)",
         "",
-        "| router | λ | score (SNIPS, 95% CI) | score (DR) | cost USD (SNIPS) |",
-        "|---|---:|---:|---:|---:|",
+        "| router | λ | score (SNIPS, 95% CI) | score (DR) | cost USD (SNIPS) | no support |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         s, c = r.estimates["score"], r.estimates["cost_usd"]
+        n = s["snips"]["n"]
         lines.append(
             f"| {r.router} | {r.param:g} | {s['snips']['value']:.4f} "
             f"[{s['snips']['ci_low']:.4f}, {s['snips']['ci_high']:.4f}] | {s['dr']['value']:.4f} "
-            f"| {_usd(c['snips']['value'])} |"
+            f"| {_usd(c['snips']['value'])} | {r.unsupported} of {n} |"
         )
+    lines += [
+        "",
+        "'No support': logged records where the router chooses a model the logging policy "
+        "gave probability 0 (logged with propensity 1 for another model); IPS and SNIPS "
+        "count them as 0, so a router with many is underestimated.",
+    ]
     return [*lines, ""]
 
 

@@ -201,6 +201,55 @@ def test_logged_table_is_evaluated_off_policy(tmp_path: Path) -> None:
     assert "Off-policy estimates" in (out / "report.md").read_text()
 
 
+def test_logged_traffic_with_cascades_and_named_models_is_evaluated_off_policy(
+    tmp_path: Path,
+) -> None:
+    """An export mixes explored router decisions, a cascade's multi-call trajectories and
+    requests that named their model (propensity 1). The cascades are skipped; where a
+    router picks a model that a propensity-1 record gave no chance, it is counted."""
+    rows = []
+    for i in range(200):
+        action, p = ("strong", 0.3) if i % 3 == 0 else ("cheap", 0.7)
+        logged: dict[str, object] = {"action": action, "propensity": p}
+        if i % 10 == 1:  # a cascade: cheap, then strong
+            logged = {"action": "cheap", "propensity": 1.0, "actions": ["cheap", "strong"]}
+        elif i % 10 == 2:  # the request named the cheap model
+            logged = {"action": "cheap", "propensity": 1.0, "policy": "passthrough"}
+        action = str(logged["action"])
+        rows.append(
+            OutcomeRecord.model_validate(
+                {
+                    "id": f"m{i}",
+                    "prompt": f"hello {i}",
+                    "outcomes": {action: {"score": 1.0, "cost_usd": 0.001}},
+                    "logged": logged,
+                }
+            )
+        )
+    path = tmp_path / "logged.jsonl"
+    write_outcome_table(rows, path)
+    registry = RouterRegistry()
+    registry.register("fixed", lambda spec, ctx: _Fixed())
+    out = tmp_path / "out"
+    argv = ["--table", str(path), "--split", "all", "--policy", "fixed", "--policy"]
+    args = parse([*argv, "single:cheap", "--lambdas", "0,2", "--out", str(out)])
+    assert run_eval(args, registry) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    got = {(r["router"], r["param"]): r for r in metrics["off_policy"]}
+    # 20 cascades skipped; 20 named-model records, all on the cheap model.
+    assert got[("fixed-strong", 0.0)]["estimates"]["score"]["snips"]["n"] == 180
+    assert got[("fixed-strong", 0.0)]["unsupported"] == 20
+    assert got[("fixed-strong", 2.0)]["unsupported"] == 0  # it picks cheap there
+    assert got[("single:cheap", 0.0)]["unsupported"] == 0
+    assert got[("single:strong", 0.0)]["unsupported"] == 20
+    # `--policy single:cheap` is the single-model row, not a second one.
+    assert sum(r["router"] == "single:cheap" for r in metrics["off_policy"]) == 1
+    notes = " ".join(metrics["notes"])
+    assert "20 of 200 logged records are multi-call" in notes
+    assert "fixed-strong 20" in notes and "single:strong 20" in notes
+    assert "| 20 of 180 |" in (out / "report.md").read_text()
+
+
 def test_learned_escalation_is_available_by_name(table: Path, tmp_path: Path) -> None:
     out = tmp_path / "esc"
     argv = [
