@@ -99,5 +99,12 @@ class FeedbackRequest(BaseModel):
 
     request_id: str = Field(min_length=1, max_length=128, pattern=r"^[0-9A-Za-z_.:-]+$")
     score: float = Field(ge=0, le=1)
+
+    @field_validator("request_id")
+    @classmethod
+    def _completion_id(cls, value: str) -> str:
+        # The completion's `id` (`chatcmpl-<request id>`, what an OpenAI client shows
+        # first) names the request as well as `xrouter.request_id` does.
+        return value.removeprefix("chatcmpl-") or value
     comment: str | None = Field(default=None, max_length=4000)
     source: str = Field(default="user", max_length=64)

@@ -64,6 +64,30 @@ def test_pass_through_returns_recorded_answer_with_cost(
     assert float(h["x-xrouter-overhead-ms"]) >= 0
 
 
+def test_feedback_names_a_request_by_its_completion_id_or_its_request_id(
+    gateway: Gateway,
+) -> None:
+    """Right after the answer (its ledger row is written behind the response), by the id an
+    OpenAI client shows (`chatcmpl-...`) or by `xrouter.request_id`."""
+    c = client(gateway)
+    for use_completion_id in (True, False):
+        resp = c.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Name a prime number."}]
+        )
+        rid = resp.model_extra["xrouter"]["request_id"]
+        assert resp.id == f"chatcmpl-{rid}"
+        r = httpx.post(
+            f"{gateway.base_url}/feedback",
+            json={"request_id": resp.id if use_completion_id else rid, "score": 0.75},
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["request_id"] == rid
+    r = httpx.post(
+        f"{gateway.base_url}/feedback", json={"request_id": "chatcmpl-nope", "score": 1}
+    )
+    assert r.status_code == 404 and r.json()["error"]["code"] == "request_not_found"
+
+
 def test_streaming_relays_chunks_in_order_and_ends_with_usage_and_cost(
     gateway: Gateway, demo_table: list[OutcomeRecord]
 ) -> None:
