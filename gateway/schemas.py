@@ -106,5 +106,6 @@ class FeedbackRequest(BaseModel):
         # The completion's `id` (`chatcmpl-<request id>`, what an OpenAI client shows
         # first) names the request as well as `xrouter.request_id` does.
         return value.removeprefix("chatcmpl-") or value
+
     comment: str | None = Field(default=None, max_length=4000)
     source: str = Field(default="user", max_length=64)

@@ -82,9 +82,7 @@ def test_feedback_names_a_request_by_its_completion_id_or_its_request_id(
         )
         assert r.status_code == 200, r.text
         assert r.json()["request_id"] == rid
-    r = httpx.post(
-        f"{gateway.base_url}/feedback", json={"request_id": "chatcmpl-nope", "score": 1}
-    )
+    r = httpx.post(f"{gateway.base_url}/feedback", json={"request_id": "chatcmpl-nope", "score": 1})
     assert r.status_code == 404 and r.json()["error"]["code"] == "request_not_found"
 
 

@@ -407,9 +407,9 @@ def off_policy(
             unsupported = int((deterministic & ~chosen).sum())
             rows.append(OffPolicyRow(entry.router.name, float(lam), estimates, unsupported))
     worst: dict[str, int] = {}
-    for r in rows:
-        if r.unsupported:
-            worst[r.router] = max(worst.get(r.router, 0), r.unsupported)
+    for row in rows:
+        if row.unsupported:
+            worst[row.router] = max(worst.get(row.router, 0), row.unsupported)
     if worst:
         listed = ", ".join(f"{name} {n}" for name, n in worst.items())
         notes.append(
