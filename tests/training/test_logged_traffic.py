@@ -51,13 +51,22 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_export_retrain_off_policy_and_deploy(gateway: tuple[Gateway, Path]) -> None:
     gw, tmp = gateway
-    table: list[OutcomeRecord] = load_outcome_table(DEMO)[::5]
+    table: list[OutcomeRecord] = load_outcome_table(DEMO)[::4]
     with httpx.Client(base_url=gw.base_url, timeout=30) as c:
-        for rec in table:
+        for i, rec in enumerate(table):
+            # Mostly the explored compact router; some cascades (multi-call trajectories)
+            # and requests that name their model (propensity 1), as real traffic mixes them.
+            model = "xrouter/compact"
+            # (About 120 explored compact decisions, as many as every model needs to be logged
+            # a few times for the retraining below, which asks for the whole pool.)
+            if i % 8 == 7:
+                model = "xrouter/cascade"
+            elif i % 9 == 8:
+                model = next(iter(rec.outcomes))
             r = c.post(
                 "/chat/completions",
                 json={
-                    "model": "xrouter/compact",
+                    "model": model,
                     "messages": [{"role": "user", "content": rec.text}],
                     "xrouter": {"cost_weight": 1.0},
                 },
@@ -136,6 +145,18 @@ def test_export_retrain_off_policy_and_deploy(gateway: tuple[Gateway, Path]) -> 
     mine = rows[f"compact-knn[{knn.version}]"]
     assert {"ips", "snips", "dr"} <= set(mine) and 0 <= mine["snips"]["value"] <= 1
     assert any(n.startswith("policy:cascade: no off-policy estimate") for n in metrics["notes"])
+    cascades = sum(1 for r in logged if r.logged and r.logged.multi_call)
+    assert cascades > 0 and mine["snips"]["n"] == len(logged) - cascades
+    assert any(f"{cascades} of {len(logged)} logged records are multi-call" in n
+               for n in metrics["notes"])  # fmt: skip
+    # It was trained on this export (its default split): the evaluated prompts it has seen
+    # are counted; nothing was fitted by the eval itself.
+    assert any(n.startswith(f"compact-knn[{knn.version}]: ") and "were in its training" in n
+               for n in metrics["notes"])  # fmt: skip
+    assert not any("which the routers were fitted on" in n for n in metrics["notes"])
+    # Named-model requests gave the other models no chance: a single-model row that picks
+    # another model has no data on them.
+    assert max(r["unsupported"] for r in metrics["off_policy"]) > 0
     res = run("deploy", str(knn_dir / "checkpoint"), "--url", gw.url, "--admin-key", ADMIN_KEY)
     assert res.returncode == 0, res.stderr
     r = httpx.post(

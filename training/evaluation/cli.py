@@ -162,10 +162,6 @@ def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
             "command": getattr(args, "command_line", None),
         }
     )
-    if split in ("train", "all"):
-        result.notes.append(
-            f"evaluated on the {split} split, which the routers were fitted on: optimistic"
-        )
     blind = sum(not r.has_prompt for r in evaluated)
     if blind:
         result.notes.append(
@@ -182,6 +178,7 @@ def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
         policies = _entries(
             args.policy, "policy", ctx, registry, args.lambdas or [0.0], result.notes, True
         )
+        _note_training_overlap(policies, evaluated, args.table, split, result.notes)
         result.notes.append(
             "logged table (partial feedback): routers are evaluated off-policy; baselines that "
             "need full outcomes (kNN, MF, cascade, oracle) are skipped"
@@ -192,6 +189,12 @@ def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
 
     if not parts.train:
         raise RoutingError("the training split is empty: nothing to fit the routers on")
+    if split in ("train", "all"):
+        # Only here are routers fitted (on the training part); a checkpoint trained on this
+        # table gets its own note on how many evaluated prompts it has seen.
+        result.notes.append(
+            f"evaluated on the {split} split, which the routers were fitted on: optimistic"
+        )
     if (args.strong is None) != (args.weak is None):
         raise RouterSpecError("--strong and --weak go together")
     ctx = LoadContext(parts.train, parts.validation, reward, args.seed)
@@ -241,13 +244,17 @@ def _note_training_overlap(
         if digest is None:
             digest = hashlib.sha256(table.read_bytes()).hexdigest()
         seen = seen_in_training(training, evaluated, digest)
-        if seen and split not in ("train", "all"):  # those splits have their own note
+        if seen:
             cfg = training.get("config", {})
             notes.append(
                 f"{entry.router.name}: {seen} of the {len(evaluated)} evaluated prompts were in "
                 f"its training or validation part (it was trained on this table with split seed "
                 f"{cfg.get('split_seed')}, fractions {cfg.get('fractions')}): optimistic; "
-                "evaluate with the seed and fractions it was trained with"
+                + (
+                    "evaluate its test split, with the seed and fractions it was trained with"
+                    if split in ("train", "all")
+                    else "evaluate with the seed and fractions it was trained with"
+                )
             )
             logger.warning("%s", notes[-1])
 
