@@ -175,9 +175,20 @@ def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
 
     if not is_full_information(records):
         ctx = LoadContext(parts.train, parts.validation, reward, args.seed)
-        policies = _entries(
-            args.policy, "policy", ctx, registry, args.lambdas or [0.0], result.notes, True
-        )
+        try:
+            policies = _entries(
+                args.policy, "policy", ctx, registry, args.lambdas or [0.0], result.notes, True
+            )
+        except RoutingError as exc:
+            # kNN, MF, escalation... fit on every model's outcome per prompt.
+            raise RoutingError(
+                f"{exc}: {args.table} is logged traffic (one model's outcome per prompt), on "
+                "which only policies that pick one model per prompt are evaluated (off-policy): "
+                "checkpoints (compact:...), single:MODEL, policy:cheapest|random|fixed:MODEL; "
+                "train a router on it with `xrouter train --offpolicy`"
+            ) from exc
+        if args.strong or args.weak:
+            result.notes.append("--strong/--weak: no APGR on logged traffic (partial feedback)")
         _note_training_overlap(policies, evaluated, args.table, split, result.notes)
         result.notes.append(
             "logged table (partial feedback): routers are evaluated off-policy; baselines that "

@@ -304,3 +304,25 @@ def test_an_unwritable_output_directory_is_an_error_not_a_traceback(
                   "--out", str(table / "out")])  # fmt: skip
     assert run_eval(args) == 2
     assert "cannot write the report" in capsys.readouterr().err
+
+
+def test_a_router_that_must_be_fitted_on_full_outcomes_is_refused_on_logged_traffic(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [
+        OutcomeRecord.model_validate(
+            {
+                "id": f"k{i}",
+                "prompt": f"q {i}",
+                "outcomes": {("a", "b")[i % 2]: {"score": 1.0, "cost_usd": 0.001}},
+                "logged": {"action": ("a", "b")[i % 2], "propensity": 0.5},
+            }
+        )
+        for i in range(60)
+    ]
+    path = tmp_path / "logged.jsonl"
+    write_outcome_table(rows, path)
+    assert main(["--table", str(path), "--policy", "knn", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "is logged traffic" in err and "xrouter train --offpolicy" in err
+    assert "Traceback" not in err
