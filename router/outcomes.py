@@ -139,6 +139,13 @@ def validate_record(data: Any, where: str = "<input>") -> OutcomeRecord:
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"]) or "(record)"
+        if isinstance(data, dict) and data.get("scored") is False and loc.endswith(".score"):
+            # `xrouter export --include-unscored`: the request has no feedback yet.
+            raise OutcomeTableError(
+                f"{where}: record {data.get('id')!r} is unscored (exported with "
+                "--include-unscored): give it a score (feedback or a judge) first, or "
+                "export without --include-unscored"
+            ) from None
         raise OutcomeTableError(f"{where}: {loc}: {first['msg']}") from None
 
 

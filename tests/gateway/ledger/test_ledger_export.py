@@ -11,7 +11,7 @@ from gateway.ledger.export import add_export_arguments, export_ledger, read_expo
 from gateway.ledger.records import RequestRecord, messages_sha256
 from gateway.ledger.writer import LedgerWriter
 from gateway.settings import LedgerSettings
-from router.outcomes import OutcomeRecord, parse_record
+from router.outcomes import OutcomeRecord, OutcomeTableError, load_outcome_table, parse_record
 
 from .factories import make_feedback, make_request
 
@@ -98,6 +98,9 @@ async def test_jsonl_export_round_trips_through_the_outcome_table_parser(
     assert len(read_export(everything)) == 7
     with pytest.raises(ValueError):
         read_export(everything, skip_unscored=False)  # an outcome without a score is invalid
+    # The training side's reader says why, and what to do.
+    with pytest.raises(OutcomeTableError, match=r"is unscored .*--include-unscored"):
+        load_outcome_table(everything)
 
 
 async def test_parquet_export_holds_the_same_records(
