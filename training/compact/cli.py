@@ -33,7 +33,9 @@ def _ints(text: str) -> tuple[int, ...]:
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     d = TrainConfig()
-    parser.add_argument("--table", required=True, help="outcome table (JSONL)")
+    parser.add_argument(
+        "--table", required=True, help="outcome table (JSONL, or a ledger export in Parquet)"
+    )
     parser.add_argument("--out", required=True, help="run directory (created)")
     parser.add_argument(
         "--pool", help="comma-separated models = actions, in order (default: the table's)"
@@ -41,15 +43,28 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prices", help="price table (JSON/YAML) for the checkpoint's snapshot and missing costs"
     )
-    parser.add_argument("--steps", type=int, default=d.steps)
-    parser.add_argument("--batch-size", type=int, default=d.batch_size)
+    parser.add_argument(
+        "--steps", type=int, default=d.steps, help=f"policy-gradient steps ({d.steps})"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=d.batch_size, help=f"prompts per step ({d.batch_size})"
+    )
     parser.add_argument(
         "--group-size", type=int, default=d.group_size, help="GRPO samples per prompt"
     )
-    parser.add_argument("--ppo-epochs", type=int, default=d.ppo_epochs)
-    parser.add_argument("--lr", type=float, default=d.lr)
-    parser.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    parser.add_argument("--clip-eps", type=float, default=d.clip_eps)
+    parser.add_argument(
+        "--ppo-epochs",
+        type=int,
+        default=d.ppo_epochs,
+        help=f"updates per sampled batch, clipped ratio ({d.ppo_epochs})",
+    )
+    parser.add_argument("--lr", type=float, default=d.lr, help=f"AdamW learning rate ({d.lr:g})")
+    parser.add_argument(
+        "--weight-decay", type=float, default=d.weight_decay, help=f"AdamW ({d.weight_decay:g})"
+    )
+    parser.add_argument(
+        "--clip-eps", type=float, default=d.clip_eps, help=f"PPO ratio clip ({d.clip_eps:g})"
+    )
     parser.add_argument("--entropy", type=float, default=d.entropy_coef, help="entropy bonus")
     parser.add_argument(
         "--explore",
@@ -57,7 +72,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.explore_epsilon,
         help="uniform exploration mixed into GRPO's group sampling",
     )
-    parser.add_argument("--dropout", type=float, default=d.dropout)
+    parser.add_argument("--dropout", type=float, default=d.dropout, help=f"({d.dropout:g})")
     parser.add_argument(
         "--advantage-std-floor",
         type=float,
@@ -68,8 +83,13 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         "--hidden", type=_ints, default=d.hidden, help="hidden widths, e.g. 128,128"
     )
     parser.add_argument("--activation", choices=["gelu_tanh", "relu", "silu"], default=d.activation)
-    parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--split-seed", type=int, default=d.split_seed)
+    parser.add_argument("--seed", type=int, default=d.seed, help="initialization and sampling seed")
+    parser.add_argument(
+        "--split-seed",
+        type=int,
+        default=d.split_seed,
+        help="seed of the train/validation/test split by id hash (xrouter eval's --split-seed)",
+    )
     parser.add_argument(
         "--lambda-min",
         type=float,
@@ -82,14 +102,25 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.lambda_max,
         help="largest trained cost weight (default: derived from the table's costs)",
     )
-    parser.add_argument("--lambda-zero-prob", type=float, default=d.lambda_zero_prob)
+    parser.add_argument(
+        "--lambda-zero-prob",
+        type=float,
+        default=d.lambda_zero_prob,
+        help=f"share of batches trained at cost weight 0 ({d.lambda_zero_prob:g})",
+    )
     parser.add_argument(
         "--val-lambdas",
         type=_floats,
         default=d.val_lambdas,
         help="cost weights to validate at, e.g. 0,0.1,1 (default: 0 and powers of ten in range)",
     )
-    parser.add_argument("--reward", choices=["gated", "additive"], default=d.reward_form)
+    parser.add_argument(
+        "--reward",
+        choices=["gated", "additive"],
+        default=d.reward_form,
+        help="s*(K - min(lambda*C, c_max)) or s - lambda*C, C the normalized cost "
+        f"({d.reward_form})",
+    )
     parser.add_argument(
         "--cost-scale", type=float, default=d.cost_scale, help="USD per unit of normalized cost"
     )
