@@ -163,8 +163,11 @@ def auto_lambda_range(
     norm = (
         cost / reference_cost[:, None] if reference_cost is not None else cost / config.cost_scale
     )
-    with np.errstate(invalid="ignore"):
-        c = np.nanmean(np.where(np.isfinite(norm), norm, np.nan), axis=0)
+    finite = np.isfinite(norm)
+    # A model never logged (partial feedback) has no cost here: it has no mean either.
+    counts = finite.sum(axis=0)
+    sums = np.where(finite, norm, 0.0).sum(axis=0)
+    c = np.divide(sums, counts, out=np.full(counts.shape, np.nan), where=counts > 0)
     c = c[np.isfinite(c) & (c > 0)]
     if c.size == 0:
         return 0.01, 10.0

@@ -145,7 +145,12 @@ def pick_neighbours(
     mean reward of every count tried."""
     tried: dict[int, float] = {}
     best: tuple[float, Architecture, Metrics] | None = None
-    for k in sorted({min(k, len(build.train_rows)) for k in neighbours}):
+    n_train = len(build.train_rows)
+    if any(k > n_train for k in neighbours):
+        logger.warning(
+            "only %d training prompts: neighbour counts above it are tried as %d", n_train, n_train
+        )
+    for k in sorted({min(k, n_train) for k in neighbours}):
         arch = make_architecture(k)
         metrics = evaluate(arch, build.val_rows)
         tried[k] = float(np.mean([m["reward"] for m in metrics.values()]))

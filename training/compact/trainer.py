@@ -270,6 +270,10 @@ class RunTable:
         return None if self.reference is None else self.reference[rows]
 
 
+# Below this many training records a router mostly memorizes: said, not refused.
+_FEW_TRAINING_RECORDS = 50
+
+
 def prepare_table(
     records: Sequence[OutcomeRecord],
     cfg: TrainConfig,
@@ -297,7 +301,25 @@ def prepare_table(
             "dropped %d records whose prompt was not logged (content_logged none/hash)",
             len(records) - len(kept),
         )
-    if not cfg.offpolicy:
+    if cfg.offpolicy:
+        # Only a logged single-model decision can be reweighted by its propensity: a
+        # cascade's trajectory has no one model's outcome.
+        single = [r for r in kept if r.logged is not None and not r.logged.multi_call]
+        if not single:
+            raise ValueError(
+                f"no logged records to learn off-policy from: none of the {len(kept)} records "
+                "is a logged single-model decision (they are multi-call trajectories, e.g. "
+                "cascades, or carry no `logged` action); log traffic routed by a single-call "
+                "policy (compact with router.epsilon) and export again"
+            )
+        if len(single) < len(kept):
+            logger.warning(
+                "skipped %d records that are not a logged single-model decision (multi-call "
+                "trajectories, e.g. cascades, or no `logged` action)",
+                len(kept) - len(single),
+            )
+        kept = single
+    else:
         full = [r for r in kept if all(m in r.outcomes for m in models)]
         if len(full) < len(kept):
             logger.warning(
@@ -313,9 +335,20 @@ def prepare_table(
     arrays = TableArrays.from_records(kept, models, catalog)
     splits = split_rows(arrays.ids, cfg)
     if len(splits["train"]) == 0 or len(splits["validation"]) == 0:
+        sizes = ", ".join(f"{k} {len(v)}" for k, v in splits.items())
         raise ValueError(
-            f"need training and validation records, got {[len(v) for v in splits.values()]}"
+            f"need training and validation records, got {sizes} of the {len(kept)} usable "
+            "records (split by id hash with --split-seed): too few to train on"
         )
+    logger.log(
+        logging.WARNING if len(splits["train"]) < _FEW_TRAINING_RECORDS else logging.INFO,
+        "%d usable records: %s%s",
+        len(kept),
+        ", ".join(f"{k} {len(v)}" for k, v in splits.items()),
+        " (too few to learn a router that generalizes)"
+        if len(splits["train"]) < _FEW_TRAINING_RECORDS
+        else "",
+    )
     reference = arrays.cost[:, models.index(cfg.reference_model)] if cfg.reference_model else None
     table = RunTable(cfg, models, kept, prices, arrays, splits, reference)
     table.cfg = resolve_lambdas(

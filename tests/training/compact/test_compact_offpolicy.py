@@ -150,3 +150,36 @@ def test_offpolicy_needs_logged_records(
     cfg = TrainConfig(steps=5, offpolicy=True, progress=False, checkpoint_every=0)
     with pytest.raises(ValueError, match="no logged records"):
         train(full[:60], cfg, tmp_path / "x", extractor=FeatureExtractor.load())
+
+
+def test_offpolicy_learns_from_single_model_decisions_only(
+    tables: tuple[list[OutcomeRecord], list[OutcomeRecord]],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A gateway export mixes the router's single-model decisions with cascade trajectories
+    (`logged.actions` of several models), whose outcome is no one model's."""
+    _, logged = tables
+
+    def as_cascade(r: OutcomeRecord) -> OutcomeRecord:
+        assert r.logged is not None
+        data = r.model_dump(exclude_none=True)
+        data["logged"]["actions"] = [r.logged.action, *(m for m in r.outcomes if m != r.logged.action)][:2]  # fmt: skip
+        if len(data["logged"]["actions"]) < 2:
+            data["logged"]["actions"].append("another-model")
+        return OutcomeRecord.model_validate(data)
+
+    cascades = [as_cascade(r) for r in logged[:40]]
+    assert all(r.logged is not None and r.logged.multi_call for r in cascades)
+    cfg = TrainConfig(steps=5, offpolicy=True, progress=False, checkpoint_every=0, eval_every=5)
+    pool = sorted({r.logged.action for r in logged if r.logged is not None})
+    with pytest.raises(ValueError, match="no logged records to learn off-policy from"):
+        train(cascades, cfg, tmp_path / "none", pool=pool, extractor=FeatureExtractor.load())
+    caplog.set_level("INFO", logger="training.compact.trainer")
+    res = train(
+        [*cascades, *logged[40:]], cfg, tmp_path / "mixed", pool=pool,
+        extractor=FeatureExtractor.load(),
+    )  # fmt: skip
+    assert res.checkpoint_path.exists()
+    assert "skipped 40 records that are not a logged single-model decision" in caplog.text
+    assert f"{len(logged) - 40} usable records" in caplog.text
