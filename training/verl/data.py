@@ -164,6 +164,17 @@ def write_verl_dataset(
     run = run or GrpoRun()
     if not records:
         raise ValueError("the outcome table is empty")
+    logged = sum(r.logged is not None for r in records)
+    if logged:
+        # A rollout replays whichever model the router calls; logged traffic holds the
+        # outcome of the one model that was called on each prompt, so nearly every other
+        # call would have nothing to replay (a missing outcome replays as a failed call).
+        raise ValueError(
+            f"{logged} of the {len(records)} records are logged traffic (`logged`: one model's "
+            "outcome per prompt): verl-data needs research data with every model's recorded "
+            "outcome on each prompt; train the compact router on logged traffic with "
+            "`xrouter train --offpolicy`"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     out_dir = out_dir.resolve()
     splits = split_records(records, cfg.fractions, seed=cfg.split_seed)

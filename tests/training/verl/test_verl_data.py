@@ -140,3 +140,27 @@ def test_the_cli_names_what_is_wrong(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "non-negative" in capsys.readouterr().err
     assert xrouter(["verl-data", "--table", str(table), "--out", out, "--router-price", "1"]) == 2
     assert "router_price is two" in capsys.readouterr().err
+
+
+def test_logged_traffic_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A rollout replays whichever model the router calls; a ledger export holds one model's
+    outcome per prompt, so it cannot feed verl (it trains the compact router off-policy)."""
+    logged = [
+        OutcomeRecord.model_validate(
+            {
+                "id": r.id,
+                "prompt": r.text,
+                "outcomes": {m: o.model_dump(exclude_none=True)},
+                "logged": {"action": m, "propensity": 0.5},
+            }
+        )
+        for r in small_table()
+        for m, o in list(r.outcomes.items())[:1]
+    ]
+    table = tmp_path / "logged.jsonl"
+    write_outcome_table(logged, table)
+    out = tmp_path / "o"
+    assert xrouter(["verl-data", "--table", str(table), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "are logged traffic" in err and "xrouter train --offpolicy" in err
+    assert not out.exists()
