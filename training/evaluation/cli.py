@@ -13,6 +13,7 @@ standalone.
 from __future__ import annotations
 
 import argparse
+import math
 import hashlib
 import logging
 import shlex
@@ -48,11 +49,14 @@ logger = logging.getLogger(__name__)
 
 def _floats(text: str) -> list[float]:
     try:
-        return [float(x) for x in text.split(",") if x.strip()]
+        values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated numbers, got {text!r}"
         ) from None
+    if not values or any(not math.isfinite(v) or v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected non-negative numbers, got {text!r}")
+    return values
 
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
@@ -225,9 +229,27 @@ def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
             reward,
             args.seed,
         )
+        # A single model outside the pair has no row on the two-model slice.
+        outside = {f"single:{m}" for r in records for m in r.outcomes if m not in pair}
         slice_entries = [
-            *_entries(baselines, "baseline", sliced, registry, None, result.notes, False),
-            *_entries(args.policy, "policy", sliced, registry, args.lambdas, result.notes, False),
+            *_entries(
+                [b for b in baselines if b not in outside],
+                "baseline",
+                sliced,
+                registry,
+                None,
+                result.notes,
+                False,
+            ),
+            *_entries(
+                [p for p in args.policy if p not in outside],
+                "policy",
+                sliced,
+                registry,
+                args.lambdas,
+                result.notes,
+                False,
+            ),
         ]
         result.two_model = compare(
             slice_entries,

@@ -97,6 +97,11 @@ def build_baseline(spec: str, ctx: LoadContext) -> OfflineRouter | None:
     if name == "single":
         if not arg:
             raise RouterSpecError("single:<model> needs a model name")
+        known = {m for r in (*ctx.train, *ctx.validation) for m in r.outcomes}
+        if known and arg not in known:
+            raise RouterSpecError(
+                f"{spec!r}: the table has no model {arg!r} (its models: {', '.join(sorted(known))})"
+            )
         return SingleModelRouter(arg)
     if name == "oracle":
         return OracleRouter(ctx.reward)

@@ -326,3 +326,24 @@ def test_a_router_that_must_be_fitted_on_full_outcomes_is_refused_on_logged_traf
     err = capsys.readouterr().err
     assert "is logged traffic" in err and "xrouter train --offpolicy" in err
     assert "Traceback" not in err
+
+
+def test_bad_policies_and_cost_weights_are_refused_in_one_line(
+    table: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = str(tmp_path / "o")
+    base = ["--table", str(table), "--baselines", "none", "--bootstrap", "0", "--out", out]
+    assert main([*base, "--policy", "single:nope"]) == 2
+    assert (
+        "the table has no model 'nope' (its models: cheap, mid, strong)" in capsys.readouterr().err
+    )
+    for bad in ("-1", "0,nan"):
+        with pytest.raises(SystemExit) as exc:
+            main([*base, "--policy", "knn", "--lambdas", bad])
+        assert exc.value.code == 2
+        assert "expected non-negative numbers" in capsys.readouterr().err
+    # A single model outside the two-model slice is a row of the full comparison only.
+    assert main([*base, "--policy", "single:mid", "--strong", "strong", "--weak", "cheap"]) == 0
+    metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert "single:mid" in {r["name"] for r in metrics["comparison"]["routers"]}
+    assert "single:mid" not in {r["name"] for r in metrics["two_model"]["routers"]}
