@@ -13,9 +13,9 @@ standalone.
 from __future__ import annotations
 
 import argparse
-import math
 import hashlib
 import logging
+import math
 import shlex
 import sys
 from collections.abc import Sequence
