@@ -86,6 +86,14 @@ class TrainConfig:
             raise ValueError("ips_clip and eval_every must be positive")
         if self.reward_form not in ("gated", "additive"):
             raise ValueError(f"unknown reward form {self.reward_form!r}")
+        if not self.lr > 0 or self.weight_decay < 0 or not self.clip_eps > 0:
+            raise ValueError("lr and clip_eps must be positive, weight_decay non-negative")
+        if self.entropy_coef < 0 or self.offpolicy_entropy_coef < 0:
+            raise ValueError("entropy bonuses must be non-negative")
+        if not 0.0 <= self.explore_epsilon <= 1.0 or self.advantage_std_floor < 0:
+            raise ValueError("explore must be in [0, 1], advantage_std_floor non-negative")
+        if any(h < 1 for h in self.hidden):  # () is a linear policy
+            raise ValueError(f"hidden widths must be positive, got {list(self.hidden)}")
 
     @property
     def lambda_range(self) -> tuple[float, float]:

@@ -118,3 +118,23 @@ def test_logged_traffic_without_prompts_is_refused_or_dropped(
         assert main([*args, "--out", str(tmp_path / "o2")]) == 0
     assert f"dropped {len(blind)} records whose prompt was not logged" in caplog.text
     assert (tmp_path / "o2" / "checkpoint").exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "needle"),
+    [
+        ("--lr", "0", "lr and clip_eps must be positive"),
+        ("--hidden", "64,0", "hidden widths must be positive"),
+        ("--entropy", "-0.1", "entropy bonuses must be non-negative"),
+        ("--explore", "1.5", "explore must be in [0, 1]"),
+    ],
+)
+def test_nonsense_training_settings_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str, needle: str
+) -> None:
+    table = tmp_path / "t.jsonl"
+    table.write_text(
+        '{"id": "a", "prompt": "q", "outcomes": {"m": {"score": 1, "cost_usd": 0.1}}}\n'
+    )
+    assert main(["--table", str(table), "--out", str(tmp_path / "r"), flag, value]) == 2
+    assert needle in capsys.readouterr().err
