@@ -23,6 +23,7 @@ import logging
 import statistics
 from collections.abc import Callable, Sequence
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 from pricing import ModelPrice, load_default_catalog
@@ -320,5 +321,42 @@ def _llm(spec: str, ctx: LoadContext) -> LoopRouter:
     )
 
 
+def _checkpoint_path(spec: str) -> str | None:
+    """``spec`` as a checkpoint path if it names one: a checkpoint directory, its
+    ``checkpoint.json``, a single-file ``.safetensors`` checkpoint, or a run directory
+    (``xrouter train --out``) holding ``checkpoint/``."""
+    from router.checkpoint import META_FILE
+
+    p = Path(spec)
+    if p.is_dir() and (p / META_FILE).is_file():
+        return str(p)
+    if p.is_file() and p.name == META_FILE:
+        return str(p.parent)
+    if p.is_file() and p.suffix == ".safetensors":
+        return str(p)
+    if p.is_dir() and (p / "checkpoint" / META_FILE).is_file():
+        return str(p / "checkpoint")
+    return None
+
+
+def _bare(spec: str, ctx: LoadContext) -> LoopRouter | None:
+    """Specs without a prefix: a checkpoint path or ``packaged:<name>`` (as ``compact:``),
+    and the gateway's policy names as a client would put them in ``model``
+    (``compact``: the default checkpoint; ``cheapest``; ``fixed:<model>``)."""
+    from router.checkpoint import PACKAGED_PREFIX, default_checkpoint_path
+
+    if spec.startswith(PACKAGED_PREFIX):
+        return _compact(f"compact:{spec}", ctx)
+    if spec == "compact":
+        return _compact(f"compact:{default_checkpoint_path()}", ctx)
+    if spec == "cheapest" or spec.startswith("fixed:"):
+        return _policy(f"policy:{spec}", ctx)
+    if spec == "llm":
+        raise ValueError(f"the llm router is evaluated over HTTP: --policy {LLM_SPEC}")
+    path = _checkpoint_path(spec)
+    return None if path is None else _compact(f"compact:{path}", ctx)
+
+
 def loop_loaders() -> dict[str, RouterLoader]:
-    return {"compact:": _compact, "policy:": _policy, "llm:": _llm}
+    # "" is tried last, for specs no prefix (nor baseline name) claims.
+    return {"compact:": _compact, "policy:": _policy, "llm:": _llm, "": _bare}

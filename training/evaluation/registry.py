@@ -145,11 +145,16 @@ class RouterRegistry:
                 if loaded is None:
                     raise RouterSpecError(f"loader for {prefix!r} could not load {spec!r}")
                 return loaded
-        if "" in self._loaders and Path(spec).exists():
-            loaded = self._loaders[""](spec, ctx)
+        if "" in self._loaders:  # the fallback loader: paths and bare names
+            try:
+                loaded = self._loaders[""](spec, ctx)
+            except ValueError as exc:
+                raise RouterSpecError(str(exc)) from None
             if loaded is not None:
                 return loaded
         known = ["single:<model>", *BASELINE_NAMES, *(f"{p}..." for p in self.prefixes if p)]
+        if "" in self._loaders:
+            known.append("a checkpoint path or packaged:<name>")
         hint = " (no loader accepted this path)" if Path(spec).exists() else ""
         raise RouterSpecError(f"unknown policy {spec!r}{hint}; known: {', '.join(known)}")
 

@@ -347,3 +347,35 @@ def test_bad_policies_and_cost_weights_are_refused_in_one_line(
     metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
     assert "single:mid" in {r["name"] for r in metrics["comparison"]["routers"]}
     assert "single:mid" not in {r["name"] for r in metrics["two_model"]["routers"]}
+
+
+def test_a_checkpoint_or_gateway_policy_is_named_as_an_operator_would(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--policy` takes a checkpoint path (its directory, its checkpoint.json, the run
+    directory), `packaged:<name>`, or a policy name as a client puts it in `model`, besides
+    the prefixed specs."""
+    import shutil
+
+    from router.checkpoint import load_checkpoint
+
+    run = tmp_path / "run"
+    shutil.copytree(load_checkpoint("packaged:demo").path, run / "checkpoint")
+    version = load_checkpoint("packaged:demo").version
+    base = ["--table", str(DEMO), "--baselines", "none", "--bootstrap", "0"]
+    for i, spec in enumerate(
+        [str(run), str(run / "checkpoint"), str(run / "checkpoint" / "checkpoint.json"),
+         "packaged:demo", "compact"]
+    ):  # fmt: skip
+        out = tmp_path / f"o{i}"
+        assert main([*base, "--policy", spec, "--out", str(out)]) == 0, spec
+        names = {r["name"] for r in json.loads((out / "metrics.json").read_text())["comparison"]["routers"]}  # fmt: skip
+        assert f"compact-knn[{version}]" in names, (spec, names)
+    out = tmp_path / "p"
+    assert main([*base, "--policy", "cheapest", "--out", str(out)]) == 0
+    names = {r["name"] for r in json.loads((out / "metrics.json").read_text())["comparison"]["routers"]}  # fmt: skip
+    assert "policy:cheapest" in names
+    assert main([*base, "--policy", "llm", "--out", str(out)]) == 2
+    assert "llm:BASE_URL" in capsys.readouterr().err
+    assert main([*base, "--policy", str(tmp_path), "--out", str(out)]) == 2
+    assert "a checkpoint path or packaged:<name>" in capsys.readouterr().err
