@@ -26,6 +26,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from routerbench_data import GPT4, add_data_argument, load_records  # noqa: E402
+
 from router.checkpoint import load_checkpoint  # noqa: E402
 from router.features import FeatureExtractor  # noqa: E402
 from router.outcomes import OutcomeRecord  # noqa: E402
@@ -33,20 +35,16 @@ from router.policies.compact import CompactHead  # noqa: E402
 from training.compact.config import TrainConfig  # noqa: E402
 from training.compact.data import TableArrays, cached_features  # noqa: E402
 from training.compact.trainer import train  # noqa: E402
-from training.datasets.common import UniqueIds  # noqa: E402
-from training.datasets.routerbench import iter_routerbench_csv  # noqa: E402
 from training.datasets.splits import split_of  # noqa: E402
 
-GPT4 = "gpt-4-1106-preview"
 REPORT_LAMBDAS = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 
 
 def load(data: Path) -> list[OutcomeRecord]:
-    files = sorted(data.glob("*.csv"))
-    if not files:
-        raise SystemExit(f"no RouterBench CSVs under {data} (see ../shared/data/routerbench_zs)")
-    ids = UniqueIds()
-    return [r for f in files for r in iter_routerbench_csv(f, ids, with_responses=False)]
+    records = load_records(data, with_responses=False)  # the network reads no responses
+    if records is None:
+        raise SystemExit(2)
+    return records
 
 
 def curve(
@@ -69,9 +67,7 @@ def cheapest_matching(acc: np.ndarray, cost: np.ndarray, target: float) -> int |
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--data", type=Path, default=REPO.parent / "shared" / "data" / "routerbench_zs"
-    )
+    add_data_argument(parser)
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from compact_routerbench import curve, load  # noqa: E402
+from routerbench_data import GPT4, add_data_argument  # noqa: E402
 
 from router.checkpoint import load_checkpoint  # noqa: E402
 from router.features import FeatureExtractor  # noqa: E402
@@ -41,7 +42,6 @@ from training.compact.trainer import train  # noqa: E402
 from training.datasets.splits import split_of  # noqa: E402
 from training.evaluation.metrics import CurvePoint, aiq  # noqa: E402
 
-GPT4 = "gpt-4-1106-preview"
 VARIANTS: list[dict[str, Any]] = [
     {},
     {"seed": 1},
@@ -64,9 +64,7 @@ VARIANTS: list[dict[str, Any]] = [
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--data", type=Path, default=REPO.parent / "shared" / "data" / "routerbench_zs"
-    )
+    add_data_argument(parser)
     parser.add_argument("variants", nargs="*", help="TrainConfig overrides as JSON objects")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)

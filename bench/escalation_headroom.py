@@ -55,18 +55,16 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))  # run as a plain script from a checkout
 
+from routerbench_data import GPT4, add_data_argument, load_records, split_parts  # noqa: E402
+
 from router.answers import normalize_answer  # noqa: E402
 from router.outcomes import OutcomeRecord  # noqa: E402
-from training.datasets.convert import load_converted  # noqa: E402
-from training.datasets.splits import split_records  # noqa: E402
 from training.evaluation.escalation import Logistic  # noqa: E402
 
 log = logging.getLogger("escalation_headroom")
 
-GPT4 = "gpt-4-1106-preview"
 # Cheap answers a perfect code check may choose among.
 MAX_CHECKED = 4
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "routerbench_zs"
 BUDGETS = (0.3, 0.5, 0.75)
 FOLDS = 10
 MAX_VOTERS = 3
@@ -206,15 +204,14 @@ def reach_pct(points: Sequence[Point], target: float, ref_cost: float) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    add_data_argument(parser)
     parser.add_argument("--seed", default="0", help="split seed")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    csvs = sorted(args.data.glob("*.csv"))
-    if not csvs:
-        print(f"no RouterBench CSVs under {args.data}: nothing to measure", file=sys.stderr)
+    records = load_records(args.data)
+    if records is None:
         return 2
-    parts = split_records(load_converted("routerbench", csvs), (0.6, 0.2, 0.2), args.seed)
+    parts = split_parts(records, args.seed)
     rows_all = [*parts.train, *parts.validation]
     g_total = sum(r.outcomes[GPT4].cost_usd or 0.0 for r in rows_all)
     g_right = sum(r.outcomes[GPT4].score for r in rows_all)

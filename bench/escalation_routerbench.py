@@ -32,9 +32,17 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))  # run as a plain script from a checkout
 
+from routerbench_data import (  # noqa: E402
+    GPT4,
+    HAND_PLANS,
+    MIXTRAL,
+    YI,
+    add_data_argument,
+    load_records,
+    split_parts,
+)
+
 from router.outcomes import OutcomeRecord  # noqa: E402
-from training.datasets.convert import load_converted  # noqa: E402
-from training.datasets.splits import split_records  # noqa: E402
 from training.evaluation.bootstrap import mean_difference  # noqa: E402
 from training.evaluation.cascade import CascadeRouter  # noqa: E402
 from training.evaluation.escalation import EscalationRouter, best_under_budget  # noqa: E402
@@ -43,10 +51,6 @@ from training.evaluation.sweep import sweep  # noqa: E402
 
 log = logging.getLogger("escalation_routerbench")
 
-GPT4 = "gpt-4-1106-preview"
-MIXTRAL = "mistralai/mixtral-8x7b-chat"
-YI = "zero-one-ai/Yi-34B-Chat"
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "routerbench_zs"
 BUDGETS = (0.5, 0.3)
 
 # The grid: automatic plans (per task the most accurate models costing <= 10% of the final
@@ -59,10 +63,7 @@ GRID: list[dict[str, Any]] = [
         "max_cheap": 4,
         "first": 2,
         "l2": 10.0,
-        "plans": {
-            "arc-challenge": [MIXTRAL, YI, "claude-instant-v1", "gpt-3.5-turbo-1106"],
-            "mbpp": ["gpt-3.5-turbo-1106"],
-        },
+        "plans": HAND_PLANS,
     },
 ]
 
@@ -96,16 +97,15 @@ def per_task(router: EscalationRouter, records: Sequence[OutcomeRecord], lam: fl
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    add_data_argument(parser)
     parser.add_argument("--seed", default="0", help="split seed")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    csvs = sorted(args.data.glob("*.csv"))
-    if not csvs:
-        print(f"no RouterBench CSVs under {args.data}: nothing to measure", file=sys.stderr)
-        return 2
     t0 = time.perf_counter()
-    parts = split_records(load_converted("routerbench", csvs), (0.6, 0.2, 0.2), args.seed)
+    records = load_records(args.data)
+    if records is None:
+        return 2
+    parts = split_parts(records, args.seed)
     train, val, test = parts.train, parts.validation, parts.test
     val_acc, val_cost = mean(val, GPT4, "score"), mean(val, GPT4, "cost_usd")
 

@@ -38,12 +38,12 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))  # run as a plain script from a checkout
 
+from routerbench_data import add_data_argument, load_records, split_parts  # noqa: E402
+
 from router.outcomes import OutcomeRecord  # noqa: E402
 from training.compact.config import TrainConfig  # noqa: E402
 from training.compact.knn import build_knn  # noqa: E402
 from training.compact.trainer import train  # noqa: E402
-from training.datasets.convert import load_converted  # noqa: E402
-from training.datasets.splits import split_records  # noqa: E402
 from training.evaluation.baselines import SingleModelRouter  # noqa: E402
 from training.evaluation.compare import Entry, compare  # noqa: E402
 from training.evaluation.registry import LoadContext, default_registry  # noqa: E402
@@ -52,7 +52,6 @@ from training.evaluation.utility import lambda_grid  # noqa: E402
 
 log = logging.getLogger("offpolicy_routerbench")
 
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "routerbench_zs"
 DEPLOYED = "gpt-3.5-turbo-1106"
 
 
@@ -79,7 +78,7 @@ def logged(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    add_data_argument(parser)
     parser.add_argument("--seed", type=int, default=0, help="split seed and logging seed")
     parser.add_argument("--epsilon", type=float, default=0.2)
     parser.add_argument("--bootstrap", type=int, default=1000, metavar="N")
@@ -88,13 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for noisy in ("training", "router", "LiteLLM"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
-    csvs = sorted(args.data.glob("*.csv"))
-    if not csvs:
-        print(f"no RouterBench CSVs under {args.data}: nothing to measure", file=sys.stderr)
-        return 2
     started = time.perf_counter()
-    records = load_converted("routerbench", csvs)
-    parts = split_records(records, (0.6, 0.2, 0.2), args.seed)
+    records = load_records(args.data)
+    if records is None:
+        return 2
+    parts = split_parts(records, args.seed)
     models = list(records[0].outcomes)
     known = parts.train + parts.validation  # the test part is never logged
     ctx = LoadContext(parts.train, parts.validation, seed=0)

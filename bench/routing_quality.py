@@ -41,9 +41,16 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))  # run as a plain script from a checkout
 
+from routerbench_data import (  # noqa: E402
+    GPT4,
+    HAND_PLANS,
+    MIXTRAL,
+    add_data_argument,
+    load_records,
+    split_parts,
+)
+
 from router.outcomes import OutcomeRecord  # noqa: E402
-from training.datasets.convert import load_converted  # noqa: E402
-from training.datasets.splits import split_records  # noqa: E402
 from training.evaluation.baselines import (  # noqa: E402
     KNNRouter,
     MFRouter,
@@ -62,11 +69,6 @@ from training.evaluation.sweep import OfflineRouter, restrict_models, sweep  # n
 from training.evaluation.utility import lambda_grid  # noqa: E402
 
 log = logging.getLogger("routing_quality")
-
-GPT4 = "gpt-4-1106-preview"
-MIXTRAL = "mistralai/mixtral-8x7b-chat"
-YI = "zero-one-ai/Yi-34B-Chat"
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "routerbench_zs"
 
 
 class CachedEmbedding:
@@ -167,10 +169,7 @@ def escalation_grid() -> list[tuple[str, Callable[[], Any]]]:
             "max_cheap": 4,
             "first": 2,
             "l2": 10.0,
-            "plans": {
-                "arc-challenge": [MIXTRAL, YI, "claude-instant-v1", "gpt-3.5-turbo-1106"],
-                "mbpp": ["gpt-3.5-turbo-1106"],
-            },
+            "plans": HAND_PLANS,
         },
     ]
     return [
@@ -366,7 +365,7 @@ def print_intervals(full: Comparison, names: Sequence[str]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    add_data_argument(parser)
     parser.add_argument("--seed", type=int, default=0, help="split seed")
     parser.add_argument(
         "--embedding",
@@ -403,15 +402,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
-    csvs = sorted(args.data.glob("*.csv"))
-    if not csvs:
-        print(f"no RouterBench CSVs under {args.data}: nothing to measure", file=sys.stderr)
-        return 2
     for module in args.imports:
         importlib.import_module(module)
     t_start = time.perf_counter()
-    records = load_converted("routerbench", csvs)
-    parts = split_records(records, (0.6, 0.2, 0.2), args.seed)
+    records = load_records(args.data)
+    if records is None:
+        return 2
+    parts = split_parts(records, args.seed)
     train, val, test = parts.train, parts.validation, parts.test
     log.info(
         "%d records: %d train / %d validation / %d test",

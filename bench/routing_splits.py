@@ -37,8 +37,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from routerbench_data import add_data_argument, load_records, split_parts  # noqa: E402
 from routing_quality import (  # noqa: E402
-    DEFAULT_DATA,
     build_cascade_checkpoint,
     build_knn_checkpoint,
     cascade_grid,
@@ -51,8 +51,6 @@ from routing_quality import (  # noqa: E402
     val_aiq,
 )
 
-from training.datasets.convert import load_converted  # noqa: E402
-from training.datasets.splits import split_records  # noqa: E402
 from training.evaluation.baselines import RandomMixRouter  # noqa: E402
 from training.evaluation.compare import Entry, compare  # noqa: E402
 from training.evaluation.registry import LoadContext, default_registry  # noqa: E402
@@ -85,7 +83,7 @@ PAIRS = (
 
 def one_split(records: Sequence, seed: int, quick: bool) -> dict[str, float]:
     """Test AIQ of every router on split ``seed`` (every choice made on its validation)."""
-    parts = split_records(records, (0.6, 0.2, 0.2), seed)
+    parts = split_parts(records, seed)
     train, val, test = parts.train, parts.validation, parts.test
     embeds = make_embeddings("both", train)
     routers: list[OfflineRouter] = [RandomMixRouter(seed=0).fit(train)]
@@ -121,18 +119,16 @@ def one_split(records: Sequence, seed: int, quick: bool) -> dict[str, float]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    add_data_argument(parser)
     parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated split seeds")
     parser.add_argument("--quick", action="store_true", help="smaller hyper-parameter grids")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     log.setLevel(logging.INFO)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    csvs = sorted(args.data.glob("*.csv"))
-    if not csvs:
-        print(f"no RouterBench CSVs under {args.data}: nothing to measure", file=sys.stderr)
+    records = load_records(args.data)
+    if records is None:
         return 2
-    records = load_converted("routerbench", csvs)
     results: dict[int, dict[str, float]] = {}
     for seed in seeds:
         t0 = time.perf_counter()
