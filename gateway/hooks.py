@@ -84,6 +84,12 @@ class Bookkeeping:
         if not task.cancelled() and (exc := task.exception()) is not None:
             log.error("bookkeeping step failed", exc_info=exc)
 
+    async def wait_current(self) -> None:
+        """Wait for the steps running now (not for ones started meanwhile: under steady
+        traffic there always are some)."""
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
     async def drain(self) -> None:
         """Wait for every step still running (shutdown, before the ledger closes)."""
         while self._tasks:

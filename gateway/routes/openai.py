@@ -114,9 +114,17 @@ async def feedback(request: Request) -> Response:
         err = exc.errors()[0]
         param = ".".join(str(p) for p in err["loc"]) or None
         raise bad_request(f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
-    # The request must be in the ledger before feedback can attach to it.
-    await s.ledger.flush()
+    # The request must be in the ledger before feedback can attach to it. Its row is
+    # written behind the response (batched): feedback sent right after the answer may find
+    # it still queued, or (a stream's bookkeeping runs after its last chunk) not yet
+    # submitted. Only then is the batch forced, so feedback at a steady rate does not
+    # defeat the batching.
     row = await get_request(s.engine, fb.request_id)
+    if row is None:
+        assert s.hooks is not None
+        await s.hooks.bookkeeping.wait_current()
+        await s.ledger.flush()
+        row = await get_request(s.engine, fb.request_id)
     if row is None:
         raise APIError(
             404,

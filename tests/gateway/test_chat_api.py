@@ -82,6 +82,18 @@ def test_feedback_names_a_request_by_its_completion_id_or_its_request_id(
         )
         assert r.status_code == 200, r.text
         assert r.json()["request_id"] == rid
+    # A stream's ledger row is submitted after its last chunk: feedback sent at once waits
+    # for it rather than missing it.
+    for _ in range(5):
+        stream = c.chat.completions.create(
+            model=MODEL,
+            stream=True,
+            messages=[{"role": "user", "content": "Name another prime number."}],
+        )
+        ids = {chunk.id for chunk in stream}
+        assert len(ids) == 1
+        r = httpx.post(f"{gateway.base_url}/feedback", json={"request_id": ids.pop(), "score": 1})
+        assert r.status_code == 200, r.text
     r = httpx.post(f"{gateway.base_url}/feedback", json={"request_id": "chatcmpl-nope", "score": 1})
     assert r.status_code == 404 and r.json()["error"]["code"] == "request_not_found"
 
