@@ -28,6 +28,8 @@ def run_deploy(args: argparse.Namespace) -> int:
     except CheckpointError as exc:
         log.error("%s", exc)
         return 2
+    if not packaged and ckpt.path is not None:
+        path = ckpt.path  # the checkpoint itself, where a run directory was named
     if not args.admin_key:
         log.error("an admin key is needed: --admin-key or XROUTER_ADMIN_KEY")
         return 2

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from router.checkpoint import PACKAGED_PREFIX
+from router.checkpoint import PACKAGED_PREFIX, checkpoint_location
 
 if TYPE_CHECKING:
     from gateway.services import Services
@@ -20,7 +20,10 @@ log = logging.getLogger(__name__)
 
 def _fingerprint(paths: list[Path]) -> tuple[tuple[str, float, int], ...]:
     out = []
-    for p in paths:
+    for named in paths:
+        # A checkpoint named by its run directory or checkpoint.json: watch the checkpoint
+        # directory itself (not the run's caches and logs; its weights too).
+        p = checkpoint_location(named)
         try:
             if p.is_dir():
                 for f in sorted(p.rglob("*")):

@@ -82,11 +82,18 @@ def default_checkpoint_path() -> Path:
 
 def checkpoint_location(path: str | Path) -> Path:
     """A checkpoint path, or ``packaged:<name>`` for one shipped with xrouter (installed
-    packages live in site-packages, whose path operators should not have to spell)."""
+    packages live in site-packages, whose path operators should not have to spell). A
+    checkpoint directory may also be named by its ``checkpoint.json`` or by the run
+    directory (``xrouter train --out``) that holds it. Blocking file I/O (a stat or two)."""
     text = str(path)
     if text.startswith(PACKAGED_PREFIX):
         return packaged_checkpoint_path(text.removeprefix(PACKAGED_PREFIX))
-    return Path(path)
+    p = Path(path)
+    if p.name == META_FILE and p.is_file():
+        return p.parent
+    if p.is_dir() and not (p / META_FILE).exists() and (p / "checkpoint" / META_FILE).is_file():
+        return p / "checkpoint"
+    return p
 
 
 class CheckpointPoolMismatch(CheckpointError):

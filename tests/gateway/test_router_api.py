@@ -315,12 +315,13 @@ def test_a_knn_checkpoint_is_trained_deployed_and_served(
     )
     gw = start_gateway(tmp_path, cfg)
     try:
-        out = xrouter_cli(
-            "deploy", str(run / "checkpoint"), "--url", gw.url, "--admin-key", ADMIN_KEY
-        )
+        # The run directory names its checkpoint, as `xrouter eval --policy` takes it.
+        out = xrouter_cli("deploy", str(run), "--url", gw.url, "--admin-key", ADMIN_KEY)
         assert out.returncode == 0, out.stderr
-        deployed = json.loads(out.stdout)["checkpoint"]
+        body = json.loads(out.stdout)
+        deployed = body["checkpoint"]
         assert (deployed["version"], deployed["kind"]) == (ckpt.version, "knn")
+        assert body["deployment"]["checkpoint"] == str((run / "checkpoint").resolve())
         made = httpx.post(f"{gw.url}/admin/keys", json={"alias": "knn"}, headers=ADMIN)
         assert made.status_code == 201, made.text
         key = made.json()["key"]

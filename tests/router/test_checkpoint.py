@@ -208,3 +208,22 @@ def test_the_default_is_the_packaged_demo_and_unknown_names_are_refused() -> Non
             CheckpointError, match=r"no packaged checkpoint .*packaged: demo, demo-rl"
         ):
             load_checkpoint(f"packaged:{bad}")
+
+
+def test_a_checkpoint_is_found_from_its_run_directory_or_its_metadata_file(
+    tmp_path: Path,
+) -> None:
+    import shutil
+
+    from router.checkpoint import META_FILE, checkpoint_location
+
+    src = load_checkpoint("packaged:demo")
+    run = tmp_path / "run"
+    shutil.copytree(src.path, run / "checkpoint")
+    for named in (run, run / "checkpoint", run / "checkpoint" / META_FILE):
+        assert checkpoint_location(named) == run / "checkpoint"
+        assert load_checkpoint(named).version == src.version
+    # A directory that is neither is left as it is (and said to hold no checkpoint).
+    assert checkpoint_location(tmp_path) == tmp_path
+    with pytest.raises(CheckpointError, match=r"no checkpoint\.json"):
+        load_checkpoint(tmp_path)

@@ -23,7 +23,6 @@ import logging
 import statistics
 from collections.abc import Callable, Sequence
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 from pricing import ModelPrice, load_default_catalog
@@ -322,20 +321,14 @@ def _llm(spec: str, ctx: LoadContext) -> LoopRouter:
 
 
 def _checkpoint_path(spec: str) -> str | None:
-    """``spec`` as a checkpoint path if it names one: a checkpoint directory, its
-    ``checkpoint.json``, a single-file ``.safetensors`` checkpoint, or a run directory
-    (``xrouter train --out``) holding ``checkpoint/``."""
-    from router.checkpoint import META_FILE
+    """``spec`` as a checkpoint path if it names one (its directory, its
+    ``checkpoint.json``, a single-file ``.safetensors`` checkpoint, or the run directory
+    holding it: ``router.checkpoint.checkpoint_location``)."""
+    from router.checkpoint import META_FILE, checkpoint_location
 
-    p = Path(spec)
-    if p.is_dir() and (p / META_FILE).is_file():
+    p = checkpoint_location(spec)
+    if (p.is_dir() and (p / META_FILE).is_file()) or (p.is_file() and p.suffix == ".safetensors"):
         return str(p)
-    if p.is_file() and p.name == META_FILE:
-        return str(p.parent)
-    if p.is_file() and p.suffix == ".safetensors":
-        return str(p)
-    if p.is_dir() and (p / "checkpoint" / META_FILE).is_file():
-        return str(p / "checkpoint")
     return None
 
 
