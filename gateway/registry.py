@@ -100,7 +100,12 @@ def run_checkpoints(args: argparse.Namespace) -> int:
         paths = (
             [packaged_checkpoint_path(n) for n in packaged_checkpoint_names()]
             if args.packaged
-            else [checkpoint_location(p) for p in args.paths]
+            # A run directory is listed whole (its step checkpoints too), so only the
+            # packaged: names are resolved here, not a run directory to its checkpoint.
+            else [
+                checkpoint_location(p) if str(p).startswith(PACKAGED_PREFIX) else Path(p)
+                for p in args.paths
+            ]
         )
     except CheckpointError as exc:
         log.error("%s", exc)

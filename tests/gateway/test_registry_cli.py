@@ -83,3 +83,23 @@ def test_packaged_checkpoints_are_listed_and_named_as_deploy_takes_them(
         json.loads(capsys.readouterr().out)["version"] == load_checkpoint("packaged:demo").version
     )
     assert main(["checkpoints", "packaged:nope"]) == 2
+
+
+def test_a_run_directory_lists_its_step_checkpoints_and_names_its_final_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    full, _ = make_tables(n=120)
+    table = tmp_path / "topics.jsonl"
+    write_outcome_table(full, table)
+    run = tmp_path / "net"
+    argv = ["train", "--table", str(table), "--out", str(run), "--steps", "20",
+            "--eval-every", "10", "--checkpoint-every", "10", "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main(["checkpoints", str(run), "--steps", "--json"]) == 0
+    paths = {json.loads(line)["path"] for line in capsys.readouterr().out.splitlines()}
+    assert str(run / "checkpoint") in paths and len(paths) == 3, paths  # + steps 10 and 20
+    # Where one checkpoint is meant, the run directory names its final one.
+    assert main(["checkpoints", "--show", str(run)]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["version"] == load_checkpoint(run / "checkpoint").version
