@@ -279,9 +279,11 @@ class Services:
             except Exception as exc:
                 # The database is unreachable: keep serving. An outage is logged when it
                 # starts (or its error changes) and when it ends, not at every poll.
-                message = f"{type(exc).__name__}: {exc}"
+                from gateway.ledger.store import describe_error
+
+                message = describe_error(exc)  # one line, without SQLAlchemy's statement
                 if message != self._poll_error:
-                    log.error("reading router deployments failed: %s", exc)
+                    log.error("reading router deployments failed: %s", message)
                 self._poll_error = message
                 continue
             if self._poll_error is not None:
