@@ -13,7 +13,13 @@ from training.verl.launch import GrpoRun
 
 
 def _floats(text: str) -> tuple[float, ...]:
-    return tuple(float(x) for x in text.split(",") if x.strip())
+    # "IN/OUT" too, as `xrouter eval --policy llm:...#price=IN/OUT` writes a price.
+    try:
+        return tuple(float(x) for x in text.replace("/", ",").split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}"
+        ) from None
 
 
 def add_verl_data_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +55,8 @@ def add_verl_data_arguments(parser: argparse.ArgumentParser) -> None:
         type=_floats,
         default=(0.0, 0.0),
         metavar="IN,OUT",
-        help="the router's own tokens, USD per 1M input and output tokens (default free)",
+        help="the router's own tokens, USD per 1M input and output tokens, IN,OUT or IN/OUT "
+        "(default free)",
     )
     parser.add_argument("--split-seed", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0, help="seed of the per-prompt λ draw")

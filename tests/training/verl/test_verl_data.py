@@ -125,6 +125,11 @@ def test_the_cli_writes_the_dataset(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert row["extra_info"]["cost_weight"] in (0.0, 0.2)
     printed = capsys.readouterr().out
     assert "3 models" in printed and "train_grpo.sh" in printed
+    # The price as `xrouter eval --policy llm:...#price=IN/OUT` writes it works too.
+    args[-1] = "0.1/0.4"
+    assert xrouter(["verl-data", "--table", str(table), "--out", str(out), *args]) == 0
+    price = orjson.loads(rows(out, "train")[0]["extra_info"]["reward"])["router_price"]
+    assert (float(price["input"]), float(price["output"])) == (0.1, 0.4)
 
 
 def test_the_cli_names_what_is_wrong(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
