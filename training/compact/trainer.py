@@ -281,13 +281,6 @@ def prepare_table(
     prices_path: str | Path | None = None,
 ) -> RunTable:
     """Checks and arrays shared by every way of building a checkpoint from a table."""
-    models = list(pool) if pool else pool_of(records, full_information=not cfg.offpolicy)
-    if not models:
-        raise ValueError("no model has an outcome on every record: pass --pool")
-    seen = {m for r in records for m in r.outcomes}
-    unknown = [m for m in models if m not in seen]
-    if unknown:
-        raise ValueError(f"pool model(s) with no outcome in the table: {', '.join(unknown)}")
     kept = [r for r in records if r.has_prompt]
     if not kept:
         raise ValueError(
@@ -319,7 +312,16 @@ def prepare_table(
                 len(kept) - len(single),
             )
         kept = single
-    else:
+    # The actions: the models the usable records hold outcomes of (every one of them, with
+    # full information), unless a pool is given.
+    models = list(pool) if pool else pool_of(kept, full_information=not cfg.offpolicy)
+    if not models:
+        raise ValueError("no model has an outcome on every record: pass --pool")
+    seen = {m for r in kept for m in r.outcomes}
+    unknown = [m for m in models if m not in seen]
+    if unknown:
+        raise ValueError(f"pool model(s) with no outcome in the table: {', '.join(unknown)}")
+    if not cfg.offpolicy:
         full = [r for r in kept if all(m in r.outcomes for m in models)]
         if len(full) < len(kept):
             logger.warning(

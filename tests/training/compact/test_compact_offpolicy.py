@@ -183,3 +183,18 @@ def test_offpolicy_learns_from_single_model_decisions_only(
     assert res.checkpoint_path.exists()
     assert "skipped 40 records that are not a logged single-model decision" in caplog.text
     assert f"{len(logged) - 40} usable records" in caplog.text
+    # Without --pool the actions are the models the usable decisions hold: a model that
+    # only ever ended a cascade has no single-model outcome to learn from.
+    only_cascaded = []
+    for r in cascades:
+        data = r.model_dump(exclude_none=True)
+        outcome = data["outcomes"].pop(data["logged"]["action"])
+        data["outcomes"] = {"cascade-only": outcome}
+        data["logged"]["action"] = "cascade-only"
+        data["logged"]["actions"] = ["cascade-only", "another-model"]
+        only_cascaded.append(OutcomeRecord.model_validate(data))
+    res = train(
+        [*only_cascaded, *logged[40:]], cfg, tmp_path / "nopool",
+        extractor=FeatureExtractor.load(),
+    )  # fmt: skip
+    assert sorted(load_checkpoint(res.checkpoint_path).pool) == pool
