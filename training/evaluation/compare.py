@@ -324,7 +324,7 @@ def _add_pgr_intervals(
 @dataclass(frozen=True, slots=True)
 class OffPolicyRow:
     router: str
-    param: float
+    param: float | None  # the cost weight; None: each record's logged one
     estimates: dict[str, dict[str, Any]]  # quantity ("score", "cost_usd") -> estimator -> Estimate
     # Records where the router's choice had logging probability 0 (no data for it).
     unsupported: int = 0
@@ -336,6 +336,36 @@ class OffPolicyRow:
             "estimates": self.estimates,
             "unsupported": self.unsupported,
         }
+
+
+def _first_choices(entry: Entry, records: Sequence[OutcomeRecord], lam: float | None) -> list[str]:
+    """The one model ``entry`` picks per record at ``lam`` (None: at each record's logged
+    cost weight, routing each group of equal weights together)."""
+    if lam is None:
+        groups: dict[float, list[int]] = {}
+        for i, r in enumerate(records):
+            assert r.logged is not None and r.logged.cost_weight is not None
+            groups.setdefault(float(r.logged.cost_weight), []).append(i)
+        out = [""] * len(records)
+        for weight, idx in groups.items():
+            for i, choice in zip(
+                idx, _first_choices(entry, [records[i] for i in idx], weight), strict=True
+            ):
+                out[i] = choice
+        return out
+    choices = []
+    for route in entry.router.route(records, lam):
+        if isinstance(route, RoutedPrompt):
+            if len(route.models_called) != 1:
+                raise OPEError("multi-call trajectories cannot be evaluated off-policy")
+            choices.append(route.final_model)
+        elif isinstance(route, str):
+            choices.append(route)
+        else:
+            if len(route) != 1:
+                raise OPEError("multi-call trajectories cannot be evaluated off-policy")
+            choices.append(route[0])
+    return choices
 
 
 def off_policy(
@@ -375,24 +405,16 @@ def off_policy(
     named = {e.router.name for e in singles}
     rows: list[OffPolicyRow] = []
     # A `--policy single:MODEL` is already among the single-model rows.
+    # Each router at each swept λ; a --policy also at the cost weights the logged requests
+    # asked for (what it would have done with this traffic), when they carry them.
+    as_logged = all(r.logged is not None and r.logged.cost_weight is not None for r in logged)
     for entry in [*singles, *(e for e in entries if e.router.name not in named)]:
-        grid = list(entry.params) if entry.params is not None else list(params)
+        grid: list[float | None] = list(entry.params if entry.params is not None else params)
+        if as_logged and entry.kind == "policy":
+            grid.append(None)
         for lam in grid:
             try:
-                routes = entry.router.route(logged, lam)
-                choices = []
-                for r in routes:
-                    if isinstance(r, RoutedPrompt):
-                        if len(r.models_called) != 1:
-                            raise OPEError("multi-call trajectories cannot be evaluated off-policy")
-                        choices.append(r.final_model)
-                    elif isinstance(r, str):
-                        choices.append(r)
-                    else:
-                        if len(r) != 1:
-                            raise OPEError("multi-call trajectories cannot be evaluated off-policy")
-                        choices.append(r[0])
-                target = deterministic_probs(choices, models)
+                target = deterministic_probs(_first_choices(entry, logged, lam), models)
             except (OPEError, RoutingError) as exc:
                 notes.append(f"{entry.router.name}: no off-policy estimate ({exc})")
                 break
@@ -405,7 +427,7 @@ def off_policy(
             }
             chosen = target[np.arange(len(bandit)), bandit.actions] > 0
             unsupported = int((deterministic & ~chosen).sum())
-            rows.append(OffPolicyRow(entry.router.name, float(lam), estimates, unsupported))
+            rows.append(OffPolicyRow(entry.router.name, lam, estimates, unsupported))
     worst: dict[str, int] = {}
     for row in rows:
         if row.unsupported:

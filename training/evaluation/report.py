@@ -128,7 +128,8 @@ def _off_policy_md(rows: list[OffPolicyRow]) -> list[str]:
         s, c = r.estimates["score"], r.estimates["cost_usd"]
         n = s["snips"]["n"]
         lines.append(
-            f"| {r.router} | {r.param:g} | {s['snips']['value']:.4f} "
+            f"| {r.router} | {'as logged' if r.param is None else f'{r.param:g}'} "
+            f"| {s['snips']['value']:.4f} "
             f"[{s['snips']['ci_low']:.4f}, {s['snips']['ci_high']:.4f}] | {s['dr']['value']:.4f} "
             f"| {_usd(c['snips']['value'])} | {r.unsupported} of {n} |"
         )
@@ -264,14 +265,28 @@ def _plot_off_policy(ax: Any, rows: list[OffPolicyRow]) -> None:
     by_router: dict[str, list[OffPolicyRow]] = {}
     for r in rows:
         by_router.setdefault(r.router, []).append(r)
-    for name, rs in by_router.items():
+
+    def points(rs: list[OffPolicyRow]) -> tuple[list[float], list[float], list[list[float]]]:
         xs = [r.estimates["cost_usd"]["snips"]["value"] for r in rs]
         ys = [r.estimates["score"]["snips"]["value"] for r in rs]
         err = [
             [y - r.estimates["score"]["snips"]["ci_low"] for y, r in zip(ys, rs, strict=True)],
             [r.estimates["score"]["snips"]["ci_high"] - y for y, r in zip(ys, rs, strict=True)],
         ]
-        ax.errorbar(xs, ys, yerr=err, fmt="o-", ms=3, lw=1, capsize=2, label=name)
+        return xs, ys, err
+
+    for name, rs in by_router.items():
+        swept = [r for r in rs if r.param is not None]
+        logged = [r for r in rs if r.param is None]
+        color = None
+        if swept:
+            xs, ys, err = points(swept)
+            bars = ax.errorbar(xs, ys, yerr=err, fmt="o-", ms=3, lw=1, capsize=2, label=name)
+            color = bars.lines[0].get_color()
+        if logged:  # at the traffic's own cost weights: a point apart from the λ sweep
+            xs, ys, err = points(logged)
+            ax.errorbar(xs, ys, yerr=err, fmt="*", ms=9, capsize=2, color=color,
+                        label=f"{name}, as logged")  # fmt: skip
     ax.set_xlabel("estimated average cost per prompt (USD, SNIPS)")
     ax.set_ylabel("estimated average score (SNIPS, 95% CI)")
     ax.set_title("off-policy estimates")

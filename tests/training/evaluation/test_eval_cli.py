@@ -379,3 +379,43 @@ def test_a_checkpoint_or_gateway_policy_is_named_as_an_operator_would(
     assert "llm:BASE_URL" in capsys.readouterr().err
     assert main([*base, "--policy", str(tmp_path), "--out", str(out)]) == 2
     assert "a checkpoint path or packaged:<name>" in capsys.readouterr().err
+
+
+def test_a_policy_is_also_estimated_at_the_cost_weights_the_traffic_asked_for(
+    tmp_path: Path,
+) -> None:
+    """Half the logged requests asked for λ = 0, half for λ = 2: `fixed-strong` (strong
+    below λ = 1, cheap above) would have served the first half strong and the rest cheap."""
+    rng = np.random.default_rng(5)
+    rows = []
+    for i in range(600):
+        action = "strong" if rng.random() < 0.3 else "cheap"
+        cost = 0.002 if action == "strong" else 0.0001
+        rows.append(
+            OutcomeRecord.model_validate(
+                {
+                    "id": f"w{i}",
+                    "prompt": f"hello {i}",
+                    "outcomes": {action: {"score": 1.0, "cost_usd": cost}},
+                    "logged": {
+                        "action": action,
+                        "propensity": 0.3 if action == "strong" else 0.7,
+                        "cost_weight": 0.0 if i % 2 == 0 else 2.0,
+                    },
+                }
+            )
+        )
+    path = tmp_path / "logged.jsonl"
+    write_outcome_table(rows, path)
+    registry = RouterRegistry()
+    registry.register("fixed", lambda spec, ctx: _Fixed())
+    out = tmp_path / "out"
+    args = parse(["--table", str(path), "--split", "all", "--policy", "fixed", "--out", str(out)])
+    assert run_eval(args, registry) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    got = {(r["router"], r["param"]): r["estimates"] for r in metrics["off_policy"]}
+    assert got[("fixed-strong", 0.0)]["cost_usd"]["snips"]["value"] == pytest.approx(0.002)
+    mixed = got[("fixed-strong", None)]["cost_usd"]["snips"]["value"]
+    assert mixed == pytest.approx((0.002 + 0.0001) / 2, rel=0.15)
+    assert ("single:cheap", None) not in got  # a fixed model has no cost weight to follow
+    assert "| fixed-strong | as logged |" in (out / "report.md").read_text()
