@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.ledger.schema import calls, feedback, requests, utc_day
+from gateway.ledger.schema import api_keys, calls, feedback, requests, utc_day
 from pricing import micros_to_usd
 
 GroupBy = Literal["key", "model", "policy", "day"]
@@ -148,6 +148,18 @@ async def spend_report(
         query = query.group_by(*(_group_column(g) for g in groups))
     async with engine.connect() as conn:
         rows = [dict(r._mapping) for r in await conn.execute(query)]
+        if "key" in groups:
+            # The key's alias beside its id, as operators name keys (None: no key, or one
+            # the admin API did not make).
+            ids = {r["key_id"] for r in rows if r["key_id"] is not None}
+            aliases: dict[str, str] = {}
+            if ids:
+                found = await conn.execute(
+                    sa.select(api_keys.c.key_id, api_keys.c.alias).where(api_keys.c.key_id.in_(ids))
+                )
+                aliases = {k: a for k, a in found}
+            for r in rows:
+                r["key_alias"] = aliases.get(r["key_id"])
     return sorted((_money(r) for r in rows), key=_sort_key(fields))
 
 

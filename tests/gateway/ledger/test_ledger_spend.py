@@ -83,6 +83,8 @@ def expected_report(
     out = []
     for k, row in acc.items():
         item = {field[g]: v for g, v in zip(groups, k, strict=True)}
+        if "key" in groups:
+            item["key_alias"] = None  # these keys were not made by the admin API
         item.update(row)
         if "model" in groups:
             item["requests"] = len(seen[k])
@@ -194,3 +196,20 @@ async def test_get_request(engine: AsyncEngine, loaded: list[RequestRecord]) -> 
     assert row["created_at"] == datetime.fromtimestamp(rec.created_at, UTC)
     assert "content" not in row
     assert await get_request(engine, "nope") is None
+
+
+async def test_a_key_report_names_the_keys_by_alias(
+    engine: AsyncEngine, make_settings: Callable[..., LedgerSettings]
+) -> None:
+    from gateway.ledger.keys import KeyRepository
+
+    info, _ = await KeyRepository(engine).create("team-search")
+    writer = LedgerWriter(engine, make_settings())
+    await writer.start()
+    writer.submit(make_request("spend-alias-1", key_id=info.key_id, call_costs=(700,)))
+    writer.submit(make_request("spend-alias-2", key_id=None, call_costs=(300,)))
+    await writer.close()
+    rows = {r["key_id"]: r for r in await spend_report(engine, ["key"])}
+    assert rows[info.key_id]["key_alias"] == "team-search"
+    assert rows[info.key_id]["total_cost_micros"] == 700
+    assert rows[None]["key_alias"] is None
