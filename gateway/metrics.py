@@ -19,7 +19,7 @@ runs no hook, so every render also reaps the live-gauge files of pids that no lo
 Gauges declare how workers combine:
 ``livesum`` for the queue depth (the depth of all live queues), ``mostrecent`` for budget
 remaining (all workers read the same store; the latest reading is the truth), ``max`` for
-build info.
+build info, ``liveall`` (one series per live worker) for the serving router checkpoint.
 """
 
 from __future__ import annotations
@@ -293,6 +293,17 @@ class GatewayMetrics:
             multiprocess_mode="max",
         )
         self._build_info.labels(version=version).set(1)
+        # Which router checkpoint each worker serves: after `xrouter deploy`, every worker
+        # of every replica should show the new version (a pid label per live worker).
+        self._checkpoint = Gauge(
+            "xrouter_router_checkpoint_info",
+            "1 for the router checkpoint this worker serves (content version and kind), "
+            "0 for ones it served before.",
+            ["version", "kind"],
+            registry=r,
+            multiprocess_mode="liveall",
+        )
+        self._serving_checkpoint: tuple[str, str] | None = None
         # Series that should exist (at 0) from the start, so rate() and alerts see them.
         for limit in ("rpm", "tpm"):
             self._rate_limited.labels(limit=limit)
@@ -363,6 +374,18 @@ class GatewayMetrics:
         self._child(self._upstream_duration, m).observe(duration_s)
         if ttft_s is not None:
             self._child(self._ttft, m).observe(ttft_s)
+
+    def serving_checkpoint(self, version: str | None, kind: str | None) -> None:
+        """The checkpoint now serving (None: no checkpoint-served policy). A version is new
+        only at a deploy or retraining, so the series stay few."""
+        labels = (version, kind or "unknown") if version else None
+        if labels == self._serving_checkpoint:
+            return
+        if self._serving_checkpoint is not None:
+            self._checkpoint.labels(*self._serving_checkpoint).set(0)
+        if labels is not None:
+            self._checkpoint.labels(*labels).set(1)
+        self._serving_checkpoint = labels
 
     def decision(self, policy: str, model: str | None) -> None:
         self._child(self._decisions, self._policy(policy), self._model(model)).inc()

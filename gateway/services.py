@@ -89,6 +89,11 @@ class Services:
         remaining = micros_to_usd(state.remaining) if state.remaining is not None else None
         return micros_to_usd(state.spent), remaining
 
+    def _observe_checkpoint(self) -> None:
+        if self.metrics is not None and self.runtime is not None:
+            info = self.runtime.checkpoint_info or {}
+            self.metrics.serving_checkpoint(info.get("version"), info.get("kind"))
+
     def current(self) -> Runtime:
         assert self.runtime is not None
         return self.runtime
@@ -120,6 +125,7 @@ class Services:
         self.ledger = LedgerWriter(self.engine, s.ledger, self.metrics)
         await self.ledger.start()
         await self._start_deployments()
+        self._observe_checkpoint()
         self.keys = KeyRepository(self.engine)
         self.limits = self._limit_store()
         self.circuits = self._shared_circuits()
@@ -176,6 +182,7 @@ class Services:
             serving = self._effective(file_settings)
             runtime = await self._build(serving)
             self.file_settings, self.settings, self.runtime = file_settings, serving, runtime
+            self._observe_checkpoint()
             log.info("reloaded: pool=%s policies=%s", runtime.pool.names, runtime.policy_names)
             return runtime
 
@@ -194,6 +201,7 @@ class Services:
                 )
                 self._seen_deployment = self.deployment.id
             self.file_settings, self.settings, self.runtime = file_settings, serving, runtime
+            self._observe_checkpoint()
             log.info("deployed %s (deployment %s)", checkpoint, self._seen_deployment)
             return runtime
 

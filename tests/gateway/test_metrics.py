@@ -232,6 +232,24 @@ def test_ledger_sink(registry: CollectorRegistry, metrics: GatewayMetrics) -> No
     assert get("xrouter_ledger_rows_total") == 512
 
 
+def test_the_serving_checkpoint_is_one_series_at_1(
+    registry: CollectorRegistry, metrics: GatewayMetrics
+) -> None:
+    def value(version: str, kind: str = "knn") -> float | None:
+        return registry.get_sample_value(
+            "xrouter_router_checkpoint_info", {"version": version, "kind": kind}
+        )
+
+    metrics.serving_checkpoint("aaa111", "knn")
+    assert value("aaa111") == 1
+    metrics.serving_checkpoint("bbb222", "mlp")  # a deploy
+    assert (value("aaa111"), value("bbb222", "mlp")) == (0, 1)
+    metrics.serving_checkpoint("bbb222", "mlp")  # a reload of the same one
+    assert value("bbb222", "mlp") == 1
+    metrics.serving_checkpoint(None, None)  # no checkpoint-served policy any more
+    assert value("bbb222", "mlp") == 0
+
+
 def test_registries_are_isolated(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(MULTIPROC_ENV, raising=False)
     first, second = CollectorRegistry(), CollectorRegistry()

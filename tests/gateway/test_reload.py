@@ -185,6 +185,14 @@ def test_a_deploy_reaches_every_worker(upstream: Upstream, tmp_path: Path) -> No
             if state["checkpoint"]["version"] == rl.version:
                 on_new.add(state["worker"])
             time.sleep(0.05)
+        # The metrics say so too: one series per worker, at 1 for the deployed version.
+        text = httpx.get(f"{gw.url}/metrics").text
+        serving = [
+            line
+            for line in text.splitlines()
+            if line.startswith("xrouter_router_checkpoint_info{") and line.endswith(" 1.0")
+        ]
+        assert len(serving) == 2 and all(f'version="{rl.version}"' in ln for ln in serving), text
     finally:
         gw.stop()
 
