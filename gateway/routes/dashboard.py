@@ -116,6 +116,11 @@ async def dashboard(request: Request) -> Response:
             if ckpt
             else '<span class="muted">none</span>'
         )
+        + (
+            f" (deployment {d.id}, {_e(d.created_at.isoformat(timespec='seconds'))})"
+            if (d := s.active_deployment) is not None
+            else ""
+        )
         + "</p>",
         "<h2>Spend by model (all time)</h2>",
         _table(

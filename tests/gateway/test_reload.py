@@ -147,6 +147,8 @@ def test_a_deploy_holds_across_file_reloads_and_restarts_until_the_config_change
         state = _serving(gw.url)
         assert state["checkpoint"]["version"] == rl.version, gw.log()  # type: ignore[index]
         assert state["deployment"]["checkpoint"] == str(rl.path)  # type: ignore[index]
+        page = httpx.get(f"{gw.url}/dashboard").text
+        assert rl.version in page and f"(deployment {state['deployment']['id']}, " in page  # type: ignore[index]
     finally:
         gw.stop()
     # A restart starts on the deployed checkpoint (same config, same ledger database).
