@@ -244,9 +244,13 @@ class Services:
         latest = await self.deployments.latest()
         if latest is None or latest.id == self._seen_deployment:
             return
-        retry = self._deploy_retry
-        again = retry is not None and retry[0] == latest.id
-        if retry is not None and again and time.monotonic() < retry[1]:
+        # A backed-off retry of this very deployment, if one is pending.
+        retry = (
+            self._deploy_retry
+            if self._deploy_retry and self._deploy_retry[0] == latest.id
+            else None
+        )
+        if retry is not None and time.monotonic() < retry[1]:
             return
         previous, self.deployment = self.deployment, latest
         file_checkpoint = (self.file_settings or self.settings).router.checkpoint
@@ -260,7 +264,7 @@ class Services:
                 self.deployment = previous
                 delay = (
                     min(2 * retry[2], _MAX_DEPLOY_RETRY_S)
-                    if retry is not None and again
+                    if retry is not None
                     else 2 * self.settings.router.deployment_poll_s
                 )
                 self._deploy_retry = (latest.id, time.monotonic() + delay, delay)

@@ -336,21 +336,18 @@ def prepare_table(
     catalog, prices = resolve_prices(models, prices_path)
     arrays = TableArrays.from_records(kept, models, catalog)
     splits = split_rows(arrays.ids, cfg)
+    sizes = ", ".join(f"{k} {len(v)}" for k, v in splits.items())
     if len(splits["train"]) == 0 or len(splits["validation"]) == 0:
-        sizes = ", ".join(f"{k} {len(v)}" for k, v in splits.items())
         raise ValueError(
             f"need training and validation records, got {sizes} of the {len(kept)} usable "
             "records (split by id hash with --split-seed): too few to train on"
         )
-    logger.log(
-        logging.WARNING if len(splits["train"]) < _FEW_TRAINING_RECORDS else logging.INFO,
-        "%d usable records: %s%s",
-        len(kept),
-        ", ".join(f"{k} {len(v)}" for k, v in splits.items()),
-        " (too few to learn a router that generalizes)"
-        if len(splits["train"]) < _FEW_TRAINING_RECORDS
-        else "",
-    )
+    if len(splits["train"]) < _FEW_TRAINING_RECORDS:
+        logger.warning(
+            "%d usable records: %s (too few to learn a router that generalizes)", len(kept), sizes
+        )
+    else:
+        logger.info("%d usable records: %s", len(kept), sizes)
     reference = arrays.cost[:, models.index(cfg.reference_model)] if cfg.reference_model else None
     table = RunTable(cfg, models, kept, prices, arrays, splits, reference)
     table.cfg = resolve_lambdas(

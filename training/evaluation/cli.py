@@ -231,24 +231,12 @@ def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
         )
         # A single model outside the pair has no row on the two-model slice.
         outside = {f"single:{m}" for r in records for m in r.outcomes if m not in pair}
+        in_slice = [b for b in baselines if b not in outside]
+        policies_in_slice = [p for p in args.policy if p not in outside]
         slice_entries = [
+            *_entries(in_slice, "baseline", sliced, registry, None, result.notes, False),
             *_entries(
-                [b for b in baselines if b not in outside],
-                "baseline",
-                sliced,
-                registry,
-                None,
-                result.notes,
-                False,
-            ),
-            *_entries(
-                [p for p in args.policy if p not in outside],
-                "policy",
-                sliced,
-                registry,
-                args.lambdas,
-                result.notes,
-                False,
+                policies_in_slice, "policy", sliced, registry, args.lambdas, result.notes, False
             ),
         ]
         result.two_model = compare(

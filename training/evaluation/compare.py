@@ -404,9 +404,9 @@ def off_policy(
     singles = [Entry(SingleModelRouter(m), "single", [0.0]) for m in models]
     named = {e.router.name for e in singles}
     rows: list[OffPolicyRow] = []
-    # A `--policy single:MODEL` is already among the single-model rows.
-    # Each router at each swept λ; a --policy also at the cost weights the logged requests
-    # asked for (what it would have done with this traffic), when they carry them.
+    # Each router at each swept λ (a `--policy single:MODEL` is already among the single-
+    # model rows); a --policy also at the cost weights the logged requests asked for (what
+    # it would have done with this traffic), when they carry them.
     as_logged = all(r.logged is not None and r.logged.cost_weight is not None for r in logged)
     for entry in [*singles, *(e for e in entries if e.router.name not in named)]:
         grid: list[float | None] = list(entry.params if entry.params is not None else params)

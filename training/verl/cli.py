@@ -13,13 +13,17 @@ from training.verl.launch import GrpoRun
 
 
 def _floats(text: str) -> tuple[float, ...]:
-    # "IN/OUT" too, as `xrouter eval --policy llm:...#price=IN/OUT` writes a price.
     try:
-        return tuple(float(x) for x in text.replace("/", ",").split(",") if x.strip())
+        return tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated numbers, got {text!r}"
         ) from None
+
+
+def _price(text: str) -> tuple[float, ...]:
+    # "IN/OUT" too, as `xrouter eval --policy llm:...#price=IN/OUT` writes a price.
+    return _floats(text.replace("/", ","))
 
 
 def add_verl_data_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,7 +56,7 @@ def add_verl_data_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--router-price",
-        type=_floats,
+        type=_price,
         default=(0.0, 0.0),
         metavar="IN,OUT",
         help="the router's own tokens, USD per 1M input and output tokens, IN,OUT or IN/OUT "
