@@ -149,6 +149,21 @@ class _Fixed:
         return ["strong" if cost_weight < 1 else "cheap"] * len(records)
 
 
+def eval_logged(rows: list[OutcomeRecord], tmp_path: Path, *argv: str) -> dict:
+    """Write ``rows`` as a logged table, evaluate ``--policy fixed`` (``_Fixed``) on all of
+    it with ``argv`` added, and return metrics.json (report.md is beside it in tmp/out)."""
+    path = tmp_path / "logged.jsonl"
+    write_outcome_table(rows, path)
+    registry = RouterRegistry()
+    registry.register("fixed", lambda spec, ctx: _Fixed())
+    out = tmp_path / "out"
+    args = parse(
+        ["--table", str(path), "--split", "all", "--policy", "fixed", *argv, "--out", str(out)]
+    )
+    assert run_eval(args, registry) == 0
+    return dict(json.loads((out / "metrics.json").read_text()))
+
+
 def test_logged_table_is_evaluated_off_policy(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     rows = []
@@ -171,27 +186,8 @@ def test_logged_table_is_evaluated_off_policy(tmp_path: Path) -> None:
                 }
             )
         )
-    path = tmp_path / "logged.jsonl"
-    write_outcome_table(rows, path)
-    registry = RouterRegistry()
-    registry.register("fixed", lambda spec, ctx: _Fixed())
     out = tmp_path / "out"
-    args = parse(
-        [
-            "--table",
-            str(path),
-            "--split",
-            "all",
-            "--policy",
-            "fixed",
-            "--lambdas",
-            "0,2",
-            "--out",
-            str(out),
-        ]
-    )
-    assert run_eval(args, registry) == 0
-    metrics = json.loads((out / "metrics.json").read_text())
+    metrics = eval_logged(rows, tmp_path, "--lambdas", "0,2")
     assert metrics["comparison"] is None
     rows_out = {(r["router"], r["param"]): r["estimates"] for r in metrics["off_policy"]}
     strong = rows_out[("fixed-strong", 0.0)]["score"]["snips"]
@@ -226,15 +222,8 @@ def test_logged_traffic_with_cascades_and_named_models_is_evaluated_off_policy(
                 }
             )
         )
-    path = tmp_path / "logged.jsonl"
-    write_outcome_table(rows, path)
-    registry = RouterRegistry()
-    registry.register("fixed", lambda spec, ctx: _Fixed())
     out = tmp_path / "out"
-    argv = ["--table", str(path), "--split", "all", "--policy", "fixed", "--policy"]
-    args = parse([*argv, "single:cheap", "--lambdas", "0,2", "--out", str(out)])
-    assert run_eval(args, registry) == 0
-    metrics = json.loads((out / "metrics.json").read_text())
+    metrics = eval_logged(rows, tmp_path, "--policy", "single:cheap", "--lambdas", "0,2")
     got = {(r["router"], r["param"]): r for r in metrics["off_policy"]}
     # 20 cascades skipped; 20 named-model records, all on the cheap model.
     assert got[("fixed-strong", 0.0)]["estimates"]["score"]["snips"]["n"] == 180
@@ -284,14 +273,7 @@ def test_records_without_a_logged_prompt_are_flagged(tmp_path: Path) -> None:
         )
         for i in range(40)
     ]
-    path = tmp_path / "logged.jsonl"
-    write_outcome_table(rows, path)
-    registry = RouterRegistry()
-    registry.register("fixed", lambda spec, ctx: _Fixed())
-    out = tmp_path / "out"
-    args = parse(["--table", str(path), "--split", "all", "--policy", "fixed", "--out", str(out)])
-    assert run_eval(args, registry) == 0
-    notes = json.loads((out / "metrics.json").read_text())["notes"]
+    notes = eval_logged(rows, tmp_path)["notes"]
     assert any(n.startswith("20 of the 40 evaluated records carry no prompt") for n in notes)
 
 
@@ -405,14 +387,8 @@ def test_a_policy_is_also_estimated_at_the_cost_weights_the_traffic_asked_for(
                 }
             )
         )
-    path = tmp_path / "logged.jsonl"
-    write_outcome_table(rows, path)
-    registry = RouterRegistry()
-    registry.register("fixed", lambda spec, ctx: _Fixed())
     out = tmp_path / "out"
-    args = parse(["--table", str(path), "--split", "all", "--policy", "fixed", "--out", str(out)])
-    assert run_eval(args, registry) == 0
-    metrics = json.loads((out / "metrics.json").read_text())
+    metrics = eval_logged(rows, tmp_path)
     got = {(r["router"], r["param"]): r["estimates"] for r in metrics["off_policy"]}
     assert got[("fixed-strong", 0.0)]["cost_usd"]["snips"]["value"] == pytest.approx(0.002)
     mixed = got[("fixed-strong", None)]["cost_usd"]["snips"]["value"]
