@@ -51,6 +51,7 @@ from routing_quality import (  # noqa: E402
     val_aiq,
 )
 
+from router.outcomes import OutcomeRecord  # noqa: E402
 from training.evaluation.baselines import RandomMixRouter  # noqa: E402
 from training.evaluation.compare import Entry, compare  # noqa: E402
 from training.evaluation.registry import LoadContext, default_registry  # noqa: E402
@@ -81,7 +82,7 @@ PAIRS = (
 )
 
 
-def one_split(records: Sequence, seed: int, quick: bool) -> dict[str, float]:
+def one_split(records: Sequence[OutcomeRecord], seed: int, quick: bool) -> dict[str, float]:
     """Test AIQ of every router on split ``seed`` (every choice made on its validation)."""
     parts = split_parts(records, seed)
     train, val, test = parts.train, parts.validation, parts.test

@@ -20,7 +20,8 @@ router = APIRouter()
 
 
 def services(request: Request) -> Services:
-    return request.app.state.services  # type: ignore[no-any-return]
+    services: Services = request.app.state.services
+    return services
 
 
 async def read_body(request: Request, limit: int) -> bytes:

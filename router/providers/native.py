@@ -52,7 +52,7 @@ def status_error(status: int, text: str, model: PoolModel, headers: Any = None) 
         kind = "upstream_4xx"
     return ProviderError(
         kind, message, model=model.name, status=status, retry_after=_retry_after(headers)
-    )  # type: ignore[arg-type]
+    )
 
 
 def _timeout(model: PoolModel) -> ProviderError:

@@ -125,7 +125,7 @@ class ScriptedRouterModel(LLMServerClient):
         self.prompts: list[str] = []
         self.generated: list[list[int]] = []
 
-    async def generate(  # type: ignore[override]
+    async def generate(
         self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **_: Any
     ) -> TokenOutput:
         prompt = str(self.tokenizer.decode(prompt_ids))
