@@ -59,7 +59,7 @@ from routerbench_data import GPT4, add_data_argument, load_records, split_parts 
 
 from router.answers import normalize_answer  # noqa: E402
 from router.outcomes import OutcomeRecord  # noqa: E402
-from training.evaluation.escalation import Logistic  # noqa: E402
+from training.evaluation.logistic import Logistic  # noqa: E402
 
 log = logging.getLogger("escalation_headroom")
 

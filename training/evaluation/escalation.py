@@ -28,227 +28,21 @@ be chosen on validation.
 
 from __future__ import annotations
 
-import ast
-import itertools
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from router.answers import normalize_answer
 from router.outcomes import OutcomeRecord
 from training.evaluation.embedding import HashingTfidfEmbedder, normalize_rows
+from training.evaluation.escalation_features import Response, build_state, candidates, response_of
+from training.evaluation.logistic import Logistic
 from training.evaluation.sweep import RoutedPrompt, RoutingError, table_models
 from training.evaluation.utility import BASELINE_REWARD
 from training.reward import RewardConfig
 
-_FENCE = re.compile(r"```([a-zA-Z0-9_+#-]*)[ \t]*\r?\n(.*?)```", re.DOTALL)
-_WORD = re.compile(r"[a-z]+")
-_TOKEN = re.compile(r"[A-Za-z_]\w*|\d+|[^\sA-Za-z_\d]")
-_DEF = re.compile(r"def\s+([A-Za-z_]\w*)")
-_OTHER_LANGS = {"cpp", "c++", "c", "java", "javascript", "js", "csharp", "c#", "go", "rust", "ruby"}
-_KINDS = ("choice", "num", "code", "text")
-_LETTERS = "ABCDE"
 ANY_TASK = "*"  # the group of training records without a task label
-
-
-# -- answers and their features ----------------------------------------------------------------
-
-
-def _code_blocks(response: str) -> list[tuple[str, str]]:
-    return [(lang.lower(), body) for lang, body in _FENCE.findall(response)]
-
-
-def code_features(prompt: str, response: str) -> list[float]:
-    """Checks a deployment can run on a code answer without tests: is there fenced code, is it
-    Python that parses and defines a function, does the function's name echo the prompt, how
-    long is the answer (long answers are often cut off)."""
-    blocks = _code_blocks(response)
-    langs = {lang for lang, _ in blocks}
-    code = "\n".join(body for lang, body in blocks if lang in ("python", "py", ""))
-    parses = defines = returns = 0.0
-    if code.strip():
-        try:
-            tree = ast.parse(code)
-        except (SyntaxError, ValueError):
-            pass
-        else:
-            nodes = list(ast.walk(tree))
-            parses = 1.0
-            defines = float(any(isinstance(n, ast.FunctionDef) for n in nodes))
-            returns = float(any(isinstance(n, ast.Return) for n in nodes))
-    name_words = {w for name in _DEF.findall(code) for w in name.lower().split("_") if w}
-    overlap = len(name_words & set(_WORD.findall(prompt.lower()))) / max(1, len(name_words))
-    return [
-        float(bool(blocks)),
-        float(bool(langs & {"python", "py"})),
-        float(bool(langs & _OTHER_LANGS)),
-        parses,
-        defines,
-        returns,
-        overlap,
-        math.log1p(len(response)) / 8.0,
-        math.log1p(len(code.splitlines())) / 5.0,
-        len(code) / max(1, len(response)),
-    ]
-
-
-def answer_features(normalized: str) -> list[float]:
-    """Answer kind (choice / number / code / text; all zero when nothing parsed) and, for a
-    multiple-choice answer, its letter (models have letter biases)."""
-    kind = normalized.partition(":")[0] if normalized else ""
-    letter = normalized[-1] if kind == "choice" else ""
-    return [float(kind == k) for k in _KINDS] + [float(letter == x) for x in _LETTERS]
-
-
-def _jaccard(a: frozenset[str], b: frozenset[str]) -> float:
-    return len(a & b) / max(1, len(a | b))
-
-
-@dataclass(slots=True)
-class _Response:
-    answer: str  # normalized final answer ("" when none)
-    features: list[float]  # answer_features + code_features
-    tokens: frozenset[str]  # for a soft agreement between code answers
-
-
-def _response_of(record: OutcomeRecord, model: str) -> _Response:
-    outcome = record.outcomes.get(model)
-    if outcome is None:
-        raise RoutingError(f"record {record.id!r} has no outcome for model {model!r}")
-    if outcome.response is None:
-        raise RoutingError(
-            f"record {record.id!r}: model {model!r} has no recorded response "
-            "(an escalation policy needs responses to compare answers)"
-        )
-    text = outcome.response
-    answer = normalize_answer(text)
-    blocks = _code_blocks(text)
-    code = "\n".join(body for _, body in blocks) if blocks else text
-    return _Response(
-        answer,
-        answer_features(answer) + code_features(record.text, text),
-        frozenset(_TOKEN.findall(code)),
-    )
-
-
-N_RESPONSE_FEATURES = len(_KINDS) + len(_LETTERS) + 10
-
-
-# -- a small logistic regression ---------------------------------------------------------------
-
-
-class Logistic:
-    """L2-regularized logistic regression fitted by Newton steps on standardized features
-    (numpy only; the tables are small). A constant label is predicted as that constant."""
-
-    def __init__(self, l2: float = 1.0, iterations: int = 50) -> None:
-        self.l2, self.iterations = l2, iterations
-        self._beta = np.zeros(1)
-        self._mu = np.zeros(0)
-        self._sd = np.ones(0)
-
-    def fit(self, x: np.ndarray, y: np.ndarray) -> Logistic:
-        x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-        if x.ndim != 2 or len(x) != len(y) or len(y) == 0:
-            raise ValueError("need a non-empty (n, d) feature matrix and n labels")
-        self._mu, self._sd = x.mean(axis=0), x.std(axis=0)
-        self._sd[self._sd < 1e-9] = 1.0
-        z = np.hstack([(x - self._mu) / self._sd, np.ones((len(x), 1))])
-        ridge = self.l2 * np.eye(z.shape[1])
-        ridge[-1, -1] = 1e-6  # the intercept is not shrunk
-        beta = np.zeros(z.shape[1])
-        for _ in range(self.iterations):
-            p = 1.0 / (1.0 + np.exp(-np.clip(z @ beta, -30, 30)))
-            grad = z.T @ (p - y) + ridge @ beta
-            hess = (z * (p * (1 - p))[:, None]).T @ z + ridge
-            step = np.linalg.solve(hess, grad)
-            beta -= step
-            if np.abs(step).max() < 1e-8:
-                break
-        self._beta = beta
-        return self
-
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        x = np.atleast_2d(np.asarray(x, dtype=float))
-        z = (x - self._mu) / self._sd
-        return 1.0 / (1.0 + np.exp(-np.clip(z @ self._beta[:-1] + self._beta[-1], -30, 30)))
-
-
-# -- candidates and states ---------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Candidate:
-    model: str  # the cheapest called model giving this answer (its response is returned)
-    features: np.ndarray
-
-
-def _candidates(responses: Mapping[str, _Response], called: Sequence[str]) -> list[_Candidate]:
-    """One candidate per distinct non-empty answer among ``called``: who voted for it, how
-    large its share is, its representative's answer/code features, and how much the
-    representative's text overlaps the other answers (agreement for code, which never
-    matches textually)."""
-    groups: dict[str, list[str]] = {}
-    for m in called:
-        if responses[m].answer:
-            groups.setdefault(responses[m].answer, []).append(m)
-    n = len(called)
-    out = []
-    for voters in groups.values():
-        rep = voters[0]
-        others = [m for m in called if m not in voters]
-        sims = [_jaccard(responses[rep].tokens, responses[m].tokens) for m in others]
-        f = [float(m in voters) for m in called]
-        f += [float(m == rep) for m in called]
-        f += [len(voters) / n, float(len(groups) == 1), len(groups) / n]
-        f += [float(np.mean(sims)) if sims else 1.0, max(sims) if sims else 1.0]
-        f += responses[rep].features
-        out.append(_Candidate(rep, np.array(f)))
-    return out
-
-
-@dataclass(slots=True)
-class _State:
-    """What the router knows after calling ``called``: its pick and the state's features."""
-
-    called: tuple[str, ...]
-    pick: str
-    features: np.ndarray
-
-
-def _prompt_features(record: OutcomeRecord) -> list[float]:
-    return [math.log1p(len(record.text)) / 10.0]
-
-
-def _state(
-    record: OutcomeRecord,
-    responses: Mapping[str, _Response],
-    called: tuple[str, ...],
-    selectors: Mapping[tuple[str, ...], Logistic],
-) -> _State:
-    selector = selectors.get(called)
-    if not called:
-        return _State(called, "", np.array(_prompt_features(record)))
-    cands = _candidates(responses, called)
-    if cands and selector is not None:
-        p = selector.predict(np.stack([c.features for c in cands]))
-        order = np.argsort(-p, kind="stable")
-        top = float(p[order[0]])
-        margin = top - (float(p[order[1]]) if len(cands) > 1 else 0.0)
-        pick, pick_features = cands[int(order[0])].model, responses[cands[int(order[0])].model]
-    else:
-        top = margin = 0.0
-        pick, pick_features = called[0], responses[called[0]]
-    answers = [responses[m].answer for m in called]
-    f = [top, margin, len({a for a in answers if a}) / len(called)]
-    f += [float(bool(a) and a == b) for a, b in itertools.combinations(answers, 2)]
-    for m in called:
-        f += responses[m].features[: len(_KINDS) + len(_LETTERS)]
-    f += pick_features.features + _prompt_features(record)
-    return _State(called, pick, np.array(f))
 
 
 # -- one task's plan ---------------------------------------------------------------------------
@@ -337,7 +131,7 @@ class EscalationRouter:
         self.final, self.plans_arg, self.combine_final = final, plans, combine_final
         self.l2, self.folds, self.config, self.name = l2, folds, config, name
         self.plans: dict[str, TaskPlan] = {}
-        self._responses: dict[tuple[str, str], _Response] = {}
+        self._responses: dict[tuple[str, str], Response] = {}
         self._prepared: dict[str, _Prepared] = {}
         self._embed: HashingTfidfEmbedder | None = None
         self._centroids = np.zeros((0, 0))
@@ -349,12 +143,12 @@ class EscalationRouter:
 
     # -- serving-time pieces ---------------------------------------------------------------
 
-    def _responses_of(self, record: OutcomeRecord, models: Sequence[str]) -> dict[str, _Response]:
+    def _responses_of(self, record: OutcomeRecord, models: Sequence[str]) -> dict[str, Response]:
         out = {}
         for m in models:
             key = (record.id, m)
             if key not in self._responses:
-                self._responses[key] = _response_of(record, m)
+                self._responses[key] = response_of(record, m)
             out[m] = self._responses[key]
         return out
 
@@ -413,7 +207,7 @@ class EscalationRouter:
         self,
         plan: TaskPlan,
         rows: Sequence[OutcomeRecord],
-        responses: Sequence[Mapping[str, _Response]],
+        responses: Sequence[Mapping[str, Response]],
     ) -> dict[tuple[str, ...], Logistic]:
         """A selector for every called set a trajectory can end in."""
         called_sets = {plan.called(0, s) for s in plan.sizes if s > 0}
@@ -423,7 +217,7 @@ class EscalationRouter:
         for called in called_sets:
             xs, ys = [], []
             for r, resp in zip(rows, responses, strict=True):
-                for c in _candidates(resp, called):
+                for c in candidates(resp, called):
                     xs.append(c.features)
                     ys.append(r.outcomes[c.model].score)
             if xs:
@@ -462,7 +256,7 @@ class EscalationRouter:
                     if fold_selectors is None or folds is None
                     else fold_selectors[int(folds[i])]
                 )
-                feats.append(_state(r, resp, plan.called(0, size), sel).features)
+                feats.append(build_state(r, resp, plan.called(0, size), sel).features)
                 for o in labels:
                     pick = self._outcome_pick(plan, sel, r, resp, size, o)
                     labels[o].append(r.outcomes[pick].score)
@@ -476,20 +270,20 @@ class EscalationRouter:
         plan: TaskPlan,
         selectors: Mapping[tuple[str, ...], Logistic],
         record: OutcomeRecord,
-        responses: Mapping[str, _Response],
+        responses: Mapping[str, Response],
         size: int,
         option: int,
     ) -> str:
         """The model whose answer is returned when stopping after ``option`` from ``size``."""
         if option == plan.final_option and not self.combine_final:
             return plan.final
-        return _state(record, responses, plan.called(size, option), selectors).pick
+        return build_state(record, responses, plan.called(size, option), selectors).pick
 
     def _prepare(self, plan: TaskPlan, record: OutcomeRecord) -> _Prepared:
         responses = self._responses_of(record, (*plan.cheap, plan.final))
         picks, final_pick, values = {}, {}, {}
         for size in plan.sizes:
-            st = _state(record, responses, plan.called(0, size), plan.selectors)
+            st = build_state(record, responses, plan.called(0, size), plan.selectors)
             picks[size] = st.pick
             final_pick[size] = self._outcome_pick(
                 plan, plan.selectors, record, responses, size, plan.final_option

@@ -6,12 +6,7 @@ import numpy as np
 import pytest
 
 from router.outcomes import OutcomeRecord
-from training.evaluation.escalation import (
-    EscalationRouter,
-    Logistic,
-    best_under_budget,
-    code_features,
-)
+from training.evaluation.escalation import EscalationRouter, best_under_budget
 from training.evaluation.sweep import RoutingError, sweep
 
 from .conftest import TableFactory
@@ -140,26 +135,3 @@ def test_best_under_budget_respects_the_budget(fitted: EscalationRouter) -> None
     looser = best_under_budget(fitted, records, COST["s"] * 2)
     assert looser is not None and looser[1] >= score
     assert best_under_budget(fitted, records, COST["a"] / 2) is None
-
-
-def test_logistic_ranks_by_the_informative_feature() -> None:
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(400, 3))
-    y = (x[:, 0] + 0.3 * rng.normal(size=400) > 0).astype(float)
-    model = Logistic(l2=1.0).fit(x, y)
-    p = model.predict(np.array([[2.0, 0.0, 0.0], [-2.0, 0.0, 0.0]]))
-    assert p[0] > 0.9 > 0.1 > p[1]
-    constant = Logistic().fit(x, np.ones(400)).predict(x[:5])
-    assert np.all(constant > 0.99)
-
-
-def test_code_checks_tell_parsing_python_from_broken_code() -> None:
-    prompt = "Write a function to reverse a string."
-    good = "```python\ndef reverse_string(s):\n    return s[::-1]\n```"
-    broken = "```python\ndef reverse_string(s)\n    return s[::-1\n```"
-    cpp = "```cpp\nstring reverse(string s) { return s; }\n```"
-    f_good, f_broken, f_cpp = (code_features(prompt, x) for x in (good, broken, cpp))
-    parses, defines, other_lang, overlap = 3, 4, 2, 6
-    assert f_good[parses] == 1.0 and f_good[defines] == 1.0 and f_good[overlap] == 1.0
-    assert f_broken[parses] == 0.0
-    assert f_cpp[other_lang] == 1.0 and f_good[other_lang] == 0.0
