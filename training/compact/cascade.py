@@ -32,6 +32,7 @@ from router.plans import CascadePlan
 from router.policies.planned import PlanHead
 from router.reward import RewardConfig, expected_reward
 from training.compact.config import TrainConfig
+from training.compact.run import TrainResult
 from training.compact.stored import (
     Metrics,
     finish_build,
@@ -39,7 +40,6 @@ from training.compact.stored import (
     pick_neighbours,
     start_build,
 )
-from training.compact.trainer import TrainResult
 from training.evaluation.cascade import CascadeFamilyRouter, CascadeRouter
 
 logger = logging.getLogger(__name__)

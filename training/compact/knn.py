@@ -36,6 +36,7 @@ from training.compact.offpolicy import (
     evaluate_logged,
     fit_reward_model,
 )
+from training.compact.run import TrainResult, evaluate_full
 from training.compact.stored import (
     Metrics,
     finish_build,
@@ -43,7 +44,6 @@ from training.compact.stored import (
     pick_neighbours,
     start_build,
 )
-from training.compact.trainer import TrainResult, evaluate_full
 
 DEFAULT_NEIGHBOURS = (25, 50, 100, 200, 400)
 

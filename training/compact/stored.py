@@ -25,7 +25,7 @@ from router.outcomes import OutcomeRecord
 from router.reward import normalized_cost
 from training.compact.config import TrainConfig
 from training.compact.data import cached_features
-from training.compact.trainer import (
+from training.compact.run import (
     RunTable,
     TrainResult,
     prepare_table,

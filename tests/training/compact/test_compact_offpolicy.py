@@ -21,7 +21,8 @@ from training.compact.offpolicy import (
     ips_estimate,
     snips_estimate,
 )
-from training.compact.trainer import evaluate_full, train
+from training.compact.run import evaluate_full
+from training.compact.trainer import train
 
 
 def synthetic_bandit(n: int, seed: int) -> dict[str, np.ndarray]:
@@ -175,7 +176,7 @@ def test_offpolicy_learns_from_single_model_decisions_only(
     pool = sorted({r.logged.action for r in logged if r.logged is not None})
     with pytest.raises(ValueError, match="no logged records to learn off-policy from"):
         train(cascades, cfg, tmp_path / "none", pool=pool, extractor=FeatureExtractor.load())
-    caplog.set_level("INFO", logger="training.compact.trainer")
+    caplog.set_level("INFO", logger="training.compact.run")
     res = train(
         [*cascades, *logged[40:]], cfg, tmp_path / "mixed", pool=pool,
         extractor=FeatureExtractor.load(),

@@ -1,0 +1,278 @@
+"""A training run's table, directory and validation metrics, shared by every way of building
+a compact checkpoint (GRPO, off-policy, kNN, cascade).
+
+``prepare_table`` checks a table and turns it into arrays with their id-hash split and the
+λ range resolved on the training part; ``evaluate_full`` is the greedy validation every
+builder picks its checkpoint by; ``run_metadata``, ``write_config`` and ``write_summary``
+write what a run directory and its checkpoint say about themselves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from router.checkpoint import Architecture
+from router.features import FeatureExtractor
+from router.outcomes import OutcomeRecord
+from router.policies.compact import CompactHead, masked_softmax
+from router.policies.knn import KNNHead
+from training.compact.config import TrainConfig
+from training.compact.data import (
+    TableArrays,
+    pool_of,
+    resolve_lambdas,
+    resolve_prices,
+    reward_matrix,
+)
+from training.datasets.splits import split_of
+from training.reward import RewardConfig
+
+logger = logging.getLogger(__name__)
+
+
+# -- validation -------------------------------------------------------------------------
+
+
+def evaluate_full(
+    head: CompactHead | KNNHead,
+    x: np.ndarray,
+    arrays: TableArrays,
+    lambdas: Sequence[float],
+    config: RewardConfig,
+    reference: np.ndarray | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Greedy and expected reward, score and cost of the policy per λ, with the best single
+    model and the per-prompt oracle for scale (full-information tables only)."""
+    mask = arrays.available
+    out: dict[str, dict[str, Any]] = {}
+    rows = np.arange(len(arrays.ids))
+    for lam in lambdas:
+        probs = masked_softmax(head.logits(x, float(lam)), mask)
+        choice = probs.argmax(axis=1)
+        r = reward_matrix(arrays.score, arrays.cost, np.full(len(rows), lam), config, reference)
+        r0 = np.nan_to_num(r, nan=0.0)
+        counts = np.bincount(choice, minlength=len(arrays.models)) / max(len(rows), 1)
+        out[f"{lam:g}"] = {
+            "reward": float(r0[rows, choice].mean()),
+            "expected_reward": float((probs * r0).sum(axis=1).mean()),
+            "score": float(arrays.score[rows, choice].mean()),
+            "cost_usd": float(arrays.cost[rows, choice].mean()),
+            "best_single_reward": float(np.nanmean(r, axis=0).max()),
+            "best_single_model": arrays.models[int(np.nanmean(r, axis=0).argmax())],
+            "oracle_reward": float(np.nanmax(r, axis=1).mean()),
+            "choices": {
+                m: round(float(c), 4) for m, c in zip(arrays.models, counts, strict=True) if c
+            },
+        }
+    return out
+
+
+def run_metadata(
+    cfg: TrainConfig,
+    arch: Architecture,
+    models: list[str],
+    prices: dict[str, dict[str, str]],
+    extractor: FeatureExtractor,
+    records: Sequence[OutcomeRecord],
+    splits: dict[str, np.ndarray],
+    *,
+    mode: str,
+    name: str = "",
+    description: str = "",
+    command: str = "",
+    table_path: str | Path | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a run's checkpoint says about itself: the fixed metadata (pool, prices,
+    features, architecture, reward) and how it was trained (mode, command, configuration,
+    the table and its split sizes)."""
+    reward_cfg = cfg.reward_config()
+    base_meta: dict[str, Any] = {
+        "name": name,
+        "description": description,
+        "pool": models,
+        "prices": prices,
+        "feature_version": extractor.feature_version,
+        "feature_config": extractor.config.to_dict(),
+        "architecture": arch,
+        "reward": {
+            **dataclasses.asdict(reward_cfg),
+            "cost_normalization": "reference" if cfg.reference_model else "scale",
+            "reference_model": cfg.reference_model,
+        },
+    }
+    table_info: dict[str, Any] = {
+        "records": len(records),
+        **{f"n_{k}": len(v) for k, v in splits.items()},
+    }
+    if table_path is not None:
+        table_info["path"] = str(table_path)
+        table_info["sha256"] = hashlib.sha256(Path(table_path).read_bytes()).hexdigest()
+    training_meta = {
+        "mode": mode,
+        "command": command,
+        "config": cfg.to_dict(),
+        "table": table_info,
+        "torch": torch.__version__,
+    }
+    return base_meta, training_meta
+
+
+def mean_reward(metrics: dict[str, dict[str, Any]]) -> float:
+    return float(np.mean([m["reward"] for m in metrics.values()])) if metrics else float("nan")
+
+
+# -- the run's table and directory --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class TrainResult:
+    run_dir: Path
+    checkpoint_path: Path
+    best_step: int
+    steps: int
+    seconds: float
+    validation: dict[str, dict[str, Any]]
+    initial_validation: dict[str, dict[str, Any]]
+    test: dict[str, dict[str, Any]] | None = None
+    pool: list[str] = field(default_factory=list)
+    # kNN checkpoints: the number of neighbours picked on validation.
+    neighbours: int | None = None
+
+
+def split_rows(ids: Sequence[str], cfg: TrainConfig) -> dict[str, np.ndarray]:
+    names = np.array([split_of(i, cfg.fractions, cfg.split_seed) for i in ids])
+    return {s: np.flatnonzero(names == s) for s in ("train", "validation", "test")}
+
+
+@dataclass(slots=True)
+class RunTable:
+    """A table ready to train on: the pool, the records kept for it, their arrays and
+    id-hash split, the reference model's costs (if cost is normalized by one) and the
+    configuration with its λ range resolved from the training part."""
+
+    cfg: TrainConfig
+    models: list[str]
+    records: list[OutcomeRecord]
+    prices: dict[str, dict[str, str]]
+    arrays: TableArrays
+    splits: dict[str, np.ndarray]
+    reference: np.ndarray | None
+
+    def reference_of(self, rows: np.ndarray) -> np.ndarray | None:
+        return None if self.reference is None else self.reference[rows]
+
+
+# Below this many training records a router mostly memorizes: said, not refused.
+_FEW_TRAINING_RECORDS = 50
+
+
+def prepare_table(
+    records: Sequence[OutcomeRecord],
+    cfg: TrainConfig,
+    pool: Sequence[str] | None = None,
+    prices_path: str | Path | None = None,
+) -> RunTable:
+    """Checks and arrays shared by every way of building a checkpoint from a table."""
+    kept = [r for r in records if r.has_prompt]
+    if not kept:
+        raise ValueError(
+            f"none of the {len(records)} records carries its prompt (a ledger export of "
+            "traffic logged with ledger.log_content 'none' or 'hash'): a router that reads "
+            "the prompt cannot learn from placeholders; set ledger.log_content: full, "
+            "collect traffic and export again"
+        )
+    if len(kept) < len(records):
+        logger.warning(
+            "dropped %d records whose prompt was not logged (content_logged none/hash)",
+            len(records) - len(kept),
+        )
+    if cfg.offpolicy:
+        # Only a logged single-model decision can be reweighted by its propensity: a
+        # cascade's trajectory has no one model's outcome.
+        single = [r for r in kept if r.logged is not None and not r.logged.multi_call]
+        if not single:
+            raise ValueError(
+                f"no logged records to learn off-policy from: none of the {len(kept)} records "
+                "is a logged single-model decision (they are multi-call trajectories, e.g. "
+                "cascades, or carry no `logged` action); log traffic routed by a single-call "
+                "policy (compact with router.epsilon) and export again"
+            )
+        if len(single) < len(kept):
+            logger.warning(
+                "skipped %d records that are not a logged single-model decision (multi-call "
+                "trajectories, e.g. cascades, or no `logged` action)",
+                len(kept) - len(single),
+            )
+        kept = single
+    # The actions: the models the usable records hold outcomes of (every one of them, with
+    # full information), unless a pool is given.
+    models = list(pool) if pool else pool_of(kept, full_information=not cfg.offpolicy)
+    if not models:
+        raise ValueError("no model has an outcome on every record: pass --pool")
+    seen = {m for r in kept for m in r.outcomes}
+    unknown = [m for m in models if m not in seen]
+    if unknown:
+        raise ValueError(f"pool model(s) with no outcome in the table: {', '.join(unknown)}")
+    if not cfg.offpolicy:
+        full = [r for r in kept if all(m in r.outcomes for m in models)]
+        if len(full) < len(kept):
+            logger.warning(
+                "dropped %d records lacking an outcome for some pool model",
+                len(kept) - len(full),
+            )
+        kept = full
+    if cfg.reference_model is not None and cfg.reference_model not in models:
+        raise ValueError(f"reference model {cfg.reference_model!r} is not in the pool")
+    if cfg.offpolicy and cfg.reference_model is not None:
+        raise ValueError("off-policy training needs a fixed cost scale (no reference model)")
+    catalog, prices = resolve_prices(models, prices_path)
+    arrays = TableArrays.from_records(kept, models, catalog)
+    splits = split_rows(arrays.ids, cfg)
+    sizes = ", ".join(f"{k} {len(v)}" for k, v in splits.items())
+    if len(splits["train"]) == 0 or len(splits["validation"]) == 0:
+        raise ValueError(
+            f"need training and validation records, got {sizes} of the {len(kept)} usable "
+            "records (split by id hash with --split-seed): too few to train on"
+        )
+    if len(splits["train"]) < _FEW_TRAINING_RECORDS:
+        logger.warning(
+            "%d usable records: %s (too few to learn a router that generalizes)", len(kept), sizes
+        )
+    else:
+        logger.info("%d usable records: %s", len(kept), sizes)
+    reference = arrays.cost[:, models.index(cfg.reference_model)] if cfg.reference_model else None
+    table = RunTable(cfg, models, kept, prices, arrays, splits, reference)
+    table.cfg = resolve_lambdas(
+        cfg, arrays.subset(splits["train"]), table.reference_of(splits["train"])
+    )
+    return table
+
+
+def write_config(
+    out: Path, training_meta: dict[str, Any], models: list[str], extractor: FeatureExtractor
+) -> None:
+    """The run directory's config.json: how the run was set up."""
+    body = {**training_meta, "pool": models, "feature_version": extractor.feature_version}
+    (out / "config.json").write_text(json.dumps(body, indent=2) + "\n")
+
+
+def write_summary(out: Path, checkpoint: Path, seconds: float, metrics: dict[str, Any]) -> None:
+    """The run directory's summary.json: what came out."""
+    body = {
+        "checkpoint": str(checkpoint),
+        "seconds": round(seconds, 2),
+        "finished_at": dt.datetime.now(dt.UTC).isoformat(),
+        **metrics,
+    }
+    (out / "summary.json").write_text(json.dumps(body, indent=2) + "\n")
