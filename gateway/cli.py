@@ -153,6 +153,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         loop="uvloop",
         http="httptools",
         timeout_graceful_shutdown=30,
+        timeout_keep_alive=srv.keep_alive_s,
     )
     log.info(
         "xrouter listening on http://%s:%d (%d worker%s)",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -413,11 +414,13 @@ def test_upstream_without_usage_is_charged_an_estimate(
 
 @pytest.fixture(scope="module")
 def deadline_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    """A gateway whose requests may take at most 1 s, on an upstream that streams slowly
-    (50 ms per chunk), so a long answer outlives the deadline mid-stream."""
+    """A gateway of short timeouts — requests may take at most 1 s, idle connections stay
+    open 1 s — on an upstream that streams slowly (50 ms per chunk), so a long answer
+    outlives the deadline mid-stream."""
     tmp = tmp_path_factory.mktemp("deadline")
     proc, base_url = start_replay_upstream(tmp, "--stream-chunk-delay-ms", "50")
-    gw = start_gateway(tmp, gateway_config(tmp, base_url, server={"request_timeout_s": 1.0}))
+    server = {"request_timeout_s": 1.0, "keep_alive_s": 1}
+    gw = start_gateway(tmp, gateway_config(tmp, base_url, server=server))
     yield gw
     gw.stop()
     stop_replay_upstream(proc)
@@ -508,3 +511,42 @@ def test_streamed_calls_record_time_to_first_token(gateway: Gateway) -> None:
         if line.startswith("xrouter_time_to_first_token_seconds_count") and MODEL in line
     ]
     assert count and float(count[0].rsplit(" ", 1)[1]) >= 1
+
+
+def _healthz_on(sock: socket.socket) -> bytes:
+    """One keep-alive request on an open connection; its whole response ("" if closed)."""
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gateway\r\n\r\n")
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
+                 .split(b":")[1])  # fmt: skip
+    while len(body) < length:
+        body += sock.recv(4096)
+    return head
+
+
+def test_idle_connections_outlive_the_clients_keep_alive(
+    gateway: Gateway, deadline_gateway: Gateway
+) -> None:
+    # A server that drops idle connections as soon as clients (httpx: 5 s) or balancers
+    # (60 s and more) may reuse them races them: a request sent as the server closes gets
+    # a reset. The default keeps them 75 s; `server.keep_alive_s` sets it.
+    def connect(gw: Gateway) -> socket.socket:
+        host, port = gw.url.removeprefix("http://").split(":")
+        sock = socket.create_connection((host, int(port)), timeout=10)
+        assert _healthz_on(sock).startswith(b"HTTP/1.1 200")
+        return sock
+
+    default, short = connect(gateway), connect(deadline_gateway)
+    try:
+        time.sleep(6.0)  # idle past httpx's expiry and uvicorn's own default (5 s)
+        assert _healthz_on(default).startswith(b"HTTP/1.1 200")  # the same connection
+        assert short.recv(1) == b""  # closed by the gateway after its 1 s
+    finally:
+        default.close()
+        short.close()
