@@ -27,7 +27,7 @@ from router.answers import normalize_answer
 from router.outcomes import OutcomeRecord
 from router.plans import Accept, CascadePlan
 from training.evaluation.embedding import Embed, HashingTfidfEmbedder, normalize_rows
-from training.evaluation.sweep import OutcomeMatrix, RoutedPrompt, RoutingError
+from training.evaluation.sweep import OutcomeMatrix, RoutedPrompt, RoutingError, recorded_response
 from training.evaluation.utility import BASELINE_REWARD, expected_reward, lambda_grid
 from training.reward import RewardConfig
 
@@ -42,15 +42,7 @@ def nonempty_check(record: OutcomeRecord, model: str, response: str) -> bool:
 
 
 def _response(record: OutcomeRecord, model: str) -> str:
-    outcome = record.outcomes.get(model)
-    if outcome is None:
-        raise RoutingError(f"record {record.id!r} has no outcome for model {model!r}")
-    if outcome.response is None:
-        raise RoutingError(
-            f"record {record.id!r}: model {model!r} has no recorded response "
-            "(a cascade needs responses to check agreement)"
-        )
-    return outcome.response
+    return recorded_response(record, model, "a cascade needs responses to check agreement")
 
 
 class CascadeRouter:

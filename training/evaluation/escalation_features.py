@@ -21,7 +21,7 @@ import numpy as np
 from router.answers import normalize_answer
 from router.outcomes import OutcomeRecord
 from training.evaluation.logistic import Logistic
-from training.evaluation.sweep import RoutingError
+from training.evaluation.sweep import recorded_response
 
 _FENCE = re.compile(r"```([a-zA-Z0-9_+#-]*)[ \t]*\r?\n(.*?)```", re.DOTALL)
 _WORD = re.compile(r"[a-z]+")
@@ -90,15 +90,9 @@ class Response:
 
 
 def response_of(record: OutcomeRecord, model: str) -> Response:
-    outcome = record.outcomes.get(model)
-    if outcome is None:
-        raise RoutingError(f"record {record.id!r} has no outcome for model {model!r}")
-    if outcome.response is None:
-        raise RoutingError(
-            f"record {record.id!r}: model {model!r} has no recorded response "
-            "(an escalation policy needs responses to compare answers)"
-        )
-    text = outcome.response
+    text = recorded_response(
+        record, model, "an escalation policy needs responses to compare answers"
+    )
     answer = normalize_answer(text)
     blocks = _code_blocks(text)
     code = "\n".join(body for _, body in blocks) if blocks else text

@@ -24,6 +24,19 @@ class RoutingError(ValueError):
     """A router's decision cannot be evaluated on the table (unknown model, wrong count)."""
 
 
+def recorded_response(record: OutcomeRecord, model: str, needed_for: str) -> str:
+    """``model``'s recorded answer on ``record``, for multi-call routers that read answers;
+    ``needed_for`` says why in the error when the table lacks it."""
+    outcome = record.outcomes.get(model)
+    if outcome is None:
+        raise RoutingError(f"record {record.id!r} has no outcome for model {model!r}")
+    if outcome.response is None:
+        raise RoutingError(
+            f"record {record.id!r}: model {model!r} has no recorded response ({needed_for})"
+        )
+    return outcome.response
+
+
 @dataclass(frozen=True, slots=True)
 class RoutedPrompt:
     """One prompt's trajectory: the model whose answer was final, every model called (in
