@@ -129,7 +129,7 @@ def _router_model(settings: Settings) -> PoolModel | None:
         max_output_tokens=4096,
         timeout_s=cfg.timeout_s,
         max_concurrency=1024,
-        max_retries=1,
+        max_retries=cfg.max_retries,
         fallbacks=(),
         description="router",
     )

@@ -101,6 +101,10 @@ class LLMRouterSettings(_Section):
     temperature: float = Field(default=0.0, ge=0, le=2)
     max_turns: int = Field(default=4, ge=1, le=16)
     timeout_s: float = Field(default=60.0, gt=0)
+    # Retries of a router-model call that failed transiently (timeout, 5xx, 429, connection),
+    # with the pool's backoff; past them the policy falls back to the last answer it has
+    # bought, or to the pool's cheapest model.
+    max_retries: int = Field(default=1, ge=0, le=5)
     system_prompt: str | None = None
     # A λ-conditioned router (trained on verl by training.verl) reads the request's cost
     # weight from its system prompt; prompt-engineered routers don't need it.

@@ -7,6 +7,7 @@ vLLM with a tool parser (see deploy/vllm/). Its tokens are priced and count in t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -27,7 +28,7 @@ from router.policy import (
 )
 from router.pool import PoolModel
 from router.providers.base import Provider
-from router.providers.errors import ProviderError
+from router.providers.errors import ProviderError, retry_delay
 from router.tools import (
     MAX_TEMPERATURE,
     SELECT_TOOL,
@@ -125,21 +126,32 @@ class LLMRouterPolicy(Policy):
             "temperature": self.temperature,
         }
         call = ToolCall(id=f"router_{state.turn}", model=self.router_model.name)
-        try:
-            resp = await self.provider.complete(self.router_model, body)
-        except ProviderError as err:
-            state.router_calls.append(
-                CallOutcome(
-                    call=call,
-                    turn=state.turn,
-                    ok=False,
-                    role="router",
-                    model=self.router_model.name,
-                    error=err.message,
-                    error_kind=err.kind,
+        # The router model's transient failures (a reset connection, a 503 while vLLM
+        # restarts, a 429) are retried as a pool model's are, up to its max_retries: each
+        # turn it fails on ends the routing (see step(): the last answer, or the cheapest).
+        attempt = 0
+        while True:
+            try:
+                resp = await self.provider.complete(self.router_model, body)
+                break
+            except ProviderError as err:
+                if err.retryable and attempt < self.router_model.max_retries:
+                    await asyncio.sleep(retry_delay(attempt, err))
+                    attempt += 1
+                    continue
+                state.router_calls.append(
+                    CallOutcome(
+                        call=call,
+                        turn=state.turn,
+                        ok=False,
+                        role="router",
+                        model=self.router_model.name,
+                        error=err.message,
+                        error_kind=err.kind,
+                        attempts=attempt + 1,
+                    )
                 )
-            )
-            return None
+                return None
         cost = self.price.cost_micros(resp.usage)
         msg = (resp.body.get("choices") or [{}])[0].get("message") or {}
         state.router_calls.append(
@@ -154,6 +166,7 @@ class LLMRouterPolicy(Policy):
                 usage=resp.usage,
                 cost_micros=cost,
                 latency_ms=resp.latency_ms,
+                attempts=attempt + 1,
             )
         )
         state.spent_micros += cost

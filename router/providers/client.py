@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
@@ -14,7 +13,7 @@ from pricing import TokenUsage, tokens_for_chars
 from router.health import BreakerConfig, CircuitBreakers
 from router.pool import ModelPool, PoolModel
 from router.providers.base import Provider, StreamStats
-from router.providers.errors import ProviderError
+from router.providers.errors import ProviderError, retry_delay
 from router.providers.litellm_provider import LiteLLMProvider
 from router.providers.native import NativeOpenAIProvider
 from router.providers.usage import prompt_tokens_estimate
@@ -185,10 +184,7 @@ class DownstreamClient:
         self.breakers.record_failure(model.name, err.kind)
 
     def _delay(self, attempt: int, err: ProviderError) -> float:
-        if err.retry_after is not None:
-            return min(err.retry_after, self._backoff_max)
-        # Exponential backoff with full jitter: spreads retries of many concurrent callers.
-        return random.uniform(0, min(self._backoff_max, self._backoff_base * (2**attempt)))
+        return retry_delay(attempt, err, self._backoff_base, self._backoff_max)
 
     async def complete(self, name: str, body: dict[str, Any]) -> CallResult:
         """Call ``name``, retrying retryable failures, then each fallback in turn."""

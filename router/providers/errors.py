@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import re
 from typing import Literal
 
@@ -83,3 +84,12 @@ class ProviderError(Exception):
 
 class ProviderCancelled(Exception):
     """The caller went away (client disconnect); not an upstream failure."""
+
+
+def retry_delay(attempt: int, err: ProviderError, base_s: float = 0.1, max_s: float = 2.0) -> float:
+    """Seconds to wait before retry ``attempt + 1``: the upstream's ``retry-after`` if it
+    gave one, else exponential backoff with full jitter, which spreads the retries of many
+    concurrent callers; never more than ``max_s``."""
+    if err.retry_after is not None:
+        return min(err.retry_after, max_s)
+    return random.uniform(0, min(max_s, base_s * (2**attempt)))

@@ -4,6 +4,7 @@ of the result is exactly the sum of its calls, each priced from its real usage."
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from decimal import Decimal
 from typing import Any
@@ -337,6 +338,35 @@ async def test_router_failure_without_answers_routes_to_cheapest(
     scripted_router.script({"error_status": 500})
     r = await orch.run(policy, ctx(p))
     assert r.final_model == CHEAP and not r.state.router_calls[0].ok
+
+
+async def test_router_model_transient_failures_are_retried_up_to_its_max_retries(
+    setup: Any, scripted_router: ScriptedRouter
+) -> None:
+    p, orch, policy, _ = setup
+    retrying = LLMRouterPolicy(
+        policy.provider, dataclasses.replace(policy.router_model, max_retries=1)
+    )
+    # A 503 (vLLM restarting) is retried: the turn still routes.
+    scripted_router.script(
+        {"error_status": 503}, {"tool_calls": [call(MID, "a")]}, {"tool_calls": [select("a")]}
+    )
+    r = await orch.run(retrying, ctx(p))
+    assert r.final_model == MID
+    first = r.state.router_calls[0]
+    assert first.ok and first.attempts == 2
+    # Twice in a row is past max_retries: the loop's fallback answers, as without retries.
+    scripted_router.script({"error_status": 503}, {"error_status": 503})
+    r = await orch.run(retrying, ctx(p))
+    assert r.final_model == CHEAP
+    assert [(o.ok, o.attempts, o.error_kind) for o in r.state.router_calls] == [
+        (False, 2, "upstream_5xx")
+    ]
+    # A client error is the request's fault, not the router's health: not retried.
+    scripted_router.script({"error_status": 400}, {"content": "never sent"})
+    r = await orch.run(retrying, ctx(p))
+    assert r.final_model == CHEAP and r.state.router_calls[0].attempts == 1
+    assert len(scripted_router.requests()) == 1
 
 
 async def test_query_copy_is_counted(setup: Any, scripted_router: ScriptedRouter) -> None:
