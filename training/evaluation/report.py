@@ -202,7 +202,9 @@ def _plot_comparison(ax: Any, comp: Comparison) -> None:
             textcoords="offset points",
         )
     xs, ys = _dense_hull(frontier(c.points[0] for c in singles))
-    ax.plot(xs, ys, "k--", lw=1, label="no routing (hull)")
+    # Above the routers' curves: a router that does no better than the single models (a
+    # cascade often, at its cheap end) would hide it.
+    ax.plot(xs, ys, "k--", lw=1, label="no routing (hull)", zorder=2.5)
     for c in comp.curves:
         if c.kind == "single":
             continue
