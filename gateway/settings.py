@@ -151,7 +151,6 @@ class DemoSettings(_Section):
     # Start the replay upstream as a child process and point every pool entry whose
     # api_base is "replay" at it. Only the demo config turns this on.
     replay_upstream: bool = False
-    replay_port: int = Field(default=0, ge=0, le=65535)
     replay_table: str | None = None
 
 

@@ -1,0 +1,104 @@
+"""The embedded demo, the README's first command: ``xrouter serve`` with no config starts the
+replay upstream itself, serves the demo pool with the packaged checkpoint on a SQLite ledger
+in the working directory, and takes the replay upstream down with it."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from router.outcomes import OutcomeRecord
+from tests.support.gateway import DEMO_MODELS, free_port
+from tests.support.replay import REPO_ROOT
+
+README_PROMPT = "who is the founder of el pollo loco"  # the README's curl
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"xrouter serve exited with {proc.returncode}:\n{log.read_text()}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"xrouter serve not healthy within 60 s:\n{log.read_text()}")
+
+
+def test_serve_without_a_config_is_the_working_demo(
+    tmp_path: Path, demo_table: list[OutcomeRecord]
+) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    # Nothing of the caller's configuration may leak in: the demo needs none.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XROUTER_")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        _wait_ready(url, proc, log)
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        raw = client.chat.completions.with_raw_response.create(
+            model="xrouter", messages=[{"role": "user", "content": README_PROMPT}]
+        )
+        completion = raw.parse()
+        # The routed model's real recorded answer to this demo prompt.
+        [record] = [r for r in demo_table if r.text.strip() == README_PROMPT]
+        assert completion.model in DEMO_MODELS and completion.model in record.outcomes
+        answer = completion.choices[0].message.content
+        assert answer == record.outcomes[completion.model].response
+        assert raw.headers["x-xrouter-policy"] == "compact"
+        assert completion.usage is not None and completion.usage.model_extra["cost"] > 0
+        # The README's Python example: routing controls in the body.
+        resp = client.chat.completions.create(
+            model="xrouter",
+            messages=[{"role": "user", "content": "Write a haiku about routers."}],
+            extra_body={"xrouter": {"cost_weight": 2.0, "max_cost_usd": 0.001}},
+        )
+        assert resp.model_extra is not None
+        decision = resp.model_extra["xrouter"]["decision"]
+        assert decision["cost_weight"] == 2.0 and decision["policy"] == "compact"
+        assert httpx.get(f"{url}/dashboard", timeout=10).status_code == 200
+        request_id = raw.headers["x-xrouter-request-id"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    # The ledger is ./xrouter.db in the working directory, with the request in it.
+    with sqlite3.connect(tmp_path / "xrouter.db") as db:
+        row = db.execute(
+            "SELECT policy, final_model FROM requests WHERE request_id = ?", (request_id,)
+        ).fetchone()
+    assert row == ("compact", completion.model)
+    # The replay upstream the gateway started went down with it.
+    found = re.search(r"demo: replay upstream at (http://\S+)", log.read_text())
+    assert found is not None, log.read_text()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"{found.group(1)}/_replay/stats", timeout=1)
+        except httpx.ConnectError:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the replay upstream outlived the gateway")
