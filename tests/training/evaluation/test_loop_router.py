@@ -165,12 +165,14 @@ def test_an_llm_specs_router_tokens_are_priced_from_the_spec_or_the_catalog(
 def test_router_model_failures_are_reported_not_scored_as_the_router(
     records: list[OutcomeRecord], scripted_router: ScriptedRouter
 ) -> None:
-    # The first prompt's router call fails (the serving loop falls back to the cheapest
-    # model); the second is routed by the router. The evaluation says so.
+    # The first prompt's router call fails, and so does its one retry (the serving loop
+    # falls back to the cheapest model); the second is routed by the router. The
+    # evaluation says so.
     model = "gemma-2-9b-it"
     call = {"id": "t1", "name": tool_name(model), "arguments": {"system_prompt": "Be brief."}}
     select = {"id": "s1", "name": "select_response", "arguments": {"tool_call_id": "t1"}}
-    scripted_router.script({"error_status": 500}, {"tool_calls": [call]}, {"tool_calls": [select]})
+    failed = {"error_status": 500}
+    scripted_router.script(failed, failed, {"tool_calls": [call]}, {"tool_calls": [select]})
     router = default_registry().load(
         f"llm:{scripted_router.base_url}#router", LoadContext(train=records)
     )
