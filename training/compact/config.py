@@ -86,6 +86,7 @@ class TrainConfig:
             raise ValueError("ips_clip and eval_every must be positive")
         if self.reward_form not in ("gated", "additive"):
             raise ValueError(f"unknown reward form {self.reward_form!r}")
+        self.reward_config()  # K, c_max and the cost scale, checked where the reward is defined
         if not self.lr > 0 or self.weight_decay < 0 or not self.clip_eps > 0:
             raise ValueError("lr and clip_eps must be positive, weight_decay non-negative")
         if self.entropy_coef < 0 or self.offpolicy_entropy_coef < 0:

@@ -18,11 +18,14 @@ def test_arguments_map_onto_the_config() -> None:
     add_train_arguments(parser)
     args = parser.parse_args(
         ["--table", "t.jsonl", "--out", "o", "--steps", "7", "--group-size", "4", "--lambda-min", "0.1",
-         "--lambda-max", "5", "--reward", "additive", "--hidden", "32,16", "--offpolicy", "--estimator", "dr"]
+         "--lambda-max", "5", "--reward", "additive", "--hidden", "32,16", "--offpolicy", "--estimator", "dr",
+         "--reward-k", "2", "--reward-c-max", "0.5"]
     )  # fmt: skip
     cfg = config_from_args(args)
     assert (cfg.steps, cfg.group_size, cfg.lambda_min, cfg.lambda_max) == (7, 4, 0.1, 5.0)
     assert cfg.reward_form == "additive" and cfg.hidden == (32, 16)
+    reward = cfg.reward_config()
+    assert (reward.form, reward.K, reward.c_max) == ("additive", 2.0, 0.5)
     assert cfg.offpolicy and cfg.estimator == "dr"
 
 
@@ -127,6 +130,8 @@ def test_logged_traffic_without_prompts_is_refused_or_dropped(
         ("--hidden", "64,0", "hidden widths must be positive"),
         ("--entropy", "-0.1", "entropy bonuses must be non-negative"),
         ("--explore", "1.5", "explore must be in [0, 1]"),
+        ("--reward-c-max", "-1", "K and c_max must be non-negative"),
+        ("--cost-scale", "0", "cost_scale must be positive"),
     ],
 )
 def test_nonsense_training_settings_are_refused(
