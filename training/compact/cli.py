@@ -122,13 +122,13 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         f"({d.reward_form})",
     )
     parser.add_argument(
-        "--reward-k",
+        "--K",
         type=float,
         default=d.reward_K,
         help=f"K of the gated reward: what a right answer earns before cost ({d.reward_K:g})",
     )
     parser.add_argument(
-        "--reward-c-max",
+        "--c-max",
         type=float,
         default=d.reward_c_max,
         help=f"c_max of the gated reward: the most cost can take off ({d.reward_c_max:g})",
@@ -209,8 +209,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         lambda_zero_prob=args.lambda_zero_prob,
         val_lambdas=tuple(args.val_lambdas) if args.val_lambdas else None,
         reward_form=args.reward,
-        reward_K=args.reward_k,
-        reward_c_max=args.reward_c_max,
+        reward_K=args.K,
+        reward_c_max=args.c_max,
         cost_scale=args.cost_scale,
         reference_model=args.reference_model,
         offpolicy=args.offpolicy,

@@ -41,8 +41,18 @@ def add_verl_data_arguments(parser: argparse.ArgumentParser) -> None:
         help="cost weights drawn per prompt (default: %(default)s)",
     )
     parser.add_argument("--reward", choices=["gated", "additive"], default="gated")
-    parser.add_argument("--K", type=float, default=d.K, help="gated reward's K")
-    parser.add_argument("--c-max", type=float, default=d.c_max)
+    parser.add_argument(
+        "--K",
+        type=float,
+        default=d.K,
+        help=f"gated reward's K: a right answer before cost ({d.K:g})",
+    )
+    parser.add_argument(
+        "--c-max",
+        type=float,
+        default=d.c_max,
+        help=f"gated reward's c_max: the most cost can take off ({d.c_max:g})",
+    )
     parser.add_argument("--cost-scale", type=float, default=d.cost_scale, help="USD per unit of C̃")
     parser.add_argument(
         "--reference-model", help="normalize cost by this model's cost on the same prompt"

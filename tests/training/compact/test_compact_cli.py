@@ -19,7 +19,7 @@ def test_arguments_map_onto_the_config() -> None:
     args = parser.parse_args(
         ["--table", "t.jsonl", "--out", "o", "--steps", "7", "--group-size", "4", "--lambda-min", "0.1",
          "--lambda-max", "5", "--reward", "additive", "--hidden", "32,16", "--offpolicy", "--estimator", "dr",
-         "--reward-k", "2", "--reward-c-max", "0.5"]
+         "--K", "2", "--c-max", "0.5"]
     )  # fmt: skip
     cfg = config_from_args(args)
     assert (cfg.steps, cfg.group_size, cfg.lambda_min, cfg.lambda_max) == (7, 4, 0.1, 5.0)
@@ -130,7 +130,7 @@ def test_logged_traffic_without_prompts_is_refused_or_dropped(
         ("--hidden", "64,0", "hidden widths must be positive"),
         ("--entropy", "-0.1", "entropy bonuses must be non-negative"),
         ("--explore", "1.5", "explore must be in [0, 1]"),
-        ("--reward-c-max", "-1", "K and c_max must be non-negative"),
+        ("--c-max", "-1", "K and c_max must be non-negative"),
         ("--cost-scale", "0", "cost_scale must be positive"),
     ],
 )
