@@ -1,5 +1,10 @@
 """The reward, as training code has always imported it: the definition is
-``router.reward`` (the served kNN policy ranks models by it too)."""
+``router.reward`` (the served kNN policy ranks models by it too); and the command-line
+flags that set it, the same for ``xrouter train`` and ``xrouter verl-data``."""
+
+from __future__ import annotations
+
+import argparse
 
 from router.reward import (
     RewardConfig,
@@ -14,7 +19,47 @@ __all__ = [
     "RewardConfig",
     "RewardForm",
     "RewardTerms",
+    "add_reward_arguments",
     "compute_reward",
     "expected_reward",
     "normalized_cost",
+    "reward_config_from_args",
 ]
+
+
+def add_reward_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--reward --K --c-max --cost-scale --reference-model``, defaulting to RewardConfig's."""
+    d = RewardConfig()
+    parser.add_argument(
+        "--reward",
+        choices=["gated", "additive"],
+        default=d.form,
+        help=f"s*(K - min(lambda*C, c_max)) or s - lambda*C, C the normalized cost ({d.form})",
+    )
+    parser.add_argument(
+        "--K",
+        type=float,
+        default=d.K,
+        help=f"K of the gated reward: what a right answer earns before cost ({d.K:g})",
+    )
+    parser.add_argument(
+        "--c-max",
+        type=float,
+        default=d.c_max,
+        help=f"c_max of the gated reward: the most cost can take off ({d.c_max:g})",
+    )
+    parser.add_argument(
+        "--cost-scale",
+        type=float,
+        default=d.cost_scale,
+        help=f"USD per unit of normalized cost ({d.cost_scale:g})",
+    )
+    parser.add_argument(
+        "--reference-model", help="normalize cost by this model's cost on the same prompt"
+    )
+
+
+def reward_config_from_args(args: argparse.Namespace) -> RewardConfig:
+    """The reward the flags of ``add_reward_arguments`` ask for (``--reference-model`` is
+    the caller's: it changes how costs are normalized, not the reward's terms)."""
+    return RewardConfig(form=args.reward, K=args.K, c_max=args.c_max, cost_scale=args.cost_scale)

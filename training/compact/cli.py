@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from training.compact.config import TrainConfig
+from training.reward import add_reward_arguments
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -114,31 +115,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.val_lambdas,
         help="cost weights to validate at, e.g. 0,0.1,1 (default: 0 and powers of ten in range)",
     )
-    parser.add_argument(
-        "--reward",
-        choices=["gated", "additive"],
-        default=d.reward_form,
-        help="s*(K - min(lambda*C, c_max)) or s - lambda*C, C the normalized cost "
-        f"({d.reward_form})",
-    )
-    parser.add_argument(
-        "--K",
-        type=float,
-        default=d.reward_K,
-        help=f"K of the gated reward: what a right answer earns before cost ({d.reward_K:g})",
-    )
-    parser.add_argument(
-        "--c-max",
-        type=float,
-        default=d.reward_c_max,
-        help=f"c_max of the gated reward: the most cost can take off ({d.reward_c_max:g})",
-    )
-    parser.add_argument(
-        "--cost-scale", type=float, default=d.cost_scale, help="USD per unit of normalized cost"
-    )
-    parser.add_argument(
-        "--reference-model", help="normalize cost by this model's cost on the same prompt"
-    )
+    add_reward_arguments(parser)
     parser.add_argument(
         "--offpolicy", action="store_true", help="learn from logged records (partial feedback)"
     )

@@ -6,7 +6,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from training.reward import RewardConfig
+from training.reward import RewardConfig, RewardForm
+
+# The reward's defaults are the reward module's, as are the CLI flags' (add_reward_arguments).
+_REWARD = RewardConfig()
 
 
 @dataclass(slots=True)
@@ -38,10 +41,10 @@ class TrainConfig:
     lambda_min: float | None = None
     lambda_max: float | None = None
     lambda_zero_prob: float = 0.1
-    reward_form: Literal["gated", "additive"] = "gated"
-    reward_K: float = 1.0
-    reward_c_max: float = 1.0
-    cost_scale: float = 0.001
+    reward_form: RewardForm = _REWARD.form
+    reward_K: float = _REWARD.K
+    reward_c_max: float = _REWARD.c_max
+    cost_scale: float = _REWARD.cost_scale
     # Normalize cost by this model's cost on the same prompt instead of cost_scale.
     reference_model: str | None = None
     # Cost weights validated (and reported) at; None = 0 and each power of ten in the range.

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from router.reward import RewardConfig
+from training.reward import add_reward_arguments, reward_config_from_args
 from training.verl.data import DEFAULT_LAMBDAS, VerlDataConfig, write_verl_dataset
 from training.verl.launch import GrpoRun
 
@@ -27,7 +27,6 @@ def _price(text: str) -> tuple[float, ...]:
 
 
 def add_verl_data_arguments(parser: argparse.ArgumentParser) -> None:
-    d = RewardConfig()
     parser.add_argument("--table", required=True, help="outcome table (JSONL)")
     parser.add_argument(
         "--out",
@@ -40,23 +39,7 @@ def add_verl_data_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_LAMBDAS,
         help="cost weights drawn per prompt (default: %(default)s)",
     )
-    parser.add_argument("--reward", choices=["gated", "additive"], default="gated")
-    parser.add_argument(
-        "--K",
-        type=float,
-        default=d.K,
-        help=f"gated reward's K: a right answer before cost ({d.K:g})",
-    )
-    parser.add_argument(
-        "--c-max",
-        type=float,
-        default=d.c_max,
-        help=f"gated reward's c_max: the most cost can take off ({d.c_max:g})",
-    )
-    parser.add_argument("--cost-scale", type=float, default=d.cost_scale, help="USD per unit of C̃")
-    parser.add_argument(
-        "--reference-model", help="normalize cost by this model's cost on the same prompt"
-    )
+    add_reward_arguments(parser)
     run = GrpoRun()
     parser.add_argument("--model", default=run.model, help="router model for train_grpo.sh")
     parser.add_argument("--gpus-per-node", type=int, default=run.gpus_per_node)
@@ -87,9 +70,7 @@ def run_verl_data(args: argparse.Namespace) -> int:
     try:
         config = VerlDataConfig(
             lambdas=args.lambdas,
-            reward=RewardConfig(
-                form=args.reward, K=args.K, c_max=args.c_max, cost_scale=args.cost_scale
-            ),
+            reward=reward_config_from_args(args),
             reference_model=args.reference_model,
             split_seed=args.split_seed,
             seed=args.seed,
