@@ -129,15 +129,14 @@ class LLMRouterPolicy(Policy):
         # The router model's transient failures (a reset connection, a 503 while vLLM
         # restarts, a 429) are retried as a pool model's are, up to its max_retries: each
         # turn it fails on ends the routing (see step(): the last answer, or the cheapest).
-        attempt = 0
-        while True:
+        retries = self.router_model.max_retries
+        for attempt in range(retries + 1):
             try:
                 resp = await self.provider.complete(self.router_model, body)
                 break
             except ProviderError as err:
-                if err.retryable and attempt < self.router_model.max_retries:
+                if err.retryable and attempt < retries:
                     await asyncio.sleep(retry_delay(attempt, err))
-                    attempt += 1
                     continue
                 state.router_calls.append(
                     CallOutcome(
