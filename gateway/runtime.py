@@ -132,6 +132,7 @@ def _router_model(settings: Settings) -> PoolModel | None:
         max_retries=cfg.max_retries,
         fallbacks=(),
         description="router",
+        keep_alive_s=cfg.keep_alive_s,
     )
 
 

@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from pricing import ModelPrice
-from router.pool import PoolModelConfig
+from router.pool import DEFAULT_KEEP_ALIVE_S, PoolModelConfig
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 ENV_PREFIX = "XROUTER_"
@@ -105,6 +105,9 @@ class LLMRouterSettings(_Section):
     # with the pool's backoff; past them the policy falls back to the last answer it has
     # bought, or to the pool's cheapest model.
     max_retries: int = Field(default=1, ge=0, le=5)
+    # Idle connections to the router model's server are reused this long: below vLLM's own
+    # 5 s (see the pool's ``keep_alive_s``).
+    keep_alive_s: float = Field(default=DEFAULT_KEEP_ALIVE_S, gt=0, le=3600)
     system_prompt: str | None = None
     # A λ-conditioned router (trained on verl by training.verl) reads the request's cost
     # weight from its system prompt; prompt-engineered routers don't need it.

@@ -71,24 +71,23 @@ def _unreachable(model: PoolModel, exc: BaseException) -> ProviderError:
 
 
 class NativeOpenAIProvider(Provider):
-    def __init__(self, session_factory: Any = None) -> None:
-        self._session: aiohttp.ClientSession | None = None
-        self._session_factory = session_factory
+    def __init__(self) -> None:
+        # One pooled session per idle timeout: every pool model shares one unless it sets its
+        # own ``keep_alive_s`` (aiohttp's idle timeout is per connector, not per host).
+        self._sessions: dict[float, aiohttp.ClientSession] = {}
 
-    def _client(self) -> aiohttp.ClientSession:
-        # Created lazily inside the running loop; one pooled session for every upstream.
-        if self._session is None or self._session.closed:
-            if self._session_factory is not None:
-                self._session = self._session_factory()
-            else:
-                self._session = aiohttp.ClientSession(
-                    connector=aiohttp.TCPConnector(
-                        limit=0, ttl_dns_cache=300, keepalive_timeout=30
-                    ),
-                    json_serialize=lambda o: orjson.dumps(o).decode(),
-                    auto_decompress=True,
-                )
-        return self._session
+    def _client(self, model: PoolModel) -> aiohttp.ClientSession:
+        # Created lazily inside the running loop.
+        session = self._sessions.get(model.keep_alive_s)
+        if session is None or session.closed:
+            session = self._sessions[model.keep_alive_s] = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(
+                    limit=0, ttl_dns_cache=300, keepalive_timeout=model.keep_alive_s
+                ),
+                json_serialize=lambda o: orjson.dumps(o).decode(),
+                auto_decompress=True,
+            )
+        return session
 
     @staticmethod
     def _headers(model: PoolModel) -> dict[str, str]:
@@ -100,7 +99,7 @@ class NativeOpenAIProvider(Provider):
         url = f"{model.api_base}/chat/completions"
         start = time.perf_counter()
         try:
-            async with self._client().post(
+            async with self._client(model).post(
                 url,
                 data=orjson.dumps(body),
                 headers=self._headers(model),
@@ -136,7 +135,7 @@ class NativeOpenAIProvider(Provider):
             total=None, sock_connect=model.timeout_s, sock_read=model.timeout_s
         )
         try:
-            async with self._client().post(
+            async with self._client(model).post(
                 url, data=orjson.dumps(body), headers=self._headers(model), timeout=timeout
             ) as resp:
                 if resp.status >= 400:
@@ -189,7 +188,10 @@ class NativeOpenAIProvider(Provider):
             stats.latency_ms = (time.perf_counter() - start) * 1000
 
     async def aclose(self) -> None:
-        if self._session is not None and not self._session.closed:
-            await self._session.close()
-            # Give the connector a tick to close its transports cleanly.
+        sessions, self._sessions = list(self._sessions.values()), {}
+        for session in sessions:
+            if not session.closed:
+                await session.close()
+        if sessions:
+            # Give the connectors a tick to close their transports cleanly.
             await asyncio.sleep(0)
