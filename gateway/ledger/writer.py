@@ -35,18 +35,16 @@ from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.ledger import schema
-from gateway.ledger.migrations import SQLITE_BEGIN_OPTION
+from gateway.ledger.backoff import DatabaseBackoff, LogThrottle
+from gateway.ledger.inserter import BatchInserter
 from gateway.ledger.records import (
     FeedbackRecord,
     LedgerRecord,
     RequestRecord,
     apply_content_policy,
-    build_rows,
 )
-from gateway.ledger.schema import insert_ignore
 from gateway.ledger.spill import SpillJournal
-from gateway.ledger.store import describe_error, refused_data
+from gateway.ledger.wal_segments import Retirement, WalSegments
 from gateway.settings import LedgerSettings
 
 logger = logging.getLogger(__name__)
@@ -56,10 +54,7 @@ T = TypeVar("T")
 _Item = tuple[LedgerRecord, asyncio.Future[None] | None, int | None]
 _Waiting = tuple[LedgerRecord, asyncio.Future[None] | None]
 
-_BACKOFF_MIN_S = 0.25
-_BACKOFF_MAX_S = 30.0
 _ORPHAN_SCAN_INTERVAL_S = 60.0
-_EXECUTE_SLICE = 100
 
 
 class LedgerMetricsSink(Protocol):
@@ -82,21 +77,6 @@ class LedgerUnavailableError(RuntimeError):
     The record is still held in memory and retried."""
 
 
-class _LogThrottle:
-    """At most one log line per interval for a failure that repeats every flush."""
-
-    def __init__(self, interval_s: float) -> None:
-        self._interval = interval_s
-        self._last = -float("inf")
-
-    def ready(self) -> bool:
-        now = time.monotonic()
-        if now - self._last >= self._interval:
-            self._last = now
-            return True
-        return False
-
-
 class LedgerWriter:
     def __init__(
         self,
@@ -106,21 +86,10 @@ class LedgerWriter:
         *,
         db_timeout_s: float = 10.0,
     ) -> None:
-        # Every ledger transaction here writes: take SQLite's write lock at BEGIN.
-        self._engine = engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
         self._settings = settings
         self._metrics = metrics
-        self._db_timeout_s = db_timeout_s
+        self._inserter = BatchInserter(engine, settings.log_content, db_timeout_s)
         self._journal = SpillJournal(settings.spill_dir, wal_fsync=settings.journal_fsync)
-        dialect = engine.dialect.name
-        self._stmt_requests = insert_ignore(dialect, schema.requests)
-        self._stmt_calls = insert_ignore(dialect, schema.calls)
-        self._stmt_feedback = insert_ignore(dialect, schema.feedback)
-        self._fit = (
-            schema.TextFitter(schema.requests),
-            schema.TextFitter(schema.calls),
-            schema.TextFitter(schema.feedback),
-        )
 
         self._pending: deque[_Item] = deque()
         # Records that found the queue full, waiting for the journal thread.
@@ -129,12 +98,7 @@ class LedgerWriter:
         # Durable records waiting for the journal thread's next group commit.
         self._wal_in: deque[_Waiting] = deque()
         self._wal_scheduled = False
-        # WAL bookkeeping (event loop thread only): queued records per segment, segments
-        # that had a record fail to commit, segments no longer written to.
-        self._wal_outstanding: dict[int, int] = {}
-        self._wal_dirty: set[int] = set()
-        self._wal_sealed: set[int] = set()
-        self._wal_current: int | None = None
+        self._wal = WalSegments()  # event loop thread only
 
         self._wake = asyncio.Event()
         self._flush_lock = asyncio.Lock()
@@ -144,11 +108,9 @@ class LedgerWriter:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
         self._closed = False
-        self._backoff_s = 0.0
-        self._retry_at = 0.0
+        self._db = DatabaseBackoff()
         self._next_orphan_scan = 0.0
-        self._db_log = _LogThrottle(10.0)
-        self._journal_log = _LogThrottle(10.0)
+        self._journal_log = LogThrottle(10.0)
 
     # -- public API -------------------------------------------------------------------
 
@@ -220,7 +182,7 @@ class LedgerWriter:
             await self._drain(force=False)
         sealed = await self._in_journal(self._journal.wal_seal)
         if sealed is not None:
-            self._wal_seal(sealed)
+            self._wal_retire(self._wal.seal(sealed))
         await self._in_journal(self._journal.close)  # after the retirements just queued
         self._journal_exec.shutdown(wait=False)
         self._closed = True
@@ -314,21 +276,19 @@ class LedgerWriter:
             self._pending.extend((r, f, None) for r, (_, f) in zip(prepared, items, strict=True))
             self._wake.set()
         else:
-            self._wal_current = seq
             self._resolve(items, None)
             # Journaled records are safe: if the queue is full they stay in the journal
             # only and are replayed later, instead of growing the queue.
             room = max(self._settings.queue_size - len(self._pending), 0)
             queued = prepared[:room]
             self._pending.extend((r, None, seq) for r in queued)
-            self._wal_outstanding[seq] = self._wal_outstanding.get(seq, 0) + len(queued)
+            self._wal.appended(seq, len(queued), len(prepared) - len(queued))
             if len(queued) < len(prepared):
-                self._wal_dirty.add(seq)
                 self._metric("spilled", len(prepared) - len(queued), "queue_full")
             if len(self._pending) >= self._settings.flush_rows:
                 self._wake.set()
             if sealed is not None:
-                self._wal_seal(sealed)
+                self._wal_retire(self._wal.seal(sealed))
         if self._wal_in:
             self._schedule_wal()
 
@@ -348,7 +308,7 @@ class LedgerWriter:
             try:
                 async with self._flush_lock:
                     progress = await self._drain(force=False)
-                    if not self._closing and self._needs_replay() and self._db_ready():
+                    if not self._closing and self._needs_replay() and self._db.ready():
                         await self._replay(force=False)
                     if not self._closing and time.monotonic() >= self._next_orphan_scan:
                         self._next_orphan_scan = time.monotonic() + _ORPHAN_SCAN_INTERVAL_S
@@ -371,22 +331,22 @@ class LedgerWriter:
         return True
 
     async def _write_batch(self, batch: list[_Item], force: bool) -> bool:
-        if force or self._db_ready():
+        if force or self._db.ready():
             try:
                 await self._insert([r for r, _, _ in batch])
             except Exception as exc:
                 self._db_failed(exc)
                 reason = "db_error"
             else:
-                self._db_ok()
+                self._db.ok()
                 self._metric("flushed", len(batch))
                 self._resolve(batch, None)
-                self._wal_settle(batch, committed=True)
+                self._wal_retire(self._wal.settle((seq for _, _, seq in batch), committed=True))
                 return True
         else:
             reason = "db_unavailable"
         # Records from the WAL are on disk already: their segment will be replayed.
-        self._wal_settle(batch, committed=False)
+        self._wal_retire(self._wal.settle((seq for _, _, seq in batch), committed=False))
         to_spill = [item for item in batch if item[2] is None]
         if to_spill:
             try:
@@ -399,67 +359,30 @@ class LedgerWriter:
         return True
 
     async def _insert(self, records: Sequence[LedgerRecord]) -> None:
-        """Insert in one transaction; if the database refuses the data, insert one record per
-        transaction and set aside the ones it refuses. Raises when the database is
-        unavailable (the caller spills or stops the replay)."""
-        try:
-            await self._insert_txn(records)
-            return
-        except Exception as exc:
-            if not refused_data(exc):
-                raise
-            first_error = exc
-        if len(records) == 1:
-            await self._reject(records[0], first_error)
-            return
-        logger.warning(
-            "ledger batch refused (%s); isolating the bad records", describe_error(first_error)
-        )
-        for record in records:
-            try:
-                await self._insert_txn([record])
-            except Exception as exc:
-                if not refused_data(exc):
-                    raise
-                await self._reject(record, exc)
-
-    async def _insert_txn(self, records: Sequence[LedgerRecord]) -> None:
-        req_rows, call_rows, fb_rows = build_rows(records, self._settings.log_content)
-        for fitter, rows in zip(self._fit, (req_rows, call_rows, fb_rows), strict=True):
-            fitter.fit(rows)
-        async with asyncio.timeout(self._db_timeout_s), self._engine.begin() as conn:
-            for stmt, rows in (
-                (self._stmt_requests, req_rows),
-                (self._stmt_calls, call_rows),
-                (self._stmt_feedback, fb_rows),
-            ):
-                # Binding parameters is CPU work on the event loop; slices keep each stretch
-                # short so request handlers are not stalled behind a big batch.
-                for i in range(0, len(rows), _EXECUTE_SLICE):
-                    await conn.execute(stmt, rows[i : i + _EXECUTE_SLICE])
-
-    async def _reject(self, record: LedgerRecord, exc: BaseException) -> None:
-        reason = describe_error(exc)
-        logger.error("ledger refused %s: %s", _record_id(record), reason)
-        self._metric("write_error", "data")
-        await self._in_journal(self._journal.reject, [record], reason)
+        """Insert in one transaction, setting aside the records the database refuses as
+        invalid. Raises when the database is unavailable (the caller spills or stops the
+        replay)."""
+        for record, reason in await self._inserter.insert(records):
+            logger.error("ledger refused %s: %s", _record_id(record), reason)
+            self._metric("write_error", "data")
+            await self._in_journal(self._journal.reject, [record], reason)
 
     # -- replay -----------------------------------------------------------------------
 
     def _needs_replay(self) -> bool:
-        return self._journal.has_data or self._wal_current in self._wal_dirty
+        return self._journal.has_data or self._wal.current_dirty
 
     async def _replay(self, force: bool) -> None:
         """Insert the sealed spill segments, deleting each once it is fully in."""
-        if not (force or self._db_ready()):
+        if not (force or self._db.ready()):
             return
-        if self._wal_current is not None and self._wal_current in self._wal_dirty:
+        if self._wal.current_dirty:
             # The open WAL segment has records that failed to commit: seal it so it joins
             # this replay instead of waiting for the next rotation.
             sealed = await self._in_journal(self._journal.wal_seal)
-            self._wal_current = None
+            self._wal.current = None
             if sealed is not None:
-                self._wal_seal(sealed)
+                self._wal_retire(self._wal.seal(sealed))
         segments = await self._in_journal(self._journal.seal)
         step = self._settings.flush_rows
         for segment in segments:
@@ -472,7 +395,7 @@ class LedgerWriter:
                     # The segment stays; chunks already in are skipped by ON CONFLICT later.
                     self._db_failed(exc)
                     return
-                self._db_ok()
+                self._db.ok()
                 self._metric("flushed", len(chunk))
                 if self._pending:
                     # Live traffic goes before the backlog.
@@ -490,35 +413,14 @@ class LedgerWriter:
             apply_content_policy(r, mode) if isinstance(r, RequestRecord) else r for r in records
         )
 
-    def _wal_settle(self, batch: Sequence[_Item], committed: bool) -> None:
-        touched: set[int] = set()
-        for _, _, seq in batch:
-            if seq is None:
-                continue
-            self._wal_outstanding[seq] -= 1
-            if not committed:
-                self._wal_dirty.add(seq)
-            touched.add(seq)
-        for seq in touched:
-            self._wal_retire(seq)
-
-    def _wal_seal(self, seq: int) -> None:
-        self._wal_sealed.add(seq)
-        self._wal_outstanding.setdefault(seq, 0)
-        self._wal_retire(seq)
-
-    def _wal_retire(self, seq: int) -> None:
-        """A sealed segment whose queued records were all attempted: delete it if they all
-        committed, otherwise hand it to the replay."""
-        if seq not in self._wal_sealed or self._wal_outstanding.get(seq, 0) > 0:
-            return
-        self._wal_sealed.discard(seq)
-        self._wal_outstanding.pop(seq, None)
-        if seq in self._wal_dirty:
-            self._wal_dirty.discard(seq)
-            self._in_journal_nowait(self._journal.wal_to_spill, seq)
-        else:
-            self._in_journal_nowait(self._journal.wal_remove, seq)
+    def _wal_retire(self, retirements: list[Retirement]) -> None:
+        """Delete the WAL segments whose records are all committed; hand the others to the
+        replay."""
+        for seq, action in retirements:
+            if action == "replay":
+                self._in_journal_nowait(self._journal.wal_to_spill, seq)
+            else:
+                self._in_journal_nowait(self._journal.wal_remove, seq)
 
     def _journal_failed(self, batch: Sequence[_Item], exc: BaseException) -> None:
         logger.error(
@@ -567,27 +469,11 @@ class LedgerWriter:
         assert self._loop is not None
         self._loop.call_soon_threadsafe(fn, *args)
 
-    # -- circuit breaker and metrics --------------------------------------------------
-
-    def _db_ready(self) -> bool:
-        return time.monotonic() >= self._retry_at
+    # -- database failures and metrics --------------------------------------------------
 
     def _db_failed(self, exc: BaseException) -> None:
-        self._backoff_s = min(max(self._backoff_s * 2, _BACKOFF_MIN_S), _BACKOFF_MAX_S)
-        self._retry_at = time.monotonic() + self._backoff_s
+        self._db.failed(exc)
         self._metric("write_error", "db")
-        if self._db_log.ready():
-            logger.warning(
-                "ledger database unavailable (%s); journaling, next try in %.2fs",
-                describe_error(exc),
-                self._backoff_s,
-            )
-
-    def _db_ok(self) -> None:
-        if self._backoff_s:
-            logger.info("ledger database reachable again")
-        self._backoff_s = 0.0
-        self._retry_at = 0.0
 
     def _report_depth(self) -> None:
         self._metric("queue_depth", self.pending)
