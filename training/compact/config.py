@@ -73,7 +73,9 @@ class TrainConfig:
             raise ValueError("steps, batch_size and ppo_epochs must be positive")
         if self.group_size < 2:
             raise ValueError("group_size must be at least 2 (advantages are relative to the group)")
-        if (self.lambda_min is not None and self.lambda_min <= 0) or (
+        if any(lam is not None and not lam > 0 for lam in (self.lambda_min, self.lambda_max)):
+            raise ValueError("lambda_min and lambda_max must be positive")
+        if (
             self.lambda_min is not None
             and self.lambda_max is not None
             and self.lambda_min >= self.lambda_max

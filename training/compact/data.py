@@ -181,8 +181,12 @@ def resolve_lambdas(
 ) -> TrainConfig:
     """The config with its λ range and validation λs filled in from the (training) table."""
     lo, hi = auto_lambda_range(arrays.cost, cfg.reward_config(), reference_cost)
-    lam_min = cfg.lambda_min if cfg.lambda_min is not None else lo
-    lam_max = cfg.lambda_max if cfg.lambda_max is not None else max(hi, lam_min * 100)
+    lam_min, lam_max = cfg.lambda_min, cfg.lambda_max
+    if lam_min is None:
+        # Two decades under a given λ_max at least, so that it is a range.
+        lam_min = lo if lam_max is None else min(lo, lam_max / 100)
+    if lam_max is None:
+        lam_max = max(hi, lam_min * 100)
     val = cfg.val_lambdas
     if val is None:
         k0, k1 = math.ceil(math.log10(lam_min) - 1e-9), math.floor(math.log10(lam_max) + 1e-9)
