@@ -26,6 +26,7 @@ import math
 import os
 import sys
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -46,6 +47,17 @@ logger = logging.getLogger(__name__)
 
 ExportFormat = Literal["jsonl", "parquet"]
 _CHUNK = 500
+
+
+@dataclass
+class ExportStats:
+    """What an export wrote and what it left out."""
+
+    records: int = 0
+    # Successful requests without feedback, skipped unless ``include_unscored``.
+    unscored_skipped: int = 0
+
+
 _CALL_FIELDS = (
     "turn",
     "role",
@@ -181,9 +193,10 @@ async def iter_export_records(
     key_id: str | None = None,
     include_unscored: bool = False,
     chunk_size: int = _CHUNK,
+    stats: ExportStats | None = None,
 ) -> AsyncIterator[list[dict[str, Any]]]:
     """Chunks of outcome records, oldest request first (keyset pagination: constant memory,
-    no long-lived cursor holding a snapshot)."""
+    no long-lived cursor holding a snapshot). ``stats`` counts what is yielded and skipped."""
     base = [
         *request_filters(since, until, key_id),
         requests.c.status >= 200,
@@ -237,6 +250,9 @@ async def iter_export_records(
             )
             is not None
         ]
+        if stats is not None:
+            stats.records += len(chunk)
+            stats.unscored_skipped += len(rows) - len(chunk)
         if chunk:
             yield chunk
         if len(rows) < chunk_size:
@@ -284,12 +300,14 @@ async def export_ledger(
     until: TimeBound = None,
     key_id: str | None = None,
     include_unscored: bool = False,
+    stats: ExportStats | None = None,
 ) -> int:
     """Write the outcome table of the logged traffic; return the number of records.
 
     Requests without feedback are skipped unless ``include_unscored`` (their outcome then
     has no ``score`` and the record says ``"scored": false``; they must be scored before
-    they load as an outcome table). The file appears atomically when complete.
+    they load as an outcome table); ``stats`` counts them. The file appears atomically
+    when complete.
     """
     if fmt not in ("jsonl", "parquet"):
         raise ValueError(f"unknown export format {fmt!r}")
@@ -303,7 +321,9 @@ async def export_ledger(
         sink = await asyncio.to_thread(_JsonlSink, tmp)
     n = 0
     try:
-        async for chunk in iter_export_records(engine, since, until, key_id, include_unscored):
+        async for chunk in iter_export_records(
+            engine, since, until, key_id, include_unscored, stats=stats
+        ):
             await asyncio.to_thread(sink.write, chunk)
             n += len(chunk)
         await asyncio.to_thread(sink.close)
@@ -372,9 +392,10 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
         return 2
     try:
         engine = await open_ledger_engine(ledger_url)
+        stats = ExportStats()
         try:
             n = await export_ledger(
-                engine, args.out, fmt, since, until, args.key, args.include_unscored
+                engine, args.out, fmt, since, until, args.key, args.include_unscored, stats
             )
         finally:
             await engine.dispose()
@@ -383,7 +404,15 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
         # (and no statement or bound values, which would be prompts).
         print(f"error: export failed: {describe_error(exc)}", file=sys.stderr)
         return 2
-    print(f"exported {n} records to {args.out}")
+    line = f"exported {n} records to {args.out}"
+    if stats.unscored_skipped:
+        # Most traffic has no feedback: say why it is missing, or an empty export puzzles.
+        line += (
+            f"; skipped {stats.unscored_skipped} successful requests without feedback "
+            "(score them with POST /v1/feedback, or export them unscored with "
+            "--include-unscored)"
+        )
+    print(line)
     return 0
 
 

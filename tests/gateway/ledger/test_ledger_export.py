@@ -156,9 +156,16 @@ async def test_cli_export(
         ["--out", str(out), "--since", "2025-06-15T15:06:43+00:00", "--key", "key_test0001"]
     )
     assert await run_export(args, ledger_url) == 0
-    assert "exported" in capsys.readouterr().out
+    # e06-e09 have no feedback: the user is told they were left out, and how to get them.
+    assert capsys.readouterr().out.strip() == (
+        f"exported 4 records to {out}; skipped 4 successful requests without feedback "
+        "(score them with POST /v1/feedback, or export them unscored with --include-unscored)"
+    )
     ids = [parse_record(line).id for line in read_lines(out)]
     assert ids == ["e03", "e04", "e05", "e10"]  # e00-e02 are before --since
+    everything = parser.parse_args(["--out", str(out), "--include-unscored"])
+    assert await run_export(everything, ledger_url) == 0
+    assert capsys.readouterr().out.strip() == f"exported 11 records to {out}"
 
     bad = parser.parse_args(["--out", str(out), "--until", "yesterday"])
     assert await run_export(bad, ledger_url) == 2
