@@ -9,10 +9,10 @@ from fastapi import APIRouter, Request
 from pydantic import ValidationError
 from starlette.responses import Response
 
-from gateway.errors import APIError, bad_request
+from gateway import model_list
+from gateway.errors import APIError, bad_request, not_found
 from gateway.ledger.records import FeedbackRecord
 from gateway.ledger.spend import get_request
-from gateway.runtime import POLICY_PREFIX, ROUTER_MODEL
 from gateway.schemas import FeedbackRequest
 from gateway.services import Services
 
@@ -56,51 +56,23 @@ async def chat_completions(request: Request) -> Response:
 async def list_models(request: Request) -> Response:
     s = services(request)
     assert s.auth is not None
-    await s.auth.principal(request.headers.get("authorization"))
-    rt = s.current()
-    created = int(time.time())
-    data = [
-        {
-            "id": ROUTER_MODEL,
-            "object": "model",
-            "created": created,
-            "owned_by": "xrouter",
-            "xrouter": {"kind": "router", "policy": rt.default_policy},
-        },
-        *(
-            {
-                "id": f"{POLICY_PREFIX}{p}",
-                "object": "model",
-                "created": created,
-                "owned_by": "xrouter",
-                "xrouter": {"kind": "router", "policy": p},
-            }
-            for p in rt.policy_names
-        ),
-        *(
-            {
-                "id": m.name,
-                "object": "model",
-                "created": created,
-                "owned_by": m.provider,
-                "xrouter": {
-                    "kind": "pool",
-                    "price": {
-                        "input_per_mtok": str(m.price.input),
-                        "output_per_mtok": str(m.price.output),
-                    },
-                    "max_output_tokens": m.max_output_tokens,
-                    "description": m.description,
-                    # None: not declared (any input is routed to it).
-                    "input_modalities": (
-                        None if m.input_modalities is None else sorted(m.input_modalities)
-                    ),
-                },
-            }
-            for m in rt.pool
-        ),
-    ]
+    who = await s.auth.principal(request.headers.get("authorization"))
+    data = model_list.list_models(s.current(), who)
     return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")
+
+
+# ``:path`` because router names have a slash in them (``xrouter/cascade``).
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(request: Request, model_id: str) -> Response:
+    s = services(request)
+    assert s.auth is not None
+    who = await s.auth.principal(request.headers.get("authorization"))
+    entry = model_list.find_model(s.current(), who, model_id)
+    if entry is None:
+        raise not_found(
+            f"the model {model_id!r} does not exist; GET /v1/models lists the available ones"
+        )
+    return Response(orjson.dumps(entry), media_type="application/json")
 
 
 @router.post("/v1/feedback")

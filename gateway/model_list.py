@@ -1,0 +1,83 @@
+"""What ``GET /v1/models`` and ``GET /v1/models/{model}`` show a caller: the routers (``xrouter``
+and ``xrouter/<policy>``) and the pool models with their prices, limited, as OpenAI and
+LiteLLM's proxy do, to what the caller's key may use."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gateway.chat import Principal
+from gateway.runtime import POLICY_PREFIX, ROUTER_MODEL, Runtime
+from router.pool import PoolModel
+
+
+def _router_entry(model_id: str, policy: str, created: int) -> dict[str, Any]:
+    return {
+        "id": model_id,
+        "object": "model",
+        "created": created,
+        "owned_by": "xrouter",
+        "xrouter": {"kind": "router", "policy": policy},
+    }
+
+
+def _pool_entry(m: PoolModel, created: int) -> dict[str, Any]:
+    return {
+        "id": m.name,
+        "object": "model",
+        "created": created,
+        "owned_by": m.provider,
+        "xrouter": {
+            "kind": "pool",
+            "price": {
+                "input_per_mtok": str(m.price.input),
+                "output_per_mtok": str(m.price.output),
+            },
+            "max_output_tokens": m.max_output_tokens,
+            "description": m.description,
+            # None: not declared (any input is routed to it).
+            "input_modalities": (
+                None if m.input_modalities is None else sorted(m.input_modalities)
+            ),
+        },
+    }
+
+
+def _may_use_policy(who: Principal, policy: str) -> bool:
+    return who.allowed_policies is None or policy in who.allowed_policies
+
+
+def _may_use_model(who: Principal, name: str) -> bool:
+    return who.allowed_models is None or name in who.allowed_models
+
+
+def list_models(rt: Runtime, who: Principal) -> list[dict[str, Any]]:
+    """Every model name the caller may send, the routers first (``xrouter/fixed:<model>``
+    names are not listed: one per pool model would only repeat the pool)."""
+    created = int(time.time())
+    data = []
+    if _may_use_policy(who, rt.default_policy):
+        data.append(_router_entry(ROUTER_MODEL, rt.default_policy, created))
+    data.extend(
+        _router_entry(f"{POLICY_PREFIX}{p}", p, created)
+        for p in rt.policy_names
+        if _may_use_policy(who, p)
+    )
+    data.extend(_pool_entry(m, created) for m in rt.pool if _may_use_model(who, m.name))
+    return data
+
+
+def find_model(rt: Runtime, who: Principal, model_id: str) -> dict[str, Any] | None:
+    """The entry for ``model_id`` as the chat endpoint would resolve it, or None when it does
+    not exist or the caller's key may not use it."""
+    created = int(time.time())
+    if model_id == ROUTER_MODEL or model_id.startswith(POLICY_PREFIX):
+        policy = rt.default_policy if model_id == ROUTER_MODEL else model_id[len(POLICY_PREFIX) :]
+        if rt.policy(policy) is None or not _may_use_policy(who, policy):
+            return None
+        return _router_entry(model_id, policy, created)
+    m = rt.pool.get(model_id)
+    if m is None or not _may_use_model(who, model_id):
+        return None
+    return _pool_entry(m, created)

@@ -1,0 +1,85 @@
+"""``GET /v1/models`` and ``GET /v1/models/{model}`` through the OpenAI SDK: the routers and the
+priced pool, each retrievable by the name the chat endpoint takes, limited to what the
+caller's key may use."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.gateway.conftest import Upstream
+from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+MODEL = "gemma-2-9b-it"
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory, upstream: Upstream) -> Iterator[Gateway]:
+    tmp: Path = tmp_path_factory.mktemp("models")
+    cfg = gateway_config(tmp, upstream.base_url, auth={"enabled": True, "admin_key": ADMIN_KEY})
+    g = start_gateway(tmp, cfg)
+    yield g
+    g.stop()
+
+
+def client(gw: Gateway, **key_fields: object) -> openai.OpenAI:
+    r = httpx.post(
+        f"{gw.url}/admin/keys",
+        json={"alias": f"m-{secrets.token_hex(4)}", **key_fields},
+        headers=ADMIN,
+    )
+    assert r.status_code == 201, r.text
+    return openai.OpenAI(base_url=gw.base_url, api_key=r.json()["key"], max_retries=0)
+
+
+def test_every_listed_model_is_retrievable_by_its_id(gw: Gateway) -> None:
+    c = client(gw)
+    listed = {m.id: m for m in c.models.list()}
+    assert {"xrouter", "xrouter/compact", "xrouter/cascade", MODEL} <= listed.keys()
+    for model_id, entry in listed.items():
+        got = c.models.retrieve(model_id)
+        assert got.id == model_id and got.owned_by == entry.owned_by
+        assert got.model_extra == entry.model_extra
+    assert c.models.retrieve("xrouter").model_extra == {
+        "xrouter": {"kind": "router", "policy": "compact"}
+    }
+    extra = c.models.retrieve(MODEL).model_extra
+    assert extra is not None and float(extra["xrouter"]["price"]["input_per_mtok"]) > 0
+
+
+def test_a_fixed_policy_name_is_retrievable_though_not_listed(gw: Gateway) -> None:
+    c = client(gw)
+    assert f"xrouter/fixed:{MODEL}" not in {m.id for m in c.models.list()}
+    got = c.models.retrieve(f"xrouter/fixed:{MODEL}")
+    assert got.model_extra == {"xrouter": {"kind": "router", "policy": f"fixed:{MODEL}"}}
+
+
+def test_an_unknown_model_is_an_openai_not_found(gw: Gateway) -> None:
+    c = client(gw)
+    for name in ("gpt-5", "xrouter/nope", "xrouter/fixed:gpt-5"):
+        with pytest.raises(openai.NotFoundError) as info:
+            c.models.retrieve(name)
+        body = info.value.response.json()["error"]
+        assert body["code"] == "model_not_found" and repr(name) in body["message"]
+
+
+def test_a_restricted_key_sees_only_what_it_may_use(gw: Gateway) -> None:
+    c = client(gw, allowed_models=[MODEL], allowed_policies=["cascade"])
+    # `xrouter` is the default policy (compact), which this key may not use.
+    assert [m.id for m in c.models.list()] == ["xrouter/cascade", MODEL]
+    assert c.models.retrieve("xrouter/cascade").id == "xrouter/cascade"
+    for hidden in ("xrouter", "xrouter/compact", "llama-3.3-70b-instruct"):
+        with pytest.raises(openai.NotFoundError):
+            c.models.retrieve(hidden)
+
+
+def test_models_need_a_key(gw: Gateway) -> None:
+    for path in ("/models", "/models/xrouter"):
+        r = httpx.get(f"{gw.base_url}{path}")
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
