@@ -10,22 +10,30 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from decimal import Decimal
+from typing import cast
 
 import httpx
 import openai
 import pytest
+from openai.types.chat import (
+    ChatCompletionAssistantMessageParam,
+    ChatCompletionMessageFunctionToolCall,
+    ChatCompletionMessageParam,
+    ChatCompletionToolUnionParam,
+)
 
 from pricing import TokenUsage, estimate_tokens, load_default_catalog
 from router.outcomes import OutcomeRecord
 from tests.gateway.conftest import Upstream, abandon_stream, longest_answer
 from tests.support.gateway import Gateway, gateway_config, start_gateway
 from tests.support.replay import start_replay_upstream, stop_replay_upstream
+from tests.support.sdk import extra
 
 MODEL = "mistral-small-24b-instruct-2501-bf16"
 
 
-def client(gw: Gateway, **kw: object) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0, **kw)  # type: ignore[arg-type]
+def client(gw: Gateway) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0)
 
 
 def recorded(table: list[OutcomeRecord], model: str, index: int = 3) -> tuple[str, dict]:
@@ -55,8 +63,8 @@ def test_pass_through_returns_recorded_answer_with_cost(
         out["completion_tokens"],
     )
     cost = expected_cost_usd(MODEL, out["prompt_tokens"], out["completion_tokens"])
-    assert resp.usage.model_extra["cost"] == pytest.approx(cost)
-    meta = resp.model_extra["xrouter"]
+    assert extra(resp.usage)["cost"] == pytest.approx(cost)
+    meta = extra(resp)["xrouter"]
     assert meta["policy"] == "passthrough" and meta["calls"][0]["model"] == MODEL
     h = raw.headers
     assert h["x-xrouter-model"] == MODEL and h["x-xrouter-policy"] == "passthrough"
@@ -75,7 +83,7 @@ def test_feedback_names_a_request_by_its_completion_id_or_its_request_id(
         resp = c.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "Name a prime number."}]
         )
-        rid = resp.model_extra["xrouter"]["request_id"]
+        rid = extra(resp)["xrouter"]["request_id"]
         assert resp.id == f"chatcmpl-{rid}"
         r = httpx.post(
             f"{gateway.base_url}/feedback",
@@ -118,7 +126,7 @@ def test_streaming_relays_chunks_in_order_and_ends_with_usage_and_cost(
     last = chunks[-1]
     assert last.choices == [] and last.usage is not None
     assert last.usage.completion_tokens == out["completion_tokens"]
-    assert last.usage.model_extra["cost"] == pytest.approx(
+    assert extra(last.usage)["cost"] == pytest.approx(
         expected_cost_usd(MODEL, out["prompt_tokens"], out["completion_tokens"])
     )
     assert all(c.model == MODEL for c in chunks)
@@ -133,10 +141,10 @@ def test_router_models_answer_and_report_the_answering_model(
     resp = client(gateway).chat.completions.create(
         model=model, messages=[{"role": "user", "content": prompt}]
     )
-    meta = resp.model_extra["xrouter"]
+    meta = extra(resp)["xrouter"]
     assert resp.model in {c["model"] for c in meta["calls"]}
     assert meta["cost_usd"] == pytest.approx(sum(c["cost_usd"] for c in meta["calls"]))
-    assert resp.usage.model_extra["cost"] == pytest.approx(meta["cost_usd"])
+    assert extra(resp.usage)["cost"] == pytest.approx(meta["cost_usd"])
     assert meta["decision"]["actions"]
 
 
@@ -147,12 +155,12 @@ def test_router_streams_too(gateway: Gateway, demo_table: list[OutcomeRecord]) -
             model="xrouter/cascade", messages=[{"role": "user", "content": prompt}], stream=True
         )
     )
-    assert chunks[-1].usage is not None and chunks[-1].usage.model_extra["cost"] > 0
+    assert chunks[-1].usage is not None and extra(chunks[-1].usage)["cost"] > 0
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
 
 def test_tools_round_trip(gateway: Gateway) -> None:
-    tools = [
+    tools: list[ChatCompletionToolUnionParam] = [
         {
             "type": "function",
             "function": {
@@ -166,16 +174,23 @@ def test_tools_round_trip(gateway: Gateway) -> None:
         }
     ]
     c = client(gateway)
-    messages: list[dict] = [{"role": "user", "content": "Weather in Paris?"}]
-    first = c.chat.completions.create(model=MODEL, messages=messages, tools=tools)  # type: ignore[arg-type]
-    call = first.choices[0].message.tool_calls[0]  # type: ignore[index]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Weather in Paris?"}]
+    first = c.chat.completions.create(model=MODEL, messages=messages, tools=tools)
+    tool_calls = first.choices[0].message.tool_calls
+    assert tool_calls is not None
+    call = tool_calls[0]
+    assert isinstance(call, ChatCompletionMessageFunctionToolCall)
     assert first.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
     assert "city" in json.loads(call.function.arguments)
     messages += [
-        first.choices[0].message.model_dump(exclude_none=True),
+        # The assistant's message as it came, sent back as the next request's history.
+        cast(
+            ChatCompletionAssistantMessageParam,
+            first.choices[0].message.model_dump(exclude_none=True),
+        ),
         {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21C"},
     ]
-    second = c.chat.completions.create(model=MODEL, messages=messages, tools=tools)  # type: ignore[arg-type]
+    second = c.chat.completions.create(model=MODEL, messages=messages, tools=tools)
     assert "sunny, 21C" in (second.choices[0].message.content or "")
 
 
@@ -211,7 +226,7 @@ def test_unknown_fields_are_tolerated(gateway: Gateway) -> None:
 def test_models_list_has_routers_and_priced_pool(gateway: Gateway) -> None:
     models = {m.id: m for m in client(gateway).models.list()}
     assert {"xrouter", "xrouter/cascade", MODEL} <= models.keys()
-    assert models[MODEL].model_extra["xrouter"]["price"]["input_per_mtok"] == "0.1"
+    assert extra(models[MODEL])["xrouter"]["price"]["input_per_mtok"] == "0.1"
 
 
 def test_health_and_ready(gateway: Gateway) -> None:
@@ -280,7 +295,9 @@ def test_unknown_model_is_404(gateway: Gateway, model: str) -> None:
         client(gateway).chat.completions.create(
             model=model, messages=[{"role": "user", "content": "x"}]
         )
-    assert ei.value.body["code"] == "model_not_found"  # type: ignore[index]
+    body = ei.value.body
+    assert isinstance(body, dict)
+    assert body["code"] == "model_not_found"
 
 
 def test_body_over_limit_is_413(gateway: Gateway) -> None:
@@ -345,9 +362,7 @@ def test_fifty_concurrent_requests_all_correct(
                     for p, _ in pairs
                 )
             )
-        return [
-            (r.choices[0].message.content or "", r.model_extra["xrouter"]["request_id"]) for r in rs
-        ]
+        return [(r.choices[0].message.content or "", extra(r)["xrouter"]["request_id"]) for r in rs]
 
     got = asyncio.run(run())
     assert [g[0] for g in got] == [o["response"] for _, o in pairs]
@@ -396,19 +411,21 @@ def test_upstream_without_usage_is_charged_an_estimate(
     # streaming). The answer still reaches the client whole, and the call is charged an
     # estimate from the prompt and the answer, never nothing.
     prompt, out = recorded(demo_table, MODEL, 7)
-    messages = [{"role": "user", "content": f"[[replay:no-usage]]{prompt}"}]
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": f"[[replay:no-usage]]{prompt}"}
+    ]
     resp = client(gateway).chat.completions.create(model=MODEL, messages=messages)
     assert resp.choices[0].message.content == out["response"]
     assert resp.usage is not None
     assert resp.usage.completion_tokens == estimate_tokens(out["response"])
-    assert resp.usage.model_extra["cost"] > 0
+    assert extra(resp.usage)["cost"] > 0
     chunks = list(
         client(gateway).chat.completions.create(model=MODEL, messages=messages, stream=True)
     )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == out["response"]
     last = chunks[-1]
-    assert last.usage is not None and last.usage.model_extra["cost"] > 0
-    request, calls = _ledger_rows(gateway, last.model_extra["xrouter"]["request_id"])
+    assert last.usage is not None and extra(last.usage)["cost"] > 0
+    request, calls = _ledger_rows(gateway, extra(last)["xrouter"]["request_id"])
     assert request[0] == 200 and calls[0][4] is None and calls[0][3] > 0
 
 
@@ -495,7 +512,7 @@ def _ledger_rows(
             break
         time.sleep(0.05)
     assert req is not None, f"no ledger row for {request_id}"
-    return tuple(req), [tuple(c) for c in calls]  # type: ignore[return-value]
+    return tuple(req), [tuple(c) for c in calls]
 
 
 def test_streamed_calls_record_time_to_first_token(gateway: Gateway) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from tests.gateway.conftest import Upstream
 from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
+from tests.support.sdk import extra
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
@@ -44,7 +45,7 @@ def test_open_when_auth_is_off_and_shows_what_was_spent(gateway: Gateway) -> Non
     resp = client.chat.completions.create(
         model="gemma-2-9b-it", messages=[{"role": "user", "content": "dashboard check"}]
     )
-    cost = resp.usage.model_extra["cost"]  # type: ignore[union-attr]
+    cost = extra(resp.usage)["cost"]
     r = httpx.get(f"{gateway.url}/dashboard")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     page = wait_for_ledger(gateway, "<td>gemma-2-9b-it</td>")

@@ -20,6 +20,7 @@ from openai import OpenAI
 from router.outcomes import OutcomeRecord
 from tests.support.gateway import DEMO_MODELS, free_port
 from tests.support.replay import REPO_ROOT
+from tests.support.sdk import extra
 
 README_PROMPT = "who is the founder of el pollo loco"  # the README's curl
 
@@ -69,7 +70,7 @@ def test_serve_without_a_config_is_the_working_demo(
         answer = completion.choices[0].message.content
         assert answer == record.outcomes[completion.model].response
         assert raw.headers["x-xrouter-policy"] == "compact"
-        assert completion.usage is not None and completion.usage.model_extra["cost"] > 0
+        assert completion.usage is not None and extra(completion.usage)["cost"] > 0
         # The README's Python example: routing controls in the body.
         resp = client.chat.completions.create(
             model="xrouter",

@@ -3,23 +3,37 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import openai
 import pytest
+from openai.types.chat import (
+    ChatCompletionContentPartImageParam,
+    ChatCompletionContentPartInputAudioParam,
+    ChatCompletionContentPartParam,
+    ChatCompletionMessageParam,
+)
 
 from router.modalities import accepts, request_modalities
 from router.pool import PoolModelConfig
 from tests.gateway.conftest import Upstream
 from tests.support.gateway import Gateway, gateway_config, start_gateway
+from tests.support.sdk import extra
 
 VISION = "llama-3.3-70b-instruct"  # declares text and image
 UNDECLARED = "mixtral-8x22b-instruct-v0.1"  # declares nothing: taken to read anything
-IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
-AUDIO = {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}
+IMAGE: ChatCompletionContentPartImageParam = {
+    "type": "image_url",
+    "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="},
+}
+AUDIO: ChatCompletionContentPartInputAudioParam = {
+    "type": "input_audio",
+    "input_audio": {"data": "UklGRg==", "format": "wav"},
+}
 
 
-def _with(part: dict[str, Any], text: str = "What is shown here?") -> list[dict[str, Any]]:
+def _with(
+    part: ChatCompletionContentPartParam, text: str = "What is shown here?"
+) -> list[ChatCompletionMessageParam]:
     return [{"role": "user", "content": [{"type": "text", "text": text}, part]}]
 
 
@@ -36,14 +50,13 @@ def test_request_modalities_and_accepts() -> None:
 
 
 def test_declared_modalities_must_include_text_and_be_known() -> None:
+    # As a config file gives them: a list, validated into a tuple of known kinds.
     base = {"name": "m", "model": "openai/m"}
-    assert PoolModelConfig(**base, input_modalities=["text", "image"]).input_modalities == (
-        "text",
-        "image",
-    )
+    declared = PoolModelConfig.model_validate({**base, "input_modalities": ["text", "image"]})
+    assert declared.input_modalities == ("text", "image")
     for bad in (["image"], ["text", "video"]):
         with pytest.raises(ValueError):
-            PoolModelConfig(**base, input_modalities=bad)
+            PoolModelConfig.model_validate({**base, "input_modalities": bad})
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +127,7 @@ def test_no_capable_model_left_is_400_not_a_failed_call(mixed: Gateway) -> None:
 
 def test_models_list_shows_declared_modalities(mixed: Gateway) -> None:
     listed = {m.id: m for m in _client(mixed).models.list()}
-    extra = {k: v.model_extra["xrouter"].get("input_modalities") for k, v in listed.items()}
-    assert extra[VISION] == ["image", "text"]
-    assert extra["gemma-2-9b-it"] == ["text"]
-    assert extra[UNDECLARED] is None
+    declared = {k: extra(v)["xrouter"].get("input_modalities") for k, v in listed.items()}
+    assert declared[VISION] == ["image", "text"]
+    assert declared["gemma-2-9b-it"] == ["text"]
+    assert declared[UNDECLARED] is None

@@ -29,6 +29,7 @@ from router.outcomes import OutcomeRecord
 from tests.gateway.conftest import Upstream, abandon_stream, longest_answer
 from tests.gateway.ledger.factories import pg_admin, pg_url
 from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
+from tests.support.sdk import extra
 
 MODEL = "mixtral-8x22b-instruct-v0.1"  # the dearest demo model: budgets bind quickly
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -405,7 +406,7 @@ def test_ledger_rows_survive_kill_9(stack: Stack, upstream: Upstream) -> None:
                 r = c.chat.completions.create(
                     model=MODEL, messages=[{"role": "user", "content": f"durable {i}"}]
                 )
-                got.append(r.model_extra["xrouter"]["request_id"])
+                got.append(extra(r)["xrouter"]["request_id"])
             except openai.APIError:
                 return
             i += 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -13,7 +14,7 @@ import yaml
 
 from router.checkpoint import load_checkpoint
 from tests.gateway.conftest import Upstream
-from tests.support.gateway import ADMIN_KEY, gateway_config, start_gateway
+from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 SLOW = "llama-3.3-70b-instruct"
@@ -94,12 +95,12 @@ def test_reload_by_admin_and_by_file_watch_keeps_in_flight_requests(
         gw.stop()
 
 
-def test_admin_reload_needs_the_admin_key(gateway) -> None:  # type: ignore[no-untyped-def]
+def test_admin_reload_needs_the_admin_key(gateway: Gateway) -> None:
     assert httpx.post(f"{gateway.url}/admin/reload").status_code == 401
 
 
 @pytest.mark.parametrize("path", ["/admin/keys", "/admin/spend", "/admin/pricing", "/admin/router"])
-def test_admin_endpoints_need_the_admin_key(gateway, path: str) -> None:  # type: ignore[no-untyped-def]
+def test_admin_endpoints_need_the_admin_key(gateway: Gateway, path: str) -> None:
     r = httpx.get(f"{gateway.url}{path}", headers={"Authorization": "Bearer nope"})
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
 
@@ -117,7 +118,7 @@ def test_serve_builds_the_runtime_once_and_a_reload_once_more(
         gw.stop()
 
 
-def _serving(url: str) -> dict[str, object]:
+def _serving(url: str) -> dict[str, Any]:
     r = httpx.get(f"{url}/admin/router", headers=ADMIN, timeout=10)
     assert r.status_code == 200, r.text
     return dict(r.json())
@@ -137,7 +138,7 @@ def test_a_deploy_holds_across_file_reloads_and_restarts_until_the_config_change
     cfg = gateway_config(tmp_path, upstream.base_url, router={"watch_files": True})
     gw = start_gateway(tmp_path, cfg)
     try:
-        assert _serving(gw.url)["checkpoint"]["version"] == default.version  # type: ignore[index]
+        assert _serving(gw.url)["checkpoint"]["version"] == default.version
         r = _deploy(gw.url, str(rl.path))
         assert r.status_code == 200 and r.json()["deployment"]["version"] == rl.version
         # The file watcher notices the deployed checkpoint's directory and reloads; a
@@ -145,28 +146,28 @@ def test_a_deploy_holds_across_file_reloads_and_restarts_until_the_config_change
         time.sleep(5)
         assert httpx.post(f"{gw.url}/admin/reload", headers=ADMIN).status_code == 200
         state = _serving(gw.url)
-        assert state["checkpoint"]["version"] == rl.version, gw.log()  # type: ignore[index]
-        assert state["deployment"]["checkpoint"] == str(rl.path)  # type: ignore[index]
+        assert state["checkpoint"]["version"] == rl.version, gw.log()
+        assert state["deployment"]["checkpoint"] == str(rl.path)
         page = httpx.get(f"{gw.url}/dashboard").text
-        assert rl.version in page and f"(deployment {state['deployment']['id']}, " in page  # type: ignore[index]
+        assert rl.version in page and f"(deployment {state['deployment']['id']}, " in page
     finally:
         gw.stop()
     # A restart starts on the deployed checkpoint (same config, same ledger database).
     gw = start_gateway(tmp_path, cfg)
     try:
-        assert _serving(gw.url)["checkpoint"]["version"] == rl.version  # type: ignore[index]
+        assert _serving(gw.url)["checkpoint"]["version"] == rl.version
         # Editing the config's own checkpoint is a newer decision: it wins.
         cfg["router"] = {**cfg["router"], "checkpoint": str(default.path)}
         gw.config_path.write_text(yaml.safe_dump(cfg))
         deadline = time.monotonic() + 15
-        while (state := _serving(gw.url))["checkpoint"]["version"] != default.version:  # type: ignore[index]
+        while (state := _serving(gw.url))["checkpoint"]["version"] != default.version:
             assert time.monotonic() < deadline, gw.log()
             time.sleep(0.2)
         assert state["deployment"] is None
         # A checkpoint that does not load is refused, and nothing is recorded.
         r = _deploy(gw.url, str(tmp_path / "missing"))
         assert r.status_code == 400 and r.json()["error"]["code"] == "reload_failed"
-        assert _serving(gw.url)["checkpoint"]["version"] == default.version  # type: ignore[index]
+        assert _serving(gw.url)["checkpoint"]["version"] == default.version
     finally:
         gw.stop()
 
@@ -226,6 +227,7 @@ def test_a_deployment_whose_checkpoint_is_not_here_yet_is_retried_until_it_loads
     import shutil
 
     rl = load_checkpoint("packaged:demo-rl")
+    assert rl.path is not None
     default = load_checkpoint("packaged:demo")
     cfg = gateway_config(tmp_path, upstream.base_url, router={"deployment_poll_s": 0.1})
     gw = start_gateway(tmp_path, cfg)
@@ -237,7 +239,7 @@ def test_a_deployment_whose_checkpoint_is_not_here_yet_is_retried_until_it_loads
             assert time.monotonic() < deadline, gw.log()
             time.sleep(0.1)
         state = _serving(gw.url)
-        assert state["checkpoint"]["version"] == default.version  # type: ignore[index]
+        assert state["checkpoint"]["version"] == default.version
         assert state["deployment"] is None
         # Backed off: a handful of attempts in a second, not one per 0.1 s poll.
         time.sleep(1.0)
@@ -245,10 +247,10 @@ def test_a_deployment_whose_checkpoint_is_not_here_yet_is_retried_until_it_loads
         assert 1 <= attempts <= 5, gw.log()
         shutil.copytree(rl.path, arriving)
         deadline = time.monotonic() + 15
-        while (state := _serving(gw.url))["checkpoint"]["version"] != rl.version:  # type: ignore[index]
+        while (state := _serving(gw.url))["checkpoint"]["version"] != rl.version:
             assert time.monotonic() < deadline, gw.log()
             time.sleep(0.1)
-        assert state["deployment"]["id"] == deployment  # type: ignore[index]
+        assert state["deployment"]["id"] == deployment
     finally:
         gw.stop()
 
@@ -274,7 +276,7 @@ def test_a_ledger_database_outage_is_logged_once_by_the_deployment_poller(
         r = _deploy(gw.url, "packaged:demo-rl")
         assert r.status_code == 503, r.text
         assert r.json()["error"]["code"] == "database_unavailable", r.text
-        assert _serving(gw.url)["checkpoint"]["version"] == default.version  # type: ignore[index]
+        assert _serving(gw.url)["checkpoint"]["version"] == default.version
         db.execute("ALTER TABLE router_deployments_away RENAME TO router_deployments")
         db.commit()
         deadline = time.monotonic() + 10

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageFunctionToolCall, ChatCompletionToolUnionParam
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -24,6 +25,7 @@ from tests.conftest import ScriptedRouter
 from tests.gateway.conftest import Upstream
 from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
 from tests.support.replay import REPO_ROOT
+from tests.support.sdk import extra
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
@@ -46,7 +48,7 @@ def test_compact_routes_with_a_logged_propensity(
     resp = client(gateway).chat.completions.create(
         model="xrouter/compact", messages=[{"role": "user", "content": demo_table[0].text}]
     )
-    d = resp.model_extra["xrouter"]["decision"]
+    d = extra(resp)["xrouter"]["decision"]
     assert d["policy"] == "compact" and d["feature_version"].startswith("fx")
     assert d["actions"] == [resp.model] and 0 < d["propensity"] <= 1
     assert set(d["distribution"]) <= set(load_default_catalog().names())
@@ -74,9 +76,8 @@ def test_compact_streams_the_chosen_model_straight_through(
         "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         == rec.outcomes[model].response
     )
-    assert chunks[-1].usage is not None and chunks[-1].model_extra["xrouter"]["decision"][
-        "actions"
-    ] == [model]
+    last = chunks[-1]
+    assert last.usage is not None and extra(last)["xrouter"]["decision"]["actions"] == [model]
 
 
 def test_cost_weight_moves_traffic_to_cheaper_models(
@@ -87,11 +88,13 @@ def test_cost_weight_moves_traffic_to_cheaper_models(
 
     def mean_cost(weight: float) -> float:
         costs = [
-            c.chat.completions.create(
-                model="xrouter/compact",
-                messages=[{"role": "user", "content": p}],
-                extra_body={"xrouter": {"cost_weight": weight}},
-            ).usage.model_extra["cost"]  # type: ignore[union-attr]
+            extra(
+                c.chat.completions.create(
+                    model="xrouter/compact",
+                    messages=[{"role": "user", "content": p}],
+                    extra_body={"xrouter": {"cost_weight": weight}},
+                ).usage
+            )["cost"]
             for p in prompts
         ]
         return sum(costs) / len(costs)
@@ -108,7 +111,7 @@ def test_models_allow_list_is_respected(gateway: Gateway, demo_table: list[Outco
             extra_body={"xrouter": {"models": allowed}},
         )
         assert resp.model in allowed
-        assert set(resp.model_extra["xrouter"]["decision"]["distribution"]) <= set(allowed)
+        assert set(extra(resp)["xrouter"]["decision"]["distribution"]) <= set(allowed)
     r = httpx.post(
         f"{gateway.base_url}/chat/completions",
         json={
@@ -125,7 +128,7 @@ def test_baseline_policies_by_model_name(gateway: Gateway, policy: str) -> None:
     resp = client(gateway).chat.completions.create(
         model=f"xrouter/{policy}", messages=[{"role": "user", "content": "What is 2+2?"}]
     )
-    assert resp.model_extra["xrouter"]["policy"] == policy
+    assert extra(resp)["xrouter"]["policy"] == policy
     if policy == "cheapest":
         assert resp.model == "llama-3.2-3b-instruct"
     if policy.startswith("fixed:"):
@@ -201,7 +204,7 @@ def test_llm_policy_costs_and_ledger_rows_add_up(
     resp = client(gw).chat.completions.create(
         model="xrouter", messages=[{"role": "user", "content": query}]
     )
-    meta = resp.model_extra["xrouter"]
+    meta = extra(resp)["xrouter"]
     assert resp.model == "llama-3.3-70b-instruct" and meta["policy"] == "llm"
     assert meta["router_cost_usd"] == pytest.approx(2 * (300 * 0.5 + 40 * 1.5) / 1e6)
     assert meta["cost_usd"] == pytest.approx(sum(c["cost_usd"] for c in meta["calls"]))
@@ -419,9 +422,9 @@ def test_a_cascade_checkpoint_is_trained_deployed_and_runs_its_plan(
         assert text == record.outcomes[want.final_model].response
         last = chunks[-1]
         assert last.usage is not None
-        streamed = last.model_extra["xrouter"]
+        streamed = extra(last)["xrouter"]
         assert [c["model"] for c in streamed["calls"]] == list(want.models_called)
-        assert last.usage.model_extra["cost"] == pytest.approx(meta["cost_usd"])
+        assert extra(last.usage)["cost"] == pytest.approx(meta["cost_usd"])
     finally:
         gw.stop()
 
@@ -429,7 +432,7 @@ def test_a_cascade_checkpoint_is_trained_deployed_and_runs_its_plan(
 def test_cascade_accepts_agreeing_tool_calls_without_escalating(gateway: Gateway) -> None:
     """Two cheap models that call the client's tool with the same arguments agree: the
     cascade answers with the cheaper one's call and never pays for a third model."""
-    tools = [
+    tools: list[ChatCompletionToolUnionParam] = [
         {
             "type": "function",
             "function": {
@@ -445,11 +448,12 @@ def test_cascade_accepts_agreeing_tool_calls_without_escalating(gateway: Gateway
     r = client(gateway).chat.completions.with_raw_response.create(
         model="xrouter/cascade",
         messages=[{"role": "user", "content": "What's the weather in Paris?"}],
-        tools=tools,  # type: ignore[arg-type]
+        tools=tools,
     )
     resp, meta = r.parse(), r.http_response.json()["xrouter"]
     calls = resp.choices[0].message.tool_calls
-    assert calls and calls[0].function.name == "get_weather"
+    assert calls and isinstance(calls[0], ChatCompletionMessageFunctionToolCall)
+    assert calls[0].function.name == "get_weather"
     assert resp.choices[0].finish_reason == "tool_calls"
     assert [c["turn"] for c in meta["calls"]] == [0, 0]
     assert resp.model == meta["calls"][0]["model"] == "llama-3.2-3b-instruct"  # the cheapest

@@ -110,6 +110,7 @@ def test_usage_from_another_server_is_read_defensively() -> None:
             "completion_tokens_details": {"reasoning_tokens": 9},
         }
     ) == TokenUsage(10, 4, 10, 4)
+    junk: object  # deliberately not a usage dict
     for junk in (None, [], "x", {"prompt_tokens": float("nan"), "completion_tokens": True}):
         assert TokenUsage.from_openai(junk) == TokenUsage()  # type: ignore[arg-type]
     # 50 cached of 10 prompt tokens: the 10 are priced as cached, never a negative remainder.

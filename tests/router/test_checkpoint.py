@@ -53,7 +53,7 @@ def make_checkpoint(
     arch = Architecture(input_dim=6, hidden=(5, 4), n_actions=len(MODELS))
     rng = np.random.default_rng(seed)
     weights = {k: rng.normal(size=s).astype(np.float32) for k, s in arch.weight_shapes().items()}
-    weights["input_std"] = np.abs(weights["input_std"]) + 0.5
+    weights["input_std"] = np.abs(weights["input_std"]) + np.float32(0.5)
     meta = CheckpointMetadata(
         name=f"test-{seed}",
         pool=MODELS,
@@ -63,7 +63,7 @@ def make_checkpoint(
         reward={"form": "gated"},
         training={"steps": 3},
         metrics={"validation_mean_reward": 0.5},
-        **({"created_at": created} if created else {}),
+        created_at=created or dt.datetime.now(dt.UTC),
     )
     return meta, weights
 
@@ -218,6 +218,7 @@ def test_a_checkpoint_is_found_from_its_run_directory_or_its_metadata_file(
     from router.checkpoint import META_FILE, checkpoint_location
 
     src = load_checkpoint("packaged:demo")
+    assert src.path is not None
     run = tmp_path / "run"
     shutil.copytree(src.path, run / "checkpoint")
     for named in (run, run / "checkpoint", run / "checkpoint" / META_FILE):

@@ -389,7 +389,7 @@ async def test_no_answer_when_every_call_fails(setup: Any, downstream: Downstrea
 
 
 def test_downstream_gets_the_real_conversation() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "Client system."},
         {
             "role": "user",

@@ -8,6 +8,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.ledger.inserter import BatchInserter
+from gateway.ledger.records import LedgerRecord
 from gateway.ledger.store import create_ledger_engine
 
 from .factories import count, make_feedback, make_request, request_ids
@@ -15,7 +16,11 @@ from .factories import count, make_feedback, make_request, request_ids
 
 async def test_a_batch_is_stored_once_however_often_it_is_inserted(engine: AsyncEngine) -> None:
     inserter = BatchInserter(engine, "none", timeout_s=10)
-    batch = [make_request("a", models=("m1", "m2")), make_request("b"), make_feedback("a", 1.0)]
+    batch: list[LedgerRecord] = [
+        make_request("a", models=("m1", "m2")),
+        make_request("b"),
+        make_feedback("a", 1.0),
+    ]
     assert await inserter.insert(batch) == []
     assert await inserter.insert(batch) == []  # a replay of records already in
     assert await request_ids(engine) == ["a", "b"]

@@ -36,7 +36,7 @@ def test_code_math_choices_and_questions() -> None:
 
 
 def test_conversation_shape_tools_and_images() -> None:
-    conv = [
+    conv: list[dict[str, Any]] = [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": "hello"},

@@ -62,7 +62,7 @@ def _model(base: str, keep_alive_s: float) -> PoolModel:
         api_base=base,
         api_key=None,
         transport="native",
-        price=ModelPrice(input=Decimal("0.1"), output=Decimal("0.2")),  # type: ignore[arg-type]
+        price=ModelPrice(input=Decimal("0.1"), output=Decimal("0.2")),
         max_output_tokens=16,
         timeout_s=5,
         max_concurrency=8,
@@ -108,7 +108,9 @@ async def test_models_with_the_same_keep_alive_share_one_connection_pool(
 
 def test_the_default_keep_alive_is_below_uvicorn_servers_idle_timeout() -> None:
     # vLLM and SGLang serve with uvicorn, which closes idle connections after 5 s.
-    cfg = PoolModelConfig(name="m", model="hosted_vllm/m", api_base="http://h/v1", price=0)
+    cfg = PoolModelConfig(
+        name="m", model="hosted_vllm/m", api_base="http://h/v1", price=ModelPrice.free()
+    )
     assert cfg.keep_alive_s == DEFAULT_KEEP_ALIVE_S < 5
     with pytest.raises(ValueError, match="keep_alive_s"):
         PoolModelConfig(name="m", model="openai/m", keep_alive_s=0)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from router.outcomes import OutcomeRecord
+from router.outcomes import LoggedAction, ModelOutcome, OutcomeRecord
 
 MODELS = {"math-pro": 0.01, "poet": 0.01, "cheap": 0.001}  # USD per call
 ACCURACY = {
@@ -44,7 +44,7 @@ def make_tables(n: int = 300, seed: int = 0) -> tuple[list[OutcomeRecord], list[
             w=WORDS[int(rng.integers(len(WORDS)))],
         )
         outcomes = {
-            m: {"score": float(rng.random() < ACCURACY[topic][m]), "cost_usd": cost}
+            m: ModelOutcome(score=float(rng.random() < ACCURACY[topic][m]), cost_usd=cost)
             for m, cost in MODELS.items()
         }
         full.append(OutcomeRecord(id=f"s{i}", task=topic, prompt=text, outcomes=outcomes))
@@ -55,7 +55,7 @@ def make_tables(n: int = 300, seed: int = 0) -> tuple[list[OutcomeRecord], list[
                 task=topic,
                 prompt=text,
                 outcomes={a: outcomes[a]},
-                logged={"action": a, "propensity": 1 / len(names)},
+                logged=LoggedAction(action=a, propensity=1 / len(names)),
             )
         )
     return full, logged

@@ -15,6 +15,7 @@ from router.outcomes import OutcomeRecord, write_outcome_table
 from router.plans import CascadePlan
 from router.policies.checkpointed import policy_for_checkpoint
 from router.policies.planned import PlannedPolicy
+from tests.support.routes import trajectories
 from training.compact.cli import main
 from training.evaluation.cascade import CascadeRouter
 from training.evaluation.loop_router import LoopRouter, pool_for
@@ -132,8 +133,8 @@ def test_served_through_the_loop_exactly_as_measured(
     answer that replaying the chosen plan offline gives, prompt by prompt."""
     ckpt = load_checkpoint(built / "checkpoint")
     records = table[:80]
-    served = LoopRouter("served", lambda pool: policy_for_checkpoint(ckpt, pool)).route(
-        records, lam
+    served = trajectories(
+        LoopRouter("served", lambda pool: policy_for_checkpoint(ckpt, pool)).route(records, lam)
     )
     policy = policy_for_checkpoint(ckpt, pool_for(records))
     assert isinstance(policy, PlannedPolicy)

@@ -3,6 +3,8 @@ function of the same weights."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 import pytest
 import torch
@@ -16,7 +18,9 @@ from training.compact.model import CompactMLP
     ("activation", "hidden"),
     [("gelu_tanh", (32, 16)), ("relu", (32, 16)), ("silu", (24,)), ("gelu_tanh", ())],
 )
-def test_numpy_head_matches_torch_forward(activation: str, hidden: tuple[int, ...]) -> None:
+def test_numpy_head_matches_torch_forward(
+    activation: Literal["gelu_tanh", "relu", "silu"], hidden: tuple[int, ...]
+) -> None:
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     arch = Architecture(

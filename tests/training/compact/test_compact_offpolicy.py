@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -114,7 +115,9 @@ def test_doubly_robust_outcomes_are_unbiased_even_with_a_wrong_reward_model() ->
 
 @pytest.mark.parametrize("estimator", ["snips", "dr"])
 def test_offpolicy_training_beats_the_logging_policy(
-    big_tables: tuple[list[OutcomeRecord], list[OutcomeRecord]], tmp_path: Path, estimator: str
+    big_tables: tuple[list[OutcomeRecord], list[OutcomeRecord]],
+    tmp_path: Path,
+    estimator: Literal["snips", "dr"],
 ) -> None:
     full, logged = big_tables
     extractor = FeatureExtractor.load()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 
@@ -20,8 +21,9 @@ from router.pool import ModelPool, PoolModel, PoolModelConfig
 from training.compact.config import TrainConfig
 from training.compact.trainer import train
 
-FAST = dict(steps=150, eval_every=50, checkpoint_every=100, cost_scale=0.01, lambda_max=10.0,
-            val_lambdas=(0.0, 1.0), progress=False)  # fmt: skip
+# A short run's settings; each test derives its config with dataclasses.replace.
+FAST = TrainConfig(steps=150, eval_every=50, checkpoint_every=100, cost_scale=0.01,
+                   lambda_max=10.0, val_lambdas=(0.0, 1.0), progress=False)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +39,7 @@ def test_training_raises_validation_reward(
     full, _ = tables
     models = list(full[0].outcomes)
     res = train(
-        full, TrainConfig(seed=1, **FAST), tmp_path / "run", extractor=extractor, command="pytest"
+        full, replace(FAST, seed=1), tmp_path / "run", extractor=extractor, command="pytest"
     )
     before = np.mean([v["reward"] for v in res.initial_validation.values()])
     after = np.mean([v["reward"] for v in res.validation.values()])
@@ -92,7 +94,7 @@ def test_seeded_runs_are_identical_and_features_are_cached(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     full, _ = tables
-    cfg = TrainConfig(seed=5, **{**FAST, "steps": 20, "eval_every": 10, "checkpoint_every": 0})
+    cfg = replace(FAST, seed=5, steps=20, eval_every=10, checkpoint_every=0)
     cache = tmp_path / "cache"
     a = train(full[:120], cfg, tmp_path / "a", extractor=extractor, cache_dir=cache)
     with caplog.at_level(logging.INFO, logger="training.compact.data"):
@@ -100,7 +102,7 @@ def test_seeded_runs_are_identical_and_features_are_cached(
     assert "features from cache" in caplog.text and len(list(cache.glob("features-*.npz"))) == 1
     wa, wb = load_checkpoint(a.checkpoint_path).weights, load_checkpoint(b.checkpoint_path).weights
     assert all(np.array_equal(wa[k], wb[k]) for k in wa)
-    c = train(full[:120], TrainConfig(seed=6, **{**FAST, "steps": 20, "eval_every": 10, "checkpoint_every": 0}),
+    c = train(full[:120], replace(FAST, seed=6, steps=20, eval_every=10, checkpoint_every=0),
               tmp_path / "c", extractor=extractor, cache_dir=cache)  # fmt: skip
     wc = load_checkpoint(c.checkpoint_path).weights
     assert not all(np.array_equal(wa[k], wc[k]) for k in wa)

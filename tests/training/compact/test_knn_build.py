@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from pricing import load_default_catalog
+from pricing import ModelPrice, load_default_catalog
 from router.checkpoint import load_checkpoint
 from router.outcomes import OutcomeRecord, write_outcome_table
 from router.policies.compact import CompactPolicy
@@ -61,7 +62,7 @@ def serving(ckpt_dir: Path) -> Callable[[str, float], str]:
     pool = ModelPool.from_configs(
         [
             PoolModelConfig(name=m, model=f"openai/{m}", api_base="http://127.0.0.1:9/v1",
-                            price={"input": p, "output": p})
+                            price=ModelPrice(input=Decimal(p), output=Decimal(p)))
             for m, p in (("math-pro", 10), ("poet", 10), ("cheap", 1))
         ],
         load_default_catalog(),

@@ -59,7 +59,8 @@ def test_resampled_means_are_paired_and_start_with_the_full_sample() -> None:
 
 def test_interval_is_the_central_percentile_range() -> None:
     iv = interval(0.5, np.arange(101, dtype=float) / 100, level=0.9)
-    assert (iv.estimate, iv.low, iv.high) == (0.5, pytest.approx(0.05), pytest.approx(0.95))
+    assert iv.estimate == 0.5
+    assert (iv.low, iv.high) == pytest.approx((0.05, 0.95))
     assert iv.excludes_zero()
     assert not interval(0.0, np.array([-1.0, 1.0])).excludes_zero()
     with pytest.raises(ValueError):

@@ -342,8 +342,10 @@ def test_a_checkpoint_or_gateway_policy_is_named_as_an_operator_would(
     from router.checkpoint import load_checkpoint
 
     run = tmp_path / "run"
-    shutil.copytree(load_checkpoint("packaged:demo").path, run / "checkpoint")
-    version = load_checkpoint("packaged:demo").version
+    demo = load_checkpoint("packaged:demo")
+    assert demo.path is not None
+    shutil.copytree(demo.path, run / "checkpoint")
+    version = demo.version
     base = ["--table", str(DEMO), "--baselines", "none", "--bootstrap", "0"]
     for i, spec in enumerate(
         [str(run), str(run / "checkpoint"), str(run / "checkpoint" / "checkpoint.json"),

@@ -175,7 +175,7 @@ def test_intervals_stay_in_the_reward_range_and_point_estimates_are_not_clipped(
     data = LoggedBandit(ids, MODELS, actions, props, np.ones(n), (0.0, 1.0))
     target = deterministic_probs(["strong"] * n, MODELS)
     for ci in ("normal", "bootstrap"):
-        est = ips(data, target, ci=ci)  # type: ignore[arg-type]
+        est = ips(data, target, ci=ci)
         # Unclipped, the interval would leave [0, 1]; the point estimate stays as computed.
         assert est.value + 1.96 * est.stderr > 1.0 or est.value > 1.0, est
         assert 0.0 <= est.ci_low <= est.ci_high <= 1.0, est

@@ -16,6 +16,7 @@ from router.policies.llm import LLMRouterPolicy, router_system_prompt
 from router.providers.native import NativeOpenAIProvider
 from router.tools import tool_name
 from tests.conftest import ScriptedRouter
+from tests.support.routes import trajectories
 from training.evaluation.compare import Entry, compare
 from training.evaluation.loop_router import LoopRouter, parse_llm_spec, replay_model
 from training.evaluation.registry import LoadContext, default_registry
@@ -42,7 +43,7 @@ def test_fixed_policy_through_the_loop_matches_the_recorded_outcomes(
 
 
 def test_agreement_cascade_sums_the_costs_of_every_call(records: list[OutcomeRecord]) -> None:
-    routes = (
+    routes = trajectories(
         default_registry().load("policy:cascade", LoadContext(train=records)).route(records, 0.0)
     )
     multi = [(r, x) for r, x in zip(records, routes, strict=True) if len(x.models_called) > 1]
@@ -60,8 +61,8 @@ def test_compact_checkpoint_loader_prefers_cheaper_models_at_high_cost_weight(
     router = default_registry().load(
         f"compact:{default_checkpoint_path()}", LoadContext(train=records)
     )
-    cheap = router.route(records, 20.0)
-    rich = router.route(records, 0.0)
+    cheap = trajectories(router.route(records, 20.0))
+    rich = trajectories(router.route(records, 0.0))
     assert sum(x.cost_usd for x in cheap) < sum(x.cost_usd for x in rich)
     assert all(len(x.models_called) == 1 for x in rich)
 
@@ -76,7 +77,9 @@ def test_an_llm_router_endpoint_is_evaluated_through_the_loop(
     select = {"id": "s1", "name": "select_response", "arguments": {"tool_call_id": "t1"}}
     scripted_router.script({"tool_calls": [call]}, {"tool_calls": [select]})
     spec = f"llm:{scripted_router.base_url}#router{flag}"
-    (route,) = default_registry().load(spec, LoadContext(train=records)).route([record], 0.3)
+    (route,) = trajectories(
+        default_registry().load(spec, LoadContext(train=records)).route([record], 0.3)
+    )
     assert route.final_model == model and route.models_called == (model,)
     assert route.score == record.outcomes[model].score
     system = scripted_router.requests()[-2]["messages"][0]["content"]
@@ -120,10 +123,12 @@ def test_a_priced_router_models_tokens_count_in_the_cost(
         api_base=scripted_router.base_url,
     )
     router = LoopRouter("llm", lambda pool: LLMRouterPolicy(NativeOpenAIProvider(), priced))
-    (route,) = router.route([record], 0.0)
+    (route,) = trajectories(router.route([record], 0.0))
     # Two router calls of 100 + 20 tokens at $1 / $2 per 1M, on top of the recorded call.
     assert route.final_model == model
-    assert route.cost_usd == pytest.approx(record.outcomes[model].cost_usd + 2 * 140e-6)
+    recorded = record.outcomes[model].cost_usd
+    assert recorded is not None
+    assert route.cost_usd == pytest.approx(recorded + 2 * 140e-6)
 
 
 @pytest.mark.parametrize(
@@ -157,9 +162,13 @@ def test_an_llm_specs_router_tokens_are_priced_from_the_spec_or_the_catalog(
         per_call_usd = float(catalog_price.input * 100 + catalog_price.output * 20) / 1e6
         assert per_call_usd > 0
     spec = f"llm:{scripted_router.base_url}#{router_model}{options}"
-    (route,) = default_registry().load(spec, LoadContext(train=records)).route([record], 0.0)
+    (route,) = trajectories(
+        default_registry().load(spec, LoadContext(train=records)).route([record], 0.0)
+    )
     assert route.final_model == model
-    assert route.cost_usd == pytest.approx(record.outcomes[model].cost_usd + 2 * per_call_usd)
+    recorded = record.outcomes[model].cost_usd
+    assert recorded is not None
+    assert route.cost_usd == pytest.approx(recorded + 2 * per_call_usd)
 
 
 def test_router_model_failures_are_reported_not_scored_as_the_router(
@@ -177,7 +186,7 @@ def test_router_model_failures_are_reported_not_scored_as_the_router(
         f"llm:{scripted_router.base_url}#router", LoadContext(train=records)
     )
     assert isinstance(router, LoopRouter) and router.notes == []
-    fallback, routed = router.route(records[:2], 0.0)
+    fallback, routed = trajectories(router.route(records[:2], 0.0))
     assert routed.final_model == model
     assert fallback.final_model != "router" and len(fallback.models_called) == 1
     (note,) = router.notes

@@ -20,6 +20,7 @@ from verl.utils.dataset.rl_dataset import RLHFDataset
 from router.policies.llm import cost_weight_line
 from router.tools import tool_result_text
 from tests.conftest import ScriptedRouter
+from tests.support.routes import trajectories
 from tests.support.verl import (
     RESULT_HEADER as HEADER,
 )
@@ -48,7 +49,8 @@ def dataset_item(verl_dir: Path, record_id: str, tmp_path: Path) -> dict[str, An
         {"prompt_key": "prompt", "filter_overlong_prompts": False, "cache_dir": str(tmp_path)}
     )
     for split in ("train", "validation", "test"):
-        data = RLHFDataset([str(verl_dir / f"{split}.parquet")], hermes_tokenizer(), config)
+        # verl annotates the tokenizer as transformers' slow (Python) one; it takes any.
+        data = RLHFDataset([str(verl_dir / f"{split}.parquet")], hermes_tokenizer(), config)  # type: ignore[arg-type]
         for i in range(len(data)):
             if data[i]["extra_info"]["id"] == record_id:
                 return data[i]
@@ -208,7 +210,7 @@ async def test_the_router_reads_the_same_prompt_in_training_and_serving(
     scripted_router.script({"tool_calls": [first]}, {"tool_calls": [pick]})
     spec = f"llm:{scripted_router.base_url}#router#lambda"
     router = default_registry().load(spec, LoadContext(train=small_table()))
-    (routed,) = await asyncio.to_thread(router.route, [record], lam)
+    (routed,) = trajectories(await asyncio.to_thread(router.route, [record], lam))
     assert routed.final_model == "cheap"
     served = scripted_router.requests()[-2:]
     tokenizer = hermes_tokenizer()
@@ -226,5 +228,7 @@ async def test_the_router_reads_the_same_prompt_in_training_and_serving(
     assert render(served[0]) == model.prompts[0]
     served_result = render(served[1]).rsplit("<tool_response>", 1)[1]
     trained_result = model.prompts[1].rsplit("<tool_response>", 1)[1]
-    trained_id = HEADER.search(trained_result).group(1)  # type: ignore[union-attr]
+    header = HEADER.search(trained_result)
+    assert header is not None
+    trained_id = header.group(1)
     assert served_result == trained_result.replace(trained_id, "t1")
