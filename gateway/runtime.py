@@ -75,9 +75,11 @@ class Runtime:
 def _load_compact(settings: Settings, pool: ModelPool) -> tuple[Policy | None, dict[str, Any]]:
     """The compact policy from the configured checkpoint, or the packaged demo one.
 
-    A configured checkpoint that is missing or was trained on another pool is an error (the
-    operator asked for it). The packaged default only fits the demo pool: with any other pool
-    it is skipped with a warning, and ``xrouter train`` makes one that fits."""
+    A configured checkpoint that is missing or shares no model with the pool is an error (the
+    operator asked for it). The packaged default only knows the demo pool: with a pool that
+    holds none of its models it is skipped with a warning, and ``xrouter train`` makes one
+    that fits. Pool models a checkpoint was not trained on are listed in the info
+    (``untrained_models``): it never routes to them, except by exploration."""
     try:
         from router.checkpoint import (
             CheckpointError,
@@ -111,6 +113,8 @@ def _load_compact(settings: Settings, pool: ModelPool) -> tuple[Policy | None, d
         "version": ckpt.version,
         "kind": ckpt.architecture.kind,
         "feature_version": ckpt.feature_version,
+        "untrained_models": list(policy.pool_check.untrained),
+        "masked_models": list(policy.pool_check.masked),
     }
 
 

@@ -317,6 +317,9 @@ class PoolCheck:
 
     active: list[str]  # checkpoint models present in the pool, in checkpoint order
     masked: list[str]  # checkpoint models absent from the pool (never chosen)
+    # Pool models the checkpoint has no action for (added since it was trained): it never
+    # routes to them, but ε-exploration may, so the logs can teach the next checkpoint.
+    untrained: list[str] = field(default_factory=list)
     price_changes: dict[str, dict[str, tuple[str | None, str | None]]] = field(default_factory=dict)
 
     @property
@@ -340,25 +343,24 @@ def _same_price(a: str | None, b: str | None) -> bool:
 def check_pool(ckpt: CompactCheckpoint, pool: ModelPool) -> PoolCheck:
     """Check that ``pool`` can be served by ``ckpt``.
 
-    A pool model the checkpoint was not trained on is an error (the policy has no action
-    for it); checkpoint models missing from the pool are fine (masked out); a changed price
-    is a warning (the policy's trade-offs were learned at the old prices) and is logged.
+    The checkpoint routes among the models it was trained on that the pool has: checkpoint
+    models missing from the pool are masked out, and pool models the checkpoint does not know
+    are left to the other policies and to requests that name them (adding a model to a
+    running gateway must not take its learned router down). Only a pool with none of the
+    checkpoint's models is an error. A changed price is a warning (the policy's trade-offs
+    were learned at the old prices); both are logged.
     """
     trained = ckpt.pool
     configured = pool.names
-    extra = [m for m in configured if m not in trained]
+    untrained = [m for m in configured if m not in trained]
     masked = [m for m in trained if m not in pool]
     name = ckpt.metadata.name or (str(ckpt.path) if ckpt.path else "the checkpoint")
-    if extra or len(masked) == len(trained):
-        parts = [f"{name} cannot route the configured pool"]
-        if extra:
-            parts.append(f"models it was not trained on: {', '.join(extra)}")
-        if len(masked) == len(trained):
-            parts.append("no model of the pool is in the checkpoint")
-        parts.append(f"checkpoint pool: {', '.join(trained)}")
-        parts.append(f"configured pool: {', '.join(configured) or '(empty)'}")
-        parts.append("retrain on the new pool or remove the extra models")
-        raise CheckpointPoolMismatch("; ".join(parts))
+    if len(masked) == len(trained):
+        raise CheckpointPoolMismatch(
+            f"{name} cannot route the configured pool: no model of the pool is in the "
+            f"checkpoint; checkpoint pool: {', '.join(trained)}; configured pool: "
+            f"{', '.join(configured) or '(empty)'}; retrain on this pool"
+        )
     changes: dict[str, dict[str, tuple[str | None, str | None]]] = {}
     now = pool.price_snapshot()
     for model in configured:
@@ -373,10 +375,22 @@ def check_pool(ckpt: CompactCheckpoint, pool: ModelPool) -> PoolCheck:
         if diff:
             changes[model] = diff
     result = PoolCheck(
-        active=[m for m in trained if m in pool], masked=masked, price_changes=changes
+        active=[m for m in trained if m in pool],
+        masked=masked,
+        untrained=untrained,
+        price_changes=changes,
     )
     for w in result.warnings:
         logger.warning("%s: %s", name, w)
+    if untrained:
+        logger.warning(
+            "%s was not trained on %s: it routes among %s only; the new models are served "
+            "by name and by the other policies (explore with router.epsilon > 0 to "
+            "log them, then retrain)",
+            name,
+            ", ".join(untrained),
+            ", ".join(result.active),
+        )
     if masked:
         logger.info("%s: models not in the configured pool are masked: %s", name, ", ".join(masked))
     return result

@@ -29,6 +29,7 @@ table{border-collapse:collapse;margin-top:6px}
 th,td{padding:4px 10px;border-bottom:1px solid #ddd;text-align:left}
 td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}
 .muted{color:#777}
+.warn{color:#a40}
 """
 
 
@@ -119,6 +120,14 @@ async def dashboard(request: Request) -> Response:
         + (
             f" (deployment {d.id}, {_e(d.created_at.isoformat(timespec='seconds'))})"
             if (d := s.active_deployment) is not None
+            else ""
+        )
+        + (
+            # A model added since the checkpoint was trained: the operator should know that
+            # the learned router never picks it.
+            f'; <span class="warn">not routed by the checkpoint (not trained on): '
+            f"{_e(', '.join(untrained))}</span>"
+            if ckpt and (untrained := ckpt.get("untrained_models"))
             else ""
         )
         + "</p>",

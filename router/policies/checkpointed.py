@@ -27,7 +27,8 @@ from router.checkpoint import (
     load_checkpoint,
 )
 from router.features import FeatureConfig, FeatureExtractor
-from router.policy import Policy
+from router.policies.baselines import CheapestPolicy
+from router.policy import LoopState, Policy, RouteContext, Step
 from router.pool import ModelPool
 
 
@@ -66,6 +67,9 @@ class CheckpointPolicy(Policy):
         self.feature_version = ckpt.feature_version
         self.actions: list[str] = ckpt.pool
         self._configured = np.array([m in pool for m in self.actions], dtype=bool)
+        # Pool models the checkpoint has no action for: never chosen by the checkpoint.
+        self.untrained: list[str] = self.pool_check.untrained
+        self._uninformed = CheapestPolicy()
         self._executor = executor
         self._own_executor: ThreadPoolExecutor | None = None
 
@@ -87,6 +91,20 @@ class CheckpointPolicy(Policy):
                 f"checkpoint (pool: {', '.join(self.actions)})"
             )
         return mask
+
+    def untrained_in(self, allowed: ModelPool) -> list[str]:
+        """The untrained pool models that ``allowed`` (a request's pool) holds."""
+        return [m for m in self.untrained if m in allowed]
+
+    def knows_none_of(self, allowed: ModelPool) -> bool:
+        """True when a request allows only pool models this checkpoint has no action for."""
+        return len(self.untrained_in(allowed)) == len(allowed)
+
+    async def uninformed_step(self, ctx: RouteContext, state: LoopState) -> Step:
+        """A request whose allow-list holds only models the checkpoint was not trained on:
+        it cannot rank them, so the cheapest answers (as ``xrouter/cheapest`` would, failing
+        over in price order), logged with propensity 1."""
+        return await self._uninformed.step(ctx, state)
 
     def _pool_executor(self) -> Executor:
         if self._executor is not None:

@@ -11,7 +11,10 @@ Behaviour and propensities (what off-policy learning needs):
 - greedy (default): the argmax of the policy over the allowed models. Deterministic, so
   the logged propensity is 1.0;
 - ``sample=True``: draw from ``softmax(logits / temperature)``;
-- ``epsilon > 0``: with probability ε pick uniformly among the allowed models instead.
+- ``epsilon > 0``: with probability ε pick uniformly among the allowed models instead —
+  pool models the checkpoint was not trained on included (the policy itself gives them
+  probability 0), so that logged traffic covers a model added since training and the next
+  checkpoint can learn it.
 
 The decision records the chosen model with its probability under the behaviour
 distribution actually used (ε mixing included) and that whole behaviour distribution, so
@@ -304,21 +307,27 @@ class CompactPolicy(CheckpointPolicy):
         probs = self.distribution_batch(features, cost_weights, allowed)
         return [self.actions[i] for i in probs.argmax(axis=1)]
 
-    def behaviour(self, probs: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """The distribution actions are actually drawn from (greedy or sampled, ε mixed)."""
+    def behaviour(self, probs: np.ndarray, mask: np.ndarray, n_untrained: int = 0) -> np.ndarray:
+        """The distribution actions are actually drawn from (greedy or sampled, ε mixed), over
+        ``self.actions`` followed by ``n_untrained`` allowed pool models the checkpoint has no
+        action for, which only ε reaches."""
         if self.sample:
             base = probs
         else:
             base = np.zeros_like(probs)
             base[int(np.argmax(np.where(mask, probs, -1.0)))] = 1.0
+        base = np.concatenate([base, np.zeros(n_untrained)])
         if self.epsilon > 0:
-            uniform = mask / mask.sum()
-            base = (1.0 - self.epsilon) * base + self.epsilon * uniform
+            support = np.concatenate([mask, np.ones(n_untrained, dtype=bool)])
+            base = (1.0 - self.epsilon) * base + self.epsilon * support / support.sum()
         return base
 
-    def choose(self, probs: np.ndarray, mask: np.ndarray) -> tuple[int, float, np.ndarray, bool]:
-        """(action index, propensity, behaviour distribution, explored)."""
-        beh = self.behaviour(probs, mask)
+    def choose(
+        self, probs: np.ndarray, mask: np.ndarray, n_untrained: int = 0
+    ) -> tuple[int, float, np.ndarray, bool]:
+        """(action index, propensity, behaviour distribution, explored); an index past
+        ``self.actions`` is one of the ``n_untrained`` models that follow them."""
+        beh = self.behaviour(probs, mask, n_untrained)
         greedy = int(np.argmax(np.where(mask, probs, -1.0)))
         if not self.sample and self.epsilon == 0.0:
             return greedy, 1.0, beh, False
@@ -330,6 +339,8 @@ class CompactPolicy(CheckpointPolicy):
     async def step(self, ctx: RouteContext, state: LoopState) -> Step:
         state.decision.feature_version = self.feature_version
         state.decision.checkpoint = self.checkpoint.version
+        if self.knows_none_of(ctx.pool):
+            return await self.uninformed_step(ctx, state)
         note = state.notes.get(NOTE_KEY)
         if note is None:
             return await self._first_step(ctx, state)
@@ -341,10 +352,13 @@ class CompactPolicy(CheckpointPolicy):
         probs = await loop.run_in_executor(
             self._pool_executor(), self.policy_probs, ctx.messages, ctx.cost_weight, mask, ctx.tools
         )
-        idx, propensity, beh, explored = self.choose(probs, mask)
-        model = self.actions[idx]
+        untrained = self.untrained_in(ctx.pool) if self.epsilon > 0 else []
+        idx, propensity, beh, explored = self.choose(probs, mask, len(untrained))
+        candidates = [*self.actions, *untrained]
+        model = candidates[idx]
         allowed = [i for i in range(len(self.actions)) if mask[i]]
-        state.decision.record(model, propensity, {self.actions[i]: float(beh[i]) for i in allowed})
+        support = [*allowed, *range(len(self.actions), len(candidates))]
+        state.decision.record(model, propensity, {candidates[i]: float(beh[i]) for i in support})
         state.decision.explored = explored
         ranking = sorted(allowed, key=lambda i: -probs[i])
         state.notes[NOTE_KEY] = {

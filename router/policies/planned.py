@@ -140,6 +140,8 @@ class PlannedPolicy(CheckpointPolicy):
     async def step(self, ctx: RouteContext, state: LoopState) -> Step:
         state.decision.feature_version = self.feature_version
         state.decision.checkpoint = self.checkpoint.version
+        if self.knows_none_of(ctx.pool):
+            return await self.uninformed_step(ctx, state)
         note = state.notes.get(NOTE_KEY)
         if note is not None:
             return continue_plan(self.plans[note["index"]], ctx, state)

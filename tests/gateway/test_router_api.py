@@ -265,13 +265,12 @@ def test_deploy_hot_loads_a_checkpoint_and_refuses_a_mismatched_one(
             f"{gw.url}/admin/router", headers={"Authorization": f"Bearer {ADMIN_KEY}"}
         ).json()
         assert serving["checkpoint"]["version"] == deployed["version"]
-        # A gateway whose pool lacks the checkpoint's models refuses it and keeps serving.
+        # A gateway whose pool holds none of the checkpoint's models refuses it and keeps
+        # serving.
         small = gateway_config(
             tmp_path / "small", upstream.base_url, auth={"enabled": True, "admin_key": ADMIN_KEY}
         )
         small["pool"] = [
-            m for m in small["pool"] if m["name"] in ("gemma-2-9b-it", "llama-3.2-3b-instruct")
-        ] + [
             {
                 "name": "extra-model",
                 "model": "openai/gemma-2-9b-it",
@@ -291,12 +290,64 @@ def test_deploy_hot_loads_a_checkpoint_and_refuses_a_mismatched_one(
             assert out.returncode == 1 and "reload_failed" in out.stderr
             r = httpx.post(
                 f"{gw2.base_url}/chat/completions",
-                json={"model": "gemma-2-9b-it", "messages": [{"role": "user", "content": "hi"}]},
+                json={"model": "extra-model", "messages": [{"role": "user", "content": "hi"}]},
                 headers={"Authorization": "Bearer x"},
             )
             assert r.status_code == 401  # still up and serving
         finally:
             gw2.stop()
+    finally:
+        gw.stop()
+
+
+def test_a_model_added_since_training_is_served_and_explored_not_routed(
+    upstream: Upstream, demo_table: list[OutcomeRecord], tmp_path: Path
+) -> None:
+    """Adding a model to the pool keeps the learned router serving: it routes among the
+    models it knows, the new one is served by name, explored with its propensity logged
+    (so the next checkpoint can learn it), and the operator is told."""
+    cfg = gateway_config(tmp_path, upstream.base_url, router={"epsilon": 1.0})
+    house = "house-model"
+    cfg["pool"].append(
+        {
+            "name": house,
+            "model": "openai/gemma-2-9b-it",
+            "api_base": upstream.base_url,
+            "price": {"input": 0.05, "output": 0.05},
+        }
+    )
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        serving = httpx.get(f"{gw.url}/admin/router", headers=ADMIN).json()
+        assert serving["default_policy"] == "compact"
+        assert serving["checkpoint"]["kind"] == "knn"
+        assert serving["checkpoint"]["untrained_models"] == [house]
+        assert "not trained on" in httpx.get(f"{gw.url}/dashboard").text
+        c = client(gw)
+        named = c.chat.completions.create(model=house, messages=[{"role": "user", "content": "hi"}])
+        assert named.model == house
+        # ε = 1 over an allow-list of the new model and one the checkpoint knows: a fair
+        # coin per request, each outcome logged with propensity 1/2.
+        known = "gemma-2-9b-it"
+        seen = set()
+        for rec in demo_table[:30]:
+            resp = c.chat.completions.create(
+                model="xrouter",
+                messages=[{"role": "user", "content": rec.text}],
+                extra_body={"xrouter": {"models": [house, known]}},
+            )
+            d = extra(resp)["xrouter"]["decision"]
+            assert d["distribution"] == {house: 0.5, known: 0.5}
+            assert d["actions"] == [resp.model] and d["propensity"] == 0.5
+            seen.add(resp.model)
+        assert seen == {house, known}  # P(one side never drawn in 30) = 2^-29
+        # Allowing only the new model: the checkpoint cannot rank it; it answers.
+        only = c.chat.completions.create(
+            model="xrouter",
+            messages=[{"role": "user", "content": demo_table[0].text}],
+            extra_body={"xrouter": {"models": [house]}},
+        )
+        assert only.model == house and extra(only)["xrouter"]["decision"]["propensity"] == 1.0
     finally:
         gw.stop()
 

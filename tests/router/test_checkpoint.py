@@ -171,13 +171,18 @@ def test_pool_check(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     assert changed.price_changes == {"large": {"input": ("3", "2.5")}}
     assert "price of 'large' changed" in caplog.text and "3 -> 2.5" in caplog.text
 
-    with pytest.raises(CheckpointPoolMismatch) as exc:
-        check_pool(ckpt, make_pool(["small", "huge"], {"huge": ("9", "9")}))
-    msg = str(exc.value)
-    assert "not trained on: huge" in msg and "checkpoint pool: small, medium, large" in msg
+    # A model added since training: served, never routed to by the checkpoint, and said so.
+    with caplog.at_level(logging.WARNING):
+        added = check_pool(ckpt, make_pool(["small", "huge"], {"huge": ("9", "9")}))
+    assert added.active == ["small"] and added.untrained == ["huge"]
+    assert added.masked == ["medium", "large"]
+    assert "was not trained on huge: it routes among small only" in caplog.text
 
-    with pytest.raises(CheckpointPoolMismatch, match="no model of the pool is in the checkpoint"):
+    with pytest.raises(CheckpointPoolMismatch) as exc:
         check_pool(ckpt, make_pool(["other"], {"other": ("1", "1")}))
+    msg = str(exc.value)
+    assert "no model of the pool is in the checkpoint" in msg
+    assert "checkpoint pool: small, medium, large" in msg and "configured pool: other" in msg
 
 
 @pytest.mark.parametrize(

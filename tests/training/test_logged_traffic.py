@@ -165,3 +165,59 @@ def test_export_retrain_off_policy_and_deploy(gateway: tuple[Gateway, Path]) -> 
     )
     assert r.status_code == 200
     assert r.json()["xrouter"]["decision"]["checkpoint"] == knn.version
+
+
+def test_a_model_added_to_the_pool_is_explored_logged_and_learned(tmp_path: Path) -> None:
+    """A model added after the checkpoint was trained: the serving checkpoint never picks it
+    itself, but exploration logs it, so retraining on the export learns it and the deployed
+    checkpoint routes over the whole pool."""
+    proc, base = start_replay_upstream(tmp_path)
+    house, twin = "house-model", "gemma-2-9b-it"  # the new model serves gemma's answers
+    cfg = gateway_config(
+        tmp_path,
+        base,
+        router={"watch_files": False, "epsilon": 1.0},
+        ledger={"log_content": "full"},
+        auth={"enabled": False, "admin_key": ADMIN_KEY},
+    )
+    cfg["pool"].append(
+        {"name": house, "model": f"openai/{twin}", "api_base": base,
+         "price": {"input": 0.02, "output": 0.02}}
+    )  # fmt: skip
+    gw = start_gateway(tmp_path, cfg)
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    try:
+        serving = httpx.get(f"{gw.url}/admin/router", headers=admin).json()["checkpoint"]
+        assert serving["untrained_models"] == [house]
+        table = load_outcome_table(DEMO)[:135]
+        with httpx.Client(base_url=gw.base_url, timeout=30) as c:
+            for rec in table:
+                body = c.post(
+                    "/chat/completions",
+                    json={"model": "xrouter", "messages": [{"role": "user", "content": rec.text}]},
+                ).json()
+                answered = twin if body["model"] == house else body["model"]
+                score = rec.outcomes[answered].score
+                fb = {"request_id": body["xrouter"]["request_id"], "score": score}
+                assert c.post("/feedback", json=fb).status_code == 200
+        out = tmp_path / "traffic.jsonl"
+        res = run("export", "--config", str(gw.config_path), "--out", str(out))
+        assert res.returncode == 0, res.stderr
+        logged = load_outcome_table(out)
+        on_house = [r for r in logged if house in r.outcomes]
+        # Uniform over 9 models: ~15 of 135; none at all has probability (8/9)^135 < 1e-6.
+        assert on_house and all(r.logged and r.logged.propensity == 1 / 9 for r in on_house)
+
+        knn_dir = tmp_path / "knn"
+        res = run("train", "--table", str(out), "--offpolicy", "--knn", "10,25",
+                  "--out", str(knn_dir), "--no-progress", "--threads", "1")  # fmt: skip
+        assert res.returncode == 0, res.stderr[-2000:]
+        knn = load_checkpoint(knn_dir / "checkpoint")
+        assert house in knn.pool and len(knn.pool) == 9
+        res = run("deploy", str(knn_dir / "checkpoint"), "--url", gw.url, "--admin-key", ADMIN_KEY)
+        assert res.returncode == 0, res.stderr
+        serving = httpx.get(f"{gw.url}/admin/router", headers=admin).json()["checkpoint"]
+        assert serving["version"] == knn.version and serving["untrained_models"] == []
+    finally:
+        gw.stop()
+        stop_replay_upstream(proc)

@@ -140,8 +140,57 @@ def test_masks_models_outside_the_configured_pool(ckpt: Any, extractor: FeatureE
     assert set(sub.distribution(QUESTION, 0.0, allowed=rest[:1])) == {rest[0]}
     with pytest.raises(CheckpointPoolMismatch):
         sub.distribution(QUESTION, 0.0, allowed=[best])
-    with pytest.raises(CheckpointPoolMismatch, match="not trained on: gpt-4o"):
-        CompactPolicy(ckpt, demo_pool([*ckpt.pool[:2], "gpt-4o"]), extractor=extractor)
+    with pytest.raises(CheckpointPoolMismatch, match="no model of the pool is in the checkpoint"):
+        CompactPolicy(ckpt, demo_pool(["gpt-4o"]), extractor=extractor)
+
+
+async def test_a_model_added_since_training_is_only_explored(
+    ckpt: Any, extractor: FeatureExtractor
+) -> None:
+    """A pool model the checkpoint was not trained on: greedy decisions never pick it,
+    ε-exploration does, with its true propensity, so logs can teach the next checkpoint."""
+    names = [*ckpt.pool[:3], "gpt-4o"]
+    pool = demo_pool(names)
+    greedy = policy(ckpt, extractor, names)
+    assert greedy.pool_check.untrained == ["gpt-4o"]
+    assert set(greedy.distribution(QUESTION, 0.0)) == set(ckpt.pool[:3])
+    for lam in (0.0, 0.5, 5.0):
+        state = new_state(lam)
+        step = await greedy.step(context(pool, lam), state)
+        assert isinstance(step, Call) and step.calls[0].model in ckpt.pool[:3]
+        assert state.decision.propensities == [1.0]
+
+    eps = 0.4
+    exploring = policy(ckpt, extractor, names, epsilon=eps, seed=3)
+    chosen: list[str] = []
+    for _ in range(200):
+        state = new_state()
+        step = await exploring.step(context(pool), state)
+        assert isinstance(step, Call)
+        d = state.decision
+        model = step.calls[0].model
+        chosen.append(model)
+        dist = d.distribution
+        assert dist is not None and set(dist) == set(names)
+        assert sum(dist.values()) == pytest.approx(1.0)
+        assert dist["gpt-4o"] == pytest.approx(eps / len(names))
+        assert d.propensities == [pytest.approx(dist[model])]
+        if model == "gpt-4o":
+            assert d.explored  # the checkpoint itself never picks it
+    # ε/4 = 10% of 200 draws: 20 expected; 5..40 holds with overwhelming probability.
+    assert 5 <= chosen.count("gpt-4o") <= 40
+    # A request that allows only the new model: the checkpoint cannot rank it, so the
+    # cheapest allowed model (the only one) answers, deterministically.
+    for p in (greedy, exploring):
+        state = new_state()
+        step = await p.step(context(demo_pool(["gpt-4o"])), state)
+        assert isinstance(step, Call) and step.calls[0].model == "gpt-4o"
+        assert state.decision.propensities == [1.0]
+    # A request whose allow-list leaves it out cannot explore it.
+    sub = demo_pool(ckpt.pool[:3])
+    for _ in range(50):
+        step = await exploring.step(context(sub), new_state())
+        assert isinstance(step, Call) and step.calls[0].model != "gpt-4o"
 
 
 class CountingExecutor(ThreadPoolExecutor):

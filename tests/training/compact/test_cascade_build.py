@@ -4,21 +4,25 @@ the orchestration loop exactly as they were measured."""
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from pricing import ModelPrice
 from router.checkpoint import load_checkpoint
 from router.features import FeatureExtractor
 from router.outcomes import OutcomeRecord, write_outcome_table
 from router.plans import CascadePlan
 from router.policies.checkpointed import policy_for_checkpoint
 from router.policies.planned import PlannedPolicy
+from router.policy import Call, Decision, LoopState, RouteContext
+from router.pool import ModelPool
 from tests.support.routes import trajectories
 from training.compact.cli import main
 from training.evaluation.cascade import CascadeRouter
-from training.evaluation.loop_router import LoopRouter, pool_for
+from training.evaluation.loop_router import LoopRouter, pool_for, replay_model
 
 COST = {"cheap-a": 0.0002, "cheap-b": 0.0003, "strong": 0.01}
 LETTERS = "ABCD"
@@ -185,3 +189,34 @@ def test_plans_use_only_allowed_and_configured_models(
     assert {p.order for p in policy.route_batch(x, 0.0, allowed=["strong"])} == {("strong",)}
     with pytest.raises(ValueError):
         policy.plan_mask(["cheap-b"])  # configured out: nothing to run
+
+
+async def test_a_model_added_since_training_answers_only_requests_that_allow_nothing_else(
+    built: Path, table: list[OutcomeRecord]
+) -> None:
+    ckpt = load_checkpoint(built / "checkpoint")
+    known = pool_for(table)
+    newcomer = replay_model("newcomer", ModelPrice(input=Decimal("0.01"), output=Decimal("0.01")))
+    pool = ModelPool([*known, newcomer])
+    policy = policy_for_checkpoint(ckpt, pool)
+    assert isinstance(policy, PlannedPolicy) and policy.untrained == ["newcomer"]
+    x = policy.extractor.extract_batch([r.chat_messages() for r in table[:40]])
+    for lam in (0.0, 50.0):
+        assert all("newcomer" not in p.order for p in policy.route_batch(x, lam))
+
+    async def first_call(allowed: list[str]) -> tuple[str, Decision]:
+        state = LoopState(decision=Decision("compact", 0.5))
+        ctx = RouteContext(
+            request_id="r", messages=table[0].chat_messages(), pool=pool.subset(allowed),
+            cost_weight=0.5,
+        )  # fmt: skip
+        step = await policy.step(ctx, state)
+        assert isinstance(step, Call)
+        return step.calls[0].model, state.decision
+
+    # With one model it knows allowed, that one's plan runs; the newcomer is never planned.
+    model, decision = await first_call(["newcomer", "strong"])
+    assert model == "strong"
+    # Only models it was not trained on: it cannot rank them, so the cheapest answers.
+    model, decision = await first_call(["newcomer"])
+    assert model == "newcomer" and decision.propensities == [1.0]
