@@ -104,8 +104,12 @@ class FeedbackRequest(BaseModel):
     @classmethod
     def _completion_id(cls, value: str) -> str:
         # The completion's `id` (`chatcmpl-<request id>`, what an OpenAI client shows
-        # first) names the request as well as `xrouter.request_id` does.
-        return value.removeprefix("chatcmpl-") or value
+        # first), or the Responses API's (`resp_<request id>`), names the request as well
+        # as `xrouter.request_id` does.
+        for prefix in ("chatcmpl-", "resp_"):
+            if value.startswith(prefix) and len(value) > len(prefix):
+                return value[len(prefix) :]
+        return value
 
     comment: str | None = Field(default=None, max_length=4000)
     source: str = Field(default="user", max_length=64)

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible surface: chat completions, models, feedback."""
+"""The OpenAI-compatible surface: chat completions, responses, models, feedback."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from pydantic import ValidationError
 from starlette.responses import Response
 
-from gateway import model_list
+from gateway import model_list, responses
 from gateway.errors import APIError, bad_request, not_found
 from gateway.ledger.records import FeedbackRecord
 from gateway.ledger.spend import get_request
@@ -50,6 +50,23 @@ async def chat_completions(request: Request) -> Response:
     who = await s.auth.principal(request.headers.get("authorization"))
     raw = await read_body(request, s.settings.server.max_body_bytes)
     return await s.chat.handle(raw, who)
+
+
+@router.post("/v1/responses")
+async def create_response(request: Request) -> Response:
+    """The Responses API, translated to a chat request and routed like one (see
+    :mod:`gateway.responses`)."""
+    s = services(request)
+    assert s.auth is not None and s.chat is not None
+    who = await s.auth.principal(request.headers.get("authorization"))
+    raw = await read_body(request, s.settings.server.max_body_bytes)
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    req = responses.parse_request(data)
+    chat = await s.chat.handle(orjson.dumps(responses.to_chat(req)), who)
+    return responses.adapt(req, chat)
 
 
 @router.get("/v1/models")

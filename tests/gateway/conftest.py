@@ -4,6 +4,8 @@ real subprocesses on loopback, shared by a module and reset between tests."""
 from __future__ import annotations
 
 import json
+import sqlite3
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +67,32 @@ def abandon_stream(base_url: str, model: str, text: str, key: str | None = None)
         else:
             raise AssertionError("the stream ended before any answer text")
     return request_id
+
+
+def ledger_rows(
+    gw: Gateway, request_id: str, timeout_s: float = 5.0
+) -> tuple[tuple[int, int, int], list[tuple[str, int, int, int, str | None]]]:
+    """The request's ledger row (status, stream, total cost) and its calls (model, cost,
+    prompt and completion tokens, error type), read from the gateway's SQLite ledger once
+    the writer has flushed them."""
+    db = gw.config_path.parent / "ledger.db"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with sqlite3.connect(db) as conn:
+            req = conn.execute(
+                "SELECT status, stream, total_cost_micros FROM requests WHERE request_id = ?",
+                (request_id,),
+            ).fetchone()
+            calls = conn.execute(
+                "SELECT model, cost_micros, prompt_tokens, completion_tokens, error_type "
+                "FROM calls WHERE request_id = ? ORDER BY seq",
+                (request_id,),
+            ).fetchall()
+        if req is not None or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert req is not None, f"no ledger row for {request_id}"
+    return tuple(req), [tuple(c) for c in calls]
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,8 @@ from tests.support.gateway import Gateway
 
 # request id -> the HTTP status the client got, for every chat request that got an id
 ANSWERED: dict[str, int] = {}
+# the status of every Responses API request
+RESPONSES_STATUS: list[int] = []
 MODELS = ["xrouter", "xrouter/cheapest", "xrouter/cascade", "gemma-2-9b-it", "no-such-model"]
 
 json_leaf = (
@@ -154,6 +156,87 @@ def test_feedback_never_fails_on_client_input(http: httpx.Client, body: dict) ->
         assert_openai_error(response)
 
 
+input_part = st.fixed_dictionaries(
+    {"type": st.sampled_from(["input_text", "output_text", "input_image", "input_file", "x"])},
+    optional={"text": json_value, "image_url": json_value, "detail": json_value},
+)
+input_item = (
+    st.fixed_dictionaries({"role": st.just("user"), "content": st.text(min_size=1, max_size=120)})
+    | st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "assistant", "system", "developer", "robot"])},
+        optional={
+            "type": st.just("message"),
+            "content": st.text(max_size=80) | st.lists(input_part, max_size=3) | json_value,
+        },
+    )
+    | st.fixed_dictionaries(
+        {"type": st.sampled_from(["function_call", "function_call_output", "reasoning", "x"])},
+        optional={
+            "call_id": json_value,
+            "name": json_value,
+            "arguments": json_value,
+            "output": json_value,
+        },
+    )
+)
+response_params = {
+    "instructions": st.text(max_size=40) | json_value,
+    "max_output_tokens": st.integers(1, 4096) | json_value,
+    "temperature": st.floats(0, 2) | json_value,
+    "stream": st.booleans() | json_value,
+    "tools": st.lists(
+        st.fixed_dictionaries(
+            {"type": st.sampled_from(["function", "web_search"])},
+            optional={"name": st.text(min_size=1, max_size=10), "parameters": json_value},
+        ),
+        max_size=2,
+    )
+    | json_value,
+    "tool_choice": st.sampled_from(["auto", "none", "required"]) | json_value,
+    "text": st.fixed_dictionaries(
+        {"format": st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object", "x"])})}
+    )
+    | json_value,
+    "previous_response_id": st.none() | st.text(max_size=10),
+    "xrouter": st.fixed_dictionaries({}, optional={"cost_weight": st.floats(0, 5)}) | json_value,
+}
+responses_body = st.fixed_dictionaries(
+    {
+        "model": st.sampled_from(MODELS),
+        "input": st.text(min_size=1, max_size=200) | st.lists(input_item, min_size=1, max_size=4),
+    },
+    optional=response_params,
+) | st.fixed_dictionaries({}, optional={"model": json_value, "input": json_value})
+
+
+@FUZZ
+@given(body=responses_body)
+def test_responses_never_fail_on_client_input(http: httpx.Client, body: dict) -> None:
+    stream = body.get("stream") is True
+    with http.stream("POST", "/v1/responses", json=body) as response:
+        raw = response.read()
+    if rid := response.headers.get("x-xrouter-request-id"):
+        ANSWERED[rid] = response.status_code
+    RESPONSES_STATUS.append(response.status_code)
+    if response.status_code == 200 and stream:
+        events = [
+            json.loads(line.removeprefix("data: "))
+            for line in raw.decode().splitlines()
+            if line.startswith("data: ")
+        ]
+        assert events[0]["type"] == "response.created"
+        assert events[-1]["type"] in (
+            "response.completed",
+            "response.incomplete",
+            "response.failed",
+        )
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    elif response.status_code == 200:
+        assert json.loads(raw)["object"] == "response"
+    else:
+        assert_openai_error(response)
+
+
 def test_every_request_the_fuzzing_answered_has_its_ledger_row(gateway: Gateway) -> None:
     # Runs after the fuzzing above (pytest keeps a module's order): every request id the
     # gateway answered with, error or not, names a ledger row with the same status.
@@ -161,6 +244,7 @@ def test_every_request_the_fuzzing_answered_has_its_ledger_row(gateway: Gateway)
     # The generated requests reach every stage: some are answered, some refused.
     statuses = list(ANSWERED.values())
     assert statuses.count(200) > len(statuses) // 20 and 400 in statuses
+    assert RESPONSES_STATUS.count(200) > 10 and 400 in RESPONSES_STATUS
     ledger = gateway.config_path.parent / "ledger.db"
     deadline = time.monotonic() + 10
     while True:  # rows are written behind the response (the journal holds them before it)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import sqlite3
 import time
 from collections.abc import Iterator
 from decimal import Decimal
@@ -24,7 +23,7 @@ from openai.types.chat import (
 
 from pricing import TokenUsage, estimate_tokens, load_default_catalog
 from router.outcomes import OutcomeRecord
-from tests.gateway.conftest import Upstream, abandon_stream, longest_answer
+from tests.gateway.conftest import Upstream, abandon_stream, ledger_rows, longest_answer
 from tests.support.gateway import Gateway, gateway_config, start_gateway
 from tests.support.replay import start_replay_upstream, stop_replay_upstream
 from tests.support.sdk import extra
@@ -383,7 +382,7 @@ def test_client_disconnect_mid_stream_cancels_upstream(
     # The abandoned request is in the ledger: status 499 (client closed), and charged for
     # what it used before the hang-up (the usage chunk never came, so the prompt and the
     # relayed text are estimated) rather than for nothing.
-    request, calls = _ledger_rows(gateway, request_id)
+    request, calls = ledger_rows(gateway, request_id)
     status, is_stream, total = request
     assert (status, is_stream) == (499, 1)
     [(model, cost, prompt_tokens, completion_tokens, error_type)] = calls
@@ -425,7 +424,7 @@ def test_upstream_without_usage_is_charged_an_estimate(
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == out["response"]
     last = chunks[-1]
     assert last.usage is not None and extra(last.usage)["cost"] > 0
-    request, calls = _ledger_rows(gateway, extra(last)["xrouter"]["request_id"])
+    request, calls = ledger_rows(gateway, extra(last)["xrouter"]["request_id"])
     assert request[0] == 200 and calls[0][4] is None and calls[0][3] > 0
 
 
@@ -460,7 +459,7 @@ def test_request_deadline_cuts_a_slow_call_with_504(
     assert r.status_code == 504
     assert r.json()["error"]["code"] == "upstream_timeout"
     assert "did not finish within 1 s" in r.json()["error"]["message"]
-    request, _ = _ledger_rows(deadline_gateway, r.headers["x-xrouter-request-id"])
+    request, _ = ledger_rows(deadline_gateway, r.headers["x-xrouter-request-id"])
     assert request[0] == 504
 
 
@@ -485,34 +484,8 @@ def test_request_deadline_ends_a_long_stream_with_an_error_event(
     content = [json.loads(e) for e in events[:-2]]
     assert content and all(c["choices"] for c in content)
     # Charged for what streamed before the cut (an estimate: no usage chunk came).
-    request, calls = _ledger_rows(deadline_gateway, request_id)
+    request, calls = ledger_rows(deadline_gateway, request_id)
     assert request[0] == 504 and calls[0][1] > 0 and calls[0][3] >= 1
-
-
-def _ledger_rows(
-    gw: Gateway, request_id: str, timeout_s: float = 5.0
-) -> tuple[tuple[int, int, int], list[tuple[str, int, int, int, str | None]]]:
-    """The request's ledger row (status, stream, total cost) and its calls (model, cost,
-    prompt and completion tokens, error type), read from the gateway's SQLite ledger once
-    the writer has flushed them."""
-    db = gw.config_path.parent / "ledger.db"
-    deadline = time.monotonic() + timeout_s
-    while True:
-        with sqlite3.connect(db) as conn:
-            req = conn.execute(
-                "SELECT status, stream, total_cost_micros FROM requests WHERE request_id = ?",
-                (request_id,),
-            ).fetchone()
-            calls = conn.execute(
-                "SELECT model, cost_micros, prompt_tokens, completion_tokens, error_type "
-                "FROM calls WHERE request_id = ? ORDER BY seq",
-                (request_id,),
-            ).fetchall()
-        if req is not None or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert req is not None, f"no ledger row for {request_id}"
-    return tuple(req), [tuple(c) for c in calls]
 
 
 def test_streamed_calls_record_time_to_first_token(gateway: Gateway) -> None:

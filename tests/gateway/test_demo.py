@@ -80,6 +80,10 @@ def test_serve_without_a_config_is_the_working_demo(
         assert resp.model_extra is not None
         decision = resp.model_extra["xrouter"]["decision"]
         assert decision["cost_weight"] == 2.0 and decision["policy"] == "compact"
+        # ... and its Responses API lines.
+        r = client.responses.create(model="xrouter", input="Write a haiku about routers.")
+        assert r.model in DEMO_MODELS and r.output_text and r.usage is not None
+        assert extra(r.usage)["cost"] > 0
         assert httpx.get(f"{url}/dashboard", timeout=10).status_code == 200
         request_id = raw.headers["x-xrouter-request-id"]
     finally:

@@ -1,0 +1,34 @@
+"""The Responses API (``POST /v1/responses``), served by translation to and from the chat
+completions path: :mod:`gateway.responses.request` turns the request into a chat request,
+:mod:`gateway.responses.output` turns the chat service's answer (JSON or SSE) back into a
+``response`` object or its events."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+from starlette.responses import Response, StreamingResponse
+
+from gateway.responses.output import EventStream, from_chat_completion
+from gateway.responses.request import ResponsesRequest, parse_request, to_chat
+
+__all__ = ["ResponsesRequest", "adapt", "parse_request", "to_chat"]
+
+# Headers of the chat answer that describe its body, not the request.
+_BODY_HEADERS = {"content-length", "content-type"}
+
+
+def adapt(req: ResponsesRequest, chat: Response) -> Response:
+    """The chat service's answer to the translated request, as the Responses API answers.
+    Errors keep their status and OpenAI's error shape, which both APIs share."""
+    if chat.status_code != 200:
+        return chat
+    headers = {k: v for k, v in chat.headers.items() if k not in _BODY_HEADERS}
+    if isinstance(chat, StreamingResponse):
+        events = EventStream(req, headers["x-xrouter-request-id"], int(time.time()))
+        return StreamingResponse(
+            events.translate(chat.body_iterator), media_type="text/event-stream", headers=headers
+        )
+    body = from_chat_completion(req, orjson.loads(chat.body))
+    return Response(orjson.dumps(body), media_type="application/json", headers=headers)

@@ -1,0 +1,317 @@
+"""The chat service's answer in the Responses API's shape: a ``response`` object, or its
+stream of typed events.
+
+Both are translations of what the chat service already produced (its JSON body, or its SSE
+chunks as they are sent), so routing, metering, budgets and the ledger are the chat path's,
+unchanged. Ids are derived from the request id: ``resp_<request id>`` (which
+``POST /v1/feedback`` accepts), ``msg_<request id>`` for the answer, ``fc_<call id>`` for a
+function call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import Any
+
+import orjson
+
+from gateway.responses.request import ResponsesRequest
+
+# finish_reason -> why a response is incomplete (None: complete).
+_INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
+
+
+def usage(chat_usage: dict[str, Any] | None) -> dict[str, Any]:
+    u = chat_usage or {}
+    out = {
+        "input_tokens": u.get("prompt_tokens", 0),
+        "input_tokens_details": {
+            "cached_tokens": (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+        },
+        "output_tokens": u.get("completion_tokens", 0),
+        "output_tokens_details": {
+            "reasoning_tokens": (u.get("completion_tokens_details") or {}).get(
+                "reasoning_tokens", 0
+            )
+        },
+        "total_tokens": u.get("total_tokens", 0),
+    }
+    if "cost" in u:
+        out["cost"] = u["cost"]
+    return out
+
+
+def message_item(request_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    return {
+        "type": "message",
+        "id": f"msg_{request_id}",
+        "status": status,
+        "role": "assistant",
+        "content": [] if status == "in_progress" else [_text_part(text)],
+    }
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def function_call_item(call: dict[str, Any], status: str = "completed") -> dict[str, Any]:
+    fn = call.get("function") or {}
+    return {
+        "type": "function_call",
+        "id": f"fc_{call.get('id', '')}",
+        "call_id": call.get("id", ""),
+        "name": fn.get("name", ""),
+        "arguments": fn.get("arguments") or "",
+        "status": status,
+    }
+
+
+def response_object(
+    req: ResponsesRequest,
+    request_id: str,
+    created_at: int,
+    *,
+    model: str,
+    status: str,
+    output: list[dict[str, Any]],
+    chat_usage: dict[str, Any] | None = None,
+    finish_reason: str | None = None,
+    xrouter: dict[str, Any] | None = None,
+    error: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    incomplete = _INCOMPLETE.get(finish_reason or "")
+    if status == "completed" and incomplete is not None:
+        status = "incomplete"
+    body: dict[str, Any] = {
+        "id": f"resp_{request_id}",
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+        "model": model,
+        "output": output,
+        "error": error,
+        "incomplete_details": {"reason": incomplete} if status == "incomplete" else None,
+        "instructions": req.instructions,
+        "metadata": req.metadata or {},
+        "parallel_tool_calls": True if req.parallel_tool_calls is None else req.parallel_tool_calls,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "max_output_tokens": req.max_output_tokens,
+        "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
+        "tools": req.tools or [],
+        "text": req.text or {"format": {"type": "text"}},
+        "store": False,  # nothing is stored: GET /v1/responses/{id} does not exist here
+        "usage": usage(chat_usage) if chat_usage is not None else None,
+    }
+    if xrouter is not None:
+        body["xrouter"] = xrouter
+    return body
+
+
+def from_chat_completion(req: ResponsesRequest, chat: dict[str, Any]) -> dict[str, Any]:
+    """The ``response`` object for a chat completion the chat service returned."""
+    meta = chat.get("xrouter") or {}
+    request_id = str(meta.get("request_id") or chat["id"].removeprefix("chatcmpl-"))
+    choice = (chat.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
+    finish = choice.get("finish_reason")
+    output: list[dict[str, Any]] = []
+    text = message.get("content")
+    if text or not message.get("tool_calls"):
+        status = "incomplete" if finish in _INCOMPLETE else "completed"
+        output.append(message_item(request_id, text or "", status))
+    output.extend(function_call_item(c) for c in message.get("tool_calls") or [])
+    return response_object(
+        req,
+        request_id,
+        int(chat.get("created") or 0),
+        model=chat.get("model", req.model),
+        status="completed",
+        output=output,
+        chat_usage=chat.get("usage"),
+        finish_reason=finish,
+        xrouter=meta or None,
+    )
+
+
+class EventStream:
+    """Turns the chat service's SSE chunks into the Responses API's events.
+
+    The chat stream always ends with a usage chunk (``choices: []``, with the cost and the
+    ``xrouter`` object) or an error chunk; the events end with ``response.completed`` (or
+    ``response.incomplete``) or ``response.failed``.
+    """
+
+    def __init__(self, req: ResponsesRequest, request_id: str, created_at: int) -> None:
+        self.req = req
+        self.request_id = request_id
+        self.created_at = created_at
+        self.model = req.model
+        self._seq = 0
+        self._text: list[str] = []
+        self._text_index: int | None = None  # output index of the message item, once open
+        self._calls: dict[int, dict[str, Any]] = {}  # chat tool-call index -> item
+        self._call_index: dict[int, int] = {}  # chat tool-call index -> output index
+        self._finish: str | None = None
+        self._done = False
+
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        payload = {"type": kind, "sequence_number": self._seq, **fields}
+        self._seq += 1
+        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+    def _response(self, status: str, **kw: Any) -> dict[str, Any]:
+        return response_object(
+            self.req, self.request_id, self.created_at, model=self.model, status=status, **kw
+        )
+
+    def start(self) -> bytes:
+        r = self._response("in_progress", output=[])
+        return self._event("response.created", response=r) + self._event(
+            "response.in_progress", response=r
+        )
+
+    async def translate(
+        self, chat_sse: AsyncIterable[str | bytes | memoryview]
+    ) -> AsyncIterator[bytes]:
+        try:
+            yield self.start()
+            buffer = b""
+            async for raw in chat_sse:
+                buffer += raw.encode() if isinstance(raw, str) else bytes(raw)
+                # One SSE event ends with a blank line; a read may hold several, or part of one.
+                *events, buffer = buffer.split(b"\n\n")
+                for event in events:
+                    for line in event.split(b"\n"):
+                        if line.startswith(b"data: ") and line != b"data: [DONE]":
+                            out = self._on_chunk(orjson.loads(line[6:]))
+                            if out:
+                                yield out
+            if not self._done:  # the chat stream ended without its last chunk
+                yield self._failed("server_error", "the stream ended early")
+        finally:
+            # A client that goes away closes this generator: close the chat stream with it,
+            # so that its bookkeeping (the ledger row, status 499) runs now.
+            aclose = getattr(chat_sse, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    def _on_chunk(self, chunk: dict[str, Any]) -> bytes:
+        if "error" in chunk:
+            err = chunk["error"] or {}
+            return self._failed(err.get("code") or err.get("type"), err.get("message", ""))
+        self.model = chunk.get("model") or self.model
+        choices = chunk.get("choices")
+        if not choices:
+            return self._complete(chunk) if "usage" in chunk else b""
+        out = b""
+        delta = choices[0].get("delta") or {}
+        if delta.get("content"):
+            out += self._on_text(delta["content"])
+        for call in delta.get("tool_calls") or []:
+            out += self._on_call(call)
+        if choices[0].get("finish_reason"):
+            self._finish = choices[0]["finish_reason"]
+        return out
+
+    def _next_index(self) -> int:
+        return (self._text_index is not None) + len(self._calls)
+
+    def _on_text(self, text: str) -> bytes:
+        out = b""
+        if self._text_index is None:
+            self._text_index = self._next_index()
+            out += self._event(
+                "response.output_item.added",
+                output_index=self._text_index,
+                item=message_item(self.request_id, "", "in_progress"),
+            )
+            out += self._event(
+                "response.content_part.added",
+                item_id=f"msg_{self.request_id}",
+                output_index=self._text_index,
+                content_index=0,
+                part=_text_part(""),
+            )
+        self._text.append(text)
+        return out + self._event(
+            "response.output_text.delta",
+            item_id=f"msg_{self.request_id}",
+            output_index=self._text_index,
+            content_index=0,
+            delta=text,
+            logprobs=[],
+        )
+
+    def _on_call(self, delta: dict[str, Any]) -> bytes:
+        index = int(delta.get("index", 0))
+        fn = delta.get("function") or {}
+        out = b""
+        item = self._calls.get(index)
+        if item is None:
+            call = {"id": delta.get("id", ""), "function": {"name": fn.get("name", "")}}
+            item = self._calls[index] = function_call_item(call, "in_progress")
+            self._call_index[index] = self._next_index() - 1
+            out += self._event(
+                "response.output_item.added", output_index=self._call_index[index], item=item
+            )
+        if fn.get("arguments"):
+            item["arguments"] += fn["arguments"]
+            out += self._event(
+                "response.function_call_arguments.delta",
+                item_id=item["id"],
+                output_index=self._call_index[index],
+                delta=fn["arguments"],
+            )
+        return out
+
+    def _close_items(self) -> tuple[bytes, list[dict[str, Any]]]:
+        out = b""
+        items: list[tuple[int, dict[str, Any]]] = []
+        if self._text_index is not None:
+            text = "".join(self._text)
+            status = "incomplete" if self._finish in _INCOMPLETE else "completed"
+            item = message_item(self.request_id, text, status)
+            at = {"item_id": item["id"], "output_index": self._text_index, "content_index": 0}
+            out += self._event("response.output_text.done", text=text, logprobs=[], **at)
+            out += self._event("response.content_part.done", part=_text_part(text), **at)
+            out += self._event(
+                "response.output_item.done", output_index=self._text_index, item=item
+            )
+            items.append((self._text_index, item))
+        for index, item in self._calls.items():
+            item["status"] = "completed"
+            at_index = self._call_index[index]
+            out += self._event(
+                "response.function_call_arguments.done",
+                item_id=item["id"],
+                output_index=at_index,
+                arguments=item["arguments"],
+            )
+            out += self._event("response.output_item.done", output_index=at_index, item=item)
+            items.append((at_index, item))
+        return out, [item for _, item in sorted(items, key=lambda p: p[0])]
+
+    def _complete(self, final: dict[str, Any]) -> bytes:
+        out, output = self._close_items()
+        if not output:  # an empty answer is still a message
+            output = [message_item(self.request_id, "")]
+        r = self._response(
+            "completed",
+            output=output,
+            chat_usage=final.get("usage"),
+            finish_reason=self._finish,
+            xrouter=final.get("xrouter"),
+        )
+        self._done = True
+        kind = "response.incomplete" if r["status"] == "incomplete" else "response.completed"
+        return out + self._event(kind, response=r)
+
+    def _failed(self, code: str | None, message: str) -> bytes:
+        self._done = True
+        _, output = self._close_items()
+        r = self._response(
+            "failed", output=output, error={"code": code or "server_error", "message": message}
+        )
+        return self._event("response.failed", response=r)

@@ -1,0 +1,287 @@
+"""The Responses API request (``POST /v1/responses``) and its translation into the chat
+completions request that the gateway routes.
+
+The Responses API is the shape newer OpenAI clients send (the Agents SDK and Codex use it by
+default). Everything it can say that a chat request can say too is translated: ``input`` as
+a string or as items (messages with text and image parts, ``function_call`` and
+``function_call_output`` items), ``instructions``, function tools and ``tool_choice``,
+``text.format`` (JSON mode and schemas), ``max_output_tokens``, sampling settings and the
+``xrouter`` routing controls. What needs state on the server (``previous_response_id``,
+``conversation``, ``background``, item references) or OpenAI's hosted tools (web and file
+search, computer use, ...) is refused with a 400 that says so: the gateway stores no
+responses, so a client sends the whole conversation, as it does with ``store: false``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gateway.errors import APIError, bad_request
+
+log = logging.getLogger(__name__)
+
+
+class ResponsesRequest(BaseModel):
+    # Unknown fields are tolerated (OpenAI adds fields often) but not forwarded: they are
+    # Responses fields, which a chat provider would refuse.
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    text: dict[str, Any] | None = None
+    stream: bool = False
+    store: bool | None = None
+    previous_response_id: str | None = None
+    conversation: str | dict[str, Any] | None = None
+    background: bool | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    seed: int | None = None
+    # Validated again, with the chat request, by the chat service.
+    xrouter: dict[str, Any] | None = None
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _input(cls, v: Any) -> Any:
+        # One message for both wrong shapes (pydantic would report each union branch).
+        if not isinstance(v, str) and not (
+            isinstance(v, list) and all(isinstance(item, dict) for item in v)
+        ):
+            raise ValueError("must be a string or a list of input items (objects)")
+        return v
+
+
+def parse_request(data: Any) -> ResponsesRequest:
+    if not isinstance(data, dict):
+        raise bad_request("request body must be a JSON object", code="invalid_json")
+    try:
+        return ResponsesRequest.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        param = _param(err["loc"])
+        raise bad_request(f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
+
+
+def _param(loc: tuple[int | str, ...] | list[int | str]) -> str | None:
+    out: str | None = None
+    for p in loc:
+        if isinstance(p, int) or str(p).isdigit():
+            out = f"{out}[{p}]"
+        else:
+            out = str(p) if out is None else f"{out}.{p}"
+    return out
+
+
+def _unsupported(message: str, param: str) -> APIError:
+    return APIError(400, message, param=param, code="unsupported_parameter")
+
+
+_STATEFUL = {
+    "previous_response_id": "xrouter stores no responses: send the whole conversation as `input`",
+    "conversation": "xrouter stores no conversations: send the whole conversation as `input`",
+    "background": "background responses are not supported: stream the response instead",
+}
+_ROLES = {"user", "system", "developer", "assistant"}
+
+
+def to_chat(req: ResponsesRequest) -> dict[str, Any]:
+    """The chat completions request that asks for what ``req`` asks for."""
+    for field, why in _STATEFUL.items():
+        if getattr(req, field):
+            raise _unsupported(f"{field}: {why}", field)
+    unknown = (req.model_extra or {}).keys()
+    if unknown:
+        log.debug("responses: not forwarding fields %s", sorted(unknown)[:10])
+    messages: list[dict[str, Any]] = []
+    if req.instructions:
+        messages.append({"role": "system", "content": req.instructions})
+    if isinstance(req.input, str):
+        messages.append({"role": "user", "content": req.input})
+    else:
+        for i, item in enumerate(req.input):
+            _add_item(messages, item, f"input[{i}]")
+    if not any(m["role"] != "system" for m in messages):
+        raise bad_request("input: nothing to answer (no message in the input)", param="input")
+    chat: dict[str, Any] = {"model": req.model, "messages": messages, "stream": req.stream}
+    if req.tools is not None:
+        chat["tools"] = [_tool(t, f"tools[{i}]") for i, t in enumerate(req.tools)]
+    if req.tool_choice is not None:
+        chat["tool_choice"] = _tool_choice(req.tool_choice)
+    fmt = (req.text or {}).get("format")
+    if fmt is not None:
+        response_format = _response_format(fmt)
+        if response_format is not None:
+            chat["response_format"] = response_format
+    if req.max_output_tokens is not None:
+        chat["max_completion_tokens"] = req.max_output_tokens
+    for field in ("temperature", "top_p", "parallel_tool_calls", "user", "seed", "xrouter"):
+        value = getattr(req, field)
+        if value is not None:
+            chat[field] = value
+    return chat
+
+
+def _add_item(messages: list[dict[str, Any]], item: dict[str, Any], where: str) -> None:
+    kind = item.get("type", "message" if "role" in item else None)
+    if kind == "message":
+        role = item.get("role")
+        if role not in _ROLES:
+            raise bad_request(
+                f"{where}.role: must be one of {', '.join(sorted(_ROLES))}", param=f"{where}.role"
+            )
+        content = item.get("content")
+        if role == "assistant":
+            messages.append({"role": "assistant", "content": _assistant_text(content, where)})
+        else:
+            messages.append({"role": role, "content": _user_content(content, where)})
+    elif kind == "function_call":
+        call = {
+            "id": _required_str(item, "call_id", where),
+            "type": "function",
+            "function": {
+                "name": _required_str(item, "name", where),
+                "arguments": _required_str(item, "arguments", where),
+            },
+        }
+        last = messages[-1] if messages else None
+        # Parallel calls are consecutive items; chat puts them in one assistant message.
+        if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+            last["tool_calls"].append(call)
+        elif last is not None and last["role"] == "assistant" and last.get("content") is not None:
+            last["tool_calls"] = [call]
+        else:
+            messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+    elif kind == "function_call_output":
+        output = item.get("output")
+        text = output if isinstance(output, str) else _parts_text(output, f"{where}.output")
+        messages.append(
+            {
+                "role": "tool",
+                "tool_call_id": _required_str(item, "call_id", where),
+                "content": text,
+            }
+        )
+    elif kind == "reasoning":
+        return  # a reasoning model's summary from an earlier turn: not input for chat models
+    else:
+        raise _unsupported(
+            f"{where}.type: {kind!r} items are not supported (messages, function_call and "
+            "function_call_output are)",
+            f"{where}.type",
+        )
+
+
+def _required_str(item: dict[str, Any], key: str, where: str) -> str:
+    value = item.get(key)
+    # Arguments may be empty (a function without parameters); ids and names may not.
+    if not isinstance(value, str) or (not value and key != "arguments"):
+        raise bad_request(f"{where}.{key}: a string is required", param=f"{where}.{key}")
+    return value
+
+
+def _user_content(content: Any, where: str) -> str | list[dict[str, Any]]:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad_request(
+            f"{where}.content: a string or a list of parts is required", param=f"{where}.content"
+        )
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        at = f"{where}.content[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_text", "output_text") and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind == "input_image":
+            url = part.get("image_url")
+            if not isinstance(url, str):
+                raise _unsupported(
+                    f"{at}: images by file_id are not supported; send image_url (a URL or a "
+                    "data: URL)",
+                    at,
+                )
+            image: dict[str, Any] = {"url": url}
+            if part.get("detail") in ("low", "high", "auto"):
+                image["detail"] = part["detail"]
+            parts.append({"type": "image_url", "image_url": image})
+        else:
+            raise _unsupported(
+                f"{at}.type: {kind!r} parts are not supported (input_text and input_image are)",
+                f"{at}.type",
+            )
+    return parts
+
+
+def _parts_text(content: Any, where: str) -> str:
+    if not isinstance(content, list):
+        raise bad_request(f"{where}: a string or a list of parts is required", param=where)
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in ("input_text", "output_text", "refusal"):
+            raise _unsupported(f"{where}[{j}].type: {kind!r} parts are not supported", where)
+        texts.append(str(part.get("text") or part.get("refusal") or ""))
+    return "".join(texts)
+
+
+def _assistant_text(content: Any, where: str) -> str:
+    return content if isinstance(content, str) else _parts_text(content, f"{where}.content")
+
+
+def _tool(tool: dict[str, Any], where: str) -> dict[str, Any]:
+    kind = tool.get("type")
+    if kind != "function":
+        raise _unsupported(
+            f"{where}.type: {kind!r} tools are OpenAI-hosted; xrouter passes function tools "
+            "to the models it routes to",
+            f"{where}.type",
+        )
+    function = {"name": _required_str(tool, "name", where)}
+    for key in ("description", "parameters", "strict"):
+        if tool.get(key) is not None:
+            function[key] = tool[key]
+    return {"type": "function", "function": function}
+
+
+def _tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+    if isinstance(choice, str):
+        if choice not in ("none", "auto", "required"):
+            raise bad_request(
+                "tool_choice: must be 'none', 'auto', 'required' or a function",
+                param="tool_choice",
+            )
+        return choice
+    if choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise _unsupported(
+        f"tool_choice: {choice.get('type')!r} is not supported (a function is)", "tool_choice"
+    )
+
+
+def _response_format(fmt: Any) -> dict[str, Any] | None:
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+        if not isinstance(schema.get("schema"), dict):
+            raise bad_request(
+                "text.format.schema: a JSON schema object is required", param="text.format.schema"
+            )
+        return {"type": "json_schema", "json_schema": schema}
+    raise bad_request(
+        "text.format.type: must be 'text', 'json_object' or 'json_schema'",
+        param="text.format.type",
+    )

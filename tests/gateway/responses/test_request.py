@@ -1,0 +1,171 @@
+"""A Responses API request as the chat request it is routed as: worked examples of each
+item, tool and format the translation takes, and of what it refuses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.errors import APIError
+from gateway.responses.request import parse_request, to_chat
+
+
+def chat(body: dict[str, Any]) -> dict[str, Any]:
+    return to_chat(parse_request({"model": "xrouter", **body}))
+
+
+def test_a_string_input_with_instructions() -> None:
+    out = chat({"input": "Hi", "instructions": "Be brief.", "max_output_tokens": 50})
+    assert out == {
+        "model": "xrouter",
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+        ],
+        "stream": False,
+        "max_completion_tokens": 50,
+    }
+
+
+def test_a_conversation_of_items() -> None:
+    out = chat(
+        {
+            "input": [
+                {"role": "developer", "content": "Use tools."},
+                {
+                    "type": "message",
+                    "role": "user",
+                    "content": [
+                        {"type": "input_text", "text": "What is in this image?"},
+                        {"type": "input_image", "image_url": "data:image/png;base64,AA==",
+                         "detail": "low"},
+                    ],
+                },
+                {"type": "reasoning", "id": "rs_1", "summary": []},
+                {"role": "assistant", "content": [{"type": "output_text", "text": "Let me check."}]},
+                {"type": "function_call", "call_id": "c1", "name": "look", "arguments": "{}"},
+                {"type": "function_call", "call_id": "c2", "name": "zoom", "arguments": ""},
+                {"type": "function_call_output", "call_id": "c1", "output": "a cat"},
+                {"type": "function_call_output", "call_id": "c2",
+                 "output": [{"type": "input_text", "text": "a tabby"}]},
+            ]
+        }
+    )  # fmt: skip
+    assert out["messages"] == [
+        {"role": "developer", "content": "Use tools."},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "What is in this image?"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA==",
+                                                    "detail": "low"}},
+            ],
+        },
+        # The calls that follow the assistant's text join its message, as chat writes it.
+        {
+            "role": "assistant",
+            "content": "Let me check.",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "look", "arguments": "{}"}},
+                {"id": "c2", "type": "function", "function": {"name": "zoom", "arguments": ""}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "a cat"},
+        {"role": "tool", "tool_call_id": "c2", "content": "a tabby"},
+    ]  # fmt: skip
+
+
+def test_calls_without_a_preceding_text_make_their_own_assistant_message() -> None:
+    out = chat(
+        {
+            "input": [
+                {"role": "user", "content": "Weather?"},
+                {"type": "function_call", "call_id": "c1", "name": "w", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+            ]
+        }
+    )
+    assert out["messages"][1] == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{}"}}
+        ],
+    }
+
+
+def test_tools_formats_and_settings() -> None:
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}}
+    out = chat(
+        {
+            "input": "x",
+            "tools": [{"type": "function", "name": "f", "description": "d", "parameters": schema,
+                       "strict": True}],
+            "tool_choice": {"type": "function", "name": "f"},
+            "text": {"format": {"type": "json_schema", "name": "n", "schema": schema,
+                                "strict": True}},
+            "temperature": 0.2,
+            "top_p": 0.9,
+            "parallel_tool_calls": False,
+            "stream": True,
+            "user": "u1",
+            "xrouter": {"cost_weight": 2},
+            # Responses-only fields that a chat provider would refuse: not forwarded.
+            "store": False,
+            "include": ["reasoning.encrypted_content"],
+            "reasoning": {"effort": "low"},
+            "metadata": {"k": "v"},
+            "truncation": "auto",
+        }
+    )  # fmt: skip
+    assert out == {
+        "model": "xrouter",
+        "messages": [{"role": "user", "content": "x"}],
+        "stream": True,
+        "tools": [{"type": "function", "function": {"name": "f", "description": "d",
+                                                    "parameters": schema, "strict": True}}],
+        "tool_choice": {"type": "function", "function": {"name": "f"}},
+        "response_format": {"type": "json_schema",
+                            "json_schema": {"name": "n", "schema": schema, "strict": True}},
+        "temperature": 0.2,
+        "top_p": 0.9,
+        "parallel_tool_calls": False,
+        "user": "u1",
+        "xrouter": {"cost_weight": 2},
+    }  # fmt: skip
+    assert chat({"input": "x", "text": {"format": {"type": "json_object"}}})["response_format"] == {
+        "type": "json_object"
+    }
+    assert "response_format" not in chat({"input": "x", "text": {"format": {"type": "text"}}})
+    assert chat({"input": "x", "tool_choice": "required"})["tool_choice"] == "required"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": "x", "conversation": "conv_1"}, "conversation"),
+        ({"input": "x", "background": True}, "background"),
+        ({"input": [{"type": "item_reference", "id": "m"}]}, "input[0].type"),
+        ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]},
+         "input[0].call_id"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]},
+         "input[0].content[0]"),
+        ({"input": [{"role": "user", "content": 3}]}, "input[0].content"),
+        ({"input": "x", "tools": [{"type": "file_search"}]}, "tools[0].type"),
+        ({"input": "x", "tools": [{"type": "function"}]}, "tools[0].name"),
+        ({"input": "x", "tool_choice": "sometimes"}, "tool_choice"),
+        ({"input": "x", "tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
+        ({"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}},
+         "text.format.schema"),
+        ({"input": [], "instructions": "only a system prompt"}, "input"),
+        ({"input": "x", "temperature": 3}, "temperature"),
+    ],
+)  # fmt: skip
+def test_what_cannot_be_translated_is_a_400_naming_the_field(
+    body: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(APIError) as exc:
+        chat(body)
+    assert exc.value.status == 400 and exc.value.param == param

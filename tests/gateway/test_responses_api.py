@@ -1,0 +1,254 @@
+"""The Responses API (`POST /v1/responses`) end to end: the real OpenAI SDK's
+`client.responses` against the gateway under uvicorn and the replay upstream — answers,
+streams, function tools, structured output, truncation, errors, feedback and the ledger."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import openai
+import pytest
+from openai.types.responses import (
+    FunctionToolParam,
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+)
+from openai.types.responses.response_input_param import ResponseInputParam
+
+from pricing import TokenUsage, load_default_catalog
+from router.outcomes import OutcomeRecord
+from tests.gateway.conftest import Upstream, ledger_rows, longest_answer
+from tests.support.gateway import Gateway
+from tests.support.sdk import extra
+
+MODEL = "mistral-small-24b-instruct-2501-bf16"
+WEATHER: FunctionToolParam = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather in a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+    "strict": False,
+}
+
+
+def client(gw: Gateway) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0)
+
+
+def test_a_response_carries_the_routed_answer_its_cost_and_its_id(
+    gateway: Gateway, demo_table: list[OutcomeRecord]
+) -> None:
+    rec = next(r for r in demo_table if MODEL in r.outcomes)
+    raw = client(gateway).responses.with_raw_response.create(model=MODEL, input=rec.text)
+    resp = raw.parse()
+    out = rec.outcomes[MODEL]
+    assert resp.object == "response" and resp.status == "completed" and resp.model == MODEL
+    assert resp.output_text == out.response
+    [item] = resp.output
+    assert isinstance(item, ResponseOutputMessage) and item.role == "assistant"
+    assert resp.usage is not None
+    assert (resp.usage.input_tokens, resp.usage.output_tokens) == (
+        out.prompt_tokens,
+        out.completion_tokens,
+    )
+    meta = extra(resp)["xrouter"]
+    price = load_default_catalog().require(MODEL)
+    assert out.prompt_tokens is not None and out.completion_tokens is not None
+    cost = price.cost_micros(TokenUsage(out.prompt_tokens, out.completion_tokens)) / 1e6
+    assert extra(resp.usage)["cost"] == pytest.approx(meta["cost_usd"]) == pytest.approx(cost)
+    # One id for the response, the ledger and feedback.
+    rid = raw.headers["x-xrouter-request-id"]
+    assert resp.id == f"resp_{rid}" == f"resp_{meta['request_id']}"
+    fb = httpx.post(f"{gateway.base_url}/feedback", json={"request_id": resp.id, "score": 1})
+    assert fb.status_code == 200 and fb.json()["request_id"] == rid
+    (status, stream, total), [call] = ledger_rows(gateway, rid)
+    assert (status, stream) == (200, 0) and call[0] == MODEL and total > 0
+
+
+def test_routed_by_the_router_with_instructions_and_routing_controls(
+    gateway: Gateway, demo_table: list[OutcomeRecord]
+) -> None:
+    rec = demo_table[3]
+    allowed = sorted(rec.outcomes)[:2]
+    resp = client(gateway).responses.create(
+        model="xrouter",
+        instructions="Answer briefly.",
+        input=[{"role": "user", "content": [{"type": "input_text", "text": rec.text}]}],
+        extra_body={"xrouter": {"cost_weight": 1.0, "models": allowed}},
+    )
+    d = extra(resp)["xrouter"]["decision"]
+    assert d["policy"] == "compact" and set(d["distribution"]) <= set(allowed)
+    assert resp.model in allowed and resp.output_text == rec.outcomes[resp.model].response
+
+
+def test_streams_typed_events_that_add_up_to_the_answer(
+    gateway: Gateway, demo_table: list[OutcomeRecord]
+) -> None:
+    rec = longest_answer(demo_table, MODEL)
+    with client(gateway).responses.stream(model=MODEL, input=rec.text) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    kinds = [e.type for e in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert len(deltas) > 1 and "".join(deltas) == rec.outcomes[MODEL].response
+    assert final.output_text == rec.outcomes[MODEL].response and final.status == "completed"
+    assert final.usage is not None and extra(final.usage)["cost"] > 0
+    rid = final.id.removeprefix("resp_")
+    (status, stream_flag, _), _ = ledger_rows(gateway, rid)
+    assert (status, stream_flag) == (200, 1)
+
+
+def test_function_tools_round_trip(gateway: Gateway) -> None:
+    c = client(gateway)
+    first = c.responses.create(model=MODEL, input="Weather in Paris?", tools=[WEATHER])
+    [call] = first.output
+    assert isinstance(call, ResponseFunctionToolCall) and call.name == "get_weather"
+    assert "city" in json.loads(call.arguments) and call.call_id
+    history: ResponseInputParam = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "type": "function_call",
+            "call_id": call.call_id,
+            "name": call.name,
+            "arguments": call.arguments,
+        },
+        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21C"},
+    ]
+    second = c.responses.create(model=MODEL, input=history, tools=[WEATHER])
+    assert "sunny, 21C" in second.output_text
+
+
+def test_a_streamed_function_call_comes_as_argument_events(gateway: Gateway) -> None:
+    with client(gateway).responses.stream(
+        model=MODEL,
+        input="Weather in Paris?",
+        tools=[WEATHER],
+        tool_choice={"type": "function", "name": "get_weather"},
+    ) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    [call] = final.output
+    assert isinstance(call, ResponseFunctionToolCall) and call.status == "completed"
+    args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert args == call.arguments == done[0].arguments and "city" in json.loads(args)
+
+
+def test_structured_output_and_truncation(
+    gateway: Gateway, demo_table: list[OutcomeRecord]
+) -> None:
+    c = client(gateway)
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "string"}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
+    resp = c.responses.create(
+        model=MODEL,
+        input="Name a prime number.",
+        text={"format": {"type": "json_schema", "name": "prime", "schema": schema, "strict": True}},
+    )
+    assert set(json.loads(resp.output_text)) == {"answer"}
+    rec = longest_answer(demo_table, MODEL)
+    cut = c.responses.create(model=MODEL, input=rec.text, max_output_tokens=16)
+    assert cut.status == "incomplete" and cut.incomplete_details is not None
+    assert cut.incomplete_details.reason == "max_output_tokens"
+    assert cut.usage is not None and cut.usage.output_tokens == 16
+    assert (rec.outcomes[MODEL].response or "").startswith(cut.output_text)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param", "code"),
+    [
+        ({"model": MODEL, "input": "x", "previous_response_id": "resp_1"}, 400,
+         "previous_response_id", "unsupported_parameter"),
+        ({"model": MODEL, "input": "x", "tools": [{"type": "web_search"}]}, 400,
+         "tools[0].type", "unsupported_parameter"),
+        ({"model": MODEL, "input": [{"type": "item_reference", "id": "msg_1"}]}, 400,
+         "input[0].type", "unsupported_parameter"),
+        ({"model": MODEL, "input": [{"role": "robot", "content": "x"}]}, 400,
+         "input[0].role", None),
+        ({"model": MODEL, "input": [{"role": "user", "content": [{"type": "input_file"}]}]}, 400,
+         "input[0].content[0].type", "unsupported_parameter"),
+        ({"model": MODEL}, 400, "input", None),
+        ({"model": MODEL, "input": 7}, 400, "input", None),
+        ({"model": MODEL, "input": "x", "max_output_tokens": 0}, 400, "max_output_tokens", None),
+        ({"model": MODEL, "input": "x", "text": {"format": {"type": "yaml"}}}, 400,
+         "text.format.type", None),
+        ({"model": "no-such-model", "input": "x"}, 404, "model", "model_not_found"),
+        ({"model": MODEL, "input": "x", "xrouter": {"cost_weight": -1}}, 400,
+         "xrouter.cost_weight", None),
+    ],
+)  # fmt: skip
+def test_bad_requests_get_an_openai_error(
+    gateway: Gateway, body: dict, status: int, param: str, code: str | None
+) -> None:
+    r = httpx.post(f"{gateway.base_url}/responses", json=body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"]
+    if code is not None:
+        assert err["code"] == code
+
+
+def test_malformed_json_is_a_400(gateway: Gateway) -> None:
+    r = httpx.post(
+        f"{gateway.base_url}/responses",
+        content=b"{not json",
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+
+
+def test_an_upstream_failure_mid_stream_ends_with_response_failed(
+    gateway: Gateway, upstream: Upstream, demo_table: list[OutcomeRecord]
+) -> None:
+    rec = longest_answer(demo_table, MODEL)
+    upstream.fault(MODEL, "cut-stream=5", count=5)
+    with client(gateway).responses.create(model=MODEL, input=rec.text, stream=True) as stream:
+        events = list(stream)
+    assert events[-1].type == "response.failed"
+    failed = events[-1].response
+    assert failed.status == "failed" and failed.error is not None and failed.error.message
+    rid = failed.id.removeprefix("resp_")
+    (status, _, _), _ = ledger_rows(gateway, rid)
+    assert status >= 500
+
+
+def test_a_client_that_hangs_up_mid_stream_is_logged_as_499(
+    gateway: Gateway, upstream: Upstream, demo_table: list[OutcomeRecord]
+) -> None:
+    rec = longest_answer(demo_table, MODEL)
+    body = {"model": MODEL, "input": rec.text, "stream": True}
+    with httpx.stream("POST", f"{gateway.base_url}/responses", json=body, timeout=30) as r:
+        assert r.status_code == 200
+        rid = r.headers["x-xrouter-request-id"]
+        for line in r.iter_lines():
+            if line.startswith("event: response.output_text.delta"):
+                break
+    deadline = time.monotonic() + 5
+    while upstream.stats()["streams_abandoned"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert upstream.stats()["streams_abandoned"] == 1
+    (status, stream_flag, total), _ = ledger_rows(gateway, rid)
+    assert (status, stream_flag) == (499, 1) and total > 0
