@@ -117,6 +117,22 @@ def test_streams_typed_events_that_add_up_to_the_answer(
     assert (status, stream_flag) == (200, 1)
 
 
+def test_a_streamed_answer_the_router_selected(
+    gateway: Gateway, demo_table: list[OutcomeRecord]
+) -> None:
+    # The agreement cascade buys two answers and returns one: the chat service streams the
+    # selected text (not an upstream stream), and the events carry it the same way.
+    rec = demo_table[5]
+    with client(gateway).responses.stream(model="xrouter/cascade", input=rec.text) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert final.status == "completed" and deltas == final.output_text
+    assert final.output_text == rec.outcomes[final.model].response
+    calls = extra(final)["xrouter"]["calls"]
+    assert len(calls) >= 2 and final.model in {c["model"] for c in calls}
+
+
 def test_function_tools_round_trip(gateway: Gateway) -> None:
     c = client(gateway)
     first = c.responses.create(model=MODEL, input="Weather in Paris?", tools=[WEATHER])
