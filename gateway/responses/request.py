@@ -153,12 +153,10 @@ def _add_item(messages: list[dict[str, Any]], item: dict[str, Any], where: str) 
                 "arguments": _required_str(item, "arguments", where),
             },
         }
-        last = messages[-1] if messages else None
-        # Parallel calls are consecutive items; chat puts them in one assistant message.
-        if last is not None and last["role"] == "assistant" and "tool_calls" in last:
-            last["tool_calls"].append(call)
-        elif last is not None and last["role"] == "assistant" and last.get("content") is not None:
-            last["tool_calls"] = [call]
+        # Chat puts a turn's calls (parallel calls are consecutive items) in the assistant
+        # message of that turn, after its text if it had any.
+        if messages and messages[-1]["role"] == "assistant":
+            messages[-1].setdefault("tool_calls", []).append(call)
         else:
             messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
     elif kind == "function_call_output":
