@@ -69,6 +69,22 @@ async def create_response(request: Request) -> Response:
     return responses.adapt(req, chat)
 
 
+@router.api_route("/v1/responses/{response_id}{rest:path}", methods=["GET", "POST", "DELETE"])
+async def stored_response(request: Request, response_id: str, rest: str) -> Response:
+    """Retrieve, delete, cancel, input_items: the calls on a stored response. Nothing is
+    stored here, so each is a 404 that says so (rather than a bare "Not Found")."""
+    s = services(request)
+    assert s.auth is not None
+    await s.auth.principal(request.headers.get("authorization"))
+    raise APIError(
+        404,
+        f"no response {response_id!r}: xrouter stores no responses (each is answered with "
+        "store: false); keep what you need from the response itself",
+        param="response_id",
+        code="response_not_found",
+    )
+
+
 @router.get("/v1/models")
 async def list_models(request: Request) -> Response:
     s = services(request)

@@ -227,6 +227,21 @@ def test_bad_requests_get_an_openai_error(
         assert err["code"] == code
 
 
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("GET", ""), ("DELETE", ""), ("POST", "/cancel"), ("GET", "/input_items")],
+)
+def test_stored_response_calls_say_nothing_is_stored(
+    gateway: Gateway, method: str, path: str
+) -> None:
+    r = httpx.request(method, f"{gateway.base_url}/responses/resp_abc{path}")
+    assert r.status_code == 404
+    err = r.json()["error"]
+    assert err["code"] == "response_not_found" and "stores no responses" in err["message"]
+    with pytest.raises(openai.NotFoundError):
+        client(gateway).responses.retrieve("resp_abc")
+
+
 def test_malformed_json_is_a_400(gateway: Gateway) -> None:
     r = httpx.post(
         f"{gateway.base_url}/responses",
