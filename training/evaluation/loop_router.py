@@ -95,17 +95,26 @@ class LoopRouter:
         self._routed = 0
         self._router_failed = 0
         self._last_router_error = ""
+        # Table models a checkpoint was not trained on: it never chooses them.
+        self.untrained: set[str] = set()
 
     @property
     def notes(self) -> list[str]:
         """What the evaluation report should say about this router's runs."""
-        if not self._router_failed:
-            return []
-        return [
-            f"{self.name}: the router model failed on {self._router_failed} of {self._routed} "
-            f"routed prompts over the sweep (last error: {self._last_router_error}); the "
-            "serving loop's fallback answered those, so its curve is partly the fallback's"
-        ]
+        out = []
+        if self.untrained:
+            out.append(
+                f"{self.name}: not trained on {', '.join(sorted(self.untrained))}: it never "
+                "chooses them, and routes among the table's other models"
+            )
+        if self._router_failed:
+            out.append(
+                f"{self.name}: the router model failed on {self._router_failed} of "
+                f"{self._routed} routed prompts over the sweep (last error: "
+                f"{self._last_router_error}); the serving loop's fallback answered those, so "
+                "its curve is partly the fallback's"
+            )
+        return out
 
     def route(self, records: Sequence[OutcomeRecord], cost_weight: float) -> Sequence[Route]:
         if not is_full_information(records):
@@ -220,7 +229,9 @@ def _compact(spec: str, ctx: LoadContext) -> LoopRouter:
             extractors.append(
                 FeatureExtractor.load(FeatureConfig.from_dict(ckpt.metadata.feature_config))
             )
-        return policy_for_checkpoint(ckpt, pool, extractor=extractors[0])
+        policy = policy_for_checkpoint(ckpt, pool, extractor=extractors[0])
+        router.untrained.update(policy.untrained)
+        return policy
 
     router = LoopRouter(f"{label}[{ckpt.version}]", make)
     router.training = dict(ckpt.metadata.training)

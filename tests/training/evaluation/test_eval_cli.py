@@ -397,3 +397,25 @@ def test_a_policy_is_also_estimated_at_the_cost_weights_the_traffic_asked_for(
     assert mixed == pytest.approx((0.002 + 0.0001) / 2, rel=0.15)
     assert ("single:cheap", None) not in got  # a fixed model has no cost weight to follow
     assert "| fixed-strong | as logged |" in (out / "report.md").read_text()
+
+
+def test_a_checkpoint_evaluated_on_a_table_with_models_it_was_not_trained_on(
+    tmp_path: Path,
+) -> None:
+    """It routes among the models it knows, never the others, and the report says so."""
+    rows = []
+    for r in load_outcome_table(DEMO)[:120]:
+        data = r.model_dump(exclude_none=True)
+        data["outcomes"]["house-model"] = {"score": 1.0, "cost_usd": 1e-7, "response": "right"}
+        rows.append(OutcomeRecord.model_validate(data))
+    path = tmp_path / "table.jsonl"
+    write_outcome_table(rows, path)
+    out = tmp_path / "out"
+    argv = ["--table", str(path), "--split", "all", "--baselines", "none", "--bootstrap", "0",
+            "--policy", "packaged:demo-rl", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    [note] = [n for n in metrics["comparison"]["notes"] if "not trained on house-model" in n]
+    assert note.startswith("compact[") and note in (out / "report.md").read_text()
+    [router] = [r for r in metrics["comparison"]["routers"] if r["name"].startswith("compact[")]
+    assert all(p["shares"].get("house-model", 0) == 0 for p in router["points"])
