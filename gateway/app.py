@@ -62,6 +62,7 @@ def create_app(
     app.router.routes.append(
         Route("/v1/chat/completions", openai.chat_completions, methods=["POST"])
     )
+    app.router.routes.append(Route("/v1/responses", openai.create_response, methods=["POST"]))
     app.include_router(openai.router)
     app.include_router(ops.router)
     app.include_router(admin.router)

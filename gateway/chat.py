@@ -83,6 +83,10 @@ def _parse(raw: bytes) -> tuple[dict[str, Any], ChatCompletionRequest]:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    return _validate(data)
+
+
+def _validate(data: Any) -> tuple[dict[str, Any], ChatCompletionRequest]:
     if not isinstance(data, dict):
         raise bad_request("request body must be a JSON object", code="invalid_json")
     try:
@@ -245,13 +249,15 @@ class ChatService:
         self._runtime = get_runtime
         self.hooks = hooks
 
-    async def handle(self, raw: bytes, who: Principal) -> Response:
+    async def handle(self, raw: bytes | dict[str, Any], who: Principal) -> Response:
+        """Answer a chat request: its body as sent, or already decoded (the Responses API
+        hands over the chat request it translated to; it is validated all the same)."""
         t0 = time.perf_counter()
         request_id = secrets.token_hex(16)
         rt: Runtime = self._runtime()
         rlog = RequestLog(request_id=request_id, created_at=time.time(), principal=who, t0=t0)
         try:
-            data, req = _parse(raw)
+            data, req = _validate(raw) if isinstance(raw, dict) else _parse(raw)
             rlog.requested_model = req.model
             resolved = _resolve(rt, req, who)
             rlog.policy = resolved.policy_name

@@ -52,10 +52,9 @@ async def chat_completions(request: Request) -> Response:
     return await s.chat.handle(raw, who)
 
 
-@router.post("/v1/responses")
 async def create_response(request: Request) -> Response:
     """The Responses API, translated to a chat request and routed like one (see
-    :mod:`gateway.responses`)."""
+    :mod:`gateway.responses`). A plain Starlette route, as the chat endpoint is."""
     s = services(request)
     assert s.auth is not None and s.chat is not None
     who = await s.auth.principal(request.headers.get("authorization"))
@@ -65,7 +64,7 @@ async def create_response(request: Request) -> Response:
     except orjson.JSONDecodeError as exc:
         raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
     req = responses.parse_request(data)
-    chat = await s.chat.handle(orjson.dumps(responses.to_chat(req)), who)
+    chat = await s.chat.handle(responses.to_chat(req), who)
     return responses.adapt(req, chat)
 
 
