@@ -480,3 +480,40 @@ def test_a_budget_without_a_period_never_resets(gw: Gateway) -> None:
     k = create_key(gw, budget_usd=0.5)
     assert (k["budget_usd"], k["budget_period"]) == (0.5, "total")
     assert create_key(gw)["budget_period"] is None  # no budget, no period
+
+
+def test_the_responses_api_answers_to_the_same_keys_budgets_and_ledger(
+    gw: Gateway, stack: Stack
+) -> None:
+    def respond(key: str | None, **body: Any) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        body = {"model": MODEL, "input": "What is the capital of France?", **body}
+        return httpx.post(f"{gw.base_url}/responses", json=body, headers=headers, timeout=30)
+
+    r = respond(None)
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    k = create_key(gw, budget_usd=1.0, budget_period="total")
+    first = respond(k["key"])
+    assert first.status_code == 200 and first.json()["object"] == "response"
+    cost = first.json()["usage"]["cost"]
+    assert cost > 0
+    # A budget of exactly what the first answer cost: the next is refused before any call.
+    r = httpx.patch(f"{gw.url}/admin/keys/{k['key_id']}", json={"budget_usd": cost}, headers=ADMIN)
+    assert r.status_code == 200, r.text
+    r = respond(k["key"])
+    assert r.status_code == 429 and r.json()["error"]["code"] == "key_budget_exceeded"
+    r = respond(create_key(gw)["key"], xrouter={"max_cost_usd": 0.0000001})
+    assert r.status_code == 429 and r.json()["error"]["code"] == "request_budget_exceeded"
+    narrow = create_key(gw, allowed_models=["gemma-2-9b-it"])
+    r = respond(narrow["key"])
+    assert r.status_code == 403 and r.json()["error"]["code"] == "model_not_allowed"
+    # The answer is in the ledger under the key, at the cost the client was told.
+    httpx.get(f"{gw.url}/admin/spend", headers=ADMIN)  # flushes the ledger
+    rows = _run(
+        _query(
+            stack.ledger_url,
+            "SELECT key_id, status, total_cost_micros FROM requests WHERE request_id = :r",
+            r=first.json()["id"].removeprefix("resp_"),
+        )
+    )
+    assert [tuple(row) for row in rows] == [(k["key_id"], 200, round(cost * 1e6))]
