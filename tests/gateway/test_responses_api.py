@@ -108,6 +108,9 @@ def test_streams_typed_events_that_add_up_to_the_answer(
         "response.completed",
     ]
     assert [e.sequence_number for e in events] == list(range(len(events)))
+    created = events[0]
+    assert created.type == "response.created" and created.response.status == "in_progress"
+    assert created.response.output == []
     deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
     assert len(deltas) > 1 and "".join(deltas) == rec.outcomes[MODEL].response
     assert final.output_text == rec.outcomes[MODEL].response and final.status == "completed"
@@ -128,6 +131,9 @@ def test_a_streamed_answer_the_router_selected(
         final = stream.get_final_response()
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert final.status == "completed" and deltas == final.output_text
+    # The answering model is known when the stream starts, and said from the first event.
+    assert events[0].type == "response.created" and events[0].response.model == final.model
+    assert final.model != "xrouter/cascade"
     assert final.output_text == rec.outcomes[final.model].response
     calls = extra(final)["xrouter"]["calls"]
     assert len(calls) >= 2 and final.model in {c["model"] for c in calls}
