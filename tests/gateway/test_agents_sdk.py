@@ -1,6 +1,7 @@
-"""The OpenAI Agents SDK, a real client of the Responses API, runs a tool-using agent through
-the gateway: the model asks for the tool, the SDK runs it and sends the result back, and the
-model answers — routed by the gateway, streamed or not, every turn in the ledger."""
+"""The OpenAI Agents SDK, a real client of the Responses API (and of chat completions), runs
+a tool-using agent through the gateway: the model asks for the tool, the SDK runs it and
+sends the result back, and the model answers — routed by the gateway, streamed or not, every
+turn in the ledger."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 from agents import (
     Agent,
     MessageOutputItem,
+    OpenAIChatCompletionsModel,
     OpenAIResponsesModel,
     Runner,
     ToolCallItem,
@@ -30,14 +32,18 @@ def get_weather(city: str) -> str:
     return f"sunny, 21C in {city}"
 
 
-def agent(gateway: Gateway, model: str) -> Agent:
+def agent(gateway: Gateway, model: str, api: str = "responses") -> Agent:
     set_tracing_disabled(True)  # the SDK would otherwise export traces to OpenAI
     client = AsyncOpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
     return Agent(
         name="weather",
         instructions="Use the tools when they help.",
         tools=[get_weather],
-        model=OpenAIResponsesModel(model=model, openai_client=client),
+        model=(
+            OpenAIResponsesModel(model=model, openai_client=client)
+            if api == "responses"
+            else OpenAIChatCompletionsModel(model=model, openai_client=client)
+        ),
     )
 
 
@@ -65,3 +71,19 @@ async def test_a_streamed_agent_run(gateway: Gateway) -> None:
     kinds = {event.type async for event in run.stream_events()}
     assert "raw_response_event" in kinds and "run_item_stream_event" in kinds
     check_run(gateway, run)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_agent_on_chat_completions(gateway: Gateway, stream: bool) -> None:
+    """The same agent on the SDK's chat-completions model: tool calls through chat."""
+    a = agent(gateway, "xrouter", api="chat")
+    if stream:
+        run = Runner.run_streamed(a, "Weather in Paris?")
+        async for _ in run.stream_events():
+            pass
+        result: RunResultBase = run
+    else:
+        result = await Runner.run(a, "Weather in Paris?")
+    kinds = [type(item) for item in result.new_items]
+    assert kinds == [ToolCallItem, ToolCallOutputItem, MessageOutputItem]
+    assert "sunny, 21C" in str(result.final_output)
