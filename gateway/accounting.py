@@ -72,6 +72,7 @@ def build_record(
         messages=rlog.messages,
         response_text=rlog.response_text,
         stream=rlog.stream,
+        api=rlog.api,
         calls=calls,
     )
 

@@ -249,13 +249,18 @@ class ChatService:
         self._runtime = get_runtime
         self.hooks = hooks
 
-    async def handle(self, raw: bytes | dict[str, Any], who: Principal) -> Response:
+    async def handle(
+        self, raw: bytes | dict[str, Any], who: Principal, api: str = "chat"
+    ) -> Response:
         """Answer a chat request: its body as sent, or already decoded (the Responses API
-        hands over the chat request it translated to; it is validated all the same)."""
+        hands over the chat request it translated to, with ``api="responses"`` for the
+        ledger; it is validated all the same)."""
         t0 = time.perf_counter()
         request_id = secrets.token_hex(16)
         rt: Runtime = self._runtime()
-        rlog = RequestLog(request_id=request_id, created_at=time.time(), principal=who, t0=t0)
+        rlog = RequestLog(
+            request_id=request_id, created_at=time.time(), principal=who, t0=t0, api=api
+        )
         try:
             data, req = _validate(raw) if isinstance(raw, dict) else _parse(raw)
             rlog.requested_model = req.model

@@ -157,9 +157,15 @@ def _v2_router_deployments(conn: sa.Connection) -> None:
     md.create_all(conn, checkfirst=False)
 
 
+def _v3_request_api(conn: sa.Connection) -> None:
+    """requests.api: the API shape a request came in (frozen). Existing rows were chat."""
+    conn.execute(sa.text("ALTER TABLE requests ADD COLUMN api VARCHAR(16) DEFAULT 'chat' NOT NULL"))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: requests, calls, feedback, api_keys", _v1_baseline),
     Migration(2, "router_deployments", _v2_router_deployments),
+    Migration(3, "requests.api", _v3_request_api),
 )
 
 

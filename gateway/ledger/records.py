@@ -102,6 +102,7 @@ class RequestRecord:
     messages: list[Any] | None
     response_text: str | None
     stream: bool
+    api: str = "chat"  # "chat" or "responses": the API shape the request came in
     calls: list[CallRecord] = field(default_factory=list)
     content: dict[str, Any] | None = None
 
@@ -256,6 +257,7 @@ def build_rows(
                 "decision": r.decision,
                 "content": r.content,
                 "stream": bool(r.stream),
+                "api": r.api,
             }
         )
         for seq, c in enumerate(r.calls):

@@ -97,6 +97,10 @@ requests = sa.Table(
     sa.Column("decision", sa.JSON(none_as_null=True), nullable=True),
     sa.Column("content", sa.JSON(none_as_null=True), nullable=True),
     sa.Column("stream", sa.Boolean(), nullable=False),
+    # The API shape the request came in: "chat" (/v1/chat/completions) or "responses"
+    # (/v1/responses, translated to a chat request). The server default keeps an older
+    # release's inserts valid after a rollback.
+    sa.Column("api", sa.String(16), nullable=False, server_default="chat"),
     sa.Index("ix_requests_created_at", "created_at"),
     sa.Index("ix_requests_key_id_created_at", "key_id", "created_at"),
 )

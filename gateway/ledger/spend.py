@@ -19,12 +19,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gateway.ledger.schema import api_keys, calls, feedback, requests, utc_day
 from pricing import micros_to_usd
 
-GroupBy = Literal["key", "model", "policy", "day"]
+GroupBy = Literal["key", "model", "policy", "day", "api"]
 GROUP_BY_CHOICES: tuple[str, ...] = get_args(GroupBy)
 TimeBound = datetime | float | int | str | None
 
 # Output name of each grouping column.
-_GROUP_FIELD = {"key": "key_id", "model": "model", "policy": "policy", "day": "day"}
+_GROUP_FIELD = {"key": "key_id", "model": "model", "policy": "policy", "day": "day", "api": "api"}
 _MONEY = ("total_cost_micros", "router_cost_micros", "downstream_cost_micros")
 
 
@@ -74,6 +74,8 @@ def _group_column(name: str) -> sa.ColumnElement[Any]:
         return requests.c.key_id
     if name == "policy":
         return requests.c.policy
+    if name == "api":
+        return requests.c.api
     if name == "day":
         return utc_day(requests.c.created_at)
     return calls.c.model

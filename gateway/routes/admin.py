@@ -13,7 +13,7 @@ from starlette.responses import Response
 
 from gateway.errors import APIError, bad_request
 from gateway.ledger.keys import DuplicateAliasError, KeyInfo, KeyNotFoundError
-from gateway.ledger.spend import GroupBy, spend_report
+from gateway.ledger.spend import GROUP_BY_CHOICES, GroupBy, spend_report
 from gateway.routes.openai import read_body, services
 from gateway.services import Services
 from pricing import usd_to_micros
@@ -186,9 +186,11 @@ async def spend(request: Request) -> Response:
     # Order kept, repeats dropped: the answer echoes the grouping the rows are keyed by.
     group_by = list(dict.fromkeys(g.strip() for g in (q.get("group_by") or "key").split(",")))
     group_by = [g for g in group_by if g]
-    bad = [g for g in group_by if g not in ("key", "model", "policy", "day")]
+    bad = [g for g in group_by if g not in GROUP_BY_CHOICES]
     if bad:
-        raise bad_request(f"group_by accepts key, model, policy, day; got {bad}", param="group_by")
+        raise bad_request(
+            f"group_by accepts {', '.join(GROUP_BY_CHOICES)}; got {bad}", param="group_by"
+        )
     await s.ledger.flush()
     rows = await spend_report(
         s.engine,

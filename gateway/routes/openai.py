@@ -64,7 +64,7 @@ async def create_response(request: Request) -> Response:
     except orjson.JSONDecodeError as exc:
         raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
     req = responses.parse_request(data)
-    chat = await s.chat.handle(responses.to_chat(req), who)
+    chat = await s.chat.handle(responses.to_chat(req), who, api="responses")
     return responses.adapt(req, chat)
 
 

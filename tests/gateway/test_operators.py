@@ -507,13 +507,19 @@ def test_the_responses_api_answers_to_the_same_keys_budgets_and_ledger(
     narrow = create_key(gw, allowed_models=["gemma-2-9b-it"])
     r = respond(narrow["key"])
     assert r.status_code == 403 and r.json()["error"]["code"] == "model_not_allowed"
-    # The answer is in the ledger under the key, at the cost the client was told.
+    # The answer is in the ledger under the key, at the cost the client was told, marked as
+    # a Responses API request; the spend report splits by API shape.
+    assert chat(gw, create_key(gw)["key"]).status_code == 200
     httpx.get(f"{gw.url}/admin/spend", headers=ADMIN)  # flushes the ledger
     rows = _run(
         _query(
             stack.ledger_url,
-            "SELECT key_id, status, total_cost_micros FROM requests WHERE request_id = :r",
+            "SELECT key_id, status, total_cost_micros, api FROM requests WHERE request_id = :r",
             r=first.json()["id"].removeprefix("resp_"),
         )
     )
-    assert [tuple(row) for row in rows] == [(k["key_id"], 200, round(cost * 1e6))]
+    assert [tuple(row) for row in rows] == [(k["key_id"], 200, round(cost * 1e6), "responses")]
+    by_api = httpx.get(f"{gw.url}/admin/spend?group_by=api", headers=ADMIN).json()["data"]
+    assert {r["api"] for r in by_api} == {"chat", "responses"}
+    counted = _run(_query(stack.ledger_url, "SELECT api, COUNT(*) FROM requests GROUP BY api"))
+    assert {r["api"]: r["requests"] for r in by_api} == {api: n for api, n in counted}

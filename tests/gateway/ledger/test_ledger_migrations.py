@@ -166,3 +166,42 @@ async def test_sqlite_is_opened_in_wal_mode(tmp_path: Path) -> None:
         assert (mode, sync, busy) == ("wal", 1, 5000)  # synchronous=1 is NORMAL
     finally:
         await engine.dispose()
+
+
+async def test_requests_logged_before_the_api_column_read_as_chat(ledger_url: str) -> None:
+    """Migration 3 adds ``requests.api``: rows written before it, and rows an older release
+    writes after a rollback (without the column), read as chat requests."""
+    engine = await _engine(ledger_url)
+    row = {
+        "created_at": sa.func.now(), "key_id": None, "policy": "compact",
+        "requested_model": "xrouter", "final_model": "m", "status": 200, "error_type": None,
+        "total_cost_micros": 1, "router_cost_micros": 0, "downstream_cost_micros": 1,
+        "prompt_tokens": 1, "completion_tokens": 1, "latency_ms": 1.0, "overhead_ms": 0.1,
+        "cost_weight": None, "decision": None, "content": None, "stream": False,
+    }  # fmt: skip
+    # The requests table as releases before migration 3 wrote it: no api column.
+    old = sa.Table(
+        "requests",
+        sa.MetaData(),
+        *(sa.Column(c.name, c.type) for c in schema.requests.columns if c.name != "api"),
+    )
+    try:
+        assert await migrate(engine, MIGRATIONS[:2]) == 2
+        async with engine.begin() as conn:
+            await conn.execute(sa.insert(old).values(request_id="before", **row))
+        assert await migrate(engine) == latest_version()
+        async with engine.begin() as conn:
+            await conn.execute(sa.insert(old).values(request_id="rolled-back", **row))
+            await conn.execute(
+                sa.insert(schema.requests).values(request_id="new", api="responses", **row)
+            )
+            got = dict(
+                (
+                    await conn.execute(
+                        sa.select(schema.requests.c.request_id, schema.requests.c.api)
+                    )
+                ).all()
+            )
+        assert got == {"before": "chat", "rolled-back": "chat", "new": "responses"}
+    finally:
+        await engine.dispose()
