@@ -78,12 +78,16 @@ class Resolved:
     pool_names: list[str] = field(default_factory=list)
 
 
-def _parse(raw: bytes) -> tuple[dict[str, Any], ChatCompletionRequest]:
+def decode_json(raw: bytes) -> Any:
+    """A request body's JSON, or the 400 ``invalid_json`` error (every JSON endpoint's)."""
     try:
-        data = orjson.loads(raw)
+        return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
-    return _validate(data)
+
+
+def _parse(raw: bytes) -> tuple[dict[str, Any], ChatCompletionRequest]:
+    return _validate(decode_json(raw))
 
 
 def _validate(data: Any) -> tuple[dict[str, Any], ChatCompletionRequest]:

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from starlette.responses import Response
 
 from gateway import model_list, responses
+from gateway.chat import decode_json
 from gateway.errors import APIError, bad_request, not_found
 from gateway.ledger.records import FeedbackRecord
 from gateway.ledger.spend import get_request
@@ -59,11 +60,7 @@ async def create_response(request: Request) -> Response:
     assert s.auth is not None and s.chat is not None
     who = await s.auth.principal(request.headers.get("authorization"))
     raw = await read_body(request, s.settings.server.max_body_bytes)
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
-    req = responses.parse_request(data)
+    req = responses.parse_request(decode_json(raw))
     chat = await s.chat.handle(responses.to_chat(req), who, api="responses")
     return responses.adapt(req, chat)
 
