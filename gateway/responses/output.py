@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from gateway.responses.request import ResponsesRequest
+from gateway.responses.tools import ToolMap
 
 # finish_reason -> why a response is incomplete (None: complete).
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
@@ -55,16 +56,22 @@ def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def function_call_item(call: dict[str, Any], status: str = "completed") -> dict[str, Any]:
+def function_call_item(
+    call: dict[str, Any], tools: ToolMap, status: str = "completed"
+) -> dict[str, Any]:
     fn = call.get("function") or {}
-    return {
+    namespace, name = tools.call_name(fn.get("name", ""))
+    item = {
         "type": "function_call",
         "id": f"fc_{call.get('id', '')}",
         "call_id": call.get("id", ""),
-        "name": fn.get("name", ""),
+        "name": name,
         "arguments": fn.get("arguments") or "",
         "status": status,
     }
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
 
 
 def response_object(
@@ -104,8 +111,12 @@ def response_object(
         "store": False,  # nothing is stored: GET /v1/responses/{id} does not exist here
         "usage": usage(chat_usage) if chat_usage is not None else None,
     }
-    if xrouter is not None:
-        body["xrouter"] = xrouter
+    ignored = req.tool_map().ignored
+    if xrouter is not None or ignored:
+        body["xrouter"] = dict(xrouter or {})
+        if ignored:
+            # Offered by the client, but no model behind a chat API can call them.
+            body["xrouter"]["ignored_tools"] = ignored
     return body
 
 
@@ -121,7 +132,8 @@ def from_chat_completion(req: ResponsesRequest, chat: dict[str, Any]) -> dict[st
     if text or not message.get("tool_calls"):
         status = "incomplete" if finish in _INCOMPLETE else "completed"
         output.append(message_item(request_id, text or "", status))
-    output.extend(function_call_item(c) for c in message.get("tool_calls") or [])
+    tools = req.tool_map()
+    output.extend(function_call_item(c, tools) for c in message.get("tool_calls") or [])
     return response_object(
         req,
         request_id,
@@ -251,7 +263,7 @@ class EventStream:
         item = self._calls.get(index)
         if item is None:
             call = {"id": delta.get("id", ""), "function": {"name": fn.get("name", "")}}
-            item = self._calls[index] = function_call_item(call, "in_progress")
+            item = self._calls[index] = function_call_item(call, self.req.tool_map(), "in_progress")
             self._call_index[index] = self._next_index() - 1
             out += self._event(
                 "response.output_item.added", output_index=self._call_index[index], item=item

@@ -7,9 +7,10 @@ a string or as items (messages with text and image parts, ``function_call`` and
 ``function_call_output`` items), ``instructions``, function tools and ``tool_choice``,
 ``text.format`` (JSON mode and schemas), ``max_output_tokens``, sampling settings and the
 ``xrouter`` routing controls. What needs state on the server (``previous_response_id``,
-``conversation``, ``background``, item references) or OpenAI's hosted tools (web and file
-search, computer use, ...) is refused with a 400 that says so: the gateway stores no
-responses, so a client sends the whole conversation, as it does with ``store: false``.
+``conversation``, ``background``, item references) is refused with a 400 that says so: the
+gateway stores no responses, so a client sends the whole conversation, as it does with
+``store: false``. Tools OpenAI hosts are left out (``gateway.responses.tools``); forcing one
+with ``tool_choice`` is refused.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from gateway.errors import APIError, bad_request
+from gateway.responses.tools import ToolMap, chat_name, map_tools
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,14 @@ class ResponsesRequest(BaseModel):
     seed: int | None = None
     # Validated again, with the chat request, by the chat service.
     xrouter: dict[str, Any] | None = None
+    _tools: ToolMap | None = PrivateAttr(default=None)
+
+    def tool_map(self) -> ToolMap:
+        """The request's tools as chat tools (computed once; the answer is mapped back with
+        the same map)."""
+        if self._tools is None:
+            self._tools = map_tools(self.tools)
+        return self._tools
 
     @field_validator("input", mode="before")
     @classmethod
@@ -113,8 +123,11 @@ def to_chat(req: ResponsesRequest) -> dict[str, Any]:
     if not any(m["role"] != "system" for m in messages):
         raise bad_request("input: nothing to answer (no message in the input)", param="input")
     chat: dict[str, Any] = {"model": req.model, "messages": messages, "stream": req.stream}
-    if req.tools is not None:
-        chat["tools"] = [_tool(t, f"tools[{i}]") for i, t in enumerate(req.tools)]
+    tools = req.tool_map()
+    if tools.chat_tools:
+        chat["tools"] = tools.chat_tools
+    if tools.ignored:
+        log.debug("responses: tools no chat model can call, left out: %s", tools.ignored)
     if req.tool_choice is not None:
         chat["tool_choice"] = _tool_choice(req.tool_choice)
     fmt = (req.text or {}).get("format")
@@ -145,11 +158,15 @@ def _add_item(messages: list[dict[str, Any]], item: dict[str, Any], where: str) 
         else:
             messages.append({"role": role, "content": _user_content(content, where)})
     elif kind == "function_call":
+        namespace = item.get("namespace")
         call = {
             "id": _required_str(item, "call_id", where),
             "type": "function",
             "function": {
-                "name": _required_str(item, "name", where),
+                "name": chat_name(
+                    namespace if isinstance(namespace, str) else None,
+                    _required_str(item, "name", where),
+                ),
                 "arguments": _required_str(item, "arguments", where),
             },
         }
@@ -236,21 +253,6 @@ def _assistant_text(content: Any, where: str) -> str:
     return content if isinstance(content, str) else _parts_text(content, f"{where}.content")
 
 
-def _tool(tool: dict[str, Any], where: str) -> dict[str, Any]:
-    kind = tool.get("type")
-    if kind != "function":
-        raise _unsupported(
-            f"{where}.type: {kind!r} tools are OpenAI-hosted; xrouter passes function tools "
-            "to the models it routes to",
-            f"{where}.type",
-        )
-    function = {"name": _required_str(tool, "name", where)}
-    for key in ("description", "parameters", "strict"):
-        if tool.get(key) is not None:
-            function[key] = tool[key]
-    return {"type": "function", "function": function}
-
-
 def _tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
     if isinstance(choice, str):
         if choice not in ("none", "auto", "required"):
@@ -260,7 +262,9 @@ def _tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
             )
         return choice
     if choice.get("type") == "function" and isinstance(choice.get("name"), str):
-        return {"type": "function", "function": {"name": choice["name"]}}
+        namespace = choice.get("namespace")
+        name = chat_name(namespace if isinstance(namespace, str) else None, choice["name"])
+        return {"type": "function", "function": {"name": name}}
     raise _unsupported(
         f"tool_choice: {choice.get('type')!r} is not supported (a function is)", "tool_choice"
     )

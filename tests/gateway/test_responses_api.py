@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import httpx
 import openai
@@ -159,6 +160,28 @@ def test_function_tools_round_trip(gateway: Gateway) -> None:
     assert "sunny, 21C" in second.output_text
 
 
+def test_namespaced_tools_come_back_namespaced_and_hosted_tools_are_left_out(
+    gateway: Gateway,
+) -> None:
+    """As Codex sends them: its sub-agent tools in a namespace, and OpenAI's web search."""
+    tools: list[Any] = [
+        {"type": "web_search", "external_web_access": False},
+        {"type": "namespace", "name": "weather", "description": "Weather tools",
+         "tools": [{**WEATHER, "name": "current"}]},
+    ]  # fmt: skip
+    c = client(gateway)
+    resp = c.responses.create(model=MODEL, input="Weather in Paris?", tools=tools)
+    [call] = resp.output
+    assert isinstance(call, ResponseFunctionToolCall)
+    assert (call.namespace, call.name) == ("weather", "current")
+    assert extra(resp)["xrouter"]["ignored_tools"] == ["web_search"]
+    with c.responses.stream(model=MODEL, input="Weather in Paris?", tools=tools) as stream:
+        events = list(stream)
+    added = [e for e in events if e.type == "response.output_item.added"]
+    assert isinstance(added[0].item, ResponseFunctionToolCall)
+    assert (added[0].item.namespace, added[0].item.name) == ("weather", "current")
+
+
 def test_a_streamed_function_call_comes_as_argument_events(gateway: Gateway) -> None:
     with client(gateway).responses.stream(
         model=MODEL,
@@ -204,8 +227,8 @@ def test_structured_output_and_truncation(
     [
         ({"model": MODEL, "input": "x", "previous_response_id": "resp_1"}, 400,
          "previous_response_id", "unsupported_parameter"),
-        ({"model": MODEL, "input": "x", "tools": [{"type": "web_search"}]}, 400,
-         "tools[0].type", "unsupported_parameter"),
+        ({"model": MODEL, "input": "x", "tool_choice": {"type": "web_search"}}, 400,
+         "tool_choice", "unsupported_parameter"),
         ({"model": MODEL, "input": [{"type": "item_reference", "id": "msg_1"}]}, 400,
          "input[0].type", "unsupported_parameter"),
         ({"model": MODEL, "input": [{"role": "robot", "content": "x"}]}, 400,

@@ -141,6 +141,36 @@ def test_tools_formats_and_settings() -> None:
     assert chat({"input": "x", "tool_choice": "required"})["tool_choice"] == "required"
 
 
+def test_namespaced_and_hosted_tools() -> None:
+    fn = {"type": "function", "name": "close_agent", "parameters": {"type": "object"}}
+    body = {
+        "input": [
+            {"role": "user", "content": "x"},
+            {"type": "function_call", "call_id": "c1", "namespace": "agents",
+             "name": "close_agent", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "closed"},
+        ],
+        "tools": [
+            {"type": "function", "name": "exec", "parameters": {"type": "object"}},
+            {"type": "namespace", "name": "agents", "description": "sub-agents",
+             "tools": [fn, {"type": "custom", "name": "patch"}]},
+            {"type": "web_search", "external_web_access": False},
+        ],
+        "tool_choice": {"type": "function", "namespace": "agents", "name": "close_agent"},
+    }  # fmt: skip
+    req = parse_request({"model": "xrouter", **body})
+    out = to_chat(req)
+    # A namespace's functions are chat functions named <namespace>__<name>; tools no chat
+    # model can call (OpenAI-hosted, or not functions) are left out and remembered.
+    assert [t["function"]["name"] for t in out["tools"]] == ["exec", "agents__close_agent"]
+    assert out["tool_choice"] == {"type": "function", "function": {"name": "agents__close_agent"}}
+    assert out["messages"][1]["tool_calls"][0]["function"]["name"] == "agents__close_agent"
+    tools = req.tool_map()
+    assert tools.ignored == ["custom", "web_search"]
+    assert tools.call_name("agents__close_agent") == ("agents", "close_agent")
+    assert tools.call_name("exec") == (None, "exec")
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
@@ -153,8 +183,8 @@ def test_tools_formats_and_settings() -> None:
         ({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]},
          "input[0].content[0]"),
         ({"input": [{"role": "user", "content": 3}]}, "input[0].content"),
-        ({"input": "x", "tools": [{"type": "file_search"}]}, "tools[0].type"),
         ({"input": "x", "tools": [{"type": "function"}]}, "tools[0].name"),
+        ({"input": "x", "tools": [{"type": "namespace", "tools": []}]}, "tools[0].name"),
         ({"input": "x", "tool_choice": "sometimes"}, "tool_choice"),
         ({"input": "x", "tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
         ({"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}},
