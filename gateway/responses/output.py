@@ -278,32 +278,36 @@ class EventStream:
             )
         return out
 
-    def _close_items(self) -> tuple[bytes, list[dict[str, Any]]]:
-        out = b""
+    def _items(self, text_status: str) -> list[tuple[int, dict[str, Any]]]:
+        """The output items as they stand, by output index."""
         items: list[tuple[int, dict[str, Any]]] = []
         if self._text_index is not None:
             text = "".join(self._text)
-            status = "incomplete" if self._finish in _INCOMPLETE else "completed"
-            item = message_item(self.request_id, text, status)
-            at = {"item_id": item["id"], "output_index": self._text_index, "content_index": 0}
-            out += self._event("response.output_text.done", text=text, logprobs=[], **at)
-            out += self._event("response.content_part.done", part=_text_part(text), **at)
-            out += self._event(
-                "response.output_item.done", output_index=self._text_index, item=item
-            )
-            items.append((self._text_index, item))
+            items.append((self._text_index, message_item(self.request_id, text, text_status)))
         for index, item in self._calls.items():
-            item["status"] = "completed"
-            at_index = self._call_index[index]
-            out += self._event(
-                "response.function_call_arguments.done",
-                item_id=item["id"],
-                output_index=at_index,
-                arguments=item["arguments"],
-            )
+            items.append((self._call_index[index], {**item, "status": text_status}))
+        return sorted(items, key=lambda p: p[0])
+
+    def _close_items(self) -> tuple[bytes, list[dict[str, Any]]]:
+        """The events that close every open item, and the items."""
+        status = "incomplete" if self._finish in _INCOMPLETE else "completed"
+        out = b""
+        items = self._items(status)
+        for at_index, item in items:
+            if item["type"] == "message":
+                text = item["content"][0]["text"]
+                at = {"item_id": item["id"], "output_index": at_index, "content_index": 0}
+                out += self._event("response.output_text.done", text=text, logprobs=[], **at)
+                out += self._event("response.content_part.done", part=_text_part(text), **at)
+            else:
+                out += self._event(
+                    "response.function_call_arguments.done",
+                    item_id=item["id"],
+                    output_index=at_index,
+                    arguments=item["arguments"],
+                )
             out += self._event("response.output_item.done", output_index=at_index, item=item)
-            items.append((at_index, item))
-        return out, [item for _, item in sorted(items, key=lambda p: p[0])]
+        return out, [item for _, item in items]
 
     def _complete(self, final: dict[str, Any]) -> bytes:
         out, output = self._close_items()
@@ -321,8 +325,9 @@ class EventStream:
         return out + self._event(kind, response=r)
 
     def _failed(self, code: str | None, message: str) -> bytes:
+        # The items stay open (no .done events): what was streamed, marked incomplete.
         self._done = True
-        _, output = self._close_items()
+        output = [item for _, item in self._items("incomplete")]
         r = self._response(
             "failed", output=output, error={"code": code or "server_error", "message": message}
         )

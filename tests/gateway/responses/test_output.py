@@ -1,0 +1,165 @@
+"""The chat service's SSE as the Responses API's events, on chunk sequences a real upstream
+sends (OpenAI streams a tool call's arguments in pieces, parallel calls interleaved), split
+at any byte, and on streams that fail or stop short."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.responses.output import EventStream, from_chat_completion
+from gateway.responses.request import parse_request
+
+RID = "0123456789abcdef"
+
+
+def sse(*chunks: dict[str, Any], done: bool = True) -> bytes:
+    body = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks)
+    return body + (b"data: [DONE]\n\n" if done else b"")
+
+
+def delta(d: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {"model": "m1", "choices": [{"index": 0, "delta": d, "finish_reason": finish}]}
+
+
+FINAL = {
+    "model": "m1",
+    "choices": [],
+    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15, "cost": 1e-05},
+    "xrouter": {"request_id": RID, "policy": "compact"},
+}
+
+
+def call_delta(index: int, *, id: str | None = None, name: str | None = None, args: str = ""):
+    fn: dict[str, Any] = {"arguments": args}
+    if name is not None:
+        fn["name"] = name
+    tc: dict[str, Any] = {"index": index, "function": fn}
+    if id is not None:
+        tc.update(id=id, type="function")
+    return delta({"tool_calls": [tc]})
+
+
+async def events(body: bytes, pieces: Sequence[int] = (), tools: Any = None) -> list[dict]:
+    """Run the translation over ``body`` cut at the byte offsets ``pieces``."""
+    req = parse_request({"model": "xrouter", "input": "x", "stream": True, "tools": tools})
+
+    async def chunks() -> AsyncIterator[bytes]:
+        cuts = [0, *pieces, len(body)]
+        for a, b in itertools.pairwise(cuts):
+            yield body[a:b]
+
+    raw = b"".join([b async for b in EventStream(req, RID, 0).translate(chunks())])
+    out = []
+    for block in raw.split(b"\n\n"):
+        if block:
+            kind, data = block.split(b"\n")
+            event = json.loads(data.removeprefix(b"data: "))
+            assert kind == b"event: " + event["type"].encode()
+            out.append(event)
+    assert [e["sequence_number"] for e in out] == list(range(len(out)))
+    return out
+
+
+async def test_parallel_calls_streamed_in_pieces() -> None:
+    body = sse(
+        delta({"role": "assistant", "content": None}),
+        call_delta(0, id="call_a", name="weather", args=""),
+        call_delta(0, args='{"city": '),
+        call_delta(1, id="call_b", name="time", args='{"tz"'),
+        call_delta(0, args='"Paris"}'),
+        call_delta(1, args=': "CET"}'),
+        delta({}, "tool_calls"),
+        FINAL,
+    )
+    for pieces in ([], [7], list(range(1, len(body), 13))):
+        got = await events(body, pieces)
+        kinds = [e["type"] for e in got]
+        assert kinds[:3] == [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+        ]
+        assert kinds[-1] == "response.completed"
+        added = [e for e in got if e["type"] == "response.output_item.added"]
+        assert [(e["output_index"], e["item"]["call_id"]) for e in added] == [
+            (0, "call_a"),
+            (1, "call_b"),
+        ]
+        done = {e["output_index"]: e["arguments"] for e in got
+                if e["type"] == "response.function_call_arguments.done"}  # fmt: skip
+        assert done == {0: '{"city": "Paris"}', 1: '{"tz": "CET"}'}
+        final = got[-1]["response"]
+        assert [(o["name"], o["arguments"]) for o in final["output"]] == [
+            ("weather", '{"city": "Paris"}'),
+            ("time", '{"tz": "CET"}'),
+        ]
+        assert final["usage"]["input_tokens"] == 10 and final["usage"]["cost"] == 1e-05
+        assert final["model"] == "m1" and final["xrouter"]["policy"] == "compact"
+
+
+async def test_text_then_a_call_and_a_namespaced_call() -> None:
+    tools = [{"type": "namespace", "name": "agents",
+              "tools": [{"type": "function", "name": "spawn"}]}]  # fmt: skip
+    body = sse(
+        delta({"role": "assistant", "content": "Let me "}),
+        delta({"content": "check."}),
+        call_delta(0, id="c1", name="agents__spawn", args="{}"),
+        delta({}, "tool_calls"),
+        FINAL,
+    )
+    got = await events(body, tools=tools)
+    final = got[-1]["response"]
+    message, call = final["output"]
+    assert message["type"] == "message" and message["content"][0]["text"] == "Let me check."
+    assert (call["namespace"], call["name"], call["call_id"]) == ("agents", "spawn", "c1")
+    text_done = next(e for e in got if e["type"] == "response.output_text.done")
+    assert text_done["output_index"] == 0 and text_done["text"] == "Let me check."
+
+
+async def test_a_cut_answer_is_incomplete() -> None:
+    body = sse(delta({"content": "Once upon"}), delta({}, "length"), FINAL)
+    got = await events(body)
+    assert got[-1]["type"] == "response.incomplete"
+    final = got[-1]["response"]
+    assert final["status"] == "incomplete"
+    assert final["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert final["output"][0]["status"] == "incomplete"
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        # The chat service's error event: an upstream failure after some text.
+        (sse(delta({"content": "partial"}),
+             {"error": {"message": "upstream reset", "type": "upstream_error",
+                        "code": "upstream_error", "param": None}}), "upstream_error"),
+        # A chat stream that stops without its final usage chunk.
+        (sse(delta({"content": "partial"}), done=False), "server_error"),
+    ],
+)  # fmt: skip
+async def test_a_stream_that_fails_ends_with_response_failed(body: bytes, code: str) -> None:
+    got = await events(body)
+    assert got[-1]["type"] == "response.failed"
+    failed = got[-1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == code
+    assert failed["output"][0]["content"][0]["text"] == "partial"
+
+
+def test_an_empty_completion_is_still_a_message() -> None:
+    req = parse_request({"model": "xrouter", "input": "x"})
+    chat = {
+        "id": f"chatcmpl-{RID}",
+        "created": 1,
+        "model": "m1",
+        "choices": [{"message": {"role": "assistant", "content": ""}, "finish_reason": "stop"}],
+        "usage": FINAL["usage"],
+    }
+    out = from_chat_completion(req, chat)
+    assert out["id"] == f"resp_{RID}" and out["status"] == "completed"
+    assert out["output"][0]["content"][0]["text"] == ""
