@@ -42,18 +42,30 @@ def usage(chat_usage: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-def message_item(request_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+def message_item(
+    request_id: str, parts: list[dict[str, Any]], status: str = "completed"
+) -> dict[str, Any]:
     return {
         "type": "message",
         "id": f"msg_{request_id}",
         "status": status,
         "role": "assistant",
-        "content": [] if status == "in_progress" else [_text_part(text)],
+        "content": parts,
     }
 
 
-def _text_part(text: str) -> dict[str, Any]:
+def content_part(kind: str, text: str) -> dict[str, Any]:
+    """An ``output_text`` part, or a ``refusal`` (a chat message's ``refusal``)."""
+    if kind == "refusal":
+        return {"type": "refusal", "refusal": text}
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def message_parts(text: str | None, refusal: str | None) -> list[dict[str, Any]]:
+    parts = [content_part("output_text", text)] if text else []
+    if refusal:
+        parts.append(content_part("refusal", refusal))
+    return parts or [content_part("output_text", "")]
 
 
 def function_call_item(
@@ -128,10 +140,10 @@ def from_chat_completion(req: ResponsesRequest, chat: dict[str, Any]) -> dict[st
     message = choice.get("message") or {}
     finish = choice.get("finish_reason")
     output: list[dict[str, Any]] = []
-    text = message.get("content")
-    if text or not message.get("tool_calls"):
+    text, refusal = message.get("content"), message.get("refusal")
+    if text or refusal or not message.get("tool_calls"):
         status = "incomplete" if finish in _INCOMPLETE else "completed"
-        output.append(message_item(request_id, text or "", status))
+        output.append(message_item(request_id, message_parts(text, refusal), status))
     tools = req.tool_map()
     output.extend(function_call_item(c, tools) for c in message.get("tool_calls") or [])
     return response_object(
@@ -161,7 +173,9 @@ class EventStream:
         self.created_at = created_at
         self.model = req.model
         self._seq = 0
-        self._text: list[str] = []
+        # The message item's content parts in the order they opened ("output_text",
+        # "refusal"), and each one's text so far.
+        self._parts: dict[str, list[str]] = {}
         self._text_index: int | None = None  # output index of the message item, once open
         self._calls: dict[int, dict[str, Any]] = {}  # chat tool-call index -> item
         self._call_index: dict[int, int] = {}  # chat tool-call index -> output index
@@ -220,7 +234,9 @@ class EventStream:
         out = b""
         delta = choices[0].get("delta") or {}
         if delta.get("content"):
-            out += self._on_text(delta["content"])
+            out += self._on_text("output_text", delta["content"])
+        if delta.get("refusal"):
+            out += self._on_text("refusal", delta["refusal"])
         for call in delta.get("tool_calls") or []:
             out += self._on_call(call)
         if choices[0].get("finish_reason"):
@@ -230,30 +246,32 @@ class EventStream:
     def _next_index(self) -> int:
         return (self._text_index is not None) + len(self._calls)
 
-    def _on_text(self, text: str) -> bytes:
+    def _on_text(self, kind: str, text: str) -> bytes:
         out = b""
         if self._text_index is None:
             self._text_index = self._next_index()
             out += self._event(
                 "response.output_item.added",
                 output_index=self._text_index,
-                item=message_item(self.request_id, "", "in_progress"),
+                item=message_item(self.request_id, [], "in_progress"),
             )
+        at = {"item_id": f"msg_{self.request_id}", "output_index": self._text_index}
+        if kind not in self._parts:
+            self._parts[kind] = []
             out += self._event(
                 "response.content_part.added",
-                item_id=f"msg_{self.request_id}",
-                output_index=self._text_index,
-                content_index=0,
-                part=_text_part(""),
+                content_index=len(self._parts) - 1,
+                part=content_part(kind, ""),
+                **at,
             )
-        self._text.append(text)
+        self._parts[kind].append(text)
+        index = list(self._parts).index(kind)
+        if kind == "refusal":
+            return out + self._event(
+                "response.refusal.delta", content_index=index, delta=text, **at
+            )
         return out + self._event(
-            "response.output_text.delta",
-            item_id=f"msg_{self.request_id}",
-            output_index=self._text_index,
-            content_index=0,
-            delta=text,
-            logprobs=[],
+            "response.output_text.delta", content_index=index, delta=text, logprobs=[], **at
         )
 
     def _on_call(self, delta: dict[str, Any]) -> bytes:
@@ -282,8 +300,8 @@ class EventStream:
         """The output items as they stand, by output index."""
         items: list[tuple[int, dict[str, Any]]] = []
         if self._text_index is not None:
-            text = "".join(self._text)
-            items.append((self._text_index, message_item(self.request_id, text, text_status)))
+            parts = [content_part(k, "".join(v)) for k, v in self._parts.items()]
+            items.append((self._text_index, message_item(self.request_id, parts, text_status)))
         for index, item in self._calls.items():
             items.append((self._call_index[index], {**item, "status": text_status}))
         return sorted(items, key=lambda p: p[0])
@@ -295,10 +313,15 @@ class EventStream:
         items = self._items(status)
         for at_index, item in items:
             if item["type"] == "message":
-                text = item["content"][0]["text"]
-                at = {"item_id": item["id"], "output_index": at_index, "content_index": 0}
-                out += self._event("response.output_text.done", text=text, logprobs=[], **at)
-                out += self._event("response.content_part.done", part=_text_part(text), **at)
+                for j, part in enumerate(item["content"]):
+                    at = {"item_id": item["id"], "output_index": at_index, "content_index": j}
+                    if part["type"] == "refusal":
+                        out += self._event("response.refusal.done", refusal=part["refusal"], **at)
+                    else:
+                        out += self._event(
+                            "response.output_text.done", text=part["text"], logprobs=[], **at
+                        )
+                    out += self._event("response.content_part.done", part=part, **at)
             else:
                 out += self._event(
                     "response.function_call_arguments.done",
@@ -312,7 +335,7 @@ class EventStream:
     def _complete(self, final: dict[str, Any]) -> bytes:
         out, output = self._close_items()
         if not output:  # an empty answer is still a message
-            output = [message_item(self.request_id, "")]
+            output = [message_item(self.request_id, message_parts(None, None))]
         r = self._response(
             "completed",
             output=output,

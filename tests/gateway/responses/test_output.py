@@ -163,3 +163,38 @@ def test_an_empty_completion_is_still_a_message() -> None:
     out = from_chat_completion(req, chat)
     assert out["id"] == f"resp_{RID}" and out["status"] == "completed"
     assert out["output"][0]["content"][0]["text"] == ""
+
+
+async def test_a_streamed_refusal_is_a_refusal_part() -> None:
+    body = sse(
+        delta({"role": "assistant", "content": None, "refusal": ""}),
+        delta({"refusal": "I can't "}),
+        delta({"refusal": "help with that."}),
+        delta({}, "stop"),
+        FINAL,
+    )
+    got = await events(body)
+    kinds = [e["type"] for e in got]
+    assert "response.output_text.delta" not in kinds
+    assert [e["delta"] for e in got if e["type"] == "response.refusal.delta"] == [
+        "I can't ",
+        "help with that.",
+    ]
+    done = next(e for e in got if e["type"] == "response.refusal.done")
+    assert done["refusal"] == "I can't help with that." and done["content_index"] == 0
+    [message] = got[-1]["response"]["output"]
+    assert message["content"] == [{"type": "refusal", "refusal": "I can't help with that."}]
+
+
+def test_a_completion_with_a_refusal() -> None:
+    req = parse_request({"model": "xrouter", "input": "x"})
+    message = {"role": "assistant", "content": None, "refusal": "No."}
+    chat = {
+        "id": f"chatcmpl-{RID}",
+        "created": 1,
+        "model": "m1",
+        "choices": [{"message": message, "finish_reason": "stop"}],
+        "usage": FINAL["usage"],
+    }
+    [item] = from_chat_completion(req, chat)["output"]
+    assert item["content"] == [{"type": "refusal", "refusal": "No."}]
