@@ -123,7 +123,7 @@ def response_object(
         "store": False,  # nothing is stored: GET /v1/responses/{id} does not exist here
         "usage": usage(chat_usage) if chat_usage is not None else None,
     }
-    ignored = req.tool_map().ignored
+    ignored = req.tool_map.ignored
     if xrouter is not None or ignored:
         body["xrouter"] = dict(xrouter or {})
         if ignored:
@@ -144,7 +144,7 @@ def from_chat_completion(req: ResponsesRequest, chat: dict[str, Any]) -> dict[st
     if text or refusal or not message.get("tool_calls"):
         status = "incomplete" if finish in _INCOMPLETE else "completed"
         output.append(message_item(request_id, message_parts(text, refusal), status))
-    tools = req.tool_map()
+    tools = req.tool_map
     output.extend(function_call_item(c, tools) for c in message.get("tool_calls") or [])
     return response_object(
         req,
@@ -255,23 +255,34 @@ class EventStream:
                 output_index=self._text_index,
                 item=message_item(self.request_id, [], "in_progress"),
             )
-        at = {"item_id": f"msg_{self.request_id}", "output_index": self._text_index}
-        if kind not in self._parts:
-            self._parts[kind] = []
+        item_id = f"msg_{self.request_id}"
+        part = self._parts.get(kind)
+        if part is None:
+            part = self._parts[kind] = []
             out += self._event(
                 "response.content_part.added",
+                item_id=item_id,
+                output_index=self._text_index,
                 content_index=len(self._parts) - 1,
                 part=content_part(kind, ""),
-                **at,
             )
-        self._parts[kind].append(text)
-        index = list(self._parts).index(kind)
+        part.append(text)
+        index = 0 if len(self._parts) == 1 else list(self._parts).index(kind)
         if kind == "refusal":
             return out + self._event(
-                "response.refusal.delta", content_index=index, delta=text, **at
+                "response.refusal.delta",
+                item_id=item_id,
+                output_index=self._text_index,
+                content_index=index,
+                delta=text,
             )
         return out + self._event(
-            "response.output_text.delta", content_index=index, delta=text, logprobs=[], **at
+            "response.output_text.delta",
+            item_id=item_id,
+            output_index=self._text_index,
+            content_index=index,
+            delta=text,
+            logprobs=[],
         )
 
     def _on_call(self, delta: dict[str, Any]) -> bytes:
@@ -281,7 +292,7 @@ class EventStream:
         item = self._calls.get(index)
         if item is None:
             call = {"id": delta.get("id", ""), "function": {"name": fn.get("name", "")}}
-            item = self._calls[index] = function_call_item(call, self.req.tool_map(), "in_progress")
+            item = self._calls[index] = function_call_item(call, self.req.tool_map, "in_progress")
             self._call_index[index] = self._next_index() - 1
             out += self._event(
                 "response.output_item.added", output_index=self._call_index[index], item=item

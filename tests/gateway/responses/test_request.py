@@ -165,7 +165,7 @@ def test_namespaced_and_hosted_tools() -> None:
     assert [t["function"]["name"] for t in out["tools"]] == ["exec", "agents__close_agent"]
     assert out["tool_choice"] == {"type": "function", "function": {"name": "agents__close_agent"}}
     assert out["messages"][1]["tool_calls"][0]["function"]["name"] == "agents__close_agent"
-    tools = req.tool_map()
+    tools = req.tool_map
     assert tools.ignored == ["custom", "web_search"]
     assert tools.call_name("agents__close_agent") == ("agents", "close_agent")
     assert tools.call_name("exec") == (None, "exec")
