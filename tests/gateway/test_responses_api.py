@@ -17,6 +17,7 @@ from openai.types.responses import (
     ResponseOutputMessage,
 )
 from openai.types.responses.response_input_param import ResponseInputParam
+from pydantic import BaseModel
 
 from pricing import TokenUsage, load_default_catalog
 from router.outcomes import OutcomeRecord
@@ -36,6 +37,10 @@ WEATHER: FunctionToolParam = {
     },
     "strict": False,
 }
+
+
+class Prime(BaseModel):
+    answer: str
 
 
 def client(gw: Gateway) -> openai.OpenAI:
@@ -214,6 +219,9 @@ def test_structured_output_and_truncation(
         text={"format": {"type": "json_schema", "name": "prime", "schema": schema, "strict": True}},
     )
     assert set(json.loads(resp.output_text)) == {"answer"}
+    # The SDK's structured-output helper: a pydantic model in, a parsed instance out.
+    parsed = c.responses.parse(model=MODEL, input="Name a prime number.", text_format=Prime)
+    assert isinstance(parsed.output_parsed, Prime) and parsed.output_parsed.answer
     rec = longest_answer(demo_table, MODEL)
     cut = c.responses.create(model=MODEL, input=rec.text, max_output_tokens=16)
     assert cut.status == "incomplete" and cut.incomplete_details is not None
