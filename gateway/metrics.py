@@ -146,7 +146,8 @@ class GatewayMetrics:
         # prometheus_client appends "_total" to counter names.
         self._requests = Counter(
             "xrouter_requests",
-            "Chat completion requests answered, by policy, answering model and status class.",
+            "Requests answered (chat completions and responses), by policy, answering model and "
+            "status class.",
             ["policy", "model", "status_class"],
             registry=r,
         )
