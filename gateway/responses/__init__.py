@@ -26,9 +26,9 @@ def adapt(req: ResponsesRequest, chat: Response) -> Response:
         return chat
     headers = {k: v for k, v in chat.headers.items() if k not in _BODY_HEADERS}
     if isinstance(chat, StreamingResponse):
-        events = EventStream(req, headers["x-xrouter-request-id"], int(time.time()))
-        # The model that answers is known when the stream starts: response.created says so.
-        events.model = headers.get("x-xrouter-model", req.model)
+        events = EventStream(
+            req, headers["x-xrouter-request-id"], int(time.time()), headers.get("x-xrouter-model")
+        )
         return StreamingResponse(
             events.translate(chat.body_iterator), media_type="text/event-stream", headers=headers
         )

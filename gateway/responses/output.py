@@ -167,11 +167,14 @@ class EventStream:
     ``response.incomplete``) or ``response.failed``.
     """
 
-    def __init__(self, req: ResponsesRequest, request_id: str, created_at: int) -> None:
+    def __init__(
+        self, req: ResponsesRequest, request_id: str, created_at: int, model: str | None = None
+    ) -> None:
         self.req = req
         self.request_id = request_id
         self.created_at = created_at
-        self.model = req.model
+        # The answering model when the stream starts knowing it (response.created says so).
+        self.model = model or req.model
         self._seq = 0
         # The message item's content parts in the order they opened ("output_text",
         # "refusal"), and each one's text so far.
@@ -268,6 +271,7 @@ class EventStream:
             )
         part.append(text)
         index = 0 if len(self._parts) == 1 else list(self._parts).index(kind)
+        # Two calls rather than one with a kwargs dict built per delta: this runs per chunk.
         if kind == "refusal":
             return out + self._event(
                 "response.refusal.delta",
