@@ -51,6 +51,7 @@ def build_record(
     router = sum(c.cost_micros for c in calls if c.role == "router")
     downstream = sum(c.cost_micros for c in calls if c.role != "router")
     latency = (time.perf_counter() - rlog.t0) * 1000
+    decision = state.decision if state is not None and rlog.cached_from is None else None
     return RequestRecord(
         request_id=rlog.request_id,
         created_at=rlog.created_at,
@@ -67,12 +68,14 @@ def build_record(
         completion_tokens=sum(c.completion_tokens for c in calls),
         latency_ms=round(latency, 3),
         overhead_ms=round(rlog.overhead_ms(result), 3),
-        cost_weight=state.decision.cost_weight if state is not None else None,
-        decision=state.decision.to_dict() if state is not None else None,
+        # A cached answer made no routing decision: nothing for off-policy learning.
+        cost_weight=decision.cost_weight if decision is not None else None,
+        decision=decision.to_dict() if decision is not None else None,
         messages=rlog.messages,
         response_text=rlog.response_text,
         stream=rlog.stream,
         api=rlog.api,
+        cached_from=rlog.cached_from,
         calls=calls,
     )
 

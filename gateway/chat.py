@@ -18,6 +18,7 @@ import orjson
 from pydantic import ValidationError
 from starlette.responses import Response, StreamingResponse
 
+from gateway.cache import AnswerCache, CachedAnswer
 from gateway.errors import (
     APIError,
     bad_request,
@@ -33,7 +34,16 @@ from pricing import usd_to_micros
 from pricing.money import format_usd, micros_to_usd
 from router.loop import NoAnswer, RequestTimeout, RouteResult
 from router.modalities import request_modalities
-from router.policy import Call, LoopState, Policy, RouteContext, Select, Step, ToolCall
+from router.policy import (
+    Call,
+    Decision,
+    LoopState,
+    Policy,
+    RouteContext,
+    Select,
+    Step,
+    ToolCall,
+)
 from router.providers.errors import ProviderError
 
 log = logging.getLogger(__name__)
@@ -239,19 +249,54 @@ def xrouter_meta(request_id: str, policy: str, result: RouteResult | None) -> di
         downstream_cost_usd=micros_to_usd(result.downstream_cost_micros),
         decision=result.decision.to_dict(),
     )
+    hit: CachedAnswer | None = result.extras.get("cache")
+    if hit is not None:
+        meta["cache"] = {
+            "hit": True,
+            "request_id": hit.request_id,
+            "age_s": round(max(time.time() - hit.created_at, 0.0), 3),
+            "saved_usd": micros_to_usd(hit.cost_micros),
+        }
     return meta
 
 
 def _usage_with_cost(result: RouteResult) -> dict[str, Any]:
+    hit: CachedAnswer | None = result.extras.get("cache")
+    if hit is not None:
+        # The answer's own tokens, as when it was first served; this request paid nothing.
+        return {**hit.usage, "cost": 0.0}
     usage = result.usage().to_openai()
     usage["cost"] = micros_to_usd(result.cost_micros)
     return usage
 
 
+def _from_cache(rlog: RequestLog, ctx: RouteContext, hit: CachedAnswer) -> RouteResult:
+    """A cached answer as the loop's result: no calls, nothing spent, no decision made."""
+    state = LoopState(decision=Decision(policy=rlog.policy, cost_weight=ctx.cost_weight))
+    response = None
+    if hit.model is not None:
+        response = {
+            "object": "chat.completion",
+            "created": int(rlog.created_at),
+            "choices": hit.choices,
+        }
+    return RouteResult(
+        state=state,
+        message=hit.message,
+        response=response,
+        final_model=hit.model,
+        finish_reason=hit.finish_reason,
+        extras={"cache": hit},
+    )
+
+
 class ChatService:
-    def __init__(self, get_runtime: Any, hooks: RequestHooks) -> None:
+    def __init__(
+        self, get_runtime: Any, hooks: RequestHooks, cache: AnswerCache | None = None
+    ) -> None:
         self._runtime = get_runtime
         self.hooks = hooks
+        self.cache = cache
 
     async def handle(
         self, raw: bytes | dict[str, Any], who: Principal, api: str = "chat"
@@ -274,6 +319,10 @@ class ChatService:
             rlog.messages = data["messages"]
             rlog.stream = req.stream
             guard: KeyBudgetGuard | None = await self.hooks.admit(rlog, ctx)
+            if self.cache is not None and not (req.stream and req.n > 1):
+                hit = await self._lookup(rt, data, req, who, resolved, rlog)
+                if hit is not None:
+                    return await self._answer_from_cache(req, rlog, ctx, hit)
             try:
                 result = await rt.orchestrator.run(
                     resolved.policy,
@@ -307,6 +356,58 @@ class ChatService:
         if req.stream:
             return self._text_stream_response(req, rlog, result)
         return await self._json_response(rlog, result)
+
+    async def _lookup(
+        self,
+        rt: Runtime,
+        data: dict[str, Any],
+        req: ChatCompletionRequest,
+        who: Principal,
+        resolved: Resolved,
+        rlog: RequestLog,
+    ) -> CachedAnswer | None:
+        assert self.cache is not None
+        ticket = rlog.cache = self.cache.ticket(
+            data,
+            key_id=who.key_id,
+            policy=resolved.policy_name,
+            # A deployed router must not answer with its predecessor's choices.
+            checkpoint=None if resolved.passthrough else rt.checkpoint_info.get("version"),
+            controls=req.xrouter.cache if req.xrouter is not None else None,
+        )
+        hit = await self.cache.lookup(ticket)
+        rlog.extra_headers["x-xrouter-cache"] = (
+            "miss" if ticket.result == "error" else ticket.result
+        )
+        return hit
+
+    async def _answer_from_cache(
+        self, req: ChatCompletionRequest, rlog: RequestLog, ctx: RouteContext, hit: CachedAnswer
+    ) -> Response:
+        result = _from_cache(rlog, ctx, hit)
+        rlog.result = result
+        rlog.cached_from = hit.request_id
+        if self.hooks.metrics is not None:
+            self.hooks.metrics.cache_saved(rlog.policy, hit.cost_micros)
+        if req.stream:
+            return self._text_stream_response(req, rlog, result)
+        return await self._json_response(rlog, result)
+
+    def _remember(
+        self,
+        rlog: RequestLog,
+        result: RouteResult,
+        model: str | None,
+        choices: list[dict[str, Any]],
+    ) -> None:
+        """Offer a served answer to the cache (in the background)."""
+        if self.cache is None or rlog.cache is None:
+            return
+        usage = result.usage().to_openai()
+        answer = CachedAnswer(
+            rlog.request_id, rlog.created_at, model, choices, usage, result.cost_micros
+        )
+        self.cache.store(rlog.cache, answer)
 
     def _headers(
         self, rlog: RequestLog, result: RouteResult, *, cost: bool = True
@@ -344,6 +445,7 @@ class ChatService:
         body["xrouter"] = xrouter_meta(rlog.request_id, rlog.policy, result)
         rlog.status = 200
         rlog.response_text = _first_text(body)
+        self._remember(rlog, result, result.final_model, body.get("choices") or [])
         headers = self._headers(rlog, result)
         payload = orjson.dumps(body)
         # The row is durable (committed or journaled) before the client sees a 200.
@@ -405,6 +507,15 @@ class ChatService:
                     raise ProviderError("connection", outcome.error or "stream failed")
                 rlog.status = 200
                 rlog.response_text = outcome.text if outcome is not None else None
+                if outcome is not None and _streamed_text_only(req):
+                    # The relay kept the first choice's text, all a text-only answer has.
+                    finish = ((outcome.response or {}).get("choices") or [{}])[0]
+                    choice = {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": outcome.text},
+                        "finish_reason": finish.get("finish_reason") or "stop",
+                    }
+                    self._remember(rlog, result, result.final_model, [choice])
                 yield self._final_chunks(rlog, result, model_name)
             except ProviderError as err:
                 api = from_provider_error(err)
@@ -466,6 +577,8 @@ class ChatService:
                 yield chunk({}, result.finish_reason)
                 rlog.status = 200
                 rlog.response_text = text
+                choice = {"index": 0, "message": message, "finish_reason": result.finish_reason}
+                self._remember(rlog, result, result.final_model, [choice])
                 yield self._final_chunks(rlog, result, model)
             finally:
                 await hooks.finish(rlog, result)
@@ -475,6 +588,13 @@ class ChatService:
             media_type="text/event-stream",
             headers={**self._headers(rlog, result, cost=False), **_SSE_HEADERS},
         )
+
+
+def _streamed_text_only(req: ChatCompletionRequest) -> bool:
+    """A relayed stream whose whole answer is the first choice's text: no tools offered
+    (no tool calls), one choice, no log probabilities."""
+    extra = req.model_extra or {}
+    return req.tools is None and req.n == 1 and not extra.get("logprobs")
 
 
 def _first_text(body: dict[str, Any]) -> str | None:

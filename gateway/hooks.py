@@ -15,6 +15,7 @@ from router.loop import RouteResult, estimate_prompt_tokens
 from router.policy import LoopState, RouteContext, ToolCall
 
 if TYPE_CHECKING:
+    from gateway.cache import CacheTicket
     from gateway.chat import Principal
     from gateway.ledger.writer import LedgerWriter
     from gateway.limits.base import KeyLimits, LimitStore
@@ -45,6 +46,8 @@ class RequestLog:
     result_state: LoopState | None = None
     tokens_estimate: int = 0
     extra_headers: dict[str, str] = field(default_factory=dict)
+    cache: CacheTicket | None = None  # the answer cache's view of this request, if it is on
+    cached_from: str | None = None  # answered from the cache: the request that paid for it
     finished: bool = False
 
     def overhead_ms(self, result: RouteResult | None) -> float:

@@ -272,6 +272,26 @@ class GatewayMetrics:
             ["mode"],
             registry=r,
         )
+        self._cache_lookups = Counter(
+            "xrouter_cache_lookups",
+            "Answer-cache lookups: hit, miss, bypass (the request said no_cache) or error "
+            "(the backend failed or is backed off: served as a miss).",
+            ["result"],
+            registry=r,
+        )
+        self._cache_stores = Counter(
+            "xrouter_cache_stores",
+            "Answers offered to the cache: stored, too_large or error.",
+            ["result"],
+            registry=r,
+        )
+        self._cache_saved = Counter(
+            "xrouter_cache_saved_usd",
+            "What the requests answered from the cache would have cost: the cached answers' "
+            "original cost.",
+            ["policy"],
+            registry=r,
+        )
         self._circuit_open = Gauge(
             "xrouter_circuit_open",
             "1 while a model's circuit breaker keeps calls away from it (router.health).",
@@ -310,6 +330,8 @@ class GatewayMetrics:
             self._rate_limited.labels(limit=limit)
         for reason in BUDGET_REASONS:
             self._budget_rejections.labels(reason=reason)
+        for result in ("hit", "miss", "bypass", "error"):
+            self._cache_lookups.labels(result=result)
 
     # -- requests and calls ----------------------------------------------------------------
 
@@ -431,6 +453,19 @@ class GatewayMetrics:
         if key_alias in self._budget_aliases:
             self._budget_aliases.discard(key_alias)
             self._key_budget_remaining.remove(key_alias)
+
+    # -- answer cache ------------------------------------------------------------------------
+
+    def cache_lookup(self, result: str) -> None:
+        known = ("hit", "miss", "bypass", "error")
+        self._child(self._cache_lookups, result if result in known else OTHER).inc()
+
+    def cache_store(self, result: str) -> None:
+        known = ("stored", "too_large", "error")
+        self._child(self._cache_stores, result if result in known else OTHER).inc()
+
+    def cache_saved(self, policy: str, micros: int) -> None:
+        self._child(self._cache_saved, self._policy(policy)).inc(_usd(micros))
 
     # -- ledger sink -------------------------------------------------------------------------
 

@@ -45,6 +45,18 @@ class ResponseFormat(_Open):
     json_schema: dict[str, Any] | None = None
 
 
+class CacheControls(BaseModel):
+    """Per-request answer-cache controls: ``"xrouter": {"cache": {...}}`` (as LiteLLM's
+    ``cache`` parameter and HTTP's Cache-Control directives)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    no_cache: bool = False  # don't answer from the cache (a fresh answer is still stored)
+    no_store: bool = False  # don't store this request's answer
+    ttl_s: float | None = Field(default=None, gt=0)  # shorter than the configured TTL only
+    max_age_s: float | None = Field(default=None, ge=0)  # accept only answers this fresh
+
+
 class XRouterControls(BaseModel):
     """Per-request routing controls: ``"xrouter": {...}`` in the body."""
 
@@ -53,6 +65,7 @@ class XRouterControls(BaseModel):
     cost_weight: float | None = Field(default=None, ge=0, le=1e6)
     max_cost_usd: float | None = Field(default=None, gt=0)
     models: list[str] | None = Field(default=None, min_length=1)
+    cache: CacheControls | None = None
 
 
 class ChatCompletionRequest(_Open):

@@ -58,6 +58,7 @@ class Services:
     auth: Authenticator | None = None
     hooks: RequestHooks | None = None
     chat: ChatService | None = None
+    cache: Any = None  # gateway.cache.AnswerCache, when cache.enabled
     ready: bool = False
     reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     background: list[asyncio.Task[Any]] = field(default_factory=list)
@@ -139,7 +140,12 @@ class Services:
         self.hooks = RequestHooks(
             limits=self.limits, ledger=self.ledger, metrics=self.metrics, reference_price=ref
         )
-        self.chat = ChatService(self.current, self.hooks)
+        from gateway.cache import build_answer_cache
+
+        # Built once: a reload keeps the cached answers (a new router checkpoint has keys
+        # of its own); the cache section's own settings take effect at restart.
+        self.cache = build_answer_cache(s.cache, s.limits, self.metrics)
+        self.chat = ChatService(self.current, self.hooks, self.cache)
         self.ready = True
 
     def _limit_store(self) -> Any:
@@ -314,6 +320,8 @@ class Services:
             await self.ledger.close()
         if self.runtime is not None:
             await self.runtime.client.aclose()
+        if self.cache is not None:
+            await self.cache.aclose()
         if self.limits is not None:
             await self.limits.aclose()
         if self.circuits is not None:

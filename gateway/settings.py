@@ -84,6 +84,31 @@ class LimitsSettings(_Section):
     key_prefix: str = "xrouter"
 
 
+class CacheSettings(_Section):
+    """The exact-match answer cache (off by default, as in LiteLLM's proxy)."""
+
+    enabled: bool = False
+    backend: Literal["memory", "redis"] = "memory"
+    # Redis for the shared cache; None: the limit store's (limits.redis_url).
+    redis_url: str | None = None
+    key_prefix: str = "xrouter:cache"
+    ttl_s: float = Field(default=3600.0, gt=0, le=30 * 86400)
+    # Whose requests share answers: each API key its own ("key"), or everyone ("global").
+    scope: Literal["key", "global"] = "key"
+    max_entry_bytes: int = Field(default=256 * 1024, ge=1024)
+    # The in-process backend's bounds (per worker).
+    max_entries: int = Field(default=10_000, ge=1)
+    max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    # A Redis lookup slower than this is a miss: the cache must never slow a request down.
+    timeout_ms: float = Field(default=100.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check_sizes(self) -> CacheSettings:
+        if self.backend == "memory" and self.max_entry_bytes > self.max_bytes:
+            raise ValueError("cache.max_entry_bytes must not exceed cache.max_bytes")
+        return self
+
+
 class MetricsSettings(_Section):
     enabled: bool = True
     # Savings are measured against what this model would have cost for the same tokens.
@@ -162,6 +187,7 @@ class Settings(_Section):
     auth: AuthSettings = AuthSettings()
     ledger: LedgerSettings = LedgerSettings()
     limits: LimitsSettings = LimitsSettings()
+    cache: CacheSettings = CacheSettings()
     metrics: MetricsSettings = MetricsSettings()
     router: RouterSettings = RouterSettings()
     pricing: PricingSettings = PricingSettings()

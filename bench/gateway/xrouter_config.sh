@@ -4,7 +4,7 @@
 # MODE=full: auth on with a key that has a budget and rpm/tpm limits, Redis limits,
 # PostgreSQL ledger (database $PGDB). MODE=compact: as bare, but the pool is the eight demo
 # models (all answered by the fake upstream), so xrouter/compact can route with the packaged
-# checkpoint.
+# checkpoint. CACHE=memory|redis turns the answer cache on with that backend.
 set -euo pipefail
 out=$1; mode=${MODE:-bare}; dir=$(dirname "$out")
 upstream=${UPSTREAM_BASE:-http://127.0.0.1:18000/v1}
@@ -30,11 +30,16 @@ else
     api_base: $upstream
     price: {input: 0.1, output: 0.3}"
 fi
+cache="cache: {enabled: false}"
+if [[ -n ${CACHE:-} ]]; then
+  cache="cache: {enabled: true, backend: $CACHE, redis_url: 'redis://127.0.0.1:6379/0', key_prefix: 'xrbench-cache'}"
+fi
 cat > "$out" <<YAML
 server: {log_level: warning}
 $auth
 $ledger
 $limits
+$cache
 router: {watch_files: false}
 $pool
 YAML

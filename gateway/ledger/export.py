@@ -10,7 +10,8 @@ model that answered). They differ only when a fallback answered for the chosen m
 record then still says what happened when *that action* was taken, and the outcome's
 ``model`` field names the model that actually answered. A request that made several calls
 (a cascade's plan) also lists them in ``logged.actions``: its outcome is the trajectory's,
-and the single-model off-policy learners and estimators skip it.
+and the single-model off-policy learners and estimators skip it. Requests answered from the
+answer cache (``requests.cached_from``) are not exported: no decision, no cost.
 
 Parquet is a flat table (one row per record; layout in ``router.export_parquet``, which the
 outcome-table reader shares) that analytics tools read directly; :func:`read_export` turns
@@ -202,6 +203,9 @@ async def iter_export_records(
         requests.c.status >= 200,
         requests.c.status < 300,
         requests.c.final_model.is_not(None),
+        # Answers from the cache made no decision and cost nothing: not evidence about
+        # what routing to a model buys.
+        requests.c.cached_from.is_(None),
     ]
     columns = [c for c in requests.c]
     after: tuple[datetime, str] | None = None

@@ -162,10 +162,16 @@ def _v3_request_api(conn: sa.Connection) -> None:
     conn.execute(sa.text("ALTER TABLE requests ADD COLUMN api VARCHAR(16) DEFAULT 'chat' NOT NULL"))
 
 
+def _v4_request_cached_from(conn: sa.Connection) -> None:
+    """requests.cached_from: the request whose cached answer served this one (frozen)."""
+    conn.execute(sa.text("ALTER TABLE requests ADD COLUMN cached_from VARCHAR(64)"))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: requests, calls, feedback, api_keys", _v1_baseline),
     Migration(2, "router_deployments", _v2_router_deployments),
     Migration(3, "requests.api", _v3_request_api),
+    Migration(4, "requests.cached_from", _v4_request_cached_from),
 )
 
 

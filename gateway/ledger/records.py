@@ -103,6 +103,8 @@ class RequestRecord:
     response_text: str | None
     stream: bool
     api: str = "chat"  # "chat" or "responses": the API shape the request came in
+    # Answered from the answer cache: the id of the request that paid for the answer.
+    cached_from: str | None = None
     calls: list[CallRecord] = field(default_factory=list)
     content: dict[str, Any] | None = None
 
@@ -258,6 +260,7 @@ def build_rows(
                 "content": r.content,
                 "stream": bool(r.stream),
                 "api": r.api,
+                "cached_from": r.cached_from,
             }
         )
         for seq, c in enumerate(r.calls):

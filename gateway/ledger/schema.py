@@ -101,6 +101,9 @@ requests = sa.Table(
     # (/v1/responses, translated to a chat request). The server default keeps an older
     # release's inserts valid after a rollback.
     sa.Column("api", sa.String(16), nullable=False, server_default="chat"),
+    # Set when the answer came from the answer cache: the request whose answer (and cost)
+    # it reused. This request made no call and no routing decision.
+    sa.Column("cached_from", sa.String(64), nullable=True),
     sa.Index("ix_requests_created_at", "created_at"),
     sa.Index("ix_requests_key_id_created_at", "key_id", "created_at"),
 )

@@ -138,6 +138,7 @@ async def spend_report(
         query = sa.select(
             *cols,
             sa.func.count().label("requests"),
+            sa.func.count(requests.c.cached_from).label("cache_hits"),
             _sum(requests.c.total_cost_micros).label("total_cost_micros"),
             _sum(requests.c.router_cost_micros).label("router_cost_micros"),
             _sum(requests.c.downstream_cost_micros).label("downstream_cost_micros"),

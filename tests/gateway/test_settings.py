@@ -61,6 +61,10 @@ def test_env_default_syntax(tmp_path: Path) -> None:
         (POOL + "  - name: small\n    model: openai/x\n    price: 0\n", "duplicate"),
         ("pool: [{name: a, model: openai/a, price: 0, fallbacks: [nope]}]", "unknown models"),
         ("pool: [{name: xrouter, model: openai/a, price: 0}]", "xrouter"),
+        ("cache: {backend: disk}", "cache.backend"),
+        ("cache: {ttl_s: 0}", "cache.ttl_s"),
+        ("cache: {scope: team}", "cache.scope"),
+        ("cache: {max_bytes: 4096, max_entry_bytes: 8192}", "max_entry_bytes"),
     ],
 )
 def test_invalid_configs_name_the_problem(tmp_path: Path, text: str, needle: str) -> None:

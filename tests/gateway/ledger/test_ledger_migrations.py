@@ -203,5 +203,10 @@ async def test_requests_logged_before_the_api_column_read_as_chat(ledger_url: st
                 ).all()
             )
         assert got == {"before": "chat", "rolled-back": "chat", "new": "responses"}
+        # Migration 4's requests.cached_from: rows that never came from the answer cache,
+        # including an older release's inserts, read as not cached.
+        async with engine.connect() as conn:
+            cached = (await conn.execute(sa.select(schema.requests.c.cached_from))).scalars()
+            assert list(cached) == [None, None, None]
     finally:
         await engine.dispose()

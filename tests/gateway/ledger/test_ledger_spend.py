@@ -44,6 +44,12 @@ def dataset() -> list[RequestRecord]:
                 rng=rng,
             )
         )
+        if i % 7 == 3:
+            # Answered from the answer cache: no call, nothing paid, counted as a hit.
+            hit = out[-1]
+            hit.calls, hit.cached_from = [], "req000"
+            hit.total_cost_micros = hit.router_cost_micros = hit.downstream_cost_micros = 0
+            hit.prompt_tokens = hit.completion_tokens = 0
     return out
 
 
@@ -75,6 +81,7 @@ def expected_report(
             k = tuple(base(r)[g] for g in groups)
             row = acc[k]
             row["requests"] += 1
+            row["cache_hits"] += r.cached_from is not None
             row["total_cost_micros"] += r.total_cost_micros
             row["router_cost_micros"] += r.router_cost_micros
             row["downstream_cost_micros"] += r.downstream_cost_micros

@@ -1,0 +1,170 @@
+"""The answer cache as the chat service uses it: a lookup before routing, a store after an
+answer was served, the request's own controls, metrics, and a backend that fails open.
+
+A failing backend (Redis down or slow) makes lookups misses and stores no-ops: the cache
+only ever saves money, it never fails or delays a request by more than one lookup's
+timeout — and after a failure it is left alone for ``_BACKOFF_S`` seconds, so an outage
+costs one timeout per backoff period, not one per request."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gateway.cache.backends import CacheBackend, CacheUnavailable, MemoryBackend, RedisBackend
+from gateway.cache.entry import CachedAnswer, cache_key
+
+if TYPE_CHECKING:
+    from gateway.metrics import GatewayMetrics
+    from gateway.schemas import CacheControls
+    from gateway.settings import CacheSettings, LimitsSettings
+
+log = logging.getLogger(__name__)
+
+__all__ = ["AnswerCache", "CacheTicket", "build_answer_cache"]
+
+_BACKOFF_S = 5.0
+
+
+@dataclass(slots=True)
+class CacheTicket:
+    """One request's place in the cache: its key, its controls, and what the lookup found
+    (``hit``, ``miss``, ``bypass`` or ``error``), which the response reports."""
+
+    key: str
+    controls: CacheControls | None
+    result: str = "miss"
+
+    @property
+    def storable(self) -> bool:
+        return self.controls is None or not self.controls.no_store
+
+
+class AnswerCache:
+    def __init__(
+        self,
+        settings: CacheSettings,
+        backend: CacheBackend,
+        metrics: GatewayMetrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.metrics = metrics
+        self._down_until = 0.0  # monotonic: the backend is skipped until then
+        self._pending: set[asyncio.Task[None]] = set()
+
+    def ticket(
+        self,
+        data: dict[str, Any],
+        *,
+        key_id: str | None,
+        policy: str,
+        checkpoint: str | None,
+        controls: CacheControls | None,
+    ) -> CacheTicket:
+        scope = "*" if self.settings.scope == "global" else f"key:{key_id or '-'}"
+        return CacheTicket(
+            cache_key(data, scope=scope, policy=policy, checkpoint=checkpoint), controls
+        )
+
+    async def lookup(self, ticket: CacheTicket) -> CachedAnswer | None:
+        """The stored answer for ``ticket``, or None (recording why on the ticket)."""
+        controls = ticket.controls
+        if controls is not None and controls.no_cache:
+            return self._found(ticket, "bypass", None)
+        if time.monotonic() < self._down_until:
+            return self._found(ticket, "error", None)
+        try:
+            raw = await self.backend.get(ticket.key)
+        except CacheUnavailable as exc:
+            self._failed("lookup", exc)
+            return self._found(ticket, "error", None)
+        self._recovered()
+        answer = CachedAnswer.decode(raw) if raw is not None else None
+        if answer is not None and controls is not None and controls.max_age_s is not None:
+            if time.time() - answer.created_at > controls.max_age_s:
+                answer = None
+        return self._found(ticket, "hit" if answer is not None else "miss", answer)
+
+    def _found(
+        self, ticket: CacheTicket, result: str, answer: CachedAnswer | None
+    ) -> CachedAnswer | None:
+        ticket.result = result
+        if self.metrics is not None:
+            self.metrics.cache_lookup(result)
+        return answer
+
+    def store(self, ticket: CacheTicket, answer: CachedAnswer) -> None:
+        """Store ``answer`` in the background (a response never waits for it)."""
+        if not ticket.storable or ticket.result == "hit":
+            return
+        value = answer.encode()
+        if len(value) > self.settings.max_entry_bytes:
+            self._stored("too_large")
+            return
+        ttl = self.settings.ttl_s
+        if ticket.controls is not None and ticket.controls.ttl_s is not None:
+            ttl = min(ttl, ticket.controls.ttl_s)  # a client may shorten, never lengthen
+        if time.monotonic() < self._down_until:
+            self._stored("error")
+            return
+        if self.backend.put_nowait(ticket.key, value, ttl):
+            self._stored("stored")
+            return
+        task = asyncio.get_running_loop().create_task(self._put(ticket.key, value, ttl))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _put(self, key: str, value: bytes, ttl_s: float) -> None:
+        try:
+            await self.backend.put(key, value, ttl_s)
+        except CacheUnavailable as exc:
+            self._failed("store", exc)
+            self._stored("error")
+            return
+        self._stored("stored")
+
+    def _stored(self, result: str) -> None:
+        if self.metrics is not None:
+            self.metrics.cache_store(result)
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        if self._down_until == 0.0:
+            log.warning(
+                "answer cache %s failed (%s); serving without the cache, retrying every %g s",
+                what,
+                exc,
+                _BACKOFF_S,
+            )
+        self._down_until = time.monotonic() + _BACKOFF_S
+
+    def _recovered(self) -> None:
+        if self._down_until != 0.0:
+            log.info("answer cache reachable again")
+            self._down_until = 0.0
+
+    async def aclose(self) -> None:
+        if self._pending:
+            await asyncio.wait(set(self._pending), timeout=2.0)
+        await self.backend.aclose()
+
+
+def build_answer_cache(
+    settings: CacheSettings, limits: LimitsSettings, metrics: GatewayMetrics | None = None
+) -> AnswerCache | None:
+    """The configured cache, or None when it is off."""
+    if not settings.enabled:
+        return None
+    backend: CacheBackend
+    if settings.backend == "redis":
+        backend = RedisBackend(
+            settings.redis_url or limits.redis_url,
+            prefix=settings.key_prefix,
+            timeout_s=settings.timeout_ms / 1000,
+        )
+    else:
+        backend = MemoryBackend(settings.max_entries, settings.max_bytes)
+    return AnswerCache(settings, backend, metrics)

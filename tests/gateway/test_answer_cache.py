@@ -1,0 +1,354 @@
+"""The answer cache end to end: ``xrouter serve`` with ``cache.enabled`` under uvicorn, the
+replay upstream, the real OpenAI SDK — hits for nothing, streams, routing controls, the
+request's own cache controls, key scopes, Redis shared by two gateways, a Redis outage, the
+ledger, the spend report, metrics and the Responses API."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import redis
+
+from router.outcomes import OutcomeRecord
+from tests.gateway.conftest import Upstream, ledger_rows
+from tests.support.gateway import ADMIN_KEY, Gateway, free_port, gateway_config, start_gateway
+from tests.support.sdk import extra
+
+MODEL = "mistral-small-24b-instruct-2501-bf16"
+OTHER = "qwen2.5-7b-instruct"
+
+
+def client(gw: Gateway, key: str = "unused") -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.base_url, api_key=key, max_retries=0)
+
+
+def prompts(table: list[OutcomeRecord], model: str) -> Iterator[OutcomeRecord]:
+    """Recorded prompts for ``model``, each used by one test only (the cache is shared by
+    the module's gateway)."""
+    return (r for r in table if model in r.outcomes and r.outcomes[model].response)
+
+
+@pytest.fixture(scope="module")
+def table_iter(demo_table: list[OutcomeRecord]) -> Iterator[OutcomeRecord]:
+    return prompts(demo_table, MODEL)
+
+
+@pytest.fixture(scope="module")
+def cached(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    tmp = tmp_path_factory.mktemp("cached")
+    gw = start_gateway(tmp, gateway_config(tmp, upstream.base_url, cache={"enabled": True}))
+    yield gw
+    gw.stop()
+
+
+def cached_from(gw: Gateway, request_id: str) -> str | None:
+    ledger_rows(gw, request_id)  # waits for the row
+    with sqlite3.connect(gw.config_path.parent / "ledger.db") as conn:
+        row = conn.execute(
+            "SELECT cached_from FROM requests WHERE request_id = ?", (request_id,)
+        ).fetchone()
+    return row[0] if row else None
+
+
+def ask(gw: Gateway, text: str, model: str = MODEL, key: str = "unused", **body: Any) -> Any:
+    return client(gw, key).chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": text}], **body
+    )
+
+
+def test_a_repeated_request_is_answered_from_the_cache_for_nothing(
+    cached: Gateway, upstream: Upstream, table_iter: Iterator[OutcomeRecord]
+) -> None:
+    rec = next(table_iter)
+    first_raw = ask(cached, rec.text)
+    first = first_raw.parse()
+    assert first_raw.headers["x-xrouter-cache"] == "miss"
+    assert first.choices[0].message.content == rec.outcomes[MODEL].response
+    first_cost = extra(first.usage)["cost"]
+    assert first_cost > 0
+
+    # The same question, its JSON keys in another order: the same answer, for nothing.
+    body = {"messages": [{"content": rec.text, "role": "user"}], "model": MODEL}
+    r = httpx.post(f"{cached.base_url}/chat/completions", json=body, timeout=10)
+    assert r.status_code == 200 and r.headers["x-xrouter-cache"] == "hit"
+    assert r.headers["x-xrouter-cost-usd"] == "0.000000"
+    again = r.json()
+    assert again["choices"][0]["message"]["content"] == rec.outcomes[MODEL].response
+    assert again["model"] == MODEL and again["id"] != first.id
+    assert again["usage"]["prompt_tokens"] == first.usage.prompt_tokens
+    assert again["usage"]["cost"] == 0
+    first_id = first_raw.headers["x-xrouter-request-id"]
+    cache = again["xrouter"]["cache"]
+    assert cache["hit"] is True and cache["request_id"] == first_id
+    assert cache["saved_usd"] == pytest.approx(first_cost)
+    assert again["xrouter"]["calls"] == [] and again["xrouter"]["cost_usd"] == 0
+    assert upstream.stats()["requests"][MODEL] == 1  # the upstream was asked once
+
+    # The ledger: a row for each request; the hit made no call, cost nothing and names
+    # the request that paid.
+    hit_id = r.headers["x-xrouter-request-id"]
+    (status, _, total), calls = ledger_rows(cached, hit_id)
+    assert (status, total, calls) == (200, 0, [])
+    assert cached_from(cached, hit_id) == first_id and cached_from(cached, first_id) is None
+
+    # Feedback on the hit is accepted (it is a request of this key) ...
+    fb = httpx.post(f"{cached.base_url}/feedback", json={"request_id": hit_id, "score": 1})
+    assert fb.status_code == 200
+
+
+def test_streamed_and_plain_requests_share_answers(
+    cached: Gateway, upstream: Upstream, table_iter: Iterator[OutcomeRecord]
+) -> None:
+    # Streamed first: the relayed stream's text is stored once it completes.
+    rec = next(table_iter)
+    chunks = list(
+        client(cached).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": rec.text}], stream=True
+        )
+    )
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == rec.outcomes[MODEL].response
+    deadline = time.monotonic() + 5
+    while True:  # stored in the background after the stream's last event
+        r = ask(cached, rec.text)
+        if r.headers["x-xrouter-cache"] == "hit" or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert r.headers["x-xrouter-cache"] == "hit"
+    assert r.parse().choices[0].message.content == streamed
+
+    # Plain first, then streamed from the cache: the same text, and a last chunk that
+    # says it cost nothing.
+    rec = next(table_iter)
+    plain = ask(cached, rec.text).parse()
+    with client(cached).chat.completions.with_streaming_response.create(
+        model=MODEL, messages=[{"role": "user", "content": rec.text}], stream=True
+    ) as resp:
+        assert resp.headers["x-xrouter-cache"] == "hit"
+        chunks = list(resp.parse())
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == plain.choices[0].message.content
+    assert chunks[-1].usage is not None and extra(chunks[-1].usage)["cost"] == 0
+    assert extra(chunks[-1])["xrouter"]["cache"]["hit"] is True
+    assert upstream.stats()["requests"][MODEL] == 2  # one per prompt
+
+
+def test_the_router_s_answers_are_cached_per_policy_and_routing_controls(
+    cached: Gateway, upstream: Upstream, table_iter: Iterator[OutcomeRecord]
+) -> None:
+    rec = next(table_iter)
+    first = ask(cached, rec.text, model="xrouter")
+    assert first.headers["x-xrouter-cache"] == "miss"
+    assert ask(cached, rec.text, model="xrouter").headers["x-xrouter-cache"] == "hit"
+    # Another trade-off, allow-list or policy may route elsewhere: not the same question.
+    weight = {"xrouter": {"cost_weight": 3.0}}
+    assert (
+        ask(cached, rec.text, model="xrouter", extra_body=weight).headers["x-xrouter-cache"]
+        == "miss"
+    )
+    allow = {"xrouter": {"models": [OTHER]}}
+    r = ask(cached, rec.text, model="xrouter", extra_body=allow)
+    assert r.headers["x-xrouter-cache"] == "miss" and r.parse().model == OTHER
+    r = ask(cached, rec.text, model="xrouter/cheapest")
+    assert r.headers["x-xrouter-cache"] == "miss"
+    # A sampling parameter is part of the question too.
+    assert (
+        ask(cached, rec.text, model="xrouter", temperature=0.2).headers["x-xrouter-cache"] == "miss"
+    )
+    # The routed hit keeps the routed answer's model and carries no decision.
+    hit = ask(cached, rec.text, model="xrouter").parse()
+    assert hit.model == first.parse().model
+    meta = extra(hit)["xrouter"]
+    assert meta["cache"]["hit"] is True and meta["decision"]["actions"] == []
+
+
+def test_a_request_can_refuse_the_cache_or_keep_its_answer_out(
+    cached: Gateway, upstream: Upstream, table_iter: Iterator[OutcomeRecord]
+) -> None:
+    rec = next(table_iter)
+    keep_out = {"xrouter": {"cache": {"no_store": True}}}
+    assert ask(cached, rec.text, extra_body=keep_out).headers["x-xrouter-cache"] == "miss"
+    time.sleep(0.2)
+    assert ask(cached, rec.text).headers["x-xrouter-cache"] == "miss"  # nothing was kept
+    time.sleep(0.2)
+    assert ask(cached, rec.text).headers["x-xrouter-cache"] == "hit"
+    fresh = {"xrouter": {"cache": {"no_cache": True}}}
+    r = ask(cached, rec.text, extra_body=fresh)
+    assert r.headers["x-xrouter-cache"] == "bypass" and extra(r.parse().usage)["cost"] > 0
+    # Only answers younger than max_age_s are acceptable.
+    time.sleep(0.3)
+    old = {"xrouter": {"cache": {"max_age_s": 0.1}}}
+    assert ask(cached, rec.text, extra_body=old).headers["x-xrouter-cache"] == "miss"
+    assert upstream.stats()["requests"][MODEL] == 4
+    # A control the cache does not know is a 400 naming it, like every routing control.
+    with pytest.raises(openai.BadRequestError) as err:
+        ask(cached, rec.text, extra_body={"xrouter": {"cache": {"ttl": 5}}})
+    assert "xrouter.cache.ttl" in str(err.value)
+
+
+def test_the_responses_api_shares_the_chat_answers(
+    cached: Gateway, upstream: Upstream, table_iter: Iterator[OutcomeRecord]
+) -> None:
+    rec = next(table_iter)
+    chat = ask(cached, rec.text).parse()
+    raw = client(cached).responses.with_raw_response.create(model=MODEL, input=rec.text)
+    assert raw.headers["x-xrouter-cache"] == "hit"
+    resp = raw.parse()
+    assert resp.output_text == chat.choices[0].message.content
+    assert resp.usage is not None and extra(resp.usage)["cost"] == 0
+    assert upstream.stats()["requests"][MODEL] == 1
+
+
+def test_spend_report_and_metrics_count_hits_and_savings(
+    cached: Gateway, table_iter: Iterator[OutcomeRecord]
+) -> None:
+    rec = next(table_iter)
+    paid = extra(ask(cached, rec.text).parse().usage)["cost"]
+    ask(cached, rec.text)
+    ask(cached, rec.text)
+    time.sleep(0.3)  # the ledger writer flushes every 20 ms here
+    spend = httpx.get(
+        f"{cached.url}/admin/spend",
+        params={"group_by": "api"},
+        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+    ).json()
+    rows = {r["api"]: r for r in spend["data"]}
+    assert rows["chat"]["cache_hits"] >= 2
+    text = httpx.get(f"{cached.url}/metrics").text
+    samples = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line.startswith("xrouter_cache_")
+    }
+    assert samples['xrouter_cache_lookups_total{result="hit"}'] >= 2
+    assert samples['xrouter_cache_stores_total{result="stored"}'] >= 1
+    saved = samples['xrouter_cache_saved_usd_total{policy="passthrough"}']
+    assert saved >= 2 * paid - 1e-9
+
+
+def test_each_key_has_its_own_answers(
+    upstream: Upstream, tmp_path: Path, demo_table: list[OutcomeRecord]
+) -> None:
+    cfg = gateway_config(
+        tmp_path, upstream.base_url, auth={"enabled": True}, cache={"enabled": True}
+    )
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        keys = [
+            httpx.post(f"{gw.url}/admin/keys", json={"alias": a}, headers=admin).json()["key"]
+            for a in ("team-a", "team-b")
+        ]
+        rec = next(prompts(demo_table, MODEL))
+        assert ask(gw, rec.text, key=keys[0]).headers["x-xrouter-cache"] == "miss"
+        assert ask(gw, rec.text, key=keys[0]).headers["x-xrouter-cache"] == "hit"
+        assert ask(gw, rec.text, key=keys[1]).headers["x-xrouter-cache"] == "miss"
+    finally:
+        gw.stop()
+
+
+@pytest.fixture
+def redis_prefix() -> Iterator[str]:
+    prefix = f"xrtest-cache-{uuid.uuid4().hex[:10]}"
+    yield prefix
+    r = redis.Redis(host="127.0.0.1", port=6379)
+    keys = list(r.scan_iter(match=f"{prefix}:*"))
+    if keys:
+        r.delete(*keys)
+    r.close()
+
+
+@pytest.mark.redis
+def test_gateways_sharing_redis_share_answers(
+    upstream: Upstream, tmp_path: Path, demo_table: list[OutcomeRecord], redis_prefix: str
+) -> None:
+    cache = {"enabled": True, "backend": "redis", "key_prefix": redis_prefix, "scope": "global"}
+    limits = {"redis_url": "redis://127.0.0.1:6379/0"}
+    gws = [
+        start_gateway(
+            tmp_path / name,
+            gateway_config(tmp_path / name, upstream.base_url, cache=cache, limits=limits),
+        )
+        for name in ("a", "b")
+    ]
+    try:
+        rec = next(prompts(demo_table, OTHER))
+        first = ask(gws[0], rec.text, model=OTHER)
+        assert first.headers["x-xrouter-cache"] == "miss"
+        deadline = time.monotonic() + 5
+        while True:  # the store is write-behind
+            r = ask(gws[1], rec.text, model=OTHER)
+            if r.headers["x-xrouter-cache"] == "hit" or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert r.headers["x-xrouter-cache"] == "hit"
+        assert r.parse().choices[0].message.content == rec.outcomes[OTHER].response
+        hit = extra(r.parse())["xrouter"]["cache"]
+        assert hit["request_id"] == first.headers["x-xrouter-request-id"]
+        # Stored with the configured TTL.
+        ttl = redis.Redis(host="127.0.0.1", port=6379).pttl(
+            next(redis.Redis(host="127.0.0.1", port=6379).scan_iter(match=f"{redis_prefix}:*"))
+        )
+        assert 3_590_000 < ttl <= 3_600_000
+    finally:
+        for gw in gws:
+            gw.stop()
+
+
+def test_a_cache_outage_serves_every_request_without_the_cache(
+    upstream: Upstream, tmp_path: Path, demo_table: list[OutcomeRecord]
+) -> None:
+    dead = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    cache = {"enabled": True, "backend": "redis", "redis_url": dead, "timeout_ms": 50}
+    gw = start_gateway(tmp_path, gateway_config(tmp_path, upstream.base_url, cache=cache))
+    try:
+        rec = next(prompts(demo_table, MODEL))
+        for _ in range(3):
+            r = ask(gw, rec.text)
+            assert r.headers["x-xrouter-cache"] == "miss"
+            assert r.parse().choices[0].message.content == rec.outcomes[MODEL].response
+        assert upstream.stats()["requests"][MODEL] == 3
+        text = httpx.get(f"{gw.url}/metrics").text
+        assert 'xrouter_cache_lookups_total{result="error"} 3.0' in text
+        # One warning for the outage, not one per request.
+        assert gw.log().count("answer cache lookup failed") == 1
+    finally:
+        gw.stop()
+
+
+def test_a_hit_is_not_training_data(
+    cached: Gateway, tmp_path: Path, table_iter: Iterator[OutcomeRecord]
+) -> None:
+    """Off-policy learning reads logged decisions and their costs; a cached answer has
+    neither, so ``xrouter export`` leaves it out even when it has feedback."""
+    import subprocess
+    import sys
+
+    from tests.support.replay import REPO_ROOT
+
+    rec = next(table_iter)
+    ids = [ask(cached, rec.text, model="xrouter").headers["x-xrouter-request-id"] for _ in "ab"]
+    for rid in ids:
+        ledger_rows(cached, rid)
+        fb = httpx.post(f"{cached.base_url}/feedback", json={"request_id": rid, "score": 1})
+        assert fb.status_code == 200
+    time.sleep(0.3)
+    out = tmp_path / "export.jsonl"
+    url = f"sqlite+aiosqlite:///{cached.config_path.parent / 'ledger.db'}"
+    subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "export", "--ledger", url, "--out", str(out)],
+        check=True,
+        cwd=REPO_ROOT,
+        capture_output=True,
+    )
+    exported = {json.loads(line)["id"] for line in out.read_text().splitlines()}
+    assert ids[0] in exported and ids[1] not in exported
