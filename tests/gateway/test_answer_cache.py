@@ -352,3 +352,37 @@ def test_a_hit_is_not_training_data(
     )
     exported = {json.loads(line)["id"] for line in out.read_text().splitlines()}
     assert ids[0] in exported and ids[1] not in exported
+
+
+def test_a_deployed_router_does_not_answer_with_its_predecessor_s_choices(
+    cached: Gateway, table_iter: Iterator[OutcomeRecord]
+) -> None:
+    """The serving checkpoint is part of a routed answer's key: after ``xrouter deploy``
+    the router's cached answers are misses; a pass-through's are not."""
+    from router.checkpoint import load_checkpoint
+
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    routed, direct = next(table_iter), next(table_iter)
+    assert ask(cached, routed.text, model="xrouter").headers["x-xrouter-cache"] == "miss"
+    assert ask(cached, direct.text).headers["x-xrouter-cache"] == "miss"
+    assert ask(cached, routed.text, model="xrouter").headers["x-xrouter-cache"] == "hit"
+    serving = httpx.get(f"{cached.url}/admin/router", headers=admin).json()["checkpoint"]
+    other = next(
+        c
+        for c in (load_checkpoint("packaged:demo-rl"), load_checkpoint("packaged:demo"))
+        if c.version != serving["version"]
+    )
+    try:
+        r = httpx.post(
+            f"{cached.url}/admin/reload", headers=admin, json={"checkpoint": str(other.path)}
+        )
+        assert r.status_code == 200, r.text
+        assert ask(cached, routed.text, model="xrouter").headers["x-xrouter-cache"] == "miss"
+        assert ask(cached, routed.text, model="xrouter").headers["x-xrouter-cache"] == "hit"
+        assert ask(cached, direct.text).headers["x-xrouter-cache"] == "hit"
+    finally:
+        # The module's other tests expect the default router.
+        r = httpx.post(
+            f"{cached.url}/admin/reload", headers=admin, json={"checkpoint": serving["path"]}
+        )
+        assert r.status_code == 200, r.text
