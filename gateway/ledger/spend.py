@@ -166,6 +166,30 @@ async def spend_report(
     return sorted((_money(r) for r in rows), key=_sort_key(fields))
 
 
+async def cache_savings(
+    engine: AsyncEngine, since: TimeBound = None, until: TimeBound = None
+) -> dict[str, Any]:
+    """Requests answered from the answer cache, and what their answers cost when first
+    bought (the requests they name in ``cached_from``)."""
+    original = requests.alias("original")
+    query = (
+        sa.select(
+            sa.func.count().label("cache_hits"),
+            _sum(original.c.total_cost_micros).label("saved_micros"),
+        )
+        .select_from(requests.outerjoin(original, requests.c.cached_from == original.c.request_id))
+        .where(requests.c.cached_from.is_not(None), *request_filters(since, until, None))
+    )
+    async with engine.connect() as conn:
+        row = (await conn.execute(query)).one()
+    saved = int(row.saved_micros)
+    return {
+        "cache_hits": int(row.cache_hits),
+        "saved_micros": saved,
+        "saved_usd": micros_to_usd(saved),
+    }
+
+
 _REQUEST_FIELDS = [c for c in requests.c if c.name != "content"]
 
 

@@ -72,6 +72,27 @@ def _spend_rows(rows: list[dict[str, Any]], key: str) -> list[list[Any]]:
     ]
 
 
+async def _cache_section(s: Any, since: dt.datetime) -> list[str]:
+    """Hits and savings of the answer cache, when it is on."""
+    if s.cache is None or s.engine is None:
+        return []
+    from gateway.ledger.spend import cache_savings
+
+    total = await cache_savings(s.engine)
+    recent = await cache_savings(s.engine, since=since)
+    return [
+        "<h2>Answer cache</h2>",
+        _table(
+            ["period", "answered from the cache", "saved"],
+            [
+                ["all time", total["cache_hits"], _usd(total["saved_usd"])],
+                ["last 14 days", recent["cache_hits"], _usd(recent["saved_usd"])],
+            ],
+            {1, 2},
+        ),
+    ]
+
+
 async def _keys(s: Any) -> list[list[Any]]:
     if s.keys is None:
         return []
@@ -149,6 +170,7 @@ async def dashboard(request: Request) -> Response:
             _spend_rows(sorted(by_day, key=lambda r: str(r.get("day")), reverse=True), "day"),
             {1, 2, 3, 4, 5},
         ),
+        *(await _cache_section(s, since)),
         "<h2>Keys and budgets</h2>",
         _table(
             ["alias", "key id", "budget", "period", "spent", "remaining", "rpm", "tpm"],

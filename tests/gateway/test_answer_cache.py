@@ -233,6 +233,13 @@ def test_spend_report_and_metrics_count_hits_and_savings(
     assert samples['xrouter_cache_stores_total{result="stored"}'] >= 1
     saved = samples['xrouter_cache_saved_usd_total{policy="passthrough"}']
     assert saved >= 2 * paid - 1e-9
+    # The operators' page says how many answers came from the cache and what they saved.
+    page = httpx.get(f"{cached.url}/dashboard").text
+    assert "<h2>Answer cache</h2>" in page
+    section = page.split("<h2>Answer cache</h2>")[1].split("<h2>")[0]
+    cells = [c.split(">")[-1] for c in section.split("</td>")]
+    hits, saved_usd = int(cells[1]), float(cells[2].lstrip("$"))
+    assert hits >= 2 and saved_usd >= 2 * paid - 1e-6
 
 
 def test_each_key_has_its_own_answers(

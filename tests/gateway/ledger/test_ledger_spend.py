@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.ledger.records import RequestRecord
-from gateway.ledger.spend import get_request, spend_report, totals
+from gateway.ledger.spend import cache_savings, get_request, spend_report, totals
 from gateway.ledger.store import create_ledger_engine
 from gateway.ledger.writer import LedgerWriter
 from gateway.settings import LedgerSettings
@@ -220,3 +220,21 @@ async def test_a_key_report_names_the_keys_by_alias(
     assert rows[info.key_id]["key_alias"] == "team-search"
     assert rows[info.key_id]["total_cost_micros"] == 700
     assert rows[None]["key_alias"] is None
+
+
+async def test_cache_savings_are_what_the_reused_answers_cost(
+    engine: AsyncEngine, loaded: list[RequestRecord]
+) -> None:
+    by_id = {r.request_id: r for r in loaded}
+    hits = [r for r in loaded if r.cached_from is not None]
+    assert len(hits) >= 5
+    saved = sum(by_id[r.cached_from].total_cost_micros for r in hits if r.cached_from)
+    assert await cache_savings(engine) == {
+        "cache_hits": len(hits),
+        "saved_micros": saved,
+        "saved_usd": saved / 1_000_000,
+    }
+    since = DAY0 + 86400
+    recent = [r for r in hits if r.created_at >= since]
+    got = await cache_savings(engine, since=datetime.fromtimestamp(since, UTC))
+    assert got["cache_hits"] == len(recent) < len(hits)
