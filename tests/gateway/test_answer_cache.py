@@ -17,6 +17,10 @@ import httpx
 import openai
 import pytest
 import redis
+from openai.types.chat import (
+    ChatCompletionFunctionToolParam,
+    ChatCompletionMessageFunctionToolCall,
+)
 
 from router.outcomes import OutcomeRecord
 from tests.gateway.conftest import Upstream, ledger_rows
@@ -393,3 +397,52 @@ def test_a_deployed_router_does_not_answer_with_its_predecessor_s_choices(
             f"{cached.url}/admin/reload", headers=admin, json={"checkpoint": serving["path"]}
         )
         assert r.status_code == 200, r.text
+
+
+WEATHER_TOOL: ChatCompletionFunctionToolParam = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def test_tool_calls_come_back_from_the_cache_streamed_or_not(cached: Gateway) -> None:
+    c = client(cached)
+    question = f"Weather in Paris? ({uuid.uuid4().hex[:8]})"
+    messages: Any = [{"role": "user", "content": question}]
+    first = c.chat.completions.with_raw_response.create(
+        model=MODEL, messages=messages, tools=[WEATHER_TOOL]
+    )
+    assert first.headers["x-xrouter-cache"] == "miss"
+    [call] = first.parse().choices[0].message.tool_calls or []
+    assert isinstance(call, ChatCompletionMessageFunctionToolCall)
+    with c.chat.completions.with_streaming_response.create(
+        model=MODEL, messages=messages, tools=[WEATHER_TOOL], stream=True
+    ) as resp:
+        assert resp.headers["x-xrouter-cache"] == "hit"
+        chunks = list(resp.parse())
+    deltas = [tc for ch in chunks if ch.choices for tc in ch.choices[0].delta.tool_calls or []]
+    assert [(d.id, d.function.name, d.function.arguments) for d in deltas if d.function] == [
+        (call.id, call.function.name, call.function.arguments)
+    ]
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "tool_calls"
+
+    # A relayed stream keeps only its text: with tools offered it may have been a tool call,
+    # so it is not stored, and the same question asked plainly is a miss.
+    question = f"Weather in Rome? ({uuid.uuid4().hex[:8]})"
+    messages = [{"role": "user", "content": question}]
+    list(
+        c.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER_TOOL], stream=True)
+    )
+    time.sleep(0.2)
+    again = c.chat.completions.with_raw_response.create(
+        model=MODEL, messages=messages, tools=[WEATHER_TOOL]
+    )
+    assert again.headers["x-xrouter-cache"] == "miss"
+    assert again.parse().choices[0].message.tool_calls
