@@ -17,6 +17,8 @@ import httpx
 import openai
 import pytest
 import redis
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 from openai.types.chat import (
     ChatCompletionFunctionToolParam,
     ChatCompletionMessageFunctionToolCall,
@@ -24,6 +26,7 @@ from openai.types.chat import (
 
 from router.outcomes import OutcomeRecord
 from tests.gateway.conftest import Upstream, ledger_rows
+from tests.gateway.test_api_fuzz import last_turn, turn
 from tests.support.gateway import ADMIN_KEY, Gateway, free_port, gateway_config, start_gateway
 from tests.support.sdk import extra
 
@@ -446,3 +449,49 @@ def test_tool_calls_come_back_from_the_cache_streamed_or_not(cached: Gateway) ->
     )
     assert again.headers["x-xrouter-cache"] == "miss"
     assert again.parse().choices[0].message.tool_calls
+
+
+plausible_body = st.fixed_dictionaries(
+    {
+        "model": st.sampled_from(["xrouter", "xrouter/cheapest", "xrouter/cascade", OTHER]),
+        "messages": st.tuples(st.lists(turn, max_size=3), last_turn).map(lambda t: [*t[0], t[1]]),
+    },
+    optional={
+        "temperature": st.floats(0, 2),
+        "top_p": st.floats(0, 1),
+        "max_tokens": st.integers(1, 4096),
+        "n": st.integers(1, 3),
+        "stop": st.lists(st.text(min_size=1, max_size=5), max_size=2),
+        "seed": st.integers(0, 2**31),
+        "user": st.text(max_size=20),
+        "response_format": st.just({"type": "json_object"}),
+        "xrouter": st.fixed_dictionaries(
+            {}, optional={"cost_weight": st.floats(0, 5), "models": st.just([OTHER, MODEL])}
+        ),
+    },
+)
+
+
+@settings(
+    max_examples=80,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    derandomize=True,
+)
+@given(body=plausible_body)
+def test_every_plain_answer_is_served_again_from_the_cache(cached: Gateway, body: dict) -> None:
+    """Generated requests (conversations of the fuzz suite's turns, any model or policy, any
+    mix of parameters): every non-streamed 200 is answered again, identically and for
+    nothing, and no parameter makes the cache fail a request."""
+    with httpx.Client(base_url=cached.base_url, timeout=30) as http:
+        first = http.post("/chat/completions", json=body)
+        second = http.post("/chat/completions", json=body)
+    event(f"first {first.status_code}")
+    assert first.status_code < 500 or first.status_code in (502, 503, 504), first.text
+    if first.status_code != 200:
+        assert second.status_code == first.status_code or second.status_code >= 500
+        return
+    assert second.status_code == 200, second.text
+    assert second.headers["x-xrouter-cache"] == "hit"
+    assert second.json()["choices"] == first.json()["choices"]
+    assert second.json()["usage"]["cost"] == 0
