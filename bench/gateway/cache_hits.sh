@@ -15,9 +15,6 @@
 # /tmp/venvs/fake (the harness's setup.sh), the project venv, and Redis for --backend redis.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
-HARNESS=${HARNESS:-$ROOT/../shared/bench/gateway}
-XR=${XROUTER_BIN:-$ROOT/.venv/bin/xrouter}
 DURATION=15; CONC=16; BACKEND=memory
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -28,33 +25,15 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 OUT=$(mktemp -d /tmp/xrouter-cache-hits.XXXXXX)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -- -"$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
-wait_ready() { for _ in $(seq 1 200); do curl -sf "$1" >/dev/null && return 0; sleep 0.1; done; return 1; }
+source "$HERE/lib.sh"
 
-taskset -c 1 setsid /tmp/venvs/fake/bin/python "$HARNESS/fake_upstream.py" --port 18000 \
-  >"$OUT/fake.log" 2>&1 &
-pids+=($!)
-
+start_fake_upstream
 PROMPT="Say hello in one short sentence. ($(date +%s%N))"  # a question no earlier run stored
 PLAIN="{\"model\":\"fake-model\",\"messages\":[{\"role\":\"user\",\"content\":\"$PROMPT\"}],\"max_tokens\":16}"
 STORE="{\"model\":\"fake-model\",\"messages\":[{\"role\":\"user\",\"content\":\"$PROMPT\"}],\"max_tokens\":16,\"xrouter\":{\"cache\":{\"no_cache\":true}}}"
+URL=http://127.0.0.1:4103
 
-measure() {  # measure ROW BODY
-  local row=$1 body=$2
-  curl -sf -o /dev/null -H 'content-type: application/json' -d "$body" http://127.0.0.1:4103/v1/chat/completions
-  for phase in warmup measure; do
-    d=$([[ $phase == warmup ]] && echo 5 || echo "$DURATION")
-    BENCH_PATH=/v1/chat/completions BENCH_BODY=$body taskset -c 1 wrk -t"$CONC" -c"$CONC" \
-      -d"${d}s" --latency -s "$HERE/post.lua" http://127.0.0.1:4103 >"$OUT/wrk-$phase.txt"
-  done
-  pct() { awk -v p="$1" '$1 == p {print $2}' "$OUT/wrk-measure.txt"; }
-  printf '%-8s %10s %9s %9s %9s %7s\n' "$row" "$(awk '/^Requests\/sec/ {print $2}' "$OUT/wrk-measure.txt")" \
-    "$(pct 50%)" "$(pct 90%)" "$(pct 99%)" "$(awk '/^non200/ {print $2}' "$OUT/wrk-measure.txt")"
-}
-
-printf '%-8s %10s %9s %9s %9s %7s\n' row "req/s" p50 p90 p99 non200
+print_header
 for cache in off "$BACKEND"; do
   # Each gateway gets a ledger of its own: a second one writing into the first one's
   # grown SQLite file would be slower for that alone.
@@ -62,13 +41,14 @@ for cache in off "$BACKEND"; do
   CACHE=${cache/off/} MODE=bare "$HERE/xrouter_config.sh" "$OUT/$cache/config.yaml"
   taskset -c 0 setsid "$XR" serve --config "$OUT/$cache/config.yaml" --port 4103 >"$OUT/gateway-$cache.log" 2>&1 &
   gw=$!
-  wait_ready http://127.0.0.1:4103/readyz
+  track "$gw"
+  wait_ready "$URL/readyz"
   if [[ $cache == off ]]; then
-    measure off "$STORE"
+    measure off "$URL" /v1/chat/completions "$STORE" "$DURATION" "$CONC"
   else
-    measure store "$STORE"
-    measure hit "$PLAIN"
-    curl -s http://127.0.0.1:4103/metrics | grep '^xrouter_cache_lookups_total' | tr '\n' ' '; echo
+    measure store "$URL" /v1/chat/completions "$STORE" "$DURATION" "$CONC"
+    measure hit "$URL" /v1/chat/completions "$PLAIN" "$DURATION" "$CONC"
+    curl -s "$URL/metrics" | grep '^xrouter_cache_lookups_total' | tr '\n' ' '; echo
   fi
   kill -- -"$gw"; wait "$gw" 2>/dev/null || true
 done

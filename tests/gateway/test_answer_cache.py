@@ -19,16 +19,13 @@ import pytest
 import redis
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from openai.types.chat import (
-    ChatCompletionFunctionToolParam,
-    ChatCompletionMessageFunctionToolCall,
-)
+from openai.types.chat import ChatCompletionMessageFunctionToolCall
 
 from router.outcomes import OutcomeRecord
 from tests.gateway.conftest import Upstream, ledger_rows
 from tests.gateway.test_api_fuzz import last_turn, turn
 from tests.support.gateway import ADMIN_KEY, Gateway, free_port, gateway_config, start_gateway
-from tests.support.sdk import extra
+from tests.support.sdk import WEATHER_TOOL, extra
 
 MODEL = "mistral-small-24b-instruct-2501-bf16"
 OTHER = "qwen2.5-7b-instruct"
@@ -400,19 +397,6 @@ def test_a_deployed_router_does_not_answer_with_its_predecessor_s_choices(
             f"{cached.url}/admin/reload", headers=admin, json={"checkpoint": serving["path"]}
         )
         assert r.status_code == 200, r.text
-
-
-WEATHER_TOOL: ChatCompletionFunctionToolParam = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
 
 
 def test_tool_calls_come_back_from_the_cache_streamed_or_not(cached: Gateway) -> None:

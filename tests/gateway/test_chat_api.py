@@ -26,7 +26,7 @@ from router.outcomes import OutcomeRecord
 from tests.gateway.conftest import Upstream, abandon_stream, ledger_rows, longest_answer
 from tests.support.gateway import Gateway, gateway_config, start_gateway
 from tests.support.replay import start_replay_upstream, stop_replay_upstream
-from tests.support.sdk import extra
+from tests.support.sdk import WEATHER_TOOL, extra
 
 MODEL = "mistral-small-24b-instruct-2501-bf16"
 
@@ -159,19 +159,7 @@ def test_router_streams_too(gateway: Gateway, demo_table: list[OutcomeRecord]) -
 
 
 def test_tools_round_trip(gateway: Gateway) -> None:
-    tools: list[ChatCompletionToolUnionParam] = [
-        {
-            "type": "function",
-            "function": {
-                "name": "get_weather",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"city": {"type": "string"}},
-                    "required": ["city"],
-                },
-            },
-        }
-    ]
+    tools: list[ChatCompletionToolUnionParam] = [WEATHER_TOOL]
     c = client(gateway)
     messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Weather in Paris?"}]
     first = c.chat.completions.create(model=MODEL, messages=messages, tools=tools)

@@ -25,7 +25,7 @@ from tests.conftest import ScriptedRouter
 from tests.gateway.conftest import Upstream
 from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
 from tests.support.replay import REPO_ROOT
-from tests.support.sdk import extra
+from tests.support.sdk import WEATHER_TOOL, extra
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
@@ -483,19 +483,7 @@ def test_a_cascade_checkpoint_is_trained_deployed_and_runs_its_plan(
 def test_cascade_accepts_agreeing_tool_calls_without_escalating(gateway: Gateway) -> None:
     """Two cheap models that call the client's tool with the same arguments agree: the
     cascade answers with the cheaper one's call and never pays for a third model."""
-    tools: list[ChatCompletionToolUnionParam] = [
-        {
-            "type": "function",
-            "function": {
-                "name": "get_weather",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"city": {"type": "string"}},
-                    "required": ["city"],
-                },
-            },
-        }
-    ]
+    tools: list[ChatCompletionToolUnionParam] = [WEATHER_TOOL]
     r = client(gateway).chat.completions.with_raw_response.create(
         model="xrouter/cascade",
         messages=[{"role": "user", "content": "What's the weather in Paris?"}],

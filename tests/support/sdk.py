@@ -1,10 +1,25 @@
-"""Reading the gateway's additions to OpenAI SDK objects in tests."""
+"""Reading the gateway's additions to OpenAI SDK objects in tests, and what tests send."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from openai.types.chat import ChatCompletionFunctionToolParam
 from pydantic import BaseModel
+
+# A client's function tool, as the chat tests offer it (the replay upstream calls the first
+# tool offered).
+WEATHER_TOOL: ChatCompletionFunctionToolParam = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
 
 
 def extra(obj: BaseModel | None) -> dict[str, Any]:
