@@ -116,20 +116,15 @@ async def test_an_answer_larger_than_max_entry_bytes_is_not_stored() -> None:
     assert registry.get_sample_value("xrouter_cache_stores_total", {"result": "too_large"}) == 1
 
 
-async def test_a_failing_backend_is_backed_off(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_failing_backend_is_backed_off(
+    monkeypatch: pytest.MonkeyPatch, silent_redis_url: str
+) -> None:
     """One lookup pays the timeout; the next ones skip the backend until the backoff ends."""
     monkeypatch.setattr(service, "_BACKOFF_S", 0.3)
-    held: list[asyncio.StreamWriter] = []
-
-    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        held.append(writer)
-
-    server = await asyncio.start_server(silent, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
     registry = CollectorRegistry()
     metrics = GatewayMetrics(registry, models=["m"], policies=["passthrough"])
     s = CacheSettings(enabled=True, backend="redis", timeout_ms=100)
-    backend = RedisBackend(f"redis://127.0.0.1:{port}/0", prefix="x", timeout_s=0.1)
+    backend = RedisBackend(silent_redis_url, prefix="x", timeout_s=0.1)
     cache = AnswerCache(s, backend, metrics)
     try:
 
@@ -148,7 +143,3 @@ async def test_a_failing_backend_is_backed_off(monkeypatch: pytest.MonkeyPatch) 
         assert lookups(registry, "error") == 3
     finally:
         await cache.aclose()
-        for w in held:
-            w.close()
-        server.close()
-        await server.wait_closed()
