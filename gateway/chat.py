@@ -375,7 +375,15 @@ class ChatService:
             checkpoint=None if resolved.passthrough else rt.checkpoint_info.get("version"),
             controls=req.xrouter.cache if req.xrouter is not None else None,
         )
-        hit = await self.cache.lookup(ticket)
+
+        def usable(answer: CachedAnswer) -> bool:
+            # The answering model must still be one this request may use: an operator who
+            # removes a model from the pool, or from a key, removes its cached answers too.
+            m = answer.model
+            allowed = who.allowed_models
+            return m is None or (m in rt.pool and (allowed is None or m in allowed))
+
+        hit = await self.cache.lookup(ticket, usable)
         rlog.extra_headers["x-xrouter-cache"] = (
             "miss" if ticket.result == "error" else ticket.result
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -70,8 +71,11 @@ class AnswerCache:
             cache_key(data, scope=scope, policy=policy, checkpoint=checkpoint), controls
         )
 
-    async def lookup(self, ticket: CacheTicket) -> CachedAnswer | None:
-        """The stored answer for ``ticket``, or None (recording why on the ticket)."""
+    async def lookup(
+        self, ticket: CacheTicket, usable: Callable[[CachedAnswer], bool] | None = None
+    ) -> CachedAnswer | None:
+        """The stored answer for ``ticket``, or None (recording why on the ticket). An
+        answer ``usable`` rejects is a miss."""
         controls = ticket.controls
         if controls is not None and controls.no_cache:
             return self._found(ticket, "bypass", None)
@@ -87,6 +91,8 @@ class AnswerCache:
         if answer is not None and controls is not None and controls.max_age_s is not None:
             if time.time() - answer.created_at > controls.max_age_s:
                 answer = None
+        if answer is not None and usable is not None and not usable(answer):
+            answer = None
         return self._found(ticket, "hit" if answer is not None else "miss", answer)
 
     def _found(

@@ -263,6 +263,21 @@ def test_each_key_has_its_own_answers(
         assert ask(gw, rec.text, key=keys[0]).headers["x-xrouter-cache"] == "miss"
         assert ask(gw, rec.text, key=keys[0]).headers["x-xrouter-cache"] == "hit"
         assert ask(gw, rec.text, key=keys[1]).headers["x-xrouter-cache"] == "miss"
+
+        # A cached routed answer is served only while its model is one the key may use.
+        routed = ask(gw, rec.text, model="xrouter", key=keys[0])
+        answered_by = routed.parse().model
+        assert ask(gw, rec.text, model="xrouter", key=keys[0]).headers["x-xrouter-cache"] == "hit"
+        key_id = httpx.get(f"{gw.url}/admin/keys", headers=admin).json()["data"]
+        [kid] = [k["key_id"] for k in key_id if k["alias"] == "team-a"]
+        others = [m for m in (MODEL, OTHER) if m != answered_by]
+        r = httpx.patch(
+            f"{gw.url}/admin/keys/{kid}", json={"allowed_models": others}, headers=admin
+        )
+        assert r.status_code == 200, r.text
+        again = ask(gw, rec.text, model="xrouter", key=keys[0])
+        assert again.headers["x-xrouter-cache"] == "miss"
+        assert again.parse().model in others
     finally:
         gw.stop()
 

@@ -143,3 +143,13 @@ async def test_a_failing_backend_is_backed_off(
         assert lookups(registry, "error") == 3
     finally:
         await cache.aclose()
+
+
+async def test_an_answer_the_caller_rejects_is_a_miss() -> None:
+    cache, registry = make()
+    cache.store(ticket(cache), answer())
+    await settle()
+    t = ticket(cache)
+    assert await cache.lookup(t, lambda a: a.model != "m") is None and t.result == "miss"
+    assert await cache.lookup(ticket(cache), lambda a: True) is not None
+    assert (lookups(registry, "miss"), lookups(registry, "hit")) == (1, 1)
