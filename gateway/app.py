@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from starlette.routing import Route
 
 from gateway.errors import install_error_handlers
-from gateway.routes import admin, dashboard, openai, ops
+from gateway.routes import admin, anthropic, dashboard, openai, ops
 from gateway.services import Services
 from gateway.settings import Settings, load_settings
 
@@ -63,6 +63,10 @@ def create_app(
         Route("/v1/chat/completions", openai.chat_completions, methods=["POST"])
     )
     app.router.routes.append(Route("/v1/responses", openai.create_response, methods=["POST"]))
+    app.router.routes.append(Route("/v1/messages", anthropic.create_message, methods=["POST"]))
+    app.router.routes.append(
+        Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"])
+    )
     app.include_router(openai.router)
     app.include_router(ops.router)
     app.include_router(admin.router)

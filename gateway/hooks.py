@@ -39,7 +39,7 @@ class RequestLog:
     status: int = 0
     error_type: str | None = None
     stream: bool = False
-    api: str = "chat"  # or "responses"
+    api: str = "chat"  # or "responses", "messages"
     messages: list[Any] | None = None
     response_text: str | None = None
     result: RouteResult | None = None

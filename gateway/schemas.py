@@ -117,9 +117,10 @@ class FeedbackRequest(BaseModel):
     @classmethod
     def _completion_id(cls, value: str) -> str:
         # The completion's `id` (`chatcmpl-<request id>`, what an OpenAI client shows
-        # first), or the Responses API's (`resp_<request id>`), names the request as well
+        # first), the Responses API's (`resp_<request id>`) or the Messages API's
+        # (`msg_<request id>`), names the request as well
         # as `xrouter.request_id` does.
-        for prefix in ("chatcmpl-", "resp_"):
+        for prefix in ("chatcmpl-", "resp_", "msg_"):
             if value.startswith(prefix) and len(value) > len(prefix):
                 return value[len(prefix) :]
         return value

@@ -102,7 +102,7 @@ class RequestRecord:
     messages: list[Any] | None
     response_text: str | None
     stream: bool
-    api: str = "chat"  # "chat" or "responses": the API shape the request came in
+    api: str = "chat"  # "chat", "responses" or "messages": the API shape it came in
     # Answered from the answer cache: the id of the request that paid for the answer.
     cached_from: str | None = None
     calls: list[CallRecord] = field(default_factory=list)

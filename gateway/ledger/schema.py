@@ -97,9 +97,9 @@ requests = sa.Table(
     sa.Column("decision", sa.JSON(none_as_null=True), nullable=True),
     sa.Column("content", sa.JSON(none_as_null=True), nullable=True),
     sa.Column("stream", sa.Boolean(), nullable=False),
-    # The API shape the request came in: "chat" (/v1/chat/completions) or "responses"
-    # (/v1/responses, translated to a chat request). The server default keeps an older
-    # release's inserts valid after a rollback.
+    # The API shape the request came in: "chat" (/v1/chat/completions), "responses"
+    # (/v1/responses) or "messages" (/v1/messages), the last two translated to a chat
+    # request. The server default keeps an older release's inserts valid after a rollback.
     sa.Column("api", sa.String(16), nullable=False, server_default="chat"),
     # Set when the answer came from the answer cache: the request whose answer (and cost)
     # it reused. This request made no call and no routing decision.

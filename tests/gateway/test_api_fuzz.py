@@ -22,6 +22,8 @@ from tests.support.gateway import Gateway
 ANSWERED: dict[str, int] = {}
 # the status of every Responses API request
 RESPONSES_STATUS: list[int] = []
+# the status of every Messages API request
+MESSAGES_STATUS: list[int] = []
 MODELS = ["xrouter", "xrouter/cheapest", "xrouter/cascade", "gemma-2-9b-it", "no-such-model"]
 
 json_leaf = (
@@ -237,6 +239,89 @@ def test_responses_never_fail_on_client_input(http: httpx.Client, body: dict) ->
         assert_openai_error(response)
 
 
+block = st.fixed_dictionaries(
+    {"type": st.just("text"), "text": st.text(max_size=80)}
+) | st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "image", "tool_use", "tool_result", "thinking", "x"])},
+    optional={
+        "text": json_value,
+        "source": json_value,
+        "id": json_value,
+        "name": json_value,
+        "input": json_value,
+        "tool_use_id": json_value,
+        "content": json_value,
+        "is_error": json_value,
+    },
+)
+anthropic_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant"]), "content": st.text(min_size=1, max_size=80)}
+) | st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "system", "robot"])},
+    optional={"content": st.text(max_size=120) | st.lists(block, max_size=3) | json_value},
+)
+messages_params = {
+    "system": st.text(max_size=40) | json_value,
+    "temperature": st.floats(0, 1) | json_value,
+    "stop_sequences": st.lists(st.text(min_size=1, max_size=5), max_size=2) | json_value,
+    "stream": st.booleans() | json_value,
+    "tools": st.lists(
+        st.fixed_dictionaries(
+            {"name": st.text(min_size=1, max_size=10)},
+            optional={"input_schema": json_value, "type": st.sampled_from(["custom", "bash"])},
+        ),
+        max_size=2,
+    )
+    | json_value,
+    "tool_choice": st.fixed_dictionaries(
+        {"type": st.sampled_from(["auto", "any", "tool", "none", "x"])},
+        optional={"name": json_value},
+    )
+    | json_value,
+    "metadata": st.fixed_dictionaries({}, optional={"user_id": json_value}) | json_value,
+    "xrouter": st.fixed_dictionaries({}, optional={"cost_weight": st.floats(0, 5)}) | json_value,
+}
+messages_body = st.fixed_dictionaries(
+    {
+        "model": st.sampled_from(MODELS),
+        "max_tokens": st.integers(1, 2048),
+        "messages": st.tuples(st.lists(anthropic_message, max_size=3), last_turn).map(
+            lambda t: [*t[0], t[1]]
+        ),
+    },
+    optional=messages_params,
+) | st.fixed_dictionaries(
+    {}, optional={"model": json_value, "max_tokens": json_value, "messages": json_value}
+)
+
+
+@FUZZ
+@given(body=messages_body)
+def test_anthropic_messages_never_fail_on_client_input(http: httpx.Client, body: dict) -> None:
+    stream = body.get("stream") is True
+    with http.stream("POST", "/v1/messages", json=body) as response:
+        raw = response.read()
+    if rid := response.headers.get("x-xrouter-request-id"):
+        ANSWERED[rid] = response.status_code
+    MESSAGES_STATUS.append(response.status_code)
+    if response.status_code == 200 and stream:
+        events = [
+            json.loads(line.removeprefix("data: "))
+            for line in raw.decode().splitlines()
+            if line.startswith("data: ")
+        ]
+        assert events[0]["type"] == "message_start"
+        assert events[-1]["type"] in ("message_stop", "error")
+    elif response.status_code == 200:
+        assert json.loads(raw)["type"] == "message"
+    else:
+        # Anthropic's error shape, and never a 500 or a traceback.
+        assert response.status_code < 500 or response.status_code in (502, 503, 504)
+        error = response.json()
+        assert error["type"] == "error" and error["error"]["message"]
+        assert "Traceback" not in response.text
+
+
 def test_every_request_the_fuzzing_answered_has_its_ledger_row(gateway: Gateway) -> None:
     # Runs after the fuzzing above (pytest keeps a module's order): every request id the
     # gateway answered with, error or not, names a ledger row with the same status.
@@ -245,6 +330,7 @@ def test_every_request_the_fuzzing_answered_has_its_ledger_row(gateway: Gateway)
     statuses = list(ANSWERED.values())
     assert statuses.count(200) > len(statuses) // 20 and 400 in statuses
     assert RESPONSES_STATUS.count(200) > 10 and 400 in RESPONSES_STATUS
+    assert MESSAGES_STATUS.count(200) > 10 and 400 in MESSAGES_STATUS
     ledger = gateway.config_path.parent / "ledger.db"
     deadline = time.monotonic() + 10
     while True:  # rows are written behind the response (the journal holds them before it)

@@ -1,0 +1,63 @@
+"""The Anthropic Messages API (``POST /v1/messages``), served by translation to and from
+the chat completions path: :mod:`gateway.messages.request` turns the request into a chat
+request, :mod:`gateway.messages.output` turns the chat service's answer (JSON, SSE or an
+error) back into Anthropic's shapes."""
+
+from __future__ import annotations
+
+import orjson
+from starlette.responses import Response, StreamingResponse
+
+from gateway.errors import APIError
+from gateway.messages.output import EventStream, error_body, from_chat_completion
+from gateway.messages.request import (
+    CountTokensRequest,
+    MessagesRequest,
+    parse_request,
+    to_chat,
+)
+
+__all__ = [
+    "CountTokensRequest",
+    "MessagesRequest",
+    "adapt",
+    "anthropic_error",
+    "parse_request",
+    "to_chat",
+]
+
+# Headers of the chat answer that describe its body, not the request.
+_BODY_HEADERS = {"content-length", "content-type"}
+
+
+def anthropic_error(err: APIError, extra_headers: dict[str, str] | None = None) -> Response:
+    """An error raised on the way in, in Anthropic's shape (same status and headers)."""
+    return Response(
+        orjson.dumps(error_body(err.status, err.body()["error"])),
+        status_code=err.status,
+        media_type="application/json",
+        headers={**err.headers, **(extra_headers or {})},
+    )
+
+
+def adapt(req: MessagesRequest, chat: Response) -> Response:
+    """The chat service's answer to the translated request, as the Messages API answers."""
+    headers = {k: v for k, v in chat.headers.items() if k not in _BODY_HEADERS}
+    if chat.status_code != 200:
+        try:
+            err = orjson.loads(chat.body)["error"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            err = {"message": "error"}
+        return Response(
+            orjson.dumps(error_body(chat.status_code, err)),
+            status_code=chat.status_code,
+            media_type="application/json",
+            headers=headers,
+        )
+    if isinstance(chat, StreamingResponse):
+        events = EventStream(req, headers["x-xrouter-request-id"], headers.get("x-xrouter-model"))
+        return StreamingResponse(
+            events.translate(chat.body_iterator), media_type="text/event-stream", headers=headers
+        )
+    body = from_chat_completion(req, orjson.loads(chat.body))
+    return Response(orjson.dumps(body), media_type="application/json", headers=headers)

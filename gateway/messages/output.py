@@ -1,0 +1,293 @@
+"""The chat service's answer in the Anthropic Messages API's shape: a ``message`` object,
+its stream of events, or an Anthropic-shaped error.
+
+Like the Responses API (``gateway.responses``), these are translations of what the chat
+service already produced, so routing, metering, budgets and the ledger are the chat path's.
+The message id is ``msg_<request id>`` (which ``POST /v1/feedback`` accepts); tool-use ids
+are the chat tool-call ids, so a ``tool_result`` names the call it answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import Any
+
+import orjson
+
+from gateway.messages.request import MessagesRequest
+
+# finish_reason -> stop_reason. A chat answer does not say which stop sequence ended it, so
+# "stop" is end_turn (stop_sequence stays null).
+_STOP_REASON = {
+    "stop": "end_turn",
+    "length": "max_tokens",
+    "tool_calls": "tool_use",
+    "function_call": "tool_use",
+    "content_filter": "refusal",
+}
+# HTTP status -> Anthropic's error type.
+_ERROR_TYPE = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    504: "timeout_error",
+}
+
+
+def error_body(status: int, openai_error: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI-shaped error's content as Anthropic's ``{"type": "error", "error": ...}``;
+    the gateway's own ``code`` and ``param`` ride along."""
+    err: dict[str, Any] = {
+        "type": _ERROR_TYPE.get(status, "api_error"),
+        "message": str(openai_error.get("message") or "error"),
+    }
+    for field in ("code", "param"):
+        if openai_error.get(field) is not None:
+            err[field] = openai_error[field]
+    return {"type": "error", "error": err}
+
+
+def usage(chat_usage: dict[str, Any] | None) -> dict[str, Any]:
+    u = chat_usage or {}
+    cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    out: dict[str, Any] = {
+        # Anthropic counts cache reads apart from input_tokens; chat counts them inside.
+        "input_tokens": (u.get("prompt_tokens") or 0) - cached,
+        "output_tokens": u.get("completion_tokens") or 0,
+        "cache_read_input_tokens": cached,
+        "cache_creation_input_tokens": 0,
+    }
+    if "cost" in u:
+        out["cost"] = u["cost"]
+    return out
+
+
+def tool_input(arguments: str | None) -> dict[str, Any]:
+    """A tool call's arguments as the object ``tool_use.input`` must be. Arguments that are
+    not a JSON object (a model's malformed call) are kept, as text, under ``_raw``."""
+    try:
+        value = orjson.loads(arguments or "{}")
+    except orjson.JSONDecodeError:
+        return {"_raw": arguments}
+    return value if isinstance(value, dict) else {"_raw": arguments}
+
+
+def message_object(
+    req: MessagesRequest,
+    request_id: str,
+    *,
+    model: str,
+    content: list[dict[str, Any]],
+    finish_reason: str | None,
+    chat_usage: dict[str, Any] | None,
+    xrouter: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": f"msg_{request_id}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": _STOP_REASON.get(finish_reason or "", "end_turn")
+        if finish_reason is not None
+        else None,
+        "stop_sequence": None,
+        "usage": usage(chat_usage),
+    }
+    ignored = req.ignored_tools
+    if xrouter is not None or ignored:
+        body["xrouter"] = dict(xrouter or {})
+        if ignored:
+            body["xrouter"]["ignored_tools"] = ignored
+    return body
+
+
+def from_chat_completion(req: MessagesRequest, chat: dict[str, Any]) -> dict[str, Any]:
+    """The ``message`` for a chat completion the chat service returned."""
+    meta = chat.get("xrouter") or {}
+    request_id = str(meta.get("request_id") or chat["id"].removeprefix("chatcmpl-"))
+    choice = (chat.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
+    content: list[dict[str, Any]] = []
+    text = message.get("content") or message.get("refusal")
+    if text:
+        content.append({"type": "text", "text": text})
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function") or {}
+        content.append(
+            {
+                "type": "tool_use",
+                "id": call.get("id", ""),
+                "name": fn.get("name", ""),
+                "input": tool_input(fn.get("arguments")),
+            }
+        )
+    return message_object(
+        req,
+        request_id,
+        model=chat.get("model", req.model),
+        content=content,
+        finish_reason=choice.get("finish_reason") or "stop",
+        chat_usage=chat.get("usage"),
+        xrouter=meta or None,
+    )
+
+
+class EventStream:
+    """Turns the chat service's SSE chunks into the Messages API's events.
+
+    ``message_start``; per content block (the text, then each tool call)
+    ``content_block_start``, its deltas (``text_delta``, ``input_json_delta``) and
+    ``content_block_stop``; then ``message_delta`` (stop reason, usage with the cost, the
+    ``xrouter`` object) and ``message_stop`` — or an ``error`` event if the chat stream
+    failed or ended early.
+
+    Text streams as it comes. Tool calls come whole, once the answer is complete: a chat
+    stream may interleave parallel calls' argument pieces (OpenAI does), while Anthropic's
+    blocks are sequential, each stopped before the next starts.
+    """
+
+    def __init__(self, req: MessagesRequest, request_id: str, model: str | None = None) -> None:
+        self.req = req
+        self.request_id = request_id
+        self.model = model or req.model
+        self._text_open = False  # the text block (index 0) is open
+        self._blocks = 0  # blocks started so far
+        # chat tool-call index -> [id, name, arguments so far], in the order they started
+        self._calls: dict[int, list[str]] = {}
+        self._finish: str | None = None
+        self._done = False
+
+    @staticmethod
+    def _event(kind: str, payload: dict[str, Any]) -> bytes:
+        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+    def start(self) -> bytes:
+        message = message_object(
+            self.req, self.request_id, model=self.model, content=[], finish_reason=None,
+            chat_usage=None,
+        )  # fmt: skip
+        message.pop("xrouter", None)  # comes with message_delta, once known
+        return self._event("message_start", {"type": "message_start", "message": message})
+
+    async def translate(
+        self, chat_sse: AsyncIterable[str | bytes | memoryview]
+    ) -> AsyncIterator[bytes]:
+        try:
+            yield self.start()
+            buffer = b""
+            async for raw in chat_sse:
+                buffer += raw.encode() if isinstance(raw, str) else bytes(raw)
+                # One SSE event ends with a blank line; a read may hold several, or part of one.
+                *events, buffer = buffer.split(b"\n\n")
+                for event in events:
+                    for line in event.split(b"\n"):
+                        if line.startswith(b"data: ") and line != b"data: [DONE]":
+                            out = self._on_chunk(orjson.loads(line[6:]))
+                            if out:
+                                yield out
+            if not self._done:  # the chat stream ended without its last chunk
+                yield self._error(502, {"message": "the stream ended early"})
+        finally:
+            # A client that goes away closes this generator: close the chat stream with it,
+            # so that its bookkeeping (the ledger row, status 499) runs now.
+            aclose = getattr(chat_sse, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    def _on_chunk(self, chunk: dict[str, Any]) -> bytes:
+        if "error" in chunk:
+            self._done = True
+            err = chunk["error"] or {}
+            return self._error(502 if err.get("type") == "upstream_error" else 500, err)
+        self.model = chunk.get("model") or self.model
+        choices = chunk.get("choices")
+        if not choices:
+            return self._finish_message(chunk) if "usage" in chunk else b""
+        out = b""
+        delta = choices[0].get("delta") or {}
+        text = delta.get("content") or delta.get("refusal")
+        if text:
+            if not self._text_open and self._blocks == 0:
+                self._text_open = True
+                self._blocks = 1
+                out += self._start(0, {"type": "text", "text": ""})
+            if self._text_open:
+                out += self._event(
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": 0,
+                        "delta": {"type": "text_delta", "text": text},
+                    },
+                )
+        for call in delta.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            entry = self._calls.setdefault(int(call.get("index", 0)), ["", "", ""])
+            entry[0] = entry[0] or call.get("id") or ""
+            entry[1] = entry[1] or fn.get("name") or ""
+            entry[2] += fn.get("arguments") or ""
+        if choices[0].get("finish_reason"):
+            self._finish = choices[0]["finish_reason"]
+        return out
+
+    def _start(self, index: int, block: dict[str, Any]) -> bytes:
+        return self._event(
+            "content_block_start",
+            {"type": "content_block_start", "index": index, "content_block": block},
+        )
+
+    def _stop(self, index: int) -> bytes:
+        return self._event("content_block_stop", {"type": "content_block_stop", "index": index})
+
+    def _tool_blocks(self) -> bytes:
+        out = b""
+        if self._text_open:
+            self._text_open = False
+            out += self._stop(0)
+        for call_id, name, arguments in self._calls.values():
+            index = self._blocks
+            self._blocks += 1
+            out += self._start(
+                index, {"type": "tool_use", "id": call_id, "name": name, "input": {}}
+            )
+            if arguments:
+                out += self._event(
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": index,
+                        "delta": {"type": "input_json_delta", "partial_json": arguments},
+                    },
+                )
+            out += self._stop(index)
+        return out
+
+    def _finish_message(self, final: dict[str, Any]) -> bytes:
+        self._done = True
+        out = self._tool_blocks()
+        u = usage(final.get("usage"))
+        delta: dict[str, Any] = {
+            "type": "message_delta",
+            "delta": {
+                "stop_reason": _STOP_REASON.get(self._finish or "stop", "end_turn"),
+                "stop_sequence": None,
+            },
+            "usage": u,
+        }
+        meta = dict(final.get("xrouter") or {})
+        if self.req.ignored_tools:
+            meta["ignored_tools"] = self.req.ignored_tools
+        if meta:
+            delta["xrouter"] = meta
+        return (
+            out
+            + self._event("message_delta", delta)
+            + self._event("message_stop", {"type": "message_stop"})
+        )
+
+    def _error(self, status: int, err: dict[str, Any]) -> bytes:
+        return self._event("error", error_body(status, err))

@@ -1,0 +1,298 @@
+"""The Anthropic Messages API request (``POST /v1/messages``) and its translation into the
+chat completions request that the gateway routes.
+
+Anthropic's SDKs and the tools built on them (Claude Code among them) speak this shape;
+LiteLLM's proxy serves it for any model, and so does the gateway: everything a Messages
+request says that a chat request can say too is translated — ``system``, text and image
+blocks, ``tool_use`` and ``tool_result`` blocks, custom tools with their ``input_schema``,
+``tool_choice``, ``max_tokens``, ``stop_sequences``, ``temperature``/``top_p``,
+``metadata.user_id`` and the ``xrouter`` routing controls. What has no chat equivalent is
+dropped and said so where it matters: ``top_k``, ``thinking`` and earlier turns' thinking
+blocks, ``cache_control`` marks (prompt caching is the provider's), and tools Anthropic runs
+itself (web search, code execution, computer use), which are named in the answer's
+``xrouter.ignored_tools``. Documents (PDF) are refused with a 400 naming the block.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gateway.errors import APIError, bad_request
+
+log = logging.getLogger(__name__)
+
+
+class MessagesRequest(BaseModel):
+    # Unknown fields are tolerated (Anthropic adds fields often) but not forwarded.
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    max_tokens: int = Field(ge=1)
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(default=None, ge=0, le=1)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    metadata: dict[str, Any] | None = None
+    stream: bool = False
+    # Validated again, with the chat request, by the chat service.
+    xrouter: dict[str, Any] | None = None
+
+    @property
+    def ignored_tools(self) -> list[str]:
+        """Tools Anthropic runs itself, which no model behind a chat API can call."""
+        return [_tool_label(t) for t in self.tools or [] if not _is_custom(t)]
+
+
+class CountTokensRequest(MessagesRequest):
+    max_tokens: int = Field(default=1, ge=1)  # not part of a count_tokens request
+
+
+def parse_request(data: Any, kind: type[MessagesRequest] = MessagesRequest) -> MessagesRequest:
+    if not isinstance(data, dict):
+        raise bad_request("request body must be a JSON object", code="invalid_json")
+    try:
+        return kind.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        param = _param(err["loc"])
+        raise bad_request(f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
+
+
+def _param(loc: tuple[int | str, ...] | list[int | str]) -> str | None:
+    out: str | None = None
+    for p in loc:
+        if isinstance(p, int) or str(p).isdigit():
+            out = f"{out}[{p}]"
+        else:
+            out = str(p) if out is None else f"{out}.{p}"
+    return out
+
+
+def _unsupported(message: str, param: str) -> APIError:
+    return APIError(400, message, param=param, code="unsupported_parameter")
+
+
+def _is_custom(tool: dict[str, Any]) -> bool:
+    # Custom (client) tools have no type, or type "custom"; Anthropic's own are versioned
+    # types such as "web_search_20250305".
+    return tool.get("type") in (None, "custom")
+
+
+def _tool_label(tool: dict[str, Any]) -> str:
+    return str(tool.get("name") or tool.get("type") or "?")
+
+
+def to_chat(req: MessagesRequest) -> dict[str, Any]:
+    """The chat completions request that asks for what ``req`` asks for."""
+    unknown = (req.model_extra or {}).keys()
+    if unknown or req.top_k is not None:
+        log.debug("messages: not forwarding %s", sorted([*unknown, "top_k"])[:10])
+    messages: list[dict[str, Any]] = []
+    system = _system_text(req.system)
+    if system:
+        messages.append({"role": "system", "content": system})
+    for i, message in enumerate(req.messages):
+        _add_message(messages, message, f"messages[{i}]")
+    if not any(m["role"] != "system" for m in messages):
+        raise bad_request("messages: nothing to answer", param="messages")
+    chat: dict[str, Any] = {
+        "model": req.model,
+        "messages": messages,
+        "max_tokens": req.max_tokens,
+        "stream": req.stream,
+    }
+    tools = [_chat_tool(t, f"tools[{i}]") for i, t in enumerate(req.tools or []) if _is_custom(t)]
+    if tools:
+        chat["tools"] = tools
+    if req.tool_choice is not None:
+        _tool_choice(chat, req.tool_choice, {t["function"]["name"] for t in tools})
+    if req.stop_sequences:
+        chat["stop"] = req.stop_sequences
+    for field in ("temperature", "top_p", "xrouter"):
+        value = getattr(req, field)
+        if value is not None:
+            chat[field] = value
+    user = (req.metadata or {}).get("user_id")
+    if isinstance(user, str) and user:
+        chat["user"] = user
+    return chat
+
+
+def _system_text(system: str | list[dict[str, Any]] | None) -> str:
+    if system is None or isinstance(system, str):
+        return system or ""
+    texts = []
+    for j, block in enumerate(system):
+        if block.get("type") != "text" or not isinstance(block.get("text"), str):
+            raise bad_request(f"system[{j}]: text blocks only", param=f"system[{j}]")
+        texts.append(block["text"])
+    return "\n\n".join(texts)
+
+
+def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
+        raise bad_request(
+            f"{where}.content: a string or a list of content blocks is required",
+            param=f"{where}.content",
+        )
+    return content
+
+
+def _add_message(messages: list[dict[str, Any]], message: dict[str, Any], where: str) -> None:
+    role = message.get("role")
+    if role not in ("user", "assistant"):
+        raise bad_request(f"{where}.role: must be 'user' or 'assistant'", param=f"{where}.role")
+    blocks = _blocks(message.get("content"), where)
+    if role == "assistant":
+        messages.append(_assistant(blocks, where))
+        return
+    # A user turn: its tool results become chat tool messages (they answer the previous
+    # assistant turn's calls, so they come first), the rest one user message.
+    parts: list[dict[str, Any]] = []
+    for j, block in enumerate(blocks):
+        at = f"{where}.content[{j}]"
+        kind = block.get("type")
+        if kind == "tool_result":
+            messages.append(_tool_message(block, at, parts))
+        elif kind in ("text", "image"):
+            parts.append(_part(block, at))
+        else:
+            raise _unsupported(
+                f"{at}.type: {kind!r} blocks are not supported in user turns (text, image and "
+                "tool_result are)",
+                f"{at}.type",
+            )
+    if parts:
+        content: Any = parts
+        if all(p["type"] == "text" for p in parts):
+            content = "".join(p["text"] for p in parts)
+        messages.append({"role": "user", "content": content})
+
+
+def _part(block: dict[str, Any], at: str) -> dict[str, Any]:
+    if block.get("type") == "text":
+        if not isinstance(block.get("text"), str):
+            raise bad_request(f"{at}.text: a string is required", param=f"{at}.text")
+        return {"type": "text", "text": block["text"]}
+    found = block.get("source")
+    source: dict[str, Any] = found if isinstance(found, dict) else {}
+    if source.get("type") == "base64" and isinstance(source.get("data"), str):
+        url = f"data:{source.get('media_type', 'image/png')};base64,{source['data']}"
+    elif source.get("type") == "url" and isinstance(source.get("url"), str):
+        url = source["url"]
+    else:
+        raise _unsupported(
+            f"{at}.source: images as base64 data or a URL are supported", f"{at}.source"
+        )
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _tool_message(block: dict[str, Any], at: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    call_id = block.get("tool_use_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise bad_request(f"{at}.tool_use_id: a string is required", param=f"{at}.tool_use_id")
+    texts = []
+    for k, inner in enumerate(_blocks(block.get("content", ""), at)):
+        part = _part(inner, f"{at}.content[{k}]")
+        if part["type"] == "text":
+            texts.append(part["text"])
+        else:
+            # A chat tool message holds text only: the result's images go to the user
+            # message that follows it.
+            parts.append(part)
+    text = "".join(texts)
+    if block.get("is_error"):
+        text = f"[tool error] {text}"
+    return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+
+def _assistant(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for j, block in enumerate(blocks):
+        at = f"{where}.content[{j}]"
+        kind = block.get("type")
+        if kind == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif kind == "tool_use":
+            if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
+                raise bad_request(f"{at}: tool_use needs an id and a name", param=at)
+            calls.append(
+                {
+                    "id": block["id"],
+                    "type": "function",
+                    "function": {
+                        "name": block["name"],
+                        "arguments": orjson.dumps(block.get("input") or {}).decode(),
+                    },
+                }
+            )
+        elif kind in ("thinking", "redacted_thinking"):
+            continue  # an earlier turn's reasoning: not input for chat models
+        else:
+            raise _unsupported(
+                f"{at}.type: {kind!r} blocks are not supported in assistant turns (text, "
+                "tool_use and thinking are)",
+                f"{at}.type",
+            )
+    out: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+def _chat_tool(tool: dict[str, Any], where: str) -> dict[str, Any]:
+    name = tool.get("name")
+    if not isinstance(name, str) or not name:
+        raise bad_request(f"{where}.name: a string is required", param=f"{where}.name")
+    schema = tool.get("input_schema")
+    if not isinstance(schema, dict):
+        raise bad_request(
+            f"{where}.input_schema: a JSON schema object is required",
+            param=f"{where}.input_schema",
+        )
+    fn: dict[str, Any] = {"name": name, "parameters": schema}
+    if isinstance(tool.get("description"), str):
+        fn["description"] = tool["description"]
+    return {"type": "function", "function": fn}
+
+
+def _tool_choice(chat: dict[str, Any], choice: dict[str, Any], names: set[str]) -> None:
+    kind = choice.get("type")
+    if not names and kind in ("auto", "none"):
+        return  # nothing a chat model could call either way
+    if not names:
+        raise bad_request(
+            f"tool_choice: {kind!r} needs a tool the model can call (custom tools)",
+            param="tool_choice",
+        )
+    if kind == "auto":
+        chat["tool_choice"] = "auto"
+    elif kind == "any":
+        chat["tool_choice"] = "required"
+    elif kind == "none":
+        chat["tool_choice"] = "none"
+    elif kind == "tool":
+        name = choice.get("name")
+        if not isinstance(name, str) or name not in names:
+            raise bad_request(
+                "tool_choice.name: must name one of the request's tools",
+                param="tool_choice.name",
+            )
+        chat["tool_choice"] = {"type": "function", "function": {"name": name}}
+    else:
+        raise bad_request(
+            "tool_choice.type: must be 'auto', 'any', 'tool' or 'none'", param="tool_choice.type"
+        )
+    if choice.get("disable_parallel_tool_use") is True and kind != "none":
+        chat["parallel_tool_calls"] = False

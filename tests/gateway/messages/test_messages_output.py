@@ -1,0 +1,202 @@
+"""Chat answers as Messages API answers: the message object, the stream of events on chunk
+sequences a real upstream sends (text, then parallel tool calls with arguments in pieces),
+split at any byte, streams that fail or stop short, and errors."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.messages.output import EventStream, error_body, from_chat_completion, tool_input
+from gateway.messages.request import parse_request
+
+RID = "0123456789abcdef"
+FINAL = {
+    "model": "m1",
+    "choices": [],
+    "usage": {
+        "prompt_tokens": 10,
+        "completion_tokens": 5,
+        "total_tokens": 15,
+        "prompt_tokens_details": {"cached_tokens": 4},
+        "cost": 1e-05,
+    },
+    "xrouter": {"request_id": RID, "policy": "compact"},
+}
+
+
+def req(**extra: Any) -> Any:
+    body = {"model": "xrouter", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]}
+    return parse_request({**body, **extra})
+
+
+def sse(*chunks: dict[str, Any], done: bool = True) -> bytes:
+    body = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks)
+    return body + (b"data: [DONE]\n\n" if done else b"")
+
+
+def delta(d: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {"model": "m1", "choices": [{"index": 0, "delta": d, "finish_reason": finish}]}
+
+
+def call(index: int, *, id: str | None = None, name: str | None = None, args: str = "") -> Any:
+    fn: dict[str, Any] = {"arguments": args}
+    if name is not None:
+        fn["name"] = name
+    tc: dict[str, Any] = {"index": index, "function": fn}
+    if id is not None:
+        tc.update(id=id, type="function")
+    return delta({"tool_calls": [tc]})
+
+
+async def events(body: bytes, pieces: Sequence[int] = (), **extra: Any) -> list[dict[str, Any]]:
+    async def chunks() -> AsyncIterator[bytes]:
+        for a, b in itertools.pairwise([0, *pieces, len(body)]):
+            yield body[a:b]
+
+    raw = b"".join([b async for b in EventStream(req(**extra), RID, "m1").translate(chunks())])
+    out = []
+    for block in raw.split(b"\n\n"):
+        if block:
+            kind, data = block.split(b"\n")
+            payload = orjson.loads(data.removeprefix(b"data: "))
+            assert kind == b"event: " + payload["type"].encode()
+            out.append(payload)
+    return out
+
+
+def accumulate(evs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The message as Anthropic's SDKs build it from the events."""
+    message = dict(evs[0]["message"])
+    message["content"] = []
+    partial: dict[int, str] = {}
+    for e in evs[1:]:
+        if e["type"] == "content_block_start":
+            assert e["index"] == len(message["content"])  # blocks open in order
+            message["content"].append(dict(e["content_block"]))
+        elif e["type"] == "content_block_delta":
+            d = e["delta"]
+            if d["type"] == "text_delta":
+                message["content"][e["index"]]["text"] += d["text"]
+            else:
+                partial[e["index"]] = partial.get(e["index"], "") + d["partial_json"]
+        elif e["type"] == "content_block_stop":
+            if e["index"] in partial:
+                message["content"][e["index"]]["input"] = orjson.loads(partial[e["index"]])
+        elif e["type"] == "message_delta":
+            message.update(e["delta"], usage=e["usage"], xrouter=e.get("xrouter"))
+    return message
+
+
+TEXT_THEN_CALLS = sse(
+    delta({"role": "assistant", "content": ""}),
+    delta({"content": "Checking "}),
+    delta({"content": "both."}),
+    call(0, id="call_a", name="get_weather"),
+    call(0, args='{"ci'),
+    call(1, id="call_b", name="get_time"),
+    call(0, args='ty": "Paris"}'),  # OpenAI may interleave parallel calls' arguments
+    call(1, args='{"tz": "CET"}'),
+    delta({}, "tool_calls"),
+    FINAL,
+)
+
+
+@pytest.mark.parametrize("every", [0, 13, 1])
+async def test_text_then_parallel_calls_in_pieces(every: int) -> None:
+    pieces = range(every, len(TEXT_THEN_CALLS), every) if every else ()
+    evs = await events(TEXT_THEN_CALLS, pieces)
+    kinds = [e["type"] for e in evs]
+    assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
+    assert kinds.count("content_block_start") == 3 and kinds.count("content_block_stop") == 3
+    start = evs[0]["message"]
+    assert start["id"] == f"msg_{RID}" and start["model"] == "m1" and start["stop_reason"] is None
+    message = accumulate(evs)
+    assert message["content"] == [
+        {"type": "text", "text": "Checking both."},
+        {"type": "tool_use", "id": "call_a", "name": "get_weather", "input": {"city": "Paris"}},
+        {"type": "tool_use", "id": "call_b", "name": "get_time", "input": {"tz": "CET"}},
+    ]
+    assert message["stop_reason"] == "tool_use"
+    assert message["usage"] == {
+        "input_tokens": 6,  # Anthropic counts cache reads apart
+        "output_tokens": 5,
+        "cache_read_input_tokens": 4,
+        "cache_creation_input_tokens": 0,
+        "cost": 1e-05,
+    }
+    assert message["xrouter"] == FINAL["xrouter"]
+
+
+async def test_a_cut_answer_and_ignored_tools() -> None:
+    body = sse(delta({"content": "Once upon"}), delta({}, "length"), FINAL)
+    evs = await events(body, tools=[{"type": "web_search_20250305", "name": "web_search"}])
+    message = accumulate(evs)
+    assert message["stop_reason"] == "max_tokens"
+    assert message["content"] == [{"type": "text", "text": "Once upon"}]
+    assert message["xrouter"]["ignored_tools"] == ["web_search"]
+
+
+@pytest.mark.parametrize(
+    ("body", "kind"),
+    [
+        (sse(delta({"content": "Hal"}), {"error": {"message": "upstream died",
+             "type": "upstream_error", "code": "upstream_unavailable"}}), "api_error"),
+        (sse(delta({"content": "Hal"}), done=False), "api_error"),  # ended without its last chunk
+    ],
+)  # fmt: skip
+async def test_a_stream_that_fails_ends_with_an_error_event(body: bytes, kind: str) -> None:
+    evs = await events(body)
+    assert [e["type"] for e in evs][-1] == "error"
+    assert evs[-1]["error"]["type"] == kind and evs[-1]["error"]["message"]
+    assert "message_stop" not in [e["type"] for e in evs]
+
+
+def test_a_completion_as_a_message() -> None:
+    chat = {
+        "id": f"chatcmpl-{RID}",
+        "model": "m2",
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+            "role": "assistant", "content": "Let me look.", "tool_calls": [
+                {"id": "call_1", "type": "function",
+                 "function": {"name": "f", "arguments": '{"a": 1}'}},
+                {"id": "call_2", "type": "function",
+                 "function": {"name": "g", "arguments": "not json"}},
+            ]}}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5, "cost": 0.5},
+        "xrouter": {"request_id": RID},
+    }  # fmt: skip
+    m = from_chat_completion(req(), chat)
+    assert m["id"] == f"msg_{RID}" and m["model"] == "m2" and m["stop_reason"] == "tool_use"
+    assert m["content"] == [
+        {"type": "text", "text": "Let me look."},
+        {"type": "tool_use", "id": "call_1", "name": "f", "input": {"a": 1}},
+        {"type": "tool_use", "id": "call_2", "name": "g", "input": {"_raw": "not json"}},
+    ]
+    assert m["usage"]["input_tokens"] == 3 and m["usage"]["cost"] == 0.5
+    # An empty answer is an empty content list; a refusal is text with stop_reason refusal.
+    empty = {**chat, "choices": [{"finish_reason": "stop", "message": {"content": ""}}]}
+    assert from_chat_completion(req(), empty)["content"] == []
+    refused = {**chat, "choices": [{"finish_reason": "content_filter",
+                                    "message": {"content": None, "refusal": "No."}}]}  # fmt: skip
+    r = from_chat_completion(req(), refused)
+    assert r["content"] == [{"type": "text", "text": "No."}] and r["stop_reason"] == "refusal"
+    assert tool_input("[1, 2]") == {"_raw": "[1, 2]"} and tool_input(None) == {}
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [(400, "invalid_request_error"), (401, "authentication_error"), (403, "permission_error"),
+     (404, "not_found_error"), (413, "request_too_large"), (429, "rate_limit_error"),
+     (500, "api_error"), (502, "api_error"), (503, "api_error"), (504, "timeout_error")],
+)  # fmt: skip
+def test_errors_in_anthropic_s_shape(status: int, kind: str) -> None:
+    body = error_body(status, {"message": "m", "type": "x", "param": "p", "code": "c"})
+    assert body == {
+        "type": "error",
+        "error": {"type": kind, "message": "m", "code": "c", "param": "p"},
+    }

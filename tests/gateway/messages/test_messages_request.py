@@ -1,0 +1,156 @@
+"""Messages API requests as the chat requests the gateway routes: worked examples of each
+block and field, and the refusals that name what they refuse."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.errors import APIError
+from gateway.messages import CountTokensRequest, parse_request, to_chat
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "Current weather",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+
+
+def chat(**body: Any) -> dict[str, Any]:
+    return to_chat(parse_request({"model": "xrouter", "max_tokens": 100, **body}))
+
+
+def test_a_conversation_with_tool_use_images_and_thinking() -> None:
+    got = chat(
+        system=[{"type": "text", "text": "Be brief."}, {"type": "text", "text": "Use tools."}],
+        messages=[
+            {"role": "user", "content": [
+                {"type": "text", "text": "What is in this picture, and the weather there? "},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": "QUJD"}},
+            ]},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "...", "signature": "s"},
+                {"type": "text", "text": "Paris. Checking."},
+                {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
+                {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {}},
+            ]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
+                {"type": "tool_result", "tool_use_id": "toolu_2", "is_error": True, "content": [
+                    {"type": "text", "text": "no city"},
+                    {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}},
+                ]},
+                {"type": "text", "text": "Thanks", "cache_control": {"type": "ephemeral"}},
+            ]},
+        ],
+        tools=[WEATHER, {"type": "web_search_20250305", "name": "web_search"}],
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+        stop_sequences=["\n\nHuman:"],
+        temperature=0.2,
+        top_k=5,
+        metadata={"user_id": "u-1"},
+        stream=True,
+    )  # fmt: skip
+    assert got == {
+        "model": "xrouter",
+        "max_tokens": 100,
+        "stream": True,
+        "messages": [
+            {"role": "system", "content": "Be brief.\n\nUse tools."},
+            {"role": "user", "content": [
+                {"type": "text", "text": "What is in this picture, and the weather there? "},
+                {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,QUJD"}},
+            ]},
+            {"role": "assistant", "content": "Paris. Checking.", "tool_calls": [
+                {"id": "toolu_1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}},
+                {"id": "toolu_2", "type": "function",
+                 "function": {"name": "get_weather", "arguments": "{}"}},
+            ]},
+            # Tool results first, as chat wants them right after the calls; the result's
+            # image goes to the user message that follows.
+            {"role": "tool", "tool_call_id": "toolu_1", "content": "sunny"},
+            {"role": "tool", "tool_call_id": "toolu_2", "content": "[tool error] no city"},
+            {"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "https://x/y.png"}},
+                {"type": "text", "text": "Thanks"},
+            ]},
+        ],
+        "tools": [{"type": "function", "function": {
+            "name": "get_weather", "parameters": WEATHER["input_schema"],
+            "description": "Current weather"}}],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "stop": ["\n\nHuman:"],
+        "temperature": 0.2,
+        "user": "u-1",
+    }  # fmt: skip
+    # The arguments are the JSON of the tool_use input.
+    call = got["messages"][2]["tool_calls"][0]
+    assert orjson.loads(call["function"]["arguments"]) == {"city": "Paris"}
+
+
+def test_plain_text_and_tool_choices() -> None:
+    assert chat(messages=[{"role": "user", "content": "hi"}])["messages"] == [
+        {"role": "user", "content": "hi"}
+    ]
+    one = [{"role": "user", "content": "x"}]
+    assert (
+        chat(messages=one, tools=[WEATHER], tool_choice={"type": "auto"})["tool_choice"] == "auto"
+    )
+    assert (
+        chat(messages=one, tools=[WEATHER], tool_choice={"type": "none"})["tool_choice"] == "none"
+    )
+    named = chat(messages=one, tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"})
+    assert named["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    # Only server tools: nothing to call, so auto asks for nothing and offers no tools.
+    server_only = chat(messages=one, tools=[{"type": "bash_20250124", "name": "bash"}],
+                       tool_choice={"type": "auto"})  # fmt: skip
+    assert "tools" not in server_only and "tool_choice" not in server_only
+    assert parse_request({"model": "m", "max_tokens": 1, "messages": one,
+                          "tools": [{"type": "bash_20250124", "name": "bash"}]}).ignored_tools == ["bash"]  # fmt: skip
+
+
+def test_count_tokens_requests_need_no_max_tokens() -> None:
+    req = parse_request({"model": "m", "messages": [{"role": "user", "content": "x"}]},
+                        CountTokensRequest)  # fmt: skip
+    assert to_chat(req)["messages"] == [{"role": "user", "content": "x"}]
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"messages": [{"role": "user", "content": "x"}]}, "max_tokens", None),
+        ({"max_tokens": 0, "messages": [{"role": "user", "content": "x"}]}, "max_tokens", None),
+        ({"max_tokens": 5, "messages": "hello"}, "messages", None),
+        ({"max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", None),
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": 5}]}, "messages[0].content", None),
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "document"}]}]},
+         "messages[0].content[0].type", "unsupported_parameter"),
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "file", "file_id": "f"}}]}]},
+         "messages[0].content[0].source", "unsupported_parameter"),
+        ({"max_tokens": 5, "messages": [{"role": "assistant", "content": [
+            {"type": "tool_use", "name": "f"}]}]}, "messages[0].content[0]", None),
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": [
+            {"type": "tool_result", "content": "x"}]}]}, "messages[0].content[0].tool_use_id", None),
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+          "system": [{"type": "image"}]}, "system[0]", None),
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+          "tools": [{"name": "f"}]}, "tools[0].input_schema", None),
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+          "tool_choice": {"type": "any"}}, "tool_choice", None),
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tools": [WEATHER],
+          "tool_choice": {"type": "sometimes"}}, "tool_choice.type", None),
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+          "system": "only a system prompt"} | {"messages": [{"role": "user", "content": []}]},
+         "messages", None),
+    ],
+)  # fmt: skip
+def test_refusals_name_the_field(body: dict[str, Any], param: str, code: str | None) -> None:
+    with pytest.raises(APIError) as err:
+        to_chat(parse_request({"model": "m", **body}))
+    assert err.value.status == 400 and err.value.param == param and err.value.message
+    assert err.value.code == code

@@ -1,0 +1,298 @@
+"""The Anthropic Messages API (`POST /v1/messages`) end to end: the real Anthropic SDK
+against the gateway under uvicorn and the replay upstream — answers, streams, tool use,
+truncation, errors in Anthropic's shape, `x-api-key` auth, token counts, feedback and the
+ledger."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+from anthropic.types import MessageParam, TextBlock, ToolParam, ToolUseBlock
+
+from router.outcomes import OutcomeRecord
+from tests.gateway.conftest import Upstream, ledger_rows, longest_answer
+from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
+from tests.support.sdk import extra
+
+MODEL = "mistral-small-24b-instruct-2501-bf16"
+WEATHER: ToolParam = {
+    "name": "get_weather",
+    "description": "Current weather in a city",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+
+
+def client(gw: Gateway, key: str = "unused") -> anthropic.Anthropic:
+    # The SDK appends /v1/messages to the base URL, as Anthropic's own is https://api.anthropic.com.
+    return anthropic.Anthropic(base_url=gw.url, api_key=key, max_retries=0)
+
+
+def text_of(message: anthropic.types.Message) -> str:
+    return "".join(b.text for b in message.content if isinstance(b, TextBlock))
+
+
+def api_of(gw: Gateway, request_id: str) -> str:
+    ledger_rows(gw, request_id)  # waits for the row
+    with sqlite3.connect(gw.config_path.parent / "ledger.db") as conn:
+        (api,) = conn.execute(
+            "SELECT api FROM requests WHERE request_id = ?", (request_id,)
+        ).fetchone()
+    return str(api)
+
+
+def test_a_message_carries_the_routed_answer_its_usage_and_its_id(
+    gateway: Gateway, demo_table: list[OutcomeRecord]
+) -> None:
+    rec = next(r for r in demo_table if MODEL in r.outcomes and r.outcomes[MODEL].response)
+    out = rec.outcomes[MODEL]
+    raw = client(gateway).messages.with_raw_response.create(
+        model=MODEL, max_tokens=1024, messages=[{"role": "user", "content": rec.text}]
+    )
+    msg = raw.parse()
+    assert msg.type == "message" and msg.role == "assistant" and msg.model == MODEL
+    assert text_of(msg) == out.response and msg.stop_reason == "end_turn"
+    assert (msg.usage.input_tokens, msg.usage.output_tokens) == (
+        out.prompt_tokens,
+        out.completion_tokens,
+    )
+    meta = extra(msg)["xrouter"]
+    assert extra(msg.usage)["cost"] == pytest.approx(meta["cost_usd"]) and meta["cost_usd"] > 0
+    rid = raw.headers["x-xrouter-request-id"]
+    assert msg.id == f"msg_{rid}" == f"msg_{meta['request_id']}"
+    # One id for the message, the ledger and feedback; the ledger knows the API shape.
+    fb = httpx.post(f"{gateway.base_url}/feedback", json={"request_id": msg.id, "score": 1})
+    assert fb.status_code == 200 and fb.json()["request_id"] == rid
+    assert api_of(gateway, rid) == "messages"
+
+
+def test_routed_by_the_router_with_a_system_prompt_and_routing_controls(
+    gateway: Gateway, demo_table: list[OutcomeRecord]
+) -> None:
+    rec = demo_table[3]
+    msg = client(gateway).messages.create(
+        model="xrouter",
+        max_tokens=1024,
+        system=[{"type": "text", "text": "Answer briefly."}],
+        messages=[{"role": "user", "content": [{"type": "text", "text": rec.text}]}],
+        extra_body={"xrouter": {"models": [MODEL, "qwen2.5-7b-instruct"]}},
+    )
+    assert msg.model in (MODEL, "qwen2.5-7b-instruct")
+    assert text_of(msg) == rec.outcomes[msg.model].response
+    assert extra(msg)["xrouter"]["policy"] == "compact"
+
+
+def test_streams_events_that_add_up_to_the_answer(
+    gateway: Gateway, demo_table: list[OutcomeRecord]
+) -> None:
+    rec = longest_answer(demo_table, MODEL)
+    with client(gateway).messages.stream(
+        model=MODEL, max_tokens=4096, messages=[{"role": "user", "content": rec.text}]
+    ) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["message_start", "content_block_start"]
+    assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    deltas = [
+        e.delta.text
+        for e in events
+        if e.type == "content_block_delta" and e.delta.type == "text_delta"
+    ]
+    assert len(deltas) > 1 and "".join(deltas) == rec.outcomes[MODEL].response
+    assert text_of(final) == rec.outcomes[MODEL].response and final.stop_reason == "end_turn"
+    out = rec.outcomes[MODEL]
+    assert (final.usage.input_tokens, final.usage.output_tokens) == (
+        out.prompt_tokens,
+        out.completion_tokens,
+    )
+    rid = final.id.removeprefix("msg_")
+    (status, stream_flag, total), _ = ledger_rows(gateway, rid)
+    assert (status, stream_flag) == (200, 1) and total > 0
+
+
+def test_tool_use_round_trip_and_a_streamed_tool_call(gateway: Gateway) -> None:
+    c = client(gateway)
+    question: MessageParam = {"role": "user", "content": "Weather in Paris?"}
+    first = c.messages.create(model=MODEL, max_tokens=256, tools=[WEATHER], messages=[question])
+    assert first.stop_reason == "tool_use"
+    [use] = [b for b in first.content if isinstance(b, ToolUseBlock)]
+    assert use.name == "get_weather" and isinstance(use.input, dict) and "city" in use.input
+    second = c.messages.create(
+        model=MODEL,
+        max_tokens=256,
+        tools=[WEATHER],
+        messages=[
+            question,
+            {"role": "assistant", "content": first.content},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": use.id, "content": "sunny, 21C"}
+                ],
+            },
+        ],
+    )
+    assert "sunny, 21C" in text_of(second) and second.stop_reason == "end_turn"
+
+    # Streamed: the call's arguments arrive as input_json_delta, which the SDK assembles.
+    with c.messages.stream(
+        model=MODEL, max_tokens=256, tools=[WEATHER], messages=[question]
+    ) as stream:
+        kinds = [e.type for e in stream]
+        final = stream.get_final_message()
+    assert "content_block_start" in kinds and final.stop_reason == "tool_use"
+    [streamed] = [b for b in final.content if isinstance(b, ToolUseBlock)]
+    assert (streamed.name, streamed.input) == (use.name, use.input)
+
+
+def test_tools_anthropic_runs_itself_are_left_out_and_named(gateway: Gateway) -> None:
+    body = {
+        "model": MODEL,
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": [{"type": "web_search_20250305", "name": "web_search"}],
+    }
+    r = httpx.post(f"{gateway.base_url}/messages", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    msg = r.json()
+    assert msg["stop_reason"] == "end_turn"  # nothing the model could call was offered
+    assert msg["xrouter"]["ignored_tools"] == ["web_search"]
+
+
+def test_max_tokens_truncates_with_stop_reason_max_tokens(
+    gateway: Gateway, demo_table: list[OutcomeRecord]
+) -> None:
+    rec = longest_answer(demo_table, MODEL)
+    msg = client(gateway).messages.create(
+        model=MODEL, max_tokens=16, messages=[{"role": "user", "content": rec.text}]
+    )
+    assert msg.stop_reason == "max_tokens" and msg.usage.output_tokens == 16
+    assert (rec.outcomes[MODEL].response or "").startswith(text_of(msg))
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "kind", "param"),
+    [
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}]}, 400,
+         "invalid_request_error", "max_tokens"),
+        ({"model": MODEL, "max_tokens": 8, "messages": []}, 400, "invalid_request_error",
+         "messages"),
+        ({"model": MODEL, "max_tokens": 8, "messages": [{"role": "system", "content": "x"}]},
+         400, "invalid_request_error", "messages[0].role"),
+        ({"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": [
+            {"type": "document", "source": {"type": "base64", "data": "x"}}]}]}, 400,
+         "invalid_request_error", "messages[0].content[0].type"),
+        ({"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "x"}],
+          "tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}}, 400,
+         "invalid_request_error", "tool_choice.name"),
+        ({"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "x"}],
+          "temperature": 1.5}, 400, "invalid_request_error", "temperature"),
+        ({"model": "no-such-model", "max_tokens": 8,
+          "messages": [{"role": "user", "content": "x"}]}, 404, "not_found_error", "model"),
+        ({"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "x"}],
+          "xrouter": {"cost_weight": -1}}, 400, "invalid_request_error", "xrouter.cost_weight"),
+    ],
+)  # fmt: skip
+def test_bad_requests_get_an_anthropic_error(
+    gateway: Gateway, body: dict[str, Any], status: int, kind: str, param: str
+) -> None:
+    r = httpx.post(f"{gateway.base_url}/messages", json=body)
+    assert r.status_code == status, r.text
+    got = r.json()
+    assert got["type"] == "error" and got["error"]["type"] == kind
+    assert got["error"]["message"] and got["error"]["param"] == param
+
+
+def test_malformed_json_and_the_sdk_s_exceptions(gateway: Gateway) -> None:
+    r = httpx.post(
+        f"{gateway.base_url}/messages",
+        content=b"{not json",
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    with pytest.raises(anthropic.NotFoundError) as err:
+        client(gateway).messages.create(
+            model="no-such-model", max_tokens=8, messages=[{"role": "user", "content": "x"}]
+        )
+    assert "no-such-model" in str(err.value)
+
+
+def test_an_upstream_failure_mid_stream_ends_with_an_error_event(
+    gateway: Gateway, upstream: Upstream, demo_table: list[OutcomeRecord]
+) -> None:
+    rec = longest_answer(demo_table, MODEL)
+    upstream.fault(MODEL, "cut-stream=5", count=5)
+    body = {
+        "model": MODEL,
+        "max_tokens": 4096,
+        "stream": True,
+        "messages": [{"role": "user", "content": rec.text}],
+    }
+    with httpx.stream("POST", f"{gateway.base_url}/messages", json=body, timeout=30) as r:
+        assert r.status_code == 200
+        rid = r.headers["x-xrouter-request-id"]
+        lines = list(r.iter_lines())
+    events = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
+    assert events[0] == "message_start" and events[-1] == "error"
+    assert "message_stop" not in events
+    # The SDK raises on the error event.
+    with pytest.raises(anthropic.APIStatusError):
+        upstream.fault(MODEL, "cut-stream=5", count=5)
+        with client(gateway).messages.stream(
+            model=MODEL, max_tokens=4096, messages=[{"role": "user", "content": rec.text}]
+        ) as stream:
+            list(stream)
+    (status, _, _), _ = ledger_rows(gateway, rid)
+    assert status >= 500
+
+
+def test_count_tokens(gateway: Gateway) -> None:
+    c = client(gateway)
+    short = c.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    long = c.messages.count_tokens(
+        model=MODEL, messages=[{"role": "user", "content": "hello " * 300}], tools=[WEATHER]
+    )
+    # The budget-hold estimate: high on purpose (3 characters a token).
+    assert 0 < short.input_tokens < long.input_tokens and long.input_tokens >= 1800 / 3
+    r = httpx.post(f"{gateway.base_url}/messages/count_tokens", json={"model": MODEL})
+    assert r.status_code == 400 and r.json()["type"] == "error"
+
+
+def test_the_key_as_anthropic_s_clients_send_it(upstream: Upstream, tmp_path: Path) -> None:
+    cfg = gateway_config(tmp_path, upstream.base_url, auth={"enabled": True})
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        key = httpx.post(
+            f"{gw.url}/admin/keys",
+            json={"alias": "claude-code", "allowed_models": [MODEL]},
+            headers=admin,
+        ).json()["key"]
+        ask: list[MessageParam] = [{"role": "user", "content": "Weather in Paris?"}]
+        # The SDK sends x-api-key.
+        assert client(gw, key).messages.create(model=MODEL, max_tokens=32, messages=ask).content
+        with pytest.raises(anthropic.AuthenticationError) as err:
+            client(gw, "xr-wrong").messages.create(model=MODEL, max_tokens=32, messages=ask)
+        body = err.value.body
+        assert isinstance(body, dict) and body["error"]["type"] == "authentication_error"
+        assert err.value.status_code == 401
+        with pytest.raises(anthropic.PermissionDeniedError):
+            client(gw, key).messages.create(
+                model="qwen2.5-7b-instruct", max_tokens=32, messages=ask
+            )
+        # count_tokens takes the key too.
+        r = httpx.post(
+            f"{gw.base_url}/messages/count_tokens", json={"model": MODEL, "messages": ask}
+        )
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    finally:
+        gw.stop()
