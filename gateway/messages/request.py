@@ -126,13 +126,13 @@ def to_chat(req: MessagesRequest) -> dict[str, Any]:
     return chat
 
 
-def _system_text(system: str | list[dict[str, Any]] | None) -> str:
+def _system_text(system: str | list[dict[str, Any]] | None, where: str = "system") -> str:
     if system is None or isinstance(system, str):
         return system or ""
     texts = []
     for j, block in enumerate(system):
         if block.get("type") != "text" or not isinstance(block.get("text"), str):
-            raise bad_request(f"system[{j}]: text blocks only", param=f"system[{j}]")
+            raise bad_request(f"{where}[{j}]: text blocks only", param=f"{where}[{j}]")
         texts.append(block["text"])
     return "\n\n".join(texts)
 
@@ -150,8 +150,21 @@ def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
 
 def _add_message(messages: list[dict[str, Any]], message: dict[str, Any], where: str) -> None:
     role = message.get("role")
-    if role not in ("user", "assistant"):
-        raise bad_request(f"{where}.role: must be 'user' or 'assistant'", param=f"{where}.role")
+    if role not in ("user", "assistant", "system"):
+        raise bad_request(
+            f"{where}.role: must be 'user', 'assistant' or 'system'", param=f"{where}.role"
+        )
+    if role == "system":
+        # A system message mid-conversation (Anthropic's beta; Claude Code sends them):
+        # a chat system message at the same place.
+        given = message.get("content")
+        text = (
+            given
+            if isinstance(given, str)
+            else _system_text(_blocks(given, where), f"{where}.content")
+        )
+        messages.append({"role": "system", "content": text})
+        return
     blocks = _blocks(message.get("content"), where)
     if role == "assistant":
         messages.append(_assistant(blocks, where))

@@ -186,7 +186,7 @@ def test_max_tokens_truncates_with_stop_reason_max_tokens(
          "invalid_request_error", "max_tokens"),
         ({"model": MODEL, "max_tokens": 8, "messages": []}, 400, "invalid_request_error",
          "messages"),
-        ({"model": MODEL, "max_tokens": 8, "messages": [{"role": "system", "content": "x"}]},
+        ({"model": MODEL, "max_tokens": 8, "messages": [{"role": "robot", "content": "x"}]},
          400, "invalid_request_error", "messages[0].role"),
         ({"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": [
             {"type": "document", "source": {"type": "base64", "data": "x"}}]}]}, 400,
@@ -296,3 +296,38 @@ def test_the_key_as_anthropic_s_clients_send_it(upstream: Upstream, tmp_path: Pa
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
     finally:
         gw.stop()
+
+
+def test_a_claude_code_shaped_request(gateway: Gateway) -> None:
+    """The shape Claude Code 2.1 sends (recorded by hand): system blocks with cache_control,
+    a mid-conversation system message, thinking and other fields chat has no use for,
+    `?beta=true`, streamed."""
+    body = {
+        "model": "xrouter",
+        "max_tokens": 32000,
+        "stream": True,
+        "system": [
+            {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.197;"},
+            {"type": "text", "text": "You are a coding agent.", "cache_control": {"type": "ephemeral"}},
+        ],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "<system-reminder>today</system-reminder>"}]},
+            {"role": "system", "content": "Available agent types: none."},
+            {"role": "user", "content": [{"type": "text", "text": "What files are here?", "cache_control": {"type": "ephemeral"}}]},
+        ],
+        "tools": [WEATHER, {"name": "Bash", "description": "Run a command", "input_schema": {
+            "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}],
+        "metadata": {"user_id": '{"device_id":"d","session_id":"s"}'},
+        "thinking": {"type": "adaptive"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "high"},
+    }  # fmt: skip
+    headers = {"x-api-key": "unused", "anthropic-version": "2023-06-01", "anthropic-beta": "x"}
+    with httpx.stream(
+        "POST", f"{gateway.base_url}/messages?beta=true", json=body, headers=headers, timeout=30
+    ) as r:
+        assert r.status_code == 200
+        lines = list(r.iter_lines())
+    events = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
+    assert events[0] == "message_start" and events[-1] == "message_stop"
+    assert "content_block_start" in events

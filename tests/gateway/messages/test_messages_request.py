@@ -154,3 +154,26 @@ def test_refusals_name_the_field(body: dict[str, Any], param: str, code: str | N
         to_chat(parse_request({"model": "m", **body}))
     assert err.value.status == 400 and err.value.param == param and err.value.message
     assert err.value.code == code
+
+
+def test_a_system_message_mid_conversation_stays_where_it_is() -> None:
+    """Anthropic's mid-conversation system messages (a beta Claude Code uses)."""
+    got = chat(
+        system="Top.",
+        messages=[
+            {"role": "user", "content": "hi"},
+            {"role": "system", "content": "Agents available: none."},
+            {"role": "system", "content": [{"type": "text", "text": "Be terse."}]},
+            {"role": "user", "content": "go"},
+        ],
+    )
+    assert [(m["role"], m["content"]) for m in got["messages"]] == [
+        ("system", "Top."),
+        ("user", "hi"),
+        ("system", "Agents available: none."),
+        ("system", "Be terse."),
+        ("user", "go"),
+    ]
+    with pytest.raises(APIError) as err:
+        chat(messages=[{"role": "system", "content": [{"type": "image"}]}])
+    assert err.value.param == "messages[0].content[0]"
