@@ -1,7 +1,8 @@
-"""What the Responses API adds to a request's CPU time: translating the request into a chat
-request, and the chat answer back into a ``response`` object or its stream of events
-(``gateway.responses``). Everything else a ``POST /v1/responses`` does is the chat path's,
-measured by ``bench/gateway/run.sh``.
+"""What the Responses API and the Messages API add to a request's CPU time: translating the
+request into a chat request, and the chat answer back into a ``response`` / ``message``
+object or its stream of events (``gateway.responses``, ``gateway.messages``). Everything
+else a ``POST /v1/responses`` or ``/v1/messages`` does is the chat path's, measured by
+``bench/gateway/run.sh`` (and the three paths side by side by ``bench/gateway/api_paths.sh``).
 
 Runs the translation code on one thread, on a demo prompt's real recorded answer: the
 request (parse + translate), the non-streamed answer, and the streamed answer as the chat
@@ -10,7 +11,7 @@ per upstream chunk). Prints µs per request, p50 / p99.
 
 Usage::
 
-    .venv/bin/python bench/responses_translation.py [--n 2000]
+    .venv/bin/python bench/api_translation.py [--n 2000]
 """
 
 from __future__ import annotations
@@ -30,11 +31,14 @@ import orjson
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))  # run as a plain script from a checkout
 
-from gateway.responses import parse_request, to_chat  # noqa: E402
-from gateway.responses.output import EventStream, from_chat_completion  # noqa: E402
+from gateway import messages, responses  # noqa: E402
+from gateway.messages.output import EventStream as MessageEvents  # noqa: E402
+from gateway.messages.output import from_chat_completion as to_message  # noqa: E402
+from gateway.responses.output import EventStream as ResponseEvents  # noqa: E402
+from gateway.responses.output import from_chat_completion as to_response  # noqa: E402
 from router.outcomes import load_outcome_table  # noqa: E402
 
-log = logging.getLogger("responses_translation")
+log = logging.getLogger("api_translation")
 DEMO = REPO_ROOT / "router" / "assets" / "demo_outcomes.jsonl"
 MODEL = "mistral-small-24b-instruct-2501-bf16"
 
@@ -98,7 +102,7 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     rec = next(r for r in load_outcome_table(DEMO) if MODEL in r.outcomes)
     answer = rec.outcomes[MODEL].response or ""
-    body = orjson.dumps(
+    r_body = orjson.dumps(
         {
             "model": "xrouter",
             "instructions": "Answer briefly.",
@@ -106,36 +110,58 @@ def main() -> int:
             "max_output_tokens": 512,
         }
     )
-    req = parse_request(orjson.loads(body))
+    m_body = orjson.dumps(
+        {
+            "model": "xrouter",
+            "system": "Answer briefly.",
+            "messages": [{"role": "user", "content": [{"type": "text", "text": rec.text}]}],
+            "max_tokens": 512,
+        }
+    )
+    r_req = responses.parse_request(orjson.loads(r_body))
+    m_req = messages.parse_request(orjson.loads(m_body))
     chat = orjson.dumps(chat_body(answer))
     chunks = chat_chunks(answer)
-
-    def request() -> None:
-        orjson.dumps(to_chat(parse_request(orjson.loads(body))))
-
-    def answer_json() -> None:
-        orjson.dumps(from_chat_completion(req, orjson.loads(chat)))
 
     async def source() -> AsyncIterator[bytes]:
         for c in chunks:
             yield c
 
-    async def drain() -> int:
-        return sum([len(b) async for b in EventStream(req, "r", 0).translate(source())])
+    async def drain(events: Any) -> int:
+        return sum([len(b) async for b in events.translate(source())])
 
     loop = asyncio.new_event_loop()
+    cases: list[tuple[str, Callable[[], object]]] = [
+        (
+            "responses: request -> chat request",
+            lambda: orjson.dumps(responses.to_chat(responses.parse_request(orjson.loads(r_body)))),
+        ),
+        (
+            "responses: chat completion -> response",
+            lambda: orjson.dumps(to_response(r_req, orjson.loads(chat))),
+        ),
+        (
+            f"responses: chat stream ({len(chunks)} chunks)",
+            lambda: loop.run_until_complete(drain(ResponseEvents(r_req, "r", 0))),
+        ),
+        (
+            "messages: request -> chat request",
+            lambda: orjson.dumps(messages.to_chat(messages.parse_request(orjson.loads(m_body)))),
+        ),
+        (
+            "messages: chat completion -> message",
+            lambda: orjson.dumps(to_message(m_req, orjson.loads(chat))),
+        ),
+        (
+            f"messages: chat stream ({len(chunks)} chunks)",
+            lambda: loop.run_until_complete(drain(MessageEvents(m_req, "r"))),
+        ),
+    ]
     try:
-        for name, fn in (
-            ("request -> chat request", request),
-            ("chat completion -> response", answer_json),
-            (
-                f"chat stream ({len(chunks)} chunks) -> events",
-                lambda: loop.run_until_complete(drain()),
-            ),
-        ):
+        for name, fn in cases:
             timed(fn, min(200, args.n))  # warm-up
             p50, p99 = timed(fn, args.n)
-            log.info("%-40s %8.1f µs p50 %8.1f µs p99", name, p50, p99)
+            log.info("%-44s %8.1f µs p50 %8.1f µs p99", name, p50, p99)
     finally:
         loop.close()
     log.info("answer: %d characters; %d requests per figure", len(answer), args.n)
