@@ -520,6 +520,51 @@ def test_the_responses_api_answers_to_the_same_keys_budgets_and_ledger(
     )
     assert [tuple(row) for row in rows] == [(k["key_id"], 200, round(cost * 1e6), "responses")]
     by_api = httpx.get(f"{gw.url}/admin/spend?group_by=api", headers=ADMIN).json()["data"]
-    assert {r["api"] for r in by_api} == {"chat", "responses"}
+    assert {"chat", "responses"} <= {r["api"] for r in by_api}
     counted = _run(_query(stack.ledger_url, "SELECT api, COUNT(*) FROM requests GROUP BY api"))
     assert {r["api"]: r["requests"] for r in by_api} == {api: n for api, n in counted}
+
+
+def test_the_messages_api_answers_to_the_same_keys_budgets_and_ledger(
+    gw: Gateway, stack: Stack
+) -> None:
+    """Anthropic's clients send the key as x-api-key and read Anthropic-shaped errors: the
+    same keys, budgets, model restrictions and ledger as chat, in that shape."""
+
+    def message(key: str | None, **body: Any) -> httpx.Response:
+        headers = {"x-api-key": key} if key else {}
+        body = {
+            "model": MODEL,
+            "max_tokens": 256,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            **body,
+        }
+        return httpx.post(f"{gw.base_url}/messages", json=body, headers=headers, timeout=30)
+
+    r = message(None)
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    k = create_key(gw, budget_usd=1.0, budget_period="total")
+    first = message(k["key"])
+    assert first.status_code == 200 and first.json()["type"] == "message"
+    cost = first.json()["usage"]["cost"]
+    assert cost > 0
+    r = httpx.patch(f"{gw.url}/admin/keys/{k['key_id']}", json={"budget_usd": cost}, headers=ADMIN)
+    assert r.status_code == 200, r.text
+    r = message(k["key"])
+    assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
+    assert r.json()["error"]["code"] == "key_budget_exceeded"
+    assert r.headers["x-ratelimit-remaining-budget-usd"] == "0.000000"
+    r = message(create_key(gw)["key"], xrouter={"max_cost_usd": 0.0000001})
+    assert r.status_code == 429 and r.json()["error"]["code"] == "request_budget_exceeded"
+    narrow = create_key(gw, allowed_models=["gemma-2-9b-it"])
+    r = message(narrow["key"])
+    assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
+    httpx.get(f"{gw.url}/admin/spend", headers=ADMIN)  # flushes the ledger
+    rows = _run(
+        _query(
+            stack.ledger_url,
+            "SELECT key_id, status, total_cost_micros, api FROM requests WHERE request_id = :r",
+            r=first.json()["id"].removeprefix("msg_"),
+        )
+    )
+    assert [tuple(row) for row in rows] == [(k["key_id"], 200, round(cost * 1e6), "messages")]
