@@ -1,7 +1,7 @@
 """The answer cache end to end: ``xrouter serve`` with ``cache.enabled`` under uvicorn, the
 replay upstream, the real OpenAI SDK — hits for nothing, streams, routing controls, the
 request's own cache controls, key scopes, Redis shared by two gateways, a Redis outage, the
-ledger, the spend report, metrics and the Responses API."""
+ledger, the spend report, metrics, and the Responses and Messages APIs."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
 import redis
+from anthropic.types import TextBlock
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from openai.types.chat import ChatCompletionMessageFunctionToolCall
@@ -199,7 +201,7 @@ def test_a_request_can_refuse_the_cache_or_keep_its_answer_out(
     assert "xrouter.cache.ttl" in str(err.value)
 
 
-def test_the_responses_api_shares_the_chat_answers(
+def test_the_responses_and_messages_apis_share_the_chat_answers(
     cached: Gateway, upstream: Upstream, table_iter: Iterator[OutcomeRecord]
 ) -> None:
     rec = next(table_iter)
@@ -209,7 +211,17 @@ def test_the_responses_api_shares_the_chat_answers(
     resp = raw.parse()
     assert resp.output_text == chat.choices[0].message.content
     assert resp.usage is not None and extra(resp.usage)["cost"] == 0
-    assert upstream.stats()["requests"][MODEL] == 1
+    # And Anthropic's Messages API (asking for the same max_tokens as the chat request).
+    plain = ask(cached, rec.text, max_tokens=1024).parse().choices[0].message.content
+    claude = anthropic.Anthropic(base_url=cached.url, api_key="unused", max_retries=0)
+    raw_msg = claude.messages.with_raw_response.create(
+        model=MODEL, max_tokens=1024, messages=[{"role": "user", "content": rec.text}]
+    )
+    assert raw_msg.headers["x-xrouter-cache"] == "hit"
+    msg = raw_msg.parse()
+    assert [b.text for b in msg.content if isinstance(b, TextBlock)] == [plain]
+    assert extra(msg.usage)["cost"] == 0
+    assert upstream.stats()["requests"][MODEL] == 2  # the plain request, and its max_tokens one
 
 
 def test_spend_report_and_metrics_count_hits_and_savings(
