@@ -6,6 +6,7 @@ ledger."""
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -331,3 +332,27 @@ def test_a_claude_code_shaped_request(gateway: Gateway) -> None:
     events = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
     assert events[0] == "message_start" and events[-1] == "message_stop"
     assert "content_block_start" in events
+
+
+def test_a_client_that_hangs_up_mid_stream_is_logged_as_499(
+    gateway: Gateway, upstream: Upstream, demo_table: list[OutcomeRecord]
+) -> None:
+    rec = longest_answer(demo_table, MODEL)
+    body = {
+        "model": MODEL,
+        "max_tokens": 4096,
+        "stream": True,
+        "messages": [{"role": "user", "content": rec.text}],
+    }
+    with httpx.stream("POST", f"{gateway.base_url}/messages", json=body, timeout=30) as r:
+        assert r.status_code == 200
+        rid = r.headers["x-xrouter-request-id"]
+        for line in r.iter_lines():
+            if line.startswith("event: content_block_delta"):
+                break
+    deadline = time.monotonic() + 5
+    while upstream.stats()["streams_abandoned"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert upstream.stats()["streams_abandoned"] == 1
+    (status, stream_flag, total), _ = ledger_rows(gateway, rid)
+    assert (status, stream_flag) == (499, 1) and total > 0
