@@ -16,6 +16,7 @@ from gateway.messages.request import (
     parse_request,
     to_chat,
 )
+from gateway.translation import BODY_HEADERS
 
 __all__ = [
     "CountTokensRequest",
@@ -25,9 +26,6 @@ __all__ = [
     "parse_request",
     "to_chat",
 ]
-
-# Headers of the chat answer that describe its body, not the request.
-_BODY_HEADERS = {"content-length", "content-type"}
 
 
 def anthropic_error(err: APIError, extra_headers: dict[str, str] | None = None) -> Response:
@@ -42,7 +40,7 @@ def anthropic_error(err: APIError, extra_headers: dict[str, str] | None = None) 
 
 def adapt(req: MessagesRequest, chat: Response) -> Response:
     """The chat service's answer to the translated request, as the Messages API answers."""
-    headers = {k: v for k, v in chat.headers.items() if k not in _BODY_HEADERS}
+    headers = {k: v for k, v in chat.headers.items() if k not in BODY_HEADERS}
     if chat.status_code != 200:
         try:
             err = orjson.loads(chat.body)["error"]

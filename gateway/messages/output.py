@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from gateway.messages.request import MessagesRequest
+from gateway.translation import chat_chunks
 
 # finish_reason -> stop_reason. A chat answer does not say which stop sequence ended it, so
 # "stop" is end_turn (stop_sequence stays null).
@@ -176,27 +177,17 @@ class EventStream:
     async def translate(
         self, chat_sse: AsyncIterable[str | bytes | memoryview]
     ) -> AsyncIterator[bytes]:
+        chunks = chat_chunks(chat_sse)
         try:
             yield self.start()
-            buffer = b""
-            async for raw in chat_sse:
-                buffer += raw.encode() if isinstance(raw, str) else bytes(raw)
-                # One SSE event ends with a blank line; a read may hold several, or part of one.
-                *events, buffer = buffer.split(b"\n\n")
-                for event in events:
-                    for line in event.split(b"\n"):
-                        if line.startswith(b"data: ") and line != b"data: [DONE]":
-                            out = self._on_chunk(orjson.loads(line[6:]))
-                            if out:
-                                yield out
+            async for chunk in chunks:
+                out = self._on_chunk(chunk)
+                if out:
+                    yield out
             if not self._done:  # the chat stream ended without its last chunk
                 yield self._error(502, {"message": "the stream ended early"})
         finally:
-            # A client that goes away closes this generator: close the chat stream with it,
-            # so that its bookkeeping (the ledger row, status 499) runs now.
-            aclose = getattr(chat_sse, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            await chunks.aclose()  # a client that went away: the chat stream goes too
 
     def _on_chunk(self, chunk: dict[str, Any]) -> bytes:
         if "error" in chunk:

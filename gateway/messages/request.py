@@ -19,9 +19,10 @@ import logging
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.errors import APIError, bad_request
+from gateway.translation import parse_body
 
 log = logging.getLogger(__name__)
 
@@ -56,24 +57,7 @@ class CountTokensRequest(MessagesRequest):
 
 
 def parse_request(data: Any, kind: type[MessagesRequest] = MessagesRequest) -> MessagesRequest:
-    if not isinstance(data, dict):
-        raise bad_request("request body must be a JSON object", code="invalid_json")
-    try:
-        return kind.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        param = _param(err["loc"])
-        raise bad_request(f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
-
-
-def _param(loc: tuple[int | str, ...] | list[int | str]) -> str | None:
-    out: str | None = None
-    for p in loc:
-        if isinstance(p, int) or str(p).isdigit():
-            out = f"{out}[{p}]"
-        else:
-            out = str(p) if out is None else f"{out}.{p}"
-    return out
+    return parse_body(kind, data)
 
 
 def _unsupported(message: str, param: str) -> APIError:

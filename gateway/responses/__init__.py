@@ -12,11 +12,9 @@ from starlette.responses import Response, StreamingResponse
 
 from gateway.responses.output import EventStream, from_chat_completion
 from gateway.responses.request import ResponsesRequest, parse_request, to_chat
+from gateway.translation import BODY_HEADERS
 
 __all__ = ["ResponsesRequest", "adapt", "parse_request", "to_chat"]
-
-# Headers of the chat answer that describe its body, not the request.
-_BODY_HEADERS = {"content-length", "content-type"}
 
 
 def adapt(req: ResponsesRequest, chat: Response) -> Response:
@@ -24,7 +22,7 @@ def adapt(req: ResponsesRequest, chat: Response) -> Response:
     Errors keep their status and OpenAI's error shape, which both APIs share."""
     if chat.status_code != 200:
         return chat
-    headers = {k: v for k, v in chat.headers.items() if k not in _BODY_HEADERS}
+    headers = {k: v for k, v in chat.headers.items() if k not in BODY_HEADERS}
     if isinstance(chat, StreamingResponse):
         events = EventStream(
             req, headers["x-xrouter-request-id"], int(time.time()), headers.get("x-xrouter-model")

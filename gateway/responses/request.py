@@ -19,10 +19,11 @@ import logging
 from functools import cached_property
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gateway.errors import APIError, bad_request
 from gateway.responses.tools import ToolMap, chat_name, map_tools
+from gateway.translation import parse_body
 
 log = logging.getLogger(__name__)
 
@@ -72,24 +73,7 @@ class ResponsesRequest(BaseModel):
 
 
 def parse_request(data: Any) -> ResponsesRequest:
-    if not isinstance(data, dict):
-        raise bad_request("request body must be a JSON object", code="invalid_json")
-    try:
-        return ResponsesRequest.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        param = _param(err["loc"])
-        raise bad_request(f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
-
-
-def _param(loc: tuple[int | str, ...] | list[int | str]) -> str | None:
-    out: str | None = None
-    for p in loc:
-        if isinstance(p, int) or str(p).isdigit():
-            out = f"{out}[{p}]"
-        else:
-            out = str(p) if out is None else f"{out}.{p}"
-    return out
+    return parse_body(ResponsesRequest, data)
 
 
 def _unsupported(message: str, param: str) -> APIError:
