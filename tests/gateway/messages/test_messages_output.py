@@ -13,6 +13,7 @@ import pytest
 
 from gateway.messages.output import EventStream, error_body, from_chat_completion, tool_input
 from gateway.messages.request import parse_request
+from tests.support.chat_sse import call_delta, delta, sse
 
 RID = "0123456789abcdef"
 FINAL = {
@@ -32,25 +33,6 @@ FINAL = {
 def req(**extra: Any) -> Any:
     body = {"model": "xrouter", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]}
     return parse_request({**body, **extra})
-
-
-def sse(*chunks: dict[str, Any], done: bool = True) -> bytes:
-    body = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks)
-    return body + (b"data: [DONE]\n\n" if done else b"")
-
-
-def delta(d: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-    return {"model": "m1", "choices": [{"index": 0, "delta": d, "finish_reason": finish}]}
-
-
-def call(index: int, *, id: str | None = None, name: str | None = None, args: str = "") -> Any:
-    fn: dict[str, Any] = {"arguments": args}
-    if name is not None:
-        fn["name"] = name
-    tc: dict[str, Any] = {"index": index, "function": fn}
-    if id is not None:
-        tc.update(id=id, type="function")
-    return delta({"tool_calls": [tc]})
 
 
 async def events(body: bytes, pieces: Sequence[int] = (), **extra: Any) -> list[dict[str, Any]]:
@@ -96,11 +78,11 @@ TEXT_THEN_CALLS = sse(
     delta({"role": "assistant", "content": ""}),
     delta({"content": "Checking "}),
     delta({"content": "both."}),
-    call(0, id="call_a", name="get_weather"),
-    call(0, args='{"ci'),
-    call(1, id="call_b", name="get_time"),
-    call(0, args='ty": "Paris"}'),  # OpenAI may interleave parallel calls' arguments
-    call(1, args='{"tz": "CET"}'),
+    call_delta(0, id="call_a", name="get_weather"),
+    call_delta(0, args='{"ci'),
+    call_delta(1, id="call_b", name="get_time"),
+    call_delta(0, args='ty": "Paris"}'),  # OpenAI may interleave parallel calls' arguments
+    call_delta(1, args='{"tz": "CET"}'),
     delta({}, "tool_calls"),
     FINAL,
 )

@@ -9,22 +9,13 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-import orjson
 import pytest
 
 from gateway.responses.output import EventStream, from_chat_completion
 from gateway.responses.request import parse_request
+from tests.support.chat_sse import call_delta, delta, sse
 
 RID = "0123456789abcdef"
-
-
-def sse(*chunks: dict[str, Any], done: bool = True) -> bytes:
-    body = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks)
-    return body + (b"data: [DONE]\n\n" if done else b"")
-
-
-def delta(d: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-    return {"model": "m1", "choices": [{"index": 0, "delta": d, "finish_reason": finish}]}
 
 
 FINAL = {
@@ -33,16 +24,6 @@ FINAL = {
     "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15, "cost": 1e-05},
     "xrouter": {"request_id": RID, "policy": "compact"},
 }
-
-
-def call_delta(index: int, *, id: str | None = None, name: str | None = None, args: str = ""):
-    fn: dict[str, Any] = {"arguments": args}
-    if name is not None:
-        fn["name"] = name
-    tc: dict[str, Any] = {"index": index, "function": fn}
-    if id is not None:
-        tc.update(id=id, type="function")
-    return delta({"tool_calls": [tc]})
 
 
 async def events(body: bytes, pieces: Sequence[int] = (), tools: Any = None) -> list[dict]:
