@@ -6,14 +6,14 @@ stream as chunks."""
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
 
 from gateway.errors import bad_request
 
-__all__ = ["BODY_HEADERS", "chat_chunks", "parse_body"]
+__all__ = ["BODY_HEADERS", "ChatAnswer", "chat_answer", "chat_chunks", "parse_body", "with_meta"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -43,6 +43,33 @@ def field_path(loc: tuple[int | str, ...] | list[int | str]) -> str | None:
         else:
             out = str(p) if out is None else f"{out}.{p}"
     return out
+
+
+class ChatAnswer(NamedTuple):
+    request_id: str
+    message: dict[str, Any]  # the first choice's
+    finish_reason: str | None
+    meta: dict[str, Any]  # the xrouter object
+
+
+def chat_answer(chat: dict[str, Any]) -> ChatAnswer:
+    """What a translation reads from the chat service's completion."""
+    meta = chat.get("xrouter") or {}
+    request_id = str(meta.get("request_id") or chat["id"].removeprefix("chatcmpl-"))
+    choice = (chat.get("choices") or [{}])[0]
+    return ChatAnswer(request_id, choice.get("message") or {}, choice.get("finish_reason"), meta)
+
+
+def with_meta(
+    body: dict[str, Any], xrouter: dict[str, Any] | None, ignored_tools: list[str]
+) -> dict[str, Any]:
+    """``body`` with the ``xrouter`` object, if there is one or tools were left out: those
+    the client offered that no model behind a chat API can call."""
+    if xrouter is not None or ignored_tools:
+        body["xrouter"] = dict(xrouter or {})
+        if ignored_tools:
+            body["xrouter"]["ignored_tools"] = ignored_tools
+    return body
 
 
 async def chat_chunks(

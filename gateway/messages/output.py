@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from gateway.messages.request import MessagesRequest
-from gateway.translation import chat_chunks
+from gateway.translation import chat_answer, chat_chunks, with_meta
 
 # finish_reason -> stop_reason. A chat answer does not say which stop sequence ended it, so
 # "stop" is end_turn (stop_sequence stays null).
@@ -98,20 +98,12 @@ def message_object(
         "stop_sequence": None,
         "usage": usage(chat_usage),
     }
-    ignored = req.ignored_tools
-    if xrouter is not None or ignored:
-        body["xrouter"] = dict(xrouter or {})
-        if ignored:
-            body["xrouter"]["ignored_tools"] = ignored
-    return body
+    return with_meta(body, xrouter, req.ignored_tools)
 
 
 def from_chat_completion(req: MessagesRequest, chat: dict[str, Any]) -> dict[str, Any]:
     """The ``message`` for a chat completion the chat service returned."""
-    meta = chat.get("xrouter") or {}
-    request_id = str(meta.get("request_id") or chat["id"].removeprefix("chatcmpl-"))
-    choice = (chat.get("choices") or [{}])[0]
-    message = choice.get("message") or {}
+    request_id, message, finish, meta = chat_answer(chat)
     content: list[dict[str, Any]] = []
     text = message.get("content") or message.get("refusal")
     if text:
@@ -131,7 +123,7 @@ def from_chat_completion(req: MessagesRequest, chat: dict[str, Any]) -> dict[str
         request_id,
         model=chat.get("model", req.model),
         content=content,
-        finish_reason=choice.get("finish_reason") or "stop",
+        finish_reason=finish or "stop",
         chat_usage=chat.get("usage"),
         xrouter=meta or None,
     )

@@ -17,7 +17,7 @@ import orjson
 
 from gateway.responses.request import ResponsesRequest
 from gateway.responses.tools import ToolMap
-from gateway.translation import chat_chunks
+from gateway.translation import chat_answer, chat_chunks, with_meta
 
 # finish_reason -> why a response is incomplete (None: complete).
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
@@ -124,22 +124,12 @@ def response_object(
         "store": False,  # nothing is stored: GET /v1/responses/{id} does not exist here
         "usage": usage(chat_usage) if chat_usage is not None else None,
     }
-    ignored = req.tool_map.ignored
-    if xrouter is not None or ignored:
-        body["xrouter"] = dict(xrouter or {})
-        if ignored:
-            # Offered by the client, but no model behind a chat API can call them.
-            body["xrouter"]["ignored_tools"] = ignored
-    return body
+    return with_meta(body, xrouter, req.tool_map.ignored)
 
 
 def from_chat_completion(req: ResponsesRequest, chat: dict[str, Any]) -> dict[str, Any]:
     """The ``response`` object for a chat completion the chat service returned."""
-    meta = chat.get("xrouter") or {}
-    request_id = str(meta.get("request_id") or chat["id"].removeprefix("chatcmpl-"))
-    choice = (chat.get("choices") or [{}])[0]
-    message = choice.get("message") or {}
-    finish = choice.get("finish_reason")
+    request_id, message, finish, meta = chat_answer(chat)
     output: list[dict[str, Any]] = []
     text, refusal = message.get("content"), message.get("refusal")
     if text or refusal or not message.get("tool_calls"):
