@@ -1,9 +1,11 @@
 """What ``GET /v1/models`` and ``GET /v1/models/{model}`` show a caller: the routers (``xrouter``
 and ``xrouter/<policy>``) and the pool models with their prices, limited, as OpenAI and
-LiteLLM's proxy do, to what the caller's key may use."""
+LiteLLM's proxy do, to what the caller's key may use — in OpenAI's shape, or in Anthropic's
+for Anthropic's clients."""
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from typing import Any
 
@@ -81,3 +83,27 @@ def find_model(rt: Runtime, who: Principal, model_id: str) -> dict[str, Any] | N
     if m is None or not _may_use_model(who, model_id):
         return None
     return _pool_entry(m, created)
+
+
+def anthropic_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    """An entry in Anthropic's shape (``type``, ``display_name``, an RFC 3339
+    ``created_at``), the ``xrouter`` details kept."""
+    created = dt.datetime.fromtimestamp(int(entry["created"]), dt.UTC)
+    return {
+        "type": "model",
+        "id": entry["id"],
+        "display_name": entry["id"],
+        "created_at": created.isoformat().replace("+00:00", "Z"),
+        "xrouter": entry["xrouter"],
+    }
+
+
+def anthropic_list(data: list[dict[str, Any]]) -> dict[str, Any]:
+    """A model list as Anthropic's ``GET /v1/models`` answers: one page holds them all."""
+    entries = [anthropic_entry(e) for e in data]
+    return {
+        "data": entries,
+        "has_more": False,
+        "first_id": entries[0]["id"] if entries else None,
+        "last_id": entries[-1]["id"] if entries else None,
+    }

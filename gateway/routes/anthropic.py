@@ -1,5 +1,6 @@
 """The Anthropic-compatible surface: ``POST /v1/messages`` and
-``POST /v1/messages/count_tokens``, for Anthropic's SDKs and the tools built on them.
+``POST /v1/messages/count_tokens``, for Anthropic's SDKs and the tools built on them
+(``GET /v1/models`` answers them in their shape too: ``gateway.routes.openai``).
 
 Plain Starlette routes, as the chat route is. They answer in Anthropic's shapes, errors
 included (``{"type": "error", "error": {"type", "message"}}``), and take the key as
@@ -17,18 +18,10 @@ from starlette.responses import Response
 from gateway import messages
 from gateway.chat import decode_json
 from gateway.errors import APIError, internal_error
-from gateway.routes.openai import read_body, services
+from gateway.routes.openai import authorization, read_body, services
 from router.loop import estimate_prompt_tokens
 
 log = logging.getLogger(__name__)
-
-
-def _authorization(request: Request) -> str | None:
-    header = request.headers.get("authorization")
-    if header:
-        return header
-    key = request.headers.get("x-api-key")
-    return f"Bearer {key}" if key else None
 
 
 async def create_message(request: Request) -> Response:
@@ -37,7 +30,7 @@ async def create_message(request: Request) -> Response:
     s = services(request)
     assert s.auth is not None and s.chat is not None
     try:
-        who = await s.auth.principal(_authorization(request))
+        who = await s.auth.principal(authorization(request))
         raw = await read_body(request, s.settings.server.max_body_bytes)
         req = messages.parse_request(decode_json(raw))
         chat = await s.chat.handle(messages.to_chat(req), who, api="messages")
@@ -55,7 +48,7 @@ async def count_tokens(request: Request) -> Response:
     s = services(request)
     assert s.auth is not None
     try:
-        await s.auth.principal(_authorization(request))
+        await s.auth.principal(authorization(request))
         raw = await read_body(request, s.settings.server.max_body_bytes)
         req = messages.parse_request(decode_json(raw), messages.CountTokensRequest)
         chat = messages.to_chat(req)

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from pydantic import ValidationError
 from starlette.responses import Response
 
-from gateway import model_list, responses
+from gateway import messages, model_list, responses
 from gateway.chat import decode_json
 from gateway.errors import APIError, bad_request, not_found
 from gateway.ledger.records import FeedbackRecord
@@ -81,13 +81,33 @@ async def stored_response(request: Request, response_id: str, rest: str) -> Resp
     )
 
 
+def authorization(request: Request) -> str | None:
+    """The caller's key as OpenAI's clients send it (``Authorization: Bearer``) or as
+    Anthropic's do (``x-api-key``)."""
+    header = request.headers.get("authorization")
+    if header:
+        return header
+    key = request.headers.get("x-api-key")
+    return f"Bearer {key}" if key else None
+
+
+def _anthropic_client(request: Request) -> bool:
+    # Anthropic's API requires this header on every request; OpenAI's clients never send it.
+    return "anthropic-version" in request.headers
+
+
 @router.get("/v1/models")
 async def list_models(request: Request) -> Response:
     s = services(request)
     assert s.auth is not None
-    who = await s.auth.principal(request.headers.get("authorization"))
+    anthropic = _anthropic_client(request)
+    try:
+        who = await s.auth.principal(authorization(request))
+    except APIError as err:
+        return messages.anthropic_error(err) if anthropic else err.response()
     data = model_list.list_models(s.current(), who)
-    return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")
+    body = model_list.anthropic_list(data) if anthropic else {"object": "list", "data": data}
+    return Response(orjson.dumps(body), media_type="application/json")
 
 
 # ``:path`` because router names have a slash in them (``xrouter/cascade``).
@@ -95,13 +115,18 @@ async def list_models(request: Request) -> Response:
 async def retrieve_model(request: Request, model_id: str) -> Response:
     s = services(request)
     assert s.auth is not None
-    who = await s.auth.principal(request.headers.get("authorization"))
-    entry = model_list.find_model(s.current(), who, model_id)
-    if entry is None:
-        raise not_found(
-            f"the model {model_id!r} does not exist; GET /v1/models lists the available ones"
-        )
-    return Response(orjson.dumps(entry), media_type="application/json")
+    anthropic = _anthropic_client(request)
+    try:
+        who = await s.auth.principal(authorization(request))
+        entry = model_list.find_model(s.current(), who, model_id)
+        if entry is None:
+            raise not_found(
+                f"the model {model_id!r} does not exist; GET /v1/models lists the available ones"
+            )
+    except APIError as err:
+        return messages.anthropic_error(err) if anthropic else err.response()
+    body = model_list.anthropic_entry(entry) if anthropic else entry
+    return Response(orjson.dumps(body), media_type="application/json")
 
 
 @router.post("/v1/feedback")

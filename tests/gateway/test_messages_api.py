@@ -256,6 +256,22 @@ def test_an_upstream_failure_mid_stream_ends_with_an_error_event(
     assert status >= 500
 
 
+def test_models_in_anthropic_s_shape_for_anthropic_s_clients(gateway: Gateway) -> None:
+    c = client(gateway)
+    page = c.models.list()
+    ids = [m.id for m in page.data]
+    assert ids[0] == "xrouter" and MODEL in ids and not page.has_more
+    assert all(m.type == "model" and m.display_name == m.id for m in page.data)
+    model = c.models.retrieve("xrouter/cascade")
+    assert model.id == "xrouter/cascade" and model.created_at.tzinfo is not None
+    assert extra(model)["xrouter"]["kind"] == "router"
+    with pytest.raises(anthropic.NotFoundError):
+        c.models.retrieve("no-such-model")
+    # OpenAI's clients (no anthropic-version header) still get OpenAI's shape.
+    openai_shape = httpx.get(f"{gateway.base_url}/models").json()
+    assert openai_shape["object"] == "list" and openai_shape["data"][0]["object"] == "model"
+
+
 def test_count_tokens(gateway: Gateway) -> None:
     c = client(gateway)
     short = c.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "hi"}])
@@ -290,6 +306,11 @@ def test_the_key_as_anthropic_s_clients_send_it(upstream: Upstream, tmp_path: Pa
             client(gw, key).messages.create(
                 model="qwen2.5-7b-instruct", max_tokens=32, messages=ask
             )
+        # The model list answers the same key, listing what it may use.
+        listed = [m.id for m in client(gw, key).models.list().data]
+        assert "xrouter" in listed and MODEL in listed and "qwen2.5-7b-instruct" not in listed
+        with pytest.raises(anthropic.AuthenticationError):
+            client(gw, "xr-wrong").models.list()
         # count_tokens takes the key too.
         r = httpx.post(
             f"{gw.base_url}/messages/count_tokens", json={"model": MODEL, "messages": ask}
