@@ -1,22 +1,22 @@
-"""The chat-completions service: validate, resolve the policy, run the loop, respond.
+"""The chat-completions service: validate, resolve the policy, admit, answer from the cache
+or run the loop, respond (``gateway.render``).
 
-The route is a thin shell over ``ChatService.handle``. Everything a request costs is known
-here, so this is where the ledger row, the metrics and the cost headers are produced.
+The routes (chat, and the Responses and Messages APIs' translations) are thin shells over
+``ChatService.handle``. Everything a request costs is known here, so this is where it is
+handed to the hooks that write the ledger row and the metrics.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from pydantic import ValidationError
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from gateway.cache import AnswerCache, CachedAnswer
 from gateway.errors import (
@@ -28,10 +28,10 @@ from gateway.errors import (
     upstream_error,
 )
 from gateway.hooks import KeyBudgetGuard, RequestHooks, RequestLog
+from gateway.render import Renderer
 from gateway.runtime import POLICY_PREFIX, ROUTER_MODEL, Runtime
 from gateway.schemas import ChatCompletionRequest
 from pricing import usd_to_micros
-from pricing.money import format_usd, micros_to_usd
 from router.loop import NoAnswer, RequestTimeout, RouteResult
 from router.modalities import request_modalities
 from router.policy import (
@@ -51,7 +51,6 @@ log = logging.getLogger(__name__)
 _KNOWN_FIELDS = frozenset(ChatCompletionRequest.model_fields)
 # Fields that shape routing or the gateway's response, never forwarded as model parameters.
 _NOT_PARAMS = frozenset({"model", "messages", "tools", "stream", "stream_options", "xrouter"})
-_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 class PassThrough(Policy):
@@ -223,53 +222,6 @@ def build_context(
     )
 
 
-def xrouter_meta(request_id: str, policy: str, result: RouteResult | None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"request_id": request_id, "policy": policy}
-    if result is None:
-        return meta
-    calls = [
-        {
-            "model": o.model,
-            "role": o.role,
-            "turn": o.turn,
-            "status": "ok" if o.ok else ("refused" if o.error_kind == "budget" else "error"),
-            "prompt_tokens": o.usage.prompt_tokens,
-            "completion_tokens": o.usage.completion_tokens,
-            "cost_usd": micros_to_usd(o.cost_micros),
-            "latency_ms": round(o.latency_ms, 3),
-            **({"error": o.error} if o.error else {}),
-            **({"fallback_from": o.fallback_from} if o.fallback_from else {}),
-        }
-        for o in (*result.state.router_calls, *result.state.outcomes)
-    ]
-    meta.update(
-        calls=calls,
-        cost_usd=micros_to_usd(result.cost_micros),
-        router_cost_usd=micros_to_usd(result.router_cost_micros),
-        downstream_cost_usd=micros_to_usd(result.downstream_cost_micros),
-        decision=result.decision.to_dict(),
-    )
-    hit: CachedAnswer | None = result.extras.get("cache")
-    if hit is not None:
-        meta["cache"] = {
-            "hit": True,
-            "request_id": hit.request_id,
-            "age_s": round(max(time.time() - hit.created_at, 0.0), 3),
-            "saved_usd": micros_to_usd(hit.cost_micros),
-        }
-    return meta
-
-
-def _usage_with_cost(result: RouteResult) -> dict[str, Any]:
-    hit: CachedAnswer | None = result.extras.get("cache")
-    if hit is not None:
-        # The answer's own tokens, as when it was first served; this request paid nothing.
-        return {**hit.usage, "cost": 0.0}
-    usage = result.usage().to_openai()
-    usage["cost"] = micros_to_usd(result.cost_micros)
-    return usage
-
-
 def _from_cache(rlog: RequestLog, ctx: RouteContext, hit: CachedAnswer) -> RouteResult:
     """A cached answer as the loop's result: no calls, nothing spent, no decision made."""
     state = LoopState(decision=Decision(policy=rlog.policy, cost_weight=ctx.cost_weight))
@@ -297,6 +249,7 @@ class ChatService:
         self._runtime = get_runtime
         self.hooks = hooks
         self.cache = cache
+        self.render = Renderer(hooks, self._remember)
 
     async def handle(
         self, raw: bytes | dict[str, Any], who: Principal, api: str = "chat"
@@ -352,10 +305,10 @@ class ChatService:
             return err.response({"x-xrouter-request-id": request_id})
         rlog.result = result
         if result.stream is not None:
-            return self._stream_response(rt, req, rlog, result)
+            return self.render.stream(req, rlog, result, rt.settings.server.request_timeout_s)
         if req.stream:
-            return self._text_stream_response(req, rlog, result)
-        return await self._json_response(rlog, result)
+            return self.render.text_stream(req, rlog, result)
+        return await self.render.json(rlog, result)
 
     async def _lookup(
         self,
@@ -398,8 +351,8 @@ class ChatService:
         if self.hooks.metrics is not None:
             self.hooks.metrics.cache_saved(rlog.policy, hit.cost_micros)
         if req.stream:
-            return self._text_stream_response(req, rlog, result)
-        return await self._json_response(rlog, result)
+            return self.render.text_stream(req, rlog, result)
+        return await self.render.json(rlog, result)
 
     def _remember(
         self,
@@ -416,198 +369,3 @@ class ChatService:
             rlog.request_id, rlog.created_at, model, choices, usage, result.cost_micros
         )
         self.cache.store(rlog.cache, answer)
-
-    def _headers(
-        self, rlog: RequestLog, result: RouteResult, *, cost: bool = True
-    ) -> dict[str, str]:
-        h = {
-            "x-xrouter-request-id": rlog.request_id,
-            "x-xrouter-policy": rlog.policy,
-            "x-xrouter-model": result.final_model or ROUTER_MODEL,
-        }
-        if cost:
-            h["x-xrouter-cost-usd"] = format_usd(result.cost_micros)
-            h["x-xrouter-overhead-ms"] = f"{rlog.overhead_ms(result):.3f}"
-        h.update(rlog.extra_headers)
-        return h
-
-    async def _json_response(self, rlog: RequestLog, result: RouteResult) -> Response:
-        if result.response is not None and result.final_model is not None:
-            body = dict(result.response)
-            body.pop("xrouter_score", None)
-        else:
-            body = {
-                "object": "chat.completion",
-                "created": int(rlog.created_at),
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": result.message or {"role": "assistant", "content": ""},
-                        "finish_reason": result.finish_reason,
-                    }
-                ],
-            }
-        body["id"] = f"chatcmpl-{rlog.request_id}"
-        body["model"] = result.final_model or ROUTER_MODEL
-        body["usage"] = _usage_with_cost(result)
-        body["xrouter"] = xrouter_meta(rlog.request_id, rlog.policy, result)
-        rlog.status = 200
-        rlog.response_text = _first_text(body)
-        self._remember(rlog, result, result.final_model, body.get("choices") or [])
-        headers = self._headers(rlog, result)
-        payload = orjson.dumps(body)
-        # The row is durable (committed or journaled) before the client sees a 200.
-        await self.hooks.finish(rlog, result)
-        return Response(payload, media_type="application/json", headers=headers)
-
-    def _final_chunks(self, rlog: RequestLog, result: RouteResult, model: str) -> bytes:
-        chunk = {
-            "id": f"chatcmpl-{rlog.request_id}",
-            "object": "chat.completion.chunk",
-            "created": int(rlog.created_at),
-            "model": model,
-            "choices": [],
-            "usage": _usage_with_cost(result),
-            "xrouter": xrouter_meta(rlog.request_id, rlog.policy, result),
-        }
-        return b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n"
-
-    def _stream_response(
-        self, rt: Runtime, req: ChatCompletionRequest, rlog: RequestLog, result: RouteResult
-    ) -> Response:
-        assert result.stream is not None
-        stream = result.stream
-        cid = f"chatcmpl-{rlog.request_id}"
-        model_name = result.final_model or ROUTER_MODEL
-        hooks = self.hooks
-
-        # The request's deadline covers the stream too: a budget hold must never outlive
-        # its call (holds expire request_timeout_s + 60 s after they are taken).
-        timeout_s = rt.settings.server.request_timeout_s
-        deadline = rlog.t0 + timeout_s
-
-        async def body() -> AsyncIterator[bytes]:
-            rlog.status = 499  # until the stream completes: the client may go away
-            chunks = aiter(stream.chunks)
-            try:
-                while True:
-                    # The timeout is entered and left around each chunk's await, never held
-                    # across a yield: between chunks this generator is suspended and its
-                    # task runs the server's code, which a firing timeout would cancel.
-                    try:
-                        async with asyncio.timeout(deadline - time.perf_counter()):
-                            chunk = await anext(chunks)
-                    except StopAsyncIteration:
-                        break
-                    except TimeoutError:
-                        raise ProviderError(
-                            "timeout", f"the request did not finish within {timeout_s:g} s"
-                        ) from None
-                    choices = chunk.get("choices")
-                    if not choices:
-                        continue  # upstream usage-only chunk: ours, with cost, comes last
-                    chunk["id"] = cid
-                    chunk["model"] = model_name
-                    chunk.pop("usage", None)
-                    yield b"data: " + orjson.dumps(chunk) + b"\n\n"
-                outcome = result.state.outcomes[-1] if result.state.outcomes else None
-                if outcome is not None and not outcome.ok:
-                    raise ProviderError("connection", outcome.error or "stream failed")
-                rlog.status = 200
-                rlog.response_text = outcome.text if outcome is not None else None
-                if outcome is not None and _streamed_text_only(req):
-                    # The relay kept the first choice's text, all a text-only answer has.
-                    finish = ((outcome.response or {}).get("choices") or [{}])[0]
-                    choice = {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": outcome.text},
-                        "finish_reason": finish.get("finish_reason") or "stop",
-                    }
-                    self._remember(rlog, result, result.final_model, [choice])
-                yield self._final_chunks(rlog, result, model_name)
-            except ProviderError as err:
-                api = from_provider_error(err)
-                rlog.status, rlog.error_type = api.status, api.code
-                yield b"data: " + orjson.dumps(api.body()) + b"\n\ndata: [DONE]\n\n"
-            finally:
-                await hooks.finish(rlog, result)
-
-        return StreamingResponse(
-            body(),
-            media_type="text/event-stream",
-            headers={**self._headers(rlog, result, cost=False), **_SSE_HEADERS},
-        )
-
-    def _text_stream_response(
-        self, req: ChatCompletionRequest, rlog: RequestLog, result: RouteResult
-    ) -> Response:
-        """The answer is already complete (the router selected or synthesized it): stream it."""
-        body_json = result.response if result.response is not None and result.final_model else None
-        message = result.message or {"role": "assistant", "content": ""}
-        if body_json is not None:
-            message = (body_json.get("choices") or [{}])[0].get("message") or message
-        text = message.get("content") or ""
-        cid = f"chatcmpl-{rlog.request_id}"
-        model = result.final_model or ROUTER_MODEL
-        created = int(rlog.created_at)
-        hooks = self.hooks
-
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-            c = {
-                "id": cid,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-            }
-            return b"data: " + orjson.dumps(c) + b"\n\n"
-
-        async def body() -> AsyncIterator[bytes]:
-            rlog.status = 499
-            try:
-                yield chunk({"role": "assistant", "content": ""})
-                if message.get("tool_calls"):
-                    yield chunk(
-                        {
-                            "tool_calls": [
-                                dict(tc, index=i) for i, tc in enumerate(message["tool_calls"])
-                            ]
-                        }
-                    )
-                words = text.split(" ")
-                for i in range(0, len(words), 8):
-                    yield chunk(
-                        {
-                            "content": " ".join(words[i : i + 8])
-                            + (" " if i + 8 < len(words) else "")
-                        }
-                    )
-                yield chunk({}, result.finish_reason)
-                rlog.status = 200
-                rlog.response_text = text
-                choice = {"index": 0, "message": message, "finish_reason": result.finish_reason}
-                self._remember(rlog, result, result.final_model, [choice])
-                yield self._final_chunks(rlog, result, model)
-            finally:
-                await hooks.finish(rlog, result)
-
-        return StreamingResponse(
-            body(),
-            media_type="text/event-stream",
-            headers={**self._headers(rlog, result, cost=False), **_SSE_HEADERS},
-        )
-
-
-def _streamed_text_only(req: ChatCompletionRequest) -> bool:
-    """A relayed stream whose whole answer is the first choice's text: no tools offered
-    (no tool calls), one choice, no log probabilities."""
-    extra = req.model_extra or {}
-    return req.tools is None and req.n == 1 and not extra.get("logprobs")
-
-
-def _first_text(body: dict[str, Any]) -> str | None:
-    choices = body.get("choices") or []
-    if not choices:
-        return None
-    content = (choices[0].get("message") or {}).get("content")
-    return content if isinstance(content, str) else None

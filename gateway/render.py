@@ -1,0 +1,278 @@
+"""How a routed answer goes back to a chat client: the completion's body, or its stream
+(relayed from the upstream, or re-streamed when the router selected or synthesized the
+answer), with the cost headers, ``usage.cost`` and the ``xrouter`` object. Each response
+hands the request to the hooks for accounting exactly once, and offers its answer to the
+answer cache through ``remember``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+from starlette.responses import Response, StreamingResponse
+
+from gateway.cache import CachedAnswer
+from gateway.errors import from_provider_error
+from gateway.hooks import RequestHooks, RequestLog
+from gateway.runtime import ROUTER_MODEL
+from gateway.schemas import ChatCompletionRequest
+from pricing.money import format_usd, micros_to_usd
+from router.loop import RouteResult
+from router.providers.errors import ProviderError
+
+__all__ = ["SSE_HEADERS", "Renderer", "usage_with_cost", "xrouter_meta"]
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# Offers a served answer to the cache: (request log, result, answering model, choices).
+Remember = Callable[[RequestLog, RouteResult, str | None, list[dict[str, Any]]], None]
+
+
+def xrouter_meta(request_id: str, policy: str, result: RouteResult | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"request_id": request_id, "policy": policy}
+    if result is None:
+        return meta
+    calls = [
+        {
+            "model": o.model,
+            "role": o.role,
+            "turn": o.turn,
+            "status": "ok" if o.ok else ("refused" if o.error_kind == "budget" else "error"),
+            "prompt_tokens": o.usage.prompt_tokens,
+            "completion_tokens": o.usage.completion_tokens,
+            "cost_usd": micros_to_usd(o.cost_micros),
+            "latency_ms": round(o.latency_ms, 3),
+            **({"error": o.error} if o.error else {}),
+            **({"fallback_from": o.fallback_from} if o.fallback_from else {}),
+        }
+        for o in (*result.state.router_calls, *result.state.outcomes)
+    ]
+    meta.update(
+        calls=calls,
+        cost_usd=micros_to_usd(result.cost_micros),
+        router_cost_usd=micros_to_usd(result.router_cost_micros),
+        downstream_cost_usd=micros_to_usd(result.downstream_cost_micros),
+        decision=result.decision.to_dict(),
+    )
+    hit: CachedAnswer | None = result.extras.get("cache")
+    if hit is not None:
+        meta["cache"] = {
+            "hit": True,
+            "request_id": hit.request_id,
+            "age_s": round(max(time.time() - hit.created_at, 0.0), 3),
+            "saved_usd": micros_to_usd(hit.cost_micros),
+        }
+    return meta
+
+
+def usage_with_cost(result: RouteResult) -> dict[str, Any]:
+    hit: CachedAnswer | None = result.extras.get("cache")
+    if hit is not None:
+        # The answer's own tokens, as when it was first served; this request paid nothing.
+        return {**hit.usage, "cost": 0.0}
+    usage = result.usage().to_openai()
+    usage["cost"] = micros_to_usd(result.cost_micros)
+    return usage
+
+
+class Renderer:
+    def __init__(self, hooks: RequestHooks, remember: Remember) -> None:
+        self.hooks = hooks
+        self.remember = remember
+
+    def headers(
+        self, rlog: RequestLog, result: RouteResult, *, cost: bool = True
+    ) -> dict[str, str]:
+        h = {
+            "x-xrouter-request-id": rlog.request_id,
+            "x-xrouter-policy": rlog.policy,
+            "x-xrouter-model": result.final_model or ROUTER_MODEL,
+        }
+        if cost:
+            h["x-xrouter-cost-usd"] = format_usd(result.cost_micros)
+            h["x-xrouter-overhead-ms"] = f"{rlog.overhead_ms(result):.3f}"
+        h.update(rlog.extra_headers)
+        return h
+
+    async def json(self, rlog: RequestLog, result: RouteResult) -> Response:
+        if result.response is not None and result.final_model is not None:
+            body = dict(result.response)
+            body.pop("xrouter_score", None)
+        else:
+            body = {
+                "object": "chat.completion",
+                "created": int(rlog.created_at),
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": result.message or {"role": "assistant", "content": ""},
+                        "finish_reason": result.finish_reason,
+                    }
+                ],
+            }
+        body["id"] = f"chatcmpl-{rlog.request_id}"
+        body["model"] = result.final_model or ROUTER_MODEL
+        body["usage"] = usage_with_cost(result)
+        body["xrouter"] = xrouter_meta(rlog.request_id, rlog.policy, result)
+        rlog.status = 200
+        rlog.response_text = first_text(body)
+        self.remember(rlog, result, result.final_model, body.get("choices") or [])
+        headers = self.headers(rlog, result)
+        payload = orjson.dumps(body)
+        # The row is durable (committed or journaled) before the client sees a 200.
+        await self.hooks.finish(rlog, result)
+        return Response(payload, media_type="application/json", headers=headers)
+
+    def final_chunks(self, rlog: RequestLog, result: RouteResult, model: str) -> bytes:
+        chunk = {
+            "id": f"chatcmpl-{rlog.request_id}",
+            "object": "chat.completion.chunk",
+            "created": int(rlog.created_at),
+            "model": model,
+            "choices": [],
+            "usage": usage_with_cost(result),
+            "xrouter": xrouter_meta(rlog.request_id, rlog.policy, result),
+        }
+        return b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n"
+
+    def stream(
+        self, req: ChatCompletionRequest, rlog: RequestLog, result: RouteResult, timeout_s: float
+    ) -> Response:
+        """The upstream's chunks relayed as they arrive, then the usage chunk."""
+        assert result.stream is not None
+        stream = result.stream
+        cid = f"chatcmpl-{rlog.request_id}"
+        model_name = result.final_model or ROUTER_MODEL
+        hooks = self.hooks
+
+        # The request's deadline covers the stream too: a budget hold must never outlive
+        # its call (holds expire request_timeout_s + 60 s after they are taken).
+        deadline = rlog.t0 + timeout_s
+
+        async def body() -> AsyncIterator[bytes]:
+            rlog.status = 499  # until the stream completes: the client may go away
+            chunks = aiter(stream.chunks)
+            try:
+                while True:
+                    # The timeout is entered and left around each chunk's await, never held
+                    # across a yield: between chunks this generator is suspended and its
+                    # task runs the server's code, which a firing timeout would cancel.
+                    try:
+                        async with asyncio.timeout(deadline - time.perf_counter()):
+                            chunk = await anext(chunks)
+                    except StopAsyncIteration:
+                        break
+                    except TimeoutError:
+                        raise ProviderError(
+                            "timeout", f"the request did not finish within {timeout_s:g} s"
+                        ) from None
+                    choices = chunk.get("choices")
+                    if not choices:
+                        continue  # upstream usage-only chunk: ours, with cost, comes last
+                    chunk["id"] = cid
+                    chunk["model"] = model_name
+                    chunk.pop("usage", None)
+                    yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+                outcome = result.state.outcomes[-1] if result.state.outcomes else None
+                if outcome is not None and not outcome.ok:
+                    raise ProviderError("connection", outcome.error or "stream failed")
+                rlog.status = 200
+                rlog.response_text = outcome.text if outcome is not None else None
+                if outcome is not None and streamed_text_only(req):
+                    # The relay kept the first choice's text, all a text-only answer has.
+                    finish = ((outcome.response or {}).get("choices") or [{}])[0]
+                    choice = {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": outcome.text},
+                        "finish_reason": finish.get("finish_reason") or "stop",
+                    }
+                    self.remember(rlog, result, result.final_model, [choice])
+                yield self.final_chunks(rlog, result, model_name)
+            except ProviderError as err:
+                api = from_provider_error(err)
+                rlog.status, rlog.error_type = api.status, api.code
+                yield b"data: " + orjson.dumps(api.body()) + b"\n\ndata: [DONE]\n\n"
+            finally:
+                await hooks.finish(rlog, result)
+
+        return StreamingResponse(
+            body(),
+            media_type="text/event-stream",
+            headers={**self.headers(rlog, result, cost=False), **SSE_HEADERS},
+        )
+
+    def text_stream(
+        self, req: ChatCompletionRequest, rlog: RequestLog, result: RouteResult
+    ) -> Response:
+        """The answer is already complete (the router selected or synthesized it): stream it."""
+        body_json = result.response if result.response is not None and result.final_model else None
+        message = result.message or {"role": "assistant", "content": ""}
+        if body_json is not None:
+            message = (body_json.get("choices") or [{}])[0].get("message") or message
+        text = message.get("content") or ""
+        cid = f"chatcmpl-{rlog.request_id}"
+        model = result.final_model or ROUTER_MODEL
+        created = int(rlog.created_at)
+        hooks = self.hooks
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+            c = {
+                "id": cid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
+            return b"data: " + orjson.dumps(c) + b"\n\n"
+
+        async def body() -> AsyncIterator[bytes]:
+            rlog.status = 499
+            try:
+                yield chunk({"role": "assistant", "content": ""})
+                if message.get("tool_calls"):
+                    yield chunk(
+                        {
+                            "tool_calls": [
+                                dict(tc, index=i) for i, tc in enumerate(message["tool_calls"])
+                            ]
+                        }
+                    )
+                words = text.split(" ")
+                for i in range(0, len(words), 8):
+                    yield chunk(
+                        {
+                            "content": " ".join(words[i : i + 8])
+                            + (" " if i + 8 < len(words) else "")
+                        }
+                    )
+                yield chunk({}, result.finish_reason)
+                rlog.status = 200
+                rlog.response_text = text
+                choice = {"index": 0, "message": message, "finish_reason": result.finish_reason}
+                self.remember(rlog, result, result.final_model, [choice])
+                yield self.final_chunks(rlog, result, model)
+            finally:
+                await hooks.finish(rlog, result)
+
+        return StreamingResponse(
+            body(),
+            media_type="text/event-stream",
+            headers={**self.headers(rlog, result, cost=False), **SSE_HEADERS},
+        )
+
+
+def streamed_text_only(req: ChatCompletionRequest) -> bool:
+    """A relayed stream whose whole answer is the first choice's text: no tools offered
+    (no tool calls), one choice, no log probabilities."""
+    extra = req.model_extra or {}
+    return req.tools is None and req.n == 1 and not extra.get("logprobs")
+
+
+def first_text(body: dict[str, Any]) -> str | None:
+    choices = body.get("choices") or []
+    if not choices:
+        return None
+    content = (choices[0].get("message") or {}).get("content")
+    return content if isinstance(content, str) else None
