@@ -5,7 +5,8 @@ stream as chunks."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterable
+import abc
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from typing import Any, NamedTuple, TypeVar
 
 import orjson
@@ -13,7 +14,15 @@ from pydantic import BaseModel, ValidationError
 
 from gateway.errors import bad_request
 
-__all__ = ["BODY_HEADERS", "ChatAnswer", "chat_answer", "chat_chunks", "parse_body", "with_meta"]
+__all__ = [
+    "BODY_HEADERS",
+    "ChatAnswer",
+    "StreamTranslation",
+    "chat_answer",
+    "chat_chunks",
+    "parse_body",
+    "with_meta",
+]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -92,3 +101,35 @@ async def chat_chunks(
         aclose = getattr(chat_sse, "aclose", None)
         if aclose is not None:
             await aclose()
+
+
+class StreamTranslation(abc.ABC):
+    """A chat SSE stream translated event by event into another API's stream: ``start``
+    opens it, ``on_chunk`` translates each chat chunk (setting ``done`` at the last one),
+    and ``ended_early`` closes a stream whose chat side stopped before its last chunk."""
+
+    done = False
+
+    @abc.abstractmethod
+    def start(self) -> bytes: ...
+
+    @abc.abstractmethod
+    def on_chunk(self, chunk: dict[str, Any]) -> bytes: ...
+
+    @abc.abstractmethod
+    def ended_early(self) -> bytes: ...
+
+    async def translate(
+        self, chat_sse: AsyncIterable[str | bytes | memoryview]
+    ) -> AsyncIterator[bytes]:
+        chunks = chat_chunks(chat_sse)
+        try:
+            yield self.start()
+            async for chunk in chunks:
+                out = self.on_chunk(chunk)
+                if out:
+                    yield out
+            if not self.done:  # the chat stream ended without its last chunk
+                yield self.ended_early()
+        finally:
+            await chunks.aclose()  # a client that went away: the chat stream goes too

@@ -9,13 +9,12 @@ are the chat tool-call ids, so a ``tool_result`` names the call it answers.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
 import orjson
 
 from gateway.messages.request import MessagesRequest
-from gateway.translation import chat_answer, chat_chunks, with_meta
+from gateway.translation import StreamTranslation, chat_answer, with_meta
 
 # finish_reason -> stop_reason. A chat answer does not say which stop sequence ended it, so
 # "stop" is end_turn (stop_sequence stays null).
@@ -129,7 +128,7 @@ def from_chat_completion(req: MessagesRequest, chat: dict[str, Any]) -> dict[str
     )
 
 
-class EventStream:
+class EventStream(StreamTranslation):
     """Turns the chat service's SSE chunks into the Messages API's events.
 
     ``message_start``; per content block (the text, then each tool call)
@@ -152,7 +151,7 @@ class EventStream:
         # chat tool-call index -> [id, name, arguments so far], in the order they started
         self._calls: dict[int, list[str]] = {}
         self._finish: str | None = None
-        self._done = False
+        self.done = False
 
     @staticmethod
     def _event(kind: str, payload: dict[str, Any]) -> bytes:
@@ -166,24 +165,12 @@ class EventStream:
         message.pop("xrouter", None)  # comes with message_delta, once known
         return self._event("message_start", {"type": "message_start", "message": message})
 
-    async def translate(
-        self, chat_sse: AsyncIterable[str | bytes | memoryview]
-    ) -> AsyncIterator[bytes]:
-        chunks = chat_chunks(chat_sse)
-        try:
-            yield self.start()
-            async for chunk in chunks:
-                out = self._on_chunk(chunk)
-                if out:
-                    yield out
-            if not self._done:  # the chat stream ended without its last chunk
-                yield self._error(502, {"message": "the stream ended early"})
-        finally:
-            await chunks.aclose()  # a client that went away: the chat stream goes too
+    def ended_early(self) -> bytes:
+        return self._error(502, {"message": "the stream ended early"})
 
-    def _on_chunk(self, chunk: dict[str, Any]) -> bytes:
+    def on_chunk(self, chunk: dict[str, Any]) -> bytes:
         if "error" in chunk:
-            self._done = True
+            self.done = True
             err = chunk["error"] or {}
             return self._error(502 if err.get("type") == "upstream_error" else 500, err)
         self.model = chunk.get("model") or self.model
@@ -250,7 +237,7 @@ class EventStream:
         return out
 
     def _finish_message(self, final: dict[str, Any]) -> bytes:
-        self._done = True
+        self.done = True
         out = self._tool_blocks()
         u = usage(final.get("usage"))
         delta: dict[str, Any] = {

@@ -10,14 +10,13 @@ function call.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
 import orjson
 
 from gateway.responses.request import ResponsesRequest
 from gateway.responses.tools import ToolMap
-from gateway.translation import chat_answer, chat_chunks, with_meta
+from gateway.translation import StreamTranslation, chat_answer, with_meta
 
 # finish_reason -> why a response is incomplete (None: complete).
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
@@ -150,7 +149,7 @@ def from_chat_completion(req: ResponsesRequest, chat: dict[str, Any]) -> dict[st
     )
 
 
-class EventStream:
+class EventStream(StreamTranslation):
     """Turns the chat service's SSE chunks into the Responses API's events.
 
     The chat stream always ends with a usage chunk (``choices: []``, with the cost and the
@@ -174,7 +173,7 @@ class EventStream:
         self._calls: dict[int, dict[str, Any]] = {}  # chat tool-call index -> item
         self._call_index: dict[int, int] = {}  # chat tool-call index -> output index
         self._finish: str | None = None
-        self._done = False
+        self.done = False
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self._seq, **fields}
@@ -192,22 +191,10 @@ class EventStream:
             "response.in_progress", response=r
         )
 
-    async def translate(
-        self, chat_sse: AsyncIterable[str | bytes | memoryview]
-    ) -> AsyncIterator[bytes]:
-        chunks = chat_chunks(chat_sse)
-        try:
-            yield self.start()
-            async for chunk in chunks:
-                out = self._on_chunk(chunk)
-                if out:
-                    yield out
-            if not self._done:  # the chat stream ended without its last chunk
-                yield self._failed("server_error", "the stream ended early")
-        finally:
-            await chunks.aclose()  # a client that went away: the chat stream goes too
+    def ended_early(self) -> bytes:
+        return self._failed("server_error", "the stream ended early")
 
-    def _on_chunk(self, chunk: dict[str, Any]) -> bytes:
+    def on_chunk(self, chunk: dict[str, Any]) -> bytes:
         if "error" in chunk:
             err = chunk["error"] or {}
             return self._failed(err.get("code") or err.get("type"), err.get("message", ""))
@@ -339,13 +326,13 @@ class EventStream:
             finish_reason=self._finish,
             xrouter=final.get("xrouter"),
         )
-        self._done = True
+        self.done = True
         kind = "response.incomplete" if r["status"] == "incomplete" else "response.completed"
         return out + self._event(kind, response=r)
 
     def _failed(self, code: str | None, message: str) -> bytes:
         # The items stay open (no .done events): what was streamed, marked incomplete.
-        self._done = True
+        self.done = True
         output = [item for _, item in self._items("incomplete")]
         r = self._response(
             "failed", output=output, error={"code": code or "server_error", "message": message}
