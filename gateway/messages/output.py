@@ -137,19 +137,24 @@ class EventStream(StreamTranslation):
     ``xrouter`` object) and ``message_stop`` — or an ``error`` event if the chat stream
     failed or ended early.
 
-    Text streams as it comes. Tool calls come whole, once the answer is complete: a chat
-    stream may interleave parallel calls' argument pieces (OpenAI does), while Anthropic's
-    blocks are sequential, each stopped before the next starts.
+    Anthropic's blocks are sequential (each stopped before the next starts) while a chat
+    stream may interleave parallel calls' argument pieces (OpenAI does). So one block at a
+    time streams live — the text, then the first tool call, whose pieces keep arriving in
+    its block whatever comes between them — and the rest is held and sent whole when the
+    answer completes: further tool calls, and any text after the first call started.
     """
 
     def __init__(self, req: MessagesRequest, request_id: str, model: str | None = None) -> None:
         self.req = req
         self.request_id = request_id
         self.model = model or req.model
-        self._text_open = False  # the text block (index 0) is open
         self._blocks = 0  # blocks started so far
-        # chat tool-call index -> [id, name, arguments so far], in the order they started
+        self._open: int | None = None  # the block streaming live, if one is open
+        self._text_done = False  # the text block was opened (and may be closed): no other
+        self._live_call: int | None = None  # the chat tool-call index streaming live
+        # held for the end: chat tool-call index -> [id, name, arguments], in order of start
         self._calls: dict[int, list[str]] = {}
+        self._late_text: list[str] = []
         self._finish: str | None = None
         self.done = False
 
@@ -181,25 +186,9 @@ class EventStream(StreamTranslation):
         delta = choices[0].get("delta") or {}
         text = delta.get("content") or delta.get("refusal")
         if text:
-            if not self._text_open and self._blocks == 0:
-                self._text_open = True
-                self._blocks = 1
-                out += self._start(0, {"type": "text", "text": ""})
-            if self._text_open:
-                out += self._event(
-                    "content_block_delta",
-                    {
-                        "type": "content_block_delta",
-                        "index": 0,
-                        "delta": {"type": "text_delta", "text": text},
-                    },
-                )
+            out += self._on_text(text)
         for call in delta.get("tool_calls") or []:
-            fn = call.get("function") or {}
-            entry = self._calls.setdefault(int(call.get("index", 0)), ["", "", ""])
-            entry[0] = entry[0] or call.get("id") or ""
-            entry[1] = entry[1] or fn.get("name") or ""
-            entry[2] += fn.get("arguments") or ""
+            out += self._on_call(call)
         if choices[0].get("finish_reason"):
             self._finish = choices[0]["finish_reason"]
         return out
@@ -213,32 +202,81 @@ class EventStream(StreamTranslation):
     def _stop(self, index: int) -> bytes:
         return self._event("content_block_stop", {"type": "content_block_stop", "index": index})
 
-    def _tool_blocks(self) -> bytes:
+    def _delta(self, index: int, delta: dict[str, Any]) -> bytes:
+        return self._event(
+            "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+        )
+
+    def _next_block(self, block: dict[str, Any]) -> bytes:
+        """Stop the open block, if any, and start ``block`` as the open one."""
+        out = self._stop(self._open) if self._open is not None else b""
+        self._open = self._blocks
+        self._blocks += 1
+        return out + self._start(self._open, block)
+
+    def _on_text(self, text: str) -> bytes:
+        if self._live_call is not None:
+            self._late_text.append(text)  # the tool call's block is open: later
+            return b""
         out = b""
-        if self._text_open:
-            self._text_open = False
-            out += self._stop(0)
+        if not self._text_done:
+            self._text_done = True
+            out += self._next_block({"type": "text", "text": ""})
+        assert self._open is not None
+        return out + self._delta(self._open, {"type": "text_delta", "text": text})
+
+    def _on_call(self, call: dict[str, Any]) -> bytes:
+        position = int(call.get("index", 0))
+        fn = call.get("function") or {}
+        arguments = fn.get("arguments") or ""
+        if position == self._live_call:
+            assert self._open is not None
+            if not arguments:
+                return b""
+            return self._delta(self._open, {"type": "input_json_delta", "partial_json": arguments})
+        if self._live_call is None and not self._calls:
+            self._live_call = position
+            block = {"type": "tool_use", "id": call.get("id") or "", "name": fn.get("name") or ""}
+            out = self._next_block({**block, "input": {}})
+            if arguments:
+                out += self._delta(
+                    self._blocks - 1, {"type": "input_json_delta", "partial_json": arguments}
+                )
+            return out
+        entry = self._calls.setdefault(position, ["", "", ""])
+        entry[0] = entry[0] or call.get("id") or ""
+        entry[1] = entry[1] or fn.get("name") or ""
+        entry[2] += arguments
+        return b""
+
+    def _held_blocks(self) -> bytes:
+        """Stop the open block, then send what was held, each block whole."""
+        out = self._stop(self._open) if self._open is not None else b""
+        self._open = None
+        held: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
         for call_id, name, arguments in self._calls.values():
+            block = {"type": "tool_use", "id": call_id, "name": name, "input": {}}
+            piece = {"type": "input_json_delta", "partial_json": arguments} if arguments else None
+            held.append((block, piece))
+        if self._late_text:
+            held.append(
+                (
+                    {"type": "text", "text": ""},
+                    {"type": "text_delta", "text": "".join(self._late_text)},
+                )
+            )
+        for block, piece in held:
             index = self._blocks
             self._blocks += 1
-            out += self._start(
-                index, {"type": "tool_use", "id": call_id, "name": name, "input": {}}
-            )
-            if arguments:
-                out += self._event(
-                    "content_block_delta",
-                    {
-                        "type": "content_block_delta",
-                        "index": index,
-                        "delta": {"type": "input_json_delta", "partial_json": arguments},
-                    },
-                )
+            out += self._start(index, block)
+            if piece is not None:
+                out += self._delta(index, piece)
             out += self._stop(index)
         return out
 
     def _finish_message(self, final: dict[str, Any]) -> bytes:
         self.done = True
-        out = self._tool_blocks()
+        out = self._held_blocks()
         u = usage(final.get("usage"))
         delta: dict[str, Any] = {
             "type": "message_delta",

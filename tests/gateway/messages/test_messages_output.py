@@ -52,24 +52,33 @@ async def events(body: bytes, pieces: Sequence[int] = (), **extra: Any) -> list[
 
 
 def accumulate(evs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The message as Anthropic's SDKs build it from the events."""
+    """The message as Anthropic's SDKs build it from the events, checking that blocks are
+    sequential: opened in order, one at a time, every delta for the open one."""
     message = dict(evs[0]["message"])
     message["content"] = []
     partial: dict[int, str] = {}
+    open_block: int | None = None
     for e in evs[1:]:
         if e["type"] == "content_block_start":
-            assert e["index"] == len(message["content"])  # blocks open in order
+            assert open_block is None and e["index"] == len(message["content"])
+            open_block = e["index"]
             message["content"].append(dict(e["content_block"]))
-        elif e["type"] == "content_block_delta":
+        elif e["type"] == "content_block_stop":
+            assert e["index"] == open_block
+            open_block = None
+        else:
+            assert e["type"] != "content_block_delta" or e["index"] == open_block
+        if e["type"] == "content_block_delta":
             d = e["delta"]
             if d["type"] == "text_delta":
                 message["content"][e["index"]]["text"] += d["text"]
             else:
                 partial[e["index"]] = partial.get(e["index"], "") + d["partial_json"]
-        elif e["type"] == "content_block_stop":
+        if e["type"] == "content_block_stop":
             if e["index"] in partial:
                 message["content"][e["index"]]["input"] = orjson.loads(partial[e["index"]])
-        elif e["type"] == "message_delta":
+        if e["type"] == "message_delta":
+            assert open_block is None
             message.update(e["delta"], usage=e["usage"], xrouter=e.get("xrouter"))
     return message
 
@@ -112,6 +121,31 @@ async def test_text_then_parallel_calls_in_pieces(every: int) -> None:
         "cost": 1e-05,
     }
     assert message["xrouter"] == FINAL["xrouter"]
+
+
+async def test_the_first_tool_call_streams_live_and_late_text_comes_last() -> None:
+    body = sse(
+        call_delta(0, id="call_a", name="write_file"),
+        call_delta(0, args='{"path": "a.txt", '),
+        call_delta(0, args='"text": "hello'),
+        delta({"content": "Done."}),  # text after a call started: held for the end
+        call_delta(0, args=' world"}'),
+        delta({}, "tool_calls"),
+        FINAL,
+    )
+    evs = await events(body)
+    kinds = [e["type"] for e in evs]
+    # The call's pieces arrive as they came, in its open block, before the answer ends.
+    pieces = [e["delta"]["partial_json"] for e in evs if e["type"] == "content_block_delta"
+              and e["delta"]["type"] == "input_json_delta"]  # fmt: skip
+    assert pieces == ['{"path": "a.txt", ', '"text": "hello', ' world"}']
+    assert kinds.index("content_block_delta") < kinds.index("message_delta")
+    message = accumulate(evs)
+    assert message["content"] == [
+        {"type": "tool_use", "id": "call_a", "name": "write_file",
+         "input": {"path": "a.txt", "text": "hello world"}},
+        {"type": "text", "text": "Done."},
+    ]  # fmt: skip
 
 
 async def test_a_cut_answer_and_ignored_tools() -> None:
