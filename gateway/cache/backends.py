@@ -27,6 +27,10 @@ class CacheBackend(Protocol):
         """Store at once if that needs no I/O (True); else False, and ``put`` it is."""
         ...
 
+    async def clear(self) -> int:
+        """Drop every stored answer; how many there were."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -81,6 +85,12 @@ class MemoryBackend:
         _, value = self._items.pop(key)
         self._bytes -= len(value)
 
+    async def clear(self) -> int:
+        n = len(self._items)
+        self._items.clear()
+        self._bytes = 0
+        return n
+
     async def aclose(self) -> None:
         self._items.clear()
         self._bytes = 0
@@ -121,6 +131,22 @@ class RedisBackend:
 
     def put_nowait(self, key: str, value: bytes, ttl_s: float) -> bool:
         return False  # queuing the SET may have to (re)connect first
+
+    async def clear(self) -> int:
+        """Every key under the prefix, found with SCAN (never KEYS, which blocks Redis) and
+        unlinked (freed in the background) a page at a time."""
+        deleted, cursor = 0, b"0"
+        try:
+            while True:
+                cursor, keys = await self._client.execute(
+                    "SCAN", cursor, "MATCH", self.prefix + "*", "COUNT", 1000
+                )
+                if keys:
+                    deleted += int(await self._client.execute("UNLINK", *keys))
+                if cursor in (b"0", "0"):
+                    return deleted
+        except (RespConnectionError, RespError, OSError) as exc:
+            raise CacheUnavailable(str(exc) or type(exc).__name__) from None
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -152,6 +152,11 @@ class AnswerCache:
             log.info("answer cache reachable again")
             self._down_until = 0.0
 
+    async def clear(self) -> int:
+        """Drop every stored answer (``DELETE /admin/cache``); how many there were. Raises
+        ``CacheUnavailable`` when the backend cannot be reached."""
+        return await self.backend.clear()
+
     async def aclose(self) -> None:
         if self._pending:
             await asyncio.wait(set(self._pending), timeout=2.0)

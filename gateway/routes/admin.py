@@ -202,6 +202,25 @@ async def spend(request: Request) -> Response:
     return _json({"group_by": group_by, "data": rows})
 
 
+@router.delete("/cache")
+async def clear_cache(request: Request) -> Response:
+    """Drop every answer the answer cache holds (after a model changed behind its name, say).
+    With the in-process backend, only the answering worker's: use Redis with several."""
+    from gateway.cache import CacheUnavailable
+
+    s = await _admin(request)
+    if s.cache is None:
+        raise APIError(409, "the answer cache is off (cache.enabled: false)", code="cache_disabled")
+    try:
+        deleted = await s.cache.clear()
+    except CacheUnavailable as exc:
+        raise APIError(
+            503, f"the answer cache's backend is unavailable: {exc}", type="server_error",
+            code="cache_unavailable",
+        ) from None  # fmt: skip
+    return _json({"deleted": deleted, "backend": s.settings.cache.backend})
+
+
 @router.get("/pricing")
 async def pricing(request: Request) -> Response:
     s = await _admin(request)

@@ -337,6 +337,11 @@ def test_gateways_sharing_redis_share_answers(
             next(redis.Redis(host="127.0.0.1", port=6379).scan_iter(match=f"{redis_prefix}:*"))
         )
         assert 3_590_000 < ttl <= 3_600_000
+        # Clearing through one gateway clears it for both.
+        admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        cleared = httpx.delete(f"{gws[0].url}/admin/cache", headers=admin).json()
+        assert cleared == {"deleted": 1, "backend": "redis"}
+        assert ask(gws[1], rec.text, model=OTHER).headers["x-xrouter-cache"] == "miss"
     finally:
         for gw in gws:
             gw.stop()
@@ -506,3 +511,20 @@ def test_every_plain_answer_is_served_again_from_the_cache(cached: Gateway, body
     assert second.headers["x-xrouter-cache"] == "hit"
     assert second.json()["choices"] == first.json()["choices"]
     assert second.json()["usage"]["cost"] == 0
+
+
+def test_an_operator_can_clear_the_cache(
+    cached: Gateway, gateway: Gateway, table_iter: Iterator[OutcomeRecord]
+) -> None:
+    """``DELETE /admin/cache``: every stored answer is gone (a model changed behind its
+    name, say); it takes the admin key, and says so when the cache is off."""
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    rec = next(table_iter)
+    ask(cached, rec.text)
+    assert ask(cached, rec.text).headers["x-xrouter-cache"] == "hit"
+    assert httpx.delete(f"{cached.url}/admin/cache").status_code == 401
+    r = httpx.delete(f"{cached.url}/admin/cache", headers=admin)
+    assert r.status_code == 200 and r.json()["deleted"] >= 1 and r.json()["backend"] == "memory"
+    assert ask(cached, rec.text).headers["x-xrouter-cache"] == "miss"
+    off = httpx.delete(f"{gateway.url}/admin/cache", headers=admin)
+    assert off.status_code == 409 and off.json()["error"]["code"] == "cache_disabled"

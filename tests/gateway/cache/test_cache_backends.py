@@ -4,6 +4,7 @@ server on 127.0.0.1:6379; a closed port; a server that never answers)."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -15,6 +16,14 @@ from gateway.cache import CacheUnavailable, MemoryBackend, RedisBackend
 from tests.support.gateway import free_port
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def _redis_up() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 6379), timeout=0.5):
+            return True
+    except OSError:
+        return False
 
 
 async def test_memory_entries_expire_after_their_ttl() -> None:
@@ -75,6 +84,30 @@ async def test_redis_stores_under_the_prefix_with_the_ttl(redis_prefix: str) -> 
         await backend.aclose()
 
 
+async def test_clearing_drops_every_answer_and_nothing_else(redis_prefix: str) -> None:
+    m = MemoryBackend(max_entries=10, max_bytes=1 << 20)
+    for k in "abc":
+        await m.put(k, b"v", ttl_s=60)
+    assert await m.clear() == 3 and len(m) == 0 and m.size_bytes == 0 and await m.get("a") is None
+
+    if not _redis_up():
+        pytest.skip("Redis is not running on 127.0.0.1:6379")
+    backend = RedisBackend(REDIS_URL, prefix=redis_prefix, timeout_s=0.5)
+    client = aredis.Redis.from_url(REDIS_URL)
+    try:
+        for i in range(1500):  # more than one SCAN page
+            await backend.put(f"k{i}", b"v", ttl_s=60)
+        await client.set(f"{redis_prefix}-other", b"not ours", ex=60)  # a neighbour's key
+        assert await backend.get("k1499") == b"v"
+        assert await backend.clear() == 1500
+        assert await backend.get("k0") is None
+        assert await client.get(f"{redis_prefix}-other") == b"not ours"
+    finally:
+        await client.delete(f"{redis_prefix}-other")
+        await client.aclose()
+        await backend.aclose()
+
+
 async def test_redis_that_is_not_there_is_unavailable_not_an_error() -> None:
     backend = RedisBackend(f"redis://127.0.0.1:{free_port()}/0", prefix="x", timeout_s=0.2)
     try:
@@ -82,6 +115,8 @@ async def test_redis_that_is_not_there_is_unavailable_not_an_error() -> None:
             await backend.get("k")
         with pytest.raises(CacheUnavailable):
             await backend.put("k", b"v", ttl_s=1)
+        with pytest.raises(CacheUnavailable):
+            await backend.clear()
     finally:
         await backend.aclose()
 
