@@ -86,18 +86,10 @@ class Authenticator:
     async def _lookup(self, token: str) -> Principal | None:
         if self.repo is None:
             return None
-        from gateway.limits.base import KeyLimits
-
         info: Any = await self.repo.by_secret(token)
         if info is None or getattr(info, "revoked_at", None) is not None:
             return None
-        limits = KeyLimits(
-            key_id=info.key_id,
-            budget_micros=info.budget_micros,
-            budget_period=info.budget_period,
-            rpm=info.rpm,
-            tpm=info.tpm,
-        )
+        limits = info.limits()
         return Principal(
             key_id=info.key_id,
             alias=info.alias,

@@ -288,7 +288,7 @@ class ChatService:
                 rlog.result_state = exc.state
                 if isinstance(exc, RequestTimeout):
                     raise upstream_error("timeout", str(exc)) from None
-                last = next((o for o in reversed(exc.state.outcomes) if not o.ok), None)
+                last = exc.last_failure
                 if last is not None and last.error_kind == "budget":
                     raise self.hooks.budget_error(
                         rlog, last.error or "budget exceeded", guard

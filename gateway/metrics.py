@@ -272,6 +272,14 @@ class GatewayMetrics:
             ["mode"],
             registry=r,
         )
+        self._budget_restores = Counter(
+            "xrouter_budget_restores",
+            "Times key budgets' spend counters were restored from the ledger: at startup, "
+            "after the limit store lost them (store_lost: a Redis flushed or restarted without "
+            "persistence), or for a key whose budget an operator changed (key_update).",
+            ["trigger"],
+            registry=r,
+        )
         self._cache_lookups = Counter(
             "xrouter_cache_lookups",
             "Answer-cache lookups: hit, miss, bypass (the request said no_cache) or error "
@@ -436,6 +444,10 @@ class GatewayMetrics:
 
     def limit_store_error(self, mode: str) -> None:
         self._limit_store_errors.labels(mode=mode if mode in ("open", "closed") else OTHER).inc()
+
+    def budget_restored(self, trigger: str) -> None:
+        known = ("startup", "store_lost", "key_update")
+        self._child(self._budget_restores, trigger if trigger in known else OTHER).inc()
 
     def key_budget_remaining(self, key_alias: str, remaining_micros: int) -> bool:
         """Export a key's remaining budget. Only the first ``budget_gauge_keys`` keys seen

@@ -59,6 +59,7 @@ class Services:
     hooks: RequestHooks | None = None
     chat: ChatService | None = None
     cache: Any = None  # gateway.cache.AnswerCache, when cache.enabled
+    budgets: Any = None  # gateway.budget_sync.BudgetSync, when auth is on
     ready: bool = False
     reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     background: list[asyncio.Task[Any]] = field(default_factory=list)
@@ -81,12 +82,9 @@ class Services:
         store; (None, None) without a budget or a store."""
         if info.budget_micros is None or self.limits is None:
             return None, None
-        from gateway.limits.base import KeyLimits
         from pricing import micros_to_usd
 
-        state = await self.limits.spent(
-            KeyLimits(info.key_id, info.budget_micros, info.budget_period, info.rpm, info.tpm)
-        )
+        state = await self.limits.spent(info.limits())
         remaining = micros_to_usd(state.remaining) if state.remaining is not None else None
         return micros_to_usd(state.spent), remaining
 
@@ -129,6 +127,19 @@ class Services:
         self._observe_checkpoint()
         self.keys = KeyRepository(self.engine)
         self.limits = self._limit_store()
+        if s.auth.enabled:
+            from gateway.budget_sync import BudgetSync
+
+            # Before ready: a restarted gateway must not hand every key its budget again.
+            self.budgets = BudgetSync(
+                self.limits,
+                self.keys,
+                self.engine,
+                interval_s=s.limits.budget_sync_s,
+                flush=self.ledger.flush,
+                metrics=self.metrics,
+            )
+            await self.budgets.start()
         self.circuits = self._shared_circuits()
         admin = s.auth.admin_key.get_secret_value() if s.auth.admin_key else None
         self.auth = Authenticator(self.keys, enabled=s.auth.enabled, admin_key=admin)
@@ -322,6 +333,8 @@ class Services:
             await self.runtime.client.aclose()
         if self.cache is not None:
             await self.cache.aclose()
+        if self.budgets is not None:
+            await self.budgets.aclose()
         if self.limits is not None:
             await self.limits.aclose()
         if self.circuits is not None:

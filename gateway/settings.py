@@ -82,6 +82,10 @@ class LimitsSettings(_Section):
     # unmetered (open). Closed is the safe default for budgets.
     on_store_error: Literal["closed", "open"] = "closed"
     key_prefix: str = "xrouter"
+    # How often each worker checks that the store still holds the budgets' spend counters
+    # (a Redis flushed or restarted without persistence loses them; they are then restored
+    # from the ledger). One EXISTS per check; the in-process store is restored at startup.
+    budget_sync_s: float = Field(default=30.0, gt=0, le=3600)
 
 
 class CacheSettings(_Section):

@@ -39,8 +39,17 @@ class NoAnswer(Exception):
     def __init__(self, message: str, state: LoopState) -> None:
         super().__init__(message)
         self.state = state
-        last = next((o for o in reversed(state.outcomes) if not o.ok), None)
-        self.error_kind = last.error_kind if last else None
+        self.last_failure = _last_failure(state)
+        self.error_kind = self.last_failure.error_kind if self.last_failure else None
+
+
+def _last_failure(state: LoopState) -> CallOutcome | None:
+    """What ended a run without an answer: a router call refused by the budget (which stops
+    the loop), else the last failed downstream call."""
+    last_router = state.router_calls[-1] if state.router_calls else None
+    if last_router is not None and last_router.error_kind == "budget":
+        return last_router
+    return next((o for o in reversed(state.outcomes) if not o.ok), None)
 
 
 class RequestTimeout(NoAnswer):
@@ -71,7 +80,9 @@ class CallExecutor(Protocol):
 
 class BudgetGuard(Protocol):
     """Reserves worst-case cost before a call and settles it after (the gateway's key
-    budgets). ``reserve`` returns None when allowed, else the reason it is refused."""
+    budgets). ``reserve`` returns None when allowed, else the reason it is refused. The
+    router model's own calls (made inside a policy's step) are settled without a hold once
+    they return: the budget pays for every call a request makes."""
 
     async def reserve(self, call: ToolCall, worst_case_micros: int) -> str | None: ...
 
@@ -139,9 +150,15 @@ def worst_case_micros(ctx: RouteContext, call: ToolCall) -> int:
     return model.price.worst_case_micros(prompt, max_out * n)
 
 
-def _refused(call: ToolCall, turn: int, reason: str) -> CallOutcome:
+def _refused(call: ToolCall, turn: int, reason: str, role: str = "downstream") -> CallOutcome:
     return CallOutcome(
-        call=call, turn=turn, ok=False, model=call.model, error=reason, error_kind="budget"
+        call=call,
+        turn=turn,
+        ok=False,
+        role=role,
+        model=call.model,
+        error=reason,
+        error_kind="budget",
     )
 
 
@@ -158,6 +175,24 @@ def _best_successful(state: LoopState, ctx: RouteContext) -> CallOutcome | None:
         return (price, o.turn)
 
     return max(ok, key=rank)
+
+
+async def _settle_router_calls(
+    state: LoopState, charged: int, guard: BudgetGuard, hold: tuple[ToolCall, int] | None
+) -> int:
+    """Settle the router calls a step made (those after the first ``charged``) with their
+    real cost, releasing the step's hold; returns the new count. A step that made no call
+    (it failed first) releases its hold with nothing spent."""
+    calls = state.router_calls
+    for o in calls[charged:]:
+        held = 0
+        if hold is not None and o.call.id == hold[0].id:
+            held, hold = hold[1], None
+        if held or o.cost_micros:
+            await guard.settle(o.call, held, o.cost_micros)
+    if hold is not None:
+        await guard.settle(hold[0], hold[1], 0)
+    return len(calls)
 
 
 class Orchestrator:
@@ -268,9 +303,25 @@ class Orchestrator:
         stream: bool,
         guard: BudgetGuard | None,
     ) -> RouteResult:
+        charged = 0  # router calls already settled with the guard
         for turn in range(ctx.max_turns):
             state.turn = turn
-            step = await policy.step(ctx, state)
+            hold: tuple[ToolCall, int] | None = None
+            if guard is not None and (planned := policy.router_call(ctx, state)) is not None:
+                call, worst = planned
+                reason = await guard.reserve(call, worst)
+                if reason is not None:
+                    # The router may not think further on this budget: the best answer so
+                    # far, or the refusal (a 429 for the gateway's key budgets).
+                    state.router_calls.append(_refused(call, turn, reason, role="router"))
+                    charged = len(state.router_calls)
+                    break
+                hold = (call, worst)
+            try:
+                step = await policy.step(ctx, state)
+            finally:
+                if guard is not None:
+                    charged = await _settle_router_calls(state, charged, guard, hold)
             if isinstance(step, Answer):
                 return RouteResult(
                     state,

@@ -176,5 +176,12 @@ class Policy(abc.ABC):
         """Return the next step. Called once per turn until it returns Answer or Select, or a
         Call with ``final=True`` has completed."""
 
+    def router_call(self, ctx: RouteContext, state: LoopState) -> tuple[ToolCall, int] | None:
+        """The router-model call the next ``step`` will make, with its worst-case cost in
+        micro-USD, so the loop can hold it against the caller's budget first (and settle it
+        with the call's real cost after). None (the default): the step calls no paid model
+        itself. The call's id must be the one its ``CallOutcome`` in ``router_calls`` gets."""
+        return None
+
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release resources (HTTP sessions, thread pools)."""

@@ -14,17 +14,17 @@ import secrets
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any, Literal, get_args
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.ledger.schema import api_keys
+from gateway.limits.base import KeyLimits
+from gateway.limits.windows import BUDGET_PERIODS, BudgetPeriod
 from pricing import micros_to_usd, usd_to_micros
 
-BudgetPeriod = Literal["daily", "weekly", "monthly", "total"]
-BUDGET_PERIODS: tuple[str, ...] = get_args(BudgetPeriod)
 SECRET_PREFIX = "xr-"
 _ID_ATTEMPTS = 5
 
@@ -60,7 +60,7 @@ class KeyInfo:
     key_id: str
     alias: str
     budget_micros: int | None
-    budget_period: str | None
+    budget_period: BudgetPeriod | None
     rpm: int | None
     tpm: int | None
     allowed_models: tuple[str, ...] | None
@@ -76,6 +76,10 @@ class KeyInfo:
     @property
     def budget_usd(self) -> float | None:
         return None if self.budget_micros is None else micros_to_usd(self.budget_micros)
+
+    def limits(self) -> KeyLimits:
+        """What the limit store enforces for this key."""
+        return KeyLimits(self.key_id, self.budget_micros, self.budget_period, self.rpm, self.tpm)
 
     def allows_model(self, model: str) -> bool:
         return self.allowed_models is None or model in self.allowed_models
@@ -166,10 +170,10 @@ def _positive(value: Any, what: str) -> int | None:
     return value
 
 
-def _period(value: Any) -> str | None:
+def _period(value: Any) -> BudgetPeriod | None:
     if value is not None and value not in BUDGET_PERIODS:
         raise ValueError(f"budget_period must be one of {BUDGET_PERIODS} or None")
-    return value
+    return cast("BudgetPeriod | None", value)
 
 
 def _alias(value: Any) -> str:

@@ -239,3 +239,32 @@ async def totals(
     out["calls_cost_usd"] = micros_to_usd(out["calls_cost_micros"])
     out["feedback"] = int(out["feedback"])
     return out
+
+
+# Keys per query in ``budget_spend``: far below every database's bound-parameter limit.
+_KEYS_PER_QUERY = 500
+
+
+async def budget_spend(
+    engine: AsyncEngine, key_ids: Sequence[str], since: TimeBound = None
+) -> dict[str, int]:
+    """What the ledger says each key has spent against its budget since ``since`` (all time
+    for None), in micro-USD: every call's cost, router and downstream, as a key's budget
+    settles them (see ``router.loop.BudgetGuard``). Keys without rows are left out. Served by
+    the ``(key_id, created_at)`` index."""
+    lo = to_utc(since)
+    out: dict[str, int] = {}
+    async with engine.connect() as conn:
+        for i in range(0, len(key_ids), _KEYS_PER_QUERY):
+            chunk = list(key_ids[i : i + _KEYS_PER_QUERY])
+            query = (
+                sa.select(requests.c.key_id, _sum(requests.c.total_cost_micros))
+                .where(requests.c.key_id.in_(chunk))
+                .group_by(requests.c.key_id)
+            )
+            if lo is not None:
+                query = query.where(requests.c.created_at >= lo)
+            for key_id, micros in await conn.execute(query):
+                if micros:
+                    out[key_id] = int(micros)
+    return out

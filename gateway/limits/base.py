@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from gateway.limits.windows import BudgetPeriod
+from gateway.limits.windows import BudgetPeriod, PeriodWindow
 
 logger = logging.getLogger(__name__)
 
@@ -229,6 +229,26 @@ class LimitStore(ABC):
         """The key's spend, holds and remaining budget in the current period."""
 
     @abstractmethod
+    async def restore_spent(
+        self, limits: KeyLimits, period: PeriodWindow, micros: int, now: float | None = None
+    ) -> int:
+        """Raise the key's spend counter for ``period`` to at least ``micros`` and return the
+        counter's value. Never lowers it: the ledger, which supplies ``micros``, lags the
+        counter (rows are written after their calls settle), so the larger figure is the
+        truer one. How budgets survive a restart of the in-process store or a Redis that
+        lost its data (``gateway.budget_sync``)."""
+
+    @abstractmethod
+    async def spend_restored(self) -> bool:
+        """Whether the spend counters are known to include the ledger's spend: False for a
+        new in-process store, and for a Redis that lost the marker (flushed, restarted
+        without persistence, or never synced)."""
+
+    @abstractmethod
+    async def mark_spend_restored(self) -> None:
+        """Record that every key's counters now include the ledger's spend."""
+
+    @abstractmethod
     async def ping(self) -> bool:
         """True if the backend answers; never raises."""
 
@@ -349,6 +369,17 @@ class FailPolicyStore(LimitStore):
 
     async def spent(self, limits: KeyLimits, now: float | None = None) -> BudgetState:
         return await self.inner.spent(limits, now)
+
+    async def restore_spent(
+        self, limits: KeyLimits, period: PeriodWindow, micros: int, now: float | None = None
+    ) -> int:
+        return await self.inner.restore_spent(limits, period, micros, now)
+
+    async def spend_restored(self) -> bool:
+        return await self.inner.spend_restored()
+
+    async def mark_spend_restored(self) -> None:
+        await self.inner.mark_spend_restored()
 
     async def ping(self) -> bool:
         return await self.inner.ping()

@@ -281,3 +281,16 @@ sweep_holds(ARGV[1])
 return {tonumber(redis.call('GET', KEYS[3]) or '0'), tonumber(redis.call('GET', KEYS[4]) or '0')}
 """
 )
+
+# Raise a spend counter to the ledger's figure (budgets restored after a restart or a Redis
+# that lost its data); never lowers it, so running it twice, or from every worker at once,
+# is harmless. KEYS: 1 the spend counter.  ARGV: 1 micro-USD, 2 counter ttl ms (-1: forever).
+# Returns the counter after.
+RESTORE_SPENT_LUA = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+local wanted = tonumber(ARGV[1])
+if wanted <= current then return current end
+redis.call('SET', KEYS[1], ARGV[1])
+if ARGV[2] ~= '-1' then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return wanted
+"""

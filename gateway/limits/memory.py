@@ -29,7 +29,7 @@ from gateway.limits.base import (
     ReserveResult,
     validate_amount,
 )
-from gateway.limits.windows import RATE_WINDOW_S, PeriodCache
+from gateway.limits.windows import RATE_WINDOW_S, PeriodCache, PeriodWindow
 
 DEFAULT_HOLD_TTL_S = 900.0
 
@@ -116,6 +116,8 @@ class MemoryLimitStore(LimitStore):
         self._rates: dict[str, _RateLog] = {}
         self._scopes: dict[str, _BudgetScope] = {}
         self._anonymous = _BudgetScope()  # requests without a key: only the per-request cap
+        # Counters live and die with this process: a new store knows nothing the ledger does.
+        self._restored = False
 
     def _scope(self, limits: KeyLimits | None) -> _BudgetScope:
         if limits is None:
@@ -310,6 +312,25 @@ class MemoryLimitStore(LimitStore):
             period_start=period.start,
             resets_at=period.end,
         )
+
+    async def restore_spent(
+        self, limits: KeyLimits, period: PeriodWindow, micros: int, now: float | None = None
+    ) -> int:
+        validate_amount("micros", micros)
+        now = time.time() if now is None else now
+        scope = self._scope(limits)
+        current = scope.spent_in(period.id)
+        if micros > current:
+            ttl = period.counter_ttl_s(now)
+            scope.spent[period.id] = (micros, None if ttl is None else now + ttl)
+            return micros
+        return current
+
+    async def spend_restored(self) -> bool:
+        return self._restored
+
+    async def mark_spend_restored(self) -> None:
+        self._restored = True
 
     async def ping(self) -> bool:
         return True

@@ -12,6 +12,7 @@ API key's state lives in one Redis Cluster slot and a script never spans slots:
     <prefix>:{<key>}:b:reserved      int    sum of held
     <prefix>:{<key>}:b:spent:<period> int   micro-USD spent in a period (d2025-01-31, ...)
     <prefix>:{<key>}:b:req:<id>      int    spend of one capped request
+    <prefix>:budgets-restored        string set once the counters include the ledger's spend
 
 Requests without a key that carry a per-request cap use ``<prefix>:{%anon:<id>}`` (the ``%``
 can't come out of key-id escaping, so it never collides with a real key). Everything except
@@ -44,10 +45,17 @@ from gateway.limits.base import (
     ReserveResult,
     validate_amount,
 )
-from gateway.limits.lua import ADD_TOKENS_LUA, RATE_LUA, RESERVE_LUA, SETTLE_LUA, STATE_LUA
+from gateway.limits.lua import (
+    ADD_TOKENS_LUA,
+    RATE_LUA,
+    RESERVE_LUA,
+    RESTORE_SPENT_LUA,
+    SETTLE_LUA,
+    STATE_LUA,
+)
 from gateway.limits.memory import DEFAULT_HOLD_TTL_S
 from gateway.limits.resp import RespClient, RespConnectionError, RespError, Script
-from gateway.limits.windows import RATE_WINDOW_S, PeriodCache
+from gateway.limits.windows import RATE_WINDOW_S, PeriodCache, PeriodWindow
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +104,10 @@ class RedisLimitStore(LimitStore):
         self._reserve = Script(self._client, RESERVE_LUA)
         self._settle = Script(self._client, SETTLE_LUA)
         self._state = Script(self._client, STATE_LUA)
+        self._restore = Script(self._client, RESTORE_SPENT_LUA)
+        # Present while the counters include the ledger's spend: a Redis that lost its data
+        # (flushed, restarted without persistence) lost this too, and the gateway restores.
+        self._restored_key = f"{key_prefix}:budgets-restored"
         # Unique, cheap log-entry ids: a random per-instance prefix plus a counter.
         self._instance = os.urandom(6).hex()
         self._seq = count()
@@ -287,6 +299,28 @@ class RedisLimitStore(LimitStore):
             period_start=period.start,
             resets_at=period.end,
         )
+
+    async def restore_spent(
+        self, limits: KeyLimits, period: PeriodWindow, micros: int, now: float | None = None
+    ) -> int:
+        validate_amount("micros", micros)
+        now = time.time() if now is None else now
+        ttl = period.counter_ttl_s(now)
+        key = self._budget_keys(self._base(limits, ""), period.id, "")[3]
+        args = [str(micros), "-1" if ttl is None else str(max(1, int(ttl * 1000)))]
+        return int(await self._run(self._restore, [key], args))
+
+    async def spend_restored(self) -> bool:
+        try:
+            return bool(await self._client.execute("EXISTS", self._restored_key))
+        except (RespError, RespConnectionError, OSError) as exc:
+            self._unavailable(exc)
+
+    async def mark_spend_restored(self) -> None:
+        try:
+            await self._client.execute("SET", self._restored_key, _ts(time.time()))
+        except (RespError, RespConnectionError, OSError) as exc:
+            self._unavailable(exc)
 
     async def ping(self) -> bool:
         try:

@@ -154,6 +154,9 @@ async def update_key(key_id: str, request: Request) -> Response:
         raise APIError(404, f"no key {key_id!r}", param="key_id", code="key_not_found") from None
     assert s.auth is not None
     s.auth.invalidate()
+    if s.budgets is not None and ("budget_micros" in fields or "budget_period" in fields):
+        # A new period has its own counter, which the ledger may already have spend for.
+        await s.budgets.restore_key(info)
     return _json(_key_view(info))
 
 

@@ -117,6 +117,28 @@ class LLMRouterPolicy(Policy):
                 }
             )
 
+    def _start_transcript(self, ctx: RouteContext, state: LoopState) -> None:
+        if not state.transcript:
+            weight = ctx.cost_weight if self.cost_weight_in_prompt else None
+            system = router_system_prompt(weight, self.system_prompt)
+            state.transcript.append({"role": "system", "content": system})
+            state.transcript.extend(ctx.messages)
+
+    def _router_tool_call(self, state: LoopState) -> ToolCall:
+        return ToolCall(id=f"router_{state.turn}", model=self.router_model.name)
+
+    def router_call(self, ctx: RouteContext, state: LoopState) -> tuple[ToolCall, int] | None:
+        # The next turn's transcript as the step will send it (minus tool results not yet
+        # reported: their text is in the outcomes), counted high like every budget estimate:
+        # 3 characters a token over the JSON of the messages and the tool schemas.
+        self._start_transcript(ctx, state)
+        chars = len(orjson.dumps(state.transcript)) + len(orjson.dumps(router_tools(ctx.pool)))
+        reported: set[str] = state.notes.get("reported", set())
+        chars += sum(len(o.text or "") + 64 for o in state.outcomes if o.call.id not in reported)
+        prompt = chars // 3 + 8
+        worst = self.price.worst_case_micros(prompt, self.router_model.max_output_tokens)
+        return self._router_tool_call(state), worst
+
     async def _call_router(self, ctx: RouteContext, state: LoopState) -> dict[str, Any] | None:
         body = {
             "model": self.router_model.upstream_model,
@@ -125,7 +147,7 @@ class LLMRouterPolicy(Policy):
             "tool_choice": "auto",
             "temperature": self.temperature,
         }
-        call = ToolCall(id=f"router_{state.turn}", model=self.router_model.name)
+        call = self._router_tool_call(state)
         # The router model's transient failures (a reset connection, a 503 while vLLM
         # restarts, a 429) are retried as a pool model's are, up to its max_retries: each
         # turn it fails on ends the routing (see step(): the last answer, or the cheapest).
@@ -172,11 +194,7 @@ class LLMRouterPolicy(Policy):
         return msg
 
     async def step(self, ctx: RouteContext, state: LoopState) -> Step:
-        if not state.transcript:
-            weight = ctx.cost_weight if self.cost_weight_in_prompt else None
-            system = router_system_prompt(weight, self.system_prompt)
-            state.transcript.append({"role": "system", "content": system})
-            state.transcript.extend(ctx.messages)
+        self._start_transcript(ctx, state)
         self._report_results(state)
         msg = await self._call_router(ctx, state)
         if msg is None:

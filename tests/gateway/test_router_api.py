@@ -229,6 +229,68 @@ def test_llm_policy_costs_and_ledger_rows_add_up(
     assert "xrouter_router_query_copies_total 1.0" in metrics
 
 
+def test_a_keys_budget_pays_for_the_router_models_calls(
+    upstream: Upstream, scripted_router: ScriptedRouter, tmp_path: Path
+) -> None:
+    cfg = gateway_config(
+        tmp_path,
+        upstream.base_url,
+        router={
+            "watch_files": False,
+            "default_policy": "llm",
+            "llm": {
+                "base_url": scripted_router.base_url,
+                "model": "router",
+                "price": {"input": 0.5, "output": 1.5},
+            },
+        },
+        auth={"enabled": True, "admin_key": ADMIN_KEY},
+    )
+    gw = start_gateway(tmp_path, cfg)
+    try:
+
+        def key(budget_usd: float) -> dict[str, Any]:
+            r = httpx.post(
+                f"{gw.url}/admin/keys",
+                json={"alias": f"k{budget_usd}", "budget_usd": budget_usd},
+                headers=ADMIN,
+            )
+            assert r.status_code == 201, r.text
+            return dict(r.json())
+
+        def spent(k: dict[str, Any]) -> float:
+            listed = httpx.get(f"{gw.url}/admin/keys", headers=ADMIN).json()["data"]
+            return float(next(x for x in listed if x["key_id"] == k["key_id"])["spent_usd"])
+
+        rich = key(1.0)
+        scripted_router.script(
+            {"tool_calls": [{"id": "a", "name": tool_name("gemma-2-9b-it"), "arguments": {}}]},
+            {"tool_calls": [{"id": "s", "name": "select_response", "arguments": {"tool_call_id": "a"}}]},
+            usage={"prompt_tokens": 900, "completion_tokens": 60},
+        )  # fmt: skip
+        c = openai.OpenAI(base_url=gw.base_url, api_key=rich["key"], max_retries=0)
+        resp = c.chat.completions.create(
+            model="xrouter", messages=[{"role": "user", "content": "Name a red planet."}]
+        )
+        meta = extra(resp)["xrouter"]
+        assert meta["router_cost_usd"] == pytest.approx(2 * (900 * 0.5 + 60 * 1.5) / 1e6)
+        # The key paid for the router's two turns as well as the downstream call.
+        assert spent(rich) == pytest.approx(meta["cost_usd"], abs=1e-9)
+
+        # A budget below one router turn's worst case: the router model is never called.
+        poor = key(0.0005)
+        scripted_router.script({"content": "I would have answered this myself."})
+        c = openai.OpenAI(base_url=gw.base_url, api_key=poor["key"], max_retries=0)
+        with pytest.raises(openai.RateLimitError) as exc:
+            c.chat.completions.create(
+                model="xrouter", messages=[{"role": "user", "content": "Name a red planet."}]
+            )
+        assert exc.value.body["code"] == "key_budget_exceeded"  # type: ignore[index]
+        assert scripted_router.requests() == [] and spent(poor) == 0
+    finally:
+        gw.stop()
+
+
 # ---------------------------------------------------------------- deploy
 
 

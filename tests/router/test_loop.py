@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from gateway.hooks import Bookkeeping, KeyBudgetGuard
+from gateway.limits import KeyLimits, MemoryLimitStore
 from pricing import ModelPrice, TokenUsage, load_default_catalog
 from router.executors import ProviderExecutor, downstream_request
 from router.loop import (
@@ -26,7 +28,7 @@ from router.policies.llm import (
     cost_weight_line,
     router_system_prompt,
 )
-from router.policy import RouteContext, ToolCall
+from router.policy import Decision, LoopState, RouteContext, ToolCall
 from router.pool import ModelPool, PoolModelConfig
 from router.providers.client import DownstreamClient
 from router.providers.usage import estimate_usage
@@ -417,3 +419,70 @@ def test_downstream_gets_the_real_conversation() -> None:
     assert body["messages"][1:] == messages[1:]
     assert body["tools"] == tools and body["seed"] == 7
     assert body["temperature"] == 0.9 and body["max_tokens"] == 50
+
+
+# -- the router model's calls against a key's budget (the gateway's guard and store) --------
+
+
+def key_guard(budget_micros: int) -> tuple[KeyBudgetGuard, MemoryLimitStore, KeyLimits]:
+    store = MemoryLimitStore()
+    limits = KeyLimits("k", budget_micros=budget_micros)
+    return KeyBudgetGuard(store, limits, "r1", bookkeeping=Bookkeeping()), store, limits
+
+
+async def test_a_keys_budget_holds_and_settles_every_router_call(
+    setup: Any, scripted_router: ScriptedRouter
+) -> None:
+    p, orch, policy, _ = setup
+    scripted_router.script(
+        {"tool_calls": [call(CHEAP, "a"), call(MID, "b")]},
+        {"tool_calls": [select("b")]},
+        usage={"prompt_tokens": 700, "completion_tokens": 90},
+    )
+    guard, store, limits = key_guard(1_000_000)
+    c = ctx(p)
+    planned = policy.router_call(c, LoopState(decision=Decision("llm", 0.5, None)))
+    assert planned is not None
+    r = await orch.run(policy, c, guard=guard)
+    assert r.final_model == MID and r.router_cost_micros == 2 * (700 * 0.5 + 90 * 1.5)
+    state = await store.spent(limits)
+    # Router and downstream calls alike: the key paid what the request cost, every hold
+    # (the router's worst case each turn, the downstream calls') is released.
+    assert (state.spent, state.reserved) == (r.cost_micros, 0)
+    # The hold covered the call: the estimate is high, as every reservation's.
+    assert planned[1] >= r.state.router_calls[0].cost_micros
+    assert_costs_add_up(p, r)
+
+
+async def test_a_router_turn_the_budget_cannot_cover_is_not_made(
+    setup: Any, scripted_router: ScriptedRouter
+) -> None:
+    p, orch, policy, _ = setup
+    scripted_router.script(
+        {"tool_calls": [call(CHEAP, "a")]},
+        {"content": "I can answer this myself: 100 °C."},
+    )
+    c = ctx(p)
+    first = policy.router_call(c, LoopState(decision=Decision("llm", 0.5, None)))
+    assert first is not None
+    # Enough for the first router turn's worst case (its real cost is far below it) and the
+    # cheap call, not for a second turn's worst case, which is larger than the first's.
+    guard, store, _ = key_guard(first[1] + 10)
+    r = await orch.run(policy, c, guard=guard)
+    assert len(scripted_router.requests()) == 1  # the second turn was never sent
+    assert r.final_model == CHEAP and r.fallback_used  # the best answer bought so far
+    refused = r.state.router_calls[-1]
+    assert (refused.role, refused.ok, refused.error_kind) == ("router", False, "budget")
+    assert (await store.spent(guard.limits)).reserved == 0
+
+    # Nothing bought yet and no budget for the first turn: no answer, and the refusal says so.
+    scripted_router.script({"content": "unused"})
+    guard, store, _ = key_guard(first[1] - 1)
+    with pytest.raises(NoAnswer) as exc:
+        await orch.run(policy, ctx(p), guard=guard)
+    assert scripted_router.requests() == []
+    last = exc.value.last_failure
+    assert last is not None and last.role == "router" and last.error_kind == "budget"
+    assert last.error is not None and last.error.startswith("key budget exhausted")
+    state = await store.spent(guard.limits)
+    assert (state.spent, state.reserved) == (0, 0)

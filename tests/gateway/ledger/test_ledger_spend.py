@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.ledger import spend as spend_module
 from gateway.ledger.records import RequestRecord
-from gateway.ledger.spend import cache_savings, get_request, spend_report, totals
+from gateway.ledger.spend import budget_spend, cache_savings, get_request, spend_report, totals
 from gateway.ledger.store import create_ledger_engine
 from gateway.ledger.writer import LedgerWriter
 from gateway.settings import LedgerSettings
@@ -188,6 +189,27 @@ async def test_filters_and_totals(engine: AsyncEngine, loaded: list[RequestRecor
     assert empty == []
     with pytest.raises(ValueError):
         await spend_report(engine, ["team"])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("keys_per_query", [500, 1])
+async def test_budget_spend_is_each_keys_downstream_cost_since_a_time(
+    engine: AsyncEngine,
+    loaded: list[RequestRecord],
+    keys_per_query: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # What a restored budget counter is set to: every call's cost (router and downstream,
+    # as a key's budget settles them), from the period's start.
+    monkeypatch.setattr(spend_module, "_KEYS_PER_QUERY", keys_per_query)
+    wanted = [k for k in KEYS if k is not None] + ["key_without_rows"]
+    for since in (None, DAY0 + 86400, DAY0 + 86400 + 0.5, DAY0 + 10 * 86400):
+        expected: dict[str, int] = defaultdict(int)
+        for r in loaded:
+            if r.key_id is not None and (since is None or r.created_at >= since):
+                expected[r.key_id] += r.total_cost_micros
+        got = await budget_spend(engine, wanted, since)
+        assert got == {k: v for k, v in expected.items() if v}
+    assert await budget_spend(engine, []) == {}
 
 
 async def test_get_request(engine: AsyncEngine, loaded: list[RequestRecord]) -> None:

@@ -13,7 +13,13 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aredis
 
-from gateway.limits import STORE_UNAVAILABLE, FailPolicyStore, KeyLimits, LimitStoreUnavailable
+from gateway.limits import (
+    STORE_UNAVAILABLE,
+    FailPolicyStore,
+    KeyLimits,
+    LimitStoreUnavailable,
+    period_window,
+)
 from gateway.limits.redis_store import RedisLimitStore
 
 pytestmark = pytest.mark.redis
@@ -123,6 +129,37 @@ async def test_keys_are_hash_tagged_and_expire(
         # the per-request key exists only for the capped request
         assert any(k.endswith(":b:req:req-1") for k in keys)
         assert not any(k.endswith(":b:req:req-2") for k in keys)
+    finally:
+        await store.aclose()
+        keys = [k async for k in redis_client.scan_iter(match=f"{redis_prefix}:*")]
+        if keys:
+            await redis_client.delete(*keys)
+
+
+async def test_restored_counters_expire_like_settled_ones_and_the_marker_goes_with_the_data(
+    redis_client: aredis.Redis, redis_prefix: str
+) -> None:
+    store = RedisLimitStore(REDIS_URL, key_prefix=redis_prefix)
+    try:
+        daily = KeyLimits("d", budget_micros=10_000, budget_period="daily")
+        lifetime = KeyLimits("t", budget_micros=10_000)
+        now = time.time()
+        await store.restore_spent(daily, period_window("daily", now), 1_234, now=now)
+        await store.restore_spent(lifetime, period_window(None, now), 5_678, now=now)
+        await store.mark_spend_restored()
+        day = period_window("daily", now)
+        daily_key = f"{redis_prefix}:{{d}}:b:spent:{day.id}"
+        assert await redis_client.get(daily_key) == "1234"
+        ttl_ms = await redis_client.pttl(daily_key)
+        expected = day.counter_ttl_s(now)
+        assert expected is not None and 0 < ttl_ms <= expected * 1000
+        assert await redis_client.pttl(f"{redis_prefix}:{{t}}:b:spent:total") == -1
+        assert await store.spend_restored()
+        # What a Redis that lost its data looks like to the gateway: no counters, no marker.
+        keys = [k async for k in redis_client.scan_iter(match=f"{redis_prefix}:*")]
+        await redis_client.delete(*keys)
+        assert not await store.spend_restored()
+        assert (await store.spent(daily, now=now)).spent == 0
     finally:
         await store.aclose()
         keys = [k async for k in redis_client.scan_iter(match=f"{redis_prefix}:*")]

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gateway.limits import KeyLimits, LimitStore
+from gateway.limits import KeyLimits, LimitStore, period_window
 
 StoreFactory = Callable[..., Awaitable[LimitStore]]  # the make_store fixture (conftest.py)
 
@@ -185,6 +185,41 @@ async def test_spend_is_tracked_without_a_budget(store: LimitStore) -> None:
     await store.settle(key, "big", 10**12, 123_456_789_012_345, now=T0)
     state = await store.spent(key, now=T0)
     assert (state.spent, state.reserved, state.remaining) == (123_456_789_012_345, 0, None)
+
+
+async def test_restored_spend_is_raised_never_lowered(store: LimitStore) -> None:
+    # What a restart (or a Redis that lost its data) does with the ledger's figure: the
+    # counter takes the larger of the two, and admission sees it at once.
+    key = KeyLimits("restored", budget_micros=1_000, budget_period="daily")
+    today = period_window("daily", T0)
+    assert await store.restore_spent(key, today, 700, now=T0) == 700
+    state = await store.spent(key, now=T0)
+    assert (state.spent, state.remaining) == (700, 300)
+    refused = await store.reserve(key, None, 301, "too-big", now=T0)
+    assert not refused.ok and refused.remaining_micros == 300
+    assert await store.restore_spent(key, today, 650, now=T0) == 700  # the ledger lags
+    assert (await store.reserve(key, None, 200, "r", now=T0)).ok
+    await store.settle(key, "r", 200, 250, now=T0)
+    assert await store.restore_spent(key, today, 900, now=T0) == 950
+    assert (await store.spent(key, now=T0)).spent == 950
+    # A restore names its period: the next day's counter is untouched by today's.
+    tomorrow = T0 + 86_400
+    assert (await store.spent(key, now=tomorrow)).spent == 0
+    with pytest.raises(ValueError):
+        await store.restore_spent(key, today, -1, now=T0)
+
+
+async def test_restored_lifetime_spend_survives_every_period(store: LimitStore) -> None:
+    key = KeyLimits("restored-total", budget_micros=500)
+    assert await store.restore_spent(key, period_window(None, T0), 500, now=T0) == 500
+    later = T0 + 400 * 86_400
+    assert not (await store.reserve(key, None, 1, "r", now=later)).ok
+
+
+async def test_the_restored_marker(store: LimitStore) -> None:
+    assert not await store.spend_restored()  # a new store knows nothing the ledger does
+    await store.mark_spend_restored()
+    assert await store.spend_restored()
 
 
 async def test_negative_amounts_rejected(store: LimitStore) -> None:

@@ -1,0 +1,177 @@
+"""Key budgets that outlive the limit store's counters.
+
+Admission reads each key's spend from the limit store (atomic, fast), but the store is not the
+record: the in-process store starts empty with every process, and a Redis that is flushed or
+restarted without persistence forgets its counters — without this module a restart would give
+every key its whole budget again. The ledger is the record. ``BudgetSync`` raises each budgeted
+key's counter for its current period to what the ledger says the key spent in it:
+
+* at startup, before the gateway reports ready (after the ledger has replayed its journal, so
+  the requests of a process killed with ``kill -9`` count too);
+* whenever the store has lost its "restored" marker — a Redis that lost its data lost the
+  marker with it — checked every ``limits.budget_sync_s`` by every worker (one ``EXISTS``);
+* for one key, when an operator changes its budget or period (a key moved from a monthly to a
+  daily budget has spent today what the ledger says, not nothing).
+
+Counters are only ever raised (``LimitStore.restore_spent``): the ledger lags them (a request's
+row is written after its calls settle), so in steady state a restore changes nothing, and any
+number of workers may run it at once. What a loss of the store can still forget is the spend
+of requests in flight or not yet flushed to the ledger at that moment (a flush interval's
+worth). A restore counts a request in the period it started in (``requests.created_at``); the
+store counts each call when it settles, so a request straddling midnight may land on the other
+side of a daily boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from gateway.ledger.spend import budget_spend
+from gateway.limits.windows import PeriodWindow, period_window
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from gateway.ledger.keys import KeyInfo, KeyRepository
+    from gateway.limits.base import LimitStore
+
+log = logging.getLogger(__name__)
+
+# How long startup waits for the ledger to take its journal before restoring anyway (the
+# periodic check restores again if a restore did not complete).
+_FLUSH_WAIT_S = 10.0
+
+
+class BudgetSync:
+    def __init__(
+        self,
+        store: LimitStore,
+        keys: KeyRepository,
+        engine: AsyncEngine,
+        *,
+        interval_s: float,
+        flush: Callable[[], Any] | None = None,
+        metrics: Any = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.keys = keys
+        self.engine = engine
+        self.interval_s = interval_s
+        self._flush = flush
+        self._metrics = metrics
+        self._clock = clock
+        self._task: asyncio.Task[None] | None = None
+        self._restored_once = False
+        self._error: str | None = None  # the last failure, so an outage is logged once
+
+    async def start(self) -> None:
+        """Restore what the store lacks (waiting for the ledger's journal first), then keep
+        checking in the background. A failure here is logged, not raised: the gateway
+        serves, and the periodic check tries again."""
+        await self._flush_ledger()
+        await self.check()
+        self._task = asyncio.create_task(self._run(), name="xrouter-budget-sync")
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self.check()
+
+    async def check(self) -> bool:
+        """Restore every budgeted key if the store lost its counters; True if it did."""
+        try:
+            if await self.store.spend_restored():
+                self._recovered()
+                return False
+            trigger = "store_lost" if self._restored_once else "startup"
+            restored = await self.restore_all()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._failed(exc)
+            return False
+        self._recovered()
+        if trigger == "store_lost":
+            log.warning(
+                "budgets: the limit store lost its spend counters; restored %d key(s) from "
+                "the ledger",
+                restored,
+            )
+        else:
+            log.info("budgets: restored %d key(s)' spend from the ledger", restored)
+        self._restored_once = True
+        self._count(trigger)
+        return True
+
+    async def restore_all(self) -> int:
+        """Raise every budgeted key's counter to the ledger's figure, then mark the store
+        restored. Returns how many keys had spend in their current period."""
+        infos = [k for k in await self.keys.list() if k.budget_micros is not None]
+        restored = await self._restore(infos)
+        await self.store.mark_spend_restored()
+        return restored
+
+    async def restore_key(self, info: KeyInfo) -> None:
+        """Restore one key (its budget or period just changed). Failures are logged: the
+        key's counter is then what the store had, as before the change."""
+        if info.budget_micros is None or info.revoked:
+            return
+        await self._flush_ledger()  # the key's latest requests count too
+        try:
+            await self._restore([info])
+        except Exception as exc:
+            log.warning("budgets: could not restore key %s from the ledger: %s", info.key_id, exc)
+            return
+        self._count("key_update")
+
+    async def _flush_ledger(self) -> None:
+        if self._flush is None:
+            return
+        try:
+            await asyncio.wait_for(self._flush(), _FLUSH_WAIT_S)
+        except Exception as exc:  # the database may be down: restore from what it has
+            log.warning("budgets: the ledger did not flush before restoring: %s", exc)
+
+    async def _restore(self, infos: Sequence[KeyInfo]) -> int:
+        now = self._clock()
+        by_window: dict[PeriodWindow, list[KeyInfo]] = {}
+        for info in infos:
+            window = period_window(info.limits().budget_period, now)
+            by_window.setdefault(window, []).append(info)
+        restored = 0
+        for window, group in by_window.items():
+            spend = await budget_spend(self.engine, [k.key_id for k in group], window.start)
+            for info in group:
+                micros = spend.get(info.key_id, 0)
+                if micros:
+                    await self.store.restore_spent(info.limits(), window, micros, now)
+                    restored += 1
+        return restored
+
+    def _count(self, trigger: str) -> None:
+        if self._metrics is not None:
+            self._metrics.budget_restored(trigger)
+
+    def _failed(self, exc: BaseException) -> None:
+        from gateway.ledger.store import describe_error
+
+        message = describe_error(exc)
+        if message != self._error:
+            log.error("budgets: restoring spend counters from the ledger failed: %s", message)
+        self._error = message
+
+    def _recovered(self) -> None:
+        if self._error is not None:
+            log.info("budgets: the spend counters are restored again")
+            self._error = None

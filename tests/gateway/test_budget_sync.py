@@ -1,0 +1,268 @@
+"""Key budgets restored from the ledger (``gateway.budget_sync``), against a real SQLite
+ledger and both limit stores (Redis on 127.0.0.1:6379)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aredis
+from prometheus_client import CollectorRegistry
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from gateway.budget_sync import BudgetSync
+from gateway.ledger.keys import KeyInfo, KeyRepository
+from gateway.ledger.store import open_ledger_engine
+from gateway.ledger.writer import LedgerWriter
+from gateway.limits import LimitStore, MemoryLimitStore
+from gateway.limits.redis_store import RedisLimitStore
+from gateway.metrics import GatewayMetrics
+from gateway.settings import LedgerSettings
+from tests.gateway.ledger.factories import make_request
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+NOW = datetime(2025, 3, 12, 10, 0, tzinfo=UTC).timestamp()
+HOUR, DAY = 3600.0, 86400.0
+
+
+def _redis_up() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 6379), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+@dataclass
+class Ledger:
+    engine: AsyncEngine
+    writer: LedgerWriter
+    keys: KeyRepository
+
+
+@pytest.fixture
+async def ledger(tmp_path: Path) -> AsyncIterator[Ledger]:
+    engine = await open_ledger_engine(f"sqlite+aiosqlite:///{tmp_path}/ledger.db")
+    # Rows wait in the queue (no timer flush during a test): only an explicit flush writes.
+    settings = LedgerSettings(
+        url="sqlite://", spill_dir=str(tmp_path / "spill"), flush_interval_ms=60_000
+    )
+    writer = LedgerWriter(engine, settings)
+    await writer.start()
+    yield Ledger(engine, writer, KeyRepository(engine))
+    await writer.close()
+    await engine.dispose()
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[LimitStore]:
+    if request.param == "memory":
+        yield MemoryLimitStore()
+        return
+    if not _redis_up():
+        pytest.skip("Redis is not running on 127.0.0.1:6379")
+    prefix = f"xrtest-{uuid.uuid4().hex[:12]}"
+    redis_store = RedisLimitStore(REDIS_URL, key_prefix=prefix)
+    yield redis_store
+    await redis_store.aclose()
+    await _purge(prefix)
+
+
+async def _purge(prefix: str) -> int:
+    client = aredis.Redis.from_url(REDIS_URL)
+    try:
+        keys = [k async for k in client.scan_iter(match=f"{prefix}:*")]
+        if keys:
+            await client.delete(*keys)
+        return len(keys)
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+def metrics() -> GatewayMetrics:
+    return GatewayMetrics(CollectorRegistry(), models=["m"], policies=["compact"])
+
+
+def restores(metrics: GatewayMetrics, trigger: str) -> float:
+    value = metrics.registry.get_sample_value("xrouter_budget_restores_total", {"trigger": trigger})
+    return value or 0.0
+
+
+def spend(ledger: Ledger, key: KeyInfo | None, at: float, *costs: int) -> int:
+    """Log one request of ``key`` at ``at``: a router call of 999 µUSD and downstream calls
+    costing ``costs``; returns what the request cost."""
+    rid = f"req-{uuid.uuid4().hex[:10]}"
+    ledger.writer.submit(
+        make_request(
+            rid,
+            created_at=at,
+            key_id=None if key is None else key.key_id,
+            models=tuple(f"m{i}" for i in range(len(costs))),
+            call_costs=costs,
+            router_cost=999,
+        )
+    )
+    return 999 + sum(costs)
+
+
+def sync(store: LimitStore, ledger: Ledger, metrics: GatewayMetrics) -> BudgetSync:
+    return BudgetSync(
+        store,
+        ledger.keys,
+        ledger.engine,
+        interval_s=3600,
+        flush=ledger.writer.flush,
+        metrics=metrics,
+        clock=lambda: NOW,
+    )
+
+
+async def spent(store: LimitStore, key: KeyInfo) -> int:
+    return (await store.spent(key.limits(), now=NOW)).spent
+
+
+async def test_startup_restores_each_budgeted_key_for_its_current_period(
+    store: LimitStore, ledger: Ledger, metrics: GatewayMetrics
+) -> None:
+    total, _ = await ledger.keys.create("total", budget_usd=5)
+    daily, _ = await ledger.keys.create("daily", budget_usd=5, budget_period="daily")
+    weekly, _ = await ledger.keys.create("weekly", budget_usd=5, budget_period="weekly")
+    monthly, _ = await ledger.keys.create("monthly", budget_usd=5, budget_period="monthly")
+    unbudgeted, _ = await ledger.keys.create("unbudgeted")
+    revoked, _ = await ledger.keys.create("revoked", budget_usd=5)
+    # 2025-03-12 is a Wednesday: "yesterday" is in this week and month, "last week" in this
+    # month, "last month" in none of the periods but the lifetime one.
+    times = {"today": NOW - HOUR, "yesterday": NOW - DAY, "last week": NOW - 8 * DAY}
+    times["last month"] = NOW - 14 * DAY
+    ledgered: dict[str, dict[str, int]] = {}
+    for key in (total, daily, weekly, monthly, unbudgeted, revoked):
+        ledgered[key.alias] = {when: spend(ledger, key, at, 100, 23) for when, at in times.items()}
+    spend(ledger, None, NOW - HOUR, 5_000)  # a request without a key counts for nobody
+    await ledger.keys.revoke(revoked.key_id)
+
+    budgets = sync(store, ledger, metrics)
+    await budgets.start()  # flushes the queued rows first
+    try:
+        assert await spent(store, total) == sum(ledgered["total"].values())
+        assert await spent(store, daily) == ledgered["daily"]["today"]
+        week = ("today", "yesterday")
+        assert await spent(store, weekly) == sum(ledgered["weekly"][w] for w in week)
+        month = ("today", "yesterday", "last week")
+        assert await spent(store, monthly) == sum(ledgered["monthly"][w] for w in month)
+        assert await spent(store, unbudgeted) == 0
+        assert await spent(store, revoked) == 0
+        assert await store.spend_restored()
+        assert restores(metrics, "startup") == 1
+        # Nothing lost since: a check is one marker lookup and restores nothing.
+        assert not await budgets.check()
+        assert restores(metrics, "startup") == 1
+    finally:
+        await budgets.aclose()
+
+
+async def test_a_restore_never_lowers_a_counter(
+    store: LimitStore, ledger: Ledger, metrics: GatewayMetrics
+) -> None:
+    key, _ = await ledger.keys.create("k", budget_usd=1, budget_period="daily")
+    spend(ledger, key, NOW - HOUR, 400)
+    # Spend the store has and the ledger does not yet (a request still in flight).
+    limits = key.limits()
+    assert (await store.reserve(limits, None, 1_000, "live", now=NOW)).ok
+    await store.settle(limits, "live", 1_000, 900, now=NOW)
+    await sync(store, ledger, metrics).restore_all()
+    assert await spent(store, key) == 900
+    spend(ledger, key, NOW - HOUR, 700)
+    await ledger.writer.flush()
+    await sync(store, ledger, metrics).restore_all()
+    assert await spent(store, key) == 1_100
+
+
+async def test_changing_a_keys_period_restores_its_new_counter(
+    store: LimitStore, ledger: Ledger, metrics: GatewayMetrics
+) -> None:
+    key, _ = await ledger.keys.create("k", budget_usd=1, budget_period="monthly")
+    today = spend(ledger, key, NOW - HOUR, 300)
+    earlier = spend(ledger, key, NOW - 5 * DAY, 200)
+    budgets = sync(store, ledger, metrics)
+    await budgets.start()
+    try:
+        assert await spent(store, key) == today + earlier
+        # The admin API's PATCH: a daily counter is new to the store, not to the ledger.
+        changed = await ledger.keys.update(key.key_id, budget_period="daily")
+        assert await spent(store, changed) == 0
+        await budgets.restore_key(changed)
+        assert await spent(store, changed) == today
+        assert restores(metrics, "key_update") == 1
+        unbudgeted = await ledger.keys.update(key.key_id, budget_micros=None)
+        await budgets.restore_key(unbudgeted)  # nothing to restore
+        assert restores(metrics, "key_update") == 1
+    finally:
+        await budgets.aclose()
+
+
+@pytest.mark.redis
+async def test_a_redis_that_lost_its_data_is_restored_at_the_next_check(
+    ledger: Ledger, metrics: GatewayMetrics, caplog: pytest.LogCaptureFixture
+) -> None:
+    if not _redis_up():
+        pytest.skip("Redis is not running on 127.0.0.1:6379")
+    prefix = f"xrtest-{uuid.uuid4().hex[:12]}"
+    store = RedisLimitStore(REDIS_URL, key_prefix=prefix)
+    key, _ = await ledger.keys.create("k", budget_usd=1)
+    ledgered = spend(ledger, key, NOW - HOUR, 250) + spend(ledger, key, NOW - 40 * DAY, 50)
+    budgets = sync(store, ledger, metrics)
+    try:
+        await budgets.start()
+        assert await spent(store, key) == ledgered
+        # A second gateway process on the same Redis finds the counters there.
+        other = sync(store, ledger, metrics)
+        await other.start()
+        await other.aclose()
+        assert restores(metrics, "startup") == 1
+        assert await _purge(prefix) > 0  # FLUSHALL, or a restart without persistence
+        assert await spent(store, key) == 0
+        with caplog.at_level(logging.WARNING, logger="gateway.budget_sync"):
+            assert await budgets.check()
+        assert await spent(store, key) == ledgered
+        assert restores(metrics, "store_lost") == 1
+        assert "lost its spend counters" in caplog.text
+    finally:
+        await budgets.aclose()
+        await store.aclose()
+        await _purge(prefix)
+
+
+async def test_a_ledger_that_cannot_be_read_is_retried_and_logged_once(
+    ledger: Ledger, metrics: GatewayMetrics, caplog: pytest.LogCaptureFixture
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    down = create_async_engine(f"postgresql+asyncpg://postgres@127.0.0.1:{port}/none")
+    store = MemoryLimitStore()
+    key, _ = await ledger.keys.create("k", budget_usd=1)
+    ledgered = spend(ledger, key, NOW - HOUR, 640)
+    await ledger.writer.flush()
+    budgets = BudgetSync(store, KeyRepository(down), down, interval_s=3600, clock=lambda: NOW)
+    try:
+        with caplog.at_level(logging.INFO, logger="gateway.budget_sync"):
+            await budgets.start()  # does not raise: the gateway serves, and retries
+            assert not await budgets.check()
+            assert not await store.spend_restored()
+            failures = [r for r in caplog.records if r.levelno == logging.ERROR]
+            assert len(failures) == 1  # one outage, one line
+            # The database is back.
+            budgets.keys, budgets.engine = ledger.keys, ledger.engine
+            assert await budgets.check()
+        assert await spent(store, key) == ledgered
+        assert "restored again" in caplog.text
+    finally:
+        await budgets.aclose()
+        await down.dispose()
