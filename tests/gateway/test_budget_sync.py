@@ -171,17 +171,17 @@ async def test_a_restore_never_lowers_a_counter(
     store: LimitStore, ledger: Ledger, metrics: GatewayMetrics
 ) -> None:
     key, _ = await ledger.keys.create("k", budget_usd=1, budget_period="daily")
-    spend(ledger, key, NOW - HOUR, 400)
+    first = spend(ledger, key, NOW - HOUR, 400)
     # Spend the store has and the ledger does not yet (a request still in flight).
     limits = key.limits()
-    assert (await store.reserve(limits, None, 1_000, "live", now=NOW)).ok
-    await store.settle(limits, "live", 1_000, 900, now=NOW)
+    assert (await store.reserve(limits, None, 3_000, "live", now=NOW)).ok
+    await store.settle(limits, "live", 3_000, first + 500, now=NOW)
     await sync(store, ledger, metrics).restore_all()
-    assert await spent(store, key) == 900
-    spend(ledger, key, NOW - HOUR, 700)
+    assert await spent(store, key) == first + 500
+    second = spend(ledger, key, NOW - HOUR, 700)
     await ledger.writer.flush()
     await sync(store, ledger, metrics).restore_all()
-    assert await spent(store, key) == 1_100
+    assert await spent(store, key) == first + second
 
 
 async def test_changing_a_keys_period_restores_its_new_counter(
