@@ -7,6 +7,7 @@ import base64
 import hashlib
 import hmac
 import time
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from gateway.chat import Principal
@@ -43,12 +44,14 @@ def _basic_password(header: str | None) -> str | None:
     return password if sep and password else None
 
 
-def unauthorized(message: str = "missing or invalid API key") -> APIError:
+def unauthorized(
+    message: str = "missing or invalid API key", code: str = "invalid_api_key"
+) -> APIError:
     return APIError(
         401,
         message,
         type="authentication_error",
-        code="invalid_api_key",
+        code=code,
         headers={"WWW-Authenticate": "Bearer"},
     )
 
@@ -81,6 +84,10 @@ class Authenticator:
             self._cache[digest] = (now + CACHE_TTL_S, who)
         if who is None:
             raise unauthorized()
+        # Checked on every request, not only at lookup: a cached key expires on time.
+        if who.expires_at is not None and time.time() >= who.expires_at:
+            when = datetime.fromtimestamp(who.expires_at, UTC).isoformat()
+            raise unauthorized(f"this API key expired at {when}", code="key_expired")
         return who
 
     async def _lookup(self, token: str) -> Principal | None:
@@ -98,6 +105,7 @@ class Authenticator:
             if info.allowed_policies is not None
             else None,
             limits=limits,
+            expires_at=info.expires_at.timestamp() if info.expires_at is not None else None,
         )
 
     def _admin_disabled(self, what: str) -> APIError:

@@ -77,6 +77,7 @@ class Principal:
     allowed_models: list[str] | None = None
     allowed_policies: list[str] | None = None
     limits: Any = None
+    expires_at: float | None = None  # Unix time after which the key is refused
 
 
 @dataclass(slots=True)

@@ -68,10 +68,14 @@ class KeyInfo:
     metadata: dict[str, Any] = field(default_factory=dict, hash=False)
     created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     revoked_at: datetime | None = None
+    expires_at: datetime | None = None
 
     @property
     def revoked(self) -> bool:
         return self.revoked_at is not None
+
+    def expired(self, now: datetime | None = None) -> bool:
+        return self.expires_at is not None and self.expires_at <= (now or datetime.now(UTC))
 
     @property
     def budget_usd(self) -> float | None:
@@ -107,6 +111,8 @@ class KeyInfo:
             "created_at": self.created_at.isoformat(),
             "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None,
             "revoked": self.revoked,
+            "expires_at": self.expires_at.isoformat() if self.expires_at else None,
+            "expired": self.expired(),
         }
 
 
@@ -121,6 +127,7 @@ _UPDATABLE = {
     "allowed_models",
     "allowed_policies",
     "metadata",
+    "expires_at",
 }
 
 _INFO_COLUMNS = [c for c in api_keys.c if c.name != "key_hash"]
@@ -142,6 +149,7 @@ def _row_to_info(row: sa.Row[Any]) -> KeyInfo:
         metadata=dict(m["metadata"] or {}),
         created_at=m["created_at"],
         revoked_at=m["revoked_at"],
+        expires_at=m["expires_at"],
     )
 
 
@@ -170,6 +178,15 @@ def _positive(value: Any, what: str) -> int | None:
     return value
 
 
+def _expiry(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if not isinstance(value, datetime):
+        raise ValueError("expires_at must be a datetime or None")
+    # Naive times are UTC, as everywhere in the ledger.
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
 def _period(value: Any) -> BudgetPeriod | None:
     if value is not None and value not in BUDGET_PERIODS:
         raise ValueError(f"budget_period must be one of {BUDGET_PERIODS} or None")
@@ -196,6 +213,7 @@ class KeyRepository:
         allowed_models: builtins.list[str] | None = None,
         allowed_policies: builtins.list[str] | None = None,
         metadata: dict[str, Any] | None = None,
+        expires_at: datetime | None = None,
     ) -> tuple[KeyInfo, str]:
         """Create a key; return it and its secret (shown once, never stored)."""
         values: dict[str, Any] = {
@@ -209,6 +227,7 @@ class KeyRepository:
             "metadata": dict(metadata or {}),
             "created_at": datetime.now(UTC),
             "revoked_at": None,
+            "expires_at": _expiry(expires_at),
         }
         for _ in range(_ID_ATTEMPTS):
             secret = new_secret()
@@ -282,6 +301,8 @@ class KeyRepository:
                 values[name] = _names(value, name)
             elif name == "metadata":
                 values["metadata"] = dict(value or {})
+            elif name == "expires_at":
+                values["expires_at"] = _expiry(value)
         if values:
             try:
                 async with self._engine.begin() as conn:

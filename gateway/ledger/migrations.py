@@ -167,11 +167,18 @@ def _v4_request_cached_from(conn: sa.Connection) -> None:
     conn.execute(sa.text("ALTER TABLE requests ADD COLUMN cached_from VARCHAR(64)"))
 
 
+def _v5_key_expires_at(conn: sa.Connection) -> None:
+    """api_keys.expires_at: when a key stops working, NULL for never (frozen)."""
+    column_type = UTCDateTime().compile(dialect=conn.dialect)
+    conn.execute(sa.text(f"ALTER TABLE api_keys ADD COLUMN expires_at {column_type}"))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: requests, calls, feedback, api_keys", _v1_baseline),
     Migration(2, "router_deployments", _v2_router_deployments),
     Migration(3, "requests.api", _v3_request_api),
     Migration(4, "requests.cached_from", _v4_request_cached_from),
+    Migration(5, "api_keys.expires_at", _v5_key_expires_at),
 )
 
 

@@ -163,6 +163,8 @@ api_keys = sa.Table(
     sa.Column("metadata", sa.JSON(), nullable=False),
     sa.Column("created_at", UTCDateTime(), nullable=False),
     sa.Column("revoked_at", UTCDateTime(), nullable=True),
+    # After this the key is refused (401 key_expired); NULL: it never expires.
+    sa.Column("expires_at", UTCDateTime(), nullable=True),
     sa.UniqueConstraint("key_hash", name="uq_api_keys_key_hash"),
     sa.UniqueConstraint("alias", name="uq_api_keys_alias"),
 )

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 from typing import Any, Literal, cast
 
 import orjson
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from starlette.responses import Response
 
 from gateway.errors import APIError, bad_request
@@ -43,7 +51,54 @@ def _rate() -> Any:
     return Field(default=None, ge=1, le=MAX_RATE)
 
 
-class KeyCreate(BaseModel):
+_DURATION = re.compile(r"^\s*(\d{1,9})\s*([smhdw])\s*$")
+_DURATION_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+# What a datetime can hold, and then some: a key "for 100 years" is a key that never expires.
+MAX_DURATION_S = 100 * 365 * 86400
+
+
+def _duration(value: str | None) -> str | None:
+    if value is None:
+        return None
+    m = _DURATION.match(value)
+    if m is None:
+        raise ValueError("a duration is a number and a unit: 30s, 15m, 12h, 30d or 2w")
+    if int(m[1]) * _DURATION_S[m[2]] > MAX_DURATION_S:
+        raise ValueError("at most 100 years; leave expires_at unset for a key that never expires")
+    return value
+
+
+def _utc(value: dt.datetime | None) -> dt.datetime | None:
+    if value is None:
+        return None
+    return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
+
+def expiry(expires_at: dt.datetime | None, duration: str | None) -> dt.datetime | None:
+    """When a key made or changed now expires: ``expires_at`` (naive = UTC), or ``duration``
+    from now (as LiteLLM's key ``duration``)."""
+    if duration is not None:
+        m = _DURATION.match(duration)
+        assert m is not None  # validated with the body
+        seconds = int(m[1]) * _DURATION_S[m[2]]
+        return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds)
+    return _utc(expires_at)
+
+
+class _Expiry(BaseModel):
+    expires_at: dt.datetime | None = None
+    duration: str | None = None
+
+    _duration = field_validator("duration")(_duration)
+
+    @model_validator(mode="after")
+    def _one_of(self) -> _Expiry:
+        if self.duration is not None and self.expires_at is not None:
+            raise ValueError("give expires_at or duration, not both")
+        return self
+
+
+class KeyCreate(_Expiry):
     model_config = ConfigDict(extra="forbid")
 
     alias: str = Field(min_length=1, max_length=128)
@@ -58,7 +113,7 @@ class KeyCreate(BaseModel):
     _alias = field_validator("alias")(_no_nul)
 
 
-class KeyUpdate(BaseModel):
+class KeyUpdate(_Expiry):
     model_config = ConfigDict(extra="forbid")
 
     alias: str | None = Field(default=None, min_length=1, max_length=128)
@@ -107,9 +162,13 @@ async def create_key(request: Request) -> Response:
     # A budget without a period never resets, as LiteLLM's max_budget without
     # budget_duration and OpenRouter's key limit without a reset.
     period = body.budget_period or ("total" if body.budget_usd is not None else None)
+    expires_at = expiry(body.expires_at, body.duration)
+    if expires_at is not None and expires_at <= dt.datetime.now(dt.UTC):
+        raise bad_request("expires_at is in the past: the key would never work", param="expires_at")
     try:
         info, secret = await s.keys.create(
             alias=body.alias,
+            expires_at=expires_at,
             budget_usd=body.budget_usd,
             budget_period=period,
             rpm=body.rpm,
@@ -146,6 +205,9 @@ async def update_key(key_id: str, request: Request) -> Response:
     if "budget_usd" in fields:
         usd = fields.pop("budget_usd")
         fields["budget_micros"] = usd_to_micros(usd) if usd is not None else None
+    if "duration" in fields or "expires_at" in fields:
+        # A time in the past expires the key now; null: it never expires.
+        fields["expires_at"] = expiry(fields.get("expires_at"), fields.pop("duration", None))
     try:
         info = await s.keys.update(key_id, **fields)
     except DuplicateAliasError as exc:

@@ -109,9 +109,17 @@ async def _keys(s: Any) -> list[list[Any]]:
                 _usd(remaining),
                 k.rpm or "–",
                 k.tpm or "–",
+                _expiry(k),
             ]
         )
     return out
+
+
+def _expiry(k: Any) -> str:
+    if k.expires_at is None:
+        return "never"
+    when = k.expires_at.strftime("%Y-%m-%d %H:%M UTC")
+    return f"expired {when}" if k.expired() else when
 
 
 @router.get("/dashboard")
@@ -173,7 +181,7 @@ async def dashboard(request: Request) -> Response:
         *(await _cache_section(s, since)),
         "<h2>Keys and budgets</h2>",
         _table(
-            ["alias", "key id", "budget", "period", "spent", "remaining", "rpm", "tpm"],
+            ["alias", "key id", "budget", "period", "spent", "remaining", "rpm", "tpm", "expires"],
             await _keys(s),
             {2, 4, 5, 6, 7},
         ),

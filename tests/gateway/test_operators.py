@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -512,6 +513,59 @@ def test_a_key_moved_to_another_budget_period_keeps_what_it_spent_in_it(gw: Gate
     assert r.status_code == 200
     refused = chat(gw, k["key"], "over")
     assert refused.status_code == 429 and refused.json()["error"]["code"] == "key_budget_exceeded"
+
+
+def test_keys_expire_on_time_even_while_cached(gw: Gateway) -> None:
+    def sdk(key: dict[str, Any]) -> openai.OpenAI:
+        return openai.OpenAI(base_url=gw.base_url, api_key=key["key"], max_retries=0)
+
+    def ask(key: dict[str, Any]) -> Any:
+        return sdk(key).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "What is the capital of France?"}]
+        )
+
+    # LiteLLM's "duration": from now.
+    k = create_key(gw, duration="12h")
+    expires = datetime.fromisoformat(k["expires_at"])
+    assert abs((expires - datetime.now(UTC)).total_seconds() - 12 * 3600) < 60
+    assert not k["expired"] and ask(k).choices
+    # A key about to expire: its lookup is cached (5 s), its expiry is still on time.
+    soon = datetime.now(UTC) + timedelta(seconds=1.5)
+    short = create_key(gw, expires_at=soon.isoformat())
+    assert ask(short).choices
+    time.sleep(max(0.0, (soon - datetime.now(UTC)).total_seconds()) + 0.1)
+    with pytest.raises(openai.AuthenticationError) as exc:
+        ask(short)
+    assert exc.value.status_code == 401
+    assert exc.value.body["code"] == "key_expired"  # type: ignore[index]
+    assert "expired at" in exc.value.body["message"]  # type: ignore[index]
+    listed = httpx.get(f"{gw.url}/admin/keys", headers=ADMIN).json()["data"]
+    assert next(x for x in listed if x["key_id"] == short["key_id"])["expired"] is True
+    # The operator extends it (PATCH takes effect at once) or lifts the expiry.
+    url = f"{gw.url}/admin/keys/{short['key_id']}"
+    r = httpx.patch(url, json={"duration": "30d"}, headers=ADMIN)
+    assert r.status_code == 200 and not r.json()["expired"]
+    assert ask(short).choices
+    r = httpx.patch(url, json={"expires_at": "2020-01-01T00:00:00Z"}, headers=ADMIN)
+    assert r.status_code == 200 and r.json()["expired"]
+    with pytest.raises(openai.AuthenticationError):
+        ask(short)
+    r = httpx.patch(url, json={"expires_at": None}, headers=ADMIN)
+    assert r.status_code == 200 and r.json()["expires_at"] is None
+    assert ask(short).choices
+    # What the admin API refuses, and why.
+    for body, param in [
+        ({"duration": "3 fortnights"}, "duration"),
+        ({"duration": "101000d"}, "duration"),
+        ({"expires_at": "2020-01-01T00:00:00Z"}, "expires_at"),
+        ({"expires_at": "2031-01-01T00:00:00Z", "duration": "1d"}, None),
+        ({"expires_at": "soon"}, "expires_at"),
+    ]:
+        r = httpx.post(
+            f"{gw.url}/admin/keys", json={"alias": secrets.token_hex(4), **body}, headers=ADMIN
+        )
+        assert r.status_code == 400, (body, r.text)
+        assert r.json()["error"]["param"] == param, (body, r.text)
 
 
 def test_rate_limits_hold_across_workers(stack: Stack, upstream: Upstream) -> None:

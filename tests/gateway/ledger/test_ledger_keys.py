@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 import sqlalchemy as sa
@@ -114,3 +115,26 @@ async def test_update_and_revoke(engine: AsyncEngine) -> None:
     assert again.revoked_at == revoked.revoked_at  # the first revocation time stays
     with pytest.raises(KeyNotFoundError):
         await repo.revoke("key_nothere")
+
+
+async def test_expiry_is_stored_in_utc_changed_and_cleared(engine: AsyncEngine) -> None:
+    repo = KeyRepository(engine)
+    never, _ = await repo.create("never")
+    assert never.expires_at is None and not never.expired()
+    # A naive time is UTC; an aware one is converted; both come back aware, in UTC.
+    naive = datetime(2031, 5, 6, 7, 8, 9)
+    key, secret = await repo.create("dated", expires_at=naive)
+    assert key.expires_at == naive.replace(tzinfo=UTC)
+    assert not key.expired() and key.expired(datetime(2031, 5, 6, 7, 8, 9, tzinfo=UTC))
+    paris = timezone(timedelta(hours=2))
+    moved = await repo.update(key.key_id, expires_at=datetime(2031, 1, 1, 2, 0, tzinfo=paris))
+    assert moved.expires_at == datetime(2031, 1, 1, 0, 0, tzinfo=UTC)
+    assert (await repo.by_secret(secret)) == moved  # lookups carry it to the authenticator
+    view = moved.to_dict()
+    assert (view["expires_at"], view["expired"]) == ("2031-01-01T00:00:00+00:00", False)
+    past = await repo.update(key.key_id, expires_at=datetime(2020, 1, 1, tzinfo=UTC))
+    assert past.expired() and past.to_dict()["expired"] is True
+    cleared = await repo.update(key.key_id, expires_at=None)
+    assert cleared.expires_at is None
+    with pytest.raises(ValueError, match="expires_at"):
+        await repo.update(key.key_id, expires_at="tomorrow")

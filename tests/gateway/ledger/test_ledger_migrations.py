@@ -8,6 +8,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.ledger import schema
+from gateway.ledger.keys import KeyRepository
 from gateway.ledger.migrations import (
     MIGRATIONS,
     Migration,
@@ -208,5 +209,36 @@ async def test_requests_logged_before_the_api_column_read_as_chat(ledger_url: st
         async with engine.connect() as conn:
             cached = (await conn.execute(sa.select(schema.requests.c.cached_from))).scalars()
             assert list(cached) == [None, None, None]
+    finally:
+        await engine.dispose()
+
+
+async def test_keys_made_before_expiry_existed_never_expire(ledger_url: str) -> None:
+    """Migration 5 adds ``api_keys.expires_at``: keys from before it, and keys an older
+    release creates after a rollback, read as never expiring."""
+    engine = await _engine(ledger_url)
+    old = sa.Table(
+        "api_keys",
+        sa.MetaData(),
+        *(sa.Column(c.name, c.type) for c in schema.api_keys.columns if c.name != "expires_at"),
+    )
+
+    def key(key_id: str) -> dict[str, object]:
+        return {
+            "key_id": key_id, "key_hash": key_id.ljust(64, "0"), "alias": key_id,
+            "budget_micros": None, "budget_period": None, "rpm": None, "tpm": None,
+            "allowed_models": None, "allowed_policies": None, "metadata": {},
+            "created_at": sa.func.now(), "revoked_at": None,
+        }  # fmt: skip
+
+    try:
+        assert await migrate(engine, MIGRATIONS[:4]) == 4
+        async with engine.begin() as conn:
+            await conn.execute(sa.insert(old).values(**key("before")))
+        assert await migrate(engine) == latest_version() == 5
+        async with engine.begin() as conn:
+            await conn.execute(sa.insert(old).values(**key("rolled-back")))
+        infos = {k.key_id: k for k in await KeyRepository(engine).list()}
+        assert {k: v.expires_at for k, v in infos.items()} == {"before": None, "rolled-back": None}
     finally:
         await engine.dispose()
