@@ -266,6 +266,12 @@ class GatewayMetrics:
         self._ledger_rows = Counter(
             "xrouter_ledger_rows", "Rows written to the ledger database.", registry=r
         )
+        self._ledger_content_dropped = Counter(
+            "xrouter_ledger_content_dropped",
+            "Requests whose logged content (prompt and answer) was dropped for being older "
+            "than ledger.content_retention_days.",
+            registry=r,
+        )
         self._limit_store_errors = Counter(
             "xrouter_limit_store_errors",
             "Limit-store (Redis) failures, by the on_store_error mode that handled them.",
@@ -492,6 +498,9 @@ class GatewayMetrics:
 
     def flushed(self, n: int) -> None:
         self._ledger_rows.inc(n)
+
+    def content_dropped(self, n: int) -> None:
+        self._ledger_content_dropped.inc(n)
 
 
 def multiprocess_enabled() -> bool:

@@ -60,6 +60,7 @@ class Services:
     chat: ChatService | None = None
     cache: Any = None  # gateway.cache.AnswerCache, when cache.enabled
     budgets: Any = None  # gateway.budget_sync.BudgetSync, when auth is on
+    retention: Any = None  # gateway.ledger.retention.ContentRetention, when configured
     ready: bool = False
     reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     background: list[asyncio.Task[Any]] = field(default_factory=list)
@@ -123,6 +124,16 @@ class Services:
         self.engine = await open_ledger_engine(s.ledger.url)
         self.ledger = LedgerWriter(self.engine, s.ledger, self.metrics)
         await self.ledger.start()
+        if s.ledger.content_retention_days is not None:
+            from gateway.ledger.retention import ContentRetention
+
+            self.retention = ContentRetention(
+                self.engine,
+                days=s.ledger.content_retention_days,
+                interval_s=s.ledger.retention_interval_s,
+                metrics=self.metrics,
+            )
+            self.retention.start()
         await self._start_deployments()
         self._observe_checkpoint()
         self.keys = KeyRepository(self.engine)
@@ -335,6 +346,8 @@ class Services:
             await self.cache.aclose()
         if self.budgets is not None:
             await self.budgets.aclose()
+        if self.retention is not None:
+            await self.retention.aclose()
         if self.limits is not None:
             await self.limits.aclose()
         if self.circuits is not None:

@@ -73,6 +73,11 @@ class LedgerSettings(_Section):
     # the journal survives the gateway process being killed (kill -9, OOM); with it, a
     # machine crash or power loss too, at the cost of one fsync per group commit.
     journal_fsync: bool = False
+    # Drop logged prompts and answers (log_content: hash/full) of requests older than this
+    # many days, keeping the rest of their rows; None keeps them. Checked every
+    # retention_interval_s by each worker.
+    content_retention_days: float | None = Field(default=None, gt=0)
+    retention_interval_s: float = Field(default=3600.0, gt=0)
 
 
 class LimitsSettings(_Section):

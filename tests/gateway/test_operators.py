@@ -26,9 +26,12 @@ import redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from gateway.ledger.store import open_ledger_engine
+from gateway.ledger.writer import LedgerWriter
+from gateway.settings import LedgerSettings
 from router.outcomes import OutcomeRecord
 from tests.gateway.conftest import Upstream, abandon_stream, longest_answer
-from tests.gateway.ledger.factories import pg_admin, pg_url
+from tests.gateway.ledger.factories import make_request, pg_admin, pg_url
 from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
 from tests.support.sdk import extra
 
@@ -566,6 +569,48 @@ def test_keys_expire_on_time_even_while_cached(gw: Gateway) -> None:
         )
         assert r.status_code == 400, (body, r.text)
         assert r.json()["error"]["param"] == param, (body, r.text)
+
+
+def test_old_prompts_are_dropped_after_the_retention_period(
+    stack: Stack, upstream: Upstream
+) -> None:
+    old_id = f"old-{secrets.token_hex(4)}"
+
+    async def log_an_old_request() -> None:
+        engine = await open_ledger_engine(stack.ledger_url)  # migrated, if no gateway did yet
+        writer = LedgerWriter(
+            engine, LedgerSettings(spill_dir=str(stack.tmp / "spill-old"), log_content="full")
+        )
+        await writer.start()
+        writer.submit(make_request(old_id, created_at=time.time() - 45 * 86400, key_id=None))
+        await writer.close()
+        await engine.dispose()
+
+    _run(log_an_old_request())
+    cfg = config(stack, upstream, auth={"enabled": False, "admin_key": ADMIN_KEY})
+    cfg["ledger"].update(content_retention_days=30, retention_interval_s=0.2)
+    cfg["ledger"]["spill_dir"] = str(stack.tmp / "spill-retention")
+    g = start_gateway(stack.tmp / "retention", cfg, name="retention")
+    try:
+        c = openai.OpenAI(base_url=g.base_url, api_key="none", max_retries=0)
+        fresh = extra(
+            c.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "kept for 30 days"}]
+            )
+        )["xrouter"]["request_id"]
+        sql = "SELECT content IS NOT NULL FROM requests WHERE request_id = :r"
+        deadline = time.monotonic() + 10
+        while _run(_query(stack.ledger_url, sql, r=old_id))[0][0] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _run(_query(stack.ledger_url, sql, r=old_id))[0][0]
+        httpx.get(f"{g.url}/admin/spend", headers=ADMIN)  # flushes the ledger
+        assert _run(_query(stack.ledger_url, sql, r=fresh))[0][0]
+        cost = "SELECT total_cost_micros FROM requests WHERE request_id = :r"
+        assert _run(_query(stack.ledger_url, cost, r=old_id))[0][0] > 0  # the row stays
+        m = httpx.get(f"{g.url}/metrics").text
+        assert _metric(m, "xrouter_ledger_content_dropped_total") >= 1
+    finally:
+        g.stop()
 
 
 def test_rate_limits_hold_across_workers(stack: Stack, upstream: Upstream) -> None:
