@@ -1,4 +1,4 @@
-"""API keys, database side: create, look up by secret, list, update, revoke.
+"""API keys, database side: create, look up by secret, list, update, rotate, revoke.
 
 The secret (``xr-`` + 43 url-safe characters) is returned once by :meth:`KeyRepository.create`
 and never stored: the table keeps its SHA-256, which is also the lookup index. A fast hash
@@ -319,6 +319,22 @@ class KeyRepository:
         if info is None:
             raise KeyNotFoundError(key_id)
         return info
+
+    async def rotate(self, key_id: str) -> tuple[KeyInfo, str]:
+        """Give a live key a new secret; the old one stops matching at once. The key keeps
+        its id, so its budget, spend and ledger history carry over. Raises
+        ``KeyNotFoundError`` for an unknown or revoked key."""
+        secret = new_secret()
+        async with self._engine.begin() as conn:
+            result = await conn.execute(
+                api_keys.update()
+                .where(api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None))
+                .values(key_hash=hash_secret(secret))
+            )
+        info = await self.get(key_id) if result.rowcount else None
+        if info is None:
+            raise KeyNotFoundError(key_id)
+        return info, secret
 
     async def revoke(self, key_id: str) -> KeyInfo:
         """Revoke a key (idempotent: the first revocation time is kept). Raises

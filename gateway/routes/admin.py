@@ -222,6 +222,23 @@ async def update_key(key_id: str, request: Request) -> Response:
     return _json(_key_view(info))
 
 
+@router.post("/keys/{key_id}/rotate")
+async def rotate_key(key_id: str, request: Request) -> Response:
+    """A new secret for a key (as LiteLLM's /key/regenerate): the old one is refused from
+    now on (on other workers and replicas within the 5 s lookup cache); budget, spend,
+    limits and history stay with the key id."""
+    s = await _admin(request)
+    try:
+        info, secret = await s.keys.rotate(key_id)
+    except KeyNotFoundError:
+        raise APIError(
+            404, f"no live key {key_id!r}", param="key_id", code="key_not_found"
+        ) from None
+    assert s.auth is not None
+    s.auth.invalidate()
+    return _json({**_key_view(info), "key": secret})
+
+
 @router.delete("/keys/{key_id}")
 async def revoke_key(key_id: str, request: Request) -> Response:
     s = await _admin(request)

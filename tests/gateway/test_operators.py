@@ -518,6 +518,28 @@ def test_a_key_moved_to_another_budget_period_keeps_what_it_spent_in_it(gw: Gate
     assert refused.status_code == 429 and refused.json()["error"]["code"] == "key_budget_exceeded"
 
 
+def test_a_rotated_key_keeps_its_budget_and_spend_under_a_new_secret(gw: Gateway) -> None:
+    k = create_key(gw, budget_usd=1.0, budget_period="monthly")
+    assert chat(gw, k["key"]).status_code == 200  # its lookup is now cached
+    spent = _key_spent(gw, k["key_id"])
+    r = httpx.post(f"{gw.url}/admin/keys/{k['key_id']}/rotate", headers=ADMIN)
+    assert r.status_code == 200, r.text
+    rotated = r.json()
+    assert rotated["key"] != k["key"] and rotated["key_id"] == k["key_id"]
+    assert (rotated["budget_usd"], rotated["budget_period"]) == (1.0, "monthly")
+    refused = chat(gw, k["key"])
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    assert chat(gw, rotated["key"]).status_code == 200
+    assert _key_spent(gw, k["key_id"]) > spent > 0  # one budget, before and after
+    r = httpx.post(f"{gw.url}/admin/keys/key_nothere/rotate", headers=ADMIN)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "key_not_found"
+    httpx.delete(f"{gw.url}/admin/keys/{k['key_id']}", headers=ADMIN)
+    r = httpx.post(f"{gw.url}/admin/keys/{k['key_id']}/rotate", headers=ADMIN)
+    assert r.status_code == 404  # revoked stays revoked
+    r = httpx.post(f"{gw.url}/admin/keys/{k['key_id']}/rotate")
+    assert r.status_code == 401  # the admin key, as for every admin call
+
+
 def test_keys_expire_on_time_even_while_cached(gw: Gateway) -> None:
     def sdk(key: dict[str, Any]) -> openai.OpenAI:
         return openai.OpenAI(base_url=gw.base_url, api_key=key["key"], max_retries=0)

@@ -12,6 +12,7 @@ from gateway.ledger.keys import (
     KeyNotFoundError,
     KeyRepository,
 )
+from gateway.ledger.schema import api_keys
 
 
 async def all_text(engine: AsyncEngine) -> str:
@@ -138,3 +139,21 @@ async def test_expiry_is_stored_in_utc_changed_and_cleared(engine: AsyncEngine) 
     assert cleared.expires_at is None
     with pytest.raises(ValueError, match="expires_at"):
         await repo.update(key.key_id, expires_at="tomorrow")
+
+
+async def test_rotation_replaces_the_secret_and_keeps_the_key(engine: AsyncEngine) -> None:
+    repo = KeyRepository(engine)
+    key, old = await repo.create("rotated", budget_usd=5, rpm=60)
+    rotated, new = await repo.rotate(key.key_id)
+    assert new != old and new.startswith("xr-")
+    assert rotated == key  # same id, budget, limits, metadata: only the secret changed
+    assert await repo.by_secret(old) is None
+    assert await repo.by_secret(new) == key
+    async with engine.connect() as conn:
+        stored = (await conn.execute(sa.select(api_keys.c.key_hash))).scalars().all()
+    assert new not in stored and hashlib.sha256(new.encode()).hexdigest() in stored
+    await repo.revoke(key.key_id)
+    with pytest.raises(KeyNotFoundError):
+        await repo.rotate(key.key_id)  # a revoked key stays revoked
+    with pytest.raises(KeyNotFoundError):
+        await repo.rotate("key_nothere")
