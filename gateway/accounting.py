@@ -76,6 +76,7 @@ def build_record(
         stream=rlog.stream,
         api=rlog.api,
         cached_from=rlog.cached_from,
+        end_user=rlog.end_user,
         calls=calls,
     )
 

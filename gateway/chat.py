@@ -28,6 +28,7 @@ from gateway.errors import (
     upstream_error,
 )
 from gateway.hooks import KeyBudgetGuard, RequestHooks, RequestLog
+from gateway.ledger.records import end_user
 from gateway.render import Renderer
 from gateway.runtime import POLICY_PREFIX, ROUTER_MODEL, Runtime
 from gateway.schemas import ChatCompletionRequest
@@ -272,6 +273,7 @@ class ChatService:
             ctx = build_context(rt, data, req, who, resolved, request_id)
             rlog.messages = data["messages"]
             rlog.stream = req.stream
+            rlog.end_user = end_user(req.user)
             guard: KeyBudgetGuard | None = await self.hooks.admit(rlog, ctx)
             if self.cache is not None and not (req.stream and req.n > 1):
                 hit = await self._lookup(rt, data, req, who, resolved, rlog)

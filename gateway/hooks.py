@@ -48,6 +48,7 @@ class RequestLog:
     extra_headers: dict[str, str] = field(default_factory=dict)
     cache: CacheTicket | None = None  # the answer cache's view of this request, if it is on
     cached_from: str | None = None  # answered from the cache: the request that paid for it
+    end_user: str | None = None  # the request's ``user`` (OpenAI) / ``metadata.user_id``
     finished: bool = False
 
     def overhead_ms(self, result: RouteResult | None) -> float:

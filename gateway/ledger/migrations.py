@@ -173,12 +173,21 @@ def _v5_key_expires_at(conn: sa.Connection) -> None:
     conn.execute(sa.text(f"ALTER TABLE api_keys ADD COLUMN expires_at {column_type}"))
 
 
+def _v6_request_end_user(conn: sa.Connection) -> None:
+    """requests.end_user: the caller's end user, for spend per end user (frozen)."""
+    conn.execute(sa.text("ALTER TABLE requests ADD COLUMN end_user VARCHAR(255)"))
+    conn.execute(
+        sa.text("CREATE INDEX ix_requests_end_user_created_at ON requests (end_user, created_at)")
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: requests, calls, feedback, api_keys", _v1_baseline),
     Migration(2, "router_deployments", _v2_router_deployments),
     Migration(3, "requests.api", _v3_request_api),
     Migration(4, "requests.cached_from", _v4_request_cached_from),
     Migration(5, "api_keys.expires_at", _v5_key_expires_at),
+    Migration(6, "requests.end_user", _v6_request_end_user),
 )
 
 

@@ -105,6 +105,7 @@ class RequestRecord:
     api: str = "chat"  # "chat", "responses" or "messages": the API shape it came in
     # Answered from the answer cache: the id of the request that paid for the answer.
     cached_from: str | None = None
+    end_user: str | None = None  # the request's ``user``, made storable (see ``end_user``)
     calls: list[CallRecord] = field(default_factory=list)
     content: dict[str, Any] | None = None
 
@@ -175,6 +176,19 @@ def record_from_envelope(data: dict[str, Any]) -> LedgerRecord:
     if kind == "feedback":
         return FeedbackRecord.from_json(body)
     raise ValueError(f"unknown spill record kind {kind!r}")
+
+
+END_USER_MAX = 255
+
+
+def end_user(value: str | None) -> str | None:
+    """A request's ``user`` as the ledger can store it on every database: without NUL
+    characters (PostgreSQL's text refuses them), at most 255 characters; None when empty.
+    A client's value never fails a request nor a ledger write."""
+    if not value:
+        return None
+    cleaned = value.replace("\x00", "")[:END_USER_MAX]
+    return cleaned or None
 
 
 def sha256_hex(data: bytes) -> str:
@@ -261,6 +275,7 @@ def build_rows(
                 "stream": bool(r.stream),
                 "api": r.api,
                 "cached_from": r.cached_from,
+                "end_user": r.end_user,
             }
         )
         for seq, c in enumerate(r.calls):

@@ -104,8 +104,12 @@ requests = sa.Table(
     # Set when the answer came from the answer cache: the request whose answer (and cost)
     # it reused. This request made no call and no routing decision.
     sa.Column("cached_from", sa.String(64), nullable=True),
+    # The caller's own end user, as the request named them (OpenAI's ``user``, Anthropic's
+    # ``metadata.user_id``): spend per end user without a key per user.
+    sa.Column("end_user", sa.String(255), nullable=True),
     sa.Index("ix_requests_created_at", "created_at"),
     sa.Index("ix_requests_key_id_created_at", "key_id", "created_at"),
+    sa.Index("ix_requests_end_user_created_at", "end_user", "created_at"),
 )
 
 calls = sa.Table(

@@ -19,12 +19,19 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gateway.ledger.schema import api_keys, calls, feedback, requests, utc_day
 from pricing import micros_to_usd
 
-GroupBy = Literal["key", "model", "policy", "day", "api"]
+GroupBy = Literal["key", "model", "policy", "day", "api", "user"]
 GROUP_BY_CHOICES: tuple[str, ...] = get_args(GroupBy)
 TimeBound = datetime | float | int | str | None
 
 # Output name of each grouping column.
-_GROUP_FIELD = {"key": "key_id", "model": "model", "policy": "policy", "day": "day", "api": "api"}
+_GROUP_FIELD = {
+    "key": "key_id",
+    "model": "model",
+    "policy": "policy",
+    "day": "day",
+    "api": "api",
+    "user": "user",
+}
 _MONEY = ("total_cost_micros", "router_cost_micros", "downstream_cost_micros")
 
 
@@ -45,7 +52,10 @@ def to_utc(value: TimeBound) -> datetime | None:
 
 
 def request_filters(
-    since: TimeBound = None, until: TimeBound = None, key_id: str | None = None
+    since: TimeBound = None,
+    until: TimeBound = None,
+    key_id: str | None = None,
+    end_user: str | None = None,
 ) -> list[sa.ColumnElement[bool]]:
     """WHERE clauses on ``requests``: ``since`` inclusive, ``until`` exclusive."""
     clauses: list[sa.ColumnElement[bool]] = []
@@ -56,6 +66,8 @@ def request_filters(
         clauses.append(requests.c.created_at < hi)
     if key_id is not None:
         clauses.append(requests.c.key_id == key_id)
+    if end_user is not None:
+        clauses.append(requests.c.end_user == end_user)
     return clauses
 
 
@@ -76,6 +88,8 @@ def _group_column(name: str) -> sa.ColumnElement[Any]:
         return requests.c.policy
     if name == "api":
         return requests.c.api
+    if name == "user":
+        return requests.c.end_user
     if name == "day":
         return utc_day(requests.c.created_at)
     return calls.c.model
@@ -106,19 +120,21 @@ async def spend_report(
     since: TimeBound = None,
     until: TimeBound = None,
     key_id: str | None = None,
+    end_user: str | None = None,
 ) -> list[dict[str, Any]]:
     """Request counts, costs (micros and USD) and tokens per group.
 
     ``model`` groups the calls (``calls.model``, with the calls' own costs and tokens, and
     ``router``/``downstream`` split by call role); the other groupings read the requests.
-    ``day`` is the UTC date. With no grouping the result is one row of totals. Requests
+    ``day`` is the UTC date; ``user`` the end user a request named (None: none). With no
+    grouping the result is one row of totals. Requests
     that made no call (refused before routing) cost nothing and only appear in the
     request-based groupings.
     """
     groups = _check_groups(group_by)
     fields = [_GROUP_FIELD[g] for g in groups]
     cols = [_group_column(g).label(f) for g, f in zip(groups, fields, strict=True)]
-    where = request_filters(since, until, key_id)
+    where = request_filters(since, until, key_id, end_user)
     if "model" in groups:
         by_role = {
             role: _sum(sa.case((calls.c.role == role, calls.c.cost_micros), else_=0))

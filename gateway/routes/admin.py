@@ -280,6 +280,7 @@ async def spend(request: Request) -> Response:
         since=_time(q.get("since"), "since"),
         until=_time(q.get("until"), "until"),
         key_id=q.get("key"),
+        end_user=q.get("user"),
     )
     return _json({"group_by": group_by, "data": rows})
 

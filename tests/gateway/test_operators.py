@@ -770,3 +770,41 @@ def test_the_messages_api_answers_to_the_same_keys_budgets_and_ledger(
         )
     )
     assert [tuple(row) for row in rows] == [(k["key_id"], 200, round(cost * 1e6), "messages")]
+
+
+def test_spend_per_end_user_across_the_three_apis(gw: Gateway) -> None:
+    # The caller's own users, as each API names them: chat's and the Responses API's `user`,
+    # the Messages API's `metadata.user_id`. A value the database could not store is cleaned.
+    k = create_key(gw)
+    auth = {"Authorization": f"Bearer {k['key']}"}
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    sent: list[tuple[str, str | None, dict[str, Any]]] = [
+        ("chat/completions", "alice", {"model": MODEL, "messages": question, "user": "alice"}),
+        ("chat/completions", "alice", {"model": MODEL, "messages": question, "user": "alice"}),
+        ("responses", "bob", {"model": MODEL, "input": "What is the capital of France?",
+                              "user": "bob"}),
+        ("messages", "carol", {"model": MODEL, "max_tokens": 64, "messages": question,
+                               "metadata": {"user_id": "carol\x00"}}),
+        ("chat/completions", None, {"model": MODEL, "messages": question}),
+    ]  # fmt: skip
+    costs: dict[str | None, float] = {}
+    for path, user, body in sent:
+        r = httpx.post(f"{gw.base_url}/{path}", json=body, headers=auth, timeout=30)
+        assert r.status_code == 200, r.text
+        costs[user] = costs.get(user, 0.0) + r.json()["usage"]["cost"]
+    r = httpx.get(
+        f"{gw.url}/admin/spend",
+        params={"group_by": "user", "key": k["key_id"]},
+        headers=ADMIN,
+    )
+    assert r.status_code == 200, r.text
+    rows = {row["user"]: row for row in r.json()["data"]}
+    assert {u: row["requests"] for u, row in rows.items()} == {
+        "alice": 2, "bob": 1, "carol": 1, None: 1,
+    }  # fmt: skip
+    for user, row in rows.items():
+        assert row["total_cost_usd"] == pytest.approx(costs[user], abs=2e-6)
+    one = httpx.get(
+        f"{gw.url}/admin/spend", params={"group_by": "api", "user": "alice"}, headers=ADMIN
+    )
+    assert [(row["api"], row["requests"]) for row in one.json()["data"]] == [("chat", 2)]

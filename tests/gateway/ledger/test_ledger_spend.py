@@ -23,6 +23,7 @@ DAY0 = datetime(2025, 3, 10, tzinfo=UTC).timestamp()
 KEYS = ["key_aaaa0001", "key_bbbb0002", None]
 POLICIES = ["compact", "llm", "passthrough"]
 MODELS = ["gpt-4o-mini", "claude-haiku", "llama-70b"]
+USERS = ["alice", "bob", None]
 
 
 def dataset() -> list[RequestRecord]:
@@ -45,6 +46,7 @@ def dataset() -> list[RequestRecord]:
                 rng=rng,
             )
         )
+        out[-1].end_user = rng.choice(USERS)
         if i % 7 == 3:
             # Answered from the answer cache: no call, nothing paid, counted as a hit.
             hit = out[-1]
@@ -58,13 +60,13 @@ def expected_report(
     records: Sequence[RequestRecord], groups: Sequence[str]
 ) -> list[dict[str, Any]]:
     """The same report computed in Python from the records."""
-    field = {"key": "key_id", "policy": "policy", "day": "day", "model": "model"}
+    field = {"key": "key_id", "policy": "policy", "day": "day", "model": "model", "user": "user"}
     acc: dict[tuple[Any, ...], dict[str, Any]] = defaultdict(lambda: defaultdict(int))
     seen: dict[tuple[Any, ...], set[str]] = defaultdict(set)
 
     def base(r: RequestRecord) -> dict[str, Any]:
         day = datetime.fromtimestamp(r.created_at, UTC).date().isoformat()
-        return {"key": r.key_id, "policy": r.policy, "day": day}
+        return {"key": r.key_id, "policy": r.policy, "day": day, "user": r.end_user}
 
     for r in records:
         if "model" in groups:
@@ -122,7 +124,9 @@ async def loaded(
     return records
 
 
-GROUPINGS = [list(c) for n in range(4) for c in itertools.combinations(["key", "policy", "day"], n)]
+GROUPINGS = [
+    list(c) for n in range(4) for c in itertools.combinations(["key", "policy", "day", "user"], n)
+]
 
 
 async def test_every_grouping_matches_and_reconciles_to_the_micro_dollar(
@@ -176,6 +180,11 @@ async def test_filters_and_totals(engine: AsyncEngine, loaded: list[RequestRecor
         engine, [], since="2025-03-11", until="2025-03-12T00:00:00+00:00", key_id=KEYS[0]
     )
     assert iso[0]["total_cost_micros"] == sum(r.total_cost_micros for r in subset)
+    # One end user's spend, across keys.
+    alices = [r for r in loaded if r.end_user == "alice"]
+    assert alices and len({r.key_id for r in alices}) > 1
+    by_key = strip_usd(await spend_report(engine, ["key"], end_user="alice"))
+    assert by_key == expected_report(alices, ["key"])
 
     t = await totals(engine)
     assert t["requests"] == len(loaded)
@@ -192,7 +201,7 @@ async def test_filters_and_totals(engine: AsyncEngine, loaded: list[RequestRecor
 
 
 @pytest.mark.parametrize("keys_per_query", [500, 1])
-async def test_budget_spend_is_each_keys_downstream_cost_since_a_time(
+async def test_budget_spend_is_each_keys_cost_since_a_time(
     engine: AsyncEngine,
     loaded: list[RequestRecord],
     keys_per_query: int,
