@@ -72,6 +72,30 @@ def _spend_rows(rows: list[dict[str, Any]], key: str) -> list[list[Any]]:
     ]
 
 
+TOP_END_USERS = 10
+
+
+async def _end_users_section(s: Any, since: dt.datetime) -> list[str]:
+    """The end users who cost the most lately, when requests name them (``user``)."""
+    if s.engine is None:
+        return []
+    from gateway.ledger.spend import spend_report
+
+    rows = [r for r in await spend_report(s.engine, ["user"], since=since) if r["user"]]
+    if not rows:
+        return []
+    rows.sort(key=lambda r: (-r["total_cost_micros"], r["user"]))
+    return [
+        f"<h2>Top {TOP_END_USERS} end users by cost (last 14 days, the requests' "
+        "<code>user</code>)</h2>",
+        _table(
+            ["user", "requests", "calls", "cost", "prompt tokens", "completion tokens"],
+            _spend_rows(rows[:TOP_END_USERS], "user"),
+            {1, 2, 3, 4, 5},
+        ),
+    ]
+
+
 async def _cache_section(s: Any, since: dt.datetime) -> list[str]:
     """Hits and savings of the answer cache, when it is on."""
     if s.cache is None or s.engine is None:
@@ -178,6 +202,7 @@ async def dashboard(request: Request) -> Response:
             _spend_rows(sorted(by_day, key=lambda r: str(r.get("day")), reverse=True), "day"),
             {1, 2, 3, 4, 5},
         ),
+        *(await _end_users_section(s, since)),
         *(await _cache_section(s, since)),
         "<h2>Keys and budgets</h2>",
         _table(

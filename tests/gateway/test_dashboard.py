@@ -82,6 +82,26 @@ def test_keys_show_their_budgets_and_chosen_names_are_escaped(secured: Gateway) 
     assert "$2.500000" in row and "daily" in row and made.json()["key_id"] in row
 
 
+def test_the_costliest_end_users_are_listed_and_escaped(gateway: Gateway) -> None:
+    client = openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
+    users = {"<b>mallory</b>": 3, "dashboard-user-1": 1}
+    for user, n in users.items():
+        for i in range(n):
+            client.chat.completions.create(
+                model="gemma-2-9b-it",
+                messages=[{"role": "user", "content": f"dashboard user check {i}"}],
+                user=user,
+            )
+    page = wait_for_ledger(gateway, "dashboard-user-1")
+    assert "Top 10 end users by cost" in page
+    assert "<b>mallory</b>" not in page and "&lt;b&gt;mallory&lt;/b&gt;" in page
+    section = page[page.index("Top 10 end users") :].split("</table>")[0]
+    # The costlier user first, with its request count.
+    assert section.index("mallory") < section.index("dashboard-user-1")
+    row = section[section.index("mallory") :].split("</tr>")[0]
+    assert '<td class="n">3</td>' in row
+
+
 def test_no_admin_key_configured_means_no_dashboard_when_auth_is_on(
     upstream: Upstream, tmp_path: Path
 ) -> None:
