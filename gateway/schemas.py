@@ -3,6 +3,7 @@ client sent them so that fields we don't model still reach the provider)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -107,6 +108,21 @@ class ChatCompletionRequest(_Open):
         return v
 
 
+_REQUEST_ID = re.compile(r"^[0-9A-Za-z_.:-]{1,128}$")
+
+
+def request_id_from(value: str) -> str:
+    """The request an id names: ``xrouter.request_id`` itself, or the completion's ``id``
+    (``chatcmpl-<request id>``, what an OpenAI client shows first), the Responses API's
+    (``resp_<request id>``) or the Messages API's (``msg_<request id>``)."""
+    if not _REQUEST_ID.match(value):
+        raise ValueError("a request id is 1 to 128 letters, digits and _.:- characters")
+    for prefix in ("chatcmpl-", "resp_", "msg_"):
+        if value.startswith(prefix) and len(value) > len(prefix):
+            return value[len(prefix) :]
+    return value
+
+
 class FeedbackRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -116,14 +132,7 @@ class FeedbackRequest(BaseModel):
     @field_validator("request_id")
     @classmethod
     def _completion_id(cls, value: str) -> str:
-        # The completion's `id` (`chatcmpl-<request id>`, what an OpenAI client shows
-        # first), the Responses API's (`resp_<request id>`) or the Messages API's
-        # (`msg_<request id>`), names the request as well
-        # as `xrouter.request_id` does.
-        for prefix in ("chatcmpl-", "resp_", "msg_"):
-            if value.startswith(prefix) and len(value) > len(prefix):
-                return value[len(prefix) :]
-        return value
+        return request_id_from(value)
 
     comment: str | None = Field(default=None, max_length=4000)
     source: str = Field(default="user", max_length=64)

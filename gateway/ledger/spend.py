@@ -217,6 +217,14 @@ async def get_request(engine: AsyncEngine, request_id: str) -> dict[str, Any] | 
     return dict(row._mapping) if row is not None else None
 
 
+async def get_calls(engine: AsyncEngine, request_id: str) -> list[dict[str, Any]]:
+    """A logged request's calls (router and downstream), in the order they were made."""
+    fields = [c for c in calls.c if c.name not in ("id", "request_id")]
+    query = sa.select(*fields).where(calls.c.request_id == request_id).order_by(calls.c.seq)
+    async with engine.connect() as conn:
+        return [dict(r._mapping) for r in await conn.execute(query)]
+
+
 async def totals(
     engine: AsyncEngine,
     since: TimeBound = None,

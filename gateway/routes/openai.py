@@ -1,20 +1,14 @@
-"""The OpenAI-compatible surface: chat completions, responses, models, feedback."""
+"""The OpenAI-compatible surface: chat completions, responses, models."""
 
 from __future__ import annotations
 
-import time
-
 import orjson
 from fastapi import APIRouter, Request
-from pydantic import ValidationError
 from starlette.responses import Response
 
 from gateway import messages, model_list, responses
 from gateway.chat import decode_json
-from gateway.errors import APIError, bad_request, not_found
-from gateway.ledger.records import FeedbackRecord
-from gateway.ledger.spend import get_request
-from gateway.schemas import FeedbackRequest
+from gateway.errors import APIError, not_found
 from gateway.services import Services
 
 router = APIRouter()
@@ -127,57 +121,3 @@ async def retrieve_model(request: Request, model_id: str) -> Response:
         return messages.anthropic_error(err) if anthropic else err.response()
     body = model_list.anthropic_entry(entry) if anthropic else entry
     return Response(orjson.dumps(body), media_type="application/json")
-
-
-@router.post("/v1/feedback")
-async def feedback(request: Request) -> Response:
-    s = services(request)
-    assert s.auth is not None
-    who = await s.auth.principal(request.headers.get("authorization"))
-    raw = await read_body(request, 64 * 1024)
-    try:
-        fb = FeedbackRequest.model_validate_json(raw)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        param = ".".join(str(p) for p in err["loc"]) or None
-        raise bad_request(f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
-    # The request must be in the ledger before feedback can attach to it. Its row is
-    # written behind the response (batched): feedback sent right after the answer may find
-    # it still queued, or (a stream's bookkeeping runs after its last chunk) not yet
-    # submitted. Only then is the batch forced, so feedback at a steady rate does not
-    # defeat the batching.
-    row = await get_request(s.engine, fb.request_id)
-    if row is None:
-        assert s.hooks is not None
-        await s.hooks.bookkeeping.wait_current()
-        await s.ledger.flush()
-        row = await get_request(s.engine, fb.request_id)
-    if row is None:
-        raise APIError(
-            404,
-            f"no request {fb.request_id!r} in the ledger",
-            param="request_id",
-            code="request_not_found",
-        )
-    if s.settings.auth.enabled and row.get("key_id") != who.key_id:
-        # Same answer as "not found": don't reveal other keys' request ids.
-        raise APIError(
-            404,
-            f"no request {fb.request_id!r} in the ledger",
-            param="request_id",
-            code="request_not_found",
-        )
-    record = FeedbackRecord(
-        request_id=fb.request_id,
-        score=fb.score,
-        source=fb.source,
-        comment=fb.comment,
-        created_at=time.time(),
-    )
-    await s.ledger.submit_durable(record)
-    return Response(
-        orjson.dumps(
-            {"status": "recorded", "request_id": fb.request_id, "feedback_id": record.feedback_id}
-        ),
-        media_type="application/json",
-    )

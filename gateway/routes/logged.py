@@ -1,0 +1,143 @@
+"""What a caller can do with a request it made once it is answered: score it
+(``POST /v1/feedback``) and read what it cost (``GET /v1/generation``, as OpenRouter's
+generation stats). Both name the request by any id the response carried and answer only
+to the key that made it."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from pydantic import ValidationError
+from starlette.responses import Response
+
+from gateway.chat import Principal
+from gateway.errors import APIError, bad_request
+from gateway.ledger.records import FeedbackRecord
+from gateway.ledger.spend import get_calls, get_request
+from gateway.routes.openai import read_body, services
+from gateway.schemas import FeedbackRequest, request_id_from
+from gateway.services import Services
+from pricing import micros_to_usd
+
+router = APIRouter()
+
+
+def _not_found(request_id: str, param: str) -> APIError:
+    return APIError(
+        404, f"no request {request_id!r} in the ledger", param=param, code="request_not_found"
+    )
+
+
+async def logged_request(
+    s: Services, who: Principal, request_id: str, param: str = "request_id"
+) -> dict[str, Any]:
+    """The ledger's row of a request ``who`` made, or a 404 (also for another key's request:
+    the answer must not reveal which ids exist).
+
+    The row is written behind the response (batched): a call right after the answer may
+    find it still queued or, for a stream whose bookkeeping runs after its last chunk, not
+    yet submitted. Only then is the batch forced, so calls at a steady rate do not defeat
+    the batching."""
+    row = await get_request(s.engine, request_id)
+    if row is None:
+        assert s.hooks is not None
+        await s.hooks.bookkeeping.wait_current()
+        await s.ledger.flush()
+        row = await get_request(s.engine, request_id)
+    if row is None or (s.settings.auth.enabled and row.get("key_id") != who.key_id):
+        raise _not_found(request_id, param)
+    return row
+
+
+@router.post("/v1/feedback")
+async def feedback(request: Request) -> Response:
+    s = services(request)
+    assert s.auth is not None
+    who = await s.auth.principal(request.headers.get("authorization"))
+    raw = await read_body(request, 64 * 1024)
+    try:
+        fb = FeedbackRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        param = ".".join(str(p) for p in err["loc"]) or None
+        raise bad_request(f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
+    await logged_request(s, who, fb.request_id)
+    record = FeedbackRecord(
+        request_id=fb.request_id,
+        score=fb.score,
+        source=fb.source,
+        comment=fb.comment,
+        created_at=time.time(),
+    )
+    await s.ledger.submit_durable(record)
+    return Response(
+        orjson.dumps(
+            {"status": "recorded", "request_id": fb.request_id, "feedback_id": record.feedback_id}
+        ),
+        media_type="application/json",
+    )
+
+
+@router.get("/v1/generation")
+async def generation(request: Request) -> Response:
+    """What a request cost and how it was served, from the ledger: what a client that
+    missed a stream's usage chunk (or never asked for it) reads afterwards."""
+    s = services(request)
+    assert s.auth is not None
+    who = await s.auth.principal(request.headers.get("authorization"))
+    raw_id = request.query_params.get("id")
+    try:
+        request_id = request_id_from(raw_id or "")
+    except ValueError as exc:
+        raise bad_request(f"id: {exc}", param="id") from None
+    row = await logged_request(s, who, request_id, param="id")
+    calls = await get_calls(s.engine, request_id)
+    return Response(orjson.dumps({"data": _generation(row, calls)}), media_type="application/json")
+
+
+def _generation(row: dict[str, Any], calls: list[dict[str, Any]]) -> dict[str, Any]:
+    decision = row.get("decision")
+    return {
+        "id": row["request_id"],
+        "created_at": row["created_at"].isoformat(),
+        "api": row["api"],
+        "model": row["final_model"],
+        "requested_model": row["requested_model"],
+        "policy": row["policy"],
+        "status": row["status"],
+        "error": row["error_type"],
+        "streamed": bool(row["stream"]),
+        "cancelled": row["status"] == 499,
+        "cached_from": row["cached_from"],
+        "user": row["end_user"],
+        "total_cost": micros_to_usd(row["total_cost_micros"]),
+        "router_cost": micros_to_usd(row["router_cost_micros"]),
+        "downstream_cost": micros_to_usd(row["downstream_cost_micros"]),
+        "tokens_prompt": row["prompt_tokens"],
+        "tokens_completion": row["completion_tokens"],
+        "latency_ms": row["latency_ms"],
+        "overhead_ms": row["overhead_ms"],
+        "cost_weight": row["cost_weight"],
+        "decision": decision,
+        "calls": [
+            {
+                "model": c["model"],
+                "role": c["role"],
+                "turn": c["turn"],
+                "status": c["status"],
+                "error": c["error_type"],
+                "tokens_prompt": c["prompt_tokens"],
+                "tokens_completion": c["completion_tokens"],
+                "tokens_cached": c["cached_tokens"],
+                "tokens_reasoning": c["reasoning_tokens"],
+                "cost": micros_to_usd(c["cost_micros"]),
+                "latency_ms": c["latency_ms"],
+                "attempts": c["attempts"],
+                "fallback_from": c["fallback_from"],
+            }
+            for c in calls
+        ],
+    }
