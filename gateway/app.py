@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from starlette.routing import Route
 
 from gateway.errors import install_error_handlers
-from gateway.routes import admin, anthropic, dashboard, logged, openai, ops
+from gateway.routes import admin, anthropic, dashboard, key_info, logged, openai, ops
 from gateway.services import Services
 from gateway.settings import Settings, load_settings
 
@@ -69,6 +69,7 @@ def create_app(
     )
     app.include_router(openai.router)
     app.include_router(logged.router)
+    app.include_router(key_info.router)
     app.include_router(ops.router)
     app.include_router(admin.router)
     app.include_router(dashboard.router)

@@ -17,7 +17,7 @@ from gateway.chat import Principal
 from gateway.errors import APIError, bad_request
 from gateway.ledger.records import FeedbackRecord
 from gateway.ledger.spend import get_calls, get_request
-from gateway.routes.openai import read_body, services
+from gateway.routes.openai import authorization, read_body, services
 from gateway.schemas import FeedbackRequest, request_id_from
 from gateway.services import Services
 from pricing import micros_to_usd
@@ -56,7 +56,7 @@ async def logged_request(
 async def feedback(request: Request) -> Response:
     s = services(request)
     assert s.auth is not None
-    who = await s.auth.principal(request.headers.get("authorization"))
+    who = await s.auth.principal(authorization(request))
     raw = await read_body(request, 64 * 1024)
     try:
         fb = FeedbackRequest.model_validate_json(raw)
@@ -87,7 +87,7 @@ async def generation(request: Request) -> Response:
     missed a stream's usage chunk (or never asked for it) reads afterwards."""
     s = services(request)
     assert s.auth is not None
-    who = await s.auth.principal(request.headers.get("authorization"))
+    who = await s.auth.principal(authorization(request))
     raw_id = request.query_params.get("id")
     try:
         request_id = request_id_from(raw_id or "")

@@ -1,0 +1,69 @@
+"""``GET /v1/key``: a key's own limits and what it has spent (as OpenRouter's ``/key``), so
+an application can check its remaining budget without the admin key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from gateway.errors import APIError
+from gateway.limits import LimitStoreUnavailable
+from gateway.routes.openai import authorization, services
+from pricing import micros_to_usd
+
+router = APIRouter()
+
+
+@router.get("/v1/key")
+async def key_info(request: Request) -> Response:
+    s = services(request)
+    assert s.auth is not None
+    who = await s.auth.principal(authorization(request))
+    info = await s.keys.get(who.key_id) if who.key_id is not None else None
+    if info is None:
+        raise APIError(
+            404,
+            "authentication is off: requests carry no key, so there is nothing to report",
+            code="key_not_found",
+        )
+    try:
+        state = await s.limits.spent(info.limits()) if s.limits is not None else None
+    except LimitStoreUnavailable:
+        raise APIError(
+            503,
+            "the rate-limit store is unavailable",
+            type="server_error",
+            code="limits_unavailable",
+        ) from None
+    spent = micros_to_usd(state.spent) if state is not None else None
+    remaining = (
+        micros_to_usd(state.remaining)
+        if state is not None and state.remaining is not None
+        else None
+    )
+    data: dict[str, Any] = {
+        "key_id": info.key_id,
+        "alias": info.alias,
+        "budget_usd": info.budget_usd,
+        "budget_period": info.budget_period,
+        "spent_usd": spent,
+        "remaining_usd": remaining,
+        "period_start": state.period_start if state is not None else None,
+        "resets_at": state.resets_at if state is not None else None,
+        "rpm": info.rpm,
+        "tpm": info.tpm,
+        "allowed_models": list(info.allowed_models) if info.allowed_models is not None else None,
+        "allowed_policies": (
+            list(info.allowed_policies) if info.allowed_policies is not None else None
+        ),
+        "expires_at": info.expires_at.isoformat() if info.expires_at is not None else None,
+        # OpenRouter's names for the same figures, for clients written against it.
+        "label": info.alias,
+        "limit": info.budget_usd,
+        "usage": spent,
+        "limit_remaining": remaining,
+    }
+    return Response(orjson.dumps({"data": data}), media_type="application/json")

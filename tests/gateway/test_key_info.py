@@ -1,0 +1,80 @@
+"""``GET /v1/key``: a key reads its own limits and spend, as OpenRouter's ``/key`` answers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.gateway.conftest import Upstream
+from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
+from tests.support.sdk import extra
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+@pytest.fixture(scope="module")
+def secured(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    tmp = tmp_path_factory.mktemp("key-info")
+    cfg = gateway_config(tmp, upstream.base_url, auth={"enabled": True, "admin_key": ADMIN_KEY})
+    gw = start_gateway(tmp, cfg)
+    yield gw
+    gw.stop()
+
+
+def test_a_key_reads_its_budget_and_spend(secured: Gateway) -> None:
+    made = httpx.post(
+        f"{secured.url}/admin/keys",
+        json={"alias": "reader", "budget_usd": 2.0, "budget_period": "daily", "rpm": 100,
+              "allowed_models": ["gemma-2-9b-it"], "duration": "7d"},
+        headers=ADMIN,
+    ).json()  # fmt: skip
+    key = made["key"]
+    c = openai.OpenAI(base_url=secured.base_url, api_key=key, max_retries=0)
+    resp = c.chat.completions.create(
+        model="gemma-2-9b-it", messages=[{"role": "user", "content": "What is 2 + 2?"}]
+    )
+    cost = extra(resp.usage)["cost"]
+    r = httpx.get(f"{secured.base_url}/key", headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 200, r.text
+    data = r.json()["data"]
+    assert (data["key_id"], data["alias"], data["budget_usd"], data["budget_period"]) == (
+        made["key_id"],
+        "reader",
+        2.0,
+        "daily",
+    )
+    assert data["spent_usd"] == pytest.approx(cost, abs=1e-9)
+    assert data["remaining_usd"] == pytest.approx(2.0 - cost, abs=1e-9)
+    assert data["resets_at"] - data["period_start"] == 86400  # today, in UTC
+    assert (data["rpm"], data["allowed_models"], data["expires_at"]) == (
+        100,
+        ["gemma-2-9b-it"],
+        made["expires_at"],
+    )
+    # OpenRouter's names for the same figures.
+    assert (data["label"], data["limit"], data["usage"], data["limit_remaining"]) == (
+        data["alias"],
+        data["budget_usd"],
+        data["spent_usd"],
+        data["remaining_usd"],
+    )
+    # Anthropic's clients send the key as x-api-key; the answer is the same.
+    same = httpx.get(f"{secured.base_url}/key", headers={"x-api-key": key})
+    assert same.json() == r.json()
+    # The admin's view agrees.
+    listed = httpx.get(f"{secured.url}/admin/keys", headers=ADMIN).json()["data"]
+    mine = next(k for k in listed if k["key_id"] == made["key_id"])
+    assert mine["spent_usd"] == data["spent_usd"]
+
+
+def test_no_key_no_report(secured: Gateway, gateway: Gateway) -> None:
+    r = httpx.get(f"{secured.base_url}/key")
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    r = httpx.get(f"{secured.base_url}/key", headers={"Authorization": "Bearer xr-nope"})
+    assert r.status_code == 401
+    # With authentication off there is no key to describe.
+    r = httpx.get(f"{gateway.base_url}/key")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "key_not_found"
