@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.chat import Principal
 from gateway.errors import APIError
+from pricing import usd_to_micros
 
 if TYPE_CHECKING:
     from gateway.ledger.keys import KeyRepository
@@ -97,6 +98,7 @@ class Authenticator:
         if info is None or getattr(info, "revoked_at", None) is not None:
             return None
         limits = info.limits()
+        routing = info.routing or {}
         return Principal(
             key_id=info.key_id,
             alias=info.alias,
@@ -106,6 +108,9 @@ class Authenticator:
             else None,
             limits=limits,
             expires_at=info.expires_at.timestamp() if info.expires_at is not None else None,
+            default_policy=routing.get("default_policy"),
+            cost_weight=routing.get("cost_weight"),
+            max_cost_micros=usd_to_micros(cap) if (cap := routing.get("max_cost_usd")) else None,
         )
 
     def _admin_disabled(self, what: str) -> APIError:

@@ -79,6 +79,10 @@ class Principal:
     allowed_policies: list[str] | None = None
     limits: Any = None
     expires_at: float | None = None  # Unix time after which the key is refused
+    # The key's routing defaults: what its requests get when they do not say.
+    default_policy: str | None = None
+    cost_weight: float | None = None
+    max_cost_micros: int | None = None
 
 
 @dataclass(slots=True)
@@ -122,7 +126,8 @@ def _validate(data: Any) -> tuple[dict[str, Any], ChatCompletionRequest]:
 def _resolve(rt: Runtime, req: ChatCompletionRequest, who: Principal) -> Resolved:
     name = req.model
     if name == ROUTER_MODEL or name.startswith(POLICY_PREFIX):
-        policy_name = rt.default_policy if name == ROUTER_MODEL else name[len(POLICY_PREFIX) :]
+        default = who.default_policy or rt.default_policy
+        policy_name = default if name == ROUTER_MODEL else name[len(POLICY_PREFIX) :]
         policy = rt.policy(policy_name)
         if policy is None:
             raise not_found(
@@ -205,12 +210,22 @@ def build_context(
 ) -> RouteContext:
     controls = req.xrouter
     pool = rt.subset(_route_pool(rt, req, who, resolved, data["messages"]))
-    cost_weight = (
-        controls.cost_weight
-        if controls and controls.cost_weight is not None
-        else rt.settings.router.cost_weight
+    # The request's own controls, else its key's defaults, else the gateway's. A key's cap
+    # is a ceiling: a request may ask for less, never more.
+    cost_weight = next(
+        w
+        for w in (
+            controls.cost_weight if controls else None,
+            who.cost_weight,
+            rt.settings.router.cost_weight,
+        )
+        if w is not None
     )
-    max_cost = usd_to_micros(controls.max_cost_usd) if controls and controls.max_cost_usd else None
+    caps = [
+        usd_to_micros(controls.max_cost_usd) if controls and controls.max_cost_usd else None,
+        who.max_cost_micros,
+    ]
+    max_cost = min((c for c in caps if c is not None), default=None)
     params = {k: v for k, v in data.items() if k not in _NOT_PARAMS}
     return RouteContext(
         request_id=request_id,
@@ -276,7 +291,7 @@ class ChatService:
             rlog.end_user = end_user(req.user)
             guard: KeyBudgetGuard | None = await self.hooks.admit(rlog, ctx)
             if self.cache is not None and not (req.stream and req.n > 1):
-                hit = await self._lookup(rt, data, req, who, resolved, rlog)
+                hit = await self._lookup(rt, data, req, who, resolved, rlog, ctx)
                 if hit is not None:
                     return await self._answer_from_cache(req, rlog, ctx, hit)
             try:
@@ -321,6 +336,7 @@ class ChatService:
         who: Principal,
         resolved: Resolved,
         rlog: RequestLog,
+        ctx: RouteContext,
     ) -> CachedAnswer | None:
         assert self.cache is not None
         ticket = rlog.cache = self.cache.ticket(
@@ -330,6 +346,7 @@ class ChatService:
             # A deployed router must not answer with its predecessor's choices.
             checkpoint=None if resolved.passthrough else rt.checkpoint_info.get("version"),
             controls=req.xrouter.cache if req.xrouter is not None else None,
+            routing={"cost_weight": ctx.cost_weight, "max_cost_micros": ctx.max_cost_micros},
         )
 
         def usable(answer: CachedAnswer) -> bool:

@@ -23,9 +23,17 @@ _NOT_KEYED = frozenset({"stream", "stream_options"})
 
 
 def cache_key(
-    data: dict[str, Any], *, scope: str, policy: str, checkpoint: str | None = None
+    data: dict[str, Any],
+    *,
+    scope: str,
+    policy: str,
+    checkpoint: str | None = None,
+    routing: dict[str, Any] | None = None,
 ) -> str:
-    """The hex digest naming ``data``'s answer for ``scope`` (a key id or ``*``)."""
+    """The hex digest naming ``data``'s answer for ``scope`` (a key id or ``*``).
+    ``routing`` is what the router decided with that the request may not say itself (the
+    trade-off and cap its key's defaults or the gateway's gave it): two keys sharing the
+    cache with different defaults must not share answers."""
     keyed = {k: v for k, v in data.items() if k not in _NOT_KEYED}
     controls = keyed.get("xrouter")
     if isinstance(controls, dict) and "cache" in controls:
@@ -35,6 +43,7 @@ def cache_key(
         "scope": scope,
         "policy": policy,
         "checkpoint": checkpoint,
+        "routing": routing,
         "request": keyed,
     }
     # Sorted keys: two clients that order their JSON differently ask the same question.

@@ -65,11 +65,11 @@ class AnswerCache:
         policy: str,
         checkpoint: str | None,
         controls: CacheControls | None,
+        routing: dict[str, Any] | None = None,
     ) -> CacheTicket:
         scope = "*" if self.settings.scope == "global" else f"key:{key_id or '-'}"
-        return CacheTicket(
-            cache_key(data, scope=scope, policy=policy, checkpoint=checkpoint), controls
-        )
+        key = cache_key(data, scope=scope, policy=policy, checkpoint=checkpoint, routing=routing)
+        return CacheTicket(key, controls)
 
     async def lookup(
         self, ticket: CacheTicket, usable: Callable[[CachedAnswer], bool] | None = None

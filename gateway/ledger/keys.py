@@ -69,6 +69,8 @@ class KeyInfo:
     created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     revoked_at: datetime | None = None
     expires_at: datetime | None = None
+    # Routing defaults for the key's requests: default_policy, cost_weight, max_cost_usd.
+    routing: dict[str, Any] | None = field(default=None, hash=False)
 
     @property
     def revoked(self) -> bool:
@@ -113,6 +115,7 @@ class KeyInfo:
             "revoked": self.revoked,
             "expires_at": self.expires_at.isoformat() if self.expires_at else None,
             "expired": self.expired(),
+            "routing": dict(self.routing) if self.routing is not None else None,
         }
 
 
@@ -128,6 +131,7 @@ _UPDATABLE = {
     "allowed_policies",
     "metadata",
     "expires_at",
+    "routing",
 }
 
 _INFO_COLUMNS = [c for c in api_keys.c if c.name != "key_hash"]
@@ -150,6 +154,7 @@ def _row_to_info(row: sa.Row[Any]) -> KeyInfo:
         created_at=m["created_at"],
         revoked_at=m["revoked_at"],
         expires_at=m["expires_at"],
+        routing=dict(m["routing"]) if m["routing"] else None,
     )
 
 
@@ -176,6 +181,19 @@ def _positive(value: Any, what: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{what} must be a positive integer or None")
     return value
+
+
+ROUTING_FIELDS = ("default_policy", "cost_weight", "max_cost_usd")
+
+
+def _routing(value: Any) -> dict[str, Any] | None:
+    """The set routing defaults only (an empty set is None: the gateway's defaults)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) - set(ROUTING_FIELDS):
+        raise ValueError(f"routing takes {', '.join(ROUTING_FIELDS)}")
+    kept = {k: v for k, v in value.items() if v is not None}
+    return kept or None
 
 
 def _expiry(value: Any) -> datetime | None:
@@ -214,6 +232,7 @@ class KeyRepository:
         allowed_policies: builtins.list[str] | None = None,
         metadata: dict[str, Any] | None = None,
         expires_at: datetime | None = None,
+        routing: dict[str, Any] | None = None,
     ) -> tuple[KeyInfo, str]:
         """Create a key; return it and its secret (shown once, never stored)."""
         values: dict[str, Any] = {
@@ -228,6 +247,7 @@ class KeyRepository:
             "created_at": datetime.now(UTC),
             "revoked_at": None,
             "expires_at": _expiry(expires_at),
+            "routing": _routing(routing),
         }
         for _ in range(_ID_ATTEMPTS):
             secret = new_secret()
@@ -303,6 +323,8 @@ class KeyRepository:
                 values["metadata"] = dict(value or {})
             elif name == "expires_at":
                 values["expires_at"] = _expiry(value)
+            elif name == "routing":
+                values["routing"] = _routing(value)
         if values:
             try:
                 async with self._engine.begin() as conn:

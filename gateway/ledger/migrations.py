@@ -181,6 +181,12 @@ def _v6_request_end_user(conn: sa.Connection) -> None:
     )
 
 
+def _v7_key_routing(conn: sa.Connection) -> None:
+    """api_keys.routing: a key's routing defaults, NULL for the gateway's (frozen)."""
+    column_type = sa.JSON().compile(dialect=conn.dialect)
+    conn.execute(sa.text(f"ALTER TABLE api_keys ADD COLUMN routing {column_type}"))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: requests, calls, feedback, api_keys", _v1_baseline),
     Migration(2, "router_deployments", _v2_router_deployments),
@@ -188,6 +194,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "requests.cached_from", _v4_request_cached_from),
     Migration(5, "api_keys.expires_at", _v5_key_expires_at),
     Migration(6, "requests.end_user", _v6_request_end_user),
+    Migration(7, "api_keys.routing", _v7_key_routing),
 )
 
 

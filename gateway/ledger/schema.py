@@ -169,6 +169,9 @@ api_keys = sa.Table(
     sa.Column("revoked_at", UTCDateTime(), nullable=True),
     # After this the key is refused (401 key_expired); NULL: it never expires.
     sa.Column("expires_at", UTCDateTime(), nullable=True),
+    # The key's routing defaults ({"default_policy", "cost_weight", "max_cost_usd"}): what
+    # its requests get when they do not say; NULL: the gateway's.
+    sa.Column("routing", sa.JSON(none_as_null=True), nullable=True),
     sa.UniqueConstraint("key_hash", name="uq_api_keys_key_hash"),
     sa.UniqueConstraint("alias", name="uq_api_keys_alias"),
 )

@@ -98,6 +98,18 @@ class _Expiry(BaseModel):
         return self
 
 
+class KeyRouting(BaseModel):
+    """A key's routing defaults: what its requests get when their ``xrouter`` controls do
+    not say (``cost_weight``), or at most (``max_cost_usd``, a ceiling on the request's own
+    cap), and the policy the model name ``xrouter`` means for it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    default_policy: str | None = Field(default=None, min_length=1, max_length=64)
+    cost_weight: float | None = Field(default=None, ge=0, le=1e6)
+    max_cost_usd: float | None = Field(default=None, gt=0, le=MAX_BUDGET_USD, allow_inf_nan=False)
+
+
 class KeyCreate(_Expiry):
     model_config = ConfigDict(extra="forbid")
 
@@ -109,6 +121,7 @@ class KeyCreate(_Expiry):
     allowed_models: list[str] | None = None
     allowed_policies: list[str] | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+    routing: KeyRouting | None = None
 
     _alias = field_validator("alias")(_no_nul)
 
@@ -124,6 +137,7 @@ class KeyUpdate(_Expiry):
     allowed_models: list[str] | None = None
     allowed_policies: list[str] | None = None
     metadata: dict[str, Any] | None = None
+    routing: KeyRouting | None = None
 
     _alias = field_validator("alias")(_no_nul)
 
@@ -155,6 +169,25 @@ def _key_view(info: KeyInfo) -> dict[str, Any]:
     return info.to_dict()
 
 
+def _check_default_policy(
+    s: Services, routing: KeyRouting | None, allowed: list[str] | tuple[str, ...] | None
+) -> None:
+    policy = routing.default_policy if routing is not None else None
+    if policy is None:
+        return
+    names = s.current().policy_names
+    if policy not in names:
+        raise bad_request(
+            f"unknown router policy {policy!r}; available: {', '.join(names)}",
+            param="routing.default_policy",
+        )
+    if allowed is not None and policy not in allowed:
+        raise bad_request(
+            f"the default policy {policy!r} is not among the key's allowed_policies",
+            param="routing.default_policy",
+        )
+
+
 @router.post("/keys")
 async def create_key(request: Request) -> Response:
     s = await _admin(request)
@@ -162,6 +195,7 @@ async def create_key(request: Request) -> Response:
     # A budget without a period never resets, as LiteLLM's max_budget without
     # budget_duration and OpenRouter's key limit without a reset.
     period = body.budget_period or ("total" if body.budget_usd is not None else None)
+    _check_default_policy(s, body.routing, body.allowed_policies)
     expires_at = expiry(body.expires_at, body.duration)
     if expires_at is not None and expires_at <= dt.datetime.now(dt.UTC):
         raise bad_request("expires_at is in the past: the key would never work", param="expires_at")
@@ -169,6 +203,7 @@ async def create_key(request: Request) -> Response:
         info, secret = await s.keys.create(
             alias=body.alias,
             expires_at=expires_at,
+            routing=body.routing.model_dump() if body.routing is not None else None,
             budget_usd=body.budget_usd,
             budget_period=period,
             rpm=body.rpm,
@@ -208,6 +243,22 @@ async def update_key(key_id: str, request: Request) -> Response:
     if "duration" in fields or "expires_at" in fields:
         # A time in the past expires the key now; null: it never expires.
         fields["expires_at"] = expiry(fields.get("expires_at"), fields.pop("duration", None))
+    if "routing" in fields or "allowed_policies" in fields:
+        # The default policy must stay one the key may use, whichever of the two changes.
+        current = await s.keys.get(key_id)
+        if current is None:
+            raise APIError(404, f"no key {key_id!r}", param="key_id", code="key_not_found")
+        routing = (
+            body.routing
+            if "routing" in fields
+            else KeyRouting(**current.routing)
+            if current.routing
+            else None
+        )
+        allowed = (
+            fields["allowed_policies"] if "allowed_policies" in fields else current.allowed_policies
+        )
+        _check_default_policy(s, routing, allowed)
     try:
         info = await s.keys.update(key_id, **fields)
     except DuplicateAliasError as exc:

@@ -60,6 +60,7 @@ async def key_info(request: Request) -> Response:
             list(info.allowed_policies) if info.allowed_policies is not None else None
         ),
         "expires_at": info.expires_at.isoformat() if info.expires_at is not None else None,
+        "routing": dict(info.routing) if info.routing is not None else None,
         # OpenRouter's names for the same figures, for clients written against it.
         "label": info.alias,
         "limit": info.budget_usd,

@@ -294,6 +294,41 @@ def test_each_key_has_its_own_answers(
         gw.stop()
 
 
+def test_keys_with_other_routing_defaults_share_no_routed_answers(
+    upstream: Upstream, tmp_path: Path, demo_table: list[OutcomeRecord]
+) -> None:
+    # A global cache shares answers between keys, but not between trade-offs: a key whose
+    # default lambda differs gets its own routed answers.
+    cfg = gateway_config(
+        tmp_path,
+        upstream.base_url,
+        auth={"enabled": True},
+        cache={"enabled": True, "scope": "global"},
+    )
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+        def key(alias: str, **fields: Any) -> str:
+            made = httpx.post(
+                f"{gw.url}/admin/keys", json={"alias": alias, **fields}, headers=admin
+            )
+            return str(made.json()["key"])
+
+        plain, same, thrifty = (
+            key("plain"),
+            key("same"),
+            key("thrifty", routing={"cost_weight": 20}),
+        )
+        rec = next(prompts(demo_table, MODEL))
+        assert ask(gw, rec.text, model="xrouter", key=plain).headers["x-xrouter-cache"] == "miss"
+        assert ask(gw, rec.text, model="xrouter", key=same).headers["x-xrouter-cache"] == "hit"
+        assert ask(gw, rec.text, model="xrouter", key=thrifty).headers["x-xrouter-cache"] == "miss"
+        assert ask(gw, rec.text, model="xrouter", key=thrifty).headers["x-xrouter-cache"] == "hit"
+    finally:
+        gw.stop()
+
+
 @pytest.fixture
 def redis_prefix() -> Iterator[str]:
     prefix = f"xrtest-cache-{uuid.uuid4().hex[:10]}"

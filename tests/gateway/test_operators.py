@@ -808,3 +808,81 @@ def test_spend_per_end_user_across_the_three_apis(gw: Gateway) -> None:
         f"{gw.url}/admin/spend", params={"group_by": "api", "user": "alice"}, headers=ADMIN
     )
     assert [(row["api"], row["requests"]) for row in one.json()["data"]] == [("chat", 2)]
+
+
+def test_a_keys_routing_defaults_apply_where_its_requests_are_silent(
+    gw: Gateway, demo_table: list[OutcomeRecord]
+) -> None:
+    thrifty = create_key(gw, routing={"cost_weight": 20.0})
+    lavish = create_key(gw, routing={"cost_weight": 0.0})
+    prompts = [r.text for r in demo_table[::25]]
+
+    def costs(key: dict[str, Any], **controls: Any) -> tuple[float, set[float]]:
+        c = openai.OpenAI(base_url=gw.base_url, api_key=key["key"], max_retries=0)
+        spent, weights = 0.0, set()
+        for p in prompts:
+            r = c.chat.completions.create(
+                model="xrouter",
+                messages=[{"role": "user", "content": p}],
+                extra_body={"xrouter": controls} if controls else None,
+            )
+            meta = extra(r)["xrouter"]
+            spent += extra(r.usage)["cost"]
+            weights.add(meta["decision"]["cost_weight"])
+        return spent, weights
+
+    cheap, cheap_weights = costs(thrifty)
+    dear, dear_weights = costs(lavish)
+    assert (cheap_weights, dear_weights) == ({20.0}, {0.0})
+    assert cheap < dear  # the same prompts, routed by each key's trade-off
+    # The request's own trade-off wins over its key's.
+    _, asked = costs(thrifty, cost_weight=0.0)
+    assert asked == {0.0}
+
+    # The policy the name `xrouter` means for this key, and a ceiling on the request's cap.
+    baseline = create_key(gw, routing={"default_policy": "cheapest", "max_cost_usd": 1e-7})
+    c = openai.OpenAI(base_url=gw.base_url, api_key=baseline["key"], max_retries=0)
+    with pytest.raises(openai.RateLimitError) as exc:
+        c.chat.completions.create(
+            model="xrouter",
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            extra_body={"xrouter": {"max_cost_usd": 1.0}},  # asks for more: the key's holds
+        )
+    assert exc.value.body["code"] == "request_budget_exceeded"  # type: ignore[index]
+    r = httpx.patch(
+        f"{gw.url}/admin/keys/{baseline['key_id']}",
+        json={"routing": {"default_policy": "cheapest"}},
+        headers=ADMIN,
+    )
+    assert r.status_code == 200 and r.json()["routing"] == {"default_policy": "cheapest"}
+    raw = c.chat.completions.with_raw_response.create(
+        model="xrouter", messages=[{"role": "user", "content": "What is the capital of France?"}]
+    )
+    assert raw.headers["x-xrouter-policy"] == "cheapest"
+    mine = httpx.get(f"{gw.base_url}/key", headers={"Authorization": f"Bearer {baseline['key']}"})
+    assert mine.json()["data"]["routing"] == {"default_policy": "cheapest"}
+
+
+def test_routing_defaults_are_checked_against_the_policies(gw: Gateway) -> None:
+    def make(**fields: Any) -> httpx.Response:
+        return httpx.post(
+            f"{gw.url}/admin/keys",
+            json={"alias": f"r-{secrets.token_hex(4)}", **fields},
+            headers=ADMIN,
+        )
+
+    for fields in (
+        {"routing": {"default_policy": "no-such-policy"}},
+        {"routing": {"default_policy": "cheapest"}, "allowed_policies": ["compact"]},
+    ):
+        r = make(**fields)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "routing.default_policy"
+    assert make(routing={"cost_weight": -1}).json()["error"]["param"] == "routing.cost_weight"
+    assert make(routing={"lambda": 1}).status_code == 400
+    k = make(routing={"default_policy": "cheapest"}).json()
+    url = f"{gw.url}/admin/keys/{k['key_id']}"
+    # Narrowing the key's policies may not strand its default policy.
+    r = httpx.patch(url, json={"allowed_policies": ["compact"]}, headers=ADMIN)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "routing.default_policy"
+    r = httpx.patch(url, json={"routing": None, "allowed_policies": ["compact"]}, headers=ADMIN)
+    assert r.status_code == 200 and r.json()["routing"] is None

@@ -49,6 +49,11 @@ def test_everything_that_can_change_the_answer_changes_the_key() -> None:
     assert key(BASE, policy="cascade") != key(BASE)
     assert key(BASE, checkpoint="v2") != key(BASE)
     assert key(BASE, checkpoint=None) != key(BASE)
+    # The trade-off a key's defaults gave a request that did not state one.
+    lam = {"cost_weight": 0.5, "max_cost_micros": None}
+    assert key(BASE, routing=lam) == key(BASE, routing=dict(lam))
+    assert key(BASE, routing=lam) != key(BASE, routing={**lam, "cost_weight": 2.0})
+    assert key(BASE, routing=lam) != key(BASE, routing={**lam, "max_cost_micros": 10})
 
 
 def test_an_answer_survives_its_encoding_and_damage_is_a_miss() -> None:

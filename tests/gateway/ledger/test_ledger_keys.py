@@ -157,3 +157,16 @@ async def test_rotation_replaces_the_secret_and_keeps_the_key(engine: AsyncEngin
         await repo.rotate(key.key_id)  # a revoked key stays revoked
     with pytest.raises(KeyNotFoundError):
         await repo.rotate("key_nothere")
+
+
+async def test_routing_defaults_keep_what_is_set(engine: AsyncEngine) -> None:
+    repo = KeyRepository(engine)
+    key, _ = await repo.create("routed", routing={"cost_weight": 2.5, "max_cost_usd": None})
+    assert key.routing == {"cost_weight": 2.5}  # an unset default is the gateway's
+    changed = await repo.update(key.key_id, routing={"default_policy": "cascade"})
+    assert changed.routing == {"default_policy": "cascade"}  # replaced, not merged
+    assert changed.to_dict()["routing"] == {"default_policy": "cascade"}
+    assert (await repo.update(key.key_id, routing={})).routing is None
+    assert (await repo.update(key.key_id, routing=None)).routing is None
+    with pytest.raises(ValueError, match="routing takes"):
+        await repo.update(key.key_id, routing={"lambda": 1})

@@ -217,13 +217,18 @@ async def test_requests_logged_before_the_api_column_read_as_chat(ledger_url: st
 
 
 async def test_keys_made_before_expiry_existed_never_expire(ledger_url: str) -> None:
-    """Migration 5 adds ``api_keys.expires_at``: keys from before it, and keys an older
-    release creates after a rollback, read as never expiring."""
+    """Migrations 5 and 7 add ``api_keys.expires_at`` and ``routing``: keys from before
+    them, and keys an older release creates after a rollback, read as never expiring and
+    routed by the gateway's defaults."""
     engine = await _engine(ledger_url)
     old = sa.Table(
         "api_keys",
         sa.MetaData(),
-        *(sa.Column(c.name, c.type) for c in schema.api_keys.columns if c.name != "expires_at"),
+        *(
+            sa.Column(c.name, c.type)
+            for c in schema.api_keys.columns
+            if c.name not in ("expires_at", "routing")
+        ),
     )
 
     def key(key_id: str) -> dict[str, object]:
@@ -242,6 +247,9 @@ async def test_keys_made_before_expiry_existed_never_expire(ledger_url: str) -> 
         async with engine.begin() as conn:
             await conn.execute(sa.insert(old).values(**key("rolled-back")))
         infos = {k.key_id: k for k in await KeyRepository(engine).list()}
-        assert {k: v.expires_at for k, v in infos.items()} == {"before": None, "rolled-back": None}
+        assert {k: (v.expires_at, v.routing) for k, v in infos.items()} == {
+            "before": (None, None),
+            "rolled-back": (None, None),
+        }
     finally:
         await engine.dispose()
