@@ -59,8 +59,9 @@ def list_models(rt: Runtime, who: Principal) -> list[dict[str, Any]]:
     names are not listed: one per pool model would only repeat the pool)."""
     created = int(time.time())
     data = []
-    if _may_use_policy(who, rt.default_policy):
-        data.append(_router_entry(ROUTER_MODEL, rt.default_policy, created))
+    default = who.default_policy or rt.default_policy  # the key's own, if it has one
+    if _may_use_policy(who, default):
+        data.append(_router_entry(ROUTER_MODEL, default, created))
     data.extend(
         _router_entry(f"{POLICY_PREFIX}{p}", p, created)
         for p in rt.policy_names
@@ -75,7 +76,8 @@ def find_model(rt: Runtime, who: Principal, model_id: str) -> dict[str, Any] | N
     not exist or the caller's key may not use it."""
     created = int(time.time())
     if model_id == ROUTER_MODEL or model_id.startswith(POLICY_PREFIX):
-        policy = rt.default_policy if model_id == ROUTER_MODEL else model_id[len(POLICY_PREFIX) :]
+        default = who.default_policy or rt.default_policy
+        policy = default if model_id == ROUTER_MODEL else model_id[len(POLICY_PREFIX) :]
         if rt.policy(policy) is None or not _may_use_policy(who, policy):
             return None
         return _router_entry(model_id, policy, created)

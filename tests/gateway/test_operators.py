@@ -859,6 +859,8 @@ def test_a_keys_routing_defaults_apply_where_its_requests_are_silent(
         model="xrouter", messages=[{"role": "user", "content": "What is the capital of France?"}]
     )
     assert raw.headers["x-xrouter-policy"] == "cheapest"
+    listed = c.models.retrieve("xrouter")
+    assert (listed.model_extra or {})["xrouter"]["policy"] == "cheapest"  # as it is served
     mine = httpx.get(f"{gw.base_url}/key", headers={"Authorization": f"Bearer {baseline['key']}"})
     assert mine.json()["data"]["routing"] == {"default_policy": "cheapest"}
 
