@@ -129,4 +129,5 @@ def observe(
         cost_micros=cost,
         reference_cost_micros=reference if reference_price is not None else None,
         downstream_calls=len(state.outcomes) if state is not None else None,
+        api=rlog.api,
     )

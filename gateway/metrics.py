@@ -71,6 +71,9 @@ def _usd(micros: int) -> float:
     return micros / MICROS_PER_USD
 
 
+_APIS = frozenset({"chat", "responses", "messages"})
+
+
 def _status_class(status: int | str) -> str:
     try:
         code = int(status)
@@ -146,9 +149,9 @@ class GatewayMetrics:
         # prometheus_client appends "_total" to counter names.
         self._requests = Counter(
             "xrouter_requests",
-            "Requests answered (chat completions and responses), by policy, answering model and "
-            "status class.",
-            ["policy", "model", "status_class"],
+            "Requests answered, by policy, answering model, status class and the API they came "
+            "in (chat, responses, messages).",
+            ["policy", "model", "status_class", "api"],
             registry=r,
         )
         self._tokens = Counter(
@@ -366,12 +369,14 @@ class GatewayMetrics:
         cost_micros: int,
         reference_cost_micros: int | None = None,
         downstream_calls: int | None = None,
+        api: str = "chat",
     ) -> None:
         """One finished request. ``model`` answered it (None if none did);
         ``reference_cost_micros`` is what the reference model would have cost;
-        ``downstream_calls`` how many pool-model calls it made."""
+        ``downstream_calls`` how many pool-model calls it made; ``api`` the shape it came in."""
         p = self._policy(policy)
-        self._child(self._requests, p, self._model(model), _status_class(status)).inc()
+        api = api if api in _APIS else OTHER
+        self._child(self._requests, p, self._model(model), _status_class(status), api).inc()
         self._child(self._request_duration, p).observe(duration_s)
         if downstream_calls is not None:
             self._child(self._calls_per_request, p).observe(downstream_calls)

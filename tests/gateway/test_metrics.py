@@ -71,7 +71,7 @@ def test_unknown_models_and_policies_collapse_to_other(
         assert label_values(registry, sample, label) == {*MODELS, "other"}, sample
     assert label_values(registry, "xrouter_requests_total", "policy") == {"other"}
     assert label_values(registry, "xrouter_routing_decisions_total", "policy") == {"other"}
-    other = {"policy": "other", "model": "other", "status_class": "2xx"}
+    other = {"policy": "other", "model": "other", "status_class": "2xx", "api": "chat"}
     assert registry.get_sample_value("xrouter_requests_total", other) == 100
 
 
@@ -86,6 +86,11 @@ def test_free_form_labels_are_bounded(registry: CollectorRegistry, metrics: Gate
     assert registry.get_sample_value("xrouter_ledger_write_errors_total", {"kind": "other"}) == 24
     error_kinds = label_values(registry, "xrouter_upstream_errors_total", "kind")
     assert len(error_kinds) == 16 + 1  # first-come room + other
+    # The API a request came in: the three the gateway serves, anything else is other.
+    for api in ("chat", "responses", "messages", "completions", "x" * 100):
+        metrics.observe_request("compact", "qwen3-8b", 200, 0.1, 0.001, 1, api=api)
+    apis = label_values(registry, "xrouter_requests_total", "api")
+    assert apis == {"chat", "responses", "messages", "other"}
 
 
 def test_values_after_a_sequence_of_requests(
@@ -127,12 +132,15 @@ def test_values_after_a_sequence_of_requests(
     assert (
         get(
             "xrouter_requests_total",
-            {"policy": "compact", "model": "qwen3-8b", "status_class": "2xx"},
+            {"policy": "compact", "model": "qwen3-8b", "status_class": "2xx", "api": "chat"},
         )
         == 1
     )
     assert (
-        get("xrouter_requests_total", {"policy": "compact", "model": "none", "status_class": "5xx"})
+        get(
+            "xrouter_requests_total",
+            {"policy": "compact", "model": "none", "status_class": "5xx", "api": "chat"},
+        )
         == 1
     )
     assert get("xrouter_tokens_total", {"model": "qwen3-8b", "kind": "prompt"}) == 1000
@@ -190,7 +198,8 @@ def test_status_class(
     metrics.observe_request("llm", "qwen3-8b", status, 1.0, None, 0)
     assert (
         registry.get_sample_value(
-            "xrouter_requests_total", {"policy": "llm", "model": "qwen3-8b", "status_class": cls}
+            "xrouter_requests_total",
+            {"policy": "llm", "model": "qwen3-8b", "status_class": cls, "api": "chat"},
         )
         == 1
     )
@@ -320,7 +329,7 @@ def test_multiprocess_aggregates_workers(tmp_path: Path, monkeypatch: pytest.Mon
             }
 
         values = scrape()
-        req = ("policy", "compact"), ("model", "qwen3-8b"), ("status_class", "2xx")
+        req = ("policy", "compact"), ("model", "qwen3-8b"), ("status_class", "2xx"), ("api", "chat")
         assert values[("xrouter_requests_total", tuple(sorted(req)))] == 8
         assert values[("xrouter_tokens_total", (("kind", "prompt"), ("model", "qwen3-8b")))] == 800
         assert values[("xrouter_savings_usd_total", (("policy", "compact"),))] == pytest.approx(

@@ -804,6 +804,9 @@ def test_spend_per_end_user_across_the_three_apis(gw: Gateway) -> None:
     }  # fmt: skip
     for user, row in rows.items():
         assert row["total_cost_usd"] == pytest.approx(costs[user], abs=2e-6)
+    m = httpx.get(f"{gw.url}/metrics").text
+    for api in ("chat", "responses", "messages"):  # each API's requests are told apart
+        assert _metric(m, "xrouter_requests_total", api=api) >= 1, api
     one = httpx.get(
         f"{gw.url}/admin/spend", params={"group_by": "api", "user": "alice"}, headers=ADMIN
     )
