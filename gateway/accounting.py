@@ -116,7 +116,8 @@ def observe(
         copies = state.notes.get("query_copies", 0)
         if copies:
             metrics.query_copied(copies)
-        if any(o.error_kind == "budget" for o in state.outcomes) and rlog.status == 429:
+        calls = (*state.router_calls, *state.outcomes)  # a router turn may be refused too
+        if any(o.error_kind == "budget" for o in calls) and rlog.status == 429:
             metrics.budget_rejected(
                 "key" if rlog.error_type == "key_budget_exceeded" else "request"
             )

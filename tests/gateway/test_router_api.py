@@ -287,6 +287,8 @@ def test_a_keys_budget_pays_for_the_router_models_calls(
             )
         assert exc.value.body["code"] == "key_budget_exceeded"  # type: ignore[index]
         assert scripted_router.requests() == [] and spent(poor) == 0
+        m = httpx.get(f"{gw.url}/metrics").text
+        assert 'xrouter_budget_rejections_total{reason="key"} 1.0' in m
     finally:
         gw.stop()
 
