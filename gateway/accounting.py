@@ -77,6 +77,7 @@ def build_record(
         api=rlog.api,
         cached_from=rlog.cached_from,
         end_user=rlog.end_user,
+        tags=rlog.tags,
         calls=calls,
     )
 

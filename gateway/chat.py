@@ -289,6 +289,7 @@ class ChatService:
             rlog.messages = data["messages"]
             rlog.stream = req.stream
             rlog.end_user = end_user(req.user)
+            rlog.tags = req.xrouter.tags if req.xrouter is not None else None
             guard: KeyBudgetGuard | None = await self.hooks.admit(rlog, ctx)
             if self.cache is not None and not (req.stream and req.n > 1):
                 hit = await self._lookup(rt, data, req, who, resolved, rlog, ctx)

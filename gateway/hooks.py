@@ -49,6 +49,7 @@ class RequestLog:
     cache: CacheTicket | None = None  # the answer cache's view of this request, if it is on
     cached_from: str | None = None  # answered from the cache: the request that paid for it
     end_user: str | None = None  # the request's ``user`` (OpenAI) / ``metadata.user_id``
+    tags: list[str] | None = None  # ``xrouter.tags``
     finished: bool = False
 
     def overhead_ms(self, result: RouteResult | None) -> float:

@@ -58,6 +58,10 @@ class CacheControls(BaseModel):
     max_age_s: float | None = Field(default=None, ge=0)  # accept only answers this fresh
 
 
+MAX_TAGS = 16
+MAX_TAG_CHARS = 64
+
+
 class XRouterControls(BaseModel):
     """Per-request routing controls: ``"xrouter": {...}`` in the body."""
 
@@ -67,6 +71,21 @@ class XRouterControls(BaseModel):
     max_cost_usd: float | None = Field(default=None, gt=0)
     models: list[str] | None = Field(default=None, min_length=1)
     cache: CacheControls | None = None
+    # What the caller files the request under (a feature, a team, an experiment): spend per
+    # tag in /admin/spend. At most 16, each 1 to 64 characters.
+    tags: list[str] | None = Field(default=None, max_length=MAX_TAGS)
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        for tag in value:
+            if not tag or len(tag) > MAX_TAG_CHARS or "\x00" in tag:
+                raise ValueError(
+                    f"a tag is 1 to {MAX_TAG_CHARS} characters, without NUL characters"
+                )
+        return list(dict.fromkeys(value))  # repeats count once
 
 
 class ChatCompletionRequest(_Open):

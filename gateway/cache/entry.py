@@ -20,6 +20,7 @@ __all__ = ["CachedAnswer", "cache_key"]
 FORMAT_VERSION = 1
 # Transport fields: the same answer whether it is streamed or not.
 _NOT_KEYED = frozenset({"stream", "stream_options"})
+_NOT_KEYED_CONTROLS = frozenset({"cache", "tags"})
 
 
 def cache_key(
@@ -36,8 +37,9 @@ def cache_key(
     cache with different defaults must not share answers."""
     keyed = {k: v for k, v in data.items() if k not in _NOT_KEYED}
     controls = keyed.get("xrouter")
-    if isinstance(controls, dict) and "cache" in controls:
-        keyed["xrouter"] = {k: v for k, v in controls.items() if k != "cache"}
+    if isinstance(controls, dict) and _NOT_KEYED_CONTROLS.intersection(controls):
+        # The cache's own controls and the caller's filing tags do not change the answer.
+        keyed["xrouter"] = {k: v for k, v in controls.items() if k not in _NOT_KEYED_CONTROLS}
     material = {
         "v": FORMAT_VERSION,
         "scope": scope,

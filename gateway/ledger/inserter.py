@@ -1,6 +1,6 @@
 """One batch of ledger records into the database, in one transaction.
 
-Requests, calls and feedback go in as multi-row ``INSERT ... ON CONFLICT DO NOTHING`` on
+Requests, calls, feedback and tags go in as multi-row ``INSERT ... ON CONFLICT DO NOTHING`` on
 their natural keys, so inserting records that are already in (a replay after a lost
 acknowledgement or a crash) stores nothing twice. A batch the database refuses as invalid
 is not retried whole: each record is inserted on its own and the ones refused are returned,
@@ -37,7 +37,7 @@ class BatchInserter:
         dialect = engine.dialect.name
         self._tables = tuple(
             (insert_ignore(dialect, table), schema.TextFitter(table))
-            for table in (schema.requests, schema.calls, schema.feedback)
+            for table in (schema.requests, schema.calls, schema.feedback, schema.request_tags)
         )
 
     async def insert(self, records: Sequence[LedgerRecord]) -> list[tuple[LedgerRecord, str]]:

@@ -187,6 +187,19 @@ def _v7_key_routing(conn: sa.Connection) -> None:
     conn.execute(sa.text(f"ALTER TABLE api_keys ADD COLUMN routing {column_type}"))
 
 
+def _v8_request_tags(conn: sa.Connection) -> None:
+    """request_tags: the tags a request was filed under (frozen)."""
+    md = sa.MetaData()
+    sa.Table(
+        "request_tags",
+        md,
+        sa.Column("request_id", sa.String(64), primary_key=True),
+        sa.Column("tag", sa.String(64), primary_key=True),
+        sa.Index("ix_request_tags_tag", "tag"),
+    )
+    md.create_all(conn, checkfirst=False)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: requests, calls, feedback, api_keys", _v1_baseline),
     Migration(2, "router_deployments", _v2_router_deployments),
@@ -195,6 +208,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "api_keys.expires_at", _v5_key_expires_at),
     Migration(6, "requests.end_user", _v6_request_end_user),
     Migration(7, "api_keys.routing", _v7_key_routing),
+    Migration(8, "request_tags", _v8_request_tags),
 )
 
 

@@ -106,6 +106,7 @@ class RequestRecord:
     # Answered from the answer cache: the id of the request that paid for the answer.
     cached_from: str | None = None
     end_user: str | None = None  # the request's ``user``, made storable (see ``end_user``)
+    tags: list[str] | None = None  # ``xrouter.tags``
     calls: list[CallRecord] = field(default_factory=list)
     content: dict[str, Any] | None = None
 
@@ -231,13 +232,15 @@ def _utc(epoch: float) -> datetime:
     return datetime.fromtimestamp(epoch, tz=UTC)
 
 
-def build_rows(
-    records: Sequence[LedgerRecord], mode: ContentMode
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """Rows for the requests, calls and feedback tables."""
-    req_rows: list[dict[str, Any]] = []
-    call_rows: list[dict[str, Any]] = []
-    fb_rows: list[dict[str, Any]] = []
+Rows = list[dict[str, Any]]
+
+
+def build_rows(records: Sequence[LedgerRecord], mode: ContentMode) -> tuple[Rows, Rows, Rows, Rows]:
+    """Rows for the requests, calls, feedback and request_tags tables."""
+    req_rows: Rows = []
+    call_rows: Rows = []
+    fb_rows: Rows = []
+    tag_rows: Rows = []
     for record in records:
         if isinstance(record, FeedbackRecord):
             fb_rows.append(
@@ -298,4 +301,5 @@ def build_rows(
                     "fallback_from": c.fallback_from,
                 }
             )
-    return req_rows, call_rows, fb_rows
+        tag_rows.extend({"request_id": r.request_id, "tag": t} for t in dict.fromkeys(r.tags or ()))
+    return req_rows, call_rows, fb_rows, tag_rows

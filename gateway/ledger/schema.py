@@ -152,6 +152,16 @@ feedback = sa.Table(
     sa.Index("ix_feedback_request_id", "request_id"),
 )
 
+# A request's tags (``xrouter.tags``): what the caller files it under (a feature, a team, an
+# experiment), for spend per tag. One row per tag; the pair is unique, so a replay adds none.
+request_tags = sa.Table(
+    "request_tags",
+    metadata,
+    sa.Column("request_id", sa.String(64), primary_key=True),
+    sa.Column("tag", sa.String(64), primary_key=True),
+    sa.Index("ix_request_tags_tag", "tag"),
+)
+
 api_keys = sa.Table(
     "api_keys",
     metadata,

@@ -16,10 +16,10 @@ from typing import Any, Literal, get_args
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.ledger.schema import api_keys, calls, feedback, requests, utc_day
+from gateway.ledger.schema import api_keys, calls, feedback, request_tags, requests, utc_day
 from pricing import micros_to_usd
 
-GroupBy = Literal["key", "model", "policy", "day", "api", "user"]
+GroupBy = Literal["key", "model", "policy", "day", "api", "user", "tag"]
 GROUP_BY_CHOICES: tuple[str, ...] = get_args(GroupBy)
 TimeBound = datetime | float | int | str | None
 
@@ -31,6 +31,7 @@ _GROUP_FIELD = {
     "day": "day",
     "api": "api",
     "user": "user",
+    "tag": "tag",
 }
 _MONEY = ("total_cost_micros", "router_cost_micros", "downstream_cost_micros")
 
@@ -56,8 +57,10 @@ def request_filters(
     until: TimeBound = None,
     key_id: str | None = None,
     end_user: str | None = None,
+    tag: str | None = None,
 ) -> list[sa.ColumnElement[bool]]:
-    """WHERE clauses on ``requests``: ``since`` inclusive, ``until`` exclusive."""
+    """WHERE clauses on ``requests``: ``since`` inclusive, ``until`` exclusive; ``tag``: the
+    requests filed under it."""
     clauses: list[sa.ColumnElement[bool]] = []
     lo, hi = to_utc(since), to_utc(until)
     if lo is not None:
@@ -68,6 +71,11 @@ def request_filters(
         clauses.append(requests.c.key_id == key_id)
     if end_user is not None:
         clauses.append(requests.c.end_user == end_user)
+    if tag is not None:
+        tagged = sa.select(request_tags.c.request_id).where(
+            request_tags.c.request_id == requests.c.request_id, request_tags.c.tag == tag
+        )
+        clauses.append(tagged.exists())
     return clauses
 
 
@@ -90,9 +98,19 @@ def _group_column(name: str) -> sa.ColumnElement[Any]:
         return requests.c.api
     if name == "user":
         return requests.c.end_user
+    if name == "tag":
+        return request_tags.c.tag
     if name == "day":
         return utc_day(requests.c.created_at)
     return calls.c.model
+
+
+def _with_tags(source: sa.FromClause, groups: Sequence[str]) -> sa.FromClause:
+    """``source`` with each request's tags beside it when grouping by tag (untagged requests
+    kept, under None)."""
+    if "tag" not in groups:
+        return source
+    return source.outerjoin(request_tags, request_tags.c.request_id == requests.c.request_id)
 
 
 def _sum(col: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
@@ -121,20 +139,23 @@ async def spend_report(
     until: TimeBound = None,
     key_id: str | None = None,
     end_user: str | None = None,
+    tag: str | None = None,
 ) -> list[dict[str, Any]]:
     """Request counts, costs (micros and USD) and tokens per group.
 
     ``model`` groups the calls (``calls.model``, with the calls' own costs and tokens, and
     ``router``/``downstream`` split by call role); the other groupings read the requests.
-    ``day`` is the UTC date; ``user`` the end user a request named (None: none). With no
-    grouping the result is one row of totals. Requests
+    ``day`` is the UTC date; ``user`` the end user a request named (None: none); ``tag``
+    each tag a request was filed under (None: untagged) — a request with two tags counts
+    in both groups, so tag groups add up to more than the total. With no grouping the
+    result is one row of totals. Requests
     that made no call (refused before routing) cost nothing and only appear in the
     request-based groupings.
     """
     groups = _check_groups(group_by)
     fields = [_GROUP_FIELD[g] for g in groups]
     cols = [_group_column(g).label(f) for g, f in zip(groups, fields, strict=True)]
-    where = request_filters(since, until, key_id, end_user)
+    where = request_filters(since, until, key_id, end_user, tag)
     if "model" in groups:
         by_role = {
             role: _sum(sa.case((calls.c.role == role, calls.c.cost_micros), else_=0))
@@ -149,7 +170,9 @@ async def spend_report(
             by_role["downstream"].label("downstream_cost_micros"),
             _sum(calls.c.prompt_tokens).label("prompt_tokens"),
             _sum(calls.c.completion_tokens).label("completion_tokens"),
-        ).select_from(calls.join(requests, calls.c.request_id == requests.c.request_id))
+        ).select_from(
+            _with_tags(calls.join(requests, calls.c.request_id == requests.c.request_id), groups)
+        )
     else:
         query = sa.select(
             *cols,
@@ -160,7 +183,7 @@ async def spend_report(
             _sum(requests.c.downstream_cost_micros).label("downstream_cost_micros"),
             _sum(requests.c.prompt_tokens).label("prompt_tokens"),
             _sum(requests.c.completion_tokens).label("completion_tokens"),
-        )
+        ).select_from(_with_tags(requests, groups))
     if where:
         query = query.where(*where)
     if cols:

@@ -332,6 +332,7 @@ async def spend(request: Request) -> Response:
         until=_time(q.get("until"), "until"),
         key_id=q.get("key"),
         end_user=q.get("user"),
+        tag=q.get("tag"),
     )
     return _json({"group_by": group_by, "data": rows})
 

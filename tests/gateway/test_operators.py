@@ -891,3 +891,37 @@ def test_routing_defaults_are_checked_against_the_policies(gw: Gateway) -> None:
     assert r.status_code == 400 and r.json()["error"]["param"] == "routing.default_policy"
     r = httpx.patch(url, json={"routing": None, "allowed_policies": ["compact"]}, headers=ADMIN)
     assert r.status_code == 200 and r.json()["routing"] is None
+
+
+def test_spend_per_tag(gw: Gateway) -> None:
+    k = create_key(gw)
+    auth = {"Authorization": f"Bearer {k['key']}"}
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    sent = [
+        ("chat/completions", {"model": MODEL, "messages": question,
+                              "xrouter": {"tags": ["search", "beta"]}}),
+        ("chat/completions", {"model": MODEL, "messages": question,
+                              "xrouter": {"tags": ["search", "search"]}}),
+        ("messages", {"model": MODEL, "max_tokens": 64, "messages": question,
+                      "xrouter": {"tags": ["beta"]}}),
+        ("chat/completions", {"model": MODEL, "messages": question}),
+    ]  # fmt: skip
+    for path, body in sent:
+        r = httpx.post(f"{gw.base_url}/{path}", json=body, headers=auth, timeout=30)
+        assert r.status_code == 200, r.text
+    r = httpx.get(
+        f"{gw.url}/admin/spend", params={"group_by": "tag", "key": k["key_id"]}, headers=ADMIN
+    )
+    assert r.status_code == 200, r.text
+    counts = {row["tag"]: row["requests"] for row in r.json()["data"]}
+    assert counts == {"search": 2, "beta": 2, None: 1}  # a repeated tag counts once
+    r = httpx.get(
+        f"{gw.url}/admin/spend",
+        params={"group_by": "api", "key": k["key_id"], "tag": "beta"},
+        headers=ADMIN,
+    )
+    assert {row["api"]: row["requests"] for row in r.json()["data"]} == {"chat": 1, "messages": 1}
+    for tags in (["x" * 65], [""], [f"t{i}" for i in range(17)], "search"):
+        bad = chat(gw, k["key"], xrouter={"tags": tags})
+        assert bad.status_code == 400, (tags, bad.text)
+        assert bad.json()["error"]["param"].startswith("xrouter.tags"), bad.text

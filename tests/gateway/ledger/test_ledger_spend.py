@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from collections import defaultdict
@@ -24,6 +25,7 @@ KEYS = ["key_aaaa0001", "key_bbbb0002", None]
 POLICIES = ["compact", "llm", "passthrough"]
 MODELS = ["gpt-4o-mini", "claude-haiku", "llama-70b"]
 USERS = ["alice", "bob", None]
+TAGS: list[list[str] | None] = [None, ["search"], ["chat"], ["search", "chat"]]
 
 
 def dataset() -> list[RequestRecord]:
@@ -47,6 +49,7 @@ def dataset() -> list[RequestRecord]:
             )
         )
         out[-1].end_user = rng.choice(USERS)
+        out[-1].tags = rng.choice(TAGS)
         if i % 7 == 3:
             # Answered from the answer cache: no call, nothing paid, counted as a hit.
             hit = out[-1]
@@ -60,13 +63,21 @@ def expected_report(
     records: Sequence[RequestRecord], groups: Sequence[str]
 ) -> list[dict[str, Any]]:
     """The same report computed in Python from the records."""
-    field = {"key": "key_id", "policy": "policy", "day": "day", "model": "model", "user": "user"}
+    field = {
+        "key": "key_id",
+        "policy": "policy",
+        "day": "day",
+        "model": "model",
+        "user": "user",
+        "tag": "tag",
+    }
     acc: dict[tuple[Any, ...], dict[str, Any]] = defaultdict(lambda: defaultdict(int))
     seen: dict[tuple[Any, ...], set[str]] = defaultdict(set)
 
     def base(r: RequestRecord) -> dict[str, Any]:
         day = datetime.fromtimestamp(r.created_at, UTC).date().isoformat()
-        return {"key": r.key_id, "policy": r.policy, "day": day, "user": r.end_user}
+        tag = r.tags[0] if r.tags else None  # see by_tag: one tag per record here
+        return {"key": r.key_id, "policy": r.policy, "day": day, "user": r.end_user, "tag": tag}
 
     for r in records:
         if "model" in groups:
@@ -160,6 +171,32 @@ async def test_every_grouping_matches_and_reconciles_to_the_micro_dollar(
         assert days == ["2025-03-10", "2025-03-11", "2025-03-12"]
     finally:
         await engine.dispose()
+
+
+def by_tag(records: Sequence[RequestRecord]) -> list[RequestRecord]:
+    """Each record once per tag it has (once, untagged, without any): how tag groups count."""
+    return [
+        dataclasses.replace(r, tags=[t] if t else None) for r in records for t in (r.tags or [None])
+    ]
+
+
+async def test_tag_groups_count_a_request_under_each_of_its_tags(
+    engine: AsyncEngine, loaded: list[RequestRecord]
+) -> None:
+    assert any(r.tags and len(r.tags) == 2 for r in loaded) and any(not r.tags for r in loaded)
+    for groups in (["tag"], ["tag", "key"], ["day", "tag"], ["tag", "model"]):
+        report = strip_usd(await spend_report(engine, groups))  # type: ignore[arg-type]
+        assert report == expected_report(by_tag(loaded), groups), groups
+    tagged = [r for r in loaded if r.tags and "search" in r.tags]
+    only = strip_usd(await spend_report(engine, ["key"], tag="search"))
+    assert only == expected_report(tagged, ["key"])
+    assert await spend_report(engine, [], tag="nobody-uses-this") == [
+        {
+            "requests": 0, "cache_hits": 0, "total_cost_micros": 0, "router_cost_micros": 0,
+            "downstream_cost_micros": 0, "prompt_tokens": 0, "completion_tokens": 0,
+            "total_cost_usd": 0.0, "router_cost_usd": 0.0, "downstream_cost_usd": 0.0,
+        }
+    ]  # fmt: skip
 
 
 async def test_filters_and_totals(engine: AsyncEngine, loaded: list[RequestRecord]) -> None:
