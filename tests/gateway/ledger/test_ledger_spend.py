@@ -175,8 +175,11 @@ async def test_every_grouping_matches_and_reconciles_to_the_micro_dollar(
 
 def by_tag(records: Sequence[RequestRecord]) -> list[RequestRecord]:
     """Each record once per tag it has (once, untagged, without any): how tag groups count."""
+    untagged: list[str | None] = [None]
     return [
-        dataclasses.replace(r, tags=[t] if t else None) for r in records for t in (r.tags or [None])
+        dataclasses.replace(r, tags=[t] if t else None)
+        for r in records
+        for t in (r.tags or untagged)
     ]
 
 
