@@ -177,7 +177,10 @@ def _v6_request_end_user(conn: sa.Connection) -> None:
     """requests.end_user: the caller's end user, for spend per end user (frozen)."""
     conn.execute(sa.text("ALTER TABLE requests ADD COLUMN end_user VARCHAR(255)"))
     conn.execute(
-        sa.text("CREATE INDEX ix_requests_end_user_created_at ON requests (end_user, created_at)")
+        sa.text(
+            "CREATE INDEX ix_requests_end_user_created_at ON requests (end_user, created_at) "
+            "WHERE end_user IS NOT NULL"
+        )
     )
 
 
