@@ -130,6 +130,9 @@ class GatewayMetrics:
         self.registry = registry
         self._model = _KnownLabel(models)
         self._policy = _KnownLabel(policies)
+        # Deployment names come from the config (bounded by it); the room caps a config
+        # that keeps changing them across reloads.
+        self._deployment = _FirstComeLabel(extra=64)
         # Presets: the vocabularies of router.providers.errors.ErrorKind and the ledger
         # writer's sink; anything new still gets a series, up to the first-come room.
         self._error_kind = _FirstComeLabel(
@@ -238,6 +241,13 @@ class GatewayMetrics:
             "xrouter_upstream_errors",
             "Failed downstream calls.",
             ["model", "kind"],
+            registry=r,
+        )
+        self._deployment_calls = Counter(
+            "xrouter_deployment_calls",
+            "Calls to the deployments of models served in several places, by outcome (ok, "
+            "error): how the load spreads, and which deployment fails.",
+            ["model", "deployment", "outcome"],
             registry=r,
         )
         self._fallbacks = Counter(
@@ -437,6 +447,12 @@ class GatewayMetrics:
 
     def circuit(self, model: str, is_open: bool) -> None:
         self._circuit_open.labels(model=self._model(model)).set(1 if is_open else 0)
+
+    def deployment_call(self, model: str, deployment: str, ok: bool) -> None:
+        outcome = "ok" if ok else "error"
+        self._child(
+            self._deployment_calls, self._model(model), self._deployment(deployment), outcome
+        ).inc()
 
     def fallback(self, model: str) -> None:
         self._fallbacks.labels(model=self._model(model)).inc()

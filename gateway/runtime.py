@@ -17,6 +17,7 @@ from router.loop import Orchestrator
 from router.policies.baselines import CascadePolicy, CheapestPolicy, FixedPolicy, RandomPolicy
 from router.policy import Policy
 from router.pool import ModelPool, PoolModel
+from router.providers.balance import DeploymentBalancer
 from router.providers.client import CallEvents, DownstreamClient
 
 log = logging.getLogger(__name__)
@@ -159,10 +160,14 @@ def build_runtime(
         # Circuits survive a reload: a model that was failing a moment ago still is.
         client = previous.client.with_pool(pool)
         client.breakers.config = breaker
+        client.balancer.cooldown_s = settings.router.deployment_cooldown_s
     else:
         on_change = events.on_circuit if events is not None else None
         client = DownstreamClient(
-            pool, events=events, breakers=CircuitBreakers(breaker, on_change=on_change)
+            pool,
+            events=events,
+            breakers=CircuitBreakers(breaker, on_change=on_change),
+            balancer=DeploymentBalancer(settings.router.deployment_cooldown_s),
         )
     orchestrator = Orchestrator(ProviderExecutor(client))
     policies: dict[str, Policy] = {

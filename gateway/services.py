@@ -37,6 +37,10 @@ class _MetricEvents:
         if self._s.metrics is not None:
             self._s.metrics.upstream_error(model, kind)
 
+    def on_deployment(self, model: str, deployment: str, ok: bool) -> None:
+        if self._s.metrics is not None:
+            self._s.metrics.deployment_call(model, deployment, ok)
+
     def on_circuit(self, model: str, state: str) -> None:
         if self._s.metrics is not None:
             self._s.metrics.circuit(model, state != "closed")

@@ -177,6 +177,9 @@ class RouterSettings(_Section):
     cascade_check: Literal["nonempty", "agreement"] = "agreement"
     llm: LLMRouterSettings = LLMRouterSettings()
     circuit_breaker: CircuitBreakerSettings = CircuitBreakerSettings()
+    # A deployment (pool entry `deployments:`) whose call failed is passed over for this long
+    # while the model's other deployments can take its calls.
+    deployment_cooldown_s: float = Field(default=5.0, gt=0, le=3600)
 
 
 class PricingSettings(_Section):

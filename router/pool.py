@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from pricing import CatalogError, ModelPrice, PriceCatalog
 from router.modalities import Modality, accepts
@@ -36,6 +38,24 @@ OPENAI_COMPATIBLE = frozenset(
 # Idle upstream connections are reused for this long by default; see
 # ``PoolModelConfig.keep_alive_s``.
 DEFAULT_KEEP_ALIVE_S = 4.0
+
+
+class DeploymentConfig(BaseModel):
+    """One place a pool model is served (a vLLM replica, a second provider account, another
+    region). The router picks the model; the gateway picks among its deployments."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    api_base: str
+    api_key: SecretStr | None = None  # None: the pool entry's
+    model: str | None = None  # the upstream's id for the model, when it differs
+    max_concurrency: int | None = Field(default=None, ge=1)  # None: the pool entry's
+    # Its name in metrics and logs (bounded by the config); default: the api_base's host.
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,63}$")
+
+    @property
+    def label(self) -> str:
+        return self.name or (urlsplit(self.api_base).netloc or self.api_base)[:64]
 
 
 class PoolModelConfig(BaseModel):
@@ -69,6 +89,22 @@ class PoolModelConfig(BaseModel):
     # What the model can read: text, image, audio. Unset: not declared, any request may be
     # routed to it; set: requests carrying other kinds of input are not.
     input_modalities: tuple[Modality, ...] | None = None
+    # Several deployments of this model: calls are balanced between them (the least busy
+    # first), a deployment that fails is skipped for router.deployment_cooldown_s, and a
+    # failed call is retried on another. Each deployment has its own api_base (the entry's
+    # own api_base is then not set); api_key, model id and concurrency default to the entry's.
+    deployments: tuple[DeploymentConfig, ...] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _deployments(self) -> PoolModelConfig:
+        if self.deployments is None:
+            return self
+        if self.api_base is not None:
+            raise ValueError("give api_base per deployment, not on a pool entry with deployments")
+        labels = [d.label for d in self.deployments]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"deployment names must differ (set `name:`): {labels}")
+        return self
 
     @field_validator("input_modalities")
     @classmethod
@@ -104,9 +140,18 @@ class PoolModel:
     description: str
     input_modalities: frozenset[Modality] | None = None
     keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
+    # The model as each of its deployments serves it (same name and price; their own
+    # api_base, key, upstream id, concurrency, and ``deployment`` label); () for one.
+    deployments: tuple[PoolModel, ...] = ()
+    deployment: str | None = None
 
     def accepts(self, needed: frozenset[Modality]) -> bool:
         return accepts(self.input_modalities, needed)
+
+    @property
+    def targets(self) -> tuple[PoolModel, ...]:
+        """Where a call to this model may go: its deployments, or the model itself."""
+        return self.deployments or (self,)
 
     @property
     def litellm_model(self) -> str:
@@ -117,6 +162,27 @@ class PoolModel:
         provider, sep, upstream = cfg.model.partition("/")
         if not sep:
             provider, upstream = "openai", cfg.model
+        if cfg.deployments:
+            # Resolved against the first deployment's api_base (the transport depends on
+            # having one), then once per deployment.
+            first = cfg.deployments[0]
+            base = cls.from_config(
+                cfg.model_copy(update={"deployments": None, "api_base": first.api_base}), catalog
+            )
+            return dataclasses.replace(
+                base,
+                deployments=tuple(
+                    dataclasses.replace(
+                        base,
+                        api_base=d.api_base.rstrip("/"),
+                        api_key=d.api_key.get_secret_value() if d.api_key else base.api_key,
+                        upstream_model=d.model or base.upstream_model,
+                        max_concurrency=d.max_concurrency or base.max_concurrency,
+                        deployment=d.label,
+                    )
+                    for d in cfg.deployments
+                ),
+            )
         price = cfg.price
         if price is None:
             price = catalog.get(cfg.name) or catalog.get(cfg.model) or catalog.get(upstream)

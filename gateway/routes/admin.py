@@ -384,6 +384,8 @@ async def router_state(request: Request) -> Response:
             "worker": os.getpid(),
             # Models whose circuit breaker is not closed, in the worker that answered.
             "circuits": {m: rt.client.breakers.state(m) for m in rt.client.breakers.open_models()},
+            # Deployments passed over after a failure, in the worker that answered.
+            "deployments_cooling": rt.client.balancer.cooling(),
         }
     )
 

@@ -7,11 +7,13 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol, cast
 
 from pricing import TokenUsage, tokens_for_chars
 from router.health import BreakerConfig, CircuitBreakers
 from router.pool import ModelPool, PoolModel
+from router.providers.balance import DeploymentBalancer
 from router.providers.base import Provider, StreamStats
 from router.providers.errors import ProviderError, retry_delay
 from router.providers.litellm_provider import LiteLLMProvider
@@ -22,12 +24,14 @@ log = logging.getLogger(__name__)
 
 
 class CallEvents(Protocol):
-    """Where the client reports what happened (the gateway implements it with Prometheus)."""
+    """Where the client reports what happened (the gateway implements it with Prometheus).
+    ``on_deployment`` is reported for models with several deployments only."""
 
     def on_retry(self, model: str, kind: str) -> None: ...
     def on_fallback(self, model: str) -> None: ...
     def on_upstream_error(self, model: str, kind: str) -> None: ...
     def on_circuit(self, model: str, state: str) -> None: ...
+    def on_deployment(self, model: str, deployment: str, ok: bool) -> None: ...
 
 
 class NullEvents:
@@ -41,6 +45,9 @@ class NullEvents:
         pass
 
     def on_circuit(self, model: str, state: str) -> None:
+        pass
+
+    def on_deployment(self, model: str, deployment: str, ok: bool) -> None:
         pass
 
 
@@ -115,6 +122,7 @@ class DownstreamClient:
         backoff_max_s: float = 2.0,
         sleep: Callable[[float], Any] = asyncio.sleep,
         breakers: CircuitBreakers | None = None,
+        balancer: DeploymentBalancer | None = None,
     ) -> None:
         self.pool = pool
         self.events: CallEvents = events or NullEvents()
@@ -124,7 +132,12 @@ class DownstreamClient:
             "native": NativeOpenAIProvider(),
             "litellm": LiteLLMProvider(),
         }
-        self._sem = {m.name: asyncio.Semaphore(m.max_concurrency) for m in pool}
+        self.balancer = balancer or DeploymentBalancer()
+        self._sem = {
+            (t.name, t.deployment): asyncio.Semaphore(t.max_concurrency)
+            for m in pool
+            for t in m.targets
+        }
         self._backoff_base = backoff_base_s
         self._backoff_max = backoff_max_s
         self._sleep = sleep
@@ -140,6 +153,7 @@ class DownstreamClient:
             backoff_max_s=self._backoff_max,
             sleep=self._sleep,
             breakers=self.breakers,
+            balancer=self.balancer,
         )
 
     def _warn_no_usage(self, model: str) -> None:
@@ -186,6 +200,24 @@ class DownstreamClient:
     def _delay(self, attempt: int, err: ProviderError) -> float:
         return retry_delay(attempt, err, self._backoff_base, self._backoff_max)
 
+    def _deployment_done(self, target: PoolModel, err: ProviderError | None) -> None:
+        """Book a deployment's call: a retryable failure (another deployment may not share
+        it) cools it down, a success ends its cooldown."""
+        if target.deployment is None:
+            return
+        if err is None:
+            self.balancer.succeeded(target)
+        elif err.retryable:
+            self.balancer.failed(target)
+        self.events.on_deployment(target.name, target.deployment, err is None)
+
+    async def _retry_pause(
+        self, model: PoolModel, tried: set[str | None], attempt: int, err: ProviderError
+    ) -> None:
+        # Another deployment not tried yet is called at once; the same one after a backoff.
+        if not any(t.deployment not in tried for t in model.targets):
+            await self._sleep(self._delay(attempt, err))
+
     async def complete(self, name: str, body: dict[str, Any]) -> CallResult:
         """Call ``name``, retrying retryable failures, then each fallback in turn."""
         errors: list[ProviderError] = []
@@ -195,21 +227,30 @@ class DownstreamClient:
                 self.events.on_fallback(name)
                 log.info("falling back from %s to %s", name, model.name)
             provider = self._providers[model.transport]
-            req = upstream_body(model, body)
-            for attempt in range(model.max_retries + 1):
+            tried: set[str | None] = set()
+            tries = _attempts(model)
+            for attempt in range(tries):
                 if self._short_circuit(model, errors):
                     break
                 attempts += 1
+                target = self.balancer.pick(model, tried)
+                tried.add(target.deployment)
+                req = upstream_body(target, body)
+                self.balancer.started(target)
                 try:
-                    async with self._sem[model.name]:
-                        resp = await provider.complete(model, req)
+                    async with self._sem[(target.name, target.deployment)]:
+                        resp = await provider.complete(target, req)
                 except ProviderError as err:
+                    self._deployment_done(target, err)
                     self._failed(model, err, errors)
-                    if not err.retryable or attempt == model.max_retries:
+                    if not err.retryable or attempt == tries - 1:
                         break
                     self.events.on_retry(model.name, err.kind)
-                    await self._sleep(self._delay(attempt, err))
+                    await self._retry_pause(model, tried, attempt, err)
                     continue
+                finally:
+                    self.balancer.finished(target)
+                self._deployment_done(target, None)
                 self.breakers.record_success(model.name)
                 if not resp.usage_reported:
                     self._warn_no_usage(model.name)
@@ -234,22 +275,31 @@ class DownstreamClient:
             if i > 0:
                 self.events.on_fallback(name)
             provider = self._providers[model.transport]
-            req = upstream_body(model, body)
-            req["stream"] = True
-            # Ask for usage so cost comes from the provider, never from counting characters.
-            req["stream_options"] = {**(req.get("stream_options") or {}), "include_usage": True}
-            for attempt in range(model.max_retries + 1):
+            tried: set[str | None] = set()
+            tries = _attempts(model)
+            for attempt in range(tries):
                 if self._short_circuit(model, errors):
                     break
                 attempts += 1
+                target = self.balancer.pick(model, tried)
+                tried.add(target.deployment)
+                req = upstream_body(target, body)
+                req["stream"] = True
+                # Ask for usage so cost comes from the provider, never from counting characters.
+                req["stream_options"] = {
+                    **(req.get("stream_options") or {}),
+                    "include_usage": True,
+                }
                 stats = StreamStats()
-                sem = self._sem[model.name]
+                sem = self._sem[(target.name, target.deployment)]
                 await sem.acquire()
-                gen = provider.stream(model, req, stats)
+                self.balancer.started(target)
+                gen = provider.stream(target, req, stats)
                 try:
                     first = await gen.__anext__()
                 except StopAsyncIteration:
                     sem.release()
+                    self.balancer.finished(target)
                     err = ProviderError(
                         "bad_response",
                         f"upstream {model.name} sent an empty stream",
@@ -257,27 +307,31 @@ class DownstreamClient:
                     )
                 except ProviderError as e:
                     sem.release()
+                    self.balancer.finished(target)
                     err = e
                 except BaseException:
                     sem.release()
+                    self.balancer.finished(target)
                     await _close(gen)
                     raise
                 else:
+                    self._deployment_done(target, None)
                     self.breakers.record_success(model.name)
                     return StreamCall(
-                        model=model,
-                        chunks=_rest(first, gen, sem),
+                        model=target,
+                        chunks=_rest(first, gen, sem, partial(self.balancer.finished, target)),
                         stats=stats,
                         attempts=attempts,
                         fallback_from=name if model.name != name else None,
                         errors=errors,
                         request=req,
                     )
+                self._deployment_done(target, err)
                 self._failed(model, err, errors)
-                if not err.retryable or attempt == model.max_retries:
+                if not err.retryable or attempt == tries - 1:
                     break
                 self.events.on_retry(model.name, err.kind)
-                await self._sleep(self._delay(attempt, err))
+                await self._retry_pause(model, tried, attempt, err)
         raise errors[-1]
 
     async def aclose(self) -> None:
@@ -285,8 +339,16 @@ class DownstreamClient:
             await p.aclose()
 
 
+def _attempts(model: PoolModel) -> int:
+    """Tries of one model per call: its retries, and at least one per deployment."""
+    return max(model.max_retries + 1, len(model.deployments))
+
+
 async def _rest(
-    first: dict[str, Any], gen: AsyncIterator[dict[str, Any]], sem: asyncio.Semaphore
+    first: dict[str, Any],
+    gen: AsyncIterator[dict[str, Any]],
+    sem: asyncio.Semaphore,
+    done: Callable[[], None],
 ) -> AsyncIterator[dict[str, Any]]:
     try:
         yield first
@@ -294,6 +356,7 @@ async def _rest(
             yield chunk
     finally:
         sem.release()
+        done()
         # Closing the upstream generator closes the HTTP response: a client that disconnects
         # cancels the upstream call instead of letting it run to the end.
         await _close(gen)

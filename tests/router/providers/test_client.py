@@ -65,6 +65,7 @@ class Events:
         self.retries: list[tuple[str, str]] = []
         self.fallbacks: list[str] = []
         self.errors: list[tuple[str, str]] = []
+        self.deployments: list[tuple[str, str, bool]] = []
 
     def on_retry(self, m: str, kind: str) -> None:
         self.retries.append((m, kind))
@@ -79,6 +80,9 @@ class Events:
         # Part of CallEvents, but the client never calls it: circuit changes reach the
         # gateway through CircuitBreakers(on_change=...), which these tests do not wire.
         pass
+
+    def on_deployment(self, m: str, deployment: str, ok: bool) -> None:
+        self.deployments.append((m, deployment, ok))
 
 
 def make(
