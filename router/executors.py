@@ -88,6 +88,7 @@ class ProviderExecutor:
             latency_ms=r.latency_ms,
             attempts=r.attempts,
             fallback_from=r.fallback_from,
+            deployment=r.deployment,
         )
 
     async def open_stream(self, ctx: RouteContext, call: ToolCall, turn: int) -> _ProviderStream:
@@ -123,6 +124,7 @@ class _ProviderStream:
             ttft_ms=st.ttft_ms,
             attempts=self.sc.attempts,
             fallback_from=self.sc.fallback_from,
+            deployment=self.sc.model.deployment,
             error=None
             if complete
             else "stream ended before it finished; usage estimated from what was generated",

@@ -87,6 +87,7 @@ class CallOutcome:
     error_kind: str | None = None
     attempts: int = 1
     fallback_from: str | None = None
+    deployment: str | None = None  # the model's deployment that answered, if it has several
 
     @property
     def text(self) -> str:

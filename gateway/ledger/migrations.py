@@ -203,6 +203,11 @@ def _v8_request_tags(conn: sa.Connection) -> None:
     md.create_all(conn, checkfirst=False)
 
 
+def _v9_call_deployment(conn: sa.Connection) -> None:
+    """calls.deployment: which deployment of a model served the call (frozen)."""
+    conn.execute(sa.text("ALTER TABLE calls ADD COLUMN deployment VARCHAR(64)"))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: requests, calls, feedback, api_keys", _v1_baseline),
     Migration(2, "router_deployments", _v2_router_deployments),
@@ -212,6 +217,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, "requests.end_user", _v6_request_end_user),
     Migration(7, "api_keys.routing", _v7_key_routing),
     Migration(8, "request_tags", _v8_request_tags),
+    Migration(9, "calls.deployment", _v9_call_deployment),
 )
 
 

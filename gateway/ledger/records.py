@@ -65,6 +65,7 @@ class CallRecord:
     latency_ms: float
     attempts: int = 1
     fallback_from: str | None = None
+    deployment: str | None = None  # which deployment of ``model`` served it, if several
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -299,6 +300,7 @@ def build_rows(records: Sequence[LedgerRecord], mode: ContentMode) -> tuple[Rows
                     "latency_ms": float(c.latency_ms),
                     "attempts": int(c.attempts),
                     "fallback_from": c.fallback_from,
+                    "deployment": c.deployment,
                 }
             )
         tag_rows.extend({"request_id": r.request_id, "tag": t} for t in dict.fromkeys(r.tags or ()))

@@ -140,6 +140,8 @@ calls = sa.Table(
     sa.Column("latency_ms", sa.Float(), nullable=False),
     sa.Column("attempts", sa.Integer(), nullable=False),
     sa.Column("fallback_from", sa.String(255), nullable=True),
+    # Which of the model's deployments served the call (pool ``deployments:``), if several.
+    sa.Column("deployment", sa.String(64), nullable=True),
     sa.UniqueConstraint("request_id", "seq", name="uq_calls_request_id_seq"),
     sa.Index("ix_calls_request_id", "request_id"),
 )

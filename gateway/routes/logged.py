@@ -137,6 +137,7 @@ def _generation(row: dict[str, Any], calls: list[dict[str, Any]]) -> dict[str, A
                 "latency_ms": c["latency_ms"],
                 "attempts": c["attempts"],
                 "fallback_from": c["fallback_from"],
+                "deployment": c["deployment"],
             }
             for c in calls
         ],

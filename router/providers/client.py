@@ -61,6 +61,7 @@ class CallResult:
     attempts: int
     fallback_from: str | None = None
     errors: list[ProviderError] = field(default_factory=list)
+    deployment: str | None = None  # which of the model's deployments answered, if several
 
 
 @dataclass(slots=True)
@@ -263,6 +264,7 @@ class DownstreamClient:
                     attempts=attempts,
                     fallback_from=name if model.name != name else None,
                     errors=errors,
+                    deployment=target.deployment,
                 )
         raise errors[-1]
 

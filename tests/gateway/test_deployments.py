@@ -88,11 +88,15 @@ def test_a_failing_deployment_is_retried_elsewhere_and_left_alone(
 ) -> None:
     replicas["a"].fault(MODEL, "status=503", count=100)
     c = openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0)
-    attempts = []
+    attempts, where = [], []
     for _ in range(12):
         r = c.chat.completions.create(model=MODEL, messages=QUESTION)
         logged = httpx.get(f"{gw.base_url}/generation", params={"id": r.id}).json()["data"]
         attempts.append(logged["calls"][0]["attempts"])
+        # The ledger and the response both say which deployment served the call.
+        where.append(logged["calls"][0]["deployment"])
+        assert (r.model_extra or {})["xrouter"]["calls"][0]["deployment"] == where[-1]
+    assert set(where) == {"b"}
     # At most one call met the failing deployment (its retry went to the other, at once);
     # after that it cooled down and every call went straight to the healthy one.
     assert served(replicas)["a"] <= 1 and served(replicas)["b"] == 12
