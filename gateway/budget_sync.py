@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.ledger.spend import budget_spend
 from gateway.limits.windows import PeriodWindow, period_window
+from gateway.periodic import OutageLog, Periodic
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -65,9 +66,13 @@ class BudgetSync:
         self._flush = flush
         self._metrics = metrics
         self._clock = clock
-        self._task: asyncio.Task[None] | None = None
+        self._task = Periodic("xrouter-budget-sync", interval_s, self.check)
         self._restored_once = False
-        self._error: str | None = None  # the last failure, so an outage is logged once
+        self._outage = OutageLog(
+            log,
+            "budgets: restoring spend counters from the ledger failed",
+            "budgets: the spend counters are restored again",
+        )
 
     async def start(self) -> None:
         """Restore what the store lacks (waiting for the ledger's journal first), then keep
@@ -75,33 +80,25 @@ class BudgetSync:
         serves, and the periodic check tries again."""
         await self._flush_ledger()
         await self.check()
-        self._task = asyncio.create_task(self._run(), name="xrouter-budget-sync")
+        self._task.start()
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            await self.check()
+        await self._task.aclose()
 
     async def check(self) -> bool:
         """Restore every budgeted key if the store lost its counters; True if it did."""
         try:
             if await self.store.spend_restored():
-                self._recovered()
+                self._outage.recovered()
                 return False
             trigger = "store_lost" if self._restored_once else "startup"
             restored = await self.restore_all()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self._failed(exc)
+            self._outage.failed(exc)
             return False
-        self._recovered()
+        self._outage.recovered()
         if trigger == "store_lost":
             log.warning(
                 "budgets: the limit store lost its spend counters; restored %d key(s) from "
@@ -162,16 +159,3 @@ class BudgetSync:
     def _count(self, trigger: str) -> None:
         if self._metrics is not None:
             self._metrics.budget_restored(trigger)
-
-    def _failed(self, exc: BaseException) -> None:
-        from gateway.ledger.store import describe_error
-
-        message = describe_error(exc)
-        if message != self._error:
-            log.error("budgets: restoring spend counters from the ledger failed: %s", message)
-        self._error = message
-
-    def _recovered(self) -> None:
-        if self._error is not None:
-            log.info("budgets: the spend counters are restored again")
-            self._error = None

@@ -25,6 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.ledger.schema import requests
+from gateway.periodic import OutageLog, Periodic
 
 log = logging.getLogger(__name__)
 
@@ -77,22 +78,18 @@ class ContentRetention:
         self.interval_s = interval_s
         self._metrics = metrics
         self._clock = clock
-        self._task: asyncio.Task[None] | None = None
-        self._error: str | None = None
+        self._task = Periodic(
+            "xrouter-content-retention", interval_s, self.run_once, first_now=True
+        )
+        self._outage = OutageLog(
+            log, "ledger: dropping old content failed", "ledger: dropping old content works again"
+        )
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="xrouter-content-retention")
+        self._task.start()
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
-
-    async def _run(self) -> None:
-        while True:
-            await self.run_once()
-            await asyncio.sleep(self.interval_s)
+        await self._task.aclose()
 
     async def run_once(self) -> int:
         cutoff = self._clock() - timedelta(days=self.days)
@@ -101,16 +98,9 @@ class ContentRetention:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            from gateway.ledger.store import describe_error
-
-            message = describe_error(exc)
-            if message != self._error:
-                log.error("ledger: dropping old content failed: %s", message)
-            self._error = message
+            self._outage.failed(exc)
             return 0
-        if self._error is not None:
-            log.info("ledger: dropping old content works again")
-            self._error = None
+        self._outage.recovered()
         if dropped:
             log.info(
                 "ledger: dropped the content of %d request(s) older than %g days",
