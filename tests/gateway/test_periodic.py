@@ -12,9 +12,12 @@ from gateway.periodic import OutageLog, Periodic
 
 async def test_a_step_runs_every_interval_until_closed() -> None:
     runs: list[float] = []
+    enough = asyncio.Event()
 
     async def step() -> None:
         runs.append(asyncio.get_running_loop().time())
+        if len(runs) >= 6:
+            enough.set()
 
     later = Periodic("later", 0.02, step)
     now = Periodic("now", 0.02, step, first_now=True)
@@ -24,8 +27,7 @@ async def test_a_step_runs_every_interval_until_closed() -> None:
     assert len(runs) == 1  # first_now: at once
     later.start()
     async with asyncio.timeout(5):
-        while len(runs) < 6:  # both keep running
-            await asyncio.sleep(0.01)
+        await enough.wait()  # both keep running
     await now.aclose()
     await later.aclose()
     count = len(runs)
