@@ -62,7 +62,6 @@ class BudgetSync:
         self.store = store
         self.keys = keys
         self.engine = engine
-        self.interval_s = interval_s
         self._flush = flush
         self._metrics = metrics
         self._clock = clock

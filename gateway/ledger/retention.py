@@ -75,7 +75,6 @@ class ContentRetention:
     ) -> None:
         self.engine = engine
         self.days = days
-        self.interval_s = interval_s
         self._metrics = metrics
         self._clock = clock
         self._task = Periodic(

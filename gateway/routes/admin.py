@@ -21,7 +21,7 @@ from starlette.responses import Response
 
 from gateway.errors import APIError, bad_request
 from gateway.ledger.keys import DuplicateAliasError, KeyInfo, KeyNotFoundError
-from gateway.ledger.spend import GROUP_BY_CHOICES, GroupBy, spend_report
+from gateway.ledger.spend import GROUP_BY_CHOICES, GroupBy, spend_report, to_utc
 from gateway.routes.openai import read_body, services
 from gateway.services import Services
 from pricing import usd_to_micros
@@ -57,32 +57,29 @@ _DURATION_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 MAX_DURATION_S = 100 * 365 * 86400
 
 
-def _duration(value: str | None) -> str | None:
-    if value is None:
-        return None
+def _duration_s(value: str) -> int:
+    """Seconds in a duration (``30s``, ``15m``, ``12h``, ``30d``, ``2w``)."""
     m = _DURATION.match(value)
     if m is None:
         raise ValueError("a duration is a number and a unit: 30s, 15m, 12h, 30d or 2w")
-    if int(m[1]) * _DURATION_S[m[2]] > MAX_DURATION_S:
+    seconds = int(m[1]) * _DURATION_S[m[2]]
+    if seconds > MAX_DURATION_S:
         raise ValueError("at most 100 years; leave expires_at unset for a key that never expires")
+    return seconds
+
+
+def _duration(value: str | None) -> str | None:
+    if value is not None:
+        _duration_s(value)
     return value
-
-
-def _utc(value: dt.datetime | None) -> dt.datetime | None:
-    if value is None:
-        return None
-    return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
 
 
 def expiry(expires_at: dt.datetime | None, duration: str | None) -> dt.datetime | None:
     """When a key made or changed now expires: ``expires_at`` (naive = UTC), or ``duration``
     from now (as LiteLLM's key ``duration``)."""
     if duration is not None:
-        m = _DURATION.match(duration)
-        assert m is not None  # validated with the body
-        seconds = int(m[1]) * _DURATION_S[m[2]]
-        return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds)
-    return _utc(expires_at)
+        return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=_duration_s(duration))
+    return to_utc(expires_at)
 
 
 class _Expiry(BaseModel):
