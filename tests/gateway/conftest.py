@@ -120,6 +120,15 @@ def gateway(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Ite
     gw.stop()
 
 
+@pytest.fixture(scope="module")
+def secured(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """The module's gateway with authentication on (admin key ``ADMIN_KEY``)."""
+    tmp = tmp_path_factory.mktemp("secured")
+    gw = start_gateway(tmp, gateway_config(tmp, upstream.base_url, auth={"enabled": True}))
+    yield gw
+    gw.stop()
+
+
 @pytest.fixture(autouse=True)
 def _clean_upstream(request: pytest.FixtureRequest) -> None:
     if "upstream" in request.fixturenames:

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
-import pytest
 
 from tests.gateway.conftest import Upstream
 from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
@@ -30,14 +28,6 @@ def wait_for_ledger(gw: Gateway, check: str) -> str:
         if check in page or time.monotonic() > deadline:
             return page
         time.sleep(0.1)
-
-
-@pytest.fixture(scope="module")
-def secured(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    tmp = tmp_path_factory.mktemp("dashboard")
-    gw = start_gateway(tmp, gateway_config(tmp, upstream.base_url, auth={"enabled": True}))
-    yield gw
-    gw.stop()
 
 
 def test_open_when_auth_is_off_and_shows_what_was_spent(gateway: Gateway) -> None:

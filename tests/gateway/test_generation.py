@@ -4,7 +4,6 @@ ledger by any id its response carried (as OpenRouter's generation stats)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -13,8 +12,8 @@ import openai
 import pytest
 
 from router.outcomes import OutcomeRecord
-from tests.gateway.conftest import Upstream, abandon_stream, longest_answer
-from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
+from tests.gateway.conftest import abandon_stream, longest_answer
+from tests.support.gateway import ADMIN_KEY, Gateway
 from tests.support.sdk import extra
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -123,15 +122,6 @@ def test_bad_and_unknown_ids(
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert err["param"] == "id" and (code is None or err["code"] == code)
-
-
-@pytest.fixture(scope="module")
-def secured(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    tmp = tmp_path_factory.mktemp("generation")
-    cfg = gateway_config(tmp, upstream.base_url, auth={"enabled": True, "admin_key": ADMIN_KEY})
-    gw = start_gateway(tmp, cfg)
-    yield gw
-    gw.stop()
 
 
 def test_only_the_key_that_made_a_request_reads_it(secured: Gateway) -> None:

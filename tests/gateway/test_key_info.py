@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import openai
 import pytest
 
-from tests.gateway.conftest import Upstream
-from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
+from tests.support.gateway import ADMIN_KEY, Gateway
 from tests.support.sdk import extra
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
-
-
-@pytest.fixture(scope="module")
-def secured(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    tmp = tmp_path_factory.mktemp("key-info")
-    cfg = gateway_config(tmp, upstream.base_url, auth={"enabled": True, "admin_key": ADMIN_KEY})
-    gw = start_gateway(tmp, cfg)
-    yield gw
-    gw.stop()
 
 
 def test_a_key_reads_its_budget_and_spend(secured: Gateway) -> None:
