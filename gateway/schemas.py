@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from pricing.money import MAX_USD
+
 
 class _Open(BaseModel):
     # Unknown fields are tolerated (and logged by the route), as OpenAI adds fields often.
@@ -68,7 +70,7 @@ class XRouterControls(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     cost_weight: float | None = Field(default=None, ge=0, le=1e6)
-    max_cost_usd: float | None = Field(default=None, gt=0)
+    max_cost_usd: float | None = Field(default=None, gt=0, le=MAX_USD, allow_inf_nan=False)
     models: list[str] | None = Field(default=None, min_length=1)
     cache: CacheControls | None = None
     # What the caller files the request under (a feature, a team, an experiment): spend per

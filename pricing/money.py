@@ -13,6 +13,9 @@ from __future__ import annotations
 from decimal import ROUND_HALF_UP, Decimal
 
 MICROS_PER_USD = 1_000_000
+# The largest amount anything takes as input (a budget, a request's spending cap): the ledger
+# keeps micro-USD in BIGINT columns, and $1e12 is 1e18 micro-USD, well inside 2^63.
+MAX_USD = 1e12
 _ONE = Decimal(1)
 
 

@@ -55,7 +55,17 @@ class DeploymentConfig(BaseModel):
 
     @property
     def label(self) -> str:
-        return self.name or (urlsplit(self.api_base).netloc or self.api_base)[:64]
+        if self.name:
+            return self.name
+        # host[:port] only: the label reaches metrics, the ledger and responses, and an
+        # api_base may carry credentials (http://user:secret@host/v1) or a query string.
+        url = urlsplit(self.api_base)
+        try:
+            port = url.port
+        except ValueError:
+            port = None
+        host = url.hostname or "deployment"
+        return (f"{host}:{port}" if port is not None else host)[:64]
 
 
 class PoolModelConfig(BaseModel):

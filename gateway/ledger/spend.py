@@ -43,13 +43,19 @@ def to_utc(value: TimeBound) -> datetime | None:
         return None
     if isinstance(value, bool):
         raise TypeError("a time bound can't be a bool")
-    if isinstance(value, int | float):
-        return datetime.fromtimestamp(value, tz=UTC)
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value.strip())
-    if value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
-    return value.astimezone(UTC)
+    # A bound whose UTC time falls outside years 1-9999 (an epoch of 1e20, or 9999-12-31T23:00
+    # at UTC-5) is a caller's bad value: a ValueError the API turns into a 400, not the
+    # OverflowError datetime raises.
+    try:
+        if isinstance(value, int | float):
+            return datetime.fromtimestamp(value, tz=UTC)
+        if isinstance(value, str):
+            value = datetime.fromisoformat(value.strip())
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+    except (OverflowError, OSError) as exc:
+        raise ValueError(f"time out of range: {value!r}") from exc
 
 
 def request_filters(

@@ -24,15 +24,14 @@ from gateway.ledger.keys import DuplicateAliasError, KeyInfo, KeyNotFoundError
 from gateway.ledger.spend import GROUP_BY_CHOICES, GroupBy, spend_report, to_utc
 from gateway.routes.openai import read_body, services
 from gateway.services import Services
-from pricing import usd_to_micros
+from pricing.money import MAX_USD, usd_to_micros
 
 router = APIRouter(prefix="/admin")
 
 Period = Literal["daily", "weekly", "monthly", "total"]
 
-# What the ledger's columns hold: budgets are BIGINT micro-USD (so at most $1e12, well inside
-# 2^63 micro-dollars), rpm/tpm are INTEGER (32-bit on PostgreSQL).
-MAX_BUDGET_USD = 1e12
+# What the ledger's columns hold: budgets are BIGINT micro-USD (at most MAX_USD), rpm/tpm are
+# INTEGER (32-bit on PostgreSQL).
 MAX_RATE = 2**31 - 1
 
 
@@ -44,7 +43,7 @@ def _no_nul(alias: str | None) -> str | None:
 
 
 def _budget() -> Any:
-    return Field(default=None, ge=0, le=MAX_BUDGET_USD, allow_inf_nan=False)
+    return Field(default=None, ge=0, le=MAX_USD, allow_inf_nan=False)
 
 
 def _rate() -> Any:
@@ -87,6 +86,8 @@ class _Expiry(BaseModel):
     duration: str | None = None
 
     _duration = field_validator("duration")(_duration)
+    # In UTC from the start, so a time outside what UTC can hold is refused here (400).
+    _expires_at = field_validator("expires_at")(to_utc)
 
     @model_validator(mode="after")
     def _one_of(self) -> _Expiry:
@@ -104,7 +105,7 @@ class KeyRouting(BaseModel):
 
     default_policy: str | None = Field(default=None, min_length=1, max_length=64)
     cost_weight: float | None = Field(default=None, ge=0, le=1e6)
-    max_cost_usd: float | None = Field(default=None, gt=0, le=MAX_BUDGET_USD, allow_inf_nan=False)
+    max_cost_usd: float | None = Field(default=None, gt=0, le=MAX_USD, allow_inf_nan=False)
 
 
 class KeyCreate(_Expiry):
@@ -303,10 +304,11 @@ def _time(v: str | None, name: str) -> dt.datetime | None:
     if not v:
         return None
     try:
-        t = dt.datetime.fromisoformat(v)
+        return to_utc(dt.datetime.fromisoformat(v))
     except ValueError:
-        raise bad_request(f"{name} must be an ISO-8601 date or time", param=name) from None
-    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
+        raise bad_request(
+            f"{name} must be an ISO-8601 date or time between years 1 and 9999 UTC", param=name
+        ) from None
 
 
 @router.get("/spend")

@@ -204,6 +204,22 @@ def test_values_the_database_cannot_take_are_client_errors(gw: Gateway) -> None:
             r = c.request(method, path, json=body, headers=ADMIN)
             assert r.status_code in (200, 400, 404), (method, path, r.status_code, r.text)
             assert r.json().get("error", {}).get("type") != "server_error"
+        # A report bound UTC cannot hold is the caller's mistake, said with its name.
+        r = c.get("/admin/spend?group_by=key&since=9999-12-31T23:00:00-05:00", headers=ADMIN)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "since", r.text
+        # A spending cap beyond what the ledger's micro-USD columns hold (or the cache's
+        # 64-bit JSON integers) is refused, on the chat API as on the others.
+        r = c.post(
+            "/v1/chat/completions",
+            json={
+                "model": "xrouter",
+                "messages": [{"role": "user", "content": "hi"}],
+                "xrouter": {"max_cost_usd": 1e22},
+            },
+            headers={"Authorization": f"Bearer {k['key']}"},
+        )
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "xrouter.max_cost_usd", r.text
         # Same connection, still served.
         assert c.get("/admin/keys", headers=ADMIN).status_code == 200
 
@@ -585,6 +601,8 @@ def test_keys_expire_on_time_even_while_cached(gw: Gateway) -> None:
         ({"expires_at": "2020-01-01T00:00:00Z"}, "expires_at"),
         ({"expires_at": "2031-01-01T00:00:00Z", "duration": "1d"}, None),
         ({"expires_at": "soon"}, "expires_at"),
+        # Valid ISO times whose UTC time is past year 9999: refused, not an overflow (500).
+        ({"expires_at": "9999-12-31T23:00:00-05:00"}, "expires_at"),
     ]:
         r = httpx.post(
             f"{gw.url}/admin/keys", json={"alias": secrets.token_hex(4), **body}, headers=ADMIN

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from pricing import load_default_catalog
-from router.pool import ModelPool, PoolModelConfig
+from router.pool import DeploymentConfig, ModelPool, PoolModelConfig
 
 MODEL = "llama-3.3-70b-instruct"
 
@@ -43,6 +43,21 @@ def test_deployments_inherit_what_they_do_not_set() -> None:
     # One model to the router: one name and price, whichever deployment serves it.
     assert {t.name for t in m.targets} == {MODEL} and a.price == eu.price == m.price
     assert m.transport == a.transport == "native"
+
+
+@pytest.mark.parametrize(
+    ("api_base", "label"),
+    [
+        ("http://10.0.0.8:8000/v1", "10.0.0.8:8000"),
+        ("https://api.example.com/v1?token=abc", "api.example.com"),
+        # Credentials in the URL never reach a label: labels go to metrics and responses.
+        ("http://user:hunter2@10.0.0.9:8000/v1", "10.0.0.9:8000"),
+        ("https://key@api.example.com/v1", "api.example.com"),
+    ],
+)
+def test_a_deployments_default_label_is_its_host_and_port(api_base: str, label: str) -> None:
+    assert DeploymentConfig(api_base=api_base).label == label
+    assert DeploymentConfig(api_base=api_base, name="eu-1").label == "eu-1"
 
 
 @pytest.mark.parametrize(
