@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gateway.errors import APIError
-from router.loop import RouteResult, estimate_prompt_tokens
+from gateway.limits.base import LimitStoreUnavailable
+from router.estimate import estimate_prompt_tokens
+from router.loop import RouteResult
 from router.policy import LoopState, RouteContext, ToolCall
 
 if TYPE_CHECKING:
@@ -24,6 +26,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 KEY_BUDGET = "key budget exhausted"
+LIMITS_UNAVAILABLE = "the rate-limit store is unavailable"
+
+
+def limits_unavailable() -> APIError:
+    return APIError(503, LIMITS_UNAVAILABLE, type="server_error", code="limits_unavailable")
 
 
 @dataclass(slots=True)
@@ -45,6 +52,7 @@ class RequestLog:
     result: RouteResult | None = None
     result_state: LoopState | None = None
     tokens_estimate: int = 0
+    admitted_at: float = 0.0  # when tokens_estimate entered the tpm window
     extra_headers: dict[str, str] = field(default_factory=dict)
     cache: CacheTicket | None = None  # the answer cache's view of this request, if it is on
     cached_from: str | None = None  # answered from the cache: the request that paid for it
@@ -122,11 +130,23 @@ class KeyBudgetGuard:
         self.metrics = metrics
         self.bookkeeping = bookkeeping
         self.rejection: Any = None
+        # The store failed (``on_store_error: closed``): every later call is refused without
+        # asking it again, and the request ends in a 503, with its ledger row.
+        self.unavailable: str | None = None
 
     async def reserve(self, call: ToolCall, worst_case_micros: int) -> str | None:
-        res = await self.store.reserve(
-            self.limits, None, worst_case_micros, f"{self.request_id}:{call.id}"
-        )
+        if self.unavailable is not None:
+            return self.unavailable
+        try:
+            res = await self.store.reserve(
+                self.limits, None, worst_case_micros, f"{self.request_id}:{call.id}"
+            )
+        except LimitStoreUnavailable:
+            # Refused like a call over budget, so the loop settles what it holds, ends the
+            # request and keeps the turns already paid for; not raised, which would skip all
+            # of that.
+            self.unavailable = f"{LIMITS_UNAVAILABLE}: the call to {call.model} was not made"
+            return self.unavailable
         if res.ok:
             # The store reports what is left after this hold: the budget gauge for free.
             if self.metrics is not None and self.alias and res.remaining_micros is not None:
@@ -160,21 +180,17 @@ class RequestHooks:
         self.bookkeeping = Bookkeeping()
 
     async def admit(self, rlog: RequestLog, ctx: RouteContext) -> KeyBudgetGuard | None:
-        from gateway.limits.base import LimitStoreUnavailable
-
         limits: KeyLimits | None = rlog.principal.limits
         if self.limits is None or limits is None:
             return None
-        rlog.tokens_estimate = estimate_prompt_tokens(ctx.messages, None)
+        rlog.tokens_estimate = estimate_prompt_tokens(
+            ctx.messages, None, ctx.request_params.get("tools")
+        )
+        rlog.admitted_at = time.time()
         try:
-            rate = await self.limits.check_rate(limits, rlog.tokens_estimate)
+            rate = await self.limits.check_rate(limits, rlog.tokens_estimate, rlog.admitted_at)
         except LimitStoreUnavailable:
-            raise APIError(
-                503,
-                "the rate-limit store is unavailable",
-                type="server_error",
-                code="limits_unavailable",
-            ) from None
+            raise limits_unavailable() from None
         rlog.extra_headers.update(rate.headers())
         if not rate.allowed:
             if self.metrics is not None:
@@ -201,7 +217,9 @@ class RequestHooks:
         self, rlog: RequestLog, message: str, guard: KeyBudgetGuard | None
     ) -> APIError:
         """429 for a refused call: the key's budget (with when it resets) or the request's
-        own ``max_cost_usd``."""
+        own ``max_cost_usd``; 503 when the limit store could not be asked."""
+        if guard is not None and guard.unavailable is not None:
+            return limits_unavailable()
         if guard is not None and guard.rejection is not None and message.startswith(KEY_BUDGET):
             headers: dict[str, str] = {}
             resets = guard.rejection.resets_at
@@ -236,7 +254,13 @@ class RequestHooks:
         if self.limits is not None and rlog.principal.limits is not None and state is not None:
             used = sum(o.usage.total_tokens for o in (*state.router_calls, *state.outcomes))
             if used != rlog.tokens_estimate:
-                await self.limits.add_tokens(rlog.principal.limits, used - rlog.tokens_estimate)
+                # Booked when the estimate was, so the correction leaves the tpm window with
+                # it: a refund that outlived its charge would make room for tokens never had.
+                await self.limits.add_tokens(
+                    rlog.principal.limits,
+                    used - rlog.tokens_estimate,
+                    at=rlog.admitted_at or None,
+                )
         if self.metrics is not None:
             observe(self.metrics, rlog, result, state, self.reference_price)
         if self.ledger is not None:

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pricing import TokenUsage
-from router.outcomes import content_text
+from router.estimate import estimate_prompt_tokens
 from router.policy import (
     Answer,
     Call,
@@ -127,14 +126,6 @@ class RouteResult:
         return total
 
 
-def estimate_prompt_tokens(messages: list[dict[str, Any]], system_prompt: str | None) -> int:
-    """A deliberately high token estimate for budget reservations (3 chars per token; real
-    tokenizers average ~4 for English). Settlement always uses the provider's real usage."""
-    chars = sum(len(content_text(m.get("content"))) + 8 for m in messages)
-    chars += len(system_prompt or "")
-    return math.ceil(chars / 3) + 8
-
-
 def worst_case_micros(ctx: RouteContext, call: ToolCall) -> int:
     model = ctx.pool[call.model]
     params = ctx.request_params
@@ -146,8 +137,29 @@ def worst_case_micros(ctx: RouteContext, call: ToolCall) -> int:
     )
     max_out = min(int(max_out), model.max_output_tokens)
     n = int(ctx.request_params.get("n") or 1)
-    prompt = estimate_prompt_tokens(ctx.messages, call.system_prompt)
+    prompt = estimate_prompt_tokens(ctx.messages, call.system_prompt, params.get("tools"))
     return model.price.worst_case_micros(prompt, max_out * n)
+
+
+def _over_request_cap(
+    ctx: RouteContext,
+    state: LoopState,
+    worst: int,
+    what: str,
+    reserved: dict[str, int] | None = None,
+) -> str | None:
+    """Why ``what`` (a call or a router turn) may not start under the request's own
+    ``max_cost_usd``: spent so far (router turns included) plus holds plus its worst case."""
+    if ctx.max_cost_micros is None:
+        return None
+    committed = state.spent_micros + (sum(reserved.values()) if reserved else 0)
+    if committed + worst <= ctx.max_cost_micros:
+        return None
+    remaining = max(ctx.max_cost_micros - committed, 0)
+    return (
+        f"budget exceeded: {what} may cost up to {worst} µUSD and only {remaining} µUSD of "
+        "this request's budget remain"
+    )
 
 
 def _refused(call: ToolCall, turn: int, reason: str, role: str = "downstream") -> CallOutcome:
@@ -215,14 +227,9 @@ class Orchestrator:
             reserved[call.id] = 0  # nothing to check against: skip the estimate on the hot path
             return None
         worst = worst_case_micros(ctx, call)
-        if ctx.max_cost_micros is not None:
-            committed = state.spent_micros + sum(reserved.values())
-            if committed + worst > ctx.max_cost_micros:
-                remaining = max(ctx.max_cost_micros - committed, 0)
-                return (
-                    f"budget exceeded: calling {call.model} may cost up to {worst} µUSD and "
-                    f"only {remaining} µUSD of this request's budget remain"
-                )
+        reason = _over_request_cap(ctx, state, worst, f"calling {call.model}", reserved)
+        if reason is not None:
+            return reason
         if guard is not None:
             reason = await guard.reserve(call, worst)
             if reason is not None:
@@ -258,20 +265,44 @@ class Orchestrator:
     ) -> list[CallOutcome]:
         reserved: dict[str, int] = {}
         runnable: list[ToolCall] = []
-        refused: list[CallOutcome] = []
+        outcomes: dict[int, CallOutcome] = {}
+        seen = {o.call.id for o in state.outcomes}
         # Reservations are taken one by one, before any call starts, so parallel calls of
-        # one turn can't jointly overrun the budget.
-        for call in calls:
-            reason = await self._budget_check(ctx, state, call, reserved, guard)
-            if reason is None:
-                runnable.append(call)
-            else:
-                refused.append(_refused(call, state.turn, reason))
+        # one turn can't jointly overrun the budget. If taking them fails (the limit store,
+        # a timeout), the holds already taken are released before the error goes on.
+        try:
+            for i, call in enumerate(calls):
+                # Holds, settles and selections are keyed by the call's id: a second call with
+                # one (a router model that reuses ids) would be settled as the first.
+                reason = (
+                    f"duplicate tool call id {call.id!r}"
+                    if call.id in seen
+                    else await self._budget_check(ctx, state, call, reserved, guard)
+                )
+                seen.add(call.id)
+                if reason is None:
+                    runnable.append(call)
+                else:
+                    outcomes[i] = _refused(call, state.turn, reason)
+        except BaseException:
+            await self._release(calls, reserved, guard)
+            raise
         results = await asyncio.gather(
             *(self._run_call(ctx, state, c, reserved, guard) for c in runnable)
         )
-        by_id = {o.call.id: o for o in (*results, *refused)}
-        return [by_id[c.id] for c in calls]
+        ran = iter(results)
+        return [outcomes[i] if i in outcomes else next(ran) for i in range(len(calls))]
+
+    @staticmethod
+    async def _release(
+        calls: tuple[ToolCall, ...], reserved: dict[str, int], guard: BudgetGuard | None
+    ) -> None:
+        if guard is None:
+            return
+        for call in calls:
+            held = reserved.pop(call.id, None)
+            if held:
+                await guard.settle(call, held, 0)
 
     async def run(
         self,
@@ -307,16 +338,20 @@ class Orchestrator:
         for turn in range(ctx.max_turns):
             state.turn = turn
             hold: tuple[ToolCall, int] | None = None
-            if guard is not None and (planned := policy.router_call(ctx, state)) is not None:
+            budgeted = guard is not None or ctx.max_cost_micros is not None
+            if budgeted and (planned := policy.router_call(ctx, state)) is not None:
                 call, worst = planned
-                reason = await guard.reserve(call, worst)
+                reason = _over_request_cap(ctx, state, worst, "the router's next turn")
+                if reason is None and guard is not None:
+                    reason = await guard.reserve(call, worst)
+                    if reason is None:
+                        hold = (call, worst)
                 if reason is not None:
                     # The router may not think further on this budget: the best answer so
                     # far, or the refusal (a 429 for the gateway's key budgets).
                     state.router_calls.append(_refused(call, turn, reason, role="router"))
                     charged = len(state.router_calls)
                     break
-                hold = (call, worst)
             try:
                 step = await policy.step(ctx, state)
             finally:
@@ -358,13 +393,18 @@ class Orchestrator:
         self, ctx: RouteContext, state: LoopState, call: ToolCall, guard: BudgetGuard | None
     ) -> RouteResult | None:
         reserved: dict[str, int] = {}
-        reason = await self._budget_check(ctx, state, call, reserved, guard)
+        if any(o.call.id == call.id for o in state.outcomes):
+            reason: str | None = f"duplicate tool call id {call.id!r}"
+        else:
+            reason = await self._budget_check(ctx, state, call, reserved, guard)
         if reason is not None:
             state.outcomes.append(_refused(call, state.turn, reason))
             return None
         try:
             sc = await self.executor.open_stream(ctx, call, state.turn)
-        except Exception:
+        except BaseException:
+            # Also when cancelled (the request timed out, the client left): the hold must
+            # never outlive the call.
             held = reserved.pop(call.id)
             if guard is not None:
                 await guard.settle(call, held, 0)

@@ -187,9 +187,18 @@ class LimitStore(ABC):
         both fit (atomically: either both are counted or neither)."""
 
     @abstractmethod
-    async def add_tokens(self, limits: KeyLimits, tokens: int, now: float | None = None) -> None:
+    async def add_tokens(
+        self,
+        limits: KeyLimits,
+        tokens: int,
+        now: float | None = None,
+        *,
+        at: float | None = None,
+    ) -> None:
         """Correct the tpm window once real usage is known: pass ``actual - estimate``.
-        Positive charges the window, negative refunds an overestimate."""
+        Positive charges the window, negative refunds an overestimate. ``at`` is when the
+        estimate was counted (default: now): the correction is booked then, so it leaves the
+        window with the estimate, and is dropped if that has already left."""
 
     @abstractmethod
     async def reserve(
@@ -320,9 +329,16 @@ class FailPolicyStore(LimitStore):
             self._admission_failed(exc, "check_rate")
             return ALLOW_ALL
 
-    async def add_tokens(self, limits: KeyLimits, tokens: int, now: float | None = None) -> None:
+    async def add_tokens(
+        self,
+        limits: KeyLimits,
+        tokens: int,
+        now: float | None = None,
+        *,
+        at: float | None = None,
+    ) -> None:
         try:
-            await self.inner.add_tokens(limits, tokens, now)
+            await self.inner.add_tokens(limits, tokens, now, at=at)
         except LimitStoreUnavailable as exc:
             self._report(exc, "add_tokens")
 

@@ -187,15 +187,25 @@ class MemoryLimitStore(LimitStore):
                 return max(0.0, ts + RATE_WINDOW_S - now)
         return None
 
-    async def add_tokens(self, limits: KeyLimits, tokens: int, now: float | None = None) -> None:
+    async def add_tokens(
+        self,
+        limits: KeyLimits,
+        tokens: int,
+        now: float | None = None,
+        *,
+        at: float | None = None,
+    ) -> None:
         if limits.tpm is None or tokens == 0:
             return
         now = time.time() if now is None else now
+        at = now if at is None else min(at, now)
+        if at <= now - RATE_WINDOW_S:
+            return  # the estimate it corrects has left the window already
         log = self._rates.get(limits.key_id)
         if log is None:
             log = self._rates[limits.key_id] = _RateLog()
         log.sweep(now - RATE_WINDOW_S)
-        log.add_tokens(now, tokens)
+        log.add_tokens(at, tokens)
 
     # -- budgets -----------------------------------------------------------------------------
 

@@ -200,12 +200,22 @@ class RedisLimitStore(LimitStore):
             retry_after_s=None if retry_s < 0 else retry_s,
         ).to_result(limits)
 
-    async def add_tokens(self, limits: KeyLimits, tokens: int, now: float | None = None) -> None:
+    async def add_tokens(
+        self,
+        limits: KeyLimits,
+        tokens: int,
+        now: float | None = None,
+        *,
+        at: float | None = None,
+    ) -> None:
         if limits.tpm is None or tokens == 0:
             return
         now = time.time() if now is None else now
+        at = now if at is None else min(at, now)
+        if at <= now - RATE_WINDOW_S:
+            return  # the estimate it corrects has left the window already
         keys = self._rate_keys(limits)[1:]
-        args = [_ts(now - RATE_WINDOW_S), _ts(now), str(int(tokens)), self._member()]
+        args = [_ts(now - RATE_WINDOW_S), _ts(at), str(int(tokens)), self._member()]
         await self._run_deferred(self._add_tokens, keys, [*args, _RATE_KEY_TTL_MS])
 
     # -- budgets -----------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from gateway import messages
 from gateway.chat import decode_json
 from gateway.errors import APIError, internal_error
 from gateway.routes.openai import authorization, read_body, services
-from router.loop import estimate_prompt_tokens
+from router.estimate import estimate_prompt_tokens
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,8 @@ async def create_message(request: Request) -> Response:
 
 async def count_tokens(request: Request) -> Response:
     """How many input tokens a Messages request holds, as the gateway estimates them for
-    budget holds: on the high side (3 characters a token), never a provider's tokenizer."""
+    budget holds: on the high side (3 bytes of UTF-8 a token, images and audio by size), never
+    a provider's tokenizer."""
     s = services(request)
     assert s.auth is not None
     try:
@@ -52,9 +53,7 @@ async def count_tokens(request: Request) -> Response:
         raw = await read_body(request, s.settings.server.max_body_bytes)
         req = messages.parse_request(decode_json(raw), messages.CountTokensRequest)
         chat = messages.to_chat(req)
-        tokens = estimate_prompt_tokens(chat["messages"], None)
-        if chat.get("tools"):
-            tokens += len(orjson.dumps(chat["tools"])) // 3
+        tokens = estimate_prompt_tokens(chat["messages"], None, chat.get("tools"))
         return Response(orjson.dumps({"input_tokens": tokens}), media_type="application/json")
     except APIError as err:
         return messages.anthropic_error(err)

@@ -130,7 +130,7 @@ class LLMRouterPolicy(Policy):
     def router_call(self, ctx: RouteContext, state: LoopState) -> tuple[ToolCall, int] | None:
         # The next turn's transcript as the step will send it (minus tool results not yet
         # reported: their text is in the outcomes), counted high like every budget estimate:
-        # 3 characters a token over the JSON of the messages and the tool schemas.
+        # 3 bytes a token over the JSON of the messages and the tool schemas.
         self._start_transcript(ctx, state)
         chars = len(orjson.dumps(state.transcript)) + len(orjson.dumps(router_tools(ctx.pool)))
         reported: set[str] = state.notes.get("reported", set())
@@ -206,9 +206,10 @@ class LLMRouterPolicy(Policy):
             cheapest = ctx.pool.cheapest().name
             state.decision.record(cheapest, 1.0)
             return Call((ToolCall(id=f"fallback_{state.turn}", model=cheapest),), final=True)
-        tool_calls = msg.get("tool_calls") or []
+        tool_calls = _unique_ids(state, msg.get("tool_calls") or [])
         state.transcript.append(
-            {k: v for k, v in msg.items() if k in ("role", "content", "tool_calls")}
+            {k: v for k, v in msg.items() if k in ("role", "content")}
+            | ({"tool_calls": tool_calls} if tool_calls else {})
             | {"role": "assistant"}
         )
         if not tool_calls:
@@ -290,6 +291,34 @@ class LLMRouterPolicy(Policy):
             }
         )
         state.notes.setdefault("tool_errors", []).append(kind)
+
+
+def _unique_ids(state: LoopState, tool_calls: list[Any]) -> list[dict[str, Any]]:
+    """The router model's tool calls, each with an id no other call of this request has.
+
+    Small router models reuse ids (``call_0`` every turn, or twice in one turn), and holds,
+    settles, results and ``select_response`` are all keyed by the id; a reused or missing
+    one is renamed here, before the transcript records it, so the router reads the results
+    under the ids it is then shown."""
+    used = {
+        tc.get("id")
+        for m in state.transcript
+        if m.get("role") == "assistant"
+        for tc in (m.get("tool_calls") or ())
+        if isinstance(tc, dict)
+    }
+    out: list[dict[str, Any]] = []
+    for i, tc in enumerate(tool_calls):
+        if not isinstance(tc, dict):
+            continue
+        given = tc.get("id")
+        tc_id = given if isinstance(given, str) and given else f"tc_{state.turn}_{i}"
+        base, n = tc_id, 1
+        while tc_id in used:
+            tc_id, n = f"{base}~{state.turn}.{n}", n + 1
+        used.add(tc_id)
+        out.append(tc if tc_id == given else {**tc, "id": tc_id})
+    return out
 
 
 def _num(v: Any, lo: float, hi: float) -> float | None:

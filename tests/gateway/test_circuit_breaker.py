@@ -4,7 +4,6 @@ healthy; the state is a metric."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,7 +14,8 @@ import pytest
 import redis
 
 from tests.gateway.conftest import Upstream
-from tests.support.gateway import ADMIN_KEY, Gateway, free_port, gateway_config, start_gateway
+from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
+from tests.support.redis_server import PrivateRedis
 
 CHEAPEST = "llama-3.2-3b-instruct"  # the demo pool's cheapest model
 
@@ -137,26 +137,8 @@ def test_replicas_share_an_opening_through_redis(upstream: Upstream, tmp_path: P
 def test_when_redis_goes_away_each_gateway_keeps_its_own_breakers(
     upstream: Upstream, tmp_path: Path
 ) -> None:
-    port = free_port()
-    server = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-        stdout=subprocess.DEVNULL,
-    )
+    server = PrivateRedis()
     try:
-        deadline = time.monotonic() + 10
-        while not _pings(port):
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.05)
         cfg = gateway_config(
             tmp_path,
             upstream.base_url,
@@ -164,14 +146,13 @@ def test_when_redis_goes_away_each_gateway_keeps_its_own_breakers(
             # Limits fail open, so requests still go through once Redis is gone.
             limits={
                 "backend": "redis",
-                "redis_url": f"redis://127.0.0.1:{port}/0",
+                "redis_url": server.url,
                 "on_store_error": "open",
             },
         )
         gw = start_gateway(tmp_path, cfg)
     finally:
-        server.kill()
-        server.wait()
+        server.stop()
     try:
         upstream.fault(CHEAPEST, "status=500", count=1000)
         assert ask(gw).status_code == 200
@@ -185,10 +166,3 @@ def test_when_redis_goes_away_each_gateway_keeps_its_own_breakers(
         assert "Traceback" not in gw.log()
     finally:
         gw.stop()
-
-
-def _pings(port: int) -> bool:
-    try:
-        return bool(redis.Redis(port=port, socket_timeout=0.2).ping())
-    except redis.RedisError:
-        return False

@@ -14,21 +14,32 @@ import pytest
 from gateway.hooks import Bookkeeping, KeyBudgetGuard
 from gateway.limits import KeyLimits, MemoryLimitStore
 from pricing import ModelPrice, TokenUsage, load_default_catalog
+from router.estimate import estimate_prompt_tokens
 from router.executors import ProviderExecutor, downstream_request
 from router.loop import (
     NoAnswer,
     Orchestrator,
+    RequestTimeout,
     RouteResult,
-    estimate_prompt_tokens,
     worst_case_micros,
 )
+from router.policies.baselines import FixedPolicy
 from router.policies.llm import (
     DEFAULT_SYSTEM_PROMPT,
     LLMRouterPolicy,
     cost_weight_line,
     router_system_prompt,
 )
-from router.policy import Decision, LoopState, RouteContext, ToolCall
+from router.policy import (
+    Call,
+    Decision,
+    LoopState,
+    Policy,
+    RouteContext,
+    Select,
+    Step,
+    ToolCall,
+)
 from router.pool import ModelPool, PoolModelConfig
 from router.providers.client import DownstreamClient
 from router.providers.usage import estimate_usage
@@ -273,13 +284,20 @@ async def test_invalid_tool_and_missing_argument_become_tool_errors(
 
 async def test_budget_exhausted_mid_loop(setup: Any, scripted_router: ScriptedRouter) -> None:
     p, orch, policy, _ = setup
+    # A self-hosted (free) router model: only the downstream calls count against the cap.
+    free = LLMRouterPolicy(
+        policy.provider,
+        dataclasses.replace(
+            policy.router_model, price=ModelPrice(input=Decimal(0), output=Decimal(0))
+        ),
+    )
     scripted_router.script(
         {"tool_calls": [call(CHEAP, "a")]},
         {"tool_calls": [call(DEAR, "b", max_tokens=4000)]},
         {"tool_calls": [select("a")]},
     )
-    # Enough for the router turns and the cheap call, not for the dear one's worst case.
-    r = await orch.run(policy, ctx(p, max_cost_micros=1000))
+    # Enough for the cheap call, not for the dear one's worst case.
+    r = await orch.run(free, ctx(p, max_cost_micros=1000))
     assert r.final_model == CHEAP
     refused = [o for o in r.outcomes if not o.ok]
     assert [o.call.id for o in refused] == ["b"] and refused[0].error_kind == "budget"
@@ -287,8 +305,81 @@ async def test_budget_exhausted_mid_loop(setup: Any, scripted_router: ScriptedRo
         m for m in scripted_router.requests()[2]["messages"] if m.get("tool_call_id") == "b"
     )["content"]
     assert "budget" in told and '"selectable":false' in told
-    assert r.cost_micros <= 1000
+    assert r.cost_micros <= 1000 and r.router_cost_micros == 0
+
+
+async def test_the_request_cap_covers_the_router_turns(
+    setup: Any, scripted_router: ScriptedRouter
+) -> None:
+    # max_cost_usd caps the whole request, the router model's turns included: a turn whose
+    # worst case the rest of the cap cannot cover is not made, as a downstream call is not.
+    p, orch, policy, _ = setup
+    scripted_router.script(
+        {"tool_calls": [call(CHEAP, "a")]},
+        {"content": "I can answer this myself: 100 °C."},
+    )
+    c = ctx(p, max_cost_micros=0)
+    first = policy.router_call(c, LoopState(decision=Decision("llm", 0.5, None)))
+    assert first is not None
+    r = await orch.run(policy, ctx(p, max_cost_micros=first[1] + 10))
+    assert len(scripted_router.requests()) == 1  # the second turn was never sent
+    assert r.final_model == CHEAP and r.fallback_used
+    refused = r.state.router_calls[-1]
+    assert (refused.role, refused.ok, refused.error_kind) == ("router", False, "budget")
+    assert refused.error is not None and "the router's next turn" in refused.error
+    assert r.cost_micros <= first[1] + 10
     assert_costs_add_up(p, r)
+
+    scripted_router.script({"content": "unused"})
+    with pytest.raises(NoAnswer) as exc:
+        await orch.run(policy, ctx(p, max_cost_micros=first[1] - 1))
+    assert scripted_router.requests() == []
+    last = exc.value.last_failure
+    assert last is not None and last.role == "router" and last.error_kind == "budget"
+
+
+async def test_reused_tool_call_ids_are_renamed_so_each_call_is_settled_once(
+    setup: Any, scripted_router: ScriptedRouter
+) -> None:
+    # Small router models reuse ids: twice in one turn, and again in the next. Each call
+    # gets its own id, hold and settle, and the router reads results under the new ids.
+    p, orch, policy, _ = setup
+    scripted_router.script(
+        {"tool_calls": [call(CHEAP, "c0"), call(MID, "c0")]},
+        {"tool_calls": [call(DEAR, "c0")]},
+        {"tool_calls": [select("c0~0.1")]},
+    )
+    guard, store, limits = key_guard(1_000_000)
+    r = await orch.run(policy, ctx(p), guard=guard)
+    assert [o.call.id for o in r.outcomes] == ["c0", "c0~0.1", "c0~1.1"]
+    assert all(o.ok for o in r.outcomes) and r.final_model == MID
+    second = scripted_router.requests()[1]["messages"]
+    assert [tc["id"] for tc in second[-3]["tool_calls"]] == ["c0", "c0~0.1"]
+    assert [m["tool_call_id"] for m in second[-2:]] == ["c0", "c0~0.1"]
+    state = await store.spent(limits)
+    assert (state.spent, state.reserved) == (r.cost_micros, 0)
+    assert_costs_add_up(p, r)
+
+
+async def test_the_loop_refuses_a_policys_duplicate_call_ids(setup: Any) -> None:
+    # The loop's own guard, for any policy: a second call with an id already used is
+    # refused before it is reserved or made.
+    p, orch, _, _ = setup
+
+    class Twice(Policy):
+        name = "twice"
+
+        async def step(self, ctx: RouteContext, state: LoopState) -> Step:
+            if state.turn == 0:
+                return Call((ToolCall(id="x", model=CHEAP), ToolCall(id="x", model=MID)))
+            return Select("x")
+
+    guard, store, limits = key_guard(1_000_000)
+    r = await orch.run(Twice(), ctx(p), guard=guard)
+    assert [(o.model, o.ok) for o in r.outcomes] == [(CHEAP, True), (MID, False)]
+    assert r.outcomes[1].error == "duplicate tool call id 'x'" and r.final_model == CHEAP
+    state = await store.spent(limits)
+    assert (state.spent, state.reserved) == (r.cost_micros, 0)
 
 
 async def test_max_turns_falls_back_to_best_successful_answer(
@@ -485,4 +576,18 @@ async def test_a_router_turn_the_budget_cannot_cover_is_not_made(
     assert last is not None and last.role == "router" and last.error_kind == "budget"
     assert last.error is not None and last.error.startswith("key budget exhausted")
     state = await store.spent(guard.limits)
+    assert (state.spent, state.reserved) == (0, 0)
+
+
+async def test_a_timeout_while_a_stream_opens_releases_its_hold(
+    setup: Any, downstream: Downstream
+) -> None:
+    # The request's timeout cancels the run while the final call's stream is still being
+    # opened: the hold on the key's budget goes with it, not an hour of TTL later.
+    p, orch, _, _ = setup
+    downstream.fault(CHEAP, "latency=3000")
+    guard, store, limits = key_guard(1_000_000)
+    with pytest.raises(RequestTimeout):
+        await orch.run(FixedPolicy(CHEAP), ctx(p), stream=True, guard=guard, timeout_s=0.3)
+    state = await store.spent(limits)
     assert (state.spent, state.reserved) == (0, 0)

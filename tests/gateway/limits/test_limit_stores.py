@@ -291,6 +291,28 @@ async def test_tpm_window_and_corrections(store: LimitStore) -> None:
     assert "retry-after" not in never.headers()
 
 
+async def test_a_correction_leaves_the_tpm_window_with_the_estimate_it_corrects(
+    store: LimitStore,
+) -> None:
+    # A long request: admitted at T0 with an estimate of 900, finished at T0+50 having used
+    # 100. The refund is booked at T0, so at T0+60 both leave together; booked at T0+50 it
+    # would stay ten seconds longer and let 800 tokens in that the window never freed.
+    key = KeyLimits("refund", tpm=1_000)
+    assert (await store.check_rate(key, 900, now=T0)).allowed
+    await store.add_tokens(key, -800, now=T0 + 50, at=T0)
+    mid = await store.check_rate(key, 900, now=T0 + 51)
+    assert mid.allowed and mid.remaining_tokens == 0  # 100 used + 900 estimated
+    # T0's entries (900 - 800) have left; T0+51's 900 is all that counts.
+    late = await store.check_rate(key, 100, now=T0 + 61)
+    assert late.allowed and late.remaining_tokens == 0
+    assert not (await store.check_rate(key, 1, now=T0 + 62)).allowed
+    # A correction for an estimate that has left the window already is dropped.
+    await store.add_tokens(key, -900, now=T0 + 200, at=T0 + 100)
+    full = await store.check_rate(key, 1_000, now=T0 + 201)
+    assert full.allowed and full.remaining_tokens == 0
+    assert not (await store.check_rate(key, 1, now=T0 + 202)).allowed
+
+
 async def test_counted_in_both_windows_or_neither(store: LimitStore) -> None:
     key = KeyLimits("both", rpm=2, tpm=100)
     assert (await store.check_rate(key, 150, now=T0)).limit == "tpm"

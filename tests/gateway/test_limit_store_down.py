@@ -1,0 +1,66 @@
+"""A gateway whose Redis goes away with ``limits.on_store_error: closed`` (the default):
+every request that needs the store is a 503 ``limits_unavailable``, in the OpenAI error
+shape, with its ledger row, and no hold or traceback left behind."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.gateway.conftest import Upstream, ledger_rows
+from tests.support.gateway import ADMIN_KEY, gateway_config, start_gateway
+from tests.support.redis_server import PrivateRedis
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+MODEL = "llama-3.2-3b-instruct"
+
+
+@pytest.mark.redis
+def test_requests_are_refused_with_503_and_logged_when_the_limit_store_is_down(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    server = PrivateRedis()
+    cfg = gateway_config(
+        tmp_path,
+        upstream.base_url,
+        auth={"enabled": True},
+        limits={"backend": "redis", "redis_url": server.url, "on_store_error": "closed"},
+    )
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        keys = {}
+        # A budget alone needs the store only for its holds; a rate limit, at admission.
+        for name, fields in (("budget", {"budget_usd": 5.0}), ("rate", {"rpm": 100})):
+            r = httpx.post(
+                f"{gw.url}/admin/keys",
+                json={"alias": f"{name}-{secrets.token_hex(3)}", **fields},
+                headers=ADMIN,
+            )
+            assert r.status_code == 201, r.text
+            keys[name] = r.json()["key"]
+        server.stop()
+
+        for name, key in keys.items():
+            for model in (MODEL, "xrouter"):
+                r = httpx.post(
+                    f"{gw.base_url}/chat/completions",
+                    json={"model": model, "messages": [{"role": "user", "content": "Hi"}]},
+                    headers={"Authorization": f"Bearer {key}"},
+                    timeout=30,
+                )
+                assert r.status_code == 503, (name, model, r.text)
+                error = r.json()["error"]
+                assert (error["code"], error["type"]) == ("limits_unavailable", "server_error")
+                request_id = r.headers["x-xrouter-request-id"]
+                (status, _, cost), calls = ledger_rows(gw, request_id)
+                assert (status, cost) == (503, 0), name
+                # No downstream call was made without a hold on the budget.
+                assert all(c[1] == 0 for c in calls)
+        assert upstream.stats()["requests"].get(MODEL, 0) == 0
+        assert "Traceback" not in gw.log()
+    finally:
+        server.stop()
+        gw.stop()
