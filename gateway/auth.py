@@ -57,15 +57,38 @@ def unauthorized(
     )
 
 
+def require_scrape_token(authorization: str | None, token: str) -> None:
+    """``/metrics`` behind ``metrics.bearer_token``: a token of its own, so that Prometheus
+    needs neither the admin key nor a key that can spend."""
+    given = _bearer(authorization) or ""
+    if not hmac.compare_digest(
+        hashlib.sha256(given.encode()).digest(), hashlib.sha256(token.encode()).digest()
+    ):
+        raise unauthorized("/metrics needs the scrape token (metrics.bearer_token)")
+
+
 class Authenticator:
-    def __init__(self, repo: KeyRepository | None, *, enabled: bool, admin_key: str | None) -> None:
+    def __init__(
+        self,
+        repo: KeyRepository | None,
+        *,
+        enabled: bool,
+        admin_key: str | None,
+        cache_size: int = _CACHE_MAX,
+    ) -> None:
         self.repo = repo
         self.enabled = enabled
         self._admin_digest = hashlib.sha256(admin_key.encode()).digest() if admin_key else None
-        self._cache: dict[bytes, tuple[float, Principal | None]] = {}
+        self._cache_size = cache_size
+        # Known keys and refused tokens are cached apart: anyone can send random tokens, and
+        # a flood of them must not push the real keys out (every request of every key would
+        # then go to the database).
+        self._cache: dict[bytes, tuple[float, Principal]] = {}
+        self._refused: dict[bytes, float] = {}
 
     def invalidate(self) -> None:
         self._cache.clear()
+        self._refused.clear()
 
     async def principal(self, authorization: str | None) -> Principal:
         if not self.enabled:
@@ -78,18 +101,25 @@ class Authenticator:
         hit = self._cache.get(digest)
         if hit is not None and hit[0] > now:
             who = hit[1]
-        else:
-            who = await self._lookup(token)
-            if len(self._cache) >= _CACHE_MAX:
-                self._cache.clear()
-            self._cache[digest] = (now + CACHE_TTL_S, who)
-        if who is None:
+        elif self._refused.get(digest, 0.0) > now:
             raise unauthorized()
+        else:
+            found = await self._lookup(token)
+            if found is None:
+                self._remember(self._refused, digest, now + CACHE_TTL_S)
+                raise unauthorized()
+            who = found
+            self._remember(self._cache, digest, (now + CACHE_TTL_S, who))
         # Checked on every request, not only at lookup: a cached key expires on time.
         if who.expires_at is not None and time.time() >= who.expires_at:
             when = datetime.fromtimestamp(who.expires_at, UTC).isoformat()
             raise unauthorized(f"this API key expired at {when}", code="key_expired")
         return who
+
+    def _remember(self, cache: dict[bytes, Any], digest: bytes, entry: Any) -> None:
+        if len(cache) >= self._cache_size:
+            cache.clear()
+        cache[digest] = entry
 
     async def _lookup(self, token: str) -> Principal | None:
         if self.repo is None:

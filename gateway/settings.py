@@ -21,6 +21,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -124,6 +125,18 @@ class MetricsSettings(_Section):
     reference_model: str | None = None
     # Budget-remaining gauges are exported for at most this many keys (bounded cardinality).
     budget_gauge_keys: int = Field(default=20, ge=0, le=1000)
+    # When set, GET /metrics needs "Authorization: Bearer <token>" (Prometheus: a scrape
+    # config's `authorization.credentials_file`). Unset, it is open, as LiteLLM's is by
+    # default: it shows key aliases, remaining budgets, models and deployment names.
+    bearer_token: SecretStr | None = None
+
+    @field_validator("bearer_token")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        # An empty ${VAR:-} would otherwise be a token that every scraper "knows".
+        if value is not None and len(value.get_secret_value()) < 16:
+            raise ValueError("at least 16 characters (or null for an open /metrics)")
+        return value
 
 
 class LLMRouterSettings(_Section):

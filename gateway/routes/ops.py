@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.auth import require_scrape_token
 from gateway.routes.openai import services
 
 router = APIRouter()
@@ -32,6 +33,9 @@ async def metrics(request: Request) -> Response:
     from gateway.metrics import arender_metrics
 
     s = services(request)
+    token = s.settings.metrics.bearer_token
+    if token is not None:
+        require_scrape_token(request.headers.get("authorization"), token.get_secret_value())
     if s.ledger is not None and s.metrics is not None:
         s.metrics.queue_depth(s.ledger.pending)
     body, content_type = await arender_metrics(s.registry)

@@ -27,8 +27,13 @@ UPSTREAM_TROUBLE: frozenset[str] = frozenset(
 # bearer tokens, URLs (internal hostnames, signed URLs), and IP addresses.
 _SECRET_PATTERNS = (
     re.compile(r"\b(?:sk|xr|pk|rk|key)-[A-Za-z0-9_\-]{6,}"),
-    re.compile(r"(?i)bearer\s+[A-Za-z0-9._\-]+"),
-    re.compile(r"(?i)(api[_-]?key|authorization|token|secret)([\"'\s:=]+)[^\s\"',}]+"),
+    # Providers' other key shapes: Google (AIza…), Groq (gsk_), Hugging Face (hf_),
+    # GitHub (ghp_, gho_, github_pat_), xAI (xai-).
+    re.compile(r"\b(?:AIza|gsk_|hf_|ghp_|gho_|github_pat_|xai-)[A-Za-z0-9_\-]{16,}"),
+    re.compile(r"(?i)\b(?:bearer|basic)\s+[A-Za-z0-9._~+/\-]+=*"),
+    re.compile(
+        r"(?i)(api[_-]?key|authorization|token|secret|password|passwd)([\"'\s:=]+)[^\s\"',}]+"
+    ),
     re.compile(r"\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s\"'<>]+"),
     re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b"),
     re.compile(r"\bAKIA[0-9A-Z]{16}\b"),

@@ -65,6 +65,7 @@ def test_env_default_syntax(tmp_path: Path) -> None:
         ("cache: {ttl_s: 0}", "cache.ttl_s"),
         ("cache: {scope: team}", "cache.scope"),
         ("cache: {max_bytes: 4096, max_entry_bytes: 8192}", "max_entry_bytes"),
+        ("metrics: {bearer_token: '${TOKEN:-}'}", "metrics.bearer_token"),
     ],
 )
 def test_invalid_configs_name_the_problem(tmp_path: Path, text: str, needle: str) -> None:

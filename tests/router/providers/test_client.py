@@ -277,6 +277,16 @@ def test_sanitize_strips_secrets_urls_and_addresses() -> None:
     out = sanitize(msg, "hunter2")
     for leak in ("sk-abcdef", "internal.corp", "10.0.0.5", "xyz.abc", "hunter2"):
         assert leak not in out
+    # Keys the gateway was not configured with (a provider SDK read them from the
+    # environment) in the shapes providers give them, and basic auth and passwords.
+    others = (
+        "key AIzaSyA1b2C3d4E5f6G7h8I9j0KlMnOpQrStUvW rejected; groq gsk_0123456789abcdefABCDEF "
+        "hf_abcdefghijklmnopqrstuv; Authorization: Basic dXNlcjpwYXNzd29yZA== password=s3cr3t!"
+    )
+    out = sanitize(others)
+    for leak in ("AIzaSy", "gsk_0123", "hf_abcdef", "dXNlcjpw", "s3cr3t"):
+        assert leak not in out, out
+    assert "rejected" in out and "password=[redacted]" in out
 
 
 async def test_an_open_circuit_skips_the_model_then_a_probe_closes_it(
