@@ -220,8 +220,10 @@ class RequestHooks:
         own ``max_cost_usd``; 503 when the limit store could not be asked."""
         if guard is not None and guard.unavailable is not None:
             return limits_unavailable()
+        # A budget does not come back by retrying at once, and the OpenAI SDKs retry a 429
+        # (ignoring a retry-after over 60 s) unless told not to.
+        headers = {"x-should-retry": "false"}
         if guard is not None and guard.rejection is not None and message.startswith(KEY_BUDGET):
-            headers: dict[str, str] = {}
             resets = guard.rejection.resets_at
             if resets is not None:
                 headers["retry-after"] = str(max(int(resets - time.time()) + 1, 1))
@@ -231,7 +233,9 @@ class RequestHooks:
             return APIError(
                 429, message, type="budget_exceeded", code="key_budget_exceeded", headers=headers
             )
-        return APIError(429, message, type="budget_exceeded", code="request_budget_exceeded")
+        return APIError(
+            429, message, type="budget_exceeded", code="request_budget_exceeded", headers=headers
+        )
 
     async def finish(self, rlog: RequestLog, result: RouteResult | None) -> None:
         """Account for a finished request, exactly once. Never raises: accounting problems

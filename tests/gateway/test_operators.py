@@ -284,6 +284,7 @@ def test_request_budget_cap(gw: Gateway) -> None:
     k = create_key(gw)
     r = chat(gw, k["key"], xrouter={"max_cost_usd": 0.0000001})
     assert r.status_code == 429 and r.json()["error"]["code"] == "request_budget_exceeded"
+    assert r.headers["x-should-retry"] == "false"  # the OpenAI SDKs would retry it at once
 
 
 def test_abandoned_stream_is_charged_to_its_key(
@@ -532,6 +533,7 @@ def test_a_key_moved_to_another_budget_period_keeps_what_it_spent_in_it(gw: Gate
     assert r.status_code == 200
     refused = chat(gw, k["key"], "over")
     assert refused.status_code == 429 and refused.json()["error"]["code"] == "key_budget_exceeded"
+    assert refused.headers["x-should-retry"] == "false"
 
 
 def test_a_rotated_key_keeps_its_budget_and_spend_under_a_new_secret(gw: Gateway) -> None:
@@ -724,6 +726,7 @@ def test_the_responses_api_answers_to_the_same_keys_budgets_and_ledger(
     assert r.status_code == 429 and r.json()["error"]["code"] == "key_budget_exceeded"
     r = respond(create_key(gw)["key"], xrouter={"max_cost_usd": 0.0000001})
     assert r.status_code == 429 and r.json()["error"]["code"] == "request_budget_exceeded"
+    assert r.headers["x-should-retry"] == "false"  # the OpenAI SDKs would retry it at once
     narrow = create_key(gw, allowed_models=["gemma-2-9b-it"])
     r = respond(narrow["key"])
     assert r.status_code == 403 and r.json()["error"]["code"] == "model_not_allowed"
@@ -776,6 +779,7 @@ def test_the_messages_api_answers_to_the_same_keys_budgets_and_ledger(
     assert r.headers["x-ratelimit-remaining-budget-usd"] == "0.000000"
     r = message(create_key(gw)["key"], xrouter={"max_cost_usd": 0.0000001})
     assert r.status_code == 429 and r.json()["error"]["code"] == "request_budget_exceeded"
+    assert r.headers["x-should-retry"] == "false"  # the OpenAI SDKs would retry it at once
     narrow = create_key(gw, allowed_models=["gemma-2-9b-it"])
     r = message(narrow["key"])
     assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
