@@ -8,6 +8,7 @@ handed to the hooks that write the ledger row and the metrics.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -24,6 +25,7 @@ from gateway.errors import (
     bad_request,
     forbidden,
     from_provider_error,
+    internal_error,
     not_found,
     upstream_error,
 )
@@ -295,6 +297,9 @@ class ChatService:
                 hit = await self._lookup(rt, data, req, who, resolved, rlog, ctx)
                 if hit is not None:
                     return await self._answer_from_cache(req, rlog, ctx, hit)
+            # The run's state is the request's from the start: whatever ends the run (an
+            # error, a cancellation), the calls it made reach the ledger row.
+            rlog.result_state = rt.orchestrator.new_state(resolved.policy, ctx)
             try:
                 result = await rt.orchestrator.run(
                     resolved.policy,
@@ -302,9 +307,9 @@ class ChatService:
                     stream=req.stream,
                     guard=guard,
                     timeout_s=rt.settings.server.request_timeout_s,
+                    state=rlog.result_state,
                 )
             except NoAnswer as exc:
-                rlog.result_state = exc.state
                 if isinstance(exc, RequestTimeout):
                     raise upstream_error("timeout", str(exc)) from None
                 last = exc.last_failure
@@ -322,6 +327,18 @@ class ChatService:
             rlog.error_type = err.code or err.type
             await self.hooks.finish(rlog, None)
             return err.response({"x-xrouter-request-id": request_id})
+        except asyncio.CancelledError:
+            # The server gave up on the request (a shutdown past its grace period): no one
+            # reads the answer, but the calls already made were paid for.
+            rlog.status = 499
+            await self.hooks.finish(rlog, None)
+            raise
+        except Exception:
+            log.exception("request %s failed", request_id)
+            failure = internal_error()
+            rlog.status, rlog.error_type = failure.status, failure.code
+            await self.hooks.finish(rlog, None)
+            return failure.response({"x-xrouter-request-id": request_id})
         rlog.result = result
         if result.stream is not None:
             return self.render.stream(req, rlog, result, rt.settings.server.request_timeout_s)

@@ -84,6 +84,10 @@ _UPSTREAM_STATUS = {
 }
 
 
+# The status an error event in a stream stands for (the event carries only the body).
+UPSTREAM_CODE_STATUS = {code: status for status, code in _UPSTREAM_STATUS.values()}
+
+
 def upstream_error(kind: str | None, message: str) -> APIError:
     status, code = _UPSTREAM_STATUS.get(kind or "", (502, "upstream_error"))
     return APIError(status, message, type="upstream_error", code=code)

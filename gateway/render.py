@@ -7,6 +7,7 @@ answer cache through ``remember``."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -15,7 +16,7 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 
 from gateway.cache import CachedAnswer
-from gateway.errors import from_provider_error
+from gateway.errors import from_provider_error, internal_error
 from gateway.hooks import RequestHooks, RequestLog
 from gateway.runtime import ROUTER_MODEL
 from gateway.schemas import ChatCompletionRequest
@@ -24,6 +25,8 @@ from router.loop import RouteResult
 from router.providers.errors import ProviderError
 
 __all__ = ["SSE_HEADERS", "Renderer", "usage_with_cost", "xrouter_meta"]
+
+log = logging.getLogger(__name__)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 # Offers a served answer to the cache: (request log, result, answering model, choices).
@@ -195,7 +198,20 @@ class Renderer:
                 api = from_provider_error(err)
                 rlog.status, rlog.error_type = api.status, api.code
                 yield b"data: " + orjson.dumps(api.body()) + b"\n\ndata: [DONE]\n\n"
+            except Exception:
+                # A bug of ours mid-stream: the client still gets an error event to end on
+                # (the headers are long gone), the log the traceback, the ledger its row.
+                log.exception("stream of request %s failed", rlog.request_id)
+                api = internal_error()
+                rlog.status, rlog.error_type = api.status, api.code
+                yield b"data: " + orjson.dumps(api.body()) + b"\n\ndata: [DONE]\n\n"
             finally:
+                # Closed early (the client left, or a translation stopped reading): the relay
+                # records the call and settles its hold when it closes, which must happen
+                # before the ledger row is built, not whenever the generator is collected.
+                aclose = getattr(chunks, "aclose", None)
+                if aclose is not None:
+                    await aclose()
                 await hooks.finish(rlog, result)
 
         return StreamingResponse(

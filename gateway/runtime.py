@@ -153,6 +153,10 @@ def build_runtime(
     pool = ModelPool.from_configs(settings.pool, catalog)
     if not len(pool):
         raise ValueError("the pool is empty: configure at least one model under `pool:`")
+    if any(t.transport == "litellm" for m in pool for t in m.targets):
+        from router.providers.litellm_provider import preload_litellm
+
+        preload_litellm()
     breaker = BreakerConfig(
         settings.router.circuit_breaker.failures, settings.router.circuit_breaker.cooldown_s
     )

@@ -6,6 +6,7 @@ stream as chunks."""
 from __future__ import annotations
 
 import abc
+import logging
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from typing import Any, NamedTuple, TypeVar
 
@@ -13,6 +14,8 @@ import orjson
 from pydantic import BaseModel, ValidationError
 
 from gateway.errors import bad_request
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "BODY_HEADERS",
@@ -126,7 +129,14 @@ class StreamTranslation(abc.ABC):
         try:
             yield self.start()
             async for chunk in chunks:
-                out = self.on_chunk(chunk)
+                try:
+                    out = self.on_chunk(chunk)
+                except Exception:
+                    # A chunk this translation cannot take (a bug of ours: the providers
+                    # check what they relay): end the stream with this API's failure event
+                    # rather than cutting the connection.
+                    log.exception("could not translate a chat chunk: %.200r", chunk)
+                    break
                 if out:
                     yield out
             if not self.done:  # the chat stream ended without its last chunk

@@ -28,6 +28,7 @@ from router.policy import (
     Select,
     ToolCall,
 )
+from router.providers.errors import ProviderError
 
 log = logging.getLogger(__name__)
 
@@ -312,12 +313,16 @@ class Orchestrator:
         stream: bool = False,
         guard: BudgetGuard | None = None,
         timeout_s: float | None = None,
+        state: LoopState | None = None,
     ) -> RouteResult:
         """Run ``policy`` on one request. With ``stream``, a final single call is opened as a
         stream and returned un-consumed in ``RouteResult.stream``. ``guard`` reserves and
         settles each call against the caller's budgets (e.g. an API key's). ``timeout_s``
-        bounds the whole run (``RequestTimeout``); an opened stream is the caller's to bound."""
-        state = LoopState(decision=Decision(policy.name, ctx.cost_weight, policy.feature_version))
+        bounds the whole run (``RequestTimeout``); an opened stream is the caller's to bound.
+        ``state`` (from ``new_state``) lets the caller keep what the run did however it ends,
+        cancelled included."""
+        if state is None:
+            state = self.new_state(policy, ctx)
         if timeout_s is None:
             return await self._run(policy, ctx, state, stream, guard)
         try:
@@ -325,6 +330,10 @@ class Orchestrator:
                 return await self._run(policy, ctx, state, stream, guard)
         except TimeoutError:
             raise RequestTimeout(timeout_s, state) from None
+
+    @staticmethod
+    def new_state(policy: Policy, ctx: RouteContext) -> LoopState:
+        return LoopState(decision=Decision(policy.name, ctx.cost_weight, policy.feature_version))
 
     async def _run(
         self,
@@ -402,13 +411,27 @@ class Orchestrator:
             return None
         try:
             sc = await self.executor.open_stream(ctx, call, state.turn)
-        except BaseException:
+        except BaseException as exc:
             # Also when cancelled (the request timed out, the client left): the hold must
             # never outlive the call.
             held = reserved.pop(call.id)
             if guard is not None:
                 await guard.settle(call, held, 0)
-            raise
+            if not isinstance(exc, ProviderError):
+                raise
+            # A failed call, as ``execute`` reports one: in the state (so the ledger row has
+            # it), and the policy's to answer on its next step (another model, or no answer).
+            state.outcomes.append(
+                CallOutcome(
+                    call=call,
+                    turn=state.turn,
+                    ok=False,
+                    model=call.model,
+                    error=exc.message,
+                    error_kind=exc.kind,
+                )
+            )
+            return None
         held = reserved.pop(call.id)
         result = RouteResult(state, final_model=call.model)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from gateway.errors import UPSTREAM_CODE_STATUS
 from gateway.messages.request import MessagesRequest
 from gateway.translation import StreamTranslation, chat_answer, with_meta
 
@@ -177,7 +178,10 @@ class EventStream(StreamTranslation):
         if "error" in chunk:
             self.done = True
             err = chunk["error"] or {}
-            return self._error(502 if err.get("type") == "upstream_error" else 500, err)
+            status = 500
+            if err.get("type") == "upstream_error":
+                status = UPSTREAM_CODE_STATUS.get(err.get("code") or "", 502)
+            return self._error(status, err)
         self.model = chunk.get("model") or self.model
         choices = chunk.get("choices")
         if not choices:

@@ -33,6 +33,8 @@ LATENCY_HEADER = "x-replay-latency-ms"
 FAKE_SECRET = "sk-replay-SECRET-123 at http://10.1.2.3:9/internal"
 _JSON = "application/json"
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+# What the bad-event fault sends: valid JSON, not a chat completion (chunk).
+BAD_EVENT = b'{"choices": [null]}'
 
 
 def _json(body: bytes, status: int = 200) -> web.Response:
@@ -127,11 +129,14 @@ class ReplayService:
             return _error(400, str(exc), "invalid_request", exc.param)
         meta = self._ids.meta(req.model)
         usage = fault is None or fault.kind != "no-usage"
+        bad = int(fault.value) if fault is not None and fault.kind == "bad-event" else None
         if not req.stream:
+            if bad is not None:
+                return _json(BAD_EVENT)
             return _json(completion_body(completion, req.n, meta, usage=usage))
         cut = int(fault.value) if fault is not None and fault.kind == "cut-stream" else None
         return await self._stream(
-            request, stream_events(completion, req.n, meta, req.include_usage and usage), cut
+            request, stream_events(completion, req.n, meta, req.include_usage and usage), cut, bad
         )
 
     async def _fail(
@@ -156,7 +161,11 @@ class ReplayService:
         return None
 
     async def _stream(
-        self, request: web.Request, events: Iterator[tuple[bytes, int]], cut: int | None
+        self,
+        request: web.Request,
+        events: Iterator[tuple[bytes, int]],
+        cut: int | None,
+        bad: int | None = None,
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers=_SSE_HEADERS)
         await resp.prepare(request)
@@ -166,6 +175,9 @@ class ReplayService:
                 if cut is not None and (kind == ENDING or (kind == CONTENT and sent >= cut)):
                     _hang_up(request)  # cut-stream: no finish_reason, no [DONE]
                     return resp
+                if bad is not None and (kind == ENDING or (kind == CONTENT and sent >= bad)):
+                    await resp.write(b"data: " + BAD_EVENT + b"\n\n")
+                    bad = None
                 await resp.write(event)  # one write per event: never buffer the stream
                 if kind == CONTENT:
                     sent += 1

@@ -11,6 +11,9 @@ message):
 ``drop``              close the connection without sending a response
 ``latency=<ms>``      answer normally after an extra delay (slow, not failing)
 ``no-usage``          answer normally but report no ``usage`` (as some servers do)
+``bad-event=<n>``     a malformed answer: a stream sends n content events, then an event
+                      that is JSON but not a chunk (``{"choices": [null]}``); a plain
+                      request gets that as its body, with a 200
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Literal
 
-FaultKind = Literal["status", "timeout", "cut-stream", "drop", "latency", "no-usage"]
+FaultKind = Literal["status", "timeout", "cut-stream", "drop", "latency", "no-usage", "bad-event"]
 
 DEFAULT_TIMEOUT_S = 300.0
 ANY_MODEL = "*"
@@ -59,11 +62,11 @@ class Fault:
                 if not 400 <= code <= 599:
                     raise FaultSyntaxError("status must be an HTTP error code (400-599)")
                 return cls("status", code)
-            if name == "cut-stream" and sep:
+            if name in ("cut-stream", "bad-event") and sep:
                 events = int(arg)
                 if events < 0:
-                    raise FaultSyntaxError("cut-stream needs a count >= 0")
-                return cls("cut-stream", events)
+                    raise FaultSyntaxError(f"{name} needs a count >= 0")
+                return cls(name, events)  # type: ignore[arg-type]
             if name == "latency" and sep:
                 ms = float(arg)
                 if not 0 <= ms < math.inf:
@@ -75,7 +78,7 @@ class Fault:
             raise FaultSyntaxError(f"bad fault argument in {text!r}") from None
         raise FaultSyntaxError(
             f"unknown fault {text!r}; expected status=<code>, timeout[=<s>], cut-stream=<n>, "
-            "drop, latency=<ms> or no-usage"
+            "drop, latency=<ms>, no-usage or bad-event=<n>"
         )
 
     def __str__(self) -> str:

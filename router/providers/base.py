@@ -29,6 +29,47 @@ class ProviderResponse:
         return cls(body, usage, latency_ms, reported)
 
 
+def chunk_problem(chunk: Any) -> str | None:
+    """What makes a parsed stream event something other than a ``chat.completion.chunk``
+    the gateway can relay, or None. Checked once per event, before anything reads it: an
+    upstream that sends ``[]`` or a choice of ``null`` is a bad response (retried, counted
+    against the model), not an AttributeError deep in the relay."""
+    if not isinstance(chunk, dict):
+        return "an event is not a JSON object"
+    usage = chunk.get("usage")
+    if usage is not None and not isinstance(usage, dict):
+        return "usage is not an object"
+    choices = chunk.get("choices")
+    if choices is None:
+        return None
+    if not isinstance(choices, list):
+        return "choices is not a list"
+    for choice in choices:
+        if not isinstance(choice, dict) or not isinstance(choice.get("index", 0), int):
+            return "a choice is not an object with an integer index"
+        delta = choice.get("delta")
+        if delta is None:
+            continue
+        if not isinstance(delta, dict):
+            return "a delta is not an object"
+        if not isinstance(delta.get("content") or "", str):
+            return "a delta's content is not a string"
+        calls = delta.get("tool_calls")
+        if calls is None:
+            continue
+        if not isinstance(calls, list):
+            return "tool_calls is not a list"
+        for call in calls:
+            if not isinstance(call, dict) or not isinstance(call.get("index", 0), int):
+                return "a tool call is not an object with an integer index"
+            fn = call.get("function")
+            if fn is not None and (
+                not isinstance(fn, dict) or not isinstance(fn.get("arguments") or "", str)
+            ):
+                return "a tool call's function is not an object with string arguments"
+    return None
+
+
 @dataclass(slots=True)
 class StreamStats:
     """Filled in while a stream is consumed; final once the iterator is exhausted."""

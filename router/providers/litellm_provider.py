@@ -37,6 +37,13 @@ _PASS_THROUGH = (
 )
 
 
+def preload_litellm() -> None:
+    """Import LiteLLM now, off the request path: called while a runtime is built (before the
+    server starts, or in a worker thread on reload) when the pool has a model on this
+    transport, so the first call does not stall the event loop for the import's seconds."""
+    _litellm()
+
+
 def _litellm() -> Any:
     # Never fetch the remote cost map at import: we ship our own catalog, and the network
     # may be closed.

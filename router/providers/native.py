@@ -15,7 +15,7 @@ import aiohttp
 import orjson
 
 from router.pool import PoolModel
-from router.providers.base import Provider, ProviderResponse, StreamStats
+from router.providers.base import Provider, ProviderResponse, StreamStats, chunk_problem
 from router.providers.errors import ErrorKind, ProviderError, sanitize
 
 _JSON = {"Content-Type": "application/json"}
@@ -118,6 +118,9 @@ class NativeOpenAIProvider(Provider):
             data = orjson.loads(raw)
             if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
                 raise ValueError("no choices")
+            for choice in data["choices"]:
+                if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
+                    raise ValueError("a choice without a message object")
         except (orjson.JSONDecodeError, ValueError):
             raise ProviderError(
                 "bad_response", f"upstream {model.name} sent an invalid response", model=model.name
@@ -168,6 +171,13 @@ class NativeOpenAIProvider(Provider):
                         raise ProviderError(
                             "upstream_5xx",
                             f"upstream {model.name} failed mid-stream: {sanitize(str(err.get('message')), model.api_key)}",
+                            model=model.name,
+                        )
+                    problem = chunk_problem(chunk)
+                    if problem is not None:
+                        raise ProviderError(
+                            "bad_response",
+                            f"upstream {model.name} sent an invalid stream event: {problem}",
                             model=model.name,
                         )
                     if stats.ttft_ms is None:

@@ -163,6 +163,9 @@ async def test_a_cut_answer_and_ignored_tools() -> None:
         (sse(delta({"content": "Hal"}), {"error": {"message": "upstream died",
              "type": "upstream_error", "code": "upstream_unavailable"}}), "api_error"),
         (sse(delta({"content": "Hal"}), done=False), "api_error"),  # ended without its last chunk
+        # The request's deadline passed mid-stream: Anthropic's own name for a 504.
+        (sse(delta({"content": "Hal"}), {"error": {"message": "too slow",
+             "type": "upstream_error", "code": "upstream_timeout"}}), "timeout_error"),
     ],
 )  # fmt: skip
 async def test_a_stream_that_fails_ends_with_an_error_event(body: bytes, kind: str) -> None:

@@ -130,6 +130,27 @@ def test_cut_stream_fault(
         client.chat.completions.create(model=MODEL, **channel(f"cut-stream={after}", replay))
 
 
+@CHANNELS
+@pytest.mark.parametrize("after", [0, 3])
+def test_bad_event_fault(replay: ReplayServer, channel: Channel, after: int) -> None:
+    # Read raw: the fault exists to send what no SDK would parse.
+    kwargs = channel(f"bad-event={after}", replay)
+    body = {"model": MODEL, "messages": kwargs["messages"], "stream": True}
+    headers = kwargs.get("extra_headers", {})
+    with replay.http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    bad = events.index('{"choices": [null]}')
+    content = [e for e in events[:bad] if '"content":"' in e and '"content":""' not in e]
+    assert len(content) == after and events[-1] == "[DONE]"
+    kwargs = channel(f"bad-event={after}", replay)  # a queued fault is used up: queue again
+    r2 = replay.http.post(
+        "/v1/chat/completions",
+        json={**body, "stream": False},
+        headers=kwargs.get("extra_headers", {}),
+    )
+    assert r2.status_code == 200 and r2.json() == {"choices": [None]}
+
+
 def test_latency_header_global_and_marker_keeps_recorded_answer(
     client: openai.OpenAI, demo_records: list[OutcomeRecord]
 ) -> None:

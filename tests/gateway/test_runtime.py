@@ -1,0 +1,49 @@
+"""Building the runtime snapshot: what it prepares before the first request."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.replay import REPO_ROOT
+
+PROBE = """
+import sys
+from pathlib import Path
+from gateway.runtime import build_runtime
+from gateway.settings import load_settings
+build_runtime(load_settings(Path(sys.argv[1]), env={}))
+print("litellm" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize(
+    ("entry", "imported"),
+    [
+        # Importing LiteLLM takes seconds: done while the runtime is built (before serving,
+        # or in a thread on reload) when a model needs it, never on the first call's event
+        # loop; and not at all for a pool that does not need it.
+        ("{name: claude, model: anthropic/claude-3-5-haiku, price: {input: 0.8, output: 4}}", True),
+        (
+            "{name: mine, model: hosted_vllm/mine, api_base: 'http://127.0.0.1:9/v1', price: 0}",
+            False,
+        ),
+    ],
+)
+def test_litellm_is_imported_with_the_runtime_only_when_the_pool_needs_it(
+    tmp_path: Path, entry: str, imported: bool
+) -> None:
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"router: {{watch_files: false}}\npool:\n  - {entry}\n")
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, str(cfg)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert out.stdout.strip().splitlines()[-1] == str(imported), out.stderr
