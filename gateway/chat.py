@@ -399,8 +399,16 @@ class ChatService:
         model: str | None,
         choices: list[dict[str, Any]],
     ) -> None:
-        """Offer a served answer to the cache (in the background)."""
+        """Offer a served answer to the cache (in the background): only an answer the
+        routing gave freely. One it settled for — a call refused by a budget, a failed model
+        or its fallback standing in, the best answer at the turn limit — would outlive the
+        condition that made it (a raised budget, a recovered model)."""
         if self.cache is None or rlog.cache is None:
+            return
+        if result.fallback_used or any(
+            not o.ok or o.fallback_from is not None
+            for o in (*result.state.router_calls, *result.state.outcomes)
+        ):
             return
         usage = result.usage().to_openai()
         answer = CachedAnswer(

@@ -280,11 +280,23 @@ class Renderer:
         )
 
 
+# Request fields whose answer holds more than the first choice's text (the relay keeps only
+# that text): legacy function calling and audio output.
+_NON_TEXT_FIELDS = ("functions", "audio")
+
+
 def streamed_text_only(req: ChatCompletionRequest) -> bool:
     """A relayed stream whose whole answer is the first choice's text: no tools offered
-    (no tool calls), one choice, no log probabilities."""
+    (no tool calls), one choice, no log probabilities, no audio or legacy functions."""
     extra = req.model_extra or {}
-    return req.tools is None and req.n == 1 and not extra.get("logprobs")
+    return (
+        req.tools is None
+        and req.n == 1
+        and not req.logprobs
+        and not req.top_logprobs
+        and not any(extra.get(f) for f in _NON_TEXT_FIELDS)
+        and all(m == "text" for m in extra.get("modalities") or ())
+    )
 
 
 def first_text(body: dict[str, Any]) -> str | None:

@@ -564,3 +564,39 @@ def test_an_operator_can_clear_the_cache(
     assert ask(cached, rec.text).headers["x-xrouter-cache"] == "miss"
     off = httpx.delete(f"{gateway.url}/admin/cache", headers=admin)
     assert off.status_code == 409 and off.json()["error"]["code"] == "cache_disabled"
+
+
+def test_only_answers_given_freely_are_kept(
+    cached: Gateway, upstream: Upstream, table_iter: Iterator[OutcomeRecord]
+) -> None:
+    # A stream whose answer is more than its text (log probabilities asked for) is not
+    # kept: the relay keeps only the text, which a plain request would then get without
+    # the log probabilities it asked for.
+    rec = next(table_iter)
+    messages = [{"role": "user", "content": rec.text}]
+    list(
+        client(cached).chat.completions.create(
+            model=MODEL, messages=messages, stream=True, logprobs=True
+        )
+    )
+    time.sleep(0.3)  # what is kept is stored in the background
+    assert ask(cached, rec.text, logprobs=True).headers["x-xrouter-cache"] == "miss"
+
+    # An answer the router settled for — the cheapest model failed, the next stood in —
+    # is not kept either: once the cheapest model is back, the same request goes to it.
+    rec = next(table_iter)
+    cheapest = "llama-3.2-3b-instruct"
+    upstream.fault(cheapest, "status=500", count=2)  # both attempts (max_retries 1)
+    first = ask(cached, rec.text, model="xrouter/cheapest")
+    assert first.parse().model != cheapest
+    time.sleep(0.3)
+    again = ask(cached, rec.text, model="xrouter/cheapest")
+    assert again.headers["x-xrouter-cache"] == "miss"
+    assert again.parse().model == cheapest
+    deadline = time.monotonic() + 5
+    while True:  # this one, given freely, is kept (stored in the background)
+        r = ask(cached, rec.text, model="xrouter/cheapest")
+        if r.headers["x-xrouter-cache"] == "hit" or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert r.headers["x-xrouter-cache"] == "hit"
