@@ -21,7 +21,7 @@ import redis
 from anthropic.types import TextBlock
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from openai.types.chat import ChatCompletionMessageFunctionToolCall
+from openai.types.chat import ChatCompletionMessageFunctionToolCall, ChatCompletionMessageParam
 
 from router.outcomes import OutcomeRecord
 from tests.gateway.conftest import Upstream, ledger_rows
@@ -573,7 +573,7 @@ def test_only_answers_given_freely_are_kept(
     # kept: the relay keeps only the text, which a plain request would then get without
     # the log probabilities it asked for.
     rec = next(table_iter)
-    messages = [{"role": "user", "content": rec.text}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": rec.text}]
     list(
         client(cached).chat.completions.create(
             model=MODEL, messages=messages, stream=True, logprobs=True
