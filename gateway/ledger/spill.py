@@ -139,8 +139,15 @@ class SpillJournal:
 
     def open(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self._lock_path(self.owner), os.O_RDWR | os.O_CREAT, 0o600)
+        # Locked under a name no other writer looks at, then renamed into place: a lock file
+        # that is seen unlocked is a dead writer's, and a writer scanning between our create
+        # and our flock would take this live one's for dead, delete it, and from then on
+        # adopt our segments as we write them.
+        final = self._lock_path(self.owner)
+        pending = final.with_name(f".{final.name}.new")
+        fd = os.open(pending, os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(pending, final)
         self._lock_fd = fd
         _fsync_dir(self.directory)
 
