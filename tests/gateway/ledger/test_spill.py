@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from gateway.ledger import spill
 from gateway.ledger.spill import SpillJournal
 from tests.gateway.ledger.factories import make_request
 
@@ -45,9 +44,9 @@ def test_a_writer_starting_up_is_never_taken_for_a_dead_one(
             scanned[0] = other.adopt_orphans()
         real_flock(fd, operation)
 
-    monkeypatch.setattr(spill.fcntl, "flock", flock_after_a_scan)
+    monkeypatch.setattr(fcntl, "flock", flock_after_a_scan)
     me.open()
-    monkeypatch.setattr(spill.fcntl, "flock", real_flock)
+    monkeypatch.setattr(fcntl, "flock", real_flock)
     assert scanned == [0]
     me.append([make_request(uuid.uuid4().hex)])
     assert other.adopt_orphans() == 0
