@@ -65,6 +65,9 @@ def parquet_schema() -> Any:
             ("completion_tokens", pa.int64()),
             ("latency_ms", pa.float64()),
             ("response", pa.string()),
+            # The chosen model's call failed (score 0, its call's cost): see the JSONL export.
+            ("failed", pa.bool_()),
+            ("error_type", pa.string()),
             ("propensity", pa.float64()),
             ("cost_weight", pa.float64()),
             ("logged_policy", pa.string()),
@@ -102,6 +105,8 @@ def flatten(rec: dict[str, Any]) -> dict[str, Any]:
         "completion_tokens": outcome["completion_tokens"],
         "latency_ms": outcome["latency_ms"],
         "response": outcome.get("response"),
+        "failed": bool(outcome.get("failed")),
+        "error_type": outcome.get("error_type"),
         "propensity": logged.get("propensity"),
         "cost_weight": logged.get("cost_weight"),
         "logged_policy": logged.get("policy"),
@@ -121,6 +126,8 @@ def unflatten(row: dict[str, Any]) -> dict[str, Any]:
     outcome.update(latency_ms=row["latency_ms"], model=row["model"])
     if row["response"] is not None:
         outcome["response"] = row["response"]
+    if row.get("failed"):
+        outcome.update(failed=True, error_type=row.get("error_type"))
     rec: dict[str, Any] = {"id": row["id"], "outcomes": {row["action"]: outcome}}
     if row["messages_json"] is not None:
         rec["messages"] = orjson.loads(row["messages_json"])

@@ -5,6 +5,12 @@ has an outcome (its latest feedback score, its cost and tokens), and ``logged`` 
 action it was and with which probability (``propensity``), which is what off-policy
 estimators need. Every JSONL line parses with ``router.outcomes.parse_record``.
 
+A request whose chosen model *failed* (an error, a timeout, a refusal of the input) is
+exported too, answered or not: its outcome is that call's, with score 0 and ``"failed":
+true``, whatever a fallback then answered. Leaving such requests out (or folding them into
+the fallback's trajectory, which single-model learners skip) would show each model's
+outcomes without its failures, and off-policy estimates would overrate unreliable models.
+
 The outcome is keyed by the logged action (the decision's first action, falling back to the
 model that answered). They differ only when a fallback answered for the chosen model; the
 record then still says what happened when *that action* was taken, and the outcome's
@@ -57,6 +63,8 @@ class ExportStats:
     records: int = 0
     # Successful requests without feedback, skipped unless ``include_unscored``.
     unscored_skipped: int = 0
+    # Records of a chosen model's failed call (score 0; counted in ``records`` too).
+    failures: int = 0
 
 
 _CALL_FIELDS = (
@@ -79,14 +87,17 @@ _CALL_FIELDS = (
 # -- building records -----------------------------------------------------------------
 
 
-def _propensity(decision: dict[str, Any] | None) -> float | None:
-    """The probability the policy gave its whole action sequence; 1.0 for a request that
-    named its model (no decision was made). None when unknown or invalid."""
+def _propensity(decision: dict[str, Any] | None, first_only: bool = False) -> float | None:
+    """The probability the policy gave its whole action sequence (or, ``first_only``, its
+    first action); 1.0 for a request that named its model (no decision was made). None when
+    unknown or invalid."""
     if not decision:
         return 1.0
+    props = decision.get("propensities")
     p = decision.get("propensity")
-    if p is None:
-        props = decision.get("propensities")
+    if first_only and props:
+        p = props[0]
+    elif p is None:
         if not props:
             return None
         p = math.prod(float(q) for q in props)
@@ -94,6 +105,24 @@ def _propensity(decision: dict[str, Any] | None) -> float | None:
     if not math.isfinite(p) or p <= 0.0:
         return None
     return min(p, 1.0)  # a product of floats can overshoot 1 by an ulp
+
+
+# A call that was never made tells nothing about the model: refused by a budget, or skipped
+# while its circuit breaker was open.
+_NOT_CALLED = frozenset({"budget", "circuit_open"})
+
+
+def _first_call_failure(call_rows: Sequence[dict[str, Any]], action: str) -> dict[str, Any] | None:
+    """The first downstream call, when it was the logged action's and it failed."""
+    first = next((c for c in call_rows if c["role"] == "downstream"), None)
+    if (
+        first is None
+        or first["model"] != action
+        or first["status"] != "error"
+        or first["error_type"] in _NOT_CALLED
+    ):
+        return None
+    return first
 
 
 def _action(decision: dict[str, Any] | None, final_model: str) -> str:
@@ -110,14 +139,21 @@ def build_record(
     include_unscored: bool = False,
 ) -> dict[str, Any] | None:
     """The outcome-table record of one logged request (``feedback_rows`` oldest first), or
-    None when it has no feedback and unscored records are not wanted."""
-    score = feedback_rows[-1]["score"] if feedback_rows else None
-    if score is None and not include_unscored:
-        return None
-    final_model: str = row["final_model"]
+    None when it has no feedback and unscored records are not wanted (or it is a failed
+    request whose chosen model did not fail: nothing to learn about that model)."""
     decision = row["decision"] if isinstance(row["decision"], dict) else None
     content = row["content"] if isinstance(row["content"], dict) else None
-    action = _action(decision, final_model)
+    final_model: str | None = row["final_model"]
+    action = _action(decision, final_model or "")
+    failed = _first_call_failure(call_rows, action) if action else None
+    if failed is not None:
+        score: float | None = 0.0
+    elif final_model is None or not 200 <= int(row["status"]) < 300:
+        return None
+    else:
+        score = feedback_rows[-1]["score"] if feedback_rows else None
+        if score is None and not include_unscored:
+            return None
 
     record: dict[str, Any] = {"id": row["request_id"]}
     response = None
@@ -136,21 +172,36 @@ def build_record(
     outcome: dict[str, Any] = {}
     if score is not None:
         outcome["score"] = float(score)
-    outcome.update(
-        cost_usd=micros_to_usd(int(row["total_cost_micros"])),
-        cost_micros=int(row["total_cost_micros"]),
-        prompt_tokens=int(row["prompt_tokens"]),
-        completion_tokens=int(row["completion_tokens"]),
-        latency_ms=float(row["latency_ms"]),
-        model=final_model,
-    )
-    if response is not None:
-        outcome["response"] = response
+    if failed is not None:
+        # The chosen model's own outcome: its call alone, not what a fallback bought after.
+        outcome.update(
+            cost_usd=micros_to_usd(int(failed["cost_micros"])),
+            cost_micros=int(failed["cost_micros"]),
+            prompt_tokens=int(failed["prompt_tokens"]),
+            completion_tokens=int(failed["completion_tokens"]),
+            latency_ms=float(failed["latency_ms"]),
+            model=action,
+            failed=True,
+            error_type=failed["error_type"],
+        )
+    else:
+        outcome.update(
+            cost_usd=micros_to_usd(int(row["total_cost_micros"])),
+            cost_micros=int(row["total_cost_micros"]),
+            prompt_tokens=int(row["prompt_tokens"]),
+            completion_tokens=int(row["completion_tokens"]),
+            latency_ms=float(row["latency_ms"]),
+            model=final_model,
+        )
+        if response is not None:
+            outcome["response"] = response
     record["outcomes"] = {action: outcome}
     if score is None:
         record["scored"] = False  # needs a score (e.g. a judge) before training
 
-    propensity = _propensity(decision)
+    # A failure's record is its first decision's: the steps after it (a failover) were
+    # forced by the failure, not chosen.
+    propensity = _propensity(decision, first_only=failed is not None)
     if propensity is not None:
         record["logged"] = {
             "action": action,
@@ -162,7 +213,7 @@ def build_record(
         if checkpoint:
             record["logged"]["checkpoint"] = str(checkpoint)  # which deployed router decided
         actions = (decision or {}).get("actions") or []
-        if len(actions) > 1:
+        if len(actions) > 1 and failed is None:
             # A multi-call trajectory (a cascade's plan): its outcome is not ``action``'s
             # alone, and off-policy learners over single models must know to skip it.
             record["logged"]["actions"] = [str(a) for a in actions]
@@ -198,11 +249,23 @@ async def iter_export_records(
 ) -> AsyncIterator[list[dict[str, Any]]]:
     """Chunks of outcome records, oldest request first (keyset pagination: constant memory,
     no long-lived cursor holding a snapshot). ``stats`` counts what is yielded and skipped."""
+    failed_call = sa.exists().where(
+        calls.c.request_id == requests.c.request_id,
+        calls.c.role == "downstream",
+        calls.c.status == "error",
+    )
     base = [
         *request_filters(since, until, key_id),
-        requests.c.status >= 200,
-        requests.c.status < 300,
-        requests.c.final_model.is_not(None),
+        # Answered requests, and any request with a failed call (build_record keeps those
+        # whose chosen model is the one that failed).
+        sa.or_(
+            sa.and_(
+                requests.c.status >= 200,
+                requests.c.status < 300,
+                requests.c.final_model.is_not(None),
+            ),
+            failed_call,
+        ),
         # Answers from the cache made no decision and cost nothing: not evidence about
         # what routing to a model buys.
         requests.c.cached_from.is_(None),
@@ -255,8 +318,17 @@ async def iter_export_records(
             is not None
         ]
         if stats is not None:
+            answered = sum(
+                1 for r in rows if r["final_model"] is not None and 200 <= int(r["status"]) < 300
+            )
+            failures = sum(
+                1 for rec in chunk if rec["outcomes"][next(iter(rec["outcomes"]))].get("failed")
+            )
             stats.records += len(chunk)
-            stats.unscored_skipped += len(rows) - len(chunk)
+            stats.failures += failures
+            # Answered requests left out: those without feedback (the rest of the rows are
+            # failed requests whose chosen model did not fail).
+            stats.unscored_skipped += answered - (len(chunk) - failures)
         if chunk:
             yield chunk
         if len(rows) < chunk_size:
@@ -409,6 +481,8 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
         print(f"error: export failed: {describe_error(exc)}", file=sys.stderr)
         return 2
     line = f"exported {n} records to {args.out}"
+    if stats.failures:
+        line += f" ({stats.failures} of them a chosen model's failed call, scored 0)"
     if stats.unscored_skipped:
         # Most traffic has no feedback: say why it is missing, or an empty export puzzles.
         line += (

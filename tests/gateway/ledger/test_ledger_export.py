@@ -220,3 +220,57 @@ async def test_a_multi_call_request_lists_its_calls_so_learners_can_skip_it(
     assert back["m1"] is not None and back["m1"].actions == list(plan) and back["m1"].multi_call
     assert back["m1"].checkpoint == "0123456789ab"
     assert back["m2"] is not None and not back["m2"].multi_call
+
+
+def failing(rec: RequestRecord, model: str, error_type: str, status: str = "error") -> None:
+    """Mark ``rec``'s call to ``model`` failed, as the gateway logs one."""
+    call = next(c for c in rec.calls if c.model == model)
+    call.status, call.error_type = status, error_type
+
+
+async def test_a_chosen_model_that_failed_is_exported_as_its_failure(
+    engine: AsyncEngine, make_settings: Callable[..., LedgerSettings], tmp_path: Path
+) -> None:
+    # Explored "weak" (p = 0.2) failed and "strong" answered in its place (a failover,
+    # forced, p = 1): the record is weak's failure, not a trajectory learners skip, or weak's
+    # outcomes would hold only its successes.
+    failover = {
+        "policy": "compact",
+        "cost_weight": 0.5,
+        "actions": ["weak", "strong"],
+        "propensities": [0.2, 1.0],
+        "propensity": 0.2,
+    }
+    answered = make_request(
+        "f1", created_at=T0, models=("weak", "strong"), call_costs=(40, 900), decision=failover
+    )
+    failing(answered, "weak", "upstream_5xx")
+    # Every model failed: no answer, no feedback, still the chosen model's outcome.
+    lost = make_request("f2", created_at=T0 + 1, models=("weak",), call_costs=(0,), status=502)
+    lost.decision = {**failover, "actions": ["weak"], "propensities": [0.5], "propensity": 0.5}
+    failing(lost, "weak", "timeout")
+    # Calls never made say nothing about their model: refused by a budget, circuit open.
+    refused = make_request("f3", created_at=T0 + 2, models=("weak",), call_costs=(0,), status=429)
+    failing(refused, "weak", "budget", status="refused")
+    skipped = make_request("f4", created_at=T0 + 3, models=("weak",), call_costs=(0,), status=503)
+    failing(skipped, "weak", "circuit_open")
+    writer = LedgerWriter(engine, make_settings())
+    await writer.start()
+    for rec in (answered, lost, refused, skipped):
+        writer.submit(rec)
+    writer.submit(make_feedback("f1", 1.0, created_at=T0 + 10))  # strong's answer was good
+    await writer.close()
+
+    for fmt in ("jsonl", "parquet"):
+        out = tmp_path / f"ledger.{fmt}"
+        assert await export_ledger(engine, out, fmt) == 2  # type: ignore[arg-type]
+        by_id = {r.id: r for r in read_export(out)}
+        assert sorted(by_id) == ["f1", "f2"]
+        for rid, p, cost in (("f1", 0.2, 40), ("f2", 0.5, 0)):
+            rec = by_id[rid]
+            assert list(rec.outcomes) == ["weak"], fmt
+            outcome = rec.outcomes["weak"]
+            extra = outcome.model_extra or {}
+            assert (outcome.score, extra["failed"], extra["cost_micros"]) == (0.0, True, cost)
+            assert rec.logged is not None and not rec.logged.multi_call
+            assert (rec.logged.action, rec.logged.propensity) == ("weak", p)
