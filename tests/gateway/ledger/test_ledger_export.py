@@ -263,14 +263,14 @@ async def test_a_chosen_model_that_failed_is_exported_as_its_failure(
 
     for fmt in ("jsonl", "parquet"):
         out = tmp_path / f"ledger.{fmt}"
-        assert await export_ledger(engine, out, fmt) == 2  # type: ignore[arg-type]
+        assert await export_ledger(engine, out, fmt) == 2
         by_id = {r.id: r for r in read_export(out)}
         assert sorted(by_id) == ["f1", "f2"]
         for rid, p, cost in (("f1", 0.2, 40), ("f2", 0.5, 0)):
-            rec = by_id[rid]
-            assert list(rec.outcomes) == ["weak"], fmt
-            outcome = rec.outcomes["weak"]
+            got = by_id[rid]
+            assert list(got.outcomes) == ["weak"], fmt
+            outcome = got.outcomes["weak"]
             extra = outcome.model_extra or {}
             assert (outcome.score, extra["failed"], extra["cost_micros"]) == (0.0, True, cost)
-            assert rec.logged is not None and not rec.logged.multi_call
-            assert (rec.logged.action, rec.logged.propensity) == ("weak", p)
+            assert got.logged is not None and not got.logged.multi_call
+            assert (got.logged.action, got.logged.propensity) == ("weak", p)
