@@ -193,6 +193,8 @@ class Renderer:
                         "finish_reason": finish.get("finish_reason") or "stop",
                     }
                     self.remember(rlog, result, result.final_model, [choice])
+                # As for a JSON answer: the row is durable before the client reads [DONE].
+                await hooks.finish(rlog, result)
                 yield self.final_chunks(rlog, result, model_name)
             except ProviderError as err:
                 api = from_provider_error(err)
@@ -269,6 +271,7 @@ class Renderer:
                 rlog.response_text = text
                 choice = {"index": 0, "message": message, "finish_reason": result.finish_reason}
                 self.remember(rlog, result, result.final_model, [choice])
+                await hooks.finish(rlog, result)  # durable before [DONE]
                 yield self.final_chunks(rlog, result, model)
             finally:
                 await hooks.finish(rlog, result)

@@ -23,6 +23,7 @@ import httpx
 import openai
 import pytest
 import redis
+from openai.types.chat import ChatCompletionMessageParam
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -419,20 +420,29 @@ def test_ledger_rows_survive_kill_9(stack: Stack, upstream: Upstream) -> None:
     got: list[str] = []
     stop = threading.Event()
 
-    def load() -> None:
+    def load(stream: bool) -> None:
+        # Plain answers count once their 200 arrives, streams once their last chunk (the
+        # usage and the xrouter object, just before [DONE]) has.
         c = openai.OpenAI(base_url=g.base_url, api_key="none", max_retries=0, timeout=10)
         i = 0
         while not stop.is_set():
+            messages: list[ChatCompletionMessageParam] = [
+                {"role": "user", "content": f"durable {stream} {i}"}
+            ]
             try:
-                r = c.chat.completions.create(
-                    model=MODEL, messages=[{"role": "user", "content": f"durable {i}"}]
-                )
-                got.append(extra(r)["xrouter"]["request_id"])
-            except openai.APIError:
+                if stream:
+                    last = list(
+                        c.chat.completions.create(model=MODEL, messages=messages, stream=True)
+                    )[-1]
+                    got.append(extra(last)["xrouter"]["request_id"])
+                else:
+                    r = c.chat.completions.create(model=MODEL, messages=messages)
+                    got.append(extra(r)["xrouter"]["request_id"])
+            except (openai.APIError, httpx.HTTPError, KeyError):
                 return
             i += 1
 
-    threads = [threading.Thread(target=load) for _ in range(4)]
+    threads = [threading.Thread(target=load, args=(i % 2 == 1,)) for i in range(4)]
     for t in threads:
         t.start()
     time.sleep(1.5)
