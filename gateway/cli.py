@@ -184,9 +184,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from gateway.ledger.export import run_export
-    from gateway.settings import load_settings
+    from gateway.settings import SettingsError, load_settings
 
-    settings = load_settings(args.config) if args.config else None
+    try:
+        settings = load_settings(args.config) if args.config else None
+    except SettingsError as exc:
+        log.error("%s", exc)
+        return 2
     url = args.ledger or (settings.ledger.url if settings else "sqlite+aiosqlite:///./xrouter.db")
     return asyncio.run(run_export(args, url))
 

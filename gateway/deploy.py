@@ -7,6 +7,7 @@ and keeps serving the old one, if it does not fit its pool."""
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import logging
 import urllib.error
@@ -33,21 +34,35 @@ def run_deploy(args: argparse.Namespace) -> int:
     if not args.admin_key:
         log.error("an admin key is needed: --admin-key or XROUTER_ADMIN_KEY")
         return 2
-    req = urllib.request.Request(
-        f"{args.url.rstrip('/')}/admin/reload",
-        data=json.dumps({"checkpoint": str(path)}).encode(),
-        headers={"Authorization": f"Bearer {args.admin_key}", "Content-Type": "application/json"},
-        method="POST",
-    )
     try:
+        req = urllib.request.Request(
+            f"{args.url.rstrip('/')}/admin/reload",
+            data=json.dumps({"checkpoint": str(path)}).encode(),
+            headers={
+                "Authorization": f"Bearer {args.admin_key}",
+                "Content-Type": "application/json",
+            },
+            method="POST",
+        )
         with urllib.request.urlopen(req, timeout=60) as resp:
             body = json.loads(resp.read())
+        if not isinstance(body, dict):
+            raise ValueError("not a JSON object")
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace")
-        log.error("the gateway refused the checkpoint (%s): %s", exc.code, detail)
+        if exc.code == 401:
+            log.error("the gateway refused the admin key (401): %s", detail)
+        else:
+            log.error("the gateway refused the checkpoint (%s): %s", exc.code, detail)
         return 1
     except urllib.error.URLError as exc:
         log.error("cannot reach the gateway at %s: %s", args.url, exc.reason)
+        return 1
+    except (TimeoutError, OSError, http.client.HTTPException) as exc:
+        log.error("no answer from the gateway at %s: %s", args.url, exc or type(exc).__name__)
+        return 1
+    except ValueError as exc:  # a malformed --url, or an answer that is not the gateway's
+        log.error("%s did not answer as an xrouter gateway: %s", args.url, exc)
         return 1
     print(json.dumps({"deployed": str(path), "pool": ckpt.pool, **body}, indent=2))
     return 0

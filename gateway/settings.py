@@ -314,6 +314,12 @@ def load_settings(
             loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
         except FileNotFoundError as exc:
             raise SettingsError(f"config file not found: {p}") from exc
+        except IsADirectoryError as exc:
+            raise SettingsError(f"config file {p} is a directory") from exc
+        except OSError as exc:
+            raise SettingsError(f"cannot read config file {p}: {exc.strerror or exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise SettingsError(f"config file {p} is not UTF-8 text") from exc
         except yaml.YAMLError as exc:
             raise SettingsError(f"config file {p} is not valid YAML: {exc}") from exc
         if loaded is not None and not isinstance(loaded, dict):

@@ -346,6 +346,10 @@ class _JsonlSink:
         self._fh.write(b"".join(orjson.dumps(r) + b"\n" for r in records))
 
     def close(self) -> None:
+        # Twice when the output cannot be put in place: the second (discarding) call must
+        # not hide the first error behind "flush of closed file".
+        if self._fh.closed:
+            return
         self._fh.flush()
         os.fsync(self._fh.fileno())
         self._fh.close()
