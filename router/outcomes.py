@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -29,12 +29,14 @@ class OutcomeTableError(ValueError):
 class ModelOutcome(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    score: float = Field(ge=0.0, le=1.0)
-    cost_usd: float | None = Field(default=None, ge=0.0)
+    # Not inf or NaN: orjson writes both as null, so such a value would be silently lost
+    # (or turn into an unknown cost) the next time the table is written and read.
+    score: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
+    cost_usd: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
     prompt_tokens: int | None = Field(default=None, ge=0)
     completion_tokens: int | None = Field(default=None, ge=0)
     response: str | None = None
-    latency_ms: float | None = Field(default=None, ge=0.0)
+    latency_ms: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
 
 
 class LoggedAction(BaseModel):
@@ -149,9 +151,29 @@ def validate_record(data: Any, where: str = "<input>") -> OutcomeRecord:
         raise OutcomeTableError(f"{where}: {loc}: {first['msg']}") from None
 
 
+class UniqueIds:
+    """Rejects a second record with an id already seen, naming both places. Ids are what
+    records are split by and counted as prompts, so a repeated one would weigh that prompt
+    twice (or put its copies in different splits, were they to differ)."""
+
+    # What a duplicate raises: the converters raise their own error type.
+    error: ClassVar[type[ValueError]] = OutcomeTableError
+
+    def __init__(self) -> None:
+        self._seen: dict[str, str] = {}
+
+    def check(self, record_id: str, where: str) -> None:
+        first = self._seen.get(record_id)
+        if first is not None:
+            raise self.error(f"{where}: duplicate id {record_id!r} (first at {first})")
+        self._seen[record_id] = where
+
+
 def iter_outcome_table(path: str | Path) -> Iterator[OutcomeRecord]:
-    """JSONL, one record per line; or a ledger export in Parquet (``.parquet``)."""
+    """JSONL, one record per line; or a ledger export in Parquet (``.parquet``). Ids must
+    be unique."""
     p = Path(path)
+    ids = UniqueIds()
     if p.suffix == ".parquet":
         from router.export_parquet import read_parquet_records
 
@@ -164,12 +186,18 @@ def iter_outcome_table(path: str | Path) -> Iterator[OutcomeRecord]:
         except Exception as exc:  # pyarrow's errors for a file that is not this layout
             raise OutcomeTableError(f"{p}: not a ledger export in Parquet ({exc})") from None
         for i, row in enumerate(rows, 1):
-            yield validate_record(row, f"{p}: row {i}")
+            where = f"{p}: row {i}"
+            record = validate_record(row, where)
+            ids.check(record.id, where)
+            yield record
         return
     with p.open("rb") as fh:
         for lineno, line in enumerate(fh, 1):
             if line.strip():
-                yield parse_record(line, f"{p}:{lineno}")
+                where = f"{p}:{lineno}"
+                record = parse_record(line, where)
+                ids.check(record.id, where)
+                yield record
 
 
 def load_outcome_table(path: str | Path) -> list[OutcomeRecord]:

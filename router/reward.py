@@ -15,6 +15,7 @@ keeps its meaning when prices change. Every term is returned separately for logg
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -32,6 +33,12 @@ class RewardConfig:
     cost_scale: float = 0.001
 
     def __post_init__(self) -> None:
+        # NaN passes every comparison below (and inf overflows): either would make every
+        # reward NaN or infinite, and training or evaluation run on without complaint.
+        for name in ("K", "c_max", "cost_scale"):
+            value = getattr(self, name)
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value}")
         if self.cost_scale <= 0:
             raise ValueError("cost_scale must be positive")
         if self.c_max < 0 or self.K < 0:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 
-from router.outcomes import OutcomeTableError, load_outcome_table
+from router.outcomes import OutcomeTableError, load_outcome_table, validate_record
 
 
 def test_a_file_that_is_not_a_ledger_export_in_parquet_is_refused(tmp_path: Path) -> None:
@@ -28,3 +29,23 @@ def test_jsonl_errors_name_the_line(tmp_path: Path) -> None:
     path.write_text('{"id": "a", "prompt": "p", "outcomes": {"m": {"score": 0.5}}}\n{"id": "b"}\n')
     with pytest.raises(OutcomeTableError, match=r"t\.jsonl:2: .*"):
         load_outcome_table(path)
+
+
+def test_a_repeated_id_is_refused_naming_both_lines(tmp_path: Path) -> None:
+    # Counted twice, the prompt would weigh double in training and evaluation.
+    line = '{"id": "a", "prompt": "p", "outcomes": {"m": {"score": 0.5}}}\n'
+    path = tmp_path / "t.jsonl"
+    path.write_text(line + '{"id": "b", "prompt": "q", "outcomes": {"m": {"score": 1}}}\n' + line)
+    with pytest.raises(
+        OutcomeTableError, match=r"t\.jsonl:3: duplicate id 'a' \(first at .*t\.jsonl:1\)"
+    ):
+        load_outcome_table(path)
+
+
+@pytest.mark.parametrize("field", ["score", "cost_usd", "latency_ms"])
+@pytest.mark.parametrize("value", [math.inf, math.nan])
+def test_a_non_finite_outcome_number_is_refused(field: str, value: float) -> None:
+    # orjson writes inf and NaN as null: written out, the value would be silently lost.
+    outcome = {"score": 0.5, field: value}
+    with pytest.raises(OutcomeTableError, match=rf"outcomes\.m\.{field}"):
+        validate_record({"id": "a", "prompt": "p", "outcomes": {"m": outcome}})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -69,6 +70,14 @@ class TrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        # Every float knob (and tuple of them) must be finite: NaN passes the range checks
+        # below, since every comparison with it is false, and inf overflows the λ grid or
+        # turns the weights into NaN; either way the run would go on producing nonsense.
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            items = value if isinstance(value, tuple) else (value,)
+            if any(isinstance(v, float) and not math.isfinite(v) for v in items):
+                raise ValueError(f"{f.name} must be finite, got {value}")
         if self.steps < 1 or self.batch_size < 1 or self.ppo_epochs < 1:
             raise ValueError("steps, batch_size and ppo_epochs must be positive")
         if self.group_size < 2:

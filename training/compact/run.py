@@ -184,6 +184,9 @@ def prepare_table(
     prices_path: str | Path | None = None,
 ) -> RunTable:
     """Checks and arrays shared by every way of building a checkpoint from a table."""
+    if not records:
+        # Said before the content-logging check below, which would blame the ledger.
+        raise ValueError("the outcome table is empty (no records): nothing to train on")
     kept = [r for r in records if r.has_prompt]
     if not kept:
         raise ValueError(
@@ -217,9 +220,21 @@ def prepare_table(
         kept = single
     # The actions: the models the usable records hold outcomes of (every one of them, with
     # full information), unless a pool is given.
-    models = list(pool) if pool else pool_of(kept, full_information=not cfg.offpolicy)
+    if pool:
+        models = list(pool)
+        repeated = sorted({m for m in models if models.count(m) > 1})
+        if repeated:
+            # Two actions for one model: its column would be filled once, the other left
+            # without outcomes.
+            raise ValueError(f"pool model(s) given more than once: {', '.join(repeated)}")
+    else:
+        models = pool_of(kept, full_information=not cfg.offpolicy)
+        if not cfg.offpolicy:
+            _warn_partial_models(kept, models)
     if not models:
-        raise ValueError("no model has an outcome on every record: pass --pool")
+        raise ValueError(
+            "no model has an outcome on every record (see the warnings above): pass --pool"
+        )
     seen = {m for r in kept for m in r.outcomes}
     unknown = [m for m in models if m not in seen]
     if unknown:
@@ -227,9 +242,14 @@ def prepare_table(
     if not cfg.offpolicy:
         full = [r for r in kept if all(m in r.outcomes for m in models)]
         if len(full) < len(kept):
+            first = next(r for r in kept if not all(m in r.outcomes for m in models))
+            lacking = next(m for m in models if m not in first.outcomes)
             logger.warning(
-                "dropped %d records lacking an outcome for some pool model",
+                "dropped %d records lacking an outcome for some pool model (the first: "
+                "record %r has none for %r)",
                 len(kept) - len(full),
+                first.id,
+                lacking,
             )
         kept = full
     if cfg.reference_model is not None and cfg.reference_model not in models:
@@ -257,6 +277,22 @@ def prepare_table(
         cfg, arrays.subset(splits["train"]), table.reference_of(splits["train"])
     )
     return table
+
+
+def _warn_partial_models(records: Sequence[OutcomeRecord], pool: Sequence[str]) -> None:
+    """Say which models the default pool left out, and which record lacks each: a research
+    table with one missing outcome would otherwise lose that model without a word."""
+    every = dict.fromkeys(m for r in records for m in r.outcomes)  # first-seen order
+    for model in (m for m in every if m not in pool):
+        lacking = [r.id for r in records if model not in r.outcomes]
+        logger.warning(
+            "model %r left out of the pool: no outcome for it on %d of the %d records "
+            "(the first: record %r); pass --pool with it to keep it and drop those records",
+            model,
+            len(lacking),
+            len(records),
+            lacking[0],
+        )
 
 
 def write_config(

@@ -45,6 +45,7 @@ from training.compact.data import (
     standardization,
 )
 from training.compact.model import CompactMLP, masked_entropy, masked_log_softmax
+from training.compact.offpolicy import OffPolicyLearner, evaluate_logged, fit_reward_model
 from training.compact.run import (
     TrainResult,
     evaluate_full,
@@ -193,8 +194,6 @@ def train(
     reward_model = None
     learner: Any
     if cfg.offpolicy:
-        from training.compact.offpolicy import OffPolicyLearner, evaluate_logged, fit_reward_model
-
         logged_train = splits["train"][arrays.logged_action[splits["train"]] >= 0]
         if len(logged_train) == 0:
             raise ValueError("no logged records (with a `logged` action) to learn from")
@@ -294,8 +293,6 @@ def train(
             test_ref = reference[splits["test"]] if reference is not None else None
             test_metrics = evaluate_full(head, xt, test, val_lambdas, reward_cfg, test_ref)
         else:
-            from training.compact.offpolicy import evaluate_logged
-
             test_metrics = evaluate_logged(
                 head, xt, test, val_lambdas, reward_cfg, cfg.ips_clip, reward_model
             )

@@ -4,18 +4,33 @@ Python-literal unwrapping, stable ids and record validation."""
 from __future__ import annotations
 
 import ast
+import csv
 import hashlib
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from router import outcomes
 from router.outcomes import OutcomeRecord
 
 
 class ConversionError(ValueError):
     """A source row cannot be converted; the message says where (file:line or file item)
     and what is wrong."""
+
+
+@contextmanager
+def reading(path: Path) -> Iterator[None]:
+    """Errors reading ``path`` (unreadable, not UTF-8 text, broken CSV) as a
+    ConversionError that names it: the converters' one-line error, not a traceback."""
+    try:
+        yield
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise ConversionError(f"{path}: cannot read: {exc}") from None
 
 
 _TRUE = frozenset({"1", "1.0", "true", "t", "yes", "y"})
@@ -99,14 +114,8 @@ def build_record(data: dict[str, Any], where: str) -> OutcomeRecord:
         raise ConversionError(f"{where}: {loc}: {first['msg']}") from None
 
 
-class UniqueIds:
-    """Rejects a second record with an id already seen, naming both places."""
+class UniqueIds(outcomes.UniqueIds):
+    """Rejects a second record with an id already seen, naming both places (the outcome
+    table's own check, raising the converters' error)."""
 
-    def __init__(self) -> None:
-        self._seen: dict[str, str] = {}
-
-    def check(self, record_id: str, where: str) -> None:
-        first = self._seen.get(record_id)
-        if first is not None:
-            raise ConversionError(f"{where}: duplicate id {record_id!r} (first at {first})")
-        self._seen[record_id] = where
+    error = ConversionError

@@ -13,6 +13,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import csv
 import logging
 import sys
 from collections.abc import Iterator, Sequence
@@ -108,7 +109,9 @@ def run_convert(args: argparse.Namespace) -> int:
     (the reason goes to stderr)."""
     try:
         n = convert(args.format, args.inputs, args.out, args.prices, args.completion_tokens)
-    except ConversionError as exc:
+    except (ConversionError, OSError, UnicodeDecodeError, csv.Error) as exc:
+        # The converters name the file they cannot read; OSError also covers an --out that
+        # cannot be written.
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {n} records to {args.out}")

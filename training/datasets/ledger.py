@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pricing import PriceCatalog
 from router.outcomes import OutcomeRecord, OutcomeTableError, iter_outcome_table, parse_record
-from training.datasets.common import ConversionError, UniqueIds, build_record
+from training.datasets.common import ConversionError, UniqueIds, build_record, reading
 from training.datasets.prices import call_cost_usd
 
 
@@ -57,7 +57,7 @@ def _records(path: Path) -> Iterator[tuple[str, OutcomeRecord]]:
             for i, record in enumerate(iter_outcome_table(path), 1):
                 yield f"{path}: row {i}", record
             return
-        with path.open("rb") as fh:
+        with reading(path), path.open("rb") as fh:
             for lineno, line in enumerate(fh, 1):
                 if line.strip():
                     where = f"{path}:{lineno}"

@@ -57,7 +57,10 @@ def price_catalog_from_mapping(data: Any, where: str = "<prices>") -> PriceCatal
 
 def load_price_table(path: str | Path) -> PriceCatalog:
     p = Path(path)
-    text = p.read_text(encoding="utf-8")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:  # missing, a directory, not text
+        raise ConversionError(f"{p}: cannot read the price table: {exc}") from None
     try:
         data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:

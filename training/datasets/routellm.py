@@ -5,7 +5,8 @@ one correctness column per model (``True``/``False``, ``1``/``0`` or a 0..1 scor
 liberal in what we read: any column other than the prompt, an id (``id``, ``sample_id``,
 ``idx``, ``question_id``) or a task (``task``, ``eval_name``, ``category``, ``subject``)
 whose every non-empty cell is boolean-like is a model column, unless ``models`` names them
-explicitly. Costs come from a price table with token counts estimated from the prompt
+explicitly; a column of numbers some of which lie outside [0, 1] is refused (scores must be
+rescaled), not skipped like a text column. Costs come from a price table with token counts estimated from the prompt
 length and an assumed completion length (``cost_estimated: true``).
 """
 
@@ -26,6 +27,7 @@ from training.datasets.common import (
     build_record,
     looks_boolean,
     parse_score,
+    reading,
     text_id,
 )
 from training.datasets.prices import call_cost_usd, require_prices
@@ -42,16 +44,37 @@ def _first_present(header: Sequence[str], names: Sequence[str]) -> str | None:
     return next((n for n in names if n in header), None)
 
 
-def _detect_models(header: list[str], rows: list[dict[str, str]], reserved: set[str]) -> list[str]:
+def _number(cell: str) -> float | None:
+    try:
+        return float(cell)
+    except ValueError:
+        return None
+
+
+def _detect_models(
+    path: Path, header: list[str], rows: list[tuple[int, dict[str, str]]], reserved: set[str]
+) -> list[str]:
     models = []
     for col in header:
         if col in reserved or not col.strip() or col.lower().startswith("unnamed"):
             continue
-        cells = [row.get(col) or "" for row in rows]
-        if any(c.strip() for c in cells) and all(looks_boolean(c) for c in cells):
+        cells = [(line, row.get(col) or "") for line, row in rows]
+        if any(c.strip() for _, c in cells) and all(looks_boolean(c) for _, c in cells):
             models.append(col)
-        else:
-            logger.debug("column %r is not a correctness column: ignored", col)
+            continue
+        # Text columns (notes, answers) are skipped by design; but a column of scores and
+        # numbers is a model's, and scores outside [0, 1] must be rescaled, not dropped.
+        outside = [
+            (line, c) for line, c in cells if not looks_boolean(c) and _number(c) is not None
+        ]
+        if outside and all(looks_boolean(c) or _number(c) is not None for _, c in cells):
+            line, cell = outside[0]
+            raise ConversionError(
+                f"{path}:{line}: column {col!r} holds numbers outside [0, 1] (e.g. "
+                f"{cell.strip()[:40]!r}): scores must be in [0, 1]; rescale the column, or "
+                "remove it if it is not a model's scores"
+            )
+        logger.debug("column %r is not a correctness column: ignored", col)
     return models
 
 
@@ -64,7 +87,7 @@ def convert_routellm(
     csv.field_size_limit(sys.maxsize)
     ids = UniqueIds()
     for path in paths:
-        with path.open(newline="", encoding="utf-8") as fh:
+        with reading(path), path.open(newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
             header = list(reader.fieldnames or [])
             # Keep each row's physical line number for error messages.
@@ -83,7 +106,7 @@ def convert_routellm(
                 raise ConversionError(f"{path}:1: no column for model(s) {', '.join(absent)}")
             cols = list(models)
         else:
-            cols = _detect_models(header, [r for _, r in rows], reserved)
+            cols = _detect_models(path, header, rows, reserved)
         if not cols:
             raise ConversionError(f"{path}:1: no model correctness columns found")
         catalog = require_prices(prices, cols, str(path))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,11 @@ def convert_routeprofile(paths: list[Path], prices: PriceCatalog | None) -> Iter
                     raw_score = 0.0
                 if not isinstance(raw_score, int | float):
                     raise ConversionError(f"{at}: task_performance {raw_score!r} is not a number")
+                if not math.isfinite(raw_score):
+                    # Clipping would make NaN a 0 and Infinity a 1: a made-up score.
+                    raise ConversionError(
+                        f"{at}: task_performance {raw_score!r} is not a finite number"
+                    )
                 pt = _tokens(result, "prompt_tokens", at)
                 ct = _tokens(result, "completion_tokens", at)
                 out: dict[str, Any] = {

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import math
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from training.datasets.common import (
     UniqueIds,
     build_record,
     parse_score,
+    reading,
     unwrap_literal_text,
 )
 
@@ -50,6 +52,9 @@ def _parse_cost(value: str, where: str) -> float | None:
         cost = float(text)
     except ValueError:
         raise ConversionError(f"{where}: cost {text[:40]!r} is not a number") from None
+    if not math.isfinite(cost):
+        # orjson writes inf as null: the table would silently lose the cost.
+        raise ConversionError(f"{where}: cost {text[:40]!r} is not a finite number")
     if cost < 0:
         raise ConversionError(f"{where}: negative cost {cost}")
     return cost
@@ -63,7 +68,7 @@ def iter_routerbench_csv(
     # Responses can be long: lift the csv module's 128 KiB field cap.
     csv.field_size_limit(sys.maxsize)
     dropped = 0
-    with p.open(newline="", encoding="utf-8") as fh:
+    with reading(p), p.open(newline="", encoding="utf-8") as fh:
         reader = csv.DictReader(fh)
         header = list(reader.fieldnames or [])
         for required in (ID_COLUMN, PROMPT_COLUMN):

@@ -16,7 +16,14 @@ from typing import Any
 
 from pricing import PriceCatalog, estimate_tokens
 from router.outcomes import OutcomeRecord
-from training.datasets.common import ConversionError, UniqueIds, build_record, parse_score, text_id
+from training.datasets.common import (
+    ConversionError,
+    UniqueIds,
+    build_record,
+    parse_score,
+    reading,
+    text_id,
+)
 from training.datasets.prices import call_cost_usd, require_prices
 
 # Assumed completion length when the source records none: a short worked answer.
@@ -24,8 +31,10 @@ DEFAULT_COMPLETION_TOKENS = 256
 
 
 def load_json_items(path: Path) -> list[Any]:
+    with reading(path):
+        text = path.read_text(encoding="utf-8")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConversionError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
     if not isinstance(data, list):

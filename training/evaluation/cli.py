@@ -178,6 +178,10 @@ def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
     reward = RewardConfig(form="additive", cost_scale=args.cost_scale)
 
     if not is_full_information(records):
+        if not any(r.logged is not None for r in records):
+            # Not logged traffic either: a research table with a gap, which the off-policy
+            # path would refuse for want of `logged`, hiding what is actually wrong.
+            raise RoutingError(_missing_outcome(records, args.table))
         ctx = LoadContext(parts.train, parts.validation, reward, args.seed)
         try:
             policies = _entries(
@@ -229,8 +233,14 @@ def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
             reward,
             args.seed,
         )
-        # A single model outside the pair has no row on the two-model slice.
-        outside = {f"single:{m}" for r in records for m in r.outcomes if m not in pair}
+        # A single (or fixed) model outside the pair has no row on the two-model slice.
+        outside = {
+            f"{prefix}{m}"
+            for r in records
+            for m in r.outcomes
+            if m not in pair
+            for prefix in ("single:", "policy:fixed:", "fixed:")
+        }
         in_slice = [b for b in baselines if b not in outside]
         policies_in_slice = [p for p in args.policy if p not in outside]
         slice_entries = [
@@ -248,6 +258,22 @@ def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
             bootstrap_seed=args.seed,
         )
     return result
+
+
+def _missing_outcome(records: Sequence[OutcomeRecord], table: Path) -> str:
+    """What is wrong with a table that has neither every model's outcome on every record
+    nor logged decisions: the first record lacking a model's outcome, and how many do."""
+    models = list(dict.fromkeys(m for r in records for m in r.outcomes))
+    lacking = [r for r in records if len(r.outcomes) < len(models)]
+    first = lacking[0]
+    missing = [m for m in models if m not in first.outcomes]
+    return (
+        f"{table}: record {first.id!r} has no outcome for model(s) {', '.join(map(repr, missing))} "
+        f"({len(lacking)} of the {len(records)} records lack some model's outcome): a research "
+        "table needs every model's outcome on every record, and the table is not logged "
+        "traffic (no record has `logged`) that could be evaluated off-policy; complete or "
+        "drop those records"
+    )
 
 
 def _note_training_overlap(

@@ -31,7 +31,12 @@ from router.loop import NoAnswer, Orchestrator, RouteResult
 from router.outcomes import OutcomeRecord
 from router.policy import Call, Decision, LoopState, Policy, RouteContext
 from router.pool import ModelPool, PoolModel
-from training.evaluation.registry import LoadContext, RouterLoader
+from training.evaluation.registry import (
+    LoadContext,
+    RouterLoader,
+    RouterSpecError,
+    check_table_model,
+)
 from training.evaluation.sweep import Route, RoutedPrompt, RoutingError, is_full_information
 
 logger = logging.getLogger(__name__)
@@ -249,6 +254,11 @@ def _policy(spec: str, ctx: LoadContext) -> LoopRouter | None:
     }
     if name.startswith("fixed:"):
         model = name.removeprefix("fixed:")
+        if not model:
+            raise RouterSpecError(f"{spec!r}: fixed:<model> needs a model name")
+        # FixedPolicy falls back to the cheapest model for one not in the pool: that
+        # model's figures would be reported under this name.
+        check_table_model(spec, model, ctx)
         return LoopRouter(spec, lambda pool: FixedPolicy(model))
     if name not in factories:
         return None

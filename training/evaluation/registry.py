@@ -90,6 +90,16 @@ def _construct(cls: type, spec: str, arg: str, **fixed: Any) -> Any:
         raise RouterSpecError(f"{spec!r}: {exc}") from None
 
 
+def check_table_model(spec: str, model: str, ctx: LoadContext) -> None:
+    """Refuse a spec naming a model the table has no outcome for: a router told to always
+    pick it would be scored as whatever stands in for it (e.g. the cheapest model)."""
+    known = {m for r in (*ctx.train, *ctx.validation) for m in r.outcomes}
+    if known and model not in known:
+        raise RouterSpecError(
+            f"{spec!r}: the table has no model {model!r} (its models: {', '.join(sorted(known))})"
+        )
+
+
 def build_baseline(spec: str, ctx: LoadContext) -> OfflineRouter | None:
     """A fitted baseline for ``spec``, or None if the spec is not a baseline name."""
     name, _, arg = spec.partition(":")
@@ -97,11 +107,7 @@ def build_baseline(spec: str, ctx: LoadContext) -> OfflineRouter | None:
     if name == "single":
         if not arg:
             raise RouterSpecError("single:<model> needs a model name")
-        known = {m for r in (*ctx.train, *ctx.validation) for m in r.outcomes}
-        if known and arg not in known:
-            raise RouterSpecError(
-                f"{spec!r}: the table has no model {arg!r} (its models: {', '.join(sorted(known))})"
-            )
+        check_table_model(spec, arg, ctx)
         return SingleModelRouter(arg)
     if name == "oracle":
         return OracleRouter(ctx.reward)

@@ -132,6 +132,11 @@ def test_logged_traffic_without_prompts_is_refused_or_dropped(
         ("--explore", "1.5", "explore must be in [0, 1]"),
         ("--c-max", "-1", "K and c_max must be non-negative"),
         ("--cost-scale", "0", "cost_scale must be positive"),
+        # Not finite: NaN passes every range check, inf overflows the λ grid or the weights.
+        ("--lambda-max", "inf", "lambda_max must be finite"),
+        ("--cost-scale", "nan", "cost_scale must be finite"),
+        ("--K", "nan", "reward_K must be finite"),
+        ("--lr", "inf", "lr must be finite"),
     ],
 )
 def test_nonsense_training_settings_are_refused(
@@ -143,3 +148,54 @@ def test_nonsense_training_settings_are_refused(
     )
     assert main(["--table", str(table), "--out", str(tmp_path / "r"), flag, value]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_a_repeated_pool_model_is_refused(
+    tables: tuple[list[OutcomeRecord], list[OutcomeRecord]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    full, _ = tables
+    table = tmp_path / "table.jsonl"
+    write_outcome_table(full[:60], table)
+    args = ["--table", str(table), "--out", str(tmp_path / "o"), "--no-progress"]
+    assert main([*args, "--pool", "cheap,poet,cheap", "--steps", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "pool model(s) given more than once: cheap" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("content", ["", "\n  \n"])
+def test_an_empty_table_is_said_to_be_empty(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str
+) -> None:
+    table = tmp_path / "empty.jsonl"
+    table.write_text(content)
+    assert main(["--table", str(table), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "the outcome table is empty" in err and "log_content" not in err
+
+
+def test_a_model_left_out_of_the_default_pool_is_named(
+    tables: tuple[list[OutcomeRecord], list[OutcomeRecord]],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    full, _ = tables
+    rows = [r.model_copy(deep=True) for r in full[:120]]
+    del rows[7].outcomes["poet"]  # one research record lacks one model's outcome
+    table = tmp_path / "gap.jsonl"
+    write_outcome_table(rows, table)
+    with caplog.at_level("WARNING"):
+        code = main(["--table", str(table), "--out", str(tmp_path / "o"), "--steps", "2",
+                     "--eval-every", "1", "--no-progress"])  # fmt: skip
+    assert code == 0
+    assert (
+        f"model 'poet' left out of the pool: no outcome for it on 1 of the 120 records "
+        f"(the first: record {rows[7].id!r})" in caplog.text
+    )
+    # Named in the pool, it is kept and that record dropped, by name.
+    with caplog.at_level("WARNING"):
+        code = main(["--table", str(table), "--out", str(tmp_path / "o2"), "--steps", "2",
+                     "--eval-every", "1", "--pool", "cheap,poet", "--no-progress"])  # fmt: skip
+    assert code == 0
+    assert f"record {rows[7].id!r} has none for 'poet'" in caplog.text

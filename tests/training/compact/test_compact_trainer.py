@@ -113,3 +113,25 @@ def test_config_is_validated() -> None:
         TrainConfig(group_size=1)
     with pytest.raises(ValueError, match="lambda_min < lambda_max"):
         TrainConfig(lambda_min=1.0, lambda_max=0.5)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"lr": float("inf")}, {"lambda_max": float("inf")}, {"cost_scale": float("nan")},
+     {"reward_K": float("nan")}, {"dropout": float("nan")}, {"val_lambdas": (0.0, float("inf"))}],
+)  # fmt: skip
+def test_non_finite_settings_are_refused(bad: dict[str, object]) -> None:
+    # NaN slips through every range check (each comparison with it is false), inf through
+    # the upper-bound-free ones: both must be refused by name.
+    name = next(iter(bad))
+    with pytest.raises(ValueError, match=rf"{name} must be finite"):
+        TrainConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_validation_can_fall_back_to_the_off_policy_estimate_in_any_mode() -> None:
+    # `validate` estimates off-policy whenever a validation row lacks an outcome, in GRPO
+    # mode too: the estimator must be imported for every mode, not in --offpolicy's branch.
+    import training.compact.trainer as trainer
+    from training.compact.offpolicy import evaluate_logged
+
+    assert vars(trainer).get("evaluate_logged") is evaluate_logged

@@ -91,6 +91,14 @@ def test_routerbench_errors_name_file_and_line(tmp_path: Path) -> None:
         load_converted("routerbench", [dup])
 
 
+@pytest.mark.parametrize("cost", ["inf", "-inf", "1e999"])
+def test_routerbench_refuses_a_non_finite_cost(tmp_path: Path, cost: str) -> None:
+    # Written out, orjson would turn it into "cost_usd": null.
+    src = write_routerbench(tmp_path / "rb.csv", [rb_row("t.1"), rb_row("t.2", cost_b=cost)])
+    with pytest.raises(ConversionError, match=r"rb\.csv:3: column 'b\|total_cost': .*not a finite"):
+        load_converted("routerbench", [src])
+
+
 def test_unwrap_literal_text() -> None:
     assert unwrap_literal_text("['a \"b\"\\nc']") == 'a "b"\nc'
     assert unwrap_literal_text("['first', 'last']") == "last"
@@ -173,6 +181,15 @@ def test_routellm_detects_model_columns(tmp_path: Path) -> None:
     assert records[0].outcomes["large"].cost_usd == pytest.approx(usd(pt, 50, "large"))
 
 
+def test_routellm_refuses_a_numeric_column_outside_0_1(tmp_path: Path) -> None:
+    # A model scored 0..10 would otherwise be skipped as "not a correctness column".
+    path = tmp_path / "eval.csv"
+    path.write_text("prompt,small,large,notes\nq1,1,7,free text\nq2,0,10,x\n")
+    prices = write_json(tmp_path / "p.json", PRICES)
+    with pytest.raises(ConversionError, match=r"eval\.csv:2: column 'large' holds numbers outside"):
+        load_converted("routellm", [path], prices)
+
+
 def test_routellm_without_prompt_column(tmp_path: Path) -> None:
     path = tmp_path / "eval.csv"
     path.write_text("text,small\nhello,1\n")
@@ -217,6 +234,17 @@ def test_routeprofile_literal_and_object_performance(tmp_path: Path) -> None:
         assert r.outcomes["large"].score == 0.0  # a failed call with no score
         assert r.outcomes["large"].cost_usd == pytest.approx(usd(12, 4, "large"))
         assert r.outcomes["small"].model_extra == {"success": True}
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_routeprofile_refuses_a_non_finite_score(tmp_path: Path, value: float) -> None:
+    # Clipped, NaN would become 0 and Infinity 1: made-up scores.
+    perf = {"small": {"prompt_tokens": 1, "completion_tokens": 2, "task_performance": value}}
+    data = write_json(
+        tmp_path / "rp.json", [{"task_name": "t", "query": "q", "model_performance": perf}]
+    )
+    with pytest.raises(ConversionError, match=r"item 0: model_performance\.small: .*not a finite"):
+        load_converted("routeprofile", [data], write_json(tmp_path / "p.json", PRICES))
 
 
 def test_routeprofile_bad_tokens(tmp_path: Path) -> None:
@@ -326,3 +354,29 @@ def test_xrouter_convert_is_the_same_command(tmp_path: Path, capsys) -> None:
     bad = ["convert", "routerdc", str(tmp_path / "missing.json"), "--out", str(out)]
     assert xrouter_main(bad) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_unreadable_inputs_and_price_tables_are_one_line_errors(tmp_path: Path, capsys) -> None:
+    binary = tmp_path / "bin.dat"
+    binary.write_bytes(b"\xff\xfe\x00\x01\x89PNG")
+    questions = write_json(tmp_path / "dc.json", [{"question": "q", "scores": {"small": 1}}])
+    prices = write_json(tmp_path / "p.json", PRICES)
+    out = ["--out", str(tmp_path / "t.jsonl")]
+    cases = [
+        # A price table that is missing, a directory, or not text.
+        (["routerdc", str(questions), "--prices", str(tmp_path / "nope.json")], "nope.json: cannot read the price table"),
+        (["routerdc", str(questions), "--prices", str(tmp_path)], "cannot read the price table"),
+        (["routerdc", str(questions), "--prices", str(binary)], "bin.dat: cannot read the price table"),
+        # Inputs that are not UTF-8 text.
+        (["routerbench", str(binary)], "bin.dat: cannot read"),
+        (["routellm", str(binary), "--prices", str(prices)], "bin.dat: cannot read"),
+        (["routerdc", str(binary), "--prices", str(prices)], "bin.dat: cannot read"),
+        # An output that cannot be written.
+        (["routerdc", str(questions), "--prices", str(prices), "--out", str(tmp_path)], "Is a directory"),
+    ]  # fmt: skip
+    for argv, needle in cases:
+        assert main([*out, *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and needle in err and "Traceback" not in err, argv
+    with pytest.raises(ConversionError, match="cannot read the price table"):
+        load_converted("routerdc", [questions], tmp_path / "nope.json")

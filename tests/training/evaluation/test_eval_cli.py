@@ -324,11 +324,40 @@ def test_bad_policies_and_cost_weights_are_refused_in_one_line(
             main([*base, "--policy", "knn", "--lambdas", bad])
         assert exc.value.code == 2
         assert "expected non-negative numbers" in capsys.readouterr().err
-    # A single model outside the two-model slice is a row of the full comparison only.
-    assert main([*base, "--policy", "single:mid", "--strong", "strong", "--weak", "cheap"]) == 0
-    metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
-    assert "single:mid" in {r["name"] for r in metrics["comparison"]["routers"]}
-    assert "single:mid" not in {r["name"] for r in metrics["two_model"]["routers"]}
+    # A fixed model the table lacks: refused, as single: is, not evaluated as the cheapest.
+    for spec in ("fixed:nope", "policy:fixed:nope"):
+        assert main([*base, "--policy", spec]) == 2
+        assert "the table has no model 'nope'" in capsys.readouterr().err
+    # A non-finite cost scale would make every reward NaN.
+    assert main([*base, "--policy", "single:mid", "--cost-scale", "nan"]) == 2
+    assert "error: cost_scale must be a finite number" in capsys.readouterr().err
+    # A single (or fixed) model outside the two-model slice is a row of the full comparison
+    # only.
+    for spec in ("single:mid", "policy:fixed:mid"):
+        assert main([*base, "--policy", spec, "--strong", "strong", "--weak", "cheap"]) == 0
+        metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
+        assert spec in {r["name"] for r in metrics["comparison"]["routers"]}
+        assert spec not in {r["name"] for r in metrics["two_model"]["routers"]}
+
+
+def test_a_table_with_repeated_ids_or_a_missing_outcome_is_refused_by_name(
+    tmp_path: Path, table_factory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = table_factory(60, seed=4)
+    path = tmp_path / "t.jsonl"
+    out = ["--baselines", "none", "--policy", "single:mid", "--out", str(tmp_path / "o")]
+    # The same prompt twice would be counted (and weigh) twice.
+    write_outcome_table([*rows, rows[3]], path)
+    assert main(["--table", str(path), *out]) == 2
+    assert f"t.jsonl:61: duplicate id {rows[3].id!r}" in capsys.readouterr().err
+    # A research table with one gap is neither full-information nor logged traffic.
+    gap = [r.model_copy(deep=True) for r in rows]
+    del gap[5].outcomes["strong"]
+    write_outcome_table(gap, path)
+    assert main(["--table", str(path), *out]) == 2
+    err = capsys.readouterr().err
+    assert f"record {gap[5].id!r} has no outcome for model(s) 'strong'" in err
+    assert "cannot evaluate off-policy" not in err
 
 
 def test_a_checkpoint_or_gateway_policy_is_named_as_an_operator_would(
