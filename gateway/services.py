@@ -84,14 +84,30 @@ class Services:
 
     async def key_spend(self, info: Any) -> tuple[float | None, float | None]:
         """A key's spend and remaining budget (USD) in its current period, from the limit
-        store; (None, None) without a budget or a store."""
+        store, or from the ledger (the record the store is restored from) while the store is
+        down; (None, None) without a budget or a store."""
         if info.budget_micros is None or self.limits is None:
             return None, None
+        import time
+
+        from gateway.limits.base import LimitStoreUnavailable
+        from gateway.limits.windows import period_window
         from pricing import micros_to_usd
 
-        state = await self.limits.spent(info.limits())
-        remaining = micros_to_usd(state.remaining) if state.remaining is not None else None
-        return micros_to_usd(state.spent), remaining
+        try:
+            state = await self.limits.spent(info.limits())
+            spent, remaining = state.spent, state.remaining
+        except LimitStoreUnavailable:
+            if self.engine is None:
+                return None, None
+            from gateway.ledger.spend import budget_spend
+
+            window = period_window(info.budget_period, time.time())
+            spent = (await budget_spend(self.engine, [info.key_id], window.start)).get(
+                info.key_id, 0
+            )
+            remaining = info.budget_micros - spent
+        return micros_to_usd(spent), micros_to_usd(remaining) if remaining is not None else None
 
     def _observe_checkpoint(self) -> None:
         if self.metrics is not None and self.runtime is not None:

@@ -60,6 +60,12 @@ def test_requests_are_refused_with_503_and_logged_when_the_limit_store_is_down(
                 # No downstream call was made without a hold on the budget.
                 assert all(c[1] == 0 for c in calls)
         assert upstream.stats()["requests"].get(MODEL, 0) == 0
+        # The operator's views still answer: a key's spend comes from the ledger meanwhile.
+        r = httpx.get(f"{gw.url}/admin/keys", headers=ADMIN)
+        assert r.status_code == 200, r.text
+        budget = next(k for k in r.json()["data"] if k["budget_usd"] == 5.0)
+        assert (budget["spent_usd"], budget["remaining_usd"]) == (0.0, 5.0)
+        assert httpx.get(f"{gw.url}/dashboard", headers=ADMIN).status_code == 200
         assert "Traceback" not in gw.log()
     finally:
         server.stop()
