@@ -66,7 +66,7 @@ class ProviderExecutor:
     async def execute(self, ctx: RouteContext, call: ToolCall, turn: int) -> CallOutcome:
         body = downstream_request(ctx, call)
         try:
-            r = await self.client.complete(call.model, body)
+            r = await self.client.complete(call.model, body, allowed=ctx.pool)
         except ProviderError as err:
             return CallOutcome(
                 call=call,
@@ -92,7 +92,9 @@ class ProviderExecutor:
         )
 
     async def open_stream(self, ctx: RouteContext, call: ToolCall, turn: int) -> _ProviderStream:
-        sc = await self.client.open_stream(call.model, downstream_request(ctx, call))
+        sc = await self.client.open_stream(
+            call.model, downstream_request(ctx, call), allowed=ctx.pool
+        )
         return _ProviderStream(sc, call, turn)
 
 

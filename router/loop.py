@@ -128,18 +128,26 @@ class RouteResult:
 
 
 def worst_case_micros(ctx: RouteContext, call: ToolCall) -> int:
-    model = ctx.pool[call.model]
+    """The most ``call`` can cost: its model's, or a configured fallback's the request may
+    use if dearer (the provider layer falls back within the same hold)."""
+    first = ctx.pool[call.model]
     params = ctx.request_params
-    max_out = (
-        call.max_tokens
-        or params.get("max_tokens")
-        or params.get("max_completion_tokens")
-        or model.max_output_tokens
-    )
-    max_out = min(int(max_out), model.max_output_tokens)
     n = int(ctx.request_params.get("n") or 1)
     prompt = estimate_prompt_tokens(ctx.messages, call.system_prompt, params.get("tools"))
-    return model.price.worst_case_micros(prompt, max_out * n)
+    worst = 0
+    for name in (call.model, *first.fallbacks):
+        model = ctx.pool.get(name)
+        if model is None:
+            continue
+        max_out = (
+            call.max_tokens
+            or params.get("max_tokens")
+            or params.get("max_completion_tokens")
+            or model.max_output_tokens
+        )
+        max_out = min(int(max_out), model.max_output_tokens)
+        worst = max(worst, model.price.worst_case_micros(prompt, max_out * n))
+    return worst
 
 
 def _over_request_cap(

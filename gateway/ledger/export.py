@@ -113,14 +113,21 @@ _NOT_CALLED = frozenset({"budget", "circuit_open"})
 
 
 def _first_call_failure(call_rows: Sequence[dict[str, Any]], action: str) -> dict[str, Any] | None:
-    """The first downstream call, when it was the logged action's and it failed."""
+    """The first downstream call, when it was the logged action's and it failed: its row,
+    or, when a configured fallback answered in its place (the row then names the fallback,
+    with ``fallback_from``), the failure's own share of it, which is nothing."""
     first = next((c for c in call_rows if c["role"] == "downstream"), None)
-    if (
-        first is None
-        or first["model"] != action
-        or first["status"] != "error"
-        or first["error_type"] in _NOT_CALLED
-    ):
+    if first is None:
+        return None
+    if first.get("fallback_from") == action and first["model"] != action:
+        return {
+            "cost_micros": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "latency_ms": 0.0,
+            "error_type": "fell_back",
+        }
+    if first["model"] != action or first["status"] != "error" or first["error_type"] in _NOT_CALLED:
         return None
     return first
 

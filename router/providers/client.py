@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Container, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol, cast
@@ -169,12 +169,15 @@ class DownstreamClient:
     def provider(self, transport: str) -> Provider:
         return self._providers[transport]
 
-    def _chain(self, name: str) -> list[PoolModel]:
+    def _chain(self, name: str, allowed: Container[str] | None = None) -> list[PoolModel]:
+        """``name`` and its configured fallbacks, leaving out the ones the request may not use
+        (its ``xrouter.models``, its key's allowed models, the modalities it needs): a
+        fallback is a substitute for the model, not a way around the request's limits."""
         first = self.pool[name]
         chain = [first]
         for fb in first.fallbacks:
             m = self.pool.get(fb)
-            if m is not None and m not in chain:
+            if m is not None and m not in chain and (allowed is None or fb in allowed):
                 chain.append(m)
         return chain
 
@@ -219,11 +222,14 @@ class DownstreamClient:
         if not any(t.deployment not in tried for t in model.targets):
             await self._sleep(self._delay(attempt, err))
 
-    async def complete(self, name: str, body: dict[str, Any]) -> CallResult:
-        """Call ``name``, retrying retryable failures, then each fallback in turn."""
+    async def complete(
+        self, name: str, body: dict[str, Any], allowed: Container[str] | None = None
+    ) -> CallResult:
+        """Call ``name``, retrying retryable failures, then each fallback in turn (those in
+        ``allowed``, when given)."""
         errors: list[ProviderError] = []
         attempts = 0
-        for i, model in enumerate(self._chain(name)):
+        for i, model in enumerate(self._chain(name, allowed)):
             if i > 0:
                 self.events.on_fallback(name)
                 log.info("falling back from %s to %s", name, model.name)
@@ -268,12 +274,15 @@ class DownstreamClient:
                 )
         raise errors[-1]
 
-    async def open_stream(self, name: str, body: dict[str, Any]) -> StreamCall:
-        """Open a stream and wait for its first chunk. Retries and fallbacks apply only until
-        the first chunk: once tokens have reached the client, a failure can't be hidden."""
+    async def open_stream(
+        self, name: str, body: dict[str, Any], allowed: Container[str] | None = None
+    ) -> StreamCall:
+        """Open a stream and wait for its first chunk. Retries and fallbacks (those in
+        ``allowed``, when given) apply only until the first chunk: once tokens have reached
+        the client, a failure can't be hidden."""
         errors: list[ProviderError] = []
         attempts = 0
-        for i, model in enumerate(self._chain(name)):
+        for i, model in enumerate(self._chain(name, allowed)):
             if i > 0:
                 self.events.on_fallback(name)
             provider = self._providers[model.transport]

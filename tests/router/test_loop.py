@@ -408,6 +408,29 @@ async def test_downstream_failure_uses_the_fallback_model(
     assert_costs_add_up(p, r)
 
 
+async def test_a_fallback_the_request_may_not_use_is_not_called(
+    setup: Any, downstream: Downstream
+) -> None:
+    # MID falls back to DEAR, but this request may use CHEAP and MID only (its allow-list,
+    # its key's, the modalities it needs): MID's failure is not answered by DEAR.
+    p, orch, _, _ = setup
+    allowed = ModelPool([p[CHEAP], p[MID]])
+    for stream in (False, True):
+        downstream.fault(MID, "status=500", count=1)
+        r = await orch.run(FixedPolicy(MID), ctx(allowed), stream=stream)
+        if r.stream is not None:
+            async for _ in r.stream.chunks:
+                pass
+        first = r.outcomes[0]
+        assert (first.model, first.ok, first.fallback_from) == (MID, False, None), stream
+        assert all(o.model != DEAR for o in r.outcomes)
+    # The hold covers the dearest model a call may end on: with DEAR allowed, MID's call
+    # holds DEAR's worst case.
+    dear_alone = worst_case_micros(ctx(p), ToolCall(id="d", model=DEAR))
+    assert worst_case_micros(ctx(p), ToolCall(id="m", model=MID)) == dear_alone
+    assert worst_case_micros(ctx(allowed), ToolCall(id="m", model=MID)) < dear_alone
+
+
 async def test_failed_call_cannot_be_selected(
     setup: Any, scripted_router: ScriptedRouter, downstream: Downstream
 ) -> None:

@@ -254,19 +254,26 @@ async def test_a_chosen_model_that_failed_is_exported_as_its_failure(
     failing(refused, "weak", "budget", status="refused")
     skipped = make_request("f4", created_at=T0 + 3, models=("weak",), call_costs=(0,), status=503)
     failing(skipped, "weak", "circuit_open")
+    # Weak's configured fallback answered within the one call: the row names "strong",
+    # fallen back from "weak". Still weak's failure, not strong's success credited to weak.
+    fell_back = make_request(
+        "f5", created_at=T0 + 4, models=("strong",), call_costs=(700,), decision=dict(failover)
+    )
+    fell_back.decision = {**failover, "actions": ["weak"], "propensities": [0.4], "propensity": 0.4}
+    fell_back.calls[0].fallback_from = "weak"
     writer = LedgerWriter(engine, make_settings())
     await writer.start()
-    for rec in (answered, lost, refused, skipped):
+    for rec in (answered, lost, refused, skipped, fell_back):
         writer.submit(rec)
     writer.submit(make_feedback("f1", 1.0, created_at=T0 + 10))  # strong's answer was good
     await writer.close()
 
     for fmt in ("jsonl", "parquet"):
         out = tmp_path / f"ledger.{fmt}"
-        assert await export_ledger(engine, out, fmt) == 2
+        assert await export_ledger(engine, out, fmt) == 3
         by_id = {r.id: r for r in read_export(out)}
-        assert sorted(by_id) == ["f1", "f2"]
-        for rid, p, cost in (("f1", 0.2, 40), ("f2", 0.5, 0)):
+        assert sorted(by_id) == ["f1", "f2", "f5"]
+        for rid, p, cost in (("f1", 0.2, 40), ("f2", 0.5, 0), ("f5", 0.4, 0)):
             got = by_id[rid]
             assert list(got.outcomes) == ["weak"], fmt
             outcome = got.outcomes["weak"]
