@@ -349,8 +349,11 @@ class CompactPolicy(CheckpointPolicy):
     async def _first_step(self, ctx: RouteContext, state: LoopState) -> Step:
         mask = self.mask_for(ctx.pool)
         loop = asyncio.get_running_loop()
+        # No tools: outcome tables (research data, ledger exports) carry none, so the
+        # features' tool columns are 0 on every training prompt and their weights untrained;
+        # serving with them set would score prompts the network never saw (train/serve skew).
         probs = await loop.run_in_executor(
-            self._pool_executor(), self.policy_probs, ctx.messages, ctx.cost_weight, mask, ctx.tools
+            self._pool_executor(), self.policy_probs, ctx.messages, ctx.cost_weight, mask, None
         )
         untrained = self.untrained_in(ctx.pool) if self.epsilon > 0 else []
         idx, propensity, beh, explored = self.choose(probs, mask, len(untrained))

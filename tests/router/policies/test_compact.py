@@ -86,6 +86,27 @@ async def test_greedy_step_records_a_deterministic_decision(
     await p.aclose()
 
 
+async def test_the_offered_tools_do_not_change_the_decision(
+    ckpt: Any, extractor: FeatureExtractor
+) -> None:
+    # Training never sees tools (outcome tables have none): serving must not feed them in.
+    p = policy(ckpt, extractor)
+    tools = [
+        {"type": "function", "function": {"name": f"tool_{i}", "parameters": {}}} for i in range(5)
+    ]
+    dists = []
+    for offered in (None, tools):
+        state = new_state()
+        ctx = RouteContext(
+            request_id="r1", messages=QUESTION, pool=demo_pool(ckpt.pool), cost_weight=0.5,
+            tools=offered,
+        )  # fmt: skip
+        await p.step(ctx, state)
+        dists.append(state.notes["compact"]["policy_distribution"])
+    assert dists[0] == dists[1]
+    await p.aclose()
+
+
 def test_exploration_propensities_match_the_behaviour(
     ckpt: Any, extractor: FeatureExtractor
 ) -> None:
