@@ -66,16 +66,28 @@ class FileWatcher:
 
         paths = self._paths()
         last = await asyncio.to_thread(_fingerprint, paths)
+        pending = False  # a change seen, waiting for the files to settle
         while True:
             await asyncio.sleep(self.interval_s)
             watched, paths = paths, self._paths()
             current = await asyncio.to_thread(_fingerprint, paths)
-            changed = current != last
-            last = current
-            # A new set of paths means a reload or deploy switched checkpoints and has
-            # loaded the new one already: watch it from here on, without reloading again.
-            if not changed or paths != watched:
+            if paths != watched:
+                # A reload or deploy switched checkpoints and has loaded the new one already:
+                # watch it from here on without reloading for it, but a file watched before
+                # and after (the config) that changed meanwhile still needs its reload.
+                before = {f[0]: f[1:] for f in last}
+                pending |= any(f[0] in before and before[f[0]] != f[1:] for f in current)
+                last = current
                 continue
+            if current != last:
+                # Reload once a poll finds nothing changed since the last: a checkpoint is
+                # several files written one after another, and one caught half-written
+                # would load as a checkpoint that never existed.
+                pending, last = True, current
+                continue
+            if not pending:
+                continue
+            pending = False
             try:
                 settings = (
                     await asyncio.to_thread(load_settings, self.config_path)
