@@ -17,7 +17,20 @@ if TYPE_CHECKING:
 def _status(o: CallOutcome) -> str:
     if o.ok:
         return "ok"
-    return "refused" if o.error_kind == "budget" else "error"
+    return "refused" if _refused(o) else "error"
+
+
+def _refused(o: CallOutcome) -> bool:
+    """A call a budget refused: it was never made, so it is no upstream call."""
+    return o.error_kind == "budget"
+
+
+def _answered(o: CallOutcome) -> bool:
+    """The model answered the call: it succeeded, or its stream was cut short after it
+    started (the only failed outcome that carries a response and a measured duration). A
+    call that failed outright has no duration (0 in its outcome): its failed attempts are
+    counted by the client as upstream errors."""
+    return o.ok or o.response is not None
 
 
 def call_records(request_id: str, state: LoopState | None) -> list[CallRecord]:
@@ -100,16 +113,20 @@ def observe(
     if state is not None:
         for o in (*state.router_calls, *state.outcomes):
             cost += o.cost_micros
+            if _refused(o):
+                continue  # never made: no tokens, no cost, no duration
             if o.role == "downstream" and o.ok and reference_price is not None:
                 reference += reference_price.cost_micros(o.usage)
             metrics.observe_call(
-                model=o.model or o.call.model,
+                # The router model's turns under "router" (its configured name is no pool
+                # model's, and would be reported as "other").
+                model="router" if o.role == "router" else (o.model or o.call.model),
                 prompt_tokens=o.usage.prompt_tokens,
                 completion_tokens=o.usage.completion_tokens,
                 cached_tokens=o.usage.cached_tokens,
                 reasoning_tokens=o.usage.reasoning_tokens,
                 cost_micros=o.cost_micros,
-                duration_s=o.latency_ms / 1000,
+                duration_s=o.latency_ms / 1000 if _answered(o) else None,
                 ttft_s=o.ttft_ms / 1000 if o.ttft_ms is not None else None,
                 policy=rlog.policy or "unresolved",
             )
@@ -131,6 +148,9 @@ def observe(
         overhead_s=rlog.overhead_ms(result) / 1000,
         cost_micros=cost,
         reference_cost_micros=reference if reference_price is not None else None,
-        downstream_calls=len(state.outcomes) if state is not None else None,
+        # Calls made: a refused one never reached a model (a request refused outright made 0).
+        downstream_calls=(
+            sum(1 for o in state.outcomes if not _refused(o)) if state is not None else None
+        ),
         api=rlog.api,
     )

@@ -92,6 +92,13 @@ class Bookkeeping:
         task.add_done_callback(self._done)
         await asyncio.shield(task)
 
+    def spawn(self, step: Coroutine[Any, Any, None]) -> None:
+        """Start ``step`` without waiting for it (a metric read back from the store, which
+        must not add a round trip to the request); shutdown still waits for it."""
+        task = asyncio.get_running_loop().create_task(step)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         # The caller may be gone (cancelled): a failure must still be seen somewhere.
@@ -148,20 +155,62 @@ class KeyBudgetGuard:
             self.unavailable = f"{LIMITS_UNAVAILABLE}: the call to {call.model} was not made"
             return self.unavailable
         if res.ok:
-            # The store reports what is left after this hold: the budget gauge for free.
-            if self.metrics is not None and self.alias and res.remaining_micros is not None:
-                self.metrics.key_budget_remaining(self.alias, res.remaining_micros)
+            # Not the budget gauge: what is left after this hold counts every call in flight
+            # as if it spent its worst case. The gauge is read after the settles instead.
             return None
         self.rejection = res
+        if self._exports_budget():
+            # A key can be refused with a little left (less than this call's worst case),
+            # so the gauge alone would not say it is out: count the refusal too.
+            self.metrics.key_budget_refused(self.alias)
+            self.bookkeeping.spawn(self._observe_remaining())
         return f"{KEY_BUDGET}: a call to {call.model} may cost up to {worst_case_micros} µUSD, {res.remaining_micros} µUSD remain"
 
     async def settle(self, call: ToolCall, reserved_micros: int, actual_micros: int) -> None:
         # Called from the loop's `finally` blocks, often while the request is being cancelled.
-        await self.bookkeeping.run(
-            self.store.settle(
-                self.limits, f"{self.request_id}:{call.id}", reserved_micros, actual_micros
-            )
+        await self.bookkeeping.run(self._settle(call, reserved_micros, actual_micros))
+
+    async def _settle(self, call: ToolCall, reserved_micros: int, actual_micros: int) -> None:
+        await self.store.settle(
+            self.limits, f"{self.request_id}:{call.id}", reserved_micros, actual_micros
         )
+        if self._exports_budget():
+            delay = self.metrics.budget_refresh_delay(self.alias, time.monotonic())
+            if delay is not None:
+                # Spawned from the shielded step, so a cancelled request still refreshes it;
+                # not awaited, so the request does not wait on the read. The store runs it
+                # after the settle (a write-behind settle is queued ahead of later commands).
+                self.bookkeeping.spawn(self._scheduled_read(delay))
+
+    def _exports_budget(self) -> bool:
+        return (
+            self.metrics is not None
+            and bool(self.alias)
+            and self.limits.budget_micros is not None
+            and self.metrics.exports_key_budget(self.alias)
+        )
+
+    async def _scheduled_read(self, delay: float) -> None:
+        try:
+            if delay > 0:
+                await asyncio.sleep(delay)
+        finally:
+            # Before the read: a settle landing while it runs schedules the next one.
+            self.metrics.budget_refresh_done(self.alias)
+        await self._observe_remaining()
+
+    async def _observe_remaining(self) -> None:
+        """Export the key's budget minus its spend in the current period (at least 0, as
+        every remaining budget the gateway reports). Holds of calls in flight are not
+        deducted: they come back, or become spend, when those calls settle."""
+        budget = self.limits.budget_micros
+        if self.metrics is None or not self.alias or budget is None:
+            return
+        try:
+            state = await self.store.spent(self.limits)
+        except LimitStoreUnavailable:
+            return  # the gauge keeps its last reading until the store answers again
+        self.metrics.key_budget_remaining(self.alias, max(budget - state.spent, 0))
 
 
 class RequestHooks:

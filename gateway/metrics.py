@@ -6,9 +6,11 @@ names start with ``xrouter_`` and use base units: seconds, USD, tokens.
 
 Label values are bounded. A label fed from request data could otherwise grow without limit
 (every typo'd model name a new time series), so models and policies are checked against the
-sets known at start-up and anything else is reported as ``"other"``; free-form vocabularies
-owned by other components (error kinds, spill reasons) accept a few distinct values first
-come and fold the rest into ``"other"``.
+sets the config names (at start-up, plus those each reload or deploy brings, up to a fixed
+room) and anything else is reported as ``"other"``; a request no model answered, or that
+failed before a policy was resolved, is ``"none"``. Free-form vocabularies owned by other
+components (error kinds, spill reasons) accept a few distinct values first come and fold the
+rest into ``"other"``.
 
 Multiprocess. With several server workers each process has its own counters. When
 ``PROMETHEUS_MULTIPROC_DIR`` is set *before* ``prometheus_client`` is first imported, every
@@ -17,14 +19,17 @@ and the server's worker-exit hook must call ``mark_process_dead(pid)`` so a dead
 live gauges (the ledger queue depth) stop counting. A worker killed outright (SIGKILL, OOM)
 runs no hook, so every render also reaps the live-gauge files of pids that no longer exist.
 Gauges declare how workers combine:
-``livesum`` for the queue depth (the depth of all live queues), ``mostrecent`` for budget
-remaining (all workers read the same store; the latest reading is the truth), ``max`` for
-build info, ``liveall`` (one series per live worker) for the serving router checkpoint.
+``livesum`` for the queue depth (the depth of all live queues), ``livemax`` for open circuits
+(a worker that died with a circuit open must not hold it open on the dashboard forever),
+``mostrecent`` for budget remaining (all workers read the same store; the latest reading is
+the truth), ``max`` for build info, ``liveall`` (one series per live worker) for the serving
+router checkpoint.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import re
 from collections.abc import Iterable
@@ -65,6 +70,8 @@ CALL_COUNT_BUCKETS: tuple[float, ...] = (0, 1, 2, 3, 4, 5, 8, 16)
 TOKEN_KINDS = ("prompt", "completion", "cached", "reasoning")
 # Budget rejections: the key's budget, or the request's own cap (max_cost_usd).
 BUDGET_REASONS = ("key", "request")
+# How often a key's budget gauge is read back from the limit store after its settles.
+BUDGET_REFRESH_S = 1.0
 
 
 def _usd(micros: int) -> float:
@@ -82,16 +89,35 @@ def _status_class(status: int | str) -> str:
     return f"{code // 100}xx" if 100 <= code <= 599 else OTHER
 
 
-class _KnownLabel:
-    """Maps a value to itself if it is known, ``"none"`` if empty, else ``"other"``."""
+# What callers pass for "no model answered" and "no policy was resolved" (the ledger's words
+# for them): their label is "none", as for an empty value, not "other" (an unknown name).
+_NONE_SENTINELS = frozenset({NONE, "unresolved"})
 
-    def __init__(self, known: Iterable[str]) -> None:
+
+class _KnownLabel:
+    """Maps a value to itself if it is known, ``"none"`` if empty (or a sentinel meaning
+    none), else ``"other"``.
+
+    ``add`` makes more values known (the names a reload or deploy brings), at most ``room``
+    of them over the process's life: the initial set is bounded by the config, and a config
+    that keeps renaming its models must not grow the series without limit."""
+
+    def __init__(self, known: Iterable[str], room: int = 64) -> None:
         self.known = frozenset(known)
+        self._room = room
+
+    def add(self, names: Iterable[str]) -> None:
+        new = [n for n in dict.fromkeys(names) if n and n not in self.known]
+        admitted = new[: max(self._room, 0)]
+        self._room -= len(admitted)
+        self.known = self.known | frozenset(admitted)
 
     def __call__(self, value: str | None) -> str:
         if not value:
             return NONE
-        return value if value in self.known else OTHER
+        if value in self.known:
+            return value
+        return NONE if value in _NONE_SENTINELS else OTHER
 
 
 class _FirstComeLabel:
@@ -144,6 +170,8 @@ class GatewayMetrics:
         self._budget_reason = _FirstComeLabel(BUDGET_REASONS, extra=4)
         self._budget_gauge_keys = budget_gauge_keys
         self._budget_aliases: set[str] = set()
+        self._budget_read_at: dict[str, float] = {}  # alias -> last gauge read (monotonic s)
+        self._budget_read_pending: set[str] = set()  # aliases with a read scheduled
         # labels() validates and locks on every call; the hot path asks for the same few
         # children over and over, so keep them (label values are bounded, so is this).
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
@@ -208,9 +236,14 @@ class GatewayMetrics:
             buckets=OVERHEAD_BUCKETS,
             registry=r,
         )
+        # Only calls a model answered: a failed call has no duration of its own (its failed
+        # attempts are counted in xrouter_upstream_errors_total) and one a budget refused was
+        # never made. So the count is one per successful attempt, and errors / (errors +
+        # count) is the share of a model's attempts that failed.
         self._upstream_duration = Histogram(
             "xrouter_upstream_duration_seconds",
-            "Duration of one downstream model call.",
+            "Duration of one downstream model call that got an answer (a stream cut short "
+            "included); failed attempts are counted in xrouter_upstream_errors_total.",
             ["model"],
             buckets=LLM_BUCKETS,
             registry=r,
@@ -239,7 +272,8 @@ class GatewayMetrics:
         )
         self._upstream_errors = Counter(
             "xrouter_upstream_errors",
-            "Failed downstream calls.",
+            "Failed downstream call attempts (each retry and fallback counts), and calls an "
+            "open circuit skipped (kind circuit_open).",
             ["model", "kind"],
             registry=r,
         )
@@ -324,14 +358,25 @@ class GatewayMetrics:
             "1 while a model's circuit breaker keeps calls away from it (router.health).",
             ["model"],
             registry=r,
-            multiprocess_mode="max",
+            multiprocess_mode="livemax",
         )
         self._key_budget_remaining = Gauge(
             "xrouter_key_budget_remaining_usd",
-            "Budget left in the current period, for at most metrics.budget_gauge_keys keys.",
+            "Budget minus spend in the current period, at least 0 (holds of calls in flight "
+            "not deducted), read after each call settles and at each refusal, for at most "
+            "metrics.budget_gauge_keys keys.",
             ["key_alias"],
             registry=r,
             multiprocess_mode="mostrecent",
+        )
+        # What is left can stay above 0 and still pay for no call (less than any call's
+        # worst case): the refusals say the key is out, for the same keys as the gauge.
+        self._key_budget_refusals = Counter(
+            "xrouter_key_budget_refusals",
+            "Calls refused by their key's budget, for the keys in "
+            "xrouter_key_budget_remaining_usd.",
+            ["key_alias"],
+            registry=r,
         )
         self._build_info = Gauge(
             "xrouter_build_info",
@@ -359,6 +404,12 @@ class GatewayMetrics:
             self._budget_rejections.labels(reason=reason)
         for result in ("hit", "miss", "bypass", "error"):
             self._cache_lookups.labels(result=result)
+
+    def add_known(self, *, models: Iterable[str], policies: Iterable[str]) -> None:
+        """Models and policies a reload or deploy brought: reported by name from now on
+        (within a fixed room; names known before stay known, their series exist)."""
+        self._model.add(models)
+        self._policy.add(policies)
 
     # -- requests and calls ----------------------------------------------------------------
 
@@ -407,12 +458,13 @@ class GatewayMetrics:
         cached_tokens: int,
         reasoning_tokens: int,
         cost_micros: int,
-        duration_s: float,
+        duration_s: float | None,
         ttft_s: float | None = None,
         *,
         policy: str | None = None,
     ) -> None:
-        """One downstream (or router) model call."""
+        """One downstream (or router) model call; ``duration_s`` None for one no model
+        answered (it has no duration to observe)."""
         m = self._model(model)
         for kind, n in (
             ("prompt", prompt_tokens),
@@ -423,7 +475,8 @@ class GatewayMetrics:
             if n:
                 self._child(self._tokens, m, kind).inc(n)
         self._child(self._cost, m, self._policy(policy)).inc(_usd(cost_micros))
-        self._child(self._upstream_duration, m).observe(duration_s)
+        if duration_s is not None:
+            self._child(self._upstream_duration, m).observe(duration_s)
         if ttft_s is not None:
             self._child(self._ttft, m).observe(ttft_s)
 
@@ -476,22 +529,58 @@ class GatewayMetrics:
         known = ("startup", "store_lost", "key_update")
         self._child(self._budget_restores, trigger if trigger in known else OTHER).inc()
 
-    def key_budget_remaining(self, key_alias: str, remaining_micros: int) -> bool:
-        """Export a key's remaining budget. Only the first ``budget_gauge_keys`` keys seen
-        get a series (per process); returns False for a key that isn't exported."""
+    def exports_key_budget(self, key_alias: str) -> bool:
+        """Whether a key has (or would get) budget series: callers skip reading the store
+        for keys past ``budget_gauge_keys``."""
+        return (
+            key_alias in self._budget_aliases or len(self._budget_aliases) < self._budget_gauge_keys
+        )
+
+    def budget_refresh_delay(self, key_alias: str, now: float) -> float | None:
+        """When to read a key's budget back from the store after a settle: at once, or
+        when a second has passed since the last read; None when a read is already
+        scheduled (it will see this settle). A busy key costs the store one read a second,
+        not one per call, and the last settle of a burst is still read."""
+        if key_alias in self._budget_read_pending:
+            return None
+        delay = max(0.0, self._budget_read_at.get(key_alias, -math.inf) + BUDGET_REFRESH_S - now)
+        self._budget_read_pending.add(key_alias)
+        self._budget_read_at[key_alias] = now + delay
+        return delay
+
+    def budget_refresh_done(self, key_alias: str) -> None:
+        self._budget_read_pending.discard(key_alias)
+
+    def _budget_slot(self, key_alias: str) -> bool:
         if key_alias not in self._budget_aliases:
             if len(self._budget_aliases) >= self._budget_gauge_keys:
                 return False
             self._budget_aliases.add(key_alias)
+        return True
+
+    def key_budget_remaining(self, key_alias: str, remaining_micros: int) -> bool:
+        """Export a key's remaining budget. Only the first ``budget_gauge_keys`` keys seen
+        get a series (per process); returns False for a key that isn't exported."""
+        if not self._budget_slot(key_alias):
+            return False
         self._key_budget_remaining.labels(key_alias=key_alias).set(_usd(remaining_micros))
         return True
 
+    def key_budget_refused(self, key_alias: str) -> bool:
+        """Count a call the key's budget refused (for exported keys only, as the gauge);
+        returns False for a key that isn't exported."""
+        if not self._budget_slot(key_alias):
+            return False
+        self._key_budget_refusals.labels(key_alias=key_alias).inc()
+        return True
+
     def forget_key_budget(self, key_alias: str) -> None:
-        """Stop exporting a key (revoked, or its budget removed) and free its slot. In
-        multiprocess mode the last value stays in the files until the workers restart."""
+        """Stop exporting a key (revoked, its budget removed, or renamed) and free its slot.
+        In multiprocess mode the last values stay in the files until the workers restart."""
         if key_alias in self._budget_aliases:
             self._budget_aliases.discard(key_alias)
             self._key_budget_remaining.remove(key_alias)
+            self._key_budget_refusals.remove(key_alias)
 
     # -- answer cache ------------------------------------------------------------------------
 

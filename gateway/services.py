@@ -114,6 +114,15 @@ class Services:
             info = self.runtime.checkpoint_info or {}
             self.metrics.serving_checkpoint(info.get("version"), info.get("kind"))
 
+    def _observe_runtime(self) -> None:
+        """After a reload or deploy swapped the runtime: its checkpoint, and its models and
+        policies as metric labels (without this, ones the config gained since start-up
+        would be reported as "other")."""
+        self._observe_checkpoint()
+        if self.metrics is not None and self.runtime is not None:
+            models, policies = _metric_labels(self.runtime)
+            self.metrics.add_known(models=models, policies=policies)
+
     def current(self) -> Runtime:
         assert self.runtime is not None
         return self.runtime
@@ -135,11 +144,13 @@ class Services:
         self.prepare()
         assert self.runtime is not None
         if s.metrics.enabled:
+            models, policies = _metric_labels(self.runtime)
             self.metrics = GatewayMetrics(
                 self.registry,
-                models=[*self.runtime.pool.names, "router"],
-                policies=[*self.runtime.policy_names, "passthrough"],
+                models=models,
+                policies=policies,
                 budget_gauge_keys=s.metrics.budget_gauge_keys,
+                version=build_version(),
             )
         self.engine = await open_ledger_engine(s.ledger.url)
         self.ledger = LedgerWriter(self.engine, s.ledger, self.metrics)
@@ -230,7 +241,7 @@ class Services:
             serving = self._effective(file_settings)
             runtime = await self._build(serving)
             self.file_settings, self.settings, self.runtime = file_settings, serving, runtime
-            self._observe_checkpoint()
+            self._observe_runtime()
             log.info("reloaded: pool=%s policies=%s", runtime.pool.names, runtime.policy_names)
             return runtime
 
@@ -249,7 +260,7 @@ class Services:
                 )
                 self._seen_deployment = self.deployment.id
             self.file_settings, self.settings, self.runtime = file_settings, serving, runtime
-            self._observe_checkpoint()
+            self._observe_runtime()
             log.info("deployed %s (deployment %s)", checkpoint, self._seen_deployment)
             return runtime
 
@@ -395,3 +406,32 @@ def _with_checkpoint(settings: Settings, checkpoint: str) -> Settings:
 
 def multiproc_dir() -> str | None:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+
+
+def _metric_labels(runtime: Runtime) -> tuple[list[str], list[str]]:
+    """The model and policy names a runtime may report under: its pool ("router": an answer
+    the router gave itself) and its policies (with "passthrough": a pool model asked for by
+    name)."""
+    return [*runtime.pool.names, "router"], [*runtime.policy_names, "passthrough"]
+
+
+def build_version() -> str:
+    """The running build's version for ``xrouter_build_info``: the installed package's, else
+    (a source checkout run without installing) its pyproject's, else "unknown"."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("xrouter")
+    except PackageNotFoundError:
+        pass
+    import tomllib
+    from pathlib import Path
+
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    try:
+        project = tomllib.loads(pyproject.read_text()).get("project", {})
+    except (OSError, ValueError):
+        return "unknown"
+    if project.get("name") == "xrouter" and isinstance(project.get("version"), str):
+        return str(project["version"])
+    return "unknown"

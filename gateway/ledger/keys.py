@@ -297,7 +297,8 @@ class KeyRepository:
 
     async def update(self, key_id: str, **fields: Any) -> KeyInfo:
         """Change some fields; ``None`` clears an optional one. ``budget_usd`` (or
-        ``budget_micros``) sets the budget. Raises ``KeyNotFoundError``."""
+        ``budget_micros``) sets the budget. Raises ``KeyNotFoundError`` for an unknown or
+        revoked key (a revoked key stays as it was when revoked)."""
         unknown = set(fields) - _UPDATABLE
         if unknown:
             raise ValueError(f"cannot update {sorted(unknown)}; allowed: {sorted(_UPDATABLE)}")
@@ -329,7 +330,9 @@ class KeyRepository:
             try:
                 async with self._engine.begin() as conn:
                     result = await conn.execute(
-                        api_keys.update().where(api_keys.c.key_id == key_id).values(**values)
+                        api_keys.update()
+                        .where(api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None))
+                        .values(**values)
                     )
             except sa_exc.IntegrityError:
                 raise DuplicateAliasError(
@@ -338,7 +341,7 @@ class KeyRepository:
             if result.rowcount == 0:
                 raise KeyNotFoundError(key_id)
         info = await self.get(key_id)
-        if info is None:
+        if info is None or info.revoked:
             raise KeyNotFoundError(key_id)
         return info
 

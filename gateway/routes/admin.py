@@ -35,10 +35,13 @@ Period = Literal["daily", "weekly", "monthly", "total"]
 MAX_RATE = 2**31 - 1
 
 
-def _no_nul(alias: str | None) -> str | None:
+def _alias_text(alias: str | None) -> str | None:
     # PostgreSQL's text types refuse NUL characters; say so rather than fail the insert.
     if alias is not None and "\x00" in alias:
         raise ValueError("may not contain NUL characters")
+    # The repository stores the alias stripped: one of only spaces would be empty there.
+    if alias is not None and not alias.strip():
+        raise ValueError("may not be blank")
     return alias
 
 
@@ -121,7 +124,7 @@ class KeyCreate(_Expiry):
     metadata: dict[str, Any] = Field(default_factory=dict)
     routing: KeyRouting | None = None
 
-    _alias = field_validator("alias")(_no_nul)
+    _alias = field_validator("alias")(_alias_text)
 
 
 class KeyUpdate(_Expiry):
@@ -137,7 +140,7 @@ class KeyUpdate(_Expiry):
     metadata: dict[str, Any] | None = None
     routing: KeyRouting | None = None
 
-    _alias = field_validator("alias")(_no_nul)
+    _alias = field_validator("alias")(_alias_text)
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -241,11 +244,12 @@ async def update_key(key_id: str, request: Request) -> Response:
     if "duration" in fields or "expires_at" in fields:
         # A time in the past expires the key now; null: it never expires.
         fields["expires_at"] = expiry(fields.get("expires_at"), fields.pop("duration", None))
+    current = await s.keys.get(key_id)
+    if current is None or current.revoked:
+        # A revoked key stays as it was revoked (as rotate refuses one).
+        raise _no_live_key(key_id)
     if "routing" in fields or "allowed_policies" in fields:
         # The default policy must stay one the key may use, whichever of the two changes.
-        current = await s.keys.get(key_id)
-        if current is None:
-            raise APIError(404, f"no key {key_id!r}", param="key_id", code="key_not_found")
         routing = (
             body.routing
             if "routing" in fields
@@ -262,13 +266,26 @@ async def update_key(key_id: str, request: Request) -> Response:
     except DuplicateAliasError as exc:
         raise APIError(409, str(exc), param="alias", code="alias_taken") from None
     except KeyNotFoundError:
-        raise APIError(404, f"no key {key_id!r}", param="key_id", code="key_not_found") from None
+        raise _no_live_key(key_id) from None  # revoked meanwhile
     assert s.auth is not None
     s.auth.invalidate()
-    if s.budgets is not None and ("budget_micros" in fields or "budget_period" in fields):
+    budget_changed = "budget_micros" in fields or "budget_period" in fields
+    if s.budgets is not None and budget_changed:
         # A new period has its own counter, which the ledger may already have spend for.
         await s.budgets.restore_key(info)
+    if s.metrics is not None:
+        # Budget series under the old alias, or read against the old budget, would keep
+        # their last value (and hold one of the budget_gauge_keys slots): drop them; the
+        # key's next call exports it again if it still has a budget.
+        if info.alias != current.alias:
+            s.metrics.forget_key_budget(current.alias)
+        if budget_changed:
+            s.metrics.forget_key_budget(info.alias)
     return _json(_key_view(info))
+
+
+def _no_live_key(key_id: str) -> APIError:
+    return APIError(404, f"no live key {key_id!r}", param="key_id", code="key_not_found")
 
 
 @router.post("/keys/{key_id}/rotate")
@@ -292,22 +309,37 @@ async def rotate_key(key_id: str, request: Request) -> Response:
 async def revoke_key(key_id: str, request: Request) -> Response:
     s = await _admin(request)
     try:
-        await s.keys.revoke(key_id)
+        info = await s.keys.revoke(key_id)
     except KeyNotFoundError:
         raise APIError(404, f"no key {key_id!r}", param="key_id", code="key_not_found") from None
     assert s.auth is not None
     s.auth.invalidate()
+    if s.metrics is not None:
+        # Its budget series would stay at their last value and hold a slot.
+        s.metrics.forget_key_budget(info.alias)
     return _json({"key_id": key_id, "revoked": True})
+
+
+_EPOCH = re.compile(r"^[+-]?\d+(\.\d+)?$")
 
 
 def _time(v: str | None, name: str) -> dt.datetime | None:
     if not v:
         return None
     try:
-        return to_utc(dt.datetime.fromisoformat(v))
+        try:
+            return to_utc(dt.datetime.fromisoformat(v))
+        except ValueError:
+            # Epoch seconds, as the ledger's to_utc takes them. ISO first: 8 digits are an
+            # ISO date (20250131), as they were before epoch seconds were accepted.
+            if _EPOCH.match(v.strip()) is None:
+                raise
+            return to_utc(float(v) if "." in v else int(v))
     except ValueError:
         raise bad_request(
-            f"{name} must be an ISO-8601 date or time between years 1 and 9999 UTC", param=name
+            f"{name} must be an ISO-8601 date or time, or epoch seconds, between years 1 and "
+            "9999 UTC",
+            param=name,
         ) from None
 
 

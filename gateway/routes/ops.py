@@ -20,9 +20,16 @@ async def healthz() -> Response:
 async def readyz(request: Request) -> Response:
     s = services(request)
     checks = {"runtime": s.runtime is not None, "ledger": s.ledger is not None}
+    required = dict(checks)
     if s.limits is not None:
         checks["limits"] = await s.limits.ping()
-    ok = s.ready and all(checks.values())
+        # Reported either way, but it gates readiness only with on_store_error: closed. With
+        # open the gateway serves without the store by design; taking every replica out of
+        # its Service because the shared Redis is down would turn "open" into an outage.
+        # The store's own mode: it is built once, a reload does not change it.
+        if s.limits.on_error == "closed":
+            required["limits"] = checks["limits"]
+    ok = s.ready and all(required.values())
     return JSONResponse(
         {"status": "ready" if ok else "not_ready", "checks": checks}, status_code=200 if ok else 503
     )

@@ -75,6 +75,63 @@ def test_unknown_models_and_policies_collapse_to_other(
     assert registry.get_sample_value("xrouter_requests_total", other) == 100
 
 
+def test_no_model_and_no_policy_are_none_not_other(
+    registry: CollectorRegistry, metrics: GatewayMetrics
+) -> None:
+    # What accounting passes for a request no model answered and one that failed before a
+    # policy was resolved (the ledger's words): the documented label "none".
+    metrics.observe_request("unresolved", "none", 404, 0.01, 0.001, 0)
+    metrics.observe_request("compact", "none", 503, 0.01, 0.001, 0)
+    metrics.decision("unresolved", None)
+    get = registry.get_sample_value
+    assert (
+        get(
+            "xrouter_requests_total",
+            {"policy": "none", "model": "none", "status_class": "4xx", "api": "chat"},
+        )
+        == 1
+    )
+    assert (
+        get(
+            "xrouter_requests_total",
+            {"policy": "compact", "model": "none", "status_class": "5xx", "api": "chat"},
+        )
+        == 1
+    )
+    assert label_values(registry, "xrouter_requests_total", "model") == {"none"}
+    assert get("xrouter_routing_decisions_total", {"policy": "none", "model": "none"}) == 1
+
+
+def test_names_a_reload_brings_are_known_within_a_bounded_room(
+    registry: CollectorRegistry, metrics: GatewayMetrics
+) -> None:
+    metrics.observe_request("cascade", "new-model", 200, 0.1, 0.001, 1)
+    metrics.add_known(models=[*MODELS, "new-model"], policies=[*POLICIES, "cascade"])
+    metrics.observe_request("cascade", "new-model", 200, 0.1, 0.001, 1)
+    req = {"status_class": "2xx", "api": "chat"}
+    get = registry.get_sample_value
+    assert get("xrouter_requests_total", {"policy": "other", "model": "other", **req}) == 1
+    assert get("xrouter_requests_total", {"policy": "cascade", "model": "new-model", **req}) == 1
+    # A config renamed at every reload: names past the room stay "other".
+    for i in range(200):
+        metrics.add_known(models=[f"renamed-{i}"], policies=[])
+        metrics.observe_call(f"renamed-{i}", 1, 1, 0, 0, 1, 0.1)
+    models = label_values(registry, "xrouter_tokens_total", "model")
+    assert "renamed-0" in models and "other" in models and "renamed-199" not in models
+    assert len(models) == 64  # the room, less "new-model", plus "other"
+
+
+def test_a_call_no_model_answered_has_no_duration(
+    registry: CollectorRegistry, metrics: GatewayMetrics
+) -> None:
+    metrics.observe_call("qwen3-8b", 0, 0, 0, 0, 0, None, policy="compact")
+    metrics.observe_call("qwen3-8b", 10, 5, 0, 0, 7, 0.4, policy="compact")
+    assert (
+        registry.get_sample_value("xrouter_upstream_duration_seconds_count", {"model": "qwen3-8b"})
+        == 1
+    )
+
+
 def test_free_form_labels_are_bounded(registry: CollectorRegistry, metrics: GatewayMetrics) -> None:
     for i in range(40):
         metrics.write_error(f"kind-{i}")
@@ -226,6 +283,25 @@ def test_budget_gauges_are_capped(registry: CollectorRegistry, metrics: GatewayM
     }
 
 
+def test_budget_refusals_share_the_gauges_slots(
+    registry: CollectorRegistry, metrics: GatewayMetrics
+) -> None:
+    refusals = "xrouter_key_budget_refusals_total"
+    assert metrics.exports_key_budget("team-a")
+    assert metrics.key_budget_refused("team-a")  # a key refused before any call settled
+    assert metrics.key_budget_remaining("team-b", 3_000)
+    assert not metrics.exports_key_budget("team-c")
+    assert not metrics.key_budget_refused("team-c")
+    assert metrics.key_budget_refused("team-a")
+    assert registry.get_sample_value(refusals, {"key_alias": "team-a"}) == 2
+    assert label_values(registry, refusals, "key_alias") == {"team-a"}
+    # Forgetting a key (revoked, renamed, budget changed) drops both series and its slot.
+    metrics.forget_key_budget("team-a")
+    assert label_values(registry, refusals, "key_alias") == set()
+    assert label_values(registry, "xrouter_key_budget_remaining_usd", "key_alias") == {"team-b"}
+    assert metrics.exports_key_budget("team-c") and metrics.key_budget_refused("team-c")
+
+
 def test_ledger_sink(registry: CollectorRegistry, metrics: GatewayMetrics) -> None:
     metrics.queue_depth(42)
     metrics.queue_depth(7)
@@ -357,6 +433,58 @@ def test_multiprocess_aggregates_workers(tmp_path: Path, monkeypatch: pytest.Mon
         assert values.get(("xrouter_ledger_queue_depth", ()), 0) == 0
         assert values[("xrouter_requests_total", tuple(sorted(req)))] == 8
         assert not any(f"_{pids[1]}.db" in n and "live" in n for n in os.listdir(tmp_path))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+
+
+_CIRCUIT_WORKER = """
+import os, sys
+from prometheus_client import CollectorRegistry
+from gateway.metrics import GatewayMetrics
+
+m = GatewayMetrics(CollectorRegistry(), models=["qwen3-8b"], policies=["compact"])
+m.circuit("qwen3-8b", sys.argv[1] == "open")
+print(os.getpid(), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_dead_workers_open_circuit_stops_counting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = {**os.environ, MULTIPROC_ENV: str(tmp_path), "PYTHONPATH": str(REPO_ROOT)}
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for state in ("open", "closed"):
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _CIRCUIT_WORKER, state],
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            procs.append(proc)
+            assert proc.stdout is not None
+            proc.stdout.readline()
+        monkeypatch.setenv(MULTIPROC_ENV, str(tmp_path))
+
+        def circuit_open() -> float | None:
+            body, _ = render_metrics(CollectorRegistry())
+            for family in text_string_to_metric_families(body.decode()):
+                for s in family.samples:
+                    if s.name == "xrouter_circuit_open" and s.labels["model"] == "qwen3-8b":
+                        return float(s.value)
+            return None
+
+        assert circuit_open() == 1  # open in one live worker: open
+        # The worker that saw it open dies (OOM, a crash) with no exit hook: its reading
+        # goes with it, the live worker's (closed) is what remains.
+        procs[0].kill()
+        procs[0].wait(timeout=30)
+        assert circuit_open() == 0
     finally:
         for proc in procs:
             if proc.poll() is None:

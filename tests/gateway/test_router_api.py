@@ -227,6 +227,14 @@ def test_llm_policy_costs_and_ledger_rows_add_up(
     assert round(meta["cost_usd"] * 1e6) == total
     metrics = httpx.get(f"{gw.url}/metrics").text
     assert "xrouter_router_query_copies_total 1.0" in metrics
+    # The router model's tokens are reported under "router", not lost in "other".
+    router_prompt = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("xrouter_tokens_total{") and 'model="router"' in line
+        and 'kind="prompt"' in line
+    ]  # fmt: skip
+    assert router_prompt and float(router_prompt[0].split()[-1]) >= 600
 
 
 def test_a_keys_budget_pays_for_the_router_models_calls(

@@ -114,6 +114,12 @@ async def test_update_and_revoke(engine: AsyncEngine) -> None:
     }
     again = await repo.revoke(first.key_id)
     assert again.revoked_at == revoked.revoked_at  # the first revocation time stays
+    # A revoked key stays as it was revoked (as rotate refuses one).
+    with pytest.raises(KeyNotFoundError):
+        await repo.update(first.key_id, rpm=5)
+    with pytest.raises(KeyNotFoundError):
+        await repo.update(first.key_id)
+    assert (await repo.get(first.key_id)) == revoked
     with pytest.raises(KeyNotFoundError):
         await repo.revoke("key_nothere")
 
