@@ -88,8 +88,6 @@ class Services:
         down; (None, None) without a budget or a store."""
         if info.budget_micros is None or self.limits is None:
             return None, None
-        import time
-
         from gateway.limits.base import LimitStoreUnavailable
         from gateway.limits.windows import period_window
         from pricing import micros_to_usd

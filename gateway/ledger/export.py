@@ -329,7 +329,7 @@ async def iter_export_records(
                 1 for r in rows if r["final_model"] is not None and 200 <= int(r["status"]) < 300
             )
             failures = sum(
-                1 for rec in chunk if rec["outcomes"][next(iter(rec["outcomes"]))].get("failed")
+                1 for rec in chunk if any(o.get("failed") for o in rec["outcomes"].values())
             )
             stats.records += len(chunk)
             stats.failures += failures
