@@ -163,7 +163,7 @@ class KeyBudgetGuard:
             # A key can be refused with a little left (less than this call's worst case),
             # so the gauge alone would not say it is out: count the refusal too.
             self.metrics.key_budget_refused(self.alias)
-            self.bookkeeping.spawn(self._observe_remaining())
+            self._refresh_gauge()
         return f"{KEY_BUDGET}: a call to {call.model} may cost up to {worst_case_micros} µUSD, {res.remaining_micros} µUSD remain"
 
     async def settle(self, call: ToolCall, reserved_micros: int, actual_micros: int) -> None:
@@ -175,12 +175,17 @@ class KeyBudgetGuard:
             self.limits, f"{self.request_id}:{call.id}", reserved_micros, actual_micros
         )
         if self._exports_budget():
-            delay = self.metrics.budget_refresh_delay(self.alias, time.monotonic())
-            if delay is not None:
-                # Spawned from the shielded step, so a cancelled request still refreshes it;
-                # not awaited, so the request does not wait on the read. The store runs it
-                # after the settle (a write-behind settle is queued ahead of later commands).
-                self.bookkeeping.spawn(self._scheduled_read(delay))
+            self._refresh_gauge()
+
+    def _refresh_gauge(self) -> None:
+        """Read the key's budget back into its gauge, at most once a second (a refused
+        flood or a busy key costs the store one read a second, not one per request)."""
+        delay = self.metrics.budget_refresh_delay(self.alias, time.monotonic())
+        if delay is not None:
+            # Spawned (from the shielded settle step, too), so a cancelled request still
+            # refreshes it; not awaited, so the request does not wait on the read. The store
+            # runs it after the settle (a write-behind settle is queued ahead of it).
+            self.bookkeeping.spawn(self._scheduled_read(delay))
 
     def _exports_budget(self) -> bool:
         return (
