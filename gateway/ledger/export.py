@@ -179,29 +179,22 @@ def build_record(
     outcome: dict[str, Any] = {}
     if score is not None:
         outcome["score"] = float(score)
+    # The chosen model's failure is its call alone, not what a fallback bought after it;
+    # an answered request's outcome is the whole request's.
+    source = failed if failed is not None else {**row, "cost_micros": row["total_cost_micros"]}
+    cost = int(source["cost_micros"])
+    outcome.update(
+        cost_usd=micros_to_usd(cost),
+        cost_micros=cost,
+        prompt_tokens=int(source["prompt_tokens"]),
+        completion_tokens=int(source["completion_tokens"]),
+        latency_ms=float(source["latency_ms"]),
+        model=action if failed is not None else final_model,
+    )
     if failed is not None:
-        # The chosen model's own outcome: its call alone, not what a fallback bought after.
-        outcome.update(
-            cost_usd=micros_to_usd(int(failed["cost_micros"])),
-            cost_micros=int(failed["cost_micros"]),
-            prompt_tokens=int(failed["prompt_tokens"]),
-            completion_tokens=int(failed["completion_tokens"]),
-            latency_ms=float(failed["latency_ms"]),
-            model=action,
-            failed=True,
-            error_type=failed["error_type"],
-        )
-    else:
-        outcome.update(
-            cost_usd=micros_to_usd(int(row["total_cost_micros"])),
-            cost_micros=int(row["total_cost_micros"]),
-            prompt_tokens=int(row["prompt_tokens"]),
-            completion_tokens=int(row["completion_tokens"]),
-            latency_ms=float(row["latency_ms"]),
-            model=final_model,
-        )
-        if response is not None:
-            outcome["response"] = response
+        outcome.update(failed=True, error_type=failed["error_type"])
+    elif response is not None:
+        outcome["response"] = response
     record["outcomes"] = {action: outcome}
     if score is None:
         record["scored"] = False  # needs a score (e.g. a judge) before training
