@@ -83,13 +83,15 @@ def _wants_replay(path: str) -> tuple[bool, str | None]:
     return bool(demo.get("replay_upstream")), str(table) if table is not None else None
 
 
-async def _check_ledger(url: str) -> str | None:
+async def _check_ledger(url: str) -> tuple[str | None, Any]:
     """Open the ledger once and bring its schema up to date before the server starts: a
     database that is down, missing or refusing us is one line here, not a traceback from
-    every worker's startup (and the workers then find the schema migrated)."""
+    every worker's startup (and the workers then find the schema migrated). Returns the
+    problem, or the newest router deployment (None if there is none)."""
     import sqlalchemy as sa
     from sqlalchemy.engine import make_url
 
+    from gateway.ledger.deployments import DeploymentRepository
     from gateway.ledger.store import describe_error, open_ledger_engine
 
     try:
@@ -99,9 +101,13 @@ async def _check_ledger(url: str) -> str | None:
             where = make_url(url).render_as_string(hide_password=True)
         except (ValueError, sa.exc.ArgumentError):
             where = "URL"  # malformed: the error says so; it may hold a password
-        return f"the ledger database {where} is not usable: {describe_error(exc)}"
-    await engine.dispose()
-    return None
+        return f"the ledger database {where} is not usable: {describe_error(exc)}", None
+    try:
+        return None, await DeploymentRepository(engine).latest()
+    except (OSError, sa.exc.SQLAlchemyError) as exc:
+        return f"reading router deployments failed: {describe_error(exc)}", None
+    finally:
+        await engine.dispose()
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -126,24 +132,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log.error("%s", exc)
         return 2
     srv = settings.server
-    app = None
-    try:
-        # The pool, prices and checkpoint must be usable: say so here, in one line, rather
-        # than as a traceback from inside the server's startup (and once, not per worker).
-        # One worker serves the runtime built here; several build their own.
-        if srv.workers == 1:
-            app = create_app(settings, config_path=path)
-            app.state.services.prepare()
-        else:
-            from gateway.runtime import build_runtime
-
-            build_runtime(settings)
-    except Exception as exc:
-        log.error("cannot start: %s", exc)
-        return 2
-    problem = asyncio.run(_check_ledger(settings.ledger.url))
+    problem, deployment = asyncio.run(_check_ledger(settings.ledger.url))
     if problem is not None:
         log.error("cannot start: %s", problem)
+        return 2
+    try:
+        # The pool, prices and checkpoint (the deployed one, if any) must be usable: say so
+        # here, in one line, rather than as a traceback from inside the server's startup
+        # (and once, not per worker). One worker serves the runtime built here; several
+        # build their own.
+        app = create_app(settings, config_path=path)
+        app.state.services.prepare(deployment)
+    except Exception as exc:
+        log.error("cannot start: %s", exc)
         return 2
     common: dict[str, Any] = dict(
         host=srv.host,
@@ -162,7 +163,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         srv.workers,
         "s" * (srv.workers > 1),
     )
-    if app is not None:
+    if srv.workers == 1:
         uvicorn.run(app, **common)
         return 0
     # Several workers: each builds its own app from the same config; metrics aggregate

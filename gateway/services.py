@@ -125,12 +125,39 @@ class Services:
         assert self.runtime is not None
         return self.runtime
 
-    def prepare(self) -> None:
+    def prepare(self, deployment: Any = None) -> None:
         """Build the runtime snapshot (pool, prices, policies, checkpoint) unless built:
         ``xrouter serve`` calls it before the server starts, so that an unusable config is
-        one error line, and the lifespan's ``start`` then uses it instead of building twice."""
-        if self.runtime is None:
-            self.runtime = build_runtime(self.settings, events=_MetricEvents(self))
+        one error line, and the lifespan's ``start`` then uses it instead of building twice.
+
+        ``deployment`` is the ledger's newest router deployment: where it still applies, the
+        snapshot is built on its checkpoint alone, so a restart does not depend on the
+        config's checkpoint loading (it may have been deleted since it was replaced). If the
+        deployed one does not load here, the config's serves and the poller retries."""
+        if self.runtime is not None:
+            return
+        events = _MetricEvents(self)
+        if deployment is not None and deployment.applies_to(self.settings.router.checkpoint):
+            serving = _with_checkpoint(self.settings, deployment.checkpoint)
+            try:
+                runtime = build_runtime(serving, events=events)
+                check_deployed_version(runtime, deployment)
+            except Exception as exc:
+                delay = 2 * self.settings.router.deployment_poll_s
+                self._deploy_retry = (deployment.id, time.monotonic() + delay, delay)
+                log.error(
+                    "could not load the deployed router checkpoint (deployment %d, %s); "
+                    "serving the config's, retrying in %.0f s: %s",
+                    deployment.id,
+                    deployment.checkpoint,
+                    delay,
+                    exc,
+                )
+            else:
+                self.runtime, self.settings = runtime, serving
+                self.deployment, self._seen_deployment = deployment, deployment.id
+                return
+        self.runtime = build_runtime(self.settings, events=events)
 
     async def start(self) -> None:
         from gateway.ledger.keys import KeyRepository
@@ -139,7 +166,10 @@ class Services:
         from gateway.metrics import GatewayMetrics
 
         s = self.settings
-        self.prepare()
+        self.engine = await open_ledger_engine(s.ledger.url)
+        if self.runtime is None:
+            # Off the loop: building loads the checkpoint from disk.
+            await asyncio.to_thread(self.prepare, await self._latest_deployment())
         assert self.runtime is not None
         if s.metrics.enabled:
             models, policies = _metric_labels(self.runtime)
@@ -150,7 +180,6 @@ class Services:
                 budget_gauge_keys=s.metrics.budget_gauge_keys,
                 version=build_version(),
             )
-        self.engine = await open_ledger_engine(s.ledger.url)
         self.ledger = LedgerWriter(self.engine, s.ledger, self.metrics)
         await self.ledger.start()
         if s.ledger.content_retention_days is not None:
@@ -230,14 +259,17 @@ class Services:
         shared.start()
         return shared
 
-    async def reload(self, settings: Settings | None = None) -> Runtime:
+    async def reload(self, settings: Settings | None = None, *, following: Any = None) -> Runtime:
         """Build a new runtime snapshot from ``settings`` (the config as read; default: the
         last one) with the deployed checkpoint, if it still applies, and swap it in.
-        In-flight requests keep the old one."""
+        In-flight requests keep the old one. ``following``: the deployment this reload
+        takes up, whose recorded version the loaded checkpoint must be."""
         async with self.reload_lock:
             file_settings = settings or self.file_settings or self.settings
             serving = self._effective(file_settings)
             runtime = await self._build(serving)
+            if following is not None:
+                check_deployed_version(runtime, following)
             self.file_settings, self.settings, self.runtime = file_settings, serving, runtime
             self._observe_runtime()
             log.info("reloaded: pool=%s policies=%s", runtime.pool.names, runtime.policy_names)
@@ -280,12 +312,27 @@ class Services:
         d, f = self.deployment, self.file_settings
         return d if d is not None and f is not None and d.applies_to(f.router.checkpoint) else None
 
+    async def _latest_deployment(self) -> Any:
+        """The newest recorded deployment, or None (also when it cannot be read: the
+        config's router then serves, and the poller takes the deployment up later)."""
+        from gateway.ledger.deployments import DeploymentRepository
+        from gateway.ledger.store import describe_error
+
+        if self.deployments is None:
+            self.deployments = DeploymentRepository(self.engine)
+        try:
+            return await self.deployments.latest()
+        except Exception as exc:
+            log.error("reading router deployments failed: %s", describe_error(exc))
+            return None
+
     async def _start_deployments(self) -> None:
-        """Start on the newest deployment (a restart keeps what was deployed), then follow
-        the ones other workers record."""
+        """Start on the newest deployment unless ``prepare`` did (a restart keeps what was
+        deployed), then follow the ones other workers record."""
         from gateway.ledger.deployments import DeploymentRepository
 
-        self.deployments = DeploymentRepository(self.engine)
+        if self.deployments is None:
+            self.deployments = DeploymentRepository(self.engine)
         try:
             await self._follow_deployment()
         except Exception as exc:  # a checkpoint missing here must not stop the gateway
@@ -313,7 +360,7 @@ class Services:
         file_checkpoint = (self.file_settings or self.settings).router.checkpoint
         if latest.applies_to(file_checkpoint):
             try:
-                await self.reload()
+                await self.reload(following=latest)
             except Exception as exc:
                 # The checkpoint may not have reached this replica yet (a volume still
                 # syncing): keep serving the previous router and try again later, backing
@@ -395,6 +442,23 @@ _MAX_DEPLOY_RETRY_S = 300.0
 
 class DeploymentLoadError(Exception):
     """A recorded deployment's checkpoint did not load in this process."""
+
+
+def check_deployed_version(runtime: Runtime, deployment: Any) -> None:
+    """Refuse a deployed checkpoint whose content is not the one recorded: another file
+    at the same path (a replica's stale copy of a run directory) must not serve under the
+    deployment's name. ``packaged:`` names are exempt: they mean the checkpoint shipped
+    with this installation, which an upgrade may change."""
+    from router.checkpoint import PACKAGED_PREFIX
+
+    if deployment.version is None or deployment.checkpoint.startswith(PACKAGED_PREFIX):
+        return
+    found = (runtime.checkpoint_info or {}).get("version")
+    if found != deployment.version:
+        raise ValueError(
+            f"{deployment.checkpoint} here is checkpoint version {found}, not version "
+            f"{deployment.version} as deployment {deployment.id} recorded"
+        )
 
 
 def _with_checkpoint(settings: Settings, checkpoint: str) -> Settings:

@@ -150,12 +150,15 @@ def test_a_deploy_holds_across_file_reloads_and_restarts_until_the_config_change
         assert state["deployment"]["checkpoint"] == str(rl.path)
         page = httpx.get(f"{gw.url}/dashboard").text
         assert rl.version in page and f"(deployment {state['deployment']['id']}, " in page
+        builds = gw.log().count("runtime built:")
     finally:
         gw.stop()
-    # A restart starts on the deployed checkpoint (same config, same ledger database).
+    # A restart starts on the deployed checkpoint (same config, same ledger database),
+    # built once: the config's own checkpoint is not loaded first.
     gw = start_gateway(tmp_path, cfg)
     try:
         assert _serving(gw.url)["checkpoint"]["version"] == rl.version
+        assert gw.log().count("runtime built:") == builds + 1, gw.log()  # the log goes on
         # Editing the config's own checkpoint is a newer decision: it wins.
         cfg["router"] = {**cfg["router"], "checkpoint": str(default.path)}
         gw.config_path.write_text(yaml.safe_dump(cfg))
@@ -168,6 +171,42 @@ def test_a_deploy_holds_across_file_reloads_and_restarts_until_the_config_change
         r = _deploy(gw.url, str(tmp_path / "missing"))
         assert r.status_code == 400 and r.json()["error"]["code"] == "reload_failed"
         assert _serving(gw.url)["checkpoint"]["version"] == default.version
+    finally:
+        gw.stop()
+
+
+def test_a_restart_needs_only_the_deployed_checkpoint(upstream: Upstream, tmp_path: Path) -> None:
+    """The checkpoint a deploy replaced may be deleted: the restarted gateway starts on the
+    deployed one without loading the config's. If the deployed one is gone instead, the
+    config's serves and the failure is logged."""
+    import shutil
+
+    demo, rl = load_checkpoint("packaged:demo"), load_checkpoint("packaged:demo-rl")
+    assert demo.path is not None and rl.path is not None
+    replaced, deployed = tmp_path / "v1", tmp_path / "v2"
+    shutil.copytree(demo.path, replaced)
+    shutil.copytree(rl.path, deployed)
+    cfg = gateway_config(tmp_path, upstream.base_url, router={"checkpoint": str(replaced)})
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        assert _deploy(gw.url, str(deployed)).status_code == 200
+    finally:
+        gw.stop()
+    shutil.rmtree(replaced)
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        state = _serving(gw.url)
+        assert state["checkpoint"]["version"] == rl.version, gw.log()
+        assert state["deployment"]["checkpoint"] == str(deployed)
+    finally:
+        gw.stop()
+    shutil.copytree(demo.path, replaced)
+    shutil.rmtree(deployed)
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        state = _serving(gw.url)
+        assert state["checkpoint"]["version"] == demo.version and state["deployment"] is None
+        assert "could not load the deployed router checkpoint (deployment 1," in gw.log()
     finally:
         gw.stop()
 
@@ -200,7 +239,7 @@ def test_a_deploy_reaches_every_worker(upstream: Upstream, tmp_path: Path) -> No
         gw.stop()
 
 
-def _record_deployment(ledger_db: Path, checkpoint: str) -> int:
+def _record_deployment(ledger_db: Path, checkpoint: str, version: str | None = None) -> int:
     """Record a deployment as another replica's ``xrouter deploy`` does (same database)."""
     import asyncio
 
@@ -211,7 +250,7 @@ def _record_deployment(ledger_db: Path, checkpoint: str) -> int:
     async def record() -> int:
         engine = create_async_engine(f"sqlite+aiosqlite:///{ledger_db}")
         try:
-            return (await DeploymentRepository(engine).record(checkpoint, None, None)).id
+            return (await DeploymentRepository(engine).record(checkpoint, version, None)).id
         finally:
             await engine.dispose()
 
@@ -251,6 +290,38 @@ def test_a_deployment_whose_checkpoint_is_not_here_yet_is_retried_until_it_loads
             assert time.monotonic() < deadline, gw.log()
             time.sleep(0.1)
         assert state["deployment"]["id"] == deployment
+    finally:
+        gw.stop()
+
+
+def test_a_follower_refuses_a_checkpoint_that_is_not_the_deployed_version(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    """Another replica deployed a checkpoint that, at the same path here, holds other
+    content (a stale copy): this one keeps serving its router until the right file is
+    there, as for a checkpoint not there yet."""
+    import shutil
+
+    demo, rl = load_checkpoint("packaged:demo"), load_checkpoint("packaged:demo-rl")
+    assert demo.path is not None and rl.path is not None
+    volume = tmp_path / "shared-volume" / "run"
+    shutil.copytree(demo.path, volume)  # the stale copy
+    cfg = gateway_config(tmp_path, upstream.base_url, router={"deployment_poll_s": 0.1})
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        _record_deployment(tmp_path / "ledger.db", str(volume), rl.version)
+        deadline = time.monotonic() + 15
+        while f"not version {rl.version} as deployment 1 recorded" not in gw.log():
+            assert time.monotonic() < deadline, gw.log()
+            time.sleep(0.1)
+        assert _serving(gw.url)["deployment"] is None
+        shutil.rmtree(volume)
+        shutil.copytree(rl.path, volume)
+        deadline = time.monotonic() + 15
+        while (state := _serving(gw.url))["checkpoint"]["version"] != rl.version:
+            assert time.monotonic() < deadline, gw.log()
+            time.sleep(0.1)
+        assert state["deployment"]["id"] == 1
     finally:
         gw.stop()
 
