@@ -108,23 +108,29 @@ class Decision:
     # logged traffic says which deployed router made each decision.
     checkpoint: str | None = None
     actions: list[str] = field(default_factory=list)
-    propensities: list[float] = field(default_factory=list)
+    # None: the policy cannot say (an LLM router sampling at temperature > 0).
+    propensities: list[float | None] = field(default_factory=list)
     distribution: dict[str, float] | None = None
     explored: bool = False
 
     def record(
-        self, action: str, propensity: float, distribution: dict[str, float] | None = None
+        self,
+        action: str,
+        propensity: float | None,
+        distribution: dict[str, float] | None = None,
     ) -> None:
         self.actions.append(action)
-        self.propensities.append(float(propensity))
+        self.propensities.append(None if propensity is None else float(propensity))
         if distribution is not None and self.distribution is None:
             self.distribution = distribution
 
     @property
-    def propensity(self) -> float:
-        """The joint probability of the whole action sequence."""
+    def propensity(self) -> float | None:
+        """The joint probability of the whole action sequence (None if one is unknown)."""
         p = 1.0
         for q in self.propensities:
+            if q is None:
+                return None
             p *= q
         return p
 

@@ -65,6 +65,9 @@ class ExportStats:
     unscored_skipped: int = 0
     # Records of a chosen model's failed call (score 0; counted in ``records`` too).
     failures: int = 0
+    # Requests whose policy could not say how likely its choice was (the ``llm`` router
+    # sampling at temperature > 0): without a propensity they are no off-policy data.
+    unknown_propensity: int = 0
 
 
 _CALL_FIELDS = (
@@ -98,9 +101,12 @@ def _propensity(decision: dict[str, Any] | None, first_only: bool = False) -> fl
     if first_only and props:
         p = props[0]
     elif p is None:
-        if not props:
+        # An unknown propensity (null: a sampling LLM router) makes the whole one unknown.
+        if not props or any(q is None for q in props):
             return None
         p = math.prod(float(q) for q in props)
+    if p is None:
+        return None
     p = float(p)
     if not math.isfinite(p) or p <= 0.0:
         return None
@@ -144,10 +150,12 @@ def build_record(
     call_rows: Sequence[dict[str, Any]],
     feedback_rows: Sequence[dict[str, Any]],
     include_unscored: bool = False,
+    stats: ExportStats | None = None,
 ) -> dict[str, Any] | None:
     """The outcome-table record of one logged request (``feedback_rows`` oldest first), or
-    None when it has no feedback and unscored records are not wanted (or it is a failed
-    request whose chosen model did not fail: nothing to learn about that model)."""
+    None when it has no feedback and unscored records are not wanted, when its policy's
+    propensity is unknown, or when it is a failed request whose chosen model did not fail
+    (nothing to learn about that model). ``stats`` counts the records left out, by why."""
     decision = row["decision"] if isinstance(row["decision"], dict) else None
     content = row["content"] if isinstance(row["content"], dict) else None
     final_model: str | None = row["final_model"]
@@ -160,7 +168,16 @@ def build_record(
     else:
         score = feedback_rows[-1]["score"] if feedback_rows else None
         if score is None and not include_unscored:
+            if stats is not None:
+                stats.unscored_skipped += 1
             return None
+    # A failure's record is its first decision's: the steps after it (a failover) were
+    # forced by the failure, not chosen.
+    propensity = _propensity(decision, first_only=failed is not None)
+    if propensity is None:
+        if stats is not None:
+            stats.unknown_propensity += 1
+        return None
 
     record: dict[str, Any] = {"id": row["request_id"]}
     response = None
@@ -199,24 +216,20 @@ def build_record(
     if score is None:
         record["scored"] = False  # needs a score (e.g. a judge) before training
 
-    # A failure's record is its first decision's: the steps after it (a failover) were
-    # forced by the failure, not chosen.
-    propensity = _propensity(decision, first_only=failed is not None)
-    if propensity is not None:
-        record["logged"] = {
-            "action": action,
-            "propensity": propensity,
-            "cost_weight": row["cost_weight"],
-            "policy": row["policy"],
-        }
-        checkpoint = (decision or {}).get("checkpoint")
-        if checkpoint:
-            record["logged"]["checkpoint"] = str(checkpoint)  # which deployed router decided
-        actions = (decision or {}).get("actions") or []
-        if len(actions) > 1 and failed is None:
-            # A multi-call trajectory (a cascade's plan): its outcome is not ``action``'s
-            # alone, and off-policy learners over single models must know to skip it.
-            record["logged"]["actions"] = [str(a) for a in actions]
+    record["logged"] = {
+        "action": action,
+        "propensity": propensity,
+        "cost_weight": row["cost_weight"],
+        "policy": row["policy"],
+    }
+    checkpoint = (decision or {}).get("checkpoint")
+    if checkpoint:
+        record["logged"]["checkpoint"] = str(checkpoint)  # which deployed router decided
+    actions = (decision or {}).get("actions") or []
+    if len(actions) > 1 and failed is None:
+        # A multi-call trajectory (a cascade's plan): its outcome is not ``action``'s
+        # alone, and off-policy learners over single models must know to skip it.
+        record["logged"]["actions"] = [str(a) for a in actions]
     record.update(
         created_at=row["created_at"].isoformat(),
         key_id=row["key_id"],
@@ -313,22 +326,16 @@ async def iter_export_records(
                     by_call.get(r["request_id"], []),
                     by_fb.get(r["request_id"], []),
                     include_unscored,
+                    stats,
                 )
             )
             is not None
         ]
         if stats is not None:
-            answered = sum(
-                1 for r in rows if r["final_model"] is not None and 200 <= int(r["status"]) < 300
-            )
-            failures = sum(
+            stats.records += len(chunk)
+            stats.failures += sum(
                 1 for rec in chunk if any(o.get("failed") for o in rec["outcomes"].values())
             )
-            stats.records += len(chunk)
-            stats.failures += failures
-            # Answered requests left out: those without feedback (the rest of the rows are
-            # failed requests whose chosen model did not fail).
-            stats.unscored_skipped += answered - (len(chunk) - failures)
         if chunk:
             yield chunk
         if len(rows) < chunk_size:
@@ -493,6 +500,11 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
             f"; skipped {stats.unscored_skipped} successful requests without feedback "
             "(score them with POST /v1/feedback, or export them unscored with "
             "--include-unscored)"
+        )
+    if stats.unknown_propensity:
+        line += (
+            f"; skipped {stats.unknown_propensity} requests whose policy logged no propensity "
+            "(the llm router sampling at temperature > 0: no off-policy data)"
         )
     print(line)
     return 0

@@ -87,6 +87,11 @@ class LLMRouterPolicy(Policy):
         self.provider = provider
         self.router_model = router_model
         self.temperature = temperature
+        # Greedy decoding picks its tools deterministically: each choice has probability 1.
+        # Sampled, the probability of a tool choice is not what the server returns (a token
+        # sequence's is not its action's), so it is logged as unknown and the export leaves
+        # such requests out of off-policy data rather than claim 1.0.
+        self._propensity: float | None = 1.0 if temperature == 0 else None
         self.system_prompt = system_prompt or DEFAULT_SYSTEM_PROMPT
         self.cost_weight_in_prompt = cost_weight_in_prompt
         self._on_query_copy = on_query_copy
@@ -214,7 +219,7 @@ class LLMRouterPolicy(Policy):
         )
         if not tool_calls:
             text = msg.get("content") or ""
-            state.decision.record("router", 1.0)
+            state.decision.record("router", self._propensity)
             return Answer(text, synthesized=bool(state.outcomes))
         return self._parse_tool_calls(ctx, state, tool_calls)
 
@@ -249,7 +254,7 @@ class LLMRouterPolicy(Policy):
                         state, tc_id, "not_selectable", f"{target!r} is not a successful call"
                     )
                     continue
-                state.decision.record(f"select:{chosen.model}", 1.0)
+                state.decision.record(f"select:{chosen.model}", self._propensity)
                 return Select(target)
             model = tools.get(name)
             if model is None:
@@ -268,7 +273,7 @@ class LLMRouterPolicy(Policy):
                     self._on_query_copy()
             temperature = _num(args.get("temperature"), 0.0, MAX_TEMPERATURE)
             max_tokens = _int(args.get("max_tokens"), 1, ctx.pool[model].max_output_tokens)
-            state.decision.record(model, 1.0)
+            state.decision.record(model, self._propensity)
             calls.append(
                 ToolCall(
                     id=tc_id,

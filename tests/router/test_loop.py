@@ -218,6 +218,23 @@ async def test_single_call_then_select(setup: Any, scripted_router: ScriptedRout
     assert_costs_add_up(p, r)
 
 
+async def test_a_sampling_router_logs_its_propensities_as_unknown(
+    setup: Any, scripted_router: ScriptedRouter
+) -> None:
+    """Greedy, each tool choice has probability 1; sampled, the router cannot say, and
+    logging 1.0 would bias every off-policy estimate made from its traffic."""
+    p, orch, policy, _ = setup
+    sampling = LLMRouterPolicy(policy.provider, policy.router_model, temperature=0.7)
+    script = ({"tool_calls": [call(CHEAP, "t1")]}, {"tool_calls": [select("t1")]})
+    scripted_router.script(*script, *script)
+    greedy, sampled = await orch.run(policy, ctx(p)), await orch.run(sampling, ctx(p))
+    assert greedy.decision.propensities == [1.0, 1.0] and greedy.decision.propensity == 1.0
+    assert sampled.decision.actions == greedy.decision.actions
+    assert sampled.decision.propensities == [None, None]
+    assert sampled.decision.propensity is None
+    assert sampled.decision.to_dict()["propensity"] is None
+
+
 async def test_parallel_calls_then_select_by_id(
     setup: Any, scripted_router: ScriptedRouter
 ) -> None:

@@ -180,6 +180,42 @@ async def test_cli_export(
     assert "error:" in capsys.readouterr().err
 
 
+async def test_a_request_without_a_known_propensity_is_left_out_and_counted(
+    engine: AsyncEngine,
+    make_settings: Callable[..., LedgerSettings],
+    ledger_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The llm router sampling at temperature > 0 logs null propensities: its requests are
+    no off-policy data, so they are not exported as if chosen with probability 1."""
+    sampled = {
+        "policy": "llm",
+        "cost_weight": 0.5,
+        "actions": ["cheap", "select:cheap"],
+        "propensities": [None, None],
+        "propensity": None,
+    }
+    unknown = make_request("u1", created_at=T0, models=("cheap",), decision=sampled)
+    known = make_request("u2", created_at=T0 + 1, models=("cheap",))
+    writer = LedgerWriter(engine, make_settings())
+    await writer.start()
+    for rec in (unknown, known):
+        writer.submit(rec)
+        writer.submit(make_feedback(rec.request_id, 1.0, created_at=T0 + 10))
+    await writer.close()
+    parser = argparse.ArgumentParser()
+    add_export_arguments(parser)
+    out = tmp_path / "ledger.jsonl"
+    assert await run_export(parser.parse_args(["--out", str(out)]), ledger_url) == 0
+    assert capsys.readouterr().out.strip() == (
+        f"exported 1 records to {out}; skipped 1 requests whose policy logged no propensity "
+        "(the llm router sampling at temperature > 0: no off-policy data)"
+    )
+    (only,) = [parse_record(line) for line in read_lines(out)]
+    assert only.id == "u2" and only.logged is not None and only.logged.propensity > 0
+
+
 async def test_a_multi_call_request_lists_its_calls_so_learners_can_skip_it(
     engine: AsyncEngine, make_settings: Callable[..., LedgerSettings], tmp_path: Path
 ) -> None:
