@@ -287,13 +287,39 @@ class KeyRepository:
             row = (await conn.execute(query)).first()
         return _row_to_info(row) if row is not None else None
 
-    async def list(self, include_revoked: bool = False) -> builtins.list[KeyInfo]:
-        query = sa.select(*_INFO_COLUMNS).order_by(api_keys.c.created_at, api_keys.c.key_id)
+    async def list(
+        self,
+        include_revoked: bool = False,
+        *,
+        limit: int | None = None,
+        after: str | None = None,
+    ) -> builtins.list[KeyInfo]:
+        """Keys in creation order (oldest first); at most ``limit``, starting after the key
+        ``after`` (a cursor that stays valid as keys are created, unlike an offset).
+        Raises ``KeyNotFoundError`` for an ``after`` that names no key."""
+        c = api_keys.c
+        query = sa.select(*_INFO_COLUMNS).order_by(c.created_at, c.key_id)
+        if not include_revoked:
+            query = query.where(c.revoked_at.is_(None))
+        if limit is not None:
+            query = query.limit(limit)
+        async with self._engine.connect() as conn:
+            if after is not None:
+                at = (await conn.execute(sa.select(c.created_at).where(c.key_id == after))).scalar()
+                if at is None:
+                    raise KeyNotFoundError(after)
+                query = query.where(
+                    sa.or_(c.created_at > at, sa.and_(c.created_at == at, c.key_id > after))
+                )
+            rows = (await conn.execute(query)).all()
+        return [_row_to_info(r) for r in rows]
+
+    async def count(self, include_revoked: bool = False) -> int:
+        query = sa.select(sa.func.count()).select_from(api_keys)
         if not include_revoked:
             query = query.where(api_keys.c.revoked_at.is_(None))
         async with self._engine.connect() as conn:
-            rows = (await conn.execute(query)).all()
-        return [_row_to_info(r) for r in rows]
+            return int((await conn.execute(query)).scalar() or 0)
 
     async def update(self, key_id: str, **fields: Any) -> KeyInfo:
         """Change some fields; ``None`` clears an optional one. ``budget_usd`` (or

@@ -219,18 +219,52 @@ async def create_key(request: Request) -> Response:
     return _json({**_key_view(info), "key": secret}, status=201)
 
 
+# A page of keys: each one with a budget costs a limit-store read for its spend.
+KEYS_PAGE_DEFAULT, KEYS_PAGE_MAX = 100, 1000
+
+
+def _page_limit(value: str | None) -> int:
+    if value is None:
+        return KEYS_PAGE_DEFAULT
+    try:
+        limit = int(value)
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= KEYS_PAGE_MAX:
+        raise bad_request(f"limit must be an integer from 1 to {KEYS_PAGE_MAX}", param="limit")
+    return limit
+
+
 @router.get("/keys")
 async def list_keys(request: Request) -> Response:
+    """A page of keys, oldest first, as OpenAI's list endpoints page: ``limit`` (100, at
+    most 1000) and ``after`` (the last key id of the previous page); ``has_more`` says
+    whether another page follows."""
     s = await _admin(request)
-    include = request.query_params.get("include_revoked") in ("1", "true")
-    keys = await s.keys.list(include_revoked=include)
+    q = request.query_params
+    include = q.get("include_revoked") in ("1", "true")
+    limit, after = _page_limit(q.get("limit")), q.get("after") or None
+    try:
+        # One more than asked: whether another page follows, without counting.
+        keys = await s.keys.list(include_revoked=include, limit=limit + 1, after=after)
+    except KeyNotFoundError:
+        raise bad_request(f"after: no key {after!r}", param="after") from None
+    has_more, keys = len(keys) > limit, keys[:limit]
     out = []
     for k in keys:
         view = _key_view(k)
         if k.budget_micros is not None and s.limits is not None:
             view["spent_usd"], view["remaining_usd"] = await s.key_spend(k)
         out.append(view)
-    return _json({"data": out})
+    return _json(
+        {
+            "object": "list",
+            "data": out,
+            "first_id": keys[0].key_id if keys else None,
+            "last_id": keys[-1].key_id if keys else None,
+            "has_more": has_more,
+        }
+    )
 
 
 @router.patch("/keys/{key_id}")

@@ -102,3 +102,22 @@ def test_no_admin_key_configured_means_no_dashboard_when_auth_is_on(
         assert r.status_code == 403 and r.json()["error"]["code"] == "admin_disabled"
     finally:
         gw.stop()
+
+
+def test_past_a_hundred_keys_it_shows_the_oldest_and_says_where_the_rest_are(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    gw = start_gateway(
+        tmp_path, gateway_config(tmp_path, upstream.base_url, auth={"enabled": True})
+    )
+    try:
+        with httpx.Client(headers=ADMIN) as admin:
+            made = [
+                admin.post(f"{gw.url}/admin/keys", json={"alias": f"many-{i:03d}"}).json()
+                for i in range(101)
+            ]
+            page = admin.get(f"{gw.url}/dashboard").text
+        assert made[99]["key_id"] in page and made[100]["key_id"] not in page
+        assert "The oldest 100 of 101 keys; every key: GET /admin/keys" in page
+    finally:
+        gw.stop()

@@ -167,6 +167,33 @@ def test_key_lifecycle_and_auth(gw: Gateway) -> None:
     assert httpx.delete(f"{gw.url}/admin/keys/key_nope", headers=ADMIN).status_code == 404
 
 
+def test_keys_are_listed_page_by_page(gw: Gateway) -> None:
+    for _ in range(3):
+        create_key(gw)
+
+    def page(**params: Any) -> httpx.Response:
+        return httpx.get(f"{gw.url}/admin/keys", params=params, headers=ADMIN)
+
+    everything = page(limit=1000).json()
+    assert everything["object"] == "list" and not everything["has_more"]
+    ids = [k["key_id"] for k in everything["data"]]
+    assert len(ids) >= 3 and everything["last_id"] == ids[-1]
+    paged: list[str] = []
+    after = None
+    while True:
+        body = page(limit=2, **({"after": after} if after else {})).json()
+        assert len(body["data"]) <= 2
+        paged += [k["key_id"] for k in body["data"]]
+        if not body["has_more"]:
+            break
+        after = body["last_id"]
+    assert paged == ids
+    for bad in ({"limit": 0}, {"limit": 1001}, {"limit": "ten"}, {"after": "key_nope"}):
+        r = page(**bad)
+        assert r.status_code == 400, (bad, r.text)
+        assert r.json()["error"]["param"] == next(iter(bad)), r.text
+
+
 def test_key_limits_are_bounded_by_what_the_ledger_stores(gw: Gateway) -> None:
     # The largest values fit the columns (BIGINT micro-USD, INTEGER rpm/tpm on PostgreSQL);
     # anything larger, or not finite, is a 400 naming the field, never a 500.

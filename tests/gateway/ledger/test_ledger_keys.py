@@ -176,3 +176,31 @@ async def test_routing_defaults_keep_what_is_set(engine: AsyncEngine) -> None:
     assert (await repo.update(key.key_id, routing=None)).routing is None
     with pytest.raises(ValueError, match="routing takes"):
         await repo.update(key.key_id, routing={"lambda": 1})
+
+
+async def test_keys_are_listed_page_by_page_in_creation_order(engine: AsyncEngine) -> None:
+    repo = KeyRepository(engine)
+    made = [(await repo.create(f"page-{i}"))[0].key_id for i in range(5)]
+    # Two keys made in the same instant: the key id breaks the tie, so no page repeats or
+    # skips one.
+    same = datetime(2030, 1, 1, tzinfo=UTC)
+    async with engine.begin() as conn:
+        await conn.execute(
+            api_keys.update().where(api_keys.c.key_id.in_(made[3:])).values(created_at=same)
+        )
+    order = made[:3] + sorted(made[3:])
+    pages, after = [], None
+    while True:
+        page = [k.key_id for k in await repo.list(limit=2, after=after)]
+        if not page:
+            break
+        pages.append(page)
+        after = page[-1]
+    assert pages == [order[:2], order[2:4], order[4:]]
+    await repo.revoke(order[1])
+    assert [k.key_id for k in await repo.list(limit=2, after=order[0])] == order[2:4]
+    # A revoked key still works as a cursor (the page after it was fetched while it lived).
+    assert [k.key_id for k in await repo.list(after=order[1])] == order[2:]
+    assert await repo.count() == 4 and await repo.count(include_revoked=True) == 5
+    with pytest.raises(KeyNotFoundError):
+        await repo.list(after="key_nope")
