@@ -41,6 +41,8 @@ def parquet_schema() -> Any:
             ("source", pa.string()),
             ("comment", pa.string()),
             ("created_at", pa.string()),
+            # The request it was given on: the record's own, or a cache hit of its answer.
+            ("request_id", pa.string()),
         ]
     )
     return pa.schema(

@@ -244,6 +244,7 @@ def build_record(
                 "source": f["source"],
                 "comment": f["comment"],
                 "created_at": f["created_at"].isoformat(),
+                "request_id": f["request_id"],
             }
             for f in feedback_rows
         ],
@@ -313,9 +314,21 @@ async def iter_export_records(
             by_call: dict[str, list[dict[str, Any]]] = {}
             for c in call_rows:
                 by_call.setdefault(c.request_id, []).append(dict(c._mapping))
+            # Feedback given on a cache hit scores the very answer this request bought: it
+            # is this request's too (else scores of popular prompts, answered from the
+            # cache, would never reach training).
+            hit_fb_rows = await conn.execute(
+                sa.select(feedback, requests.c.cached_from.label("answer_of"))
+                .join(requests, requests.c.request_id == feedback.c.request_id)
+                .where(requests.c.cached_from.in_(ids))
+            )
             by_fb: dict[str, list[dict[str, Any]]] = {}
             for f in fb_rows:
                 by_fb.setdefault(f.request_id, []).append(dict(f._mapping))
+            for f in hit_fb_rows:
+                by_fb.setdefault(f.answer_of, []).append(dict(f._mapping))
+            for given in by_fb.values():
+                given.sort(key=lambda f: (f["created_at"], f["id"]))  # the latest one counts
         after = (rows[-1]["created_at"], rows[-1]["request_id"])
         chunk = [
             rec

@@ -208,6 +208,16 @@ def _v9_call_deployment(conn: sa.Connection) -> None:
     conn.execute(sa.text("ALTER TABLE calls ADD COLUMN deployment VARCHAR(64)"))
 
 
+def _v10_request_cached_from_index(conn: sa.Connection) -> None:
+    """ix_requests_cached_from: a request's cache hits, by the request (frozen)."""
+    conn.execute(
+        sa.text(
+            "CREATE INDEX ix_requests_cached_from ON requests (cached_from) "
+            "WHERE cached_from IS NOT NULL"
+        )
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: requests, calls, feedback, api_keys", _v1_baseline),
     Migration(2, "router_deployments", _v2_router_deployments),
@@ -218,6 +228,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(7, "api_keys.routing", _v7_key_routing),
     Migration(8, "request_tags", _v8_request_tags),
     Migration(9, "calls.deployment", _v9_call_deployment),
+    Migration(10, "ix_requests_cached_from", _v10_request_cached_from_index),
 )
 
 

@@ -117,6 +117,14 @@ requests = sa.Table(
         sqlite_where=sa.text("end_user IS NOT NULL"),
         postgresql_where=sa.text("end_user IS NOT NULL"),
     ),
+    # The cache hits of a request, for the export to carry their feedback to it; partial,
+    # as few requests are cache hits.
+    sa.Index(
+        "ix_requests_cached_from",
+        "cached_from",
+        sqlite_where=sa.text("cached_from IS NOT NULL"),
+        postgresql_where=sa.text("cached_from IS NOT NULL"),
+    ),
 )
 
 calls = sa.Table(

@@ -216,6 +216,34 @@ async def test_a_request_without_a_known_propensity_is_left_out_and_counted(
     assert only.id == "u2" and only.logged is not None and only.logged.propensity > 0
 
 
+def cache_hit(request_id: str, of: RequestRecord, created_at: float) -> RequestRecord:
+    """A request answered from the cache with ``of``'s answer, as the gateway logs it."""
+    hit = make_request(request_id, created_at=created_at, models=(of.final_model or "",))
+    hit.cached_from, hit.calls, hit.decision = of.request_id, [], None
+    hit.total_cost_micros = hit.router_cost_micros = hit.downstream_cost_micros = 0
+    return hit
+
+
+async def test_feedback_on_a_cache_hit_scores_the_request_whose_answer_it_reused(
+    engine: AsyncEngine, make_settings: Callable[..., LedgerSettings], tmp_path: Path
+) -> None:
+    original = make_request("o1", created_at=T0, models=("cheap",))
+    hits = [cache_hit("h1", original, T0 + 1), cache_hit("h2", original, T0 + 2)]
+    writer = LedgerWriter(engine, make_settings())
+    await writer.start()
+    for rec in (original, *hits):
+        writer.submit(rec)
+    writer.submit(make_feedback("h2", 0.2, created_at=T0 + 20))
+    writer.submit(make_feedback("h1", 0.8, created_at=T0 + 10))
+    await writer.close()
+    for fmt, out in (("jsonl", tmp_path / "x.jsonl"), ("parquet", tmp_path / "x.parquet")):
+        assert await export_ledger(engine, out, fmt) == 1  # the hits made no decision
+        (rec,) = read_export(out)
+        assert rec.id == "o1" and rec.outcomes["cheap"].score == 0.2  # the latest counts
+        given = rec.model_dump()["feedback"]
+        assert [(f["request_id"], f["score"]) for f in given] == [("h1", 0.8), ("h2", 0.2)]
+
+
 async def test_a_multi_call_request_lists_its_calls_so_learners_can_skip_it(
     engine: AsyncEngine, make_settings: Callable[..., LedgerSettings], tmp_path: Path
 ) -> None:
