@@ -3,6 +3,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -236,11 +237,15 @@ async def test_feedback_on_a_cache_hit_scores_the_request_whose_answer_it_reused
     writer.submit(make_feedback("h2", 0.2, created_at=T0 + 20))
     writer.submit(make_feedback("h1", 0.8, created_at=T0 + 10))
     await writer.close()
-    for fmt, out in (("jsonl", tmp_path / "x.jsonl"), ("parquet", tmp_path / "x.parquet")):
+    formats: tuple[tuple[Literal["jsonl", "parquet"], Path], ...] = (
+        ("jsonl", tmp_path / "x.jsonl"),
+        ("parquet", tmp_path / "x.parquet"),
+    )
+    for fmt, out in formats:
         assert await export_ledger(engine, out, fmt) == 1  # the hits made no decision
-        (rec,) = read_export(out)
-        assert rec.id == "o1" and rec.outcomes["cheap"].score == 0.2  # the latest counts
-        given = rec.model_dump()["feedback"]
+        (exported,) = read_export(out)
+        assert exported.id == "o1" and exported.outcomes["cheap"].score == 0.2  # the latest
+        given = exported.model_dump()["feedback"]
         assert [(f["request_id"], f["score"]) for f in given] == [("h1", 0.8), ("h2", 0.2)]
 
 
