@@ -131,7 +131,7 @@ def _router_model(settings: Settings) -> PoolModel | None:
         api_key=cfg.api_key.get_secret_value() if cfg.api_key else None,
         transport="native",
         price=cfg.price if isinstance(cfg.price, ModelPrice) else ModelPrice.free(),
-        max_output_tokens=4096,
+        max_output_tokens=cfg.max_output_tokens,
         timeout_s=cfg.timeout_s,
         max_concurrency=1024,
         max_retries=cfg.max_retries,
@@ -195,7 +195,9 @@ def build_runtime(
             cost_weight_in_prompt=settings.router.llm.cost_weight_in_prompt,
         )
     default = settings.router.default_policy
-    if default not in policies:
+    fixed = default.startswith("fixed:") and default[6:] in pool
+    if default not in policies and not fixed:
+        # Not an error: `llm` without a router server configured yet, say, still serves.
         log.warning("default policy %r is not available; using 'cascade'", default)
         default = "cascade"
     log.info(

@@ -146,6 +146,9 @@ class LLMRouterSettings(_Section):
     # Router tokens are part of the request's cost: a self-hosted price per 1M tokens.
     price: ModelPrice = ModelPrice.free("self-hosted router")
     temperature: float = Field(default=0.0, ge=0, le=2)
+    # A router turn's output cap: what each turn asks the server for, and what a key's
+    # budget holds for the turn's output before it is made.
+    max_output_tokens: int = Field(default=4096, ge=16, le=131072)
     max_turns: int = Field(default=4, ge=1, le=16)
     timeout_s: float = Field(default=60.0, gt=0)
     # Retries of a router-model call that failed transiently (timeout, 5xx, 429, connection),

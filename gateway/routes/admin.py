@@ -176,10 +176,11 @@ def _check_default_policy(
     policy = routing.default_policy if routing is not None else None
     if policy is None:
         return
-    names = s.current().policy_names
-    if policy not in names:
+    rt = s.current()
+    if rt.policy(policy) is None:
         raise bad_request(
-            f"unknown router policy {policy!r}; available: {', '.join(names)}",
+            f"unknown router policy {policy!r}; available: {', '.join(rt.policy_names)} "
+            "or fixed:<pool model>",
             param="routing.default_policy",
         )
     if allowed is not None and policy not in allowed:

@@ -151,6 +151,8 @@ class LLMRouterPolicy(Policy):
             "tools": router_tools(ctx.pool),
             "tool_choice": "auto",
             "temperature": self.temperature,
+            # The turn's output is capped where its budget hold assumed it would be.
+            "max_tokens": self.router_model.max_output_tokens,
         }
         call = self._router_tool_call(state)
         # The router model's transient failures (a reset connection, a 503 while vLLM

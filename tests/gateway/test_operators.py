@@ -937,12 +937,15 @@ def test_routing_defaults_are_checked_against_the_policies(gw: Gateway) -> None:
 
     for fields in (
         {"routing": {"default_policy": "no-such-policy"}},
+        {"routing": {"default_policy": "fixed:no-such-model"}},
         {"routing": {"default_policy": "cheapest"}, "allowed_policies": ["compact"]},
     ):
         r = make(**fields)
         assert r.status_code == 400 and r.json()["error"]["param"] == "routing.default_policy"
     assert make(routing={"cost_weight": -1}).json()["error"]["param"] == "routing.cost_weight"
     assert make(routing={"lambda": 1}).status_code == 400
+    # One pool model, always: as `xrouter/fixed:<model>` names it.
+    assert make(routing={"default_policy": f"fixed:{MODEL}"}).status_code == 201
     k = make(routing={"default_policy": "cheapest"}).json()
     url = f"{gw.url}/admin/keys/{k['key_id']}"
     # Narrowing the key's policies may not strand its default policy.

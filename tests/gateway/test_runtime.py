@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,3 +48,42 @@ def test_litellm_is_imported_with_the_runtime_only_when_the_pool_needs_it(
         check=True,
     )
     assert out.stdout.strip().splitlines()[-1] == str(imported), out.stderr
+
+
+def _runtime(tmp_path: Path, router: str) -> Any:
+    from gateway.runtime import build_runtime
+    from gateway.settings import load_settings
+
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(
+        f"router: {{watch_files: false, {router}}}\n"
+        "pool:\n"
+        "  - {name: small, model: hosted_vllm/small, api_base: 'http://127.0.0.1:9/v1', price: 0}\n"
+        "  - {name: large, model: hosted_vllm/large, api_base: 'http://127.0.0.1:9/v1', price: {input: 1, output: 2}}\n"
+    )
+    return build_runtime(load_settings(cfg, env={}))
+
+
+@pytest.mark.parametrize(
+    ("configured", "serving"),
+    [
+        ("fixed:large", "fixed:large"),  # one pool model, routed to always
+        ("fixed:missing", "cascade"),  # not in the pool: the warning's fallback
+        ("llm", "cascade"),  # no router server configured
+        ("cheapest", "cheapest"),
+    ],
+)
+def test_the_default_policy_is_any_policy_the_runtime_can_resolve(
+    tmp_path: Path, configured: str, serving: str
+) -> None:
+    rt = _runtime(tmp_path, f"default_policy: '{configured}'")
+    assert rt.default_policy == serving and rt.policy(serving) is not None
+
+
+def test_the_router_models_output_cap_is_configured(tmp_path: Path) -> None:
+    url = "base_url: 'http://127.0.0.1:9/v1'"
+    rt = _runtime(tmp_path, f"llm: {{{url}, max_output_tokens: 512}}")
+    assert rt.policies["llm"].router_model.max_output_tokens == 512
+    assert (
+        _runtime(tmp_path, f"llm: {{{url}}}").policies["llm"].router_model.max_output_tokens == 4096
+    )

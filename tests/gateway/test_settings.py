@@ -162,3 +162,23 @@ def test_serve_refuses_a_ledger_database_it_cannot_use_in_one_line(
     assert proc.returncode == 2, proc.stderr
     assert "cannot start: the ledger database" in proc.stderr and needle in proc.stderr
     assert "Traceback" not in proc.stderr and "s3cret-pw" not in proc.stderr
+
+
+def test_the_readmes_configuration_reference_loads(tmp_path: Path) -> None:
+    """The README's annotated config is what operators copy: it must be a config that loads,
+    with every default it names being the real one."""
+    from tests.support.replay import REPO_ROOT
+
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = readme.split("```yaml\n")[1:]
+    (reference,) = [b.split("```")[0] for b in blocks if b.startswith("server: {host")]
+    env = {
+        "XROUTER_ADMIN_KEY": "admin-secret-0123456789",
+        "OPENAI_API_KEY": "sk-test",
+        "ANTHROPIC_API_KEY": "sk-ant-test",
+    }
+    s = load_settings(write(tmp_path, reference), env=env)
+    assert s.auth.admin_key is not None
+    assert s.auth.admin_key.get_secret_value() == env["XROUTER_ADMIN_KEY"]
+    assert [m.name for m in s.pool][:2] == ["gpt-4o-mini", "claude-haiku"]
+    assert s.router.llm.max_output_tokens == 4096 and s.router.default_policy == "compact"

@@ -159,6 +159,8 @@ async def test_direct_answer(setup: Any, scripted_router: ScriptedRouter) -> Non
     assert r.cost_micros == ROUTER_PRICE.cost_micros(TokenUsage(100, 20)) == 80
     assert_costs_add_up(p, r)
     sent = scripted_router.requests()[0]
+    # Capped where the turn's budget hold assumed it would be.
+    assert sent["max_tokens"] == policy.router_model.max_output_tokens == 1024
     assert {t["function"]["name"] for t in sent["tools"]} == {
         tool_name(CHEAP),
         tool_name(MID),
