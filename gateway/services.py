@@ -270,10 +270,38 @@ class Services:
             runtime = await self._build(serving)
             if following is not None:
                 check_deployed_version(runtime, following)
+            elif serving is not file_settings:
+                await self._record_rewritten_deployment(runtime)
             self.file_settings, self.settings, self.runtime = file_settings, serving, runtime
             self._observe_runtime()
             log.info("reloaded: pool=%s policies=%s", runtime.pool.names, runtime.policy_names)
             return runtime
+
+    async def _record_rewritten_deployment(self, runtime: Runtime) -> None:
+        """The deployed checkpoint was rewritten in place (retrained into its directory)
+        and this reload (the file watcher's, or an admin one) loaded it: that content is
+        the deployment now. Recorded as a new deployment of the same path, so restarts and
+        the other workers and replicas take it instead of refusing it as a stale copy; if
+        it cannot be recorded the reload fails and the recorded content keeps serving."""
+        d = self.deployment
+        found = (runtime.checkpoint_info or {}).get("version")
+        if d is None or self.deployments is None or found is None or found == d.version:
+            return
+        latest = await self.deployments.latest()
+        if latest is not None and (latest.checkpoint, latest.version) == (d.checkpoint, found):
+            self.deployment = latest  # another worker recorded it first
+        else:
+            self.deployment = await self.deployments.record(
+                d.checkpoint, found, d.config_checkpoint
+            )
+            log.info(
+                "the deployed checkpoint %s changed in place (version %s): recorded as "
+                "deployment %d",
+                d.checkpoint,
+                found,
+                self.deployment.id,
+            )
+        self._seen_deployment = self.deployment.id
 
     async def deploy(self, checkpoint: str, settings: Settings | None = None) -> Runtime:
         """Serve ``checkpoint`` here and record it for every other worker and replica (and
@@ -447,11 +475,12 @@ class DeploymentLoadError(Exception):
 def check_deployed_version(runtime: Runtime, deployment: Any) -> None:
     """Refuse a deployed checkpoint whose content is not the one recorded: another file
     at the same path (a replica's stale copy of a run directory) must not serve under the
-    deployment's name. ``packaged:`` names are exempt: they mean the checkpoint shipped
-    with this installation, which an upgrade may change."""
-    from router.checkpoint import PACKAGED_PREFIX
+    deployment's name. Packaged checkpoints are exempt (named ``packaged:<name>`` or by
+    their path in the installation): they are the ones shipped with this installation,
+    which an upgrade may change."""
+    from router.checkpoint import is_packaged
 
-    if deployment.version is None or deployment.checkpoint.startswith(PACKAGED_PREFIX):
+    if deployment.version is None or is_packaged(deployment.checkpoint):
         return
     found = (runtime.checkpoint_info or {}).get("version")
     if found != deployment.version:

@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from importlib import resources
@@ -73,6 +74,16 @@ def packaged_checkpoint_path(name: str = DEFAULT_PACKAGED) -> Path:
             f"no packaged checkpoint {name!r}; packaged: {', '.join(packaged_checkpoint_names())}"
         )
     return path
+
+
+def is_packaged(checkpoint: str) -> bool:
+    """Whether ``checkpoint`` names one shipped with xrouter: ``packaged:<name>``, or a path
+    inside the installed package's checkpoints (compared as written: no file I/O)."""
+    if checkpoint.startswith(PACKAGED_PREFIX):
+        return True
+    root = os.path.normpath(os.path.abspath(_packaged_root()))
+    path = os.path.normpath(os.path.abspath(checkpoint))
+    return os.path.commonpath([root, path]) == root
 
 
 def default_checkpoint_path() -> Path:

@@ -317,11 +317,14 @@ async def iter_export_records(
             # Feedback given on a cache hit scores the very answer this request bought: it
             # is this request's too (else scores of popular prompts, answered from the
             # cache, would never reach training).
-            hit_fb_rows = await conn.execute(
-                sa.select(feedback, requests.c.cached_from.label("answer_of"))
-                .join(requests, requests.c.request_id == feedback.c.request_id)
-                .where(requests.c.cached_from.in_(ids))
+            hits = sa.select(feedback, requests.c.cached_from.label("answer_of")).join(
+                requests, requests.c.request_id == feedback.c.request_id
             )
+            if key_id is not None:
+                # A key's export holds that key's feedback only (with a global cache,
+                # other keys' hits reuse its answers too).
+                hits = hits.where(requests.c.key_id == key_id)
+            hit_fb_rows = await conn.execute(hits.where(requests.c.cached_from.in_(ids)))
             by_fb: dict[str, list[dict[str, Any]]] = {}
             for f in fb_rows:
                 by_fb.setdefault(f.request_id, []).append(dict(f._mapping))
@@ -516,8 +519,8 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
         )
     if stats.unknown_propensity:
         line += (
-            f"; skipped {stats.unknown_propensity} requests whose policy logged no propensity "
-            "(the llm router sampling at temperature > 0: no off-policy data)"
+            f"; skipped {stats.unknown_propensity} requests whose policy logged no usable "
+            "propensity (as the llm router sampling at temperature > 0): no off-policy data"
         )
     print(line)
     return 0

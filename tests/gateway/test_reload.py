@@ -211,6 +211,43 @@ def test_a_restart_needs_only_the_deployed_checkpoint(upstream: Upstream, tmp_pa
         gw.stop()
 
 
+def test_a_deployed_checkpoint_rewritten_in_place_is_recorded_when_it_is_reloaded(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    """Retraining into the deployed directory and reloading (the file watcher, or an admin
+    reload) serves the new content: it is recorded as the deployment, so a restart starts
+    on it rather than refusing it as a stale copy and falling back to the config's."""
+    import shutil
+
+    demo, rl = load_checkpoint("packaged:demo"), load_checkpoint("packaged:demo-rl")
+    assert demo.path is not None and rl.path is not None
+    deployed = tmp_path / "run"
+    shutil.copytree(demo.path, deployed)
+    cfg = gateway_config(tmp_path, upstream.base_url)
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        assert _deploy(gw.url, str(deployed)).status_code == 200
+        shutil.rmtree(deployed)
+        shutil.copytree(rl.path, deployed)  # retrained in place
+        assert httpx.post(f"{gw.url}/admin/reload", headers=ADMIN).status_code == 200
+        state = _serving(gw.url)
+        assert state["checkpoint"]["version"] == rl.version
+        assert state["deployment"]["id"] == 2 and state["deployment"]["version"] == rl.version
+        assert state["deployment"]["checkpoint"] == str(deployed)
+        # Reloading again changes nothing: the content is the recorded one.
+        assert httpx.post(f"{gw.url}/admin/reload", headers=ADMIN).status_code == 200
+        assert _serving(gw.url)["deployment"]["id"] == 2
+    finally:
+        gw.stop()
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        state = _serving(gw.url)
+        assert state["checkpoint"]["version"] == rl.version, gw.log()
+        assert state["deployment"]["id"] == 2
+    finally:
+        gw.stop()
+
+
 def test_a_deploy_reaches_every_worker(upstream: Upstream, tmp_path: Path) -> None:
     rl = load_checkpoint("packaged:demo-rl")
     cfg = gateway_config(tmp_path, upstream.base_url, router={"deployment_poll_s": 0.2})

@@ -20,6 +20,7 @@ from router.checkpoint import (
     CheckpointPoolMismatch,
     check_pool,
     default_checkpoint_path,
+    is_packaged,
     list_checkpoints,
     load_checkpoint,
     packaged_checkpoint_names,
@@ -233,3 +234,12 @@ def test_a_checkpoint_is_found_from_its_run_directory_or_its_metadata_file(
     assert checkpoint_location(tmp_path) == tmp_path
     with pytest.raises(CheckpointError, match=r"no checkpoint\.json"):
         load_checkpoint(tmp_path)
+
+
+def test_packaged_checkpoints_are_known_by_name_or_by_their_installed_path(
+    tmp_path: Path,
+) -> None:
+    demo = packaged_checkpoint_path("demo")
+    assert is_packaged("packaged:demo") and is_packaged(str(demo))
+    assert is_packaged(f"{demo}/../demo-rl")  # as written, normalized without touching disk
+    assert not is_packaged(str(tmp_path / "demo")) and not is_packaged(f"{demo.parent}-copy/x")

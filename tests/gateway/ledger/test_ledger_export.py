@@ -210,8 +210,8 @@ async def test_a_request_without_a_known_propensity_is_left_out_and_counted(
     out = tmp_path / "ledger.jsonl"
     assert await run_export(parser.parse_args(["--out", str(out)]), ledger_url) == 0
     assert capsys.readouterr().out.strip() == (
-        f"exported 1 records to {out}; skipped 1 requests whose policy logged no propensity "
-        "(the llm router sampling at temperature > 0: no off-policy data)"
+        f"exported 1 records to {out}; skipped 1 requests whose policy logged no usable "
+        "propensity (as the llm router sampling at temperature > 0): no off-policy data"
     )
     (only,) = [parse_record(line) for line in read_lines(out)]
     assert only.id == "u2" and only.logged is not None and only.logged.propensity > 0
@@ -230,6 +230,7 @@ async def test_feedback_on_a_cache_hit_scores_the_request_whose_answer_it_reused
 ) -> None:
     original = make_request("o1", created_at=T0, models=("cheap",))
     hits = [cache_hit("h1", original, T0 + 1), cache_hit("h2", original, T0 + 2)]
+    hits[1].key_id = "key_other0001"
     writer = LedgerWriter(engine, make_settings())
     await writer.start()
     for rec in (original, *hits):
@@ -247,6 +248,13 @@ async def test_feedback_on_a_cache_hit_scores_the_request_whose_answer_it_reused
         assert exported.id == "o1" and exported.outcomes["cheap"].score == 0.2  # the latest
         given = exported.model_dump()["feedback"]
         assert [(f["request_id"], f["score"]) for f in given] == [("h1", 0.8), ("h2", 0.2)]
+    # A key's export: that key's feedback only (h2 came from another key, through a cache
+    # shared by every key).
+    out = tmp_path / "key.jsonl"
+    assert await export_ledger(engine, out, "jsonl", key_id=original.key_id) == 1
+    (exported,) = read_export(out)
+    assert [f["request_id"] for f in exported.model_dump()["feedback"]] == ["h1"]
+    assert exported.outcomes["cheap"].score == 0.8
 
 
 async def test_a_multi_call_request_lists_its_calls_so_learners_can_skip_it(
