@@ -328,7 +328,12 @@ def run_eval(args: argparse.Namespace, registry: RouterRegistry | None = None) -
         rows = [c for c in comp.curves if c.kind != "single"]
         width = max((len(c.name) for c in rows), default=0)
         for c in rows:
-            pct = "never" if c.cost_to_best_pct is None else f"{c.cost_to_best_pct:.1f}%"
+            if c.cost_to_best is None:
+                pct = "never"
+            elif c.cost_to_best_pct is None:  # the best model is free: no share of its cost
+                pct = f"${c.cost_to_best:.6f}"
+            else:
+                pct = f"{c.cost_to_best_pct:.1f}%"
             ci = "" if c.aiq_ci is None else f" [{c.aiq_ci.low:.4f}, {c.aiq_ci.high:.4f}]"
             print(
                 f"  {c.name:<{width}}  AIQ {c.aiq:.4f}{ci}  best {c.max_score:.4f}  "

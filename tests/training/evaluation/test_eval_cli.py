@@ -448,3 +448,30 @@ def test_a_checkpoint_evaluated_on_a_table_with_models_it_was_not_trained_on(
     assert note.startswith("compact[") and note in (out / "report.md").read_text()
     [router] = [r for r in metrics["comparison"]["routers"] if r["name"].startswith("compact[")]
     assert all(p["shares"].get("house-model", 0) == 0 for p in router["points"])
+
+
+def test_a_free_best_model_is_matched_at_a_price_not_never(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With a free best model there is no share of its cost to print: the cost to match it
+    is said in dollars (it is reached), never "never"."""
+    scores = {"free": (1, 1, 1, 0), "paid": (1, 1, 0, 0)}
+    records = [
+        OutcomeRecord.model_validate(
+            {
+                "id": f"p{i}",
+                "prompt": f"question {i}",
+                "outcomes": {
+                    "free": {"score": scores["free"][i], "cost_usd": 0.0},
+                    "paid": {"score": scores["paid"][i], "cost_usd": 0.01},
+                },
+            }
+        )
+        for i in range(4)
+    ]
+    path = tmp_path / "free.jsonl"
+    write_outcome_table(records, path)
+    argv = ["--table", str(path), "--split", "all", "--bootstrap", "0", "--baselines", "oracle"]
+    assert run_eval(parse([*argv, "--out", str(tmp_path / "out")])) == 0
+    oracle = next(line for line in capsys.readouterr().out.splitlines() if "oracle" in line)
+    assert oracle.endswith("cost to match best $0.000000"), oracle
