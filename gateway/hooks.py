@@ -237,9 +237,7 @@ class RequestHooks:
         limits: KeyLimits | None = rlog.principal.limits
         if self.limits is None or limits is None:
             return None
-        rlog.tokens_estimate = estimate_prompt_tokens(
-            ctx.messages, None, ctx.request_params.get("tools")
-        )
+        rlog.tokens_estimate = estimate_prompt_tokens(ctx.messages, None, ctx.tools)
         rlog.admitted_at = time.time()
         try:
             rate = await self.limits.check_rate(limits, rlog.tokens_estimate, rlog.admitted_at)

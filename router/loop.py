@@ -133,18 +133,16 @@ def worst_case_micros(ctx: RouteContext, call: ToolCall) -> int:
     first = ctx.pool[call.model]
     params = ctx.request_params
     n = int(ctx.request_params.get("n") or 1)
-    prompt = estimate_prompt_tokens(ctx.messages, call.system_prompt, params.get("tools"))
+    prompt = estimate_prompt_tokens(ctx.messages, call.system_prompt, ctx.tools)
+    # A request may set both limits, and servers differ in which one they honour (OpenAI's
+    # and vLLM's: max_completion_tokens): the hold covers the larger.
+    asked = [int(v) for v in (params.get("max_tokens"), params.get("max_completion_tokens")) if v]
     worst = 0
     for name in (call.model, *first.fallbacks):
         model = ctx.pool.get(name)
         if model is None:
             continue
-        max_out = (
-            call.max_tokens
-            or params.get("max_tokens")
-            or params.get("max_completion_tokens")
-            or model.max_output_tokens
-        )
+        max_out = call.max_tokens or (max(asked) if asked else model.max_output_tokens)
         max_out = min(int(max_out), model.max_output_tokens)
         worst = max(worst, model.price.worst_case_micros(prompt, max_out * n))
     return worst

@@ -148,6 +148,24 @@ async def test_worst_case_bounds_output_by_the_requests_limit(setup: Any) -> Non
     assert worst(max_completion_tokens=70) == price.worst_case_micros(prompt, 70)
     assert worst(max_tokens=10**9) == price.worst_case_micros(prompt, cap)
     assert worst(max_tokens=50, n=3) == price.worst_case_micros(prompt, 150)
+    # Both limits set: servers honour max_completion_tokens, so the hold covers the larger.
+    assert worst(max_tokens=1, max_completion_tokens=400) == price.worst_case_micros(prompt, 400)
+    assert worst(max_tokens=400, max_completion_tokens=1) == price.worst_case_micros(prompt, 400)
+
+
+async def test_worst_case_counts_the_tool_schemas_offered(setup: Any) -> None:
+    p, *_ = setup
+    tools = [
+        {"type": "function", "function": {"name": f"tool_{i}", "parameters": {"x": "y" * 3000}}}
+        for i in range(10)
+    ]
+    call = ToolCall(id="c", model=DEAR, max_tokens=10)
+    bare = RouteContext(request_id="r", messages=USER, pool=p, cost_weight=0)
+    tooled = RouteContext(request_id="r", messages=USER, pool=p, cost_weight=0, tools=tools)
+    prompt = estimate_prompt_tokens(USER, None, tools)
+    assert prompt > estimate_prompt_tokens(USER, None) + 10_000  # ~30 KB of schemas
+    assert worst_case_micros(tooled, call) == p[DEAR].price.worst_case_micros(prompt, 10)
+    assert worst_case_micros(tooled, call) > worst_case_micros(bare, call)
 
 
 async def test_direct_answer(setup: Any, scripted_router: ScriptedRouter) -> None:
