@@ -241,6 +241,11 @@ def build_context(
     )
 
 
+def _beyond_text_stream(choice: dict[str, Any]) -> bool:
+    message = choice.get("message") or {}
+    return bool(choice.get("logprobs") or message.get("function_call") or message.get("audio"))
+
+
 def _from_cache(rlog: RequestLog, ctx: RouteContext, hit: CachedAnswer) -> RouteResult:
     """A cached answer as the loop's result: no calls, nothing spent, no decision made."""
     state = LoopState(decision=Decision(policy=rlog.policy, cost_weight=ctx.cost_weight))
@@ -323,10 +328,10 @@ class ChatService:
             except ProviderError as err:
                 raise from_provider_error(err) from None
         except APIError as err:
-            rlog.status = err.status
-            rlog.error_type = err.code or err.type
-            await self.hooks.finish(rlog, None)
-            return err.response({"x-xrouter-request-id": request_id})
+            await self._refused(rlog, err)
+            # The rate-limit headers too: a request refused after admission counted in the
+            # key's window, and the client paces itself by them.
+            return err.response({**rlog.extra_headers, "x-xrouter-request-id": request_id})
         except asyncio.CancelledError:
             # The server gave up on the request (a shutdown past its grace period): no one
             # reads the answer, but the calls already made were paid for.
@@ -346,6 +351,26 @@ class ChatService:
             return self.render.text_stream(req, rlog, result)
         return await self.render.json(rlog, result)
 
+    async def refused(self, err: APIError, who: Principal, api: str) -> str:
+        """Account for a request refused before it became a chat request (a Responses or
+        Messages request its translation refused) as ``handle`` accounts for one it refuses:
+        a ledger row and the request metrics, with the error. The request id, for the
+        response's ``x-xrouter-request-id``."""
+        rlog = RequestLog(
+            request_id=secrets.token_hex(16),
+            created_at=time.time(),
+            principal=who,
+            t0=time.perf_counter(),
+            api=api,
+        )
+        await self._refused(rlog, err)
+        return rlog.request_id
+
+    async def _refused(self, rlog: RequestLog, err: APIError) -> None:
+        rlog.status = err.status
+        rlog.error_type = err.code or err.type
+        await self.hooks.finish(rlog, None)
+
     async def _lookup(
         self,
         rt: Runtime,
@@ -364,7 +389,14 @@ class ChatService:
             # A deployed router must not answer with its predecessor's choices.
             checkpoint=None if resolved.passthrough else rt.checkpoint_info.get("version"),
             controls=req.xrouter.cache if req.xrouter is not None else None,
-            routing={"cost_weight": ctx.cost_weight, "max_cost_micros": ctx.max_cost_micros},
+            routing={
+                "cost_weight": ctx.cost_weight,
+                "max_cost_micros": ctx.max_cost_micros,
+                # The models the routing could choose from: a key's allow-list, and the
+                # circuits open right now. An answer routed around a failing model must not
+                # outlive its recovery, nor one routed for a narrower key reach a wider one.
+                "pool": ctx.pool.names,
+            },
         )
 
         def usable(answer: CachedAnswer) -> bool:
@@ -372,7 +404,12 @@ class ChatService:
             # removes a model from the pool, or from a key, removes its cached answers too.
             m = answer.model
             allowed = who.allowed_models
-            return m is None or (m in rt.pool and (allowed is None or m in allowed))
+            if m is not None and (m not in rt.pool or (allowed is not None and m not in allowed)):
+                return False
+            # A stream re-rendered from a stored answer carries its text and tool calls: an
+            # answer with more (logprobs, a legacy function_call, audio) is served as JSON
+            # only, and a stream asking for it is routed afresh.
+            return not req.stream or not any(_beyond_text_stream(c) for c in answer.choices)
 
         hit = await self.cache.lookup(ticket, usable)
         rlog.extra_headers["x-xrouter-cache"] = (

@@ -155,6 +155,11 @@ class Renderer:
         # its call (holds expire request_timeout_s + 60 s after they are taken).
         deadline = rlog.t0 + timeout_s
 
+        text_only = streamed_text_only(req)
+        # A text-only answer may be a refusal instead (its own delta field, which the relay
+        # does not keep): kept here so that a cached refusal is served as one again.
+        refusal: list[str] = []
+
         async def body() -> AsyncIterator[bytes]:
             rlog.status = 499  # until the stream completes: the client may go away
             chunks = aiter(stream.chunks)
@@ -175,6 +180,10 @@ class Renderer:
                     choices = chunk.get("choices")
                     if not choices:
                         continue  # upstream usage-only chunk: ours, with cost, comes last
+                    if text_only:
+                        piece = (choices[0].get("delta") or {}).get("refusal")
+                        if piece:
+                            refusal.append(piece)
                     chunk["id"] = cid
                     chunk["model"] = model_name
                     chunk.pop("usage", None)
@@ -184,12 +193,16 @@ class Renderer:
                     raise ProviderError("connection", outcome.error or "stream failed")
                 rlog.status = 200
                 rlog.response_text = outcome.text if outcome is not None else None
-                if outcome is not None and streamed_text_only(req):
-                    # The relay kept the first choice's text, all a text-only answer has.
+                if outcome is not None and text_only:
+                    # The relay kept the first choice's text, all a text-only answer has
+                    # besides a refusal.
                     finish = ((outcome.response or {}).get("choices") or [{}])[0]
+                    message: dict[str, Any] = {"role": "assistant", "content": outcome.text}
+                    if refusal:
+                        message.update(content=outcome.text or None, refusal="".join(refusal))
                     choice = {
                         "index": 0,
-                        "message": {"role": "assistant", "content": outcome.text},
+                        "message": message,
                         "finish_reason": finish.get("finish_reason") or "stop",
                     }
                     self.remember(rlog, result, result.final_model, [choice])
@@ -231,6 +244,7 @@ class Renderer:
         if body_json is not None:
             message = (body_json.get("choices") or [{}])[0].get("message") or message
         text = message.get("content") or ""
+        refusal = message.get("refusal")
         cid = f"chatcmpl-{rlog.request_id}"
         model = result.final_model or ROUTER_MODEL
         created = int(rlog.created_at)
@@ -266,6 +280,10 @@ class Renderer:
                             + (" " if i + 8 < len(words) else "")
                         }
                     )
+                if isinstance(refusal, str) and refusal:
+                    # A refusal streams as the refusal it is (a delta field of its own), not
+                    # as an empty answer.
+                    yield chunk({"refusal": refusal})
                 yield chunk({}, result.finish_reason)
                 rlog.status = 200
                 rlog.response_text = text
@@ -289,8 +307,9 @@ _NON_TEXT_FIELDS = ("functions", "audio")
 
 
 def streamed_text_only(req: ChatCompletionRequest) -> bool:
-    """A relayed stream whose whole answer is the first choice's text: no tools offered
-    (no tool calls), one choice, no log probabilities, no audio or legacy functions."""
+    """A relayed stream whose whole answer is the first choice's text (or its refusal): no
+    tools offered (no tool calls), one choice, no log probabilities, no audio or legacy
+    functions."""
     extra = req.model_extra or {}
     return (
         req.tools is None

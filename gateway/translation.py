@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import abc
 import logging
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
+import re
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable
 from typing import Any, NamedTuple, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
+from starlette.responses import Response
 
 from gateway.errors import bad_request
 
@@ -23,7 +25,10 @@ __all__ = [
     "StreamTranslation",
     "chat_answer",
     "chat_chunks",
+    "client_error",
     "parse_body",
+    "renamed",
+    "split_param",
     "with_meta",
 ]
 
@@ -55,6 +60,52 @@ def field_path(loc: tuple[int | str, ...] | list[int | str]) -> str | None:
         else:
             out = str(p) if out is None else f"{out}.{p}"
     return out
+
+
+_PARAM = re.compile(r"([^.\[]*)(?:\[(\d+)\])?(.*)", re.DOTALL)
+
+
+def split_param(param: str) -> tuple[str, int | None, str]:
+    """A field path as its first field, that field's index if it has one, and the rest:
+    ``tools[2].function.name`` is ``("tools", 2, ".function.name")``."""
+    m = _PARAM.fullmatch(param)
+    assert m is not None  # every string matches
+    return m[1], None if m[2] is None else int(m[2]), m[3]
+
+
+def renamed(error: dict[str, Any], rename: Callable[[str], str]) -> dict[str, Any]:
+    """An OpenAI-shaped error's content (``{message, type, param, code}``) about a field of
+    the translated chat request, renamed to the field the client sent: the chat service
+    validates the chat request, whose fields a Responses or Messages client never wrote."""
+    param = error.get("param")
+    if not isinstance(param, str) or not param:
+        return error
+    client = rename(param)
+    if client == param:
+        return error
+    message = str(error.get("message") or "")
+    if message.startswith(f"{param}: "):
+        message = f"{client}: {message[len(param) + 2 :]}"
+    return {**error, "param": client, "message": message}
+
+
+def client_error(chat: Response, rename: Callable[[str], str]) -> Response:
+    """The chat service's 400 (a JSON error body) with its field renamed (``renamed``); the
+    status and headers stay as they are."""
+    try:
+        body = orjson.loads(chat.body)
+        error = body["error"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return chat
+    if not isinstance(error, dict):
+        return chat
+    headers = {k: v for k, v in chat.headers.items() if k not in BODY_HEADERS}
+    return Response(
+        orjson.dumps({**body, "error": renamed(error, rename)}),
+        status_code=chat.status_code,
+        media_type="application/json",
+        headers=headers,
+    )
 
 
 class ChatAnswer(NamedTuple):

@@ -13,16 +13,18 @@ from gateway.messages.output import EventStream, error_body, from_chat_completio
 from gateway.messages.request import (
     CountTokensRequest,
     MessagesRequest,
+    client_param,
     parse_request,
     to_chat,
 )
-from gateway.translation import BODY_HEADERS
+from gateway.translation import BODY_HEADERS, renamed
 
 __all__ = [
     "CountTokensRequest",
     "MessagesRequest",
     "adapt",
     "anthropic_error",
+    "client_param",
     "parse_request",
     "to_chat",
 ]
@@ -46,6 +48,9 @@ def adapt(req: MessagesRequest, chat: Response) -> Response:
             err = orjson.loads(chat.body)["error"]
         except (orjson.JSONDecodeError, KeyError, TypeError):
             err = {"message": "error"}
+        if chat.status_code == 400 and isinstance(err, dict):
+            # The chat service validated the chat request: name the client's field.
+            err = renamed(err, lambda param: client_param(req, param))
         return Response(
             orjson.dumps(error_body(chat.status_code, err)),
             status_code=chat.status_code,

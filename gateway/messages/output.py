@@ -238,20 +238,27 @@ class EventStream(StreamTranslation):
             if not arguments:
                 return b""
             return self._delta(self._open, {"type": "input_json_delta", "partial_json": arguments})
-        if self._live_call is None and not self._calls:
-            self._live_call = position
-            block = {"type": "tool_use", "id": call.get("id") or "", "name": fn.get("name") or ""}
-            out = self._next_block({**block, "input": {}})
-            if arguments:
-                out += self._delta(
-                    self._blocks - 1, {"type": "input_json_delta", "partial_json": arguments}
-                )
-            return out
+        # A block's id is in its content_block_start: a first call whose id has not come yet
+        # (some servers send it in a later chunk) is held until it does.
+        if self._live_call is None and not self._calls and call.get("id"):
+            return self._go_live(position, call["id"], fn.get("name") or "", arguments)
         entry = self._calls.setdefault(position, ["", "", ""])
         entry[0] = entry[0] or call.get("id") or ""
         entry[1] = entry[1] or fn.get("name") or ""
         entry[2] += arguments
+        if self._live_call is None and entry[0] and next(iter(self._calls)) == position:
+            del self._calls[position]  # the first call, its id come: it streams from here
+            return self._go_live(position, *entry)
         return b""
+
+    def _go_live(self, position: int, call_id: str, name: str, arguments: str) -> bytes:
+        self._live_call = position
+        out = self._next_block({"type": "tool_use", "id": call_id, "name": name, "input": {}})
+        if arguments:
+            out += self._delta(
+                self._blocks - 1, {"type": "input_json_delta", "partial_json": arguments}
+            )
+        return out
 
     def _held_blocks(self) -> bytes:
         """Stop the open block, then send what was held, each block whole."""

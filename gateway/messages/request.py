@@ -22,7 +22,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.errors import APIError, bad_request
-from gateway.translation import parse_body
+from gateway.translation import parse_body, split_param
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +110,35 @@ def to_chat(req: MessagesRequest) -> dict[str, Any]:
     return chat
 
 
+# Chat request fields -> the Messages fields they were translated from.
+_CLIENT_FIELDS = {
+    "stop": "stop_sequences",
+    "user": "metadata.user_id",
+    "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
+    # The chat messages are not the request's one for one (the system prompt, tool results
+    # split into tool messages): the messages as a whole.
+    "messages": "messages",
+}
+# A chat function's fields -> the custom tool's.
+_TOOL_FIELDS = {".function.parameters": ".input_schema", ".function": ""}
+
+
+def client_param(req: MessagesRequest, param: str) -> str:
+    """The request's field that a chat-layer error naming ``param`` (a field of the
+    translated chat request) is about: ``stop`` is ``stop_sequences``,
+    ``tools[0].function.parameters`` the ``input_schema`` of the first custom tool."""
+    head, index, rest = split_param(param)
+    if head == "tools" and index is not None:
+        custom = [i for i, t in enumerate(req.tools or []) if _is_custom(t)]
+        if index < len(custom):
+            for chat_field, field in _TOOL_FIELDS.items():
+                if rest.startswith(chat_field):
+                    rest = field + rest[len(chat_field) :]
+                    break
+            return f"tools[{custom[index]}]{rest}"
+    return _CLIENT_FIELDS.get(head, param)
+
+
 def _system_text(system: str | list[dict[str, Any]] | None, where: str = "system") -> str:
     if system is None or isinstance(system, str):
         return system or ""
@@ -177,10 +206,18 @@ def _add_message(messages: list[dict[str, Any]], message: dict[str, Any], where:
 
 
 def _part(block: dict[str, Any], at: str) -> dict[str, Any]:
-    if block.get("type") == "text":
+    kind = block.get("type")
+    if kind == "text":
         if not isinstance(block.get("text"), str):
             raise bad_request(f"{at}.text: a string is required", param=f"{at}.text")
         return {"type": "text", "text": block["text"]}
+    if kind != "image":
+        # A tool result's blocks come here unchecked (a user turn's are checked first):
+        # a document must not go upstream as an image.
+        raise _unsupported(
+            f"{at}.type: {kind!r} blocks are not supported here (text and image are)",
+            f"{at}.type",
+        )
     found = block.get("source")
     source: dict[str, Any] = found if isinstance(found, dict) else {}
     if source.get("type") == "base64" and isinstance(source.get("data"), str):

@@ -11,15 +11,18 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 
 from gateway.responses.output import EventStream, from_chat_completion
-from gateway.responses.request import ResponsesRequest, parse_request, to_chat
-from gateway.translation import BODY_HEADERS
+from gateway.responses.request import ResponsesRequest, client_param, parse_request, to_chat
+from gateway.translation import BODY_HEADERS, client_error
 
 __all__ = ["ResponsesRequest", "adapt", "parse_request", "to_chat"]
 
 
 def adapt(req: ResponsesRequest, chat: Response) -> Response:
     """The chat service's answer to the translated request, as the Responses API answers.
-    Errors keep their status and OpenAI's error shape, which both APIs share."""
+    Errors keep their status and OpenAI's error shape, which both APIs share; a 400 names
+    the request's field, not the chat request's."""
+    if chat.status_code == 400:
+        return client_error(chat, lambda param: client_param(req, param))
     if chat.status_code != 200:
         return chat
     headers = {k: v for k, v in chat.headers.items() if k not in BODY_HEADERS}

@@ -135,7 +135,11 @@ def from_chat_completion(req: ResponsesRequest, chat: dict[str, Any]) -> dict[st
         status = "incomplete" if finish in _INCOMPLETE else "completed"
         output.append(message_item(request_id, message_parts(text, refusal), status))
     tools = req.tool_map
-    output.extend(function_call_item(c, tools) for c in message.get("tool_calls") or [])
+    # A call cut off by the output limit is as incomplete as its stream says it is.
+    call_status = "incomplete" if finish in _INCOMPLETE else "completed"
+    output.extend(
+        function_call_item(c, tools, call_status) for c in message.get("tool_calls") or []
+    )
     return response_object(
         req,
         request_id,
@@ -172,6 +176,9 @@ class EventStream(StreamTranslation):
         self._text_index: int | None = None  # output index of the message item, once open
         self._calls: dict[int, dict[str, Any]] = {}  # chat tool-call index -> item
         self._call_index: dict[int, int] = {}  # chat tool-call index -> output index
+        # A call whose first piece came without its id (some servers send it in a later
+        # chunk): announced once the id comes, so that every event names the item by it.
+        self._held: int | None = None
         self._finish: str | None = None
         self.done = False
 
@@ -218,7 +225,7 @@ class EventStream(StreamTranslation):
         return (self._text_index is not None) + len(self._calls)
 
     def _on_text(self, kind: str, text: str) -> bytes:
-        out = b""
+        out = self._announce_held()
         if self._text_index is None:
             self._text_index = self._next_index()
             out += self._event(
@@ -263,21 +270,50 @@ class EventStream(StreamTranslation):
         out = b""
         item = self._calls.get(index)
         if item is None:
-            call = {"id": delta.get("id", ""), "function": {"name": fn.get("name", "")}}
+            out += self._announce_held()  # a call still waiting for its id goes out first
+            call = {"id": delta.get("id") or "", "function": {"name": fn.get("name", "")}}
             item = self._calls[index] = function_call_item(call, self.req.tool_map, "in_progress")
             self._call_index[index] = self._next_index() - 1
-            out += self._event(
-                "response.output_item.added", output_index=self._call_index[index], item=item
-            )
+            if item["call_id"]:
+                out += self._added(index)
+            else:
+                self._held = index
+        elif not item["call_id"] and delta.get("id"):
+            item["call_id"] = delta["id"]
+            item["id"] = f"fc_{delta['id']}"
         if fn.get("arguments"):
             item["arguments"] += fn["arguments"]
-            out += self._event(
-                "response.function_call_arguments.delta",
-                item_id=item["id"],
-                output_index=self._call_index[index],
-                delta=fn["arguments"],
-            )
+            if index != self._held:
+                out += self._arguments(index, fn["arguments"])
+        if index == self._held and item["call_id"]:
+            out += self._announce_held()
         return out
+
+    def _added(self, index: int) -> bytes:
+        item = self._calls[index]
+        return self._event(
+            "response.output_item.added",
+            output_index=self._call_index[index],
+            item={**item, "arguments": ""},
+        )
+
+    def _arguments(self, index: int, piece: str) -> bytes:
+        return self._event(
+            "response.function_call_arguments.delta",
+            item_id=self._calls[index]["id"],
+            output_index=self._call_index[index],
+            delta=piece,
+        )
+
+    def _announce_held(self) -> bytes:
+        """The held call's events (its id came, or other output must follow it), with the
+        arguments that came meanwhile as one piece."""
+        if self._held is None:
+            return b""
+        index, self._held = self._held, None
+        out = self._added(index)
+        arguments = self._calls[index]["arguments"]
+        return out + self._arguments(index, arguments) if arguments else out
 
     def _items(self, text_status: str) -> list[tuple[int, dict[str, Any]]]:
         """The output items as they stand, by output index."""
@@ -292,7 +328,7 @@ class EventStream(StreamTranslation):
     def _close_items(self) -> tuple[bytes, list[dict[str, Any]]]:
         """The events that close every open item, and the items."""
         status = "incomplete" if self._finish in _INCOMPLETE else "completed"
-        out = b""
+        out = self._announce_held()  # its id never came: announced as it is
         items = self._items(status)
         for at_index, item in items:
             if item["type"] == "message":
@@ -333,8 +369,9 @@ class EventStream(StreamTranslation):
     def _failed(self, code: str | None, message: str) -> bytes:
         # The items stay open (no .done events): what was streamed, marked incomplete.
         self.done = True
+        out = self._announce_held()
         output = [item for _, item in self._items("incomplete")]
         r = self._response(
             "failed", output=output, error={"code": code or "server_error", "message": message}
         )
-        return self._event("response.failed", response=r)
+        return out + self._event("response.failed", response=r)

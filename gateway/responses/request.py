@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gateway.errors import APIError, bad_request
 from gateway.responses.tools import ToolMap, chat_name, map_tools
-from gateway.translation import parse_body
+from gateway.translation import parse_body, split_param
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +102,11 @@ def to_chat(req: ResponsesRequest) -> dict[str, Any]:
     if isinstance(req.input, str):
         messages.append({"role": "user", "content": req.input})
     else:
+        # Images from function_call_output items, for the user message after the outputs.
+        images: list[dict[str, Any]] = []
         for i, item in enumerate(req.input):
-            _add_item(messages, item, f"input[{i}]")
+            _add_item(messages, item, f"input[{i}]", images)
+        _add_images(messages, images)
     if not any(m["role"] != "system" for m in messages):
         raise bad_request("input: nothing to answer (no message in the input)", param="input")
     chat: dict[str, Any] = {"model": req.model, "messages": messages, "stream": req.stream}
@@ -113,7 +116,9 @@ def to_chat(req: ResponsesRequest) -> dict[str, Any]:
     if tools.ignored:
         log.debug("responses: tools no chat model can call, left out: %s", tools.ignored)
     if req.tool_choice is not None:
-        chat["tool_choice"] = _tool_choice(req.tool_choice)
+        choice = _tool_choice(req.tool_choice, {t["function"]["name"] for t in tools.chat_tools})
+        if choice is not None:
+            chat["tool_choice"] = choice
     fmt = (req.text or {}).get("format")
     if fmt is not None:
         response_format = _response_format(fmt)
@@ -121,18 +126,62 @@ def to_chat(req: ResponsesRequest) -> dict[str, Any]:
             chat["response_format"] = response_format
     if req.max_output_tokens is not None:
         chat["max_completion_tokens"] = req.max_output_tokens
-    for field in ("temperature", "top_p", "parallel_tool_calls", "user", "seed", "xrouter"):
+    for field in ("temperature", "top_p", "user", "seed", "xrouter"):
         value = getattr(req, field)
         if value is not None:
             chat[field] = value
+    # Chat APIs refuse parallel_tool_calls (and tool_choice) without tools; with none to
+    # offer (every tool left out, or none sent) it says nothing anyway.
+    if req.parallel_tool_calls is not None and tools.chat_tools:
+        chat["parallel_tool_calls"] = req.parallel_tool_calls
     return chat
 
 
-def _add_item(messages: list[dict[str, Any]], item: dict[str, Any], where: str) -> None:
+# Chat request fields -> the Responses fields they were translated from.
+_CLIENT_FIELDS = {
+    "max_completion_tokens": "max_output_tokens",
+    "response_format": "text.format",
+    # The chat messages are not the input items one for one (instructions, a turn's calls
+    # merged into one message): the input as a whole.
+    "messages": "input",
+}
+
+
+def client_param(req: ResponsesRequest, param: str) -> str:
+    """The request's field that a chat-layer error naming ``param`` (a field of the
+    translated chat request) is about: ``tools[0].function.parameters`` is
+    ``tools[0].parameters``, or ``tools[2].tools[0].parameters`` in a namespace."""
+    head, index, rest = split_param(param)
+    if head == "tools" and index is not None and index < len(req.tool_map.sources):
+        return req.tool_map.sources[index] + rest.removeprefix(".function")
+    if head in _CLIENT_FIELDS:
+        return _CLIENT_FIELDS[head]
+    return param
+
+
+def _add_images(messages: list[dict[str, Any]], images: list[dict[str, Any]]) -> None:
+    """The images of the function outputs just added, as the user message after them: a
+    chat tool message holds text only (as the Messages API's tool-result images)."""
+    if images:
+        messages.append({"role": "user", "content": list(images)})
+        images.clear()
+
+
+def _add_item(
+    messages: list[dict[str, Any]],
+    item: dict[str, Any],
+    where: str,
+    images: list[dict[str, Any]],
+) -> None:
     kind = item.get("type", "message" if "role" in item else None)
+    if kind != "function_call_output":
+        # A turn's outputs (parallel calls' are consecutive items) stay together, right
+        # after the calls they answer, as chat requires: their images come after them.
+        _add_images(messages, images)
     if kind == "message":
         role = item.get("role")
-        if role not in _ROLES:
+        # Checked as a string first: a list or an object is not hashable.
+        if not isinstance(role, str) or role not in _ROLES:
             raise bad_request(
                 f"{where}.role: must be one of {', '.join(sorted(_ROLES))}", param=f"{where}.role"
             )
@@ -162,7 +211,9 @@ def _add_item(messages: list[dict[str, Any]], item: dict[str, Any], where: str) 
             messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
     elif kind == "function_call_output":
         output = item.get("output")
-        text = output if isinstance(output, str) else _parts_text(output, f"{where}.output")
+        text = (
+            output if isinstance(output, str) else _output_parts(output, f"{where}.output", images)
+        )
         messages.append(
             {
                 "role": "tool",
@@ -199,20 +250,12 @@ def _user_content(content: Any, where: str) -> str | list[dict[str, Any]]:
     for j, part in enumerate(content):
         at = f"{where}.content[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind in ("input_text", "output_text") and isinstance(part.get("text"), str):
+        if kind in ("input_text", "output_text"):
+            if not isinstance(part.get("text"), str):
+                raise bad_request(f"{at}.text: a string is required", param=f"{at}.text")
             parts.append({"type": "text", "text": part["text"]})
         elif kind == "input_image":
-            url = part.get("image_url")
-            if not isinstance(url, str):
-                raise _unsupported(
-                    f"{at}: images by file_id are not supported; send image_url (a URL or a "
-                    "data: URL)",
-                    at,
-                )
-            image: dict[str, Any] = {"url": url}
-            if part.get("detail") in ("low", "high", "auto"):
-                image["detail"] = part["detail"]
-            parts.append({"type": "image_url", "image_url": image})
+            parts.append(_image(part, at))
         else:
             raise _unsupported(
                 f"{at}.type: {kind!r} parts are not supported (input_text and input_image are)",
@@ -221,33 +264,78 @@ def _user_content(content: Any, where: str) -> str | list[dict[str, Any]]:
     return parts
 
 
-def _parts_text(content: Any, where: str) -> str:
+def _image(part: dict[str, Any], at: str) -> dict[str, Any]:
+    url = part.get("image_url")
+    if not isinstance(url, str):
+        raise _unsupported(
+            f"{at}: images by file_id are not supported; send image_url (a URL or a data: URL)",
+            at,
+        )
+    image: dict[str, Any] = {"url": url}
+    if part.get("detail") in ("low", "high", "auto"):
+        image["detail"] = part["detail"]
+    return {"type": "image_url", "image_url": image}
+
+
+def _output_parts(content: Any, where: str, images: list[dict[str, Any]]) -> str:
+    """A function output given as parts: its text, for the tool message; its images go to
+    ``images`` (the user message after the outputs)."""
     if not isinstance(content, list):
         raise bad_request(f"{where}: a string or a list of parts is required", param=where)
     texts = []
     for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in ("input_text", "output_text", "refusal"):
-            raise _unsupported(f"{where}[{j}].type: {kind!r} parts are not supported", where)
-        texts.append(str(part.get("text") or part.get("refusal") or ""))
+        at = f"{where}[{j}]"
+        if isinstance(part, dict) and part.get("type") == "input_image":
+            images.append(_image(part, at))
+        else:
+            texts.append(_part_text(part, at, "input_text and input_image"))
     return "".join(texts)
+
+
+def _parts_text(content: Any, where: str) -> str:
+    if not isinstance(content, list):
+        raise bad_request(f"{where}: a string or a list of parts is required", param=where)
+    parts = enumerate(content)
+    return "".join(_part_text(p, f"{where}[{j}]", "output_text and refusal") for j, p in parts)
+
+
+def _part_text(part: Any, at: str, supported: str) -> str:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind not in ("input_text", "output_text", "refusal"):
+        raise _unsupported(
+            f"{at}.type: {kind!r} parts are not supported here ({supported} are)", f"{at}.type"
+        )
+    return str(part.get("text") or part.get("refusal") or "")
 
 
 def _assistant_text(content: Any, where: str) -> str:
     return content if isinstance(content, str) else _parts_text(content, f"{where}.content")
 
 
-def _tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+def _tool_choice(choice: str | dict[str, Any], names: set[str]) -> str | dict[str, Any] | None:
+    """The chat ``tool_choice`` (None: none to send), given the chat functions' names."""
     if isinstance(choice, str):
         if choice not in ("none", "auto", "required"):
             raise bad_request(
                 "tool_choice: must be 'none', 'auto', 'required' or a function",
                 param="tool_choice",
             )
-        return choice
+        if names or choice != "required":
+            # Chat APIs refuse tool_choice without tools; without any, 'auto' and 'none'
+            # say the same as no tool_choice at all.
+            return choice if names else None
+        raise bad_request(
+            "tool_choice: 'required' needs a function tool the model can call",
+            param="tool_choice",
+        )
     if choice.get("type") == "function" and isinstance(choice.get("name"), str):
         namespace = choice.get("namespace")
         name = chat_name(namespace if isinstance(namespace, str) else None, choice["name"])
+        if name not in names:
+            raise bad_request(
+                "tool_choice.name: must name one of the request's function tools",
+                param="tool_choice.name",
+            )
         return {"type": "function", "function": {"name": name}}
     raise _unsupported(
         f"tool_choice: {choice.get('type')!r} is not supported (a function is)", "tool_choice"

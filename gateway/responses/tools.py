@@ -25,6 +25,9 @@ _SEP = "__"  # chat function names allow [A-Za-z0-9_-]: no dot
 @dataclass(frozen=True, slots=True)
 class ToolMap:
     chat_tools: list[dict[str, Any]] = field(default_factory=list)
+    # each chat tool's place in the request (``tools[1].tools[0]``), by chat tool index: a
+    # chat-layer error about a chat tool names the tool the client sent
+    sources: list[str] = field(default_factory=list)
     # chat function name -> (namespace, name), for namespaced functions
     namespaced: dict[str, tuple[str, str]] = field(default_factory=dict)
     # types of the tools left out (hosted by OpenAI, or not functions), in request order
@@ -47,16 +50,26 @@ def map_tools(tools: list[dict[str, Any]] | None) -> ToolMap:
         kind = tool.get("type")
         if kind == "function":
             out.chat_tools.append(_function(tool, where, None))
+            out.sources.append(where)
         elif kind == "namespace":
             ns = tool.get("name")
             if not isinstance(ns, str) or not ns:
                 raise bad_request(f"{where}.name: a string is required", param=f"{where}.name")
-            for j, inner in enumerate(tool.get("tools") or []):
+            inner_tools = tool.get("tools") or []
+            if not isinstance(inner_tools, list):
+                raise bad_request(
+                    f"{where}.tools: a list of tools is required", param=f"{where}.tools"
+                )
+            for j, inner in enumerate(inner_tools):
+                at = f"{where}.tools[{j}]"
+                if not isinstance(inner, dict):
+                    raise bad_request(f"{at}: a tool (an object) is required", param=at)
                 if inner.get("type") != "function":
                     out.ignored.append(str(inner.get("type")))
                     continue
-                chat_tool = _function(inner, f"{where}.tools[{j}]", ns)
+                chat_tool = _function(inner, at, ns)
                 out.chat_tools.append(chat_tool)
+                out.sources.append(at)
                 out.namespaced[chat_tool["function"]["name"]] = (ns, inner["name"])
         else:
             out.ignored.append(str(kind))

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+
 import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from gateway import messages, model_list, responses
 from gateway.chat import decode_json
-from gateway.errors import APIError, not_found
+from gateway.errors import APIError, internal_error, not_found
 from gateway.services import Services
+
+log = logging.getLogger(__name__)
 
 router = APIRouter()
 
@@ -54,8 +58,20 @@ async def create_response(request: Request) -> Response:
     assert s.auth is not None and s.chat is not None
     who = await s.auth.principal(request.headers.get("authorization"))
     raw = await read_body(request, s.settings.server.max_body_bytes)
-    req = responses.parse_request(decode_json(raw))
-    chat = await s.chat.handle(responses.to_chat(req), who, api="responses")
+    try:
+        req = responses.parse_request(decode_json(raw))
+        chat_request = responses.to_chat(req)
+    except APIError as err:
+        # Refused before it became a chat request: accounted for all the same, as the chat
+        # service accounts for a chat request it refuses (ledger row, metrics, request id).
+        request_id = await s.chat.refused(err, who, "responses")
+        return err.response({"x-xrouter-request-id": request_id})
+    except Exception:
+        log.exception("could not translate a Responses request")
+        failure = internal_error()
+        request_id = await s.chat.refused(failure, who, "responses")
+        return failure.response({"x-xrouter-request-id": request_id})
+    chat = await s.chat.handle(chat_request, who, api="responses")
     return responses.adapt(req, chat)
 
 

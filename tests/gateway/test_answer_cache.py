@@ -26,7 +26,15 @@ from openai.types.chat import ChatCompletionMessageFunctionToolCall, ChatComplet
 from router.outcomes import OutcomeRecord
 from tests.gateway.conftest import Upstream, ledger_rows
 from tests.gateway.test_api_fuzz import last_turn, turn
-from tests.support.gateway import ADMIN_KEY, Gateway, free_port, gateway_config, start_gateway
+from tests.support.gateway import (
+    ADMIN_KEY,
+    DEMO_MODELS,
+    Gateway,
+    free_port,
+    gateway_config,
+    start_gateway,
+)
+from tests.support.scripted_upstream import scripted_upstream
 from tests.support.sdk import WEATHER_TOOL, extra
 
 MODEL = "mistral-small-24b-instruct-2501-bf16"
@@ -325,6 +333,12 @@ def test_keys_with_other_routing_defaults_share_no_routed_answers(
         assert ask(gw, rec.text, model="xrouter", key=same).headers["x-xrouter-cache"] == "hit"
         assert ask(gw, rec.text, model="xrouter", key=thrifty).headers["x-xrouter-cache"] == "miss"
         assert ask(gw, rec.text, model="xrouter", key=thrifty).headers["x-xrouter-cache"] == "hit"
+        # Nor between keys the router chooses for from different models: the answering
+        # model is one the narrower key may use, but its routing saw fewer choices.
+        answered = ask(gw, rec.text, model="xrouter", key=plain).parse().model
+        others = [m for m in DEMO_MODELS if m != answered]
+        narrow = key("narrow", allowed_models=[answered, *others[1:]])
+        assert ask(gw, rec.text, model="xrouter", key=narrow).headers["x-xrouter-cache"] == "miss"
     finally:
         gw.stop()
 
@@ -380,6 +394,50 @@ def test_gateways_sharing_redis_share_answers(
     finally:
         for gw in gws:
             gw.stop()
+
+
+@pytest.mark.redis
+def test_an_answer_a_stream_cannot_carry_is_not_streamed_from_the_cache(
+    upstream: Upstream, tmp_path: Path, demo_table: list[OutcomeRecord], redis_prefix: str
+) -> None:
+    """A stream re-rendered from a stored answer carries text and tool calls: a stored answer
+    with log probabilities serves plain requests, and a stream asking for them is routed
+    afresh rather than answered without them."""
+    cache = {"enabled": True, "backend": "redis", "key_prefix": redis_prefix}
+    gw = start_gateway(tmp_path, gateway_config(tmp_path, upstream.base_url, cache=cache))
+    r = redis.Redis(host="127.0.0.1", port=6379)
+    try:
+        rec = next(prompts(demo_table, OTHER))
+        assert ask(gw, rec.text, model=OTHER, logprobs=True).headers["x-xrouter-cache"] == "miss"
+        deadline = time.monotonic() + 5
+        while not (stored := list(r.scan_iter(match=f"{redis_prefix}:*"))):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        # As an upstream that returns log probabilities would have had it stored (the replay
+        # upstream returns none).
+        logprobs = {"content": [{"token": "x", "logprob": -0.1, "bytes": None, "top_logprobs": []}]}
+        (key,) = stored
+        value = json.loads(r.get(key) or b"{}")
+        value["choices"][0]["logprobs"] = logprobs
+        r.set(key, json.dumps(value))
+        plain = ask(gw, rec.text, model=OTHER, logprobs=True)
+        assert plain.headers["x-xrouter-cache"] == "hit"
+        assert json.loads(plain.text)["choices"][0]["logprobs"] == logprobs
+        with httpx.stream(
+            "POST",
+            f"{gw.base_url}/chat/completions",
+            json={
+                "model": OTHER,
+                "messages": [{"role": "user", "content": rec.text}],
+                "logprobs": True,
+                "stream": True,
+            },
+        ) as streamed:
+            assert streamed.headers["x-xrouter-cache"] == "miss"
+            assert "[DONE]" in streamed.read().decode()
+    finally:
+        r.close()
+        gw.stop()
 
 
 def test_a_cache_outage_serves_every_request_without_the_cache(
@@ -600,3 +658,68 @@ def test_only_answers_given_freely_are_kept(
             break
         time.sleep(0.05)
     assert r.headers["x-xrouter-cache"] == "hit"
+
+
+def test_a_refusal_comes_back_from_the_cache_as_a_refusal(tmp_path: Path) -> None:
+    """A refusal is a message's ``refusal``, not its text: kept from a plain answer and
+    streamed again, or kept from a stream and served plain, it is still the refusal."""
+    refusal = "I can't help with that."
+    with scripted_upstream(tmp_path) as up:
+        for prompt in ("refuse plain first", "refuse streamed first"):
+            up.answer(prompt, {"content": None, "refusal": refusal}, deltas=[
+                {"role": "assistant", "content": None},
+                {"refusal": "I can't "}, {"refusal": "help with that."},
+            ])  # fmt: skip
+        cfg = gateway_config(tmp_path, up.base_url, cache={"enabled": True})
+        gw = start_gateway(tmp_path, cfg)
+        try:
+
+            def until_hit(stream: bool, prompt: str) -> httpx.Response:
+                body = {"model": MODEL, "stream": stream,
+                        "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
+                deadline = time.monotonic() + 5
+                while True:  # stored in the background
+                    r = httpx.post(f"{gw.base_url}/chat/completions", json=body, timeout=30)
+                    if r.headers["x-xrouter-cache"] == "hit" or time.monotonic() > deadline:
+                        assert r.headers["x-xrouter-cache"] == "hit"
+                        return r
+                    time.sleep(0.05)
+
+            def streamed_message(sse: str) -> dict[str, str]:
+                message: dict[str, str] = {}
+                for line in sse.splitlines():
+                    if line.startswith("data: {"):
+                        for choice in json.loads(line.removeprefix("data: "))["choices"]:
+                            for k in ("content", "refusal"):
+                                piece = choice["delta"].get(k)
+                                if piece:
+                                    message[k] = message.get(k, "") + piece
+                return message
+
+            # Kept from a plain answer, streamed from the cache.
+            c = client(gw)
+            ask = [{"role": "user", "content": "refuse plain first"}]
+            plain = c.chat.completions.create(model=MODEL, messages=ask)  # type: ignore[arg-type]
+            assert plain.choices[0].message.refusal == refusal
+            assert streamed_message(until_hit(True, "refuse plain first").text) == {
+                "refusal": refusal
+            }
+            # The Responses API reads it from the cached stream as a refusal part.
+            with c.responses.stream(model=MODEL, input="refuse plain first") as stream:
+                final = stream.get_final_response()
+            assert extra(final)["xrouter"]["cache"]["hit"]
+            assert [p.type for p in final.output[0].content] == ["refusal"]  # type: ignore[union-attr]
+
+            # Kept from a stream, served plain from the cache.
+            streamed = c.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "refuse streamed first"}],
+                stream=True,
+            )
+            assert "".join(ch.choices[0].delta.refusal or "" for ch in streamed if ch.choices) == (
+                refusal
+            )
+            hit = until_hit(False, "refuse streamed first").json()["choices"][0]["message"]
+            assert (hit["content"], hit["refusal"]) == (None, refusal)
+        finally:
+            gw.stop()

@@ -18,6 +18,7 @@ from anthropic.types import MessageParam, TextBlock, ToolParam, ToolUseBlock
 from router.outcomes import OutcomeRecord
 from tests.gateway.conftest import Upstream, ledger_rows, longest_answer
 from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
+from tests.support.scripted_upstream import scripted_upstream
 from tests.support.sdk import extra
 
 MODEL = "mistral-small-24b-instruct-2501-bf16"
@@ -30,6 +31,25 @@ WEATHER: ToolParam = {
         "required": ["city"],
     },
 }
+
+
+PDF = {
+    "type": "document",
+    "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0xLjQK"},
+}
+# Bodies refused whatever the endpoint (messages or count_tokens), and the field named.
+REFUSED: list[tuple[dict[str, Any], str]] = [
+    # A document inside a tool result (it went upstream as an image once).
+    ({"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t1", "content": [PDF]}]}]},
+     "messages[0].content[0].content[0].type"),
+    # Refused by the chat service's validation, named as the client sent it.
+    ({"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "x"}],
+      "stop_sequences": ["a", "b", "c", "d", "e"]}, "stop_sequences"),
+    ({"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "x"}],
+      "tools": [{"type": "web_search_20250305", "name": "web_search"},
+                {**WEATHER, "name": "w" * 65}]}, "tools[1].name"),
+]  # fmt: skip
 
 
 def client(gw: Gateway, key: str = "unused") -> anthropic.Anthropic:
@@ -201,6 +221,7 @@ def test_max_tokens_truncates_with_stop_reason_max_tokens(
           "messages": [{"role": "user", "content": "x"}]}, 404, "not_found_error", "model"),
         ({"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "x"}],
           "xrouter": {"cost_weight": -1}}, 400, "invalid_request_error", "xrouter.cost_weight"),
+        *[(body, 400, "invalid_request_error", param) for body, param in REFUSED],
     ],
 )  # fmt: skip
 def test_bad_requests_get_an_anthropic_error(
@@ -211,6 +232,50 @@ def test_bad_requests_get_an_anthropic_error(
     got = r.json()
     assert got["type"] == "error" and got["error"]["type"] == kind
     assert got["error"]["message"] and got["error"]["param"] == param
+    if status == 400:
+        assert got["error"]["message"].startswith(f"{param}: ")
+    assert r.headers["x-xrouter-request-id"]
+
+
+@pytest.mark.parametrize(("body", "param"), REFUSED)
+def test_count_tokens_refuses_what_messages_refuses(
+    gateway: Gateway, body: dict[str, Any], param: str
+) -> None:
+    r = httpx.post(f"{gateway.base_url}/messages/count_tokens", json=body)
+    assert r.status_code == 400, r.text
+    got = r.json()
+    assert got["type"] == "error" and got["error"]["param"] == param
+
+
+def test_a_request_refused_in_translation_is_accounted_as_a_chat_request_is(
+    gateway: Gateway,
+) -> None:
+    """Refused before it became a chat request, it still gets a request id, a ledger row
+    and its count in the request metrics, as the same mistake on chat completions does;
+    the error stays Anthropic's."""
+
+    def refused_messages() -> float:
+        metrics = httpx.get(f"{gateway.url}/metrics").text
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines()
+            if line.startswith("xrouter_requests_total{")
+            and 'api="messages"' in line
+            and 'status_class="4xx"' in line
+        )
+
+    before = refused_messages()
+    robot: Any = [{"role": "robot", "content": "x"}]
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client(gateway).messages.create(model=MODEL, max_tokens=8, messages=robot)
+    assert isinstance(err.value.body, dict) and err.value.body["error"]["param"] == (
+        "messages[0].role"
+    )
+    rid = err.value.response.headers["x-xrouter-request-id"]
+    (status, stream_flag, total), calls = ledger_rows(gateway, rid)
+    assert (status, stream_flag, total, calls) == (400, 0, 0, [])
+    assert api_of(gateway, rid) == "messages"
+    assert refused_messages() == before + 1
 
 
 def test_malformed_json_and_the_sdk_s_exceptions(gateway: Gateway) -> None:
@@ -377,3 +442,44 @@ def test_a_client_that_hangs_up_mid_stream_is_logged_as_499(
     assert upstream.stats()["streams_abandoned"] == 1
     (status, stream_flag, total), _ = ledger_rows(gateway, rid)
     assert (status, stream_flag) == (499, 1) and total > 0
+
+
+def test_a_tool_call_whose_id_comes_late(tmp_path: Path) -> None:
+    """Some servers send a call's id in a chunk after its name: the tool_use block (whose id
+    is in its content_block_start) waits for it."""
+    call = {
+        "id": "call_a",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
+    late: list[dict[str, Any]] = [
+        {"role": "assistant", "content": ""},
+        {"content": "Checking."},
+        {"tool_calls": [{"index": 0, "type": "function",
+                         "function": {"name": "get_weather", "arguments": '{"city": '}}]},
+        {"tool_calls": [{"index": 0, "id": "call_a", "function": {"arguments": '"Paris"}'}}]},
+        {"tool_calls": [{"index": 1, "id": "call_b", "type": "function",
+                         "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
+    ]  # fmt: skip
+    with scripted_upstream(tmp_path) as up:
+        second = {**call, "id": "call_b"}
+        up.answer("late id", {"content": "Checking.", "tool_calls": [call, second]},
+                  "tool_calls", deltas=late)  # fmt: skip
+        gw = start_gateway(tmp_path, gateway_config(tmp_path, up.base_url))
+        try:
+            ask: list[MessageParam] = [{"role": "user", "content": "late id"}]
+            with client(gw).messages.stream(
+                model=MODEL, max_tokens=64, messages=ask, tools=[WEATHER]
+            ) as stream:
+                events = list(stream)
+                final = stream.get_final_message()
+        finally:
+            gw.stop()
+    started = [e.content_block for e in events if e.type == "content_block_start"]
+    assert [getattr(b, "id", None) for b in started] == [None, "call_a", "call_b"]
+    calls = [b for b in final.content if isinstance(b, ToolUseBlock)]
+    assert [(b.id, b.input) for b in calls] == [
+        ("call_a", {"city": "Paris"}),
+        ("call_b", {"city": "Rome"}),
+    ]
+    assert text_of(final) == "Checking." and final.stop_reason == "tool_use"

@@ -194,6 +194,27 @@ def test_keys_are_listed_page_by_page(gw: Gateway) -> None:
         assert r.json()["error"]["param"] == next(iter(bad)), r.text
 
 
+def test_tool_schemas_count_against_tpm_and_a_refusal_keeps_the_rate_headers(
+    gw: Gateway,
+) -> None:
+    k = create_key(gw, rpm=1000, tpm=1_000_000)
+    tools = [
+        {"type": "function", "function": {"name": f"tool_{i}", "parameters": {"x": "y" * 3000}}}
+        for i in range(10)
+    ]
+    r = chat(gw, k["key"], tools=tools)
+    assert r.status_code == 200, r.text
+    # ~30 KB of schemas are ~10,000 tokens by the gateway's estimate, and providers bill them.
+    assert 1_000_000 - int(r.headers["x-ratelimit-remaining-tokens"]) > 10_000
+    # A request refused after admission (its budget) counted in the window: the client
+    # still gets the window's headers to pace itself by.
+    poor = create_key(gw, rpm=1000, budget_usd=0.000001)
+    r = chat(gw, poor["key"])
+    assert r.status_code == 429 and r.json()["error"]["code"] == "key_budget_exceeded"
+    assert r.headers["x-ratelimit-limit-requests"] == "1000"
+    assert r.headers["x-ratelimit-remaining-requests"] == "999"
+
+
 def test_key_limits_are_bounded_by_what_the_ledger_stores(gw: Gateway) -> None:
     # The largest values fit the columns (BIGINT micro-USD, INTEGER rpm/tpm on PostgreSQL);
     # anything larger, or not finite, is a 400 naming the field, never a 500.

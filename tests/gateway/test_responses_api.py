@@ -5,7 +5,9 @@ streams, function tools, structured output, truncation, errors, feedback and the
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -22,7 +24,8 @@ from pydantic import BaseModel
 from pricing import TokenUsage, load_default_catalog
 from router.outcomes import OutcomeRecord
 from tests.gateway.conftest import Upstream, ledger_rows, longest_answer
-from tests.support.gateway import Gateway
+from tests.support.gateway import Gateway, gateway_config, start_gateway
+from tests.support.scripted_upstream import ScriptedUpstream, scripted_upstream
 from tests.support.sdk import extra
 
 MODEL = "mistral-small-24b-instruct-2501-bf16"
@@ -251,6 +254,33 @@ def test_structured_output_and_truncation(
         ({"model": "no-such-model", "input": "x"}, 404, "model", "model_not_found"),
         ({"model": MODEL, "input": "x", "xrouter": {"cost_weight": -1}}, 400,
          "xrouter.cost_weight", None),
+        # Malformed where the translation reads it (a 500 once), not where pydantic does.
+        ({"model": MODEL, "input": "x", "tools": [{"type": "namespace", "name": "ns",
+          "tools": [1]}]}, 400, "tools[0].tools[0]", None),
+        ({"model": MODEL, "input": "x", "tools": [{"type": "namespace", "name": "ns",
+          "tools": "abc"}]}, 400, "tools[0].tools", None),
+        ({"model": MODEL, "input": [{"role": ["user"], "content": "x"}]}, 400,
+         "input[0].role", None),
+        ({"model": MODEL, "input": [{"type": "message", "role": {"a": 1}, "content": "x"}]},
+         400, "input[0].role", None),
+        # Forcing a call with no function to call (chat would refuse it: a 502 once).
+        ({"model": MODEL, "input": "x", "tools": [{"type": "web_search"}],
+          "tool_choice": "required"}, 400, "tool_choice", None),
+        ({"model": MODEL, "input": "x", "tools": [WEATHER],
+          "tool_choice": {"type": "function", "name": "nope"}}, 400, "tool_choice.name", None),
+        # A function output's file part, named by its index.
+        ({"model": MODEL, "input": [
+            {"role": "user", "content": "x"},
+            {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": [
+                {"type": "input_text", "text": "see"}, {"type": "input_file", "file_id": "f"}]},
+         ], "tools": [WEATHER]}, 400, "input[2].output[1].type", "unsupported_parameter"),
+        # The chat service's validation, naming the field the client sent.
+        ({"model": MODEL, "input": "x", "tools": [{"type": "function", "name": "f",
+          "parameters": "x"}]}, 400, "tools[0].parameters", None),
+        ({"model": MODEL, "input": "x", "tools": [{"type": "web_search"}, {
+          "type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "f",
+          "description": 5}]}]}, 400, "tools[1].tools[0].description", None),
     ],
 )  # fmt: skip
 def test_bad_requests_get_an_openai_error(
@@ -260,8 +290,158 @@ def test_bad_requests_get_an_openai_error(
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert err["param"] == param and err["message"]
+    if status == 400:
+        assert err["message"].startswith(f"{param}: ")
     if code is not None:
         assert err["code"] == code
+    assert r.headers["x-xrouter-request-id"]
+
+
+def test_a_request_refused_in_translation_is_accounted_as_a_chat_request_is(
+    gateway: Gateway,
+) -> None:
+    """Refused before it became a chat request, it still gets a request id, a ledger row
+    and its count in the request metrics, as the same mistake on chat completions does."""
+
+    def refused_responses() -> float:
+        metrics = httpx.get(f"{gateway.url}/metrics").text
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines()
+            if line.startswith("xrouter_requests_total{")
+            and 'api="responses"' in line
+            and 'status_class="4xx"' in line
+        )
+
+    before = refused_responses()
+    r = httpx.post(
+        f"{gateway.base_url}/responses",
+        json={"model": MODEL, "input": [{"role": "robot", "content": "x"}]},
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input[0].role"
+    rid = r.headers["x-xrouter-request-id"]
+    (status, stream_flag, total), calls = ledger_rows(gateway, rid)
+    assert (status, stream_flag, total, calls) == (400, 0, 0, [])
+    with sqlite3.connect(gateway.config_path.parent / "ledger.db") as conn:
+        row = conn.execute(
+            "SELECT api, error_type FROM requests WHERE request_id = ?", (rid,)
+        ).fetchone()
+    assert row == ("responses", "invalid_request_error")
+    assert refused_responses() == before + 1
+
+
+@pytest.fixture(scope="module")
+def scripted(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Gateway, ScriptedUpstream]]:
+    """A gateway whose pool is the scripted upstream: answers the replay upstream never
+    gives (late tool-call ids, calls cut off), and chat's refusal of tool_choice without
+    tools."""
+    tmp = tmp_path_factory.mktemp("scripted")
+    with scripted_upstream(tmp) as up:
+        gw = start_gateway(tmp, gateway_config(tmp, up.base_url))
+        try:
+            yield gw, up
+        finally:
+            gw.stop()
+
+
+def test_tool_settings_are_not_forwarded_without_a_function_to_call(
+    scripted: tuple[Gateway, ScriptedUpstream],
+) -> None:
+    gw, up = scripted
+    c = client(gw)
+    web: list[Any] = [{"type": "web_search"}]
+    for kw in (
+        {"tools": web, "tool_choice": "auto", "parallel_tool_calls": True},
+        {"tools": web, "tool_choice": "none"},
+        {"parallel_tool_calls": False},
+    ):
+        resp = c.responses.create(model=MODEL, input="Say hello.", **kw)
+        assert resp.status == "completed" and resp.output_text == "Hello there."
+    sent = up.requests()[-3:]
+    assert not any({"tools", "tool_choice", "parallel_tool_calls"} & r.keys() for r in sent)
+    # With a function to call, they go with it.
+    c.responses.create(
+        model=MODEL, input="Say hello.", tools=[WEATHER], tool_choice="auto",
+        parallel_tool_calls=False,
+    )  # fmt: skip
+    last = up.requests()[-1]
+    assert (last["tool_choice"], last["parallel_tool_calls"]) == ("auto", False)
+
+
+PIXEL = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQ"
+    "DwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+)
+
+
+def test_a_function_output_with_images(scripted: tuple[Gateway, ScriptedUpstream]) -> None:
+    """As the Agents SDK sends a tool's image output: parts, text and images. The text is
+    the chat tool message; the images follow the turn's outputs as a user message."""
+    gw, up = scripted
+    history: ResponseInputParam = [
+        {"role": "user", "content": "Chart the weather."},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call", "call_id": "c2", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": [
+            {"type": "input_text", "text": "chart: "},
+            {"type": "input_image", "image_url": PIXEL, "detail": "low"},
+            {"type": "input_text", "text": "Paris"},
+        ]},
+        {"type": "function_call_output", "call_id": "c2", "output": "no chart"},
+        {"role": "user", "content": "Thanks."},
+    ]  # fmt: skip
+    resp = client(gw).responses.create(model=MODEL, input=history, tools=[WEATHER])
+    assert resp.status == "completed"
+    messages = up.requests()[-1]["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "tool", "user", "user"]
+    assert messages[2] == {"role": "tool", "tool_call_id": "c1", "content": "chart: Paris"}
+    assert messages[4] == {
+        "role": "user",
+        "content": [{"type": "image_url", "image_url": {"url": PIXEL, "detail": "low"}}],
+    }
+
+
+def test_a_call_whose_id_comes_late_and_a_call_cut_off(
+    scripted: tuple[Gateway, ScriptedUpstream],
+) -> None:
+    gw, up = scripted
+    call = {
+        "id": "call_a",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
+    up.answer("late id", {"content": None, "tool_calls": [call]}, "tool_calls", deltas=[
+        {"role": "assistant"},
+        {"tool_calls": [{"index": 0, "type": "function",
+                         "function": {"name": "get_weather", "arguments": '{"city": '}}]},
+        {"tool_calls": [{"index": 0, "id": "call_a", "function": {"arguments": '"Paris"}'}}]},
+    ])  # fmt: skip
+    c = client(gw)
+    with c.responses.stream(model=MODEL, input="late id", tools=[WEATHER]) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    [item] = final.output
+    assert isinstance(item, ResponseFunctionToolCall)
+    assert (item.call_id, item.id, item.arguments) == ("call_a", "fc_call_a", '{"city": "Paris"}')
+    added = [e.item for e in events if e.type == "response.output_item.added"]
+    assert [(i.id, getattr(i, "call_id", None)) for i in added] == [("fc_call_a", "call_a")]
+    pieces = [e for e in events if e.type == "response.function_call_arguments.delta"]
+    assert {e.item_id for e in pieces} == {"fc_call_a"}
+    assert "".join(e.delta for e in pieces) == item.arguments
+    # Cut off by the output limit: incomplete, streamed or not.
+    cut = {**call, "function": {"name": "get_weather", "arguments": '{"city": "Pa'}}
+    up.answer("cut call", {"content": None, "tool_calls": [cut]}, "length")
+    plain = c.responses.create(model=MODEL, input="cut call", tools=[WEATHER])
+    with c.responses.stream(model=MODEL, input="cut call", tools=[WEATHER]) as stream:
+        last = list(stream)[-1]
+    assert last.type == "response.incomplete"
+    streamed = last.response
+    for resp in (plain, streamed):
+        [cut_call] = resp.output
+        assert isinstance(cut_call, ResponseFunctionToolCall)
+        assert resp.status == "incomplete" and cut_call.status == "incomplete"
 
 
 @pytest.mark.parametrize(

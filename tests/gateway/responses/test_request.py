@@ -138,7 +138,10 @@ def test_tools_formats_and_settings() -> None:
         "type": "json_object"
     }
     assert "response_format" not in chat({"input": "x", "text": {"format": {"type": "text"}}})
-    assert chat({"input": "x", "tool_choice": "required"})["tool_choice"] == "required"
+    fn = {"type": "function", "name": "f"}
+    assert chat({"input": "x", "tools": [fn], "tool_choice": "required"})["tool_choice"] == (
+        "required"
+    )
 
 
 def test_namespaced_and_hosted_tools() -> None:

@@ -1,0 +1,185 @@
+"""A scripted pool upstream: a real OpenAI-compatible HTTP server whose answers a test sets
+per prompt, streamed chunk by chunk as the test writes them — for what the replay upstream
+never sends (refusals, a tool call whose id comes in a later chunk, a call cut off by the
+output limit). Like OpenAI's API, it refuses ``tool_choice`` and ``parallel_tool_calls``
+in a request without tools.
+
+    python -m tests.support.scripted_upstream --port-file F
+    POST /_answers   {"<prompt>": {"message": {...}, "finish_reason": "stop",
+                                   "deltas": [<delta>, ...]}}   (deltas: the stream's; by
+                     default the message's text, refusal and tool calls, one delta each)
+    GET  /_requests  every request body received, oldest first
+
+The prompt is the last user message's text; a prompt without an answer is answered
+"Hello there.". ``ScriptedUpstream`` drives a running one; ``scripted_upstream`` starts one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from aiohttp import web
+
+from tests.support.replay import REPO_ROOT
+
+USAGE = {"prompt_tokens": 12, "completion_tokens": 8, "total_tokens": 20}
+DEFAULT = {"message": {"role": "assistant", "content": "Hello there."}, "finish_reason": "stop"}
+
+
+@dataclass
+class ScriptedUpstream:
+    base_url: str  # what a pool entry's api_base takes: http://127.0.0.1:<port>/v1
+    control: httpx.Client
+
+    def answer(
+        self,
+        prompt: str,
+        message: dict[str, Any],
+        finish_reason: str = "stop",
+        deltas: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """Answer ``prompt`` with ``message`` (JSON) or ``deltas`` (streamed)."""
+        answer: dict[str, Any] = {
+            "message": {"role": "assistant", **message},
+            "finish_reason": finish_reason,
+        }
+        if deltas is not None:
+            answer["deltas"] = deltas
+        self.control.post("/_answers", json={prompt: answer}).raise_for_status()
+
+    def requests(self) -> list[dict[str, Any]]:
+        return list(self.control.get("/_requests").json())
+
+
+@contextmanager
+def scripted_upstream(tmp: Path) -> Iterator[ScriptedUpstream]:
+    port_file = tmp / "scripted-upstream.port"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.scripted_upstream", "--port-file", str(port_file)],
+        cwd=REPO_ROOT,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not port_file.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the scripted upstream did not start")
+            time.sleep(0.02)
+        root = f"http://127.0.0.1:{int(port_file.read_text())}"
+        with httpx.Client(base_url=root, timeout=10) as control:
+            yield ScriptedUpstream(f"{root}/v1", control)
+    finally:
+        proc.terminate()
+        proc.wait(5)
+
+
+# The server.
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def _prompt(messages: list[dict[str, Any]]) -> str:
+    for m in reversed(messages):
+        if m.get("role") == "user":
+            content = m.get("content")
+            if isinstance(content, str):
+                return content
+            return "".join(p.get("text", "") for p in content or [] if isinstance(p, dict))
+    return ""
+
+
+def _deltas(message: dict[str, Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [{"role": "assistant"}]
+    for field in ("content", "refusal"):
+        if message.get(field):
+            out.append({field: message[field]})
+    for i, call in enumerate(message.get("tool_calls") or []):
+        out.append({"tool_calls": [{**call, "index": i}]})
+    return out
+
+
+async def set_answers(request: web.Request) -> web.Response:
+    request.app["answers"].update(orjson.loads(await request.read()))
+    return _json({"answers": len(request.app["answers"])})
+
+
+async def get_requests(request: web.Request) -> web.Response:
+    return _json(request.app["requests"])
+
+
+async def chat(request: web.Request) -> web.StreamResponse:
+    body = orjson.loads(await request.read())
+    request.app["requests"].append(body)
+    for field in ("tool_choice", "parallel_tool_calls"):
+        if field in body and not body.get("tools"):
+            message = f"Invalid value for '{field}': only allowed when 'tools' are specified."
+            error = {"message": message, "type": "invalid_request_error", "param": field}
+            return _json({"error": {**error, "code": None}}, 400)
+    answer = request.app["answers"].get(_prompt(body.get("messages") or []), DEFAULT)
+    base = {"id": "chatcmpl-scripted", "created": int(time.time()), "model": body.get("model")}
+    if not body.get("stream"):
+        choice = {
+            "index": 0,
+            "message": answer["message"],
+            "finish_reason": answer["finish_reason"],
+        }
+        return _json({**base, "object": "chat.completion", "choices": [choice], "usage": USAGE})
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    base["object"] = "chat.completion.chunk"
+    deltas = answer.get("deltas") or _deltas(answer["message"])
+    choices = [[{"index": 0, "delta": d, "finish_reason": None}] for d in deltas]
+    choices.append([{"index": 0, "delta": {}, "finish_reason": answer["finish_reason"]}])
+    for c in choices:
+        await response.write(b"data: " + orjson.dumps({**base, "choices": c}) + b"\n\n")
+    if (body.get("stream_options") or {}).get("include_usage"):
+        final = {**base, "choices": [], "usage": USAGE}
+        await response.write(b"data: " + orjson.dumps(final) + b"\n\n")
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+def create_app() -> web.Application:
+    app = web.Application()
+    app["answers"] = {}
+    app["requests"] = []
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/_answers", set_answers)
+    app.router.add_get("/_requests", get_requests)
+    return app
+
+
+async def _main(port_file: str) -> None:
+    runner = web.AppRunner(create_app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    await asyncio.to_thread(_announce, port_file, port)
+    await asyncio.Event().wait()
+
+
+def _announce(port_file: str, port: int) -> None:
+    tmp = Path(port_file + ".tmp")
+    tmp.write_text(str(port))
+    os.replace(tmp, port_file)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port-file", required=True)
+    asyncio.run(_main(ap.parse_args().port_file))
