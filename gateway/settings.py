@@ -177,7 +177,7 @@ class CircuitBreakerSettings(_Section):
 
 class RouterSettings(_Section):
     default_policy: str = "compact"
-    cost_weight: float = Field(default=0.5, ge=0)
+    cost_weight: float = Field(default=0.5, ge=0, le=1e6)  # as a request's own may be
     max_turns: int = Field(default=4, ge=1, le=16)
     checkpoint: str | None = None
     watch_files: bool = True

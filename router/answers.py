@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import re
 
-_MC = re.compile(r"(?:answer(?: is)?|option|choice)\s*[:\-]?\s*\(?([A-E])\)?\b", re.IGNORECASE)
-_LONE_LETTER = re.compile(r"^\s*\(?([A-E])\)?(?:[.):\s]|$)")
+# The keyword in any case, the letter a capital: "the answer is a rose" names no option.
+_MC = re.compile(r"(?i:answer(?: is)?|option|choice)\s*[:\-]?\s*\(?([A-E])\)?\b")
+# A reply that opens with a letter marked as one ("B.", "(C)", "D:", a lone "A"): not a
+# sentence that opens with the article "A" or a formula ("E = mc^2").
+_LONE_LETTER = re.compile(r"^\s*(?:\(([A-E])\)|([A-E])(?:[.):]|\s*$))")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 _CODE = re.compile(r"```(?:[a-zA-Z0-9_+-]*)\n(.*?)```", re.DOTALL)
 
@@ -17,17 +20,24 @@ def normalize_answer(text: str) -> str:
     the lowercased text without punctuation."""
     if not text:
         return ""
-    m = _MC.search(text) or _LONE_LETTER.match(text)
+    m = _MC.search(text)
     if m:
-        return f"choice:{m.group(1).upper()}"
+        return f"choice:{m.group(1)}"
+    m = _LONE_LETTER.match(text)
+    if m:
+        return f"choice:{m.group(1) or m.group(2)}"
     code = _CODE.findall(text)
     if code:
         return "code:" + " ".join(code[-1].split())
     numbers = _NUMBER.findall(text)
     if numbers:
-        return "num:" + numbers[-1].replace(",", "").rstrip("0").rstrip(".")
+        number = numbers[-1].replace(",", "")
+        if "." in number:  # 1.50 is 1.5 and 2.0 is 2; 10 stays 10
+            number = number.rstrip("0").rstrip(".")
+        return "num:" + ("0" if number in ("", "-", "-0") else number)
     words = re.sub(r"[^a-z0-9 ]+", " ", text.lower()).split()
-    return "text:" + " ".join(words)[:80]
+    # Nothing but punctuation is no answer: it agrees with none.
+    return "text:" + " ".join(words)[:80] if words else ""
 
 
 def agree(a: str, b: str) -> bool:

@@ -127,9 +127,24 @@ class LambdaEncoding(BaseModel):
     fourier_freqs: tuple[float, ...] = (0.5, 1.0, 2.0)
     monotone_scales: tuple[float, ...] = (0.03, 0.5, 10.0)
 
+    @field_validator("fourier_freqs", "monotone_scales")
+    @classmethod
+    def _finite(cls, value: tuple[float, ...], info: Any) -> tuple[float, ...]:
+        # A scale of 0 divides λ = 0 by 0; a negative one sends exp(−λ/c) to infinity:
+        # either way the logits are NaN and every choice silently the first model.
+        if not all(math.isfinite(v) and v > 0 for v in value):
+            raise ValueError(f"{info.field_name} must be positive and finite: {list(value)}")
+        return value
+
     @property
     def dim(self) -> int:
         return 1 + 2 * len(self.fourier_freqs) + len(self.monotone_scales)
+
+    @property
+    def lambda_max(self) -> float:
+        """The largest cost weight the encoding spans (u = 1): the top of the range the
+        network was trained on."""
+        return self.lambda_scale * math.expm1(self.log_scale)
 
 
 class PlanSpec(BaseModel):

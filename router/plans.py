@@ -129,8 +129,13 @@ def start_plan(plan: CascadePlan, state: LoopState) -> Call:
 def answer_key(outcome: CallOutcome) -> str:
     """What two answers must share to agree: the normalized final answer of the text, or,
     for an answer that calls the client's tools, the calls themselves (function names and
-    arguments, key order ignored). A failed call's key is empty: it agrees with none."""
+    arguments, key order ignored). A failed call's key is empty: it agrees with none; so is
+    a cut-off one's (``finish_reason: length``: its final answer was never written, and a
+    number it had reached on the way is not one)."""
     if not outcome.ok:
+        return ""
+    choice = ((outcome.response or {}).get("choices") or [{}])[0]
+    if isinstance(choice, dict) and choice.get("finish_reason") == "length":
         return ""
     calls = (outcome.message or {}).get("tool_calls") or []
     if calls:
@@ -154,7 +159,15 @@ def continue_plan(plan: CascadePlan, ctx: RouteContext, state: LoopState) -> Ste
     for o in state.outcomes:
         by_model[o.call.model] = o  # a retried model: its latest outcome
     called = [m for m in plan.order if m in by_model]
-    answers = {m: answer_key(o) for m, o in by_model.items()}
+    answers: dict[str, str] = {}
+    answered_by: set[str] = set()
+    for m in called:
+        o = by_model[m]
+        # One model's answer counts once: a call a configured fallback answered for a model
+        # that is also in the plan must not agree with that model's own answer.
+        who = o.model or m
+        answers[m] = answer_key(o) if who not in answered_by else ""
+        answered_by.add(who)
     step = plan.advance(called, answers)
     refused = any(o.error_kind == "budget" for o in state.outcomes)
     if not isinstance(step, Accept) and not refused:

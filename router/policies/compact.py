@@ -54,10 +54,13 @@ NOTE_KEY = "compact"
 def encode_lambda(
     cost_weights: float | Sequence[float] | np.ndarray, spec: LambdaEncoding
 ) -> np.ndarray:
-    """``(n, spec.dim)`` float32 encoding of cost weights λ ≥ 0."""
+    """``(n, spec.dim)`` float32 encoding of cost weights λ ≥ 0. A λ above the trained range
+    is encoded as its top: the network never saw more, and its Fourier terms, extrapolated,
+    oscillate — a higher λ could then buy a dearer model."""
     lam = np.asarray(cost_weights, dtype=np.float64).reshape(-1, 1)
     if lam.size and (not np.all(np.isfinite(lam)) or np.any(lam < 0)):
         raise ValueError("cost weights must be finite and non-negative")
+    lam = np.minimum(lam, spec.lambda_max)
     u = np.log1p(lam / spec.lambda_scale) / spec.log_scale
     angles = u * (np.pi * np.asarray(spec.fourier_freqs, dtype=np.float64))
     sincos = np.stack([np.sin(angles), np.cos(angles)], axis=2).reshape(len(lam), -1)

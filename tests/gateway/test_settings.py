@@ -66,6 +66,9 @@ def test_env_default_syntax(tmp_path: Path) -> None:
         ("cache: {scope: team}", "cache.scope"),
         ("cache: {max_bytes: 4096, max_entry_bytes: 8192}", "max_entry_bytes"),
         ("metrics: {bearer_token: '${TOKEN:-}'}", "metrics.bearer_token"),
+        # Every request routed with an infinite λ would fail: refused here, as a request's is.
+        ("router: {cost_weight: .inf}", "router.cost_weight"),
+        ("router: {cost_weight: .nan}", "router.cost_weight"),
     ],
 )
 def test_invalid_configs_name_the_problem(tmp_path: Path, text: str, needle: str) -> None:

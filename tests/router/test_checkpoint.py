@@ -114,6 +114,14 @@ def test_invalid_checkpoints_are_refused(tmp_path: Path) -> None:
     (tmp_path / "future" / "checkpoint.json").write_text(json.dumps(raw))
     with pytest.raises(CheckpointError, match="not an xrouter-compact checkpoint"):
         load_checkpoint(tmp_path / "future")
+    # A λ-encoding scale of 0 or below makes every logit NaN (and every choice the first).
+    for scales in ([0.0, 0.3, 3.3], [-0.03, 0.3, 3.3]):
+        save_checkpoint(tmp_path / "scales", meta, weights)
+        raw = json.loads((tmp_path / "scales" / "checkpoint.json").read_text())
+        raw["architecture"]["lambda_encoding"] = {"monotone_scales": scales}
+        (tmp_path / "scales" / "checkpoint.json").write_text(json.dumps(raw))
+        with pytest.raises(CheckpointError, match="monotone_scales must be positive"):
+            load_checkpoint(tmp_path / "scales")
     (tmp_path / "junk.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(CheckpointError, match="not a safetensors file"):
         load_checkpoint(tmp_path / "junk.safetensors")

@@ -175,3 +175,30 @@ def test_answers_that_call_the_clients_tools_agree_on_the_calls() -> None:
     state.outcomes[-1] = other
     escalated = continue_plan(plan, ctx(), state)
     assert isinstance(escalated, Call) and escalated.calls[0].model == "strong"
+
+
+def test_a_cut_off_answer_agrees_with_none() -> None:
+    """Two answers cut off mid-reasoning (``finish_reason: length``) may share a number they
+    passed on the way; neither wrote a final answer, so the plan escalates."""
+    plan = CascadePlan(("a", "b", "strong"), k=2)
+    state = LoopState(Decision("compact", 0.0))
+    first = start_plan(plan, state)
+    for call, text in zip(first.calls, ("12 * 3 = 36, then", "so 36, so next we"), strict=True):
+        o = outcome(call, text)
+        o.response = {"choices": [{"message": o.message, "finish_reason": "length"}]}
+        state.outcomes.append(o)
+    assert answer_key(state.outcomes[0]) == ""
+    step = continue_plan(plan, ctx(), state)
+    assert isinstance(step, Call) and [c.model for c in step.calls] == ["strong"]
+
+
+def test_a_fallback_does_not_let_a_model_agree_with_itself() -> None:
+    """``a`` failed and its configured fallback ``b`` answered for it, and ``b`` was called
+    too: one model's answer twice is no agreement."""
+    plan = CascadePlan(("a", "b", "strong"), k=2)
+    state = LoopState(Decision("compact", 0.0))
+    first = start_plan(plan, state)
+    run_round(state, first, {"a": "Paris.", "b": "Paris."})
+    state.outcomes[0].model, state.outcomes[0].fallback_from = "b", "a"
+    step = continue_plan(plan, ctx(), state)
+    assert isinstance(step, Call) and [c.model for c in step.calls] == ["strong"]

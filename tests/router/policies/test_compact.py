@@ -290,3 +290,20 @@ async def test_budget_refusal_falls_back_to_a_cheaper_model(orchestrated: Any, c
     assert [o.model for o in result.outcomes] == [dear, cheap]
     assert result.outcomes[0].error_kind == "budget" and result.outcomes[1].ok
     assert result.final_model == cheap and result.decision.actions == [dear, cheap]
+
+
+def test_a_cost_weight_above_the_trained_range_is_served_as_its_top(
+    ckpt: Any, extractor: FeatureExtractor
+) -> None:
+    """demo-rl was trained on λ up to 10: a higher λ routes as λ = 10 does, never to a
+    dearer model through the encoding's extrapolated oscillations."""
+    from router.policies.compact import encode_lambda
+
+    spec = ckpt.architecture.lambda_encoding
+    assert spec.lambda_max == pytest.approx(10.0)
+    assert np.array_equal(encode_lambda(1e4, spec), encode_lambda(10.0, spec))
+    assert not np.array_equal(encode_lambda(5.0, spec), encode_lambda(10.0, spec))
+    rows = load_outcome_table(REPO_ROOT / "router" / "assets" / "demo_outcomes.jsonl")[:100]
+    feats = extractor.extract_texts([r.text for r in rows])
+    p = policy(ckpt, extractor)
+    assert p.route_batch(feats, 1e4) == p.route_batch(feats, 10.0)
