@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,6 +108,11 @@ class _ProviderStream:
     def chunks(self) -> AsyncIterator[dict[str, Any]]:
         return self.sc.chunks
 
+    async def aclose(self) -> None:
+        """Give back the stream's concurrency slot and upstream response, read or not (a
+        client that left before the relay started)."""
+        await self.sc.aclose()
+
     def finish(self) -> CallOutcome:
         st = self.sc.stats
         # Finished: the upstream sent its usage, or at least a finish_reason (a server that
@@ -197,7 +202,7 @@ class _RecordedStream:
         self.stats = StreamStats()
         self.chunks = self._gen()
 
-    async def _gen(self) -> AsyncIterator[dict[str, Any]]:
+    async def _gen(self) -> AsyncGenerator[dict[str, Any], None]:
         words = self.outcome.text.split(" ")
         for i in range(0, len(words), 4):
             piece = " ".join(words[i : i + 4]) + (" " if i + 4 < len(words) else "")
@@ -206,6 +211,9 @@ class _RecordedStream:
             "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
             "usage": self.outcome.usage.to_openai(),
         }
+
+    async def aclose(self) -> None:
+        await self.chunks.aclose()
 
     def finish(self) -> CallOutcome:
         return self.outcome

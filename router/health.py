@@ -11,7 +11,9 @@ A model's circuit is
   pool a policy chooses from;
 - **half-open** once ``cooldown_s`` has passed: one call is let through as a probe (another
   is let through if a probe reports nothing within ``cooldown_s``, e.g. it was cancelled);
-  its success closes the circuit, its failure opens it for another ``cooldown_s``.
+  its success closes the circuit, its failure opens it for another ``cooldown_s``. A probe
+  answered with a client error (a 4xx, model not found, a bad body) closes it too: the
+  upstream is up and answering, and the error was the request's.
 
 Client errors (4xx, model not found, a bad response body) say nothing about the upstream's
 health and don't count. State lives in the process and survives config reloads (keyed by
@@ -104,14 +106,32 @@ class CircuitBreakers:
         c = self._circuits.get(model)
         if c is None:
             return
+        if c.opened_at is not None:
+            log.info("circuit for %s closed: a call succeeded", model)
+        self._close(model)
+
+    def _probing(self, model: str) -> bool:
+        """Whether ``model``'s circuit is half-open with its probe out."""
+        c = self._circuits.get(model)
+        return c is not None and c.probe_at is not None and self.state(model) == "half_open"
+
+    def _close(self, model: str) -> None:
+        c = self._circuits[model]
         was_open = c.opened_at is not None
         c.failures, c.opened_at, c.probe_at = 0, None, None
         if was_open:
-            log.info("circuit for %s closed: a call succeeded", model)
             self._notify(model, "closed")
 
     def record_failure(self, model: str, kind: str) -> None:
-        if not self.config.enabled or kind not in UPSTREAM_TROUBLE:
+        if not self.config.enabled:
+            return
+        if kind not in UPSTREAM_TROUBLE:
+            # Not the upstream's trouble; but when it answers the half-open probe it is the
+            # probe's answer. Ignored, it would hold the probe slot and keep the model out
+            # for another full cooldown although the upstream is plainly up.
+            if kind != "circuit_open" and self._probing(model):
+                log.info("circuit for %s closed: its probe was answered (%s)", model, kind)
+                self._close(model)
             return
         c = self._circuits.setdefault(model, _Circuit())
         c.failures += 1

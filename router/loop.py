@@ -71,6 +71,11 @@ class StreamingCall(Protocol):
         """The call's outcome, once ``chunks`` is exhausted (or abandoned)."""
         ...
 
+    async def aclose(self) -> None:
+        """Give back what the call holds (its concurrency slot, the upstream response),
+        read to the end or not; idempotent."""
+        ...
+
 
 class CallExecutor(Protocol):
     async def execute(self, ctx: RouteContext, call: ToolCall, turn: int) -> CallOutcome: ...
@@ -446,6 +451,10 @@ class Orchestrator:
                 async for chunk in sc.chunks:
                     yield chunk
             finally:
+                # Left early (the client went away, the deadline passed): the upstream
+                # response and the model's concurrency slot are given back now, not when
+                # the garbage collector finds the abandoned stream.
+                await sc.aclose()
                 outcome = sc.finish()
                 state.outcomes.append(outcome)
                 state.spent_micros += outcome.cost_micros
@@ -475,3 +484,6 @@ class _Relay:
 
     def finish(self) -> CallOutcome:
         return self.inner.finish()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()

@@ -66,7 +66,10 @@ class CallResult:
 
 @dataclass(slots=True)
 class StreamCall:
-    """An open stream: iterate ``chunks``; ``stats``/``model`` are final once it is exhausted."""
+    """An open stream: iterate ``chunks``; ``stats``/``model`` are final once it is exhausted.
+    A stream holds a slot of its model's concurrency limit and an upstream HTTP response
+    until it is exhausted, fails or is closed: a caller that stops reading, or never starts,
+    closes it (``aclose``)."""
 
     model: PoolModel
     chunks: AsyncIterator[dict[str, Any]]
@@ -98,6 +101,13 @@ class StreamCall:
 
     def cost_micros(self) -> int:
         return self.model.price.cost_micros(self.usage())
+
+    async def aclose(self) -> None:
+        """Give back what the stream holds, whether it was read to the end, in part or not
+        at all (idempotent)."""
+        aclose = getattr(self.chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 def upstream_body(model: PoolModel, body: dict[str, Any]) -> dict[str, Any]:
@@ -326,11 +336,17 @@ class DownstreamClient:
                     await _close(gen)
                     raise
                 else:
-                    self._deployment_done(target, None)
-                    self.breakers.record_success(model.name)
+                    # Success or failure is booked when the stream ends: a stream that breaks
+                    # off mid-answer is a failed attempt for the circuit breaker and the
+                    # deployment's cooldown, though it can no longer be retried.
                     return StreamCall(
                         model=target,
-                        chunks=_rest(first, gen, sem, partial(self.balancer.finished, target)),
+                        chunks=_StreamChunks(
+                            first,
+                            gen,
+                            release=partial(self._stream_released, sem, target),
+                            ended=partial(self._stream_ended, model, target),
+                        ),
                         stats=stats,
                         attempts=attempts,
                         fallback_from=name if model.name != name else None,
@@ -345,6 +361,21 @@ class DownstreamClient:
                 await self._retry_pause(model, tried, attempt, err)
         raise errors[-1]
 
+    def _stream_released(self, sem: asyncio.Semaphore, target: PoolModel) -> None:
+        sem.release()
+        self.balancer.finished(target)
+
+    def _stream_ended(self, model: PoolModel, target: PoolModel, err: ProviderError | None) -> None:
+        """Book an opened stream's outcome. A failure after the first chunk (the upstream
+        cut the answer, timed out or sent a bad event) counts as a failed attempt; a stream
+        read to the end, or given up on by the caller, as a success: the upstream answered."""
+        self._deployment_done(target, err)
+        if err is None:
+            self.breakers.record_success(model.name)
+        else:
+            self.events.on_upstream_error(model.name, err.kind)
+            self.breakers.record_failure(model.name, err.kind)
+
     async def aclose(self) -> None:
         for p in self._providers.values():
             await p.aclose()
@@ -355,22 +386,76 @@ def _attempts(model: PoolModel) -> int:
     return max(model.max_retries + 1, len(model.deployments))
 
 
-async def _rest(
-    first: dict[str, Any],
-    gen: AsyncIterator[dict[str, Any]],
-    sem: asyncio.Semaphore,
-    done: Callable[[], None],
-) -> AsyncIterator[dict[str, Any]]:
-    try:
-        yield first
-        async for chunk in gen:
-            yield chunk
-    finally:
-        sem.release()
-        done()
+class _StreamChunks:
+    """An opened stream's chunks: the first (already read), then the rest as the upstream
+    sends them. Holds the stream's concurrency slot, its count in flight and the upstream
+    response until the stream ends — exhausted, failed, or closed — and books its outcome
+    then. Unlike an async generator, whose ``finally`` never runs if it was never started,
+    closing it before the first read (a client that left before the stream began) gives
+    everything back too."""
+
+    def __init__(
+        self,
+        first: dict[str, Any],
+        gen: AsyncIterator[dict[str, Any]],
+        *,
+        release: Callable[[], None],
+        ended: Callable[[ProviderError | None], None],
+    ) -> None:
+        self._first: dict[str, Any] | None = first
+        self._gen = gen
+        self._release = release
+        self._ended = ended
+        self._open = True
+
+    def __aiter__(self) -> _StreamChunks:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        if not self._open:
+            raise StopAsyncIteration
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
+        try:
+            return await anext(self._gen)
+        except StopAsyncIteration:
+            await self._end(None)
+            raise
+        except ProviderError as err:
+            await self._end(err)
+            raise
+        except BaseException:
+            # Cancelled while waiting (the request's deadline, a client that left): given
+            # up on by the caller, not failed by the upstream.
+            await self._end(None)
+            raise
+
+    async def aclose(self) -> None:
+        await self._end(None)
+
+    async def _end(self, err: ProviderError | None) -> None:
+        if not self._open:
+            return
+        self._open = False
+        self._first = None
+        self._release()
+        self._ended(err)
         # Closing the upstream generator closes the HTTP response: a client that disconnects
         # cancels the upstream call instead of letting it run to the end.
-        await _close(gen)
+        await _close(self._gen)
+
+    def __del__(self) -> None:
+        # A safety net for a caller that dropped the stream without closing it: the slot
+        # and the count in flight come back (the provider's generator, collected too,
+        # closes its response). Said loudly, since the caller has a bug.
+        if getattr(self, "_open", False):
+            self._open = False
+            log.warning("a stream was dropped without being closed; releasing its slot")
+            try:
+                self._release()
+            except RuntimeError:  # its event loop is gone: so is everyone waiting on it
+                pass
 
 
 async def _close(gen: AsyncIterator[Any]) -> None:

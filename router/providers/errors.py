@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from typing import Literal
@@ -87,6 +88,22 @@ class ProviderError(Exception):
         return f"ProviderError({self.kind!r}, status={self.status}, model={self.model!r})"
 
 
+def parse_retry_after(value: object) -> float | None:
+    """Seconds from an upstream's ``retry-after`` (a header, or the same value a provider SDK
+    carries on its error), or None. Only finite non-negative numbers: ``nan`` or ``inf`` would
+    reach ``asyncio.sleep``, which uvloop refuses with a ValueError (a raw 500), and a
+    negative wait means nothing. An HTTP date is not read: the backoff applies instead."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        seconds = float(value) if isinstance(value, int | float | str | bytes) else None
+    except ValueError:
+        return None
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return None
+    return seconds
+
+
 class ProviderCancelled(Exception):
     """The caller went away (client disconnect); not an upstream failure."""
 
@@ -95,6 +112,9 @@ def retry_delay(attempt: int, err: ProviderError, base_s: float = 0.1, max_s: fl
     """Seconds to wait before retry ``attempt + 1``: the upstream's ``retry-after`` if it
     gave one, else exponential backoff with full jitter, which spreads the retries of many
     concurrent callers; never more than ``max_s``."""
-    if err.retry_after is not None:
-        return min(err.retry_after, max_s)
+    # Checked again here: a ProviderError may be built anywhere, and a bad value must not
+    # reach the sleep.
+    retry_after = parse_retry_after(err.retry_after)
+    if retry_after is not None:
+        return min(retry_after, max_s)
     return random.uniform(0, min(max_s, base_s * (2**attempt)))

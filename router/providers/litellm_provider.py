@@ -4,6 +4,8 @@ pool of OpenAI-compatible models never needs it."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import time
 from collections.abc import AsyncIterator
@@ -11,7 +13,10 @@ from typing import Any
 
 from router.pool import PoolModel
 from router.providers.base import Provider, ProviderResponse, StreamStats
-from router.providers.errors import ProviderError, sanitize
+from router.providers.errors import ErrorKind, ProviderError, parse_retry_after, sanitize
+from router.providers.usage import zero_usage
+
+log = logging.getLogger(__name__)
 
 # Parameters of an OpenAI request that LiteLLM takes as keyword arguments.
 _PASS_THROUGH = (
@@ -59,30 +64,74 @@ def _litellm() -> Any:
     return litellm
 
 
+def _retry_after(exc: Exception) -> float | None:
+    # The upstream's retry-after, which the native path honours too: LiteLLM keeps the
+    # response's headers on the error.
+    headers = getattr(exc, "litellm_response_headers", None)
+    if headers is None:
+        headers = getattr(getattr(exc, "response", None), "headers", None)
+    getter = getattr(headers, "get", None)
+    return parse_retry_after(getter("retry-after")) if callable(getter) else None
+
+
 def _map_exception(exc: Exception, model: PoolModel) -> ProviderError:
+    """The ProviderError of a LiteLLM failure, of the kind the native path gives the same
+    failure: 408 a timeout, a connection lost (before or after the first chunk) a
+    ``connection`` failure, the upstream's ``retry-after`` kept."""
+    inner = getattr(exc, "original_exception", None)
+    if type(exc).__name__ == "MidStreamFallbackError" and isinstance(inner, Exception):
+        # A stream's failure comes wrapped as a 500-ish "fallback" error: what happened is
+        # the exception inside (for a cut stream, a connection error).
+        exc = inner
     status = getattr(exc, "status_code", None)
     name = type(exc).__name__
+    retry_after = _retry_after(exc)
     detail = sanitize(str(getattr(exc, "message", "") or exc), model.api_key)
     msg = f"upstream {model.name} failed ({name}): {detail}"
-    if "Timeout" in name:
+    if "Timeout" in name or status == 408:
         return ProviderError(
             "timeout",
             f"upstream {model.name} timed out after {model.timeout_s:g}s",
             model=model.name,
+            retry_after=retry_after,
         )
-    if "Connection" in name and not isinstance(status, int):
+    if "Connection" in name:
+        # LiteLLM gives its connection errors a status of 500; nothing answered with one.
         return ProviderError("connection", msg, model=model.name)
     if isinstance(status, int):
+        kind: ErrorKind
         if status == 429:
-            return ProviderError("rate_limited", msg, model=model.name, status=status)
-        if status == 404:
-            return ProviderError("not_found", msg, model=model.name, status=status)
-        if status >= 500:
-            return ProviderError("upstream_5xx", msg, model=model.name, status=status)
-        if status == 408:
-            return ProviderError("timeout", msg, model=model.name, status=status)
-        return ProviderError("upstream_4xx", msg, model=model.name, status=status)
+            kind = "rate_limited"
+        elif status == 404:
+            kind = "not_found"
+        elif status >= 500:
+            kind = "upstream_5xx"
+        else:
+            kind = "upstream_4xx"
+        return ProviderError(kind, msg, model=model.name, status=status, retry_after=retry_after)
     return ProviderError("connection", msg, model=model.name)
+
+
+def _usage_or_none(data: dict[str, Any]) -> None:
+    """Drop the all-zero usage LiteLLM fills in when the upstream reported none, so that the
+    call is charged the estimate, as on the native path, instead of nothing. (No real call
+    has zero prompt tokens, so a zero usage never stands for a count.)"""
+    if zero_usage(data.get("usage")):
+        del data["usage"]
+
+
+def _made_up_ending(resp: Any, chunk: dict[str, Any]) -> bool:
+    """Whether ``chunk``, the first LiteLLM hands over, is LiteLLM's own: when the upstream's
+    stream ends before its first event, LiteLLM does not fail but makes up a closing chunk
+    (finish_reason "stop", an empty delta) without having received any finish reason, which
+    would pass for a complete, empty answer. The native path calls that a cut stream."""
+    choices = chunk.get("choices") or []
+    if len(choices) != 1 or choices[0].get("delta") or not choices[0].get("finish_reason"):
+        return False
+    # LiteLLM's record of the finish reasons it received; absent (another version), the
+    # chunk is taken as the upstream's.
+    received = getattr(resp, "received_finish_reason", "unknown")
+    return received is None and getattr(resp, "intermittent_finish_reason", None) is None
 
 
 class LiteLLMProvider(Provider):
@@ -111,6 +160,7 @@ class LiteLLMProvider(Provider):
             raise _map_exception(exc, model) from None
         data = resp.model_dump(exclude_none=True)
         data.pop("_hidden_params", None)
+        _usage_or_none(data)
         latency = (time.perf_counter() - start) * 1000
         return ProviderResponse.parse(body, data, latency)
 
@@ -122,17 +172,55 @@ class LiteLLMProvider(Provider):
         kwargs = self._kwargs(model, body)
         kwargs["stream"] = True
         kwargs["stream_options"] = {"include_usage": True}
+        # As on the native path: timeout_s bounds the whole wait for the first chunk (LiteLLM's
+        # read timeout restarts with every SSE comment), then the gaps between chunks.
+        first_by: float | None = asyncio.get_running_loop().time() + model.timeout_s
+        resp: Any = None
         try:
-            resp = await litellm.acompletion(**kwargs)
-            async for chunk in resp:
+            async with asyncio.timeout_at(first_by):
+                resp = await litellm.acompletion(**kwargs)
+            chunks = aiter(resp)
+            while True:
+                if first_by is None:
+                    chunk = await anext(chunks, None)
+                else:
+                    # Never held across a yield: the consumer's task runs other code there.
+                    async with asyncio.timeout_at(first_by):
+                        chunk = await anext(chunks, None)
+                if chunk is None:
+                    break
                 data = chunk.model_dump(exclude_none=True)
+                if first_by is not None and _made_up_ending(resp, data):
+                    raise ProviderError(
+                        "connection",
+                        f"upstream {model.name} closed the stream before its first event",
+                        model=model.name,
+                    )
+                first_by = None
+                _usage_or_none(data)
                 if stats.ttft_ms is None:
                     stats.ttft_ms = (time.perf_counter() - start) * 1000
                 stats.observe(data)
                 yield data
         except ProviderError:
             raise
+        except TimeoutError as exc:
+            if first_by is not None:
+                raise ProviderError(
+                    "timeout",
+                    f"upstream {model.name} sent no data within {model.timeout_s:g}s",
+                    model=model.name,
+                ) from None
+            raise _map_exception(exc, model) from None
         except Exception as exc:
             raise _map_exception(exc, model) from None
         finally:
             stats.latency_ms = (time.perf_counter() - start) * 1000
+            # Closing LiteLLM's stream closes its HTTP response now (a client that left, a
+            # stream given up on), rather than whenever the garbage collector gets to it.
+            aclose = getattr(resp, "aclose", None)
+            if callable(aclose):
+                try:
+                    await aclose()
+                except Exception as exc:  # the call's own outcome matters, not this
+                    log.debug("closing a LiteLLM stream failed: %r", exc)

@@ -7,26 +7,30 @@ A plain pooled aiohttp forward costs well under a millisecond of CPU per call, a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import orjson
+from aiohttp.http_exceptions import HttpProcessingError
 
 from router.pool import PoolModel
 from router.providers.base import Provider, ProviderResponse, StreamStats, chunk_problem
-from router.providers.errors import ErrorKind, ProviderError, sanitize
+from router.providers.errors import ErrorKind, ProviderError, parse_retry_after, sanitize
 
 _JSON = {"Content-Type": "application/json"}
 
+# The largest stream event (one SSE line) taken from an upstream. One delta can carry a whole
+# tool call's arguments or an image, megabytes, far past aiohttp's own line limit (512 KiB,
+# a LineTooLong that is not a ClientError); the bound stays so that an upstream that never
+# sends a newline cannot make the gateway buffer without end.
+MAX_EVENT_BYTES = 8 * 1024 * 1024
+
 
 def _retry_after(headers: Any) -> float | None:
-    value = headers.get("retry-after") if headers is not None else None
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
+    return parse_retry_after(headers.get("retry-after") if headers is not None else None)
 
 
 def status_error(status: int, text: str, model: PoolModel, headers: Any = None) -> ProviderError:
@@ -48,6 +52,10 @@ def status_error(status: int, text: str, model: PoolModel, headers: Any = None) 
         kind = "not_found"
     elif status >= 500:
         kind = "upstream_5xx"
+    elif status == 408:
+        # Request Timeout: the upstream gave up waiting, as a timeout of ours would (LiteLLM
+        # maps it the same way); worth a retry.
+        kind = "timeout"
     else:
         kind = "upstream_4xx"
     return ProviderError(
@@ -59,6 +67,56 @@ def _timeout(model: PoolModel) -> ProviderError:
     return ProviderError(
         "timeout", f"upstream {model.name} timed out after {model.timeout_s:g}s", model=model.name
     )
+
+
+def _malformed(model: PoolModel, exc: HttpProcessingError) -> ProviderError:
+    # aiohttp's parser refusing what the upstream sent is not a ClientError: without this it
+    # would reach the client as a raw 500 instead of a bad response that falls back.
+    return ProviderError(
+        "bad_response",
+        f"upstream {model.name} sent a malformed response ({type(exc).__name__})",
+        model=model.name,
+    )
+
+
+class _EventTooLarge(Exception):
+    pass
+
+
+class _Lines:
+    """A response body's lines, none longer than ``limit`` bytes. aiohttp's line iterator
+    stops at 512 KiB and takes a limit per call only in recent versions, so the lines are
+    split here, from the chunks as they arrive: only the line being read is buffered."""
+
+    def __init__(self, content: aiohttp.StreamReader, limit: int) -> None:
+        self._content = content
+        self._limit = limit
+        self._buf = bytearray()
+        self._scanned = 0  # bytes of _buf already searched for a newline
+        self._eof = False
+
+    async def readline(self) -> bytes:
+        """The next line with its newline; the unterminated rest at the end; b"" after it."""
+        while True:
+            i = self._buf.find(b"\n", self._scanned)
+            if i >= 0:
+                line = bytes(self._buf[: i + 1])
+                del self._buf[: i + 1]
+                self._scanned = 0
+                return line
+            self._scanned = len(self._buf)
+            if self._scanned > self._limit:
+                raise _EventTooLarge
+            if self._eof:
+                line = bytes(self._buf)
+                self._buf.clear()
+                self._scanned = 0
+                return line
+            data = await self._content.readany()
+            if data:
+                self._buf += data
+            else:
+                self._eof = True
 
 
 def _unreachable(model: PoolModel, exc: BaseException) -> ProviderError:
@@ -114,6 +172,8 @@ class NativeOpenAIProvider(Provider):
             raise _timeout(model) from None
         except aiohttp.ClientError as exc:
             raise _unreachable(model, exc) from None
+        except HttpProcessingError as exc:
+            raise _malformed(model, exc) from None
         try:
             data = orjson.loads(raw)
             if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
@@ -137,49 +197,47 @@ class NativeOpenAIProvider(Provider):
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=model.timeout_s, sock_read=model.timeout_s
         )
+        # But not the wait for the first data event: every SSE comment (": keep-alive")
+        # restarts a read timeout, so an upstream that sends only those would hold the call,
+        # and its retries and fallbacks, forever. Until the first data event the whole wait
+        # (connecting, the headers, comments) is bounded by timeout_s. None once it came.
+        first_by: float | None = asyncio.get_running_loop().time() + model.timeout_s
         try:
-            async with self._client(model).post(
-                url, data=orjson.dumps(body), headers=self._headers(model), timeout=timeout
-            ) as resp:
-                if resp.status >= 400:
-                    raw = await resp.read()
-                    raise status_error(
-                        resp.status, raw.decode("utf-8", "replace"), model, resp.headers
+            async with contextlib.AsyncExitStack() as stack:
+                async with asyncio.timeout_at(first_by):
+                    resp = await stack.enter_async_context(
+                        self._client(model).post(
+                            url,
+                            data=orjson.dumps(body),
+                            headers=self._headers(model),
+                            timeout=timeout,
+                        )
                     )
+                    if resp.status >= 400:
+                        raw = await resp.read()
+                        raise status_error(
+                            resp.status, raw.decode("utf-8", "replace"), model, resp.headers
+                        )
+                lines = _Lines(resp.content, MAX_EVENT_BYTES)
                 done = False
-                async for line in resp.content:
+                while True:
+                    if first_by is None:
+                        line = await lines.readline()
+                    else:
+                        # Entered and left around each read, never held across a yield:
+                        # while suspended there the consumer's task runs other code.
+                        async with asyncio.timeout_at(first_by):
+                            line = await lines.readline()
+                    if not line:
+                        break
                     if not line.startswith(b"data:"):
                         continue
                     payload = line[5:].strip()
                     if payload == b"[DONE]":
                         done = True
                         break
-                    try:
-                        chunk = orjson.loads(payload)
-                    except orjson.JSONDecodeError:
-                        raise ProviderError(
-                            "bad_response",
-                            f"upstream {model.name} sent an invalid stream event",
-                            model=model.name,
-                        ) from None
-                    if isinstance(chunk, dict) and "error" in chunk and not chunk.get("choices"):
-                        err = (
-                            chunk["error"]
-                            if isinstance(chunk["error"], dict)
-                            else {"message": str(chunk["error"])}
-                        )
-                        raise ProviderError(
-                            "upstream_5xx",
-                            f"upstream {model.name} failed mid-stream: {sanitize(str(err.get('message')), model.api_key)}",
-                            model=model.name,
-                        )
-                    problem = chunk_problem(chunk)
-                    if problem is not None:
-                        raise ProviderError(
-                            "bad_response",
-                            f"upstream {model.name} sent an invalid stream event: {problem}",
-                            model=model.name,
-                        )
+                    chunk = self._event(model, payload)
+                    first_by = None
                     if stats.ttft_ms is None:
                         stats.ttft_ms = (time.perf_counter() - start) * 1000
                     stats.observe(chunk)
@@ -191,11 +249,57 @@ class NativeOpenAIProvider(Provider):
                         model=model.name,
                     )
         except TimeoutError:
+            if first_by is not None:
+                raise ProviderError(
+                    "timeout",
+                    f"upstream {model.name} sent no data within {model.timeout_s:g}s",
+                    model=model.name,
+                ) from None
             raise _timeout(model) from None
         except aiohttp.ClientError as exc:
             raise _unreachable(model, exc) from None
+        except _EventTooLarge:
+            raise ProviderError(
+                "bad_response",
+                f"upstream {model.name} sent a stream event over "
+                f"{MAX_EVENT_BYTES // (1024 * 1024)} MiB",
+                model=model.name,
+            ) from None
+        except HttpProcessingError as exc:
+            raise _malformed(model, exc) from None
         finally:
             stats.latency_ms = (time.perf_counter() - start) * 1000
+
+    @staticmethod
+    def _event(model: PoolModel, payload: bytes) -> dict[str, Any]:
+        """One ``data:`` event as a chunk the gateway can relay, or the ProviderError it is."""
+        try:
+            chunk = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            raise ProviderError(
+                "bad_response",
+                f"upstream {model.name} sent an invalid stream event",
+                model=model.name,
+            ) from None
+        if isinstance(chunk, dict) and "error" in chunk and not chunk.get("choices"):
+            err = (
+                chunk["error"]
+                if isinstance(chunk["error"], dict)
+                else {"message": str(chunk["error"])}
+            )
+            raise ProviderError(
+                "upstream_5xx",
+                f"upstream {model.name} failed mid-stream: {sanitize(str(err.get('message')), model.api_key)}",
+                model=model.name,
+            )
+        problem = chunk_problem(chunk)
+        if problem is not None:
+            raise ProviderError(
+                "bad_response",
+                f"upstream {model.name} sent an invalid stream event: {problem}",
+                model=model.name,
+            )
+        return chunk  # chunk_problem found an object
 
     async def aclose(self) -> None:
         sessions, self._sessions = list(self._sessions.values()), {}

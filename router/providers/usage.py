@@ -22,6 +22,17 @@ def reported_or_estimated(
     return estimate_usage(request, response), False
 
 
+def zero_usage(usage: object) -> bool:
+    """Whether ``usage`` counts no tokens at all: what LiteLLM fills in when the upstream
+    reported none (no call has zero prompt tokens)."""
+    return (
+        isinstance(usage, Mapping)
+        and not usage.get("prompt_tokens")
+        and not usage.get("completion_tokens")
+        and not usage.get("total_tokens")
+    )
+
+
 def estimate_usage(request: Mapping[str, Any], response: Mapping[str, Any]) -> TokenUsage:
     """Usage of a complete call whose server reported none, from the request's and the
     response's text."""

@@ -166,3 +166,24 @@ def test_when_redis_goes_away_each_gateway_keeps_its_own_breakers(
         assert "Traceback" not in gw.log()
     finally:
         gw.stop()
+
+
+def test_streams_cut_mid_answer_open_the_circuit(gateway: Gateway, upstream: Upstream) -> None:
+    """Every stream of the model breaks off mid-answer: each ends in an error event (its
+    text already reached the client, so no retry), and each is a failed attempt, so the
+    circuit opens after two. Success used to be booked at the first chunk, so a model
+    cutting every answer short was never routed around."""
+    upstream.fault(CHEAPEST, "cut-stream=2", count=1000)
+    body = {"model": CHEAPEST, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    for _ in range(2):
+        with httpx.stream(
+            "POST", f"{gateway.base_url}/chat/completions", json=body, timeout=30
+        ) as r:
+            assert r.status_code == 200
+            events = [line for line in r.iter_lines() if line.startswith("data: {")]
+        assert '"error"' in events[-1] and any('"content"' in e for e in events[:-1])
+    assert upstream.stats()["requests"][CHEAPEST] == 2
+    assert circuit_gauge(gateway, CHEAPEST) == 1.0
+    direct = httpx.post(f"{gateway.base_url}/chat/completions", json=body, timeout=30)
+    assert direct.status_code == 503 and direct.json()["error"]["code"] == "upstream_unavailable"
+    assert upstream.stats()["requests"][CHEAPEST] == 2

@@ -121,3 +121,19 @@ def test_a_failed_probe_reports_the_reopening() -> None:
     assert b.allow("m")
     b.record_failure("m", "timeout")
     assert b.state("m") == "open" and changes == [("m", "open"), ("m", "open")]
+
+
+def test_a_probe_answered_with_a_client_error_closes_the_circuit() -> None:
+    """A 4xx says nothing against the upstream; answering the probe, it says the upstream is
+    up. Ignored, it held the probe slot: the model stayed out for another full cooldown."""
+    b, clock, changes = breakers(failures=1, cooldown_s=10)
+    b.record_failure("m", "timeout")
+    clock.now += 10
+    assert b.allow("m")  # the probe
+    b.record_failure("m", "upstream_4xx")
+    assert b.state("m") == "closed" and b.allow("m")
+    assert changes == [("m", "open"), ("m", "closed")]
+    # Outside a probe a client error still changes nothing: an open circuit stays open.
+    b.record_failure("m", "timeout")
+    b.record_failure("m", "upstream_4xx")
+    assert b.state("m") == "open" and not b.allow("m")

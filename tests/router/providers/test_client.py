@@ -3,6 +3,7 @@ backoff, fallbacks, usage from the provider, streaming, and the LiteLLM transpor
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Literal
@@ -144,6 +145,26 @@ async def test_a_response_without_usage_is_charged_an_estimate(
         len(sc.stats.text_parts), estimate_tokens(sc.stats.text)
     )
     assert "returned no usage" in caplog.text
+    await c.aclose()
+
+
+async def test_a_litellm_response_without_usage_is_charged_an_estimate(
+    upstream: tuple[str, httpx.Client],
+) -> None:
+    # LiteLLM fills in a usage of zeros when the upstream sends none: it was charged $0.
+    base, ctl = upstream
+    ctl.post("/_replay/faults", json={"model": A, "fault": "no-usage", "count": 1})
+    c, _ = make(base, transport="litellm")
+    r = await c.complete(A, BODY)
+    text = r.body["choices"][0]["message"]["content"]
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (
+        estimate_tokens("hello there"),
+        estimate_tokens(text),
+    )
+    assert r.cost_micros == ModelPrice(input=Decimal("0.1"), output=Decimal("0.2")).cost_micros(
+        r.usage
+    )
+    assert r.cost_micros > 0 and "usage" not in r.body
     await c.aclose()
 
 
@@ -328,4 +349,61 @@ async def test_an_open_circuit_skips_the_model_then_a_probe_closes_it(
     probe = await c.complete(A, BODY)
     assert probe.model == A and probe.fallback_from is None
     assert breakers.state(A) == "closed"
+    await c.aclose()
+
+
+@pytest.mark.parametrize("transport", ["native", "litellm"])
+async def test_streams_cut_mid_answer_open_the_circuit_and_cool_the_deployment(
+    upstream: tuple[str, httpx.Client], transport: Literal["native", "litellm"]
+) -> None:
+    """A stream that breaks off after its first chunk can't be retried (its text reached
+    the client), but it is a failed attempt: it counts against the circuit and cools the
+    deployment down. Success was booked at the first chunk, so a model that cut every
+    answer short never opened its circuit."""
+    base, ctl = upstream
+    m = model(A, base, transport=transport, retries=0)
+    deployments = tuple(dataclasses.replace(m, deployment=d) for d in ("a", "b"))
+    pool = ModelPool([dataclasses.replace(m, deployments=deployments)])
+    ev = Events()
+    breakers = CircuitBreakers(BreakerConfig(failures=2, cooldown_s=30))
+    c = DownstreamClient(pool, events=ev, breakers=breakers)
+    ctl.post("/_replay/faults", json={"model": A, "fault": "cut-stream=1", "count": 2})
+    for i in range(2):
+        sc = await c.open_stream(A, BODY)
+        with pytest.raises(ProviderError) as exc:
+            async for _ in sc.chunks:
+                pass
+        assert exc.value.kind == "connection" and sc.attempts == 1
+        cooling = {"a", "b"} if i else {sc.model.deployment}
+        assert set(c.balancer.cooling()[A]) == cooling
+    assert ev.errors == [(A, "connection")] * 2
+    assert [ok for *_, ok in ev.deployments] == [False, False]
+    assert breakers.state(A) == "open"
+    with pytest.raises(ProviderError) as exc:
+        await c.open_stream(A, BODY)
+    assert exc.value.kind == "circuit_open"
+    await c.aclose()
+
+
+async def test_a_probe_answered_with_a_client_error_closes_the_circuit(
+    upstream: tuple[str, httpx.Client],
+) -> None:
+    """The upstream answered the half-open probe, with a 400 for that request: it is up. The
+    probe slot was kept, and the model refused, for another full cooldown."""
+    base, ctl = upstream
+    clock = [0.0]
+    breakers = CircuitBreakers(BreakerConfig(failures=1, cooldown_s=30), clock=lambda: clock[0])
+    c = DownstreamClient(ModelPool([model(A, base, retries=0)]), breakers=breakers)
+    ctl.post("/_replay/faults", json={"model": A, "fault": "status=503", "count": 1})
+    with pytest.raises(ProviderError):
+        await c.complete(A, BODY)
+    assert breakers.state(A) == "open"
+    clock[0] += 30
+    ctl.post("/_replay/faults", json={"model": A, "fault": "status=400", "count": 1})
+    with pytest.raises(ProviderError) as exc:
+        await c.open_stream(A, BODY)
+    assert exc.value.kind == "upstream_4xx"
+    assert breakers.state(A) == "closed"
+    sc = await c.open_stream(A, BODY)
+    assert [ch async for ch in sc.chunks]
     await c.aclose()
