@@ -7,7 +7,6 @@ A plain pooled aiohttp forward costs well under a millisecond of CPU per call, a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -199,38 +198,33 @@ class NativeOpenAIProvider(Provider):
         )
         # But not the wait for the first data event: every SSE comment (": keep-alive")
         # restarts a read timeout, so an upstream that sends only those would hold the call,
-        # and its retries and fallbacks, forever. Until the first data event the whole wait
-        # (connecting, the headers, comments) is bounded by timeout_s. None once it came.
-        first_by: float | None = asyncio.get_running_loop().time() + model.timeout_s
+        # and its retries and fallbacks, forever. Comments before the first data event are
+        # timed against timeout_s from the start (checked as each arrives: no timer per read
+        # on the hot path; silence is sock_read's to end). None once data came.
+        loop = asyncio.get_running_loop()
+        first_by: float | None = loop.time() + model.timeout_s
         try:
-            async with contextlib.AsyncExitStack() as stack:
-                async with asyncio.timeout_at(first_by):
-                    resp = await stack.enter_async_context(
-                        self._client(model).post(
-                            url,
-                            data=orjson.dumps(body),
-                            headers=self._headers(model),
-                            timeout=timeout,
-                        )
+            async with self._client(model).post(
+                url, data=orjson.dumps(body), headers=self._headers(model), timeout=timeout
+            ) as resp:
+                if resp.status >= 400:
+                    raw = await resp.read()
+                    raise status_error(
+                        resp.status, raw.decode("utf-8", "replace"), model, resp.headers
                     )
-                    if resp.status >= 400:
-                        raw = await resp.read()
-                        raise status_error(
-                            resp.status, raw.decode("utf-8", "replace"), model, resp.headers
-                        )
                 lines = _Lines(resp.content, MAX_EVENT_BYTES)
                 done = False
                 while True:
-                    if first_by is None:
-                        line = await lines.readline()
-                    else:
-                        # Entered and left around each read, never held across a yield:
-                        # while suspended there the consumer's task runs other code.
-                        async with asyncio.timeout_at(first_by):
-                            line = await lines.readline()
+                    line = await lines.readline()
                     if not line:
                         break
                     if not line.startswith(b"data:"):
+                        if first_by is not None and loop.time() > first_by:
+                            raise ProviderError(
+                                "timeout",
+                                f"upstream {model.name} sent no data within {model.timeout_s:g}s",
+                                model=model.name,
+                            )
                         continue
                     payload = line[5:].strip()
                     if payload == b"[DONE]":
@@ -249,12 +243,6 @@ class NativeOpenAIProvider(Provider):
                         model=model.name,
                     )
         except TimeoutError:
-            if first_by is not None:
-                raise ProviderError(
-                    "timeout",
-                    f"upstream {model.name} sent no data within {model.timeout_s:g}s",
-                    model=model.name,
-                ) from None
             raise _timeout(model) from None
         except aiohttp.ClientError as exc:
             raise _unreachable(model, exc) from None
