@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.replay import REPO_ROOT
+from tests.support.port_file_server import start
 
 
 @dataclass
@@ -31,18 +29,7 @@ class ScriptedRouter:
 
 
 def start_scripted_router(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port_file = tmp / "scripted.port"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.scripted_router", "--port-file", str(port_file)],
-        cwd=REPO_ROOT,
-    )
-    deadline = time.monotonic() + 20
-    while not port_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("scripted router did not start")
-        time.sleep(0.02)
-    return proc, f"http://127.0.0.1:{int(port_file.read_text())}"
+    return start("tests.support.scripted_router", tmp / "scripted.port")
 
 
 @pytest.fixture(scope="session")

@@ -10,16 +10,14 @@ tool calls (``tool_calls`` with JSON-string ``arguments``, finish_reason ``tool_
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import itertools
-import os
 import time
-from pathlib import Path
 from typing import Any
 
 import orjson
 from aiohttp import web
+
+from tests.support.port_file_server import serve
 
 
 class Script:
@@ -117,23 +115,5 @@ def create_app() -> web.Application:
     return app
 
 
-async def _main(port_file: str) -> None:
-    runner = web.AppRunner(create_app())
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    await asyncio.to_thread(_announce, port_file, port)
-    await asyncio.Event().wait()
-
-
-def _announce(port_file: str, port: int) -> None:
-    tmp = Path(port_file + ".tmp")
-    tmp.write_text(str(port))
-    os.replace(tmp, port_file)
-
-
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--port-file", required=True)
-    asyncio.run(_main(ap.parse_args().port_file))
+    serve(create_app)

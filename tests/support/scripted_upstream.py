@@ -16,11 +16,6 @@ The prompt is the last user message's text; a prompt without an answer is answer
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,7 +27,7 @@ import httpx
 import orjson
 from aiohttp import web
 
-from tests.support.replay import REPO_ROOT
+from tests.support.port_file_server import serve, start
 
 USAGE = {"prompt_tokens": 12, "completion_tokens": 8, "total_tokens": 20}
 DEFAULT = {"message": {"role": "assistant", "content": "Hello there."}, "finish_reason": "stop"}
@@ -65,18 +60,8 @@ class ScriptedUpstream:
 
 @contextmanager
 def scripted_upstream(tmp: Path) -> Iterator[ScriptedUpstream]:
-    port_file = tmp / "scripted-upstream.port"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.scripted_upstream", "--port-file", str(port_file)],
-        cwd=REPO_ROOT,
-    )
+    proc, root = start("tests.support.scripted_upstream", tmp / "scripted-upstream.port")
     try:
-        deadline = time.monotonic() + 20
-        while not port_file.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the scripted upstream did not start")
-            time.sleep(0.02)
-        root = f"http://127.0.0.1:{int(port_file.read_text())}"
         with httpx.Client(base_url=root, timeout=10) as control:
             yield ScriptedUpstream(f"{root}/v1", control)
     finally:
@@ -163,23 +148,5 @@ def create_app() -> web.Application:
     return app
 
 
-async def _main(port_file: str) -> None:
-    runner = web.AppRunner(create_app())
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    await asyncio.to_thread(_announce, port_file, port)
-    await asyncio.Event().wait()
-
-
-def _announce(port_file: str, port: int) -> None:
-    tmp = Path(port_file + ".tmp")
-    tmp.write_text(str(port))
-    os.replace(tmp, port_file)
-
-
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--port-file", required=True)
-    asyncio.run(_main(ap.parse_args().port_file))
+    serve(create_app)
