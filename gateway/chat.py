@@ -31,7 +31,7 @@ from gateway.errors import (
 )
 from gateway.hooks import KeyBudgetGuard, RequestHooks, RequestLog
 from gateway.ledger.records import end_user
-from gateway.render import Renderer
+from gateway.render import Renderer, streamed_text_only
 from gateway.runtime import POLICY_PREFIX, ROUTER_MODEL, Runtime
 from gateway.schemas import ChatCompletionRequest
 from pricing import usd_to_micros
@@ -411,10 +411,13 @@ class ChatService:
             # only, and a stream asking for it is routed afresh.
             return not req.stream or not any(_beyond_text_stream(c) for c in answer.choices)
 
-        hit = await self.cache.lookup(ticket, usable)
-        rlog.extra_headers["x-xrouter-cache"] = (
-            "miss" if ticket.result == "error" else ticket.result
-        )
+        # A relayed stream is stored only when its whole answer is text: a streamed request
+        # with more (tools, logprobs) would keep identical ones waiting for nothing.
+        may_lead = not req.stream or streamed_text_only(req)
+        hit = await self.cache.lookup(ticket, usable, may_lead=may_lead)
+        # A coalesced answer is a hit to the client: another request's answer, for nothing.
+        shown = {"error": "miss", "coalesced": "hit"}
+        rlog.extra_headers["x-xrouter-cache"] = shown.get(ticket.result, ticket.result)
         return hit
 
     async def _answer_from_cache(

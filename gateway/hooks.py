@@ -295,6 +295,10 @@ class RequestHooks:
         if rlog.finished:
             return
         rlog.finished = True
+        if rlog.cache is not None:
+            # Identical requests waiting for this one's answer stop waiting now: it was
+            # handed to them already (``AnswerCache.store``), or there is none to share.
+            rlog.cache.end()
         await self.bookkeeping.run(self._finish_logged(rlog, result))
 
     async def _finish_logged(self, rlog: RequestLog, result: RouteResult | None) -> None:

@@ -335,8 +335,9 @@ class GatewayMetrics:
         )
         self._cache_lookups = Counter(
             "xrouter_cache_lookups",
-            "Answer-cache lookups: hit, miss, bypass (the request said no_cache) or error "
-            "(the backend failed or is backed off: served as a miss).",
+            "Answer-cache lookups: hit, coalesced (answered with an identical request's "
+            "answer, bought while this one waited), miss, bypass (the request said no_cache) "
+            "or error (the backend failed or is backed off: served as a miss).",
             ["result"],
             registry=r,
         )
@@ -402,7 +403,7 @@ class GatewayMetrics:
             self._rate_limited.labels(limit=limit)
         for reason in BUDGET_REASONS:
             self._budget_rejections.labels(reason=reason)
-        for result in ("hit", "miss", "bypass", "error"):
+        for result in ("hit", "coalesced", "miss", "bypass", "error"):
             self._cache_lookups.labels(result=result)
 
     def add_known(self, *, models: Iterable[str], policies: Iterable[str]) -> None:
@@ -585,7 +586,7 @@ class GatewayMetrics:
     # -- answer cache ------------------------------------------------------------------------
 
     def cache_lookup(self, result: str) -> None:
-        known = ("hit", "miss", "bypass", "error")
+        known = ("hit", "coalesced", "miss", "bypass", "error")
         self._child(self._cache_lookups, result if result in known else OTHER).inc()
 
     def cache_store(self, result: str) -> None:

@@ -111,6 +111,9 @@ class CacheSettings(_Section):
     max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     # A Redis lookup slower than this is a miss: the cache must never slow a request down.
     timeout_ms: float = Field(default=100.0, gt=0)
+    # How long a request waits for an identical one already being answered (in the same
+    # worker) rather than buying the same answer again; 0 turns the coalescing off.
+    coalesce_wait_s: float = Field(default=30.0, ge=0, le=600)
 
     @model_validator(mode="after")
     def _check_sizes(self) -> CacheSettings:

@@ -4,7 +4,13 @@ answer was served, the request's own controls, metrics, and a backend that fails
 A failing backend (Redis down or slow) makes lookups misses and stores no-ops: the cache
 only ever saves money, it never fails or delays a request by more than one lookup's
 timeout — and after a failure it is left alone for ``_BACKOFF_S`` seconds, so an outage
-costs one timeout per backoff period, not one per request."""
+costs one timeout per backoff period, not one per request.
+
+Identical requests that arrive together are coalesced (in each process): the first miss
+leads, routing and paying for the answer, and the others wait for it (at most
+``coalesce_wait_s``) instead of each buying the same answer — what nginx's ``proxy_cache_lock``
+does for a web cache. A follower whose leader ends without an answer to share (an error, a
+fallback, a client that hung up) routes for itself."""
 
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gateway.cache.backends import CacheBackend, CacheUnavailable, MemoryBackend, RedisBackend
@@ -30,18 +36,52 @@ __all__ = ["AnswerCache", "CacheTicket", "build_answer_cache"]
 _BACKOFF_S = 5.0
 
 
+class _Flight:
+    """A leader's answer in the making, which identical requests wait for."""
+
+    __slots__ = ("answer", "flights", "key", "started")
+
+    def __init__(self, flights: dict[str, _Flight], key: str) -> None:
+        self.flights = flights
+        self.key = key
+        self.started = time.monotonic()
+        self.answer: asyncio.Future[CachedAnswer | None] = (
+            asyncio.get_running_loop().create_future()
+        )
+
+    def land(self, answer: CachedAnswer | None) -> None:
+        if not self.answer.done():
+            self.answer.set_result(answer)
+        if self.flights.get(self.key) is self:
+            del self.flights[self.key]
+
+
 @dataclass(slots=True)
 class CacheTicket:
     """One request's place in the cache: its key, its controls, and what the lookup found
-    (``hit``, ``miss``, ``bypass`` or ``error``), which the response reports."""
+    (``hit``, ``coalesced`` — another request's answer, bought while this one waited —
+    ``miss``, ``bypass`` or ``error``), which the response reports."""
 
     key: str
     controls: CacheControls | None
     result: str = "miss"
+    # Set when this request leads identical ones: they wait for its answer.
+    flight: _Flight | None = field(default=None, repr=False)
 
     @property
     def storable(self) -> bool:
         return self.controls is None or not self.controls.no_store
+
+    @property
+    def reused(self) -> bool:
+        """Answered with a stored or a coalesced answer."""
+        return self.result in ("hit", "coalesced")
+
+    def end(self) -> None:
+        """The request is over: whoever still waits for its answer routes for itself.
+        (Idempotent; an answer handed over by ``AnswerCache.store`` stays handed over.)"""
+        if self.flight is not None:
+            self.flight.land(None)
 
 
 class AnswerCache:
@@ -56,6 +96,7 @@ class AnswerCache:
         self.metrics = metrics
         self._down_until = 0.0  # monotonic: the backend is skipped until then
         self._pending: set[asyncio.Task[None]] = set()
+        self._flights: dict[str, _Flight] = {}
 
     def ticket(
         self,
@@ -72,28 +113,63 @@ class AnswerCache:
         return CacheTicket(key, controls)
 
     async def lookup(
-        self, ticket: CacheTicket, usable: Callable[[CachedAnswer], bool] | None = None
+        self,
+        ticket: CacheTicket,
+        usable: Callable[[CachedAnswer], bool] | None = None,
+        *,
+        may_lead: bool = True,
     ) -> CachedAnswer | None:
-        """The stored answer for ``ticket``, or None (recording why on the ticket). An
-        answer ``usable`` rejects is a miss."""
+        """The stored answer for ``ticket``, or one an identical request in flight is
+        buying, or None (recording why on the ticket). An answer ``usable`` rejects is a
+        miss. After a miss the request leads identical ones — they wait for its answer —
+        if ``may_lead`` (its answer will likely be stored) and it may store at all."""
         controls = ticket.controls
         if controls is not None and controls.no_cache:
             return self._found(ticket, "bypass", None)
+        result = "miss"
+        answer: CachedAnswer | None = None
         if time.monotonic() < self._down_until:
-            return self._found(ticket, "error", None)
-        try:
-            raw = await self.backend.get(ticket.key)
-        except CacheUnavailable as exc:
-            self._failed("lookup", exc)
-            return self._found(ticket, "error", None)
-        self._recovered()
-        answer = CachedAnswer.decode(raw) if raw is not None else None
+            result = "error"
+        else:
+            try:
+                raw = await self.backend.get(ticket.key)
+            except CacheUnavailable as exc:
+                self._failed("lookup", exc)
+                result = "error"
+            else:
+                self._recovered()
+                answer = CachedAnswer.decode(raw) if raw is not None else None
         if answer is not None and controls is not None and controls.max_age_s is not None:
             if time.time() - answer.created_at > controls.max_age_s:
                 answer = None
         if answer is not None and usable is not None and not usable(answer):
             answer = None
-        return self._found(ticket, "hit" if answer is not None else "miss", answer)
+        if answer is not None:
+            return self._found(ticket, "hit", answer)
+        answer = await self._coalesce(ticket, may_lead)
+        if answer is not None and (usable is None or usable(answer)):
+            return self._found(ticket, "coalesced", answer)
+        return self._found(ticket, result, None)
+
+    async def _coalesce(self, ticket: CacheTicket, may_lead: bool) -> CachedAnswer | None:
+        """After a miss: wait for an identical request's answer if one is being bought, else
+        lead. None: nothing to share."""
+        wait_s = self.settings.coalesce_wait_s
+        if wait_s <= 0:
+            return None
+        flight = self._flights.get(ticket.key)
+        left = 0.0 if flight is None else flight.started + wait_s - time.monotonic()
+        if flight is None or left <= 0:
+            # No leader, or one past the wait (a request that never ended): this one leads.
+            if may_lead and ticket.storable:
+                ticket.flight = self._flights[ticket.key] = _Flight(self._flights, ticket.key)
+            return None
+        try:
+            # Shielded: a follower that gives up, or is cancelled, leaves the leader's
+            # answer to the others.
+            return await asyncio.wait_for(asyncio.shield(flight.answer), left)
+        except TimeoutError:
+            return None
 
     def _found(
         self, ticket: CacheTicket, result: str, answer: CachedAnswer | None
@@ -104,8 +180,11 @@ class AnswerCache:
         return answer
 
     def store(self, ticket: CacheTicket, answer: CachedAnswer) -> None:
-        """Store ``answer`` in the background (a response never waits for it)."""
-        if not ticket.storable or ticket.result == "hit":
+        """Store ``answer`` in the background (a response never waits for it), and hand it
+        to the identical requests waiting for it."""
+        if ticket.flight is not None:
+            ticket.flight.land(answer)
+        if not ticket.storable or ticket.reused:
             return
         value = answer.encode()
         if len(value) > self.settings.max_entry_bytes:

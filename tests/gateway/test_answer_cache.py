@@ -10,6 +10,7 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,77 @@ def test_streamed_and_plain_requests_share_answers(
     assert chunks[-1].usage is not None and extra(chunks[-1].usage)["cost"] == 0
     assert extra(chunks[-1])["xrouter"]["cache"]["hit"] is True
     assert upstream.stats()["requests"][MODEL] == 2  # one per prompt
+
+
+def coalesced(gw: Gateway) -> float:
+    """How many lookups were answered with an identical request's answer in flight."""
+    for line in httpx.get(f"{gw.url}/metrics", timeout=10).text.splitlines():
+        if line.startswith('xrouter_cache_lookups_total{result="coalesced"}'):
+            return float(line.split(" ")[1])
+    raise AssertionError("no coalesced lookups series")
+
+
+def test_identical_requests_in_flight_buy_one_answer(
+    cached: Gateway, upstream: Upstream, table_iter: Iterator[OutcomeRecord]
+) -> None:
+    """A burst of the same question (a retry storm, a page many users load) while the first
+    is still being answered: the others wait for its answer instead of each buying it —
+    plain or streamed."""
+    rec = next(table_iter)
+    before = coalesced(cached)
+    upstream.fault(MODEL, "latency=1500")  # the first call is slow; any other would not be
+    with ThreadPoolExecutor(5) as pool:
+        first = pool.submit(ask, cached, rec.text)
+        time.sleep(0.3)  # the first is upstream now
+        plain = [pool.submit(ask, cached, rec.text) for _ in range(3)]
+
+        def streamed() -> tuple[str, str]:
+            with client(cached).chat.completions.with_streaming_response.create(
+                model=MODEL, messages=[{"role": "user", "content": rec.text}], stream=True
+            ) as resp:
+                chunks = list(resp.parse())
+                text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+                return resp.headers["x-xrouter-cache"], text
+
+        stream = pool.submit(streamed)
+        leader = first.result(timeout=30)
+        followers = [f.result(timeout=30) for f in plain]
+        stream_cache, stream_text = stream.result(timeout=30)
+
+    assert upstream.stats()["requests"][MODEL] == 1  # bought once
+    assert leader.headers["x-xrouter-cache"] == "miss"
+    answer = rec.outcomes[MODEL].response
+    assert leader.parse().choices[0].message.content == answer
+    assert (stream_cache, stream_text) == ("hit", answer)
+    leader_id = leader.headers["x-xrouter-request-id"]
+    for f in followers:
+        assert f.headers["x-xrouter-cache"] == "hit"
+        body = f.parse()
+        assert body.choices[0].message.content == answer
+        assert extra(body.usage)["cost"] == 0
+        assert extra(body)["xrouter"]["cache"]["request_id"] == leader_id
+        assert cached_from(cached, f.headers["x-xrouter-request-id"]) == leader_id
+    assert coalesced(cached) - before == 4
+
+
+def test_requests_waiting_for_a_failed_answer_route_for_themselves(
+    cached: Gateway, upstream: Upstream, table_iter: Iterator[OutcomeRecord]
+) -> None:
+    """The first request's call fails after a while: the identical requests that waited for
+    it are not handed its error, they are answered on their own."""
+    rec = next(table_iter)
+    upstream.fault(MODEL, "timeout=1", count=2)  # slow and failing, retry included
+    with ThreadPoolExecutor(3) as pool:
+        first = pool.submit(ask, cached, rec.text)
+        time.sleep(0.3)
+        others = [pool.submit(ask, cached, rec.text) for _ in range(2)]
+        with pytest.raises(openai.APIStatusError):
+            first.result(timeout=30)
+        answers = [o.result(timeout=30) for o in others]
+    assert [a.parse().choices[0].message.content for a in answers] == [
+        rec.outcomes[MODEL].response
+    ] * 2
+    assert upstream.stats()["requests"][MODEL] >= 2
 
 
 def test_the_router_s_answers_are_cached_per_policy_and_routing_controls(

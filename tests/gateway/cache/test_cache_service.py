@@ -132,7 +132,9 @@ async def test_a_failing_backend_is_backed_off(
             t0 = time.perf_counter()
             t = ticket(cache)
             assert await cache.lookup(t) is None and t.result == "error"
-            return time.perf_counter() - t0
+            elapsed = time.perf_counter() - t0
+            t.end()  # the request is over (else the next one would wait for its answer)
+            return elapsed
 
         assert await timed() >= 0.09
         assert await timed() < 0.02  # backed off: the backend is not asked
@@ -153,3 +155,119 @@ async def test_an_answer_the_caller_rejects_is_a_miss() -> None:
     assert await cache.lookup(t, lambda a: a.model != "m") is None and t.result == "miss"
     assert await cache.lookup(ticket(cache), lambda a: True) is not None
     assert (lookups(registry, "miss"), lookups(registry, "hit")) == (1, 1)
+
+
+# Coalescing: identical requests that arrive together share the first one's answer.
+
+
+async def test_identical_requests_in_flight_wait_for_the_first_one_s_answer() -> None:
+    cache, registry = make()
+    leader = ticket(cache)
+    assert await cache.lookup(leader) is None and leader.result == "miss"
+    followers = [ticket(cache) for _ in range(3)]
+    waiting = [asyncio.create_task(cache.lookup(t)) for t in followers]
+    await asyncio.sleep(0.01)
+    assert not any(w.done() for w in waiting)  # they wait rather than route
+
+    cache.store(leader, answer("bought once"))
+    found = await asyncio.gather(*waiting)
+    assert [a.choices[0]["message"]["content"] for a in found if a] == ["bought once"] * 3
+    assert {t.result for t in followers} == {"coalesced"}
+    assert (lookups(registry, "coalesced"), lookups(registry, "miss")) == (3, 1)
+    leader.end()  # after its answer was handed over: changes nothing
+    # A follower's answer is not stored again; later requests are plain hits.
+    await settle()
+    later = ticket(cache)
+    assert await cache.lookup(later) is not None and later.result == "hit"
+    await cache.aclose()
+
+
+async def test_a_leader_without_an_answer_to_share_releases_its_followers() -> None:
+    cache, registry = make()
+    leader = ticket(cache)
+    await cache.lookup(leader)
+    follower = ticket(cache)
+    waiting = asyncio.create_task(cache.lookup(follower))
+    await asyncio.sleep(0.01)
+    leader.end()  # an error, a fallback, a client that hung up: nothing stored
+    assert await waiting is None and follower.result == "miss"
+    assert follower.flight is None  # it routes for itself, leading no one
+    # The flight is over: the next identical request leads a new one.
+    nxt = ticket(cache)
+    assert await cache.lookup(nxt) is None and nxt.flight is not None
+    assert lookups(registry, "coalesced") == 0
+    await cache.aclose()
+
+
+async def test_a_follower_waits_at_most_coalesce_wait_s_and_a_stale_leader_is_replaced() -> None:
+    cache, _ = make(coalesce_wait_s=0.05)
+    stuck = ticket(cache)
+    await cache.lookup(stuck)  # leads, and never ends
+    t0 = time.monotonic()
+    follower = ticket(cache)
+    assert await cache.lookup(follower) is None and follower.result == "miss"
+    assert 0.04 <= time.monotonic() - t0 < 1.0
+    # Past the wait, the stuck leader no longer holds anyone up: a new request leads.
+    nxt = ticket(cache)
+    t0 = time.monotonic()
+    assert await cache.lookup(nxt) is None and nxt.flight is not None
+    assert time.monotonic() - t0 < 0.04
+    stuck.end()  # the old flight ending does not end the new one
+    waiting = asyncio.create_task(cache.lookup(ticket(cache)))
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    cache.store(nxt, answer())
+    assert await waiting is not None
+    await cache.aclose()
+
+
+async def test_who_does_not_lead() -> None:
+    cache, _ = make()
+    # A request whose answer will not be stored keeps no one waiting.
+    for t, may_lead in (
+        (ticket(cache, CacheControls(no_store=True)), True),
+        (ticket(cache), False),
+    ):
+        assert await cache.lookup(t, may_lead=may_lead) is None and t.flight is None
+    # A request that bypasses the cache neither leads nor follows.
+    leader = ticket(cache)
+    await cache.lookup(leader)
+    bypass = ticket(cache, CacheControls(no_cache=True))
+    assert await asyncio.wait_for(cache.lookup(bypass), 1.0) is None
+    assert bypass.result == "bypass" and bypass.flight is None
+    leader.end()
+    # Coalescing off: every miss routes for itself.
+    cache, _ = make(coalesce_wait_s=0)
+    first = ticket(cache)
+    await cache.lookup(first)
+    assert first.flight is None
+    assert await asyncio.wait_for(cache.lookup(ticket(cache)), 1.0) is None
+    await cache.aclose()
+
+
+async def test_a_follower_that_gives_up_leaves_the_answer_to_the_others() -> None:
+    cache, _ = make()
+    leader = ticket(cache)
+    await cache.lookup(leader)
+    quitter = asyncio.create_task(cache.lookup(ticket(cache)))
+    stayer = ticket(cache)
+    staying = asyncio.create_task(cache.lookup(stayer))
+    await asyncio.sleep(0.01)
+    quitter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await quitter
+    cache.store(leader, answer())
+    assert await staying is not None and stayer.result == "coalesced"
+    await cache.aclose()
+
+
+async def test_a_coalesced_answer_the_caller_rejects_is_a_miss() -> None:
+    cache, _ = make()
+    leader = ticket(cache)
+    await cache.lookup(leader)
+    follower = ticket(cache)
+    waiting = asyncio.create_task(cache.lookup(follower, lambda a: a.model != "m"))
+    await asyncio.sleep(0.01)
+    cache.store(leader, answer())
+    assert await waiting is None and follower.result == "miss"
+    await cache.aclose()
