@@ -74,6 +74,24 @@ def _retry_after(exc: Exception) -> float | None:
     return parse_retry_after(getter("retry-after")) if callable(getter) else None
 
 
+def _lost_connection(exc: BaseException) -> bool:
+    """Whether ``exc`` comes from a connection that failed before any HTTP answer. LiteLLM
+    reports one (the OpenAI SDK's ``APIConnectionError``) as an ``InternalServerError`` with
+    status 500 and the original a few links down its exception chain."""
+    import openai  # LiteLLM's own dependency, loaded with it
+
+    seen = 0
+    link: BaseException | None = exc
+    while link is not None and seen < 8:  # a bounded walk: chains can be cyclic
+        if isinstance(link, openai.APIConnectionError):
+            return True
+        if isinstance(link, openai.APIStatusError) and link is not exc:
+            return False  # an upstream did answer, with an error status
+        link = link.__cause__ or link.__context__
+        seen += 1
+    return False
+
+
 def _map_exception(exc: Exception, model: PoolModel) -> ProviderError:
     """The ProviderError of a LiteLLM failure, of the kind the native path gives the same
     failure: 408 a timeout, a connection lost (before or after the first chunk) a
@@ -95,7 +113,7 @@ def _map_exception(exc: Exception, model: PoolModel) -> ProviderError:
             model=model.name,
             retry_after=retry_after,
         )
-    if "Connection" in name:
+    if "Connection" in name or _lost_connection(exc):
         # LiteLLM gives its connection errors a status of 500; nothing answered with one.
         return ProviderError("connection", msg, model=model.name)
     if isinstance(status, int):

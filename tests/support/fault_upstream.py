@@ -63,6 +63,7 @@ class Reply:
     body: dict[str, Any] | None = None
     events: Sequence[bytes] | None = None
     gap_s: float = 0.0
+    drop: bool = False  # close the connection without answering
 
     @classmethod
     def chunks(cls, pieces: Sequence[str], *, done: bool = True) -> Reply:
@@ -103,6 +104,10 @@ class FaultUpstream:
         reply = self._replies.popleft() if self._replies else None
         if reply is None:
             reply = Reply.chunks(["Hello", " there."]) if body.get("stream") else Reply()
+        if reply.drop:
+            if request.transport is not None:
+                request.transport.close()
+            return web.Response()  # never sent: the connection is gone
         if reply.status >= 400:
             error = {"error": {"message": "scripted failure", "type": "fault"}}
             return web.json_response(error, status=reply.status, headers=reply.headers)

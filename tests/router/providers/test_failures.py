@@ -229,3 +229,24 @@ async def test_a_stream_closed_unread_gives_back_its_slot(up: FaultUpstream) -> 
     sc = await asyncio.wait_for(c.open_stream("m", dict(BODY)), 2)
     await sc.aclose()
     await c.aclose()
+
+
+@BOTH
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_connection_dropped_before_any_answer_is_a_connection_failure(
+    up: FaultUpstream, transport: Transport, stream: bool
+) -> None:
+    # LiteLLM reported a plain request's dropped connection as an upstream 500.
+    up.script(Reply(drop=True), Reply(drop=True))
+    c, rec = client(model(up.base_url, transport=transport, retries=1))
+    with pytest.raises(ProviderError) as exc:
+        if stream:
+            sc = await c.open_stream("m", dict(BODY))
+            async for _ in sc.chunks:
+                pass
+        else:
+            await c.complete("m", dict(BODY))
+    assert exc.value.kind == "connection" and exc.value.status is None
+    assert rec.retries == ["connection"] and up.calls == 2  # retried as one
+    assert "sk-test-key-should-not-leak" not in str(exc.value)
+    await c.aclose()
