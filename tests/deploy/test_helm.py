@@ -130,7 +130,14 @@ def test_optional_parts(tmp_path: Path) -> None:
     c = container(m)
     assert "/var/lib/xrouter/checkpoints" in {v["mountPath"] for v in c["volumeMounts"]}
     assert "OPENAI_API_KEY" in {e["name"] for e in c["env"]}
-    assert m["ServiceMonitor"]["spec"]["endpoints"][0]["path"] == "/metrics"
+    monitor = m["ServiceMonitor"]["spec"]
+    assert monitor["endpoints"][0]["path"] == "/metrics"
+    # The scrape job is what deploy/prometheus/alerts.yml selects (XrouterDown: job="xrouter"),
+    # whatever the release is called.
+    job = m["Service"]["metadata"]["labels"][monitor["jobLabel"]]
+    alerts = yaml.safe_load((REPO_ROOT / "deploy/prometheus/alerts.yml").read_text())
+    down = next(r for g in alerts["groups"] for r in g["rules"] if r.get("alert") == "XrouterDown")
+    assert f'job="{job}"' in down["expr"] and m["Service"]["metadata"]["name"] != job
 
 
 def test_refuses_auth_without_an_admin_key_and_can_create_the_secret(tmp_path: Path) -> None:
