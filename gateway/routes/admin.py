@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import datetime as dt
 import os
 import re
@@ -127,6 +129,14 @@ class KeyCreate(_Expiry):
     _alias = field_validator("alias")(_alias_text)
 
 
+def _alias_not_null(alias: str | None) -> str | None:
+    # Called only for an alias the body sets: null would clear a required field (a 500 from
+    # the repository, before this).
+    if alias is None:
+        raise ValueError("a key's alias cannot be removed; give a new one")
+    return alias
+
+
 class KeyUpdate(_Expiry):
     model_config = ConfigDict(extra="forbid")
 
@@ -141,6 +151,7 @@ class KeyUpdate(_Expiry):
     routing: KeyRouting | None = None
 
     _alias = field_validator("alias")(_alias_text)
+    _alias_set = field_validator("alias")(_alias_not_null)
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -163,7 +174,11 @@ async def _body(request: Request, model: type[BaseModel]) -> Any:
     except ValidationError as exc:
         err = exc.errors()[0]
         param = ".".join(str(p) for p in err["loc"]) or None
-        raise bad_request(f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
+        # A body that is not JSON, or not an object, is `invalid_json`, as on every other
+        # JSON endpoint (the README's error table).
+        code = "invalid_json" if err["type"] in ("json_invalid", "model_type") else None
+        message = f"{param}: {err['msg']}" if param else err["msg"]
+        raise bad_request(message, param=param, code=code) from None
 
 
 def _key_view(info: KeyInfo) -> dict[str, Any]:
@@ -200,7 +215,11 @@ async def create_key(request: Request) -> Response:
     _check_default_policy(s, body.routing, body.allowed_policies)
     expires_at = expiry(body.expires_at, body.duration)
     if expires_at is not None and expires_at <= dt.datetime.now(dt.UTC):
-        raise bad_request("expires_at is in the past: the key would never work", param="expires_at")
+        # Named as the body named it: duration "0s" is as wrong as a past expires_at.
+        which = "duration" if body.duration is not None else "expires_at"
+        raise bad_request(
+            f"{which} puts the expiry in the past: the key would never work", param=which
+        )
     try:
         info, secret = await s.keys.create(
             alias=body.alias,
@@ -220,7 +239,8 @@ async def create_key(request: Request) -> Response:
     return _json({**_key_view(info), "key": secret}, status=201)
 
 
-# A page of keys: each one with a budget costs a limit-store read for its spend.
+# A page of keys: each one with a budget costs a limit-store read for its spend. The spend
+# report pages the same way.
 KEYS_PAGE_DEFAULT, KEYS_PAGE_MAX = 100, 1000
 
 
@@ -283,6 +303,11 @@ async def update_key(key_id: str, request: Request) -> Response:
     if current is None or current.revoked:
         # A revoked key stays as it was revoked (as rotate refuses one).
         raise _no_live_key(key_id)
+    budget = fields.get("budget_micros", current.budget_micros)
+    if budget is not None and fields.get("budget_period", current.budget_period) is None:
+        # A budget without a period never resets, said as create_key says it ("total"):
+        # a key given its budget later, or whose period is cleared, reads the same.
+        fields["budget_period"] = "total"
     if "routing" in fields or "allowed_policies" in fields:
         # The default policy must stay one the key may use, whichever of the two changes.
         routing = (
@@ -378,8 +403,48 @@ def _time(v: str | None, name: str) -> dt.datetime | None:
         ) from None
 
 
+# Spend rows are groups, not records with ids: a page's cursor is its last row's group (the
+# values of its group_by columns, base64url JSON so that it travels as one query value). The
+# rows are ordered by group, None first, so "after" is a position, not a row that has to
+# exist: a group that appears between two pages (a new key, a new day) lands on its page, and
+# a cursor stays valid however the ledger grows.
+SpendPosition = tuple[tuple[bool, str], ...]
+
+
+def _spend_position(row: dict[str, Any], fields: list[str]) -> SpendPosition:
+    return tuple((row[f] is not None, "" if row[f] is None else str(row[f])) for f in fields)
+
+
+def _spend_cursor(row: dict[str, Any], fields: list[str]) -> str:
+    group = [None if row[f] is None else str(row[f]) for f in fields]
+    return base64.urlsafe_b64encode(orjson.dumps(group)).decode().rstrip("=")
+
+
+def _spend_cursor_position(cursor: str | None, width: int) -> SpendPosition | None:
+    """Where a cursor (a previous page's ``last_id``) points, for rows of ``width`` groups."""
+    if not cursor:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        group = orjson.loads(raw)
+    except ValueError:  # not base64 or not JSON (both errors are ValueErrors)
+        group = None
+    if (
+        not isinstance(group, list)
+        or len(group) != width
+        or not all(v is None or isinstance(v, str) for v in group)
+    ):
+        raise bad_request(
+            "after must be the last_id of a previous page of this report, with the same group_by",
+            param="after",
+        )
+    return tuple((v is not None, v or "") for v in group)
+
+
 @router.get("/spend")
 async def spend(request: Request) -> Response:
+    """Spend per group, a page at a time as ``GET /admin/keys`` pages: ``limit`` (100, at most
+    1000) groups, ``after`` the previous page's ``last_id``, ``has_more``."""
     s = await _admin(request)
     q = request.query_params
     # Order kept, repeats dropped: the answer echoes the grouping the rows are keyed by.
@@ -390,17 +455,37 @@ async def spend(request: Request) -> Response:
         raise bad_request(
             f"group_by accepts {', '.join(GROUP_BY_CHOICES)}; got {bad}", param="group_by"
         )
+    # The rows' names for their groups: grouped by key, a row says key_id.
+    fields = ["key_id" if g == "key" else g for g in group_by]
+    limit = _page_limit(q.get("limit"))
+    after = _spend_cursor_position(q.get("after"), len(fields))
+    since, until = _time(q.get("since"), "since"), _time(q.get("until"), "until")
     await s.ledger.flush()
     rows = await spend_report(
         s.engine,
         cast(list[GroupBy], group_by),
-        since=_time(q.get("since"), "since"),
-        until=_time(q.get("until"), "until"),
+        since=since,
+        until=until,
         key_id=q.get("key"),
         end_user=q.get("user"),
         tag=q.get("tag"),
     )
-    return _json({"group_by": group_by, "data": rows})
+    # Ordered here by the same position the cursor names, so paging does not hang on the
+    # report's own order.
+    rows.sort(key=lambda r: _spend_position(r, fields))
+    if after is not None:
+        rows = [r for r in rows if _spend_position(r, fields) > after]
+    has_more, rows = len(rows) > limit, rows[:limit]
+    return _json(
+        {
+            "object": "list",
+            "group_by": group_by,
+            "data": rows,
+            "first_id": _spend_cursor(rows[0], fields) if rows else None,
+            "last_id": _spend_cursor(rows[-1], fields) if rows else None,
+            "has_more": has_more,
+        }
+    )
 
 
 @router.delete("/cache")
@@ -477,7 +562,9 @@ async def reload(request: Request) -> Response:
     body: ReloadRequest = await _body(request, ReloadRequest)
     path = request.app.state.config_path
     try:
-        settings = load_settings(path) if path else s.file_settings
+        # Off the event loop, as the file watcher reads it: a config on a slow or stuck
+        # filesystem must not stall every request this worker serves.
+        settings = await asyncio.to_thread(load_settings, path) if path else s.file_settings
         if body.checkpoint is not None:
             rt = await s.deploy(body.checkpoint, settings)
         else:

@@ -233,6 +233,53 @@ def test_key_limits_are_bounded_by_what_the_ledger_stores(gw: Gateway) -> None:
     assert r.status_code == 400 and r.json()["error"]["param"] == "rpm"
 
 
+def test_admin_bodies_that_cannot_be_taken_are_400s_naming_the_problem(gw: Gateway) -> None:
+    k = create_key(gw)
+    url = f"{gw.url}/admin/keys/{k['key_id']}"
+    with httpx.Client(timeout=10) as c:
+        # Not JSON, or not an object: invalid_json, as on every JSON endpoint.
+        for method, path, raw in (
+            ("POST", f"{gw.url}/admin/keys", b"{not json"),
+            ("POST", f"{gw.url}/admin/keys", b"[]"),
+            ("PATCH", url, b"null"),
+            ("POST", f"{gw.url}/admin/reload", b'"x"'),
+        ):
+            r = c.request(method, path, content=raw, headers=ADMIN)
+            assert r.status_code == 400, (method, path, raw, r.text)
+            assert r.json()["error"]["code"] == "invalid_json", r.text
+        # An expiry already past is named as the body gave it.
+        for fields, param in (
+            ({"duration": "0s"}, "duration"),
+            ({"expires_at": "2020-01-01"}, "expires_at"),
+        ):
+            r = c.post(f"{gw.url}/admin/keys", json={"alias": "never", **fields}, headers=ADMIN)
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        # A rule across fields is no JSON problem.
+        both = {"alias": "both", "duration": "1h", "expires_at": "2100-01-01"}
+        r = c.post(f"{gw.url}/admin/keys", json=both, headers=ADMIN)
+        assert r.status_code == 400 and r.json()["error"]["code"] is None, r.text
+        # A key's alias is required: null does not clear it (it was a 500).
+        r = c.patch(url, json={"alias": None}, headers=ADMIN)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "alias", r.text
+        listed = c.get(f"{gw.url}/admin/keys", params={"limit": 1000}, headers=ADMIN).json()
+        assert next(x for x in listed["data"] if x["key_id"] == k["key_id"])["alias"] == k["alias"]
+
+
+def test_a_budget_given_later_never_resets_as_one_given_at_creation(gw: Gateway) -> None:
+    # Without a period a budget is "total", whether the key got it when it was made or later.
+    k = create_key(gw)
+    url = f"{gw.url}/admin/keys/{k['key_id']}"
+    r = httpx.patch(url, json={"budget_usd": 5}, headers=ADMIN)
+    assert r.status_code == 200 and r.json()["budget_period"] == "total", r.text
+    r = httpx.patch(url, json={"budget_period": None}, headers=ADMIN)
+    assert r.status_code == 200 and r.json()["budget_period"] == "total", r.text
+    info = httpx.get(f"{gw.base_url}/key", headers={"Authorization": f"Bearer {k['key']}"})
+    assert info.json()["data"]["budget_period"] == "total"
+    # Without a budget, no period is made up.
+    r = httpx.patch(url, json={"budget_usd": None, "budget_period": None}, headers=ADMIN)
+    assert r.status_code == 200 and r.json()["budget_period"] is None, r.text
+
+
 def test_values_the_database_cannot_take_are_client_errors(gw: Gateway) -> None:
     # PostgreSQL refuses NUL characters in text; on either database such input is a 4xx
     # naming the problem, never a 500, and the client's connection stays usable.
@@ -385,6 +432,60 @@ def test_spend_report_reconciles_with_ledger(gw: Gateway, stack: Stack) -> None:
     ).json()
     assert again["group_by"] == ["key", "model"]
     assert sum(row["total_cost_micros"] for row in again["data"]) == int(total)
+
+
+def test_spend_is_reported_page_by_page(gw: Gateway) -> None:
+    for _ in range(3):
+        k = create_key(gw)
+        assert chat(gw, k["key"]).status_code == 200
+
+    def page(**params: Any) -> httpx.Response:
+        return httpx.get(f"{gw.url}/admin/spend", params=params, headers=ADMIN)
+
+    for group_by in ("key", "key,model", "day,api,user"):
+        everything = page(group_by=group_by, limit=1000).json()
+        assert everything["object"] == "list" and not everything["has_more"]
+        rows = everything["data"]
+        assert len(rows) >= (3 if group_by != "day,api,user" else 1)
+        assert everything["last_id"] is not None
+        paged: list[dict[str, Any]] = []
+        after = None
+        while True:
+            r = page(group_by=group_by, limit=2, **({"after": after} if after else {}))
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert len(body["data"]) <= 2 and body["group_by"] == everything["group_by"]
+            paged += body["data"]
+            if not body["has_more"]:
+                break
+            after = body["last_id"]
+        assert paged == rows, group_by
+    # The default page is 100 groups; the last page's cursor leads to an empty page.
+    first = page(group_by="key").json()
+    assert len(first["data"]) == min(100, len(page(group_by="key", limit=1000).json()["data"]))
+    tail = page(group_by="key", after=first["last_id"]).json()
+    assert tail["data"] == [] and not tail["has_more"] and tail["first_id"] is None
+    # A cursor is a position, not a row that has to exist: a key that spends between two
+    # pages is on the page its place in the order puts it on.
+    one = page(group_by="key", limit=1).json()
+    late = create_key(gw)
+    assert chat(gw, late["key"]).status_code == 200
+    rest = page(group_by="key", limit=1000, after=one["last_id"]).json()["data"]
+    assert [r["key_id"] for r in one["data"] + rest] == [
+        r["key_id"] for r in page(group_by="key", limit=1000).json()["data"]
+    ]
+    other_grouping = page(group_by="key,model", limit=1).json()["last_id"]
+    for bad in (
+        {"limit": 0},
+        {"limit": 1001},
+        {"limit": "ten"},
+        {"after": "not a cursor"},
+        {"after": "W10"},  # base64 JSON, but not a group
+        {"after": other_grouping},  # another group_by's cursor
+    ):
+        r = page(group_by="key", **bad)
+        assert r.status_code == 400, (bad, r.text)
+        assert r.json()["error"]["param"] == next(iter(bad)), r.text
 
 
 def test_feedback_only_from_the_requesting_key(gw: Gateway, stack: Stack) -> None:

@@ -3,6 +3,7 @@ in-flight requests."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -397,3 +398,30 @@ def test_a_ledger_database_outage_is_logged_once_by_the_deployment_poller(
     finally:
         db.close()
         gw.stop()
+
+
+def test_a_reload_reads_the_config_off_the_event_loop(upstream: Upstream, tmp_path: Path) -> None:
+    # The config becomes a named pipe that nobody writes yet: reading it blocks until a
+    # writer comes, as a config on a stuck network filesystem would. The worker must keep
+    # serving meanwhile, as it does while the file watcher reads the config.
+    gw = start_gateway(tmp_path, gateway_config(tmp_path, upstream.base_url))
+    text = gw.config_path.read_text()
+    gw.config_path.unlink()
+    os.mkfifo(gw.config_path)
+    reloaded: dict[str, httpx.Response] = {}
+    reloading = threading.Thread(
+        target=lambda: reloaded.setdefault(
+            "r", httpx.post(f"{gw.url}/admin/reload", headers=ADMIN, timeout=30)
+        )
+    )
+    reloading.start()
+    try:
+        time.sleep(0.5)  # the reload is waiting on the pipe
+        assert httpx.get(f"{gw.url}/healthz", timeout=5).status_code == 200
+        assert "gemma-2-9b-it" in model_ids(gw.url)
+    finally:
+        with gw.config_path.open("w") as pipe:  # the writer the reader waits for
+            pipe.write(text)
+        reloading.join(30)
+        gw.stop()
+    assert reloaded["r"].status_code == 200, reloaded["r"].text
