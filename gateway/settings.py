@@ -62,6 +62,13 @@ class AuthSettings(_Section):
     enabled: bool = True
     admin_key: SecretStr | None = None
 
+    @field_validator("admin_key")
+    @classmethod
+    def _strip(cls, value: SecretStr | None) -> SecretStr | None:
+        # A key read from a file (a Kubernetes secret, `$(cat key)`) often ends with a
+        # newline, which no Authorization header can carry: such a key could never match.
+        return None if value is None else SecretStr(value.get_secret_value().strip())
+
 
 class LedgerSettings(_Section):
     url: str = "sqlite+aiosqlite:///./xrouter.db"
@@ -292,9 +299,22 @@ def _apply_env_overrides(data: dict[str, Any], env: Mapping[str, str]) -> dict[s
                 nxt = {}
                 node[part] = nxt
             node = nxt
-        # YAML-parse the value so "true", "8", "[a, b]" get their natural types.
-        node[path[-1]] = yaml.safe_load(raw) if raw != "" else ""
+        # YAML-parse the value so "true", "8", "[a, b]" get their natural types; one that
+        # is not YAML ("[abc", a secret's punctuation) is the string it is.
+        try:
+            node[path[-1]] = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            node[path[-1]] = raw
     return data
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """What is wrong with a YAML text and where, without quoting the text."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        return f"{exc.problem or exc.context or 'syntax error'}{where}"
+    return type(exc).__name__
 
 
 def _format_validation_error(exc: ValidationError) -> str:
@@ -327,7 +347,11 @@ def load_settings(
         except UnicodeDecodeError as exc:
             raise SettingsError(f"config file {p} is not UTF-8 text") from exc
         except yaml.YAMLError as exc:
-            raise SettingsError(f"config file {p} is not valid YAML: {exc}") from exc
+            # Not ``{exc}``: PyYAML quotes the offending line, which may hold a secret, and
+            # this message reaches logs and a reload's 400.
+            raise SettingsError(
+                f"config file {p} is not valid YAML: {_yaml_problem(exc)}"
+            ) from None
         if loaded is not None and not isinstance(loaded, dict):
             raise SettingsError(f"config file {p} must hold a mapping at the top level")
         data = expand_env(loaded or {}, env)

@@ -154,10 +154,17 @@ class KeyUpdate(_Expiry):
     _alias_set = field_validator("alias")(_alias_not_null)
 
 
-def _json(data: Any, status: int = 200) -> Response:
+def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(
-        orjson.dumps(data, default=str), status_code=status, media_type="application/json"
+        orjson.dumps(data, default=str),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
     )
+
+
+# A body carrying a key's secret: no cache or proxy in between may keep a copy.
+_SECRET = {"cache-control": "no-store"}
 
 
 async def _admin(request: Request) -> Services:
@@ -236,7 +243,7 @@ async def create_key(request: Request) -> Response:
     except DuplicateAliasError as exc:
         raise APIError(409, str(exc), param="alias", code="alias_taken") from None
     # The secret is returned exactly once; only its hash is stored.
-    return _json({**_key_view(info), "key": secret}, status=201)
+    return _json({**_key_view(info), "key": secret}, status=201, headers=_SECRET)
 
 
 # A page of keys: each one with a budget costs a limit-store read for its spend. The spend
@@ -362,7 +369,7 @@ async def rotate_key(key_id: str, request: Request) -> Response:
         ) from None
     assert s.auth is not None
     s.auth.invalidate()
-    return _json({**_key_view(info), "key": secret})
+    return _json({**_key_view(info), "key": secret}, headers=_SECRET)
 
 
 @router.delete("/keys/{key_id}")

@@ -118,6 +118,7 @@ def create_key(gw: Gateway, **fields: Any) -> dict[str, Any]:
         f"{gw.url}/admin/keys", json={"alias": f"k-{secrets.token_hex(4)}", **fields}, headers=ADMIN
     )
     assert r.status_code == 201, r.text
+    assert r.headers["cache-control"] == "no-store"  # it carries the new key's secret
     return r.json()
 
 
@@ -703,6 +704,7 @@ def test_a_rotated_key_keeps_its_budget_and_spend_under_a_new_secret(gw: Gateway
     assert r.status_code == 200, r.text
     rotated = r.json()
     assert rotated["key"] != k["key"] and rotated["key_id"] == k["key_id"]
+    assert r.headers["cache-control"] == "no-store"  # it carries a secret
     assert (rotated["budget_usd"], rotated["budget_period"]) == (1.0, "monthly")
     refused = chat(gw, k["key"])
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"

@@ -92,6 +92,39 @@ def test_not_yaml(tmp_path: Path) -> None:
         load_settings(write(tmp_path, "pool: [unclosed"), env={})
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        'auth:\n  admin_key: "sk-admin-secret-1234\n',  # an unclosed quote
+        "auth: {admin_key: sk-admin-secret-1234 }}\n",
+        "auth:\n  admin_key: sk-admin-secret-1234\n\tenabled: true\n",  # a tab
+    ],
+)
+def test_a_yaml_error_says_where_without_quoting_the_file(tmp_path: Path, text: str) -> None:
+    # PyYAML's message quotes the offending line: a secret on it reached the log and a
+    # reload's 400.
+    with pytest.raises(SettingsError, match=r"not valid YAML: .+ at line \d+, column \d+") as exc:
+        load_settings(write(tmp_path, text), env={})
+    assert "sk-admin-secret" not in str(exc.value)
+    assert exc.value.__cause__ is None and exc.value.__suppress_context__
+
+
+def test_an_environment_value_that_is_not_yaml_is_taken_as_a_string(tmp_path: Path) -> None:
+    env = {"SMALL_KEY": "k", "XROUTER_AUTH__ADMIN_KEY": "[sk-admin-{secret"}
+    s = load_settings(write(tmp_path, POOL), env=env)
+    assert s.auth.admin_key is not None
+    assert s.auth.admin_key.get_secret_value() == "[sk-admin-{secret"
+
+
+def test_an_admin_key_read_from_a_file_loses_its_newline(tmp_path: Path) -> None:
+    env = {"SMALL_KEY": "k", "XROUTER_AUTH__ADMIN_KEY": "sk-admin-from-a-file\n"}
+    s = load_settings(write(tmp_path, POOL), env=env)
+    assert s.auth.admin_key is not None
+    assert s.auth.admin_key.get_secret_value() == "sk-admin-from-a-file"
+    blank = load_settings(write(tmp_path, POOL), env={**env, "XROUTER_AUTH__ADMIN_KEY": " \n"})
+    assert not blank.auth.admin_key  # no admin key, not one made of whitespace
+
+
 def test_pool_prices_from_catalog_explicit_or_free(tmp_path: Path) -> None:
     text = """
 pool:
