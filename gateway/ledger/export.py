@@ -5,11 +5,12 @@ has an outcome (its latest feedback score, its cost and tokens), and ``logged`` 
 action it was and with which probability (``propensity``), which is what off-policy
 estimators need. Every JSONL line parses with ``router.outcomes.parse_record``.
 
-A request whose chosen model *failed* (an error, a timeout, a refusal of the input) is
-exported too, answered or not: its outcome is that call's, with score 0 and ``"failed":
-true``, whatever a fallback then answered. Leaving such requests out (or folding them into
-the fallback's trajectory, which single-model learners skip) would show each model's
-outcomes without its failures, and off-policy estimates would overrate unreliable models.
+A request whose chosen model *failed* (an error, a timeout, a refusal of the input; not a
+stream its client hung up on) is exported too, answered or not: its outcome is that call's,
+with score 0 and ``"failed": true``, whatever a fallback then answered. Leaving such
+requests out (or folding them into the fallback's trajectory, which single-model learners
+skip) would show each model's outcomes without its failures, and off-policy estimates
+would overrate unreliable models.
 
 The outcome is keyed by the logged action (the decision's first action, falling back to the
 model that answered). They differ only when a fallback answered for the chosen model; the
@@ -43,6 +44,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.ledger.migrations import MigrationError
 from gateway.ledger.schema import calls, feedback, requests
 from gateway.ledger.spend import TimeBound, request_filters
 from gateway.ledger.store import describe_error, open_ledger_engine, sqlite_file
@@ -118,13 +120,20 @@ def _propensity(decision: dict[str, Any] | None, first_only: bool = False) -> fl
 _NOT_CALLED = frozenset({"budget", "circuit_open"})
 
 
-def _first_call_failure(call_rows: Sequence[dict[str, Any]], action: str) -> dict[str, Any] | None:
+# The status of a request whose client went away before its answer was complete.
+_CLIENT_CLOSED = 499
+
+
+def _first_call_failure(
+    call_rows: Sequence[dict[str, Any]], action: str, status: int
+) -> dict[str, Any] | None:
     """The first downstream call, when it was the logged action's and it failed: its row,
     or, when a configured fallback answered in its place (the row then names the fallback,
     with ``fallback_from``), the failure's own share of it, which is nothing."""
-    first = next((c for c in call_rows if c["role"] == "downstream"), None)
-    if first is None:
+    downstream = [c for c in call_rows if c["role"] == "downstream"]
+    if not downstream:
         return None
+    first = downstream[0]
     if first.get("fallback_from") == action and first["model"] != action:
         return {
             "cost_micros": 0,
@@ -133,6 +142,10 @@ def _first_call_failure(call_rows: Sequence[dict[str, Any]], action: str) -> dic
             "latency_ms": 0.0,
             "error_type": "fell_back",
         }
+    if status == _CLIENT_CLOSED and first is downstream[-1] and first["error_type"] == "connection":
+        # The client hung up on the stream it was reading (a chat UI's "stop generating"):
+        # the call is logged as cut before its usage, but the model did not fail.
+        return None
     if first["model"] != action or first["status"] != "error" or first["error_type"] in _NOT_CALLED:
         return None
     return first
@@ -160,7 +173,7 @@ def build_record(
     content = row["content"] if isinstance(row["content"], dict) else None
     final_model: str | None = row["final_model"]
     action = _action(decision, final_model or "")
-    failed = _first_call_failure(call_rows, action) if action else None
+    failed = _first_call_failure(call_rows, action, int(row["status"])) if action else None
     if failed is not None:
         score: float | None = 0.0
     elif final_model is None or not 200 <= int(row["status"]) < 300:
@@ -502,9 +515,10 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
             )
         finally:
             await engine.dispose()
-    except (OSError, ValueError, sa.exc.SQLAlchemyError) as exc:
-        # An unreachable database or an unwritable output file: one line, not a traceback
-        # (and no statement or bound values, which would be prompts).
+    except (OSError, ValueError, ImportError, sa.exc.SQLAlchemyError, MigrationError) as exc:
+        # An unreachable database, one holding another schema or of a kind the ledger does
+        # not run on (its driver is not installed), or an unwritable output file: one line,
+        # not a traceback (and no statement or bound values, which would be prompts).
         print(f"error: export failed: {describe_error(exc)}", file=sys.stderr)
         return 2
     line = f"exported {n} records to {args.out}"

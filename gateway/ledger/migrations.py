@@ -263,8 +263,12 @@ def _migrate_sync(conn: sa.Connection, migrations: Sequence[Migration]) -> int:
         try:
             step.upgrade(conn)
         except Exception as exc:
+            # The driver's own message: SQLAlchemy's repeats the whole DDL statement, which
+            # buries the reason in the one line `serve` and `export` print.
+            cause = exc.orig if isinstance(exc, sa.exc.DBAPIError) and exc.orig else exc
             raise MigrationError(
-                f"ledger migration {step.version} ({step.description}) failed: {exc}"
+                f"ledger migration {step.version} ({step.description}) failed: "
+                f"{type(cause).__name__}: {cause}"
             ) from exc
         conn.execute(
             version_table.insert().values(

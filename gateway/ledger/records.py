@@ -39,8 +39,56 @@ def _json_default(obj: Any) -> Any:
 
 
 def dumps(value: Any) -> bytes:
-    """JSON encoding shared by the spill journal and the database JSON columns."""
-    return orjson.dumps(value, default=_json_default, option=orjson.OPT_NON_STR_KEYS)
+    """JSON encoding shared by the spill journal and the database JSON columns. Never fails
+    on what a record can hold (see ``storable``)."""
+    return _orjson(value, orjson.OPT_NON_STR_KEYS)
+
+
+def _orjson(value: Any, option: int) -> bytes:
+    try:
+        return orjson.dumps(value, default=_json_default, option=option)
+    except orjson.JSONEncodeError:
+        # Rare (see ``storable``): the copy costs nothing on the usual path.
+        return orjson.dumps(storable(value), default=_json_default, option=option)
+
+
+# orjson encodes at most 254 levels of nesting; stay below with room for the envelope
+# (journal) or content dict (database) around a record's messages.
+_MAX_DEPTH = 200
+_TOO_DEEP = "[nested too deep to store]"
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+
+
+def storable(value: Any, depth: int = 0) -> Any:
+    """``value`` as orjson can encode it. Clients and upstreams can put in a record what
+    orjson refuses: nesting deeper than it encodes (its own parser, which reads request
+    bodies, takes 1,024 levels), lone surrogates (the stdlib JSON parser behind LiteLLM's
+    providers accepts ``"\\ud800"``, which no UTF-8 encoder takes) and integers beyond 64
+    bits. A row must never be lost for them (nor block the rows batched with it), so
+    lone surrogates become U+FFFD, as NUL characters do in text columns, too-deep parts a
+    placeholder and huge integers their digits."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            # Through UTF-16, surrogate pairs stored as two characters are joined and lone
+            # ones replaced.
+            return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+        return value
+    if isinstance(value, bool | float) or value is None:
+        return value
+    if isinstance(value, int):
+        return value if _INT_MIN <= value <= _INT_MAX else str(value)
+    if isinstance(value, dict | list | tuple):
+        if depth >= _MAX_DEPTH:
+            return _TOO_DEEP
+        if isinstance(value, dict):
+            return {
+                storable(k, depth + 1) if isinstance(k, str) else k: storable(v, depth + 1)
+                for k, v in value.items()
+            }
+        return [storable(v, depth + 1) for v in value]
+    return value  # left to ``_json_default``
 
 
 def dumps_str(value: Any) -> str:
@@ -199,7 +247,13 @@ def sha256_hex(data: bytes) -> str:
 
 def messages_sha256(messages: list[Any]) -> str:
     """A stable hash of a conversation: key order in the JSON does not change it."""
-    return sha256_hex(orjson.dumps(messages, default=_json_default, option=orjson.OPT_SORT_KEYS))
+    return sha256_hex(_orjson(messages, orjson.OPT_SORT_KEYS))
+
+
+def text_sha256(text: str) -> str:
+    """The hash of a text; one with lone surrogates (see ``storable``) hashes too, rather
+    than cost its request the ledger row (valid text hashes as its UTF-8)."""
+    return sha256_hex(text.encode("utf-8", "surrogatepass"))
 
 
 def apply_content_policy(record: RequestRecord, mode: ContentMode) -> RequestRecord:
@@ -219,9 +273,7 @@ def apply_content_policy(record: RequestRecord, mode: ContentMode) -> RequestRec
                 messages_sha256(record.messages) if record.messages is not None else None
             ),
             "response_sha256": (
-                sha256_hex(record.response_text.encode("utf-8"))
-                if record.response_text is not None
-                else None
+                text_sha256(record.response_text) if record.response_text is not None else None
             ),
         }
     else:

@@ -81,6 +81,9 @@ class _Segments:
         self.file: IO[bytes] | None = None
         self.path: Path | None = None
         self.size = 0
+        # The last write to the open segment failed part-way (a full disk): the file may end
+        # in the middle of a line.
+        self.torn = False
 
     def path_for(self, seq: int) -> Path:
         return self.directory / f"{self.prefix}-{self.owner}-{seq:08d}.jsonl"
@@ -95,13 +98,23 @@ class _Segments:
             self.seq += 1
             self.path = self.path_for(self.seq)
             self.file = self.path.open("ab")
-            self.size = 0
+            self.size, self.torn = 0, False
             _fsync_dir(self.directory)
         assert self.file is not None
-        self.file.write(data)
-        self.file.flush()
-        if self.fsync:
-            os.fsync(self.file.fileno())
+        if self.torn:
+            # Start on a line of our own: the torn one (its records were not acknowledged,
+            # and are retried) must stay the only unreadable line, not swallow the first
+            # record written now.
+            data = b"\n" + data
+        try:
+            self.file.write(data)
+            self.file.flush()
+            if self.fsync:
+                os.fsync(self.file.fileno())
+        except BaseException:
+            self.torn = True
+            raise
+        self.torn = False
         self.size += len(data)
         return self.seq, sealed
 

@@ -86,13 +86,27 @@ def _install_sqlite_events(engine: AsyncEngine) -> None:
         conn.exec_driver_sql(f"BEGIN {mode}")
 
 
+# The drivers the ledger runs on, for a URL that names only its database: `postgresql://`
+# is how LiteLLM's DATABASE_URL and most tools write one, and SQLAlchemy would load a sync
+# driver for it (one that is not installed: an ImportError, or a refusal by its asyncio
+# extension) instead of the async one installed with the gateway.
+_ASYNC_DRIVERS = {"postgresql": "postgresql+asyncpg", "sqlite": "sqlite+aiosqlite"}
+
+
+def ledger_url(url: str | URL) -> URL:
+    """``url`` parsed, with the ledger's async driver when it names none."""
+    u = make_url(url)
+    driver = _ASYNC_DRIVERS.get(u.drivername)
+    return u.set(drivername=driver) if driver is not None else u
+
+
 def create_ledger_engine(url: str | URL, **engine_kwargs: Any) -> AsyncEngine:
     """Build the engine without touching the database (no directories, no migrations).
 
     ``open_ledger_engine`` is what the app calls; this one exists for tools and tests that
     need an engine for a database that is not reachable yet.
     """
-    u = make_url(url)
+    u = ledger_url(url)
     kwargs: dict[str, Any] = {
         # Bound values are prompts, answers and key hashes: keep them out of error messages.
         "hide_parameters": True,
@@ -115,7 +129,7 @@ async def open_ledger_engine(url: str | URL, *, run_migrations: bool = True) -> 
     For SQLite the parent directory is created. The caller owns the engine and must
     ``await engine.dispose()`` at shutdown.
     """
-    u = make_url(url)
+    u = ledger_url(url)
     path = sqlite_file(u)
     if path is not None:
         await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)

@@ -249,12 +249,16 @@ class LedgerWriter:
     def _wal_in_thread(self) -> None:
         items = _pop_all(self._wal_in)
         mode = self._settings.log_content
-        prepared = [
-            apply_content_policy(r, mode) if isinstance(r, RequestRecord) else r for r, _ in items
-        ]
+        prepared: list[LedgerRecord] = [r for r, _ in items]
         try:
+            prepared = [
+                apply_content_policy(r, mode) if isinstance(r, RequestRecord) else r
+                for r in prepared
+            ]
             seq, sealed = self._journal.wal_append(prepared)
         except BaseException as exc:
+            # Whatever failed, the loop must hear back: a batch never reported would leave
+            # _wal_scheduled set, and every later durable submit (and close) waiting forever.
             self._call_soon(self._wal_done, items, prepared, None, None, exc)
             return
         self._call_soon(self._wal_done, items, prepared, seq, sealed, None)

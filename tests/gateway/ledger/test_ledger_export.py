@@ -6,10 +6,12 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.ledger.export import add_export_arguments, export_ledger, read_export, run_export
 from gateway.ledger.records import RequestRecord, messages_sha256
+from gateway.ledger.store import create_ledger_engine
 from gateway.ledger.writer import LedgerWriter
 from gateway.settings import LedgerSettings
 from router.outcomes import OutcomeRecord, OutcomeTableError, load_outcome_table, parse_record
@@ -358,3 +360,88 @@ async def test_a_chosen_model_that_failed_is_exported_as_its_failure(
             assert (outcome.score, extra["failed"], extra["cost_micros"]) == (0.0, True, cost)
             assert got.logged is not None and not got.logged.multi_call
             assert (got.logged.action, got.logged.propensity) == ("weak", p)
+
+
+async def test_a_database_that_holds_another_schema_is_one_line_not_a_traceback(
+    ledger_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --ledger pointed at the wrong database (someone else's `requests` table, no ledger
+    # schema_version): the migration refuses to adopt it, and the user reads why.
+    (tmp_path / "db").mkdir(exist_ok=True)  # where the SQLite ledger_url points
+    foreign = create_ledger_engine(ledger_url)
+    try:
+        async with foreign.begin() as conn:
+            await conn.execute(sa.text("CREATE TABLE requests (x INTEGER)"))
+    finally:
+        await foreign.dispose()
+    parser = argparse.ArgumentParser()
+    add_export_arguments(parser)
+    out = tmp_path / "ledger.jsonl"
+    assert await run_export(parser.parse_args(["--out", str(out)]), ledger_url) == 2
+    captured = capsys.readouterr()
+    (line,) = captured.err.splitlines()
+    assert line.startswith("error: export failed: MigrationError: ledger migration 1 ")
+    assert "already exists" in line and "[SQL" not in line
+    assert not out.exists()
+
+
+async def test_a_stream_the_client_hung_up_on_is_not_its_models_failure(
+    engine: AsyncEngine, make_settings: Callable[..., LedgerSettings], tmp_path: Path
+) -> None:
+    # A client that stops reading (a chat UI's "stop generating") leaves a 499 row whose
+    # call, cut before its usage, is logged as a `connection` error: the model did not fail,
+    # and exporting it as a score-0 failure would teach the router that models users
+    # interrupt are unreliable.
+    decision = {"policy": "compact", "actions": ["weak"], "propensities": [0.5], "propensity": 0.5}
+    hung_up = make_request("c1", created_at=T0, models=("weak",), status=499, decision=decision)
+    failing(hung_up, "weak", "connection")
+    # The upstream cutting the stream is the model's failure (502), as is a chosen model
+    # that failed before the client left while its fallback streamed.
+    cut = make_request("c2", created_at=T0 + 1, models=("weak",), status=502, decision=decision)
+    failing(cut, "weak", "connection")
+    failover = {**decision, "actions": ["weak", "strong"], "propensities": [0.5, 1.0]}
+    failed_first = make_request(
+        "c3", created_at=T0 + 2, models=("weak", "strong"), status=499, decision=failover
+    )
+    failing(failed_first, "weak", "upstream_5xx")
+    failing(failed_first, "strong", "connection")
+    # Weak failed and its configured fallback streamed in the same call until the hang-up.
+    fell_back = make_request("c4", created_at=T0 + 3, models=("strong",), status=499)
+    fell_back.decision = decision
+    fell_back.calls[0].fallback_from = "weak"
+    failing(fell_back, "strong", "connection")
+    writer = LedgerWriter(engine, make_settings())
+    await writer.start()
+    for rec in (hung_up, cut, failed_first, fell_back):
+        writer.submit(rec)
+    await writer.close()
+    out = tmp_path / "ledger.jsonl"
+    assert await export_ledger(engine, out, "jsonl") == 3
+    by_id = {r.id: r for r in read_export(out)}
+    assert sorted(by_id) == ["c2", "c3", "c4"]
+    assert (by_id["c3"].outcomes["weak"].model_extra or {})["error_type"] == "upstream_5xx"
+    assert (by_id["c4"].outcomes["weak"].model_extra or {})["error_type"] == "fell_back"
+
+
+async def test_a_url_without_its_async_driver_is_the_ledgers_database(
+    engine: AsyncEngine,
+    make_settings: Callable[..., LedgerSettings],
+    ledger_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # `postgresql://…` is how LiteLLM's DATABASE_URL and most tools write a database URL;
+    # SQLAlchemy would pick a sync driver that is not installed and fail with an ImportError
+    # traceback. The ledger runs on its async drivers, whatever the URL leaves unsaid.
+    await load(engine, make_settings())
+    plain = ledger_url.replace("+asyncpg", "").replace("+aiosqlite", "")
+    assert plain != ledger_url
+    parser = argparse.ArgumentParser()
+    add_export_arguments(parser)
+    out = tmp_path / "plain.jsonl"
+    assert await run_export(parser.parse_args(["--out", str(out)]), plain) == 0
+    assert capsys.readouterr().out.startswith(f"exported 7 records to {out}")
+    # A database the ledger does not run on: one line, not a traceback.
+    assert await run_export(parser.parse_args(["--out", str(out)]), "mysql://u@127.0.0.1/x") == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: ")

@@ -406,3 +406,51 @@ def test_records_round_trip_through_json() -> None:
     assert type(fb).from_json(orjson.loads(orjson.dumps(fb.to_json()))) == fb
     with pytest.raises(ValueError):
         make_feedback("rt", 1.5)
+
+
+def _deep(levels: int) -> Any:
+    value: Any = "bottom"
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("log_content", ["hash", "full"])
+async def test_content_json_cannot_encode_neither_stalls_the_writer_nor_costs_rows(
+    log_content: str, engine: AsyncEngine, make_settings: Settings, spill_dir: Path
+) -> None:
+    # orjson parses request bodies nested 1,024 deep but encodes only 254 levels, and the
+    # stdlib JSON parser behind LiteLLM's providers accepts a lone surrogate ("\ud800") that
+    # no UTF-8 encoder takes. Such content must neither wedge the journal thread (every
+    # later request waits for its row to be journaled) nor hold up the rows batched with it.
+    writer = LedgerWriter(engine, make_settings(log_content=log_content))
+    await writer.start()
+    deep = make_request("deep", messages=[{"role": "user", "content": "hi", "x": _deep(300)}])
+    lone = make_request("lone", response_text="broken \ud83d emoji")
+    try:
+        async with asyncio.timeout(10):
+            await writer.submit_durable(make_request("before"))
+            await writer.submit_durable(deep)
+            await writer.submit_durable(lone)
+            await writer.submit_durable(make_request("after"))
+            await writer.flush()
+        assert await request_ids(engine) == ["after", "before", "deep", "lone"]
+        assert rejected_ids(spill_dir) == []
+        async with engine.connect() as conn:
+            stored = dict(
+                (
+                    await conn.execute(
+                        sa.select(schema.requests.c.request_id, schema.requests.c.content)
+                    )
+                ).all()
+            )
+        # What could be kept was: the answer with its broken character replaced.
+        if log_content == "full":
+            assert stored["lone"]["response"] == "broken \ufffd emoji"
+            assert stored["deep"]["messages"][0]["content"] == "hi"
+        else:
+            assert stored["lone"]["response_sha256"] and stored["deep"]["prompt_sha256"]
+    finally:
+        async with asyncio.timeout(10):
+            await writer.close()
+    assert dir_listing(spill_dir) == []  # every journaled record was committed
