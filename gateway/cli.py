@@ -92,11 +92,14 @@ async def _check_ledger(url: str) -> tuple[str | None, Any]:
     from sqlalchemy.engine import make_url
 
     from gateway.ledger.deployments import DeploymentRepository
+    from gateway.ledger.migrations import MigrationError
     from gateway.ledger.store import describe_error, open_ledger_engine
 
     try:
         engine = await open_ledger_engine(url)
-    except (OSError, ValueError, sa.exc.SQLAlchemyError) as exc:
+    # ImportError: a database whose driver is not installed (mysql://); MigrationError: one
+    # that holds another application's tables.
+    except (OSError, ValueError, ImportError, sa.exc.SQLAlchemyError, MigrationError) as exc:
         try:
             where = make_url(url).render_as_string(hide_password=True)
         except (ValueError, sa.exc.ArgumentError):

@@ -1,3 +1,4 @@
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -182,11 +183,17 @@ def test_serve_refuses_an_unusable_config_in_one_line(
         ("postgresql+asyncpg://nobody:s3cret-pw@127.0.0.1:5432/test", 'role "nobody"'),
         ("postgresql+asyncpg://127.0.0.1:1/test", "ConnectionRefusedError"),
         ("sqlite+aiosqlite:////proc/xrouter/ledger.db", "not usable"),
+        # A database the ledger has no driver for; one holding another application's tables.
+        ("mysql://u:s3cret-pw@127.0.0.1/x", "not usable"),
+        ("sqlite:///{tmp}/foreign.db", "not usable"),
     ],
 )
 def test_serve_refuses_a_ledger_database_it_cannot_use_in_one_line(
     tmp_path: Path, url: str, needle: str
 ) -> None:
+    with sqlite3.connect(tmp_path / "foreign.db") as db:
+        db.execute("CREATE TABLE requests (id INTEGER PRIMARY KEY, body TEXT)")
+    url = url.format(tmp=tmp_path)
     pool = "pool: [{name: m, model: openai/m, api_base: 'http://127.0.0.1:1/v1', price: 0}]\n"
     text = pool + f"ledger: {{url: '{url}'}}\n"
     proc = subprocess.run(
