@@ -26,12 +26,13 @@ from gateway.errors import (
     forbidden,
     from_provider_error,
     internal_error,
+    loc_to_param,
     not_found,
     upstream_error,
 )
 from gateway.hooks import KeyBudgetGuard, RequestHooks, RequestLog
 from gateway.ledger.records import end_user
-from gateway.render import Renderer, streamed_text_only
+from gateway.render import Renderer, id_headers, streamed_text_only
 from gateway.runtime import POLICY_PREFIX, ROUTER_MODEL, Runtime
 from gateway.schemas import ChatCompletionRequest
 from pricing import usd_to_micros
@@ -95,12 +96,30 @@ class Resolved:
     pool_names: list[str] = field(default_factory=list)
 
 
+# orjson reads JSON nested up to 1,024 levels deep but writes at most 254: a body read at
+# 300 levels could not be forwarded, logged or cached, and failed as a 500 once routed.
+# Bodies are refused (400) past what can be written back with this many levels to spare
+# for what the gateway wraps around a request's values (a ledger row, a cache key).
+_WRAP_LEVELS = 16
+
+
 def decode_json(raw: bytes) -> Any:
     """A request body's JSON, or the 400 ``invalid_json`` error (every JSON endpoint's)."""
     try:
-        return orjson.loads(raw)
+        data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    wrapped: Any = data
+    for _ in range(_WRAP_LEVELS):
+        wrapped = [wrapped]
+    try:
+        orjson.dumps(wrapped)  # a few microseconds for a usual body
+    except TypeError:  # orjson's "Recursion limit reached": nothing else it read can fail
+        raise bad_request(
+            "request body is nested too deeply (arrays and objects within each other)",
+            code="invalid_json",
+        ) from None
+    return data
 
 
 def _parse(raw: bytes) -> tuple[dict[str, Any], ChatCompletionRequest]:
@@ -114,15 +133,31 @@ def _validate(data: Any) -> tuple[dict[str, Any], ChatCompletionRequest]:
         req = ChatCompletionRequest.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        loc = [str(p) for p in err["loc"]]
-        param = loc[0] if loc else None
-        for p in loc[1:]:
-            param = f"{param}[{p}]" if p.isdigit() else f"{param}.{p}"
+        param = loc_to_param(err["loc"])
         raise bad_request(f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
     unknown = data.keys() - _KNOWN_FIELDS
     if unknown:
         log.debug("tolerating unknown request fields: %s", sorted(unknown)[:10])
+    if not req.tools:
+        data = _without_tool_settings(data, req)
     return data, req
+
+
+def _without_tool_settings(data: dict[str, Any], req: ChatCompletionRequest) -> dict[str, Any]:
+    """A request without tools, without what only tools give meaning to. Chat APIs refuse
+    ``tool_choice``, ``parallel_tool_calls`` and an empty ``tools`` list without a tool to
+    call (OpenAI's is a 400; here it was a 502, which the SDKs retry), and clients send them
+    anyway (an agent's settings, with its tools left out). ``auto``, ``none`` and
+    ``parallel_tool_calls`` then say what no tools says, and are dropped (as the Responses
+    translation drops them); a choice that forces a call is the client's error."""
+    choice = req.tool_choice
+    if choice is not None and choice not in ("auto", "none"):
+        raise bad_request(
+            "tool_choice: a tool call is required but the request offers no tools",
+            param="tool_choice",
+        )
+    dropped = ("tools", "tool_choice", "parallel_tool_calls")
+    return {k: v for k, v in data.items() if k not in dropped}
 
 
 def _resolve(rt: Runtime, req: ChatCompletionRequest, who: Principal) -> Resolved:
@@ -331,7 +366,7 @@ class ChatService:
             await self._refused(rlog, err)
             # The rate-limit headers too: a request refused after admission counted in the
             # key's window, and the client paces itself by them.
-            return err.response({**rlog.extra_headers, "x-xrouter-request-id": request_id})
+            return err.response({**rlog.extra_headers, **id_headers(request_id)})
         except asyncio.CancelledError:
             # The server gave up on the request (a shutdown past its grace period): no one
             # reads the answer, but the calls already made were paid for.
@@ -343,7 +378,7 @@ class ChatService:
             failure = internal_error()
             rlog.status, rlog.error_type = failure.status, failure.code
             await self.hooks.finish(rlog, None)
-            return failure.response({"x-xrouter-request-id": request_id})
+            return failure.response(id_headers(request_id))
         rlog.result = result
         if result.stream is not None:
             return self.render.stream(req, rlog, result, rt.settings.server.request_timeout_s)

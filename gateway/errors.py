@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -97,8 +98,19 @@ def from_provider_error(err: ProviderError) -> APIError:
     return upstream_error(err.kind, err.message)
 
 
-def _loc_to_param(loc: tuple[int | str, ...]) -> str | None:
-    parts = [str(p) for p in loc if p not in ("body",)]
+# What pydantic puts in an error's location for the member of a union it tried (``str``,
+# ``list[ContentPart]``, ``function-after[...]``, a model's class name): not a field. Field
+# names here are lower-case identifiers.
+_UNION_MEMBER = re.compile(r"^(?:str|int|float|bool|none|list|dict)$|[\[(,]|^[A-Z]")
+
+
+def loc_to_param(loc: Sequence[int | str]) -> str | None:
+    """A validation error's location as OpenAI names a parameter (``messages[0].content``),
+    without the ``body`` prefix of FastAPI's locations or the union members pydantic adds
+    (``messages[0].content.str``)."""
+    parts = [
+        str(p) for p in loc if p != "body" and not (isinstance(p, str) and _UNION_MEMBER.search(p))
+    ]
     if not parts:
         return None
     out = parts[0]
@@ -150,7 +162,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
         return bad_request(
-            str(first.get("msg")), _loc_to_param(tuple(first.get("loc", ())))
+            str(first.get("msg")), loc_to_param(tuple(first.get("loc", ())))
         ).response()
 
     @app.exception_handler(StarletteHTTPException)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import orjson
@@ -24,13 +24,20 @@ from pricing.money import format_usd, micros_to_usd
 from router.loop import RouteResult
 from router.providers.errors import ProviderError
 
-__all__ = ["SSE_HEADERS", "Renderer", "usage_with_cost", "xrouter_meta"]
+__all__ = ["SSE_HEADERS", "Renderer", "id_headers", "usage_with_cost", "xrouter_meta"]
 
 log = logging.getLogger(__name__)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 # Offers a served answer to the cache: (request log, result, answering model, choices).
 Remember = Callable[[RequestLog, RouteResult, str | None, list[dict[str, Any]]], None]
+
+
+def id_headers(request_id: str) -> dict[str, str]:
+    """The request's id, as the gateway names it and as OpenAI's API does (``x-request-id``,
+    which the OpenAI SDKs read into ``_request_id`` and their errors' ``request_id``): the
+    id ``/v1/feedback`` and ``/v1/generation`` take."""
+    return {"x-xrouter-request-id": request_id, "x-request-id": request_id}
 
 
 def xrouter_meta(request_id: str, policy: str, result: RouteResult | None) -> dict[str, Any]:
@@ -90,7 +97,7 @@ class Renderer:
         self, rlog: RequestLog, result: RouteResult, *, cost: bool = True
     ) -> dict[str, str]:
         h = {
-            "x-xrouter-request-id": rlog.request_id,
+            **id_headers(rlog.request_id),
             "x-xrouter-policy": rlog.policy,
             "x-xrouter-model": result.final_model or ROUTER_MODEL,
         }
@@ -221,12 +228,11 @@ class Renderer:
                 rlog.status, rlog.error_type = api.status, api.code
                 yield b"data: " + orjson.dumps(api.body()) + b"\n\ndata: [DONE]\n\n"
             finally:
-                # Closed early (the client left, or a translation stopped reading): the relay
-                # records the call and settles its hold when it closes, which must happen
-                # before the ledger row is built, not whenever the generator is collected.
-                aclose = getattr(chunks, "aclose", None)
-                if aclose is not None:
-                    await aclose()
+                # Closed early (the client left, or a translation stopped reading): closing
+                # the stream records the call and settles its hold, read or not, which must
+                # happen before the ledger row is built, not whenever the generator is
+                # collected.
+                await stream.aclose()
                 await hooks.finish(rlog, result)
 
         return StreamingResponse(
@@ -238,59 +244,85 @@ class Renderer:
     def text_stream(
         self, req: ChatCompletionRequest, rlog: RequestLog, result: RouteResult
     ) -> Response:
-        """The answer is already complete (the router selected or synthesized it): stream it."""
+        """The answer is already complete (the router selected or synthesized it, or the cache
+        had it): stream it, every choice of it (``n`` > 1 asks for several)."""
         body_json = result.response if result.response is not None and result.final_model else None
-        message = result.message or {"role": "assistant", "content": ""}
-        if body_json is not None:
-            message = (body_json.get("choices") or [{}])[0].get("message") or message
-        text = message.get("content") or ""
-        refusal = message.get("refusal")
+        fallback = result.message or {"role": "assistant", "content": ""}
+        choices = [
+            {
+                "index": c["index"] if isinstance(c.get("index"), int) else i,
+                "message": c.get("message") or fallback,
+                "finish_reason": c.get("finish_reason") or result.finish_reason,
+                **({"logprobs": c["logprobs"]} if c.get("logprobs") else {}),
+            }
+            for i, c in enumerate((body_json or {}).get("choices") or [{}])
+        ]
         cid = f"chatcmpl-{rlog.request_id}"
         model = result.final_model or ROUTER_MODEL
         created = int(rlog.created_at)
         hooks = self.hooks
 
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        def chunk(
+            index: int,
+            delta: dict[str, Any],
+            finish: str | None = None,
+            logprobs: Any = None,
+        ) -> bytes:
+            choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": finish}
+            if logprobs is not None:
+                choice["logprobs"] = logprobs
             c = {
                 "id": cid,
                 "object": "chat.completion.chunk",
                 "created": created,
                 "model": model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                "choices": [choice],
             }
             return b"data: " + orjson.dumps(c) + b"\n\n"
+
+        def choice_chunks(choice: dict[str, Any]) -> Iterator[bytes]:
+            index, message = choice["index"], choice["message"]
+            content = message.get("content")
+            text = content if isinstance(content, str) else ""
+            yield chunk(index, {"role": "assistant", "content": ""})
+            if message.get("tool_calls"):
+                calls = [dict(tc, index=i) for i, tc in enumerate(message["tool_calls"])]
+                yield chunk(index, {"tool_calls": calls})
+            logprobs = choice.get("logprobs")
+            if logprobs is not None:
+                # The tokens' log probabilities belong with the text they score: one piece.
+                yield chunk(index, {"content": text}, logprobs=logprobs)
+            elif text:
+                words = text.split(" ")
+                for i in range(0, len(words), 8):
+                    piece = " ".join(words[i : i + 8]) + (" " if i + 8 < len(words) else "")
+                    yield chunk(index, {"content": piece})
+            refusal = message.get("refusal")
+            if isinstance(refusal, str) and refusal:
+                # A refusal streams as the refusal it is (a delta field of its own), not
+                # as an empty answer.
+                yield chunk(index, {"refusal": refusal})
+            yield chunk(index, {}, choice["finish_reason"])
 
         async def body() -> AsyncIterator[bytes]:
             rlog.status = 499
             try:
-                yield chunk({"role": "assistant", "content": ""})
-                if message.get("tool_calls"):
-                    yield chunk(
-                        {
-                            "tool_calls": [
-                                dict(tc, index=i) for i, tc in enumerate(message["tool_calls"])
-                            ]
-                        }
-                    )
-                words = text.split(" ")
-                for i in range(0, len(words), 8):
-                    yield chunk(
-                        {
-                            "content": " ".join(words[i : i + 8])
-                            + (" " if i + 8 < len(words) else "")
-                        }
-                    )
-                if isinstance(refusal, str) and refusal:
-                    # A refusal streams as the refusal it is (a delta field of its own), not
-                    # as an empty answer.
-                    yield chunk({"refusal": refusal})
-                yield chunk({}, result.finish_reason)
+                for choice in choices:
+                    for piece in choice_chunks(choice):
+                        yield piece
                 rlog.status = 200
-                rlog.response_text = text
-                choice = {"index": 0, "message": message, "finish_reason": result.finish_reason}
-                self.remember(rlog, result, result.final_model, [choice])
+                first = choices[0]["message"].get("content")
+                rlog.response_text = first if isinstance(first, str) else ""
+                self.remember(rlog, result, result.final_model, choices)
                 await hooks.finish(rlog, result)  # durable before [DONE]
                 yield self.final_chunks(rlog, result, model)
+            except Exception:
+                # A bug of ours mid-stream: the client still gets an error event to end on
+                # (the headers are long gone), the log the traceback, the ledger its row.
+                log.exception("stream of request %s failed", rlog.request_id)
+                api = internal_error()
+                rlog.status, rlog.error_type = api.status, api.code
+                yield b"data: " + orjson.dumps(api.body()) + b"\n\ndata: [DONE]\n\n"
             finally:
                 await hooks.finish(rlog, result)
 

@@ -91,6 +91,12 @@ class XRouterControls(BaseModel):
 
 
 class ChatCompletionRequest(_Open):
+    # Strict types, as OpenAI's API checks them: the body is forwarded as sent, so a value
+    # pydantic would coerce ("0.7" for a number, "yes" for a boolean) would reach the
+    # provider unconverted and come back as an upstream 4xx (a 502 the SDKs retry), after
+    # the gateway had acted on its coerced reading (``"stream": "false"`` streamed).
+    model_config = ConfigDict(extra="allow", strict=True)
+
     model: str = Field(min_length=1)
     messages: list[Message] = Field(min_length=1)
     stream: bool = False

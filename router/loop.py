@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -445,16 +445,21 @@ class Orchestrator:
             return None
         held = reserved.pop(call.id)
         result = RouteResult(state, final_model=call.model)
+        finished = False
 
-        async def relay() -> AsyncIterator[dict[str, Any]]:
+        async def finish() -> None:
+            # Once, however the stream ends: read to the end, failed, left early (the client
+            # went away, the deadline passed) or closed before it was read at all. The
+            # upstream response and the model's concurrency slot are given back now, not
+            # when the garbage collector finds the abandoned stream, and the call is
+            # recorded and its hold settled even if closing it is cancelled.
+            nonlocal finished
+            if finished:
+                return
+            finished = True
             try:
-                async for chunk in sc.chunks:
-                    yield chunk
-            finally:
-                # Left early (the client went away, the deadline passed): the upstream
-                # response and the model's concurrency slot are given back now, not when
-                # the garbage collector finds the abandoned stream.
                 await sc.aclose()
+            finally:
                 outcome = sc.finish()
                 state.outcomes.append(outcome)
                 state.spent_micros += outcome.cost_micros
@@ -463,7 +468,14 @@ class Orchestrator:
                 if guard is not None:
                     await guard.settle(call, held, outcome.cost_micros)
 
-        result.stream = _Relay(relay(), sc)
+        async def relay() -> AsyncGenerator[dict[str, Any], None]:
+            try:
+                async for chunk in sc.chunks:
+                    yield chunk
+            finally:
+                await finish()
+
+        result.stream = _Relay(relay(), sc, finish)
         return result
 
     @staticmethod
@@ -479,11 +491,18 @@ class Orchestrator:
 
 @dataclass(slots=True)
 class _Relay:
-    chunks: AsyncIterator[dict[str, Any]]
+    """A final call's stream as the loop hands it over: its chunks, relayed, and ``aclose``,
+    which ends the call (closes the upstream, records the outcome, settles the hold)
+    whether or not the chunks were read; an async generator that never started runs no
+    ``finally``."""
+
+    chunks: AsyncGenerator[dict[str, Any], None]
     inner: StreamingCall
+    _end: Callable[[], Awaitable[None]]
 
     def finish(self) -> CallOutcome:
         return self.inner.finish()
 
     async def aclose(self) -> None:
-        await self.inner.aclose()
+        await self.chunks.aclose()
+        await self._end()

@@ -11,6 +11,7 @@ from starlette.responses import Response
 from gateway import messages, model_list, responses
 from gateway.chat import decode_json
 from gateway.errors import APIError, internal_error, not_found
+from gateway.render import id_headers
 from gateway.services import Services
 
 log = logging.getLogger(__name__)
@@ -65,12 +66,12 @@ async def create_response(request: Request) -> Response:
         # Refused before it became a chat request: accounted for all the same, as the chat
         # service accounts for a chat request it refuses (ledger row, metrics, request id).
         request_id = await s.chat.refused(err, who, "responses")
-        return err.response({"x-xrouter-request-id": request_id})
+        return err.response(id_headers(request_id))
     except Exception:
         log.exception("could not translate a Responses request")
         failure = internal_error()
         request_id = await s.chat.refused(failure, who, "responses")
-        return failure.response({"x-xrouter-request-id": request_id})
+        return failure.response(id_headers(request_id))
     chat = await s.chat.handle(chat_request, who, api="responses")
     return responses.adapt(req, chat)
 

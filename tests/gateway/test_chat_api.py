@@ -23,6 +23,7 @@ from openai.types.chat import (
 
 from pricing import TokenUsage, estimate_tokens, load_default_catalog
 from router.outcomes import OutcomeRecord
+from tests.conftest import ScriptedRouter
 from tests.gateway.conftest import Upstream, abandon_stream, ledger_rows, longest_answer
 from tests.support.gateway import Gateway, gateway_config, start_gateway
 from tests.support.replay import start_replay_upstream, stop_replay_upstream
@@ -70,6 +71,23 @@ def test_pass_through_returns_recorded_answer_with_cost(
     assert Decimal(h["x-xrouter-cost-usd"]) == Decimal(str(cost)).quantize(Decimal("0.000001"))
     assert h["x-xrouter-request-id"] == meta["request_id"]
     assert float(h["x-xrouter-overhead-ms"]) >= 0
+
+
+def test_the_sdk_reads_the_request_id_from_answers_streams_and_errors(gateway: Gateway) -> None:
+    """OpenAI's API names each request in `x-request-id`, which the SDK reads into
+    `_request_id` (and an error's `request_id`): here it is the gateway's request id, the
+    one feedback and generation stats take."""
+    c = client(gateway)
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hi"}]
+    resp = c.chat.completions.create(model=MODEL, messages=messages)
+    assert resp._request_id == extra(resp)["xrouter"]["request_id"]
+    with c.chat.completions.create(model=MODEL, messages=messages, stream=True) as stream:
+        chunks = list(stream)
+        assert stream.response.headers["x-request-id"] == extra(chunks[-1])["xrouter"]["request_id"]
+    with pytest.raises(openai.NotFoundError) as ei:
+        c.chat.completions.create(model="gpt-17", messages=messages)
+    assert ei.value.request_id == ei.value.response.headers["x-xrouter-request-id"]
+    assert ei.value.request_id
 
 
 def test_feedback_names_a_request_by_its_completion_id_or_its_request_id(
@@ -197,6 +215,35 @@ def test_n_greater_than_one(gateway: Gateway) -> None:
     assert [c.index for c in resp.choices] == [0, 1, 2]
 
 
+def test_n_greater_than_one_streams_every_choice_of_a_selected_answer(gateway: Gateway) -> None:
+    """The cascade's cheap models agree on a tool call and it selects one's answer, which is
+    complete before it is streamed (not relayed): every one of its `n` choices is streamed,
+    as the plain request gets them all."""
+    tools: list[ChatCompletionToolUnionParam] = [WEATHER_TOOL]
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "What's the weather in Lyon?"}
+    ]
+    c = client(gateway)
+    plain = c.chat.completions.create(model="xrouter/cascade", messages=messages, tools=tools, n=2)
+    assert len(plain.choices) == 2
+    with c.chat.completions.stream(
+        model="xrouter/cascade", messages=messages, tools=tools, n=2
+    ) as stream:
+        last = [e.chunk for e in stream if e.type == "chunk"][-1]
+        streamed = stream.get_final_completion()
+    # Routed the same way: a selection, not a relayed stream.
+    assert [ca["turn"] for ca in extra(last)["xrouter"]["calls"]] == [0, 0]
+    assert [ch.index for ch in streamed.choices] == [0, 1]
+    for got, want in zip(streamed.choices, plain.choices, strict=True):
+        assert got.finish_reason == want.finish_reason == "tool_calls"
+        assert got.message.tool_calls is not None and want.message.tool_calls is not None
+        assert [(t.id, t.function.name, t.function.arguments) for t in got.message.tool_calls] == [
+            (t.id, t.function.name, t.function.arguments)
+            for t in want.message.tool_calls
+            if isinstance(t, ChatCompletionMessageFunctionToolCall)
+        ]
+
+
 def test_unknown_fields_are_tolerated(gateway: Gateway) -> None:
     r = httpx.post(
         f"{gateway.base_url}/chat/completions",
@@ -239,6 +286,42 @@ def test_malformed_json_is_400(gateway: Gateway) -> None:
     assert r.status_code == 400 and error(r)["code"] == "invalid_json"
 
 
+@pytest.mark.parametrize("where", ["tools", "unknown_field"])
+def test_a_body_nested_too_deeply_to_forward_is_400(
+    gateway: Gateway, upstream: Upstream, where: str
+) -> None:
+    """Valid JSON 300 levels deep (a JSON reader takes 1,024) is more than the gateway can
+    write back to forward or log: a 400 before routing, not a 500 after it. A body of
+    usual depth still goes through."""
+
+    def body(depth: int) -> bytes:
+        nested = "[" * depth + "]" * depth
+        extra = (
+            f'"tools": [{{"type": "function", "function": {{"name": "f", "parameters": '
+            f'{{"type": "object", "x": {nested}}}}}}}]'
+            if where == "tools"
+            else f'"vendor_extension": {nested}'
+        )
+        return (
+            f'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "x"}}], {extra}}}'
+        ).encode()
+
+    def post(depth: int) -> httpx.Response:
+        return httpx.post(
+            f"{gateway.base_url}/chat/completions",
+            content=body(depth),
+            headers={"content-type": "application/json"},
+        )
+
+    r = post(300)
+    assert r.status_code == 400, r.text
+    assert error(r)["code"] == "invalid_json"
+    assert not upstream.stats()["requests"]
+    assert "Traceback" not in gateway.log()
+    r = post(100)
+    assert r.status_code == 200, r.text
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
@@ -259,6 +342,13 @@ def test_malformed_json_is_400(gateway: Gateway) -> None:
             "xrouter.cost_weight",
         ),
         ({"messages": [{"role": "user", "content": "x"}]}, "model"),
+        # Fields of more than one type: the field, not the type pydantic tried first.
+        ({"model": MODEL, "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stop": 5}, "stop"),
+        (
+            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "tool_choice": 1},
+            "tool_choice",
+        ),
     ],
 )
 def test_schema_violations_are_400_naming_the_param(
@@ -267,6 +357,33 @@ def test_schema_violations_are_400_naming_the_param(
     r = httpx.post(f"{gateway.base_url}/chat/completions", json=body)
     assert r.status_code == 400
     assert error(r)["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", "0.7"),
+        ("max_tokens", "64"),
+        ("n", 2.0),
+        ("stream", "false"),
+        ("logprobs", "yes"),
+        ("seed", "42"),
+    ],
+)
+def test_values_of_the_wrong_type_are_400_not_forwarded(
+    gateway: Gateway, upstream: Upstream, field: str, value: object
+) -> None:
+    """OpenAI refuses a string where a number goes: so does the gateway, rather than act on
+    a coerced reading (`"stream": "false"` streamed) and forward the string to a provider,
+    whose 400 would come back as a 502 the SDKs retry."""
+    r = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], field: value},
+    )
+    assert r.status_code == 400, r.text
+    assert r.headers["content-type"] == "application/json"
+    assert error(r)["param"] == field
+    assert not upstream.stats()["requests"]
 
 
 def test_openai_client_sees_bad_request(gateway: Gateway) -> None:
@@ -531,3 +648,55 @@ def test_idle_connections_outlive_the_clients_keep_alive(
     finally:
         default.close()
         short.close()
+
+
+# ---------------------------------------------------------------- what reaches the provider
+
+
+@pytest.fixture(scope="module")
+def recording_gateway(
+    scripted_router: ScriptedRouter, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
+    """A gateway whose one pool model is a scripted server that records every request body
+    it receives: what the gateway forwards, as the provider sees it."""
+    tmp = tmp_path_factory.mktemp("recording")
+    pool = [
+        {
+            "name": "recorder",
+            "model": "openai/recorder",
+            "api_base": scripted_router.base_url,
+            "price": {"input": 1, "output": 1},
+            "max_retries": 0,
+        }
+    ]
+    gw = start_gateway(tmp, gateway_config(tmp, scripted_router.base_url, pool=pool))
+    yield gw
+    gw.stop()
+
+
+def test_tool_settings_without_tools_are_not_forwarded(
+    recording_gateway: Gateway, scripted_router: ScriptedRouter
+) -> None:
+    """Chat APIs refuse `tool_choice`, `parallel_tool_calls` and an empty `tools` list when
+    no tool is offered (OpenAI: a 400), and agents send them with their tools left out: the
+    ones that only say "no tool call" are dropped; one that forces a call is a 400 here."""
+    c = client(recording_gateway)
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hi"}]
+    scripted_router.script({"content": "hi"})
+    resp = c.chat.completions.create(
+        model="recorder",
+        messages=messages,
+        tools=[],
+        tool_choice="auto",
+        parallel_tool_calls=False,
+        temperature=0.2,
+    )
+    assert resp.choices[0].message.content == "hi"
+    [sent] = scripted_router.requests()
+    assert not {"tools", "tool_choice", "parallel_tool_calls"} & sent.keys()
+    assert sent["temperature"] == 0.2  # the rest as sent
+    scripted_router.script({"content": "unused"})
+    with pytest.raises(openai.BadRequestError) as ei:
+        c.chat.completions.create(model="recorder", messages=messages, tool_choice="required")
+    assert isinstance(ei.value.body, dict) and ei.value.body["param"] == "tool_choice"
+    assert scripted_router.requests() == []

@@ -651,3 +651,22 @@ async def test_a_timeout_while_a_stream_opens_releases_its_hold(
         await orch.run(FixedPolicy(CHEAP), ctx(p), stream=True, guard=guard, timeout_s=0.3)
     state = await store.spent(limits)
     assert (state.spent, state.reserved) == (0, 0)
+
+
+async def test_a_stream_closed_before_it_is_read_is_settled_and_recorded(setup: Any) -> None:
+    # A client that leaves before the relay reads a chunk (or a translation that never
+    # starts reading): closing the stream gives back the upstream response, settles the hold
+    # and records the call, as reading it to the end would. An async generator that never
+    # started runs no `finally`, so this cannot be left to the relay's.
+    p, orch, _, _ = setup
+    guard, store, limits = key_guard(1_000_000)
+    r = await orch.run(FixedPolicy(CHEAP), ctx(p), stream=True, guard=guard)
+    assert r.stream is not None and (await store.spent(limits)).reserved > 0
+    await r.stream.aclose()
+    await r.stream.aclose()  # idempotent: one outcome, one settle
+    [outcome] = r.state.outcomes
+    assert outcome.model == CHEAP and outcome.error_kind == "connection"
+    assert outcome.cost_micros > 0  # the prompt was sent: charged an estimate
+    state = await store.spent(limits)
+    assert (state.spent, state.reserved) == (outcome.cost_micros, 0)
+    assert r.cost_micros == outcome.cost_micros
