@@ -119,3 +119,6 @@ class UniqueIds(outcomes.UniqueIds):
     table's own check, raising the converters' error)."""
 
     error = ConversionError
+
+    def __contains__(self, record_id: str) -> bool:
+        return record_id in self._seen

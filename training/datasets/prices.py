@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 from pricing import (
     MICROS_PER_USD,
@@ -27,6 +28,19 @@ from pricing import (
     TokenUsage,
 )
 from training.datasets.common import ConversionError
+
+
+def _one_line(exc: Exception) -> str:
+    """``exc`` on one line: a pydantic error (raised, or wrapped by the price catalog) is
+    cut to its first problem, ``field: message``, instead of pydantic's multi-line text
+    with a documentation link that the CLI's one-line error would spill over."""
+    text = str(exc)
+    cause = exc if isinstance(exc, ValidationError) else exc.__cause__
+    if isinstance(cause, ValidationError) and cause.errors():
+        first = cause.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "(price)"
+        text = text.replace(str(cause), f"{loc}: {first['msg']}")
+    return " ".join(text.split())
 
 
 def _entry_price(name: str, entry: Any, where: str) -> ModelPrice:
@@ -40,7 +54,7 @@ def _entry_price(name: str, entry: Any, where: str) -> ModelPrice:
     try:
         return ModelPrice.model_validate({**data, "source": where})
     except ValueError as exc:
-        raise ConversionError(f"{where}: bad price for {name!r}: {exc}") from None
+        raise ConversionError(f"{where}: bad price for {name!r}: {_one_line(exc)}") from None
 
 
 def price_catalog_from_mapping(data: Any, where: str = "<prices>") -> PriceCatalog:
@@ -50,7 +64,7 @@ def price_catalog_from_mapping(data: Any, where: str = "<prices>") -> PriceCatal
         try:
             return PriceCatalog.from_mapping(data)
         except CatalogError as exc:
-            raise ConversionError(f"{where}: {exc}") from None
+            raise ConversionError(f"{where}: {_one_line(exc)}") from None
     prices = {str(name): _entry_price(str(name), entry, where) for name, entry in data.items()}
     return PriceCatalog(prices, version=where)
 

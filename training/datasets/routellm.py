@@ -7,7 +7,9 @@ liberal in what we read: any column other than the prompt, an id (``id``, ``samp
 whose every non-empty cell is boolean-like is a model column, unless ``models`` names them
 explicitly; a column of numbers some of which lie outside [0, 1] is refused (scores must be
 rescaled), not skipped like a text column. Costs come from a price table with token counts estimated from the prompt
-length and an assumed completion length (``cost_estimated: true``).
+length and an assumed completion length (``cost_estimated: true``). Without an id column
+a record's id is a hash of its prompt, so a prompt repeated (within or across files) is
+kept once, at its first occurrence.
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ def convert_routellm(
         if not cols:
             raise ConversionError(f"{path}:1: no model correctness columns found")
         catalog = require_prices(prices, cols, str(path))
-        dropped = 0
+        dropped = repeated = 0
         for line, row in rows:
             where = f"{path}:{line}"
             prompt = row.get(prompt_col) or ""
@@ -133,6 +135,12 @@ def convert_routellm(
             }
             raw_id = (row.get(id_col) or "").strip() if id_col else ""
             record_id = raw_id or text_id("routellm", prompt)
+            if not raw_id and record_id in ids:
+                # The same prompt again (RouteLLM's MMLU files repeat about a hundred
+                # questions, within and across subjects): one prompt, kept once, or it
+                # would weigh twice. An explicit id repeated is still an error.
+                repeated += 1
+                continue
             ids.check(record_id, where)
             data: dict[str, Any] = {"id": record_id, "prompt": prompt, "outcomes": outcomes}
             if task_col and row.get(task_col):
@@ -140,3 +148,7 @@ def convert_routellm(
             yield build_record(data, where)
         if dropped:
             logger.info("%s: dropped %d row(s) with a missing score", path, dropped)
+        if repeated:
+            logger.info(
+                "%s: dropped %d repeated prompt(s) (kept the first occurrence)", path, repeated
+            )

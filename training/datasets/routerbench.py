@@ -5,7 +5,8 @@ Columns (Hu et al. 2024; RouterDC's re-split keeps them): ``sample_id``, ``promp
 actually charged) and ``<model>|model_response``. Other columns (the unnamed index,
 ``oracle_model_to_route_to``) are ignored. Prompts and responses are stored as the ``repr``
 of a one-element Python list and are unwrapped. Rows where any model lacks a score or a cost
-are dropped (RouterBench has a few: partially failed runs) and counted in the log.
+are dropped (RouterBench has a few: partially failed runs) and counted in the log. A model
+with a score column but no cost column (or the reverse) is an error, not a dropped model.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from training.datasets.common import (
     ConversionError,
     UniqueIds,
     build_record,
+    looks_boolean,
     parse_score,
     reading,
     unwrap_literal_text,
@@ -42,6 +44,37 @@ def model_columns(header: list[str]) -> list[str]:
     """Models are the columns that have a matching ``<model>|total_cost`` column."""
     names = set(header)
     return [c for c in header if c not in _NOT_MODELS and "|" not in c and c + COST_SUFFIX in names]
+
+
+def _incomplete_model(header: list[str]) -> str | None:
+    """What is wrong with the first model the header names (by any of its three columns)
+    but lacks its score or its cost column, or None. Such a model would otherwise vanish
+    from the table without a word, changing the pool every router is compared over."""
+    names = set(header)
+    for col in header:
+        for suffix in (COST_SUFFIX, RESPONSE_SUFFIX):
+            model = col.removesuffix(suffix)
+            if model == col:
+                continue
+            if model not in names:
+                return f"column {col!r} has no score column {model!r}"
+            if model + COST_SUFFIX not in names:
+                return f"model {model!r} has no cost column {model + COST_SUFFIX!r}"
+    return None
+
+
+def _looks_like_scores(header: list[str]) -> list[str]:
+    """Columns that could be a model's scores but have no cost column: checked against the
+    cells once the file is read (a 0/1 column there is a model whose cost is missing)."""
+    names = set(header)
+    return [
+        c
+        for c in header
+        if c not in _NOT_MODELS
+        and "|" not in c
+        and c + COST_SUFFIX not in names
+        and not c.lower().startswith("unnamed")
+    ]
 
 
 def _parse_cost(value: str, where: str) -> float | None:
@@ -74,13 +107,25 @@ def iter_routerbench_csv(
         for required in (ID_COLUMN, PROMPT_COLUMN):
             if required not in header:
                 raise ConversionError(f"{p}:1: missing column {required!r}")
+        incomplete = _incomplete_model(header)
+        if incomplete is not None:
+            raise ConversionError(f"{p}:1: {incomplete}: every model needs both")
         models = model_columns(header)
         if not models:
             raise ConversionError(
                 f"{p}:1: no model columns (need `<model>` and `<model>|total_cost`)"
             )
+        # Other columns stay candidates for a model without a cost column while every
+        # non-empty cell is a score.
+        suspects = dict.fromkeys(_looks_like_scores(header), False)
         for row in reader:
             where = f"{p}:{reader.line_num}"
+            for col in list(suspects):
+                cell = row.get(col) or ""
+                if not looks_boolean(cell):
+                    del suspects[col]
+                elif cell.strip():
+                    suspects[col] = True
             outcomes: dict[str, dict[str, Any]] = {}
             for m in models:
                 score = parse_score(row.get(m), f"{where}: column {m!r}")
@@ -109,6 +154,13 @@ def iter_routerbench_csv(
             if row.get(TASK_COLUMN):
                 data["task"] = row[TASK_COLUMN]
             yield build_record(data, where)
+    scores_only = [col for col, seen in suspects.items() if seen]
+    if scores_only:
+        col = scores_only[0]
+        raise ConversionError(
+            f"{p}:1: column {col!r} holds 0/1 scores but there is no {col + COST_SUFFIX!r} "
+            "column: add the model's costs, or remove the column if it is not a model's"
+        )
     if dropped:
         logger.info("%s: dropped %d row(s) with a missing score or cost", p, dropped)
 

@@ -255,6 +255,10 @@ def apgr_intervals(
         raise ValueError("the strong model does not score above the weak one")
     # Row 0 (the full sample) is always kept, so index 0 stays the point estimate.
     keep = np.flatnonzero(q_strong > q_weak)
+    if len(keep) == 1:
+        # Every resample left out (a few resamples of a narrow gap): there is no interval
+        # to give, which is no reason to fail the evaluation that asked for one.
+        return APGRIntervals(samples, level, {}, reference, {}, dropped=samples)
     values: dict[str, np.ndarray] = {}
     for i, name in enumerate(names):
         scores, shares = means[2 + 2 * i], np.clip(means[3 + 2 * i], 0.0, 1.0)

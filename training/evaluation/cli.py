@@ -216,6 +216,10 @@ def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
         )
     if (args.strong is None) != (args.weak is None):
         raise RouterSpecError("--strong and --weak go together")
+    if args.strong is not None and args.strong == args.weak:
+        # The "slice" would hold one model: no PGR scale, and a report section that
+        # silently lacks the metrics asked for.
+        raise RouterSpecError(f"--strong and --weak must be two models, got {args.strong!r} twice")
     ctx = LoadContext(parts.train, parts.validation, reward, args.seed)
     entries = [
         *_entries(baselines, "baseline", ctx, registry, None, result.notes, False),

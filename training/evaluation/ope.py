@@ -52,6 +52,20 @@ class LoggedBandit:
     # The range a reward can take; confidence intervals are clipped to it.
     bounds: tuple[float, float] = (-math.inf, math.inf)
 
+    def __post_init__(self) -> None:
+        # A propensity of 0 (or NaN) makes a weight infinite (or NaN), and every estimate
+        # and interval NaN without a word; records validated as an outcome table cannot
+        # carry one, but arrays built by hand can.
+        p = np.asarray(self.propensities, dtype=float)
+        bad = np.flatnonzero(~((p > 0.0) & (p <= 1.0)))
+        if bad.size:
+            i = int(bad[0])
+            name = self.ids[i] if i < len(self.ids) else i
+            raise OPEError(
+                f"record {name!r}: logged propensity {p[i]} is not in (0, 1]: an action the "
+                "logging policy could not take cannot have been logged"
+            )
+
     def __len__(self) -> int:
         return len(self.ids)
 
@@ -151,10 +165,15 @@ def _finish(
     """``estimator(idx)`` returns (value, normal-approximation stderr) on rows ``idx``."""
     n = len(data)
     value, stderr = estimator(np.arange(n))
-    if ci == "normal":
+    if ci == "normal" or n < 2:
+        # One record says nothing about the spread: its resamples are all that record, and
+        # a bootstrap would give a zero-width interval. The normal approximation's infinite
+        # standard error (the full range, below) is the honest answer for both methods.
         z = NormalDist().inv_cdf(1.0 - alpha / 2.0)
         lo, hi = value - z * stderr, value + z * stderr
     else:
+        if n_boot < 2:
+            raise OPEError(f"a bootstrap interval needs at least 2 resamples, got {n_boot}")
         rng = np.random.default_rng(seed)
         boots = np.array([estimator(rng.integers(0, n, n))[0] for _ in range(n_boot)])
         lo, hi = (float(q) for q in np.quantile(boots, [alpha / 2.0, 1.0 - alpha / 2.0]))

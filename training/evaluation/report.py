@@ -217,16 +217,37 @@ def _plot_comparison(ax: Any, comp: Comparison) -> None:
             color=line[0].get_color(),
             alpha=0.5,
         )
-    ax.set_xscale("log")
-    # Ticks at 1, 2 and 5 per decade, labelled in plain dollars: matplotlib's default labels
-    # every minor tick of a short log range in scientific notation, and they overlap.
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: "$" + _plain(x)))
+    costs = [p.cost for c in comp.curves for p in c.points]
+    positive = [x for x in costs if x > 0]
+    if len(positive) == len(costs):
+        ax.set_xscale("log")
+        # Ticks at 1, 2 and 5 per decade, labelled in plain dollars: matplotlib's default
+        # labels every minor tick of a short log range in scientific notation, and they
+        # overlap.
+        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        linthresh = 0.0
+        scale = "log scale"
+    elif positive:
+        # A free model (a local one, cost 0) has no place on a log axis: matplotlib would
+        # drop its point and every curve starting there. Linear up to the cheapest paid
+        # point, logarithmic above it.
+        linthresh = min(positive)
+        ax.set_xscale("symlog", linthresh=linthresh)
+        scale = f"linear below ${_plain(linthresh)}, log above"
+    else:
+        linthresh = 0.0
+        scale = "every point is free"  # a linear axis around 0
+
+    def label(x: float, _: object) -> str:
+        # Ticks inside the linear part of a symlog axis crowd the one at $0.
+        return "" if 0 < x < linthresh else "$" + _plain(x)
+
+    ax.xaxis.set_major_formatter(FuncFormatter(label))
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.tick_params(axis="x", labelsize=7)
-    ax.set_xlabel("average cost per prompt (USD, log scale)")
+    ax.set_xlabel(f"average cost per prompt (USD, {scale})")
     ax.set_ylabel("average score")
     ax.set_title(f"cost-quality ({comp.n_records} prompts)")
     ax.grid(True, which="both", alpha=0.3)

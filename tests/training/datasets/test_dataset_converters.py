@@ -91,6 +91,33 @@ def test_routerbench_errors_name_file_and_line(tmp_path: Path) -> None:
         load_converted("routerbench", [dup])
 
 
+def test_routerbench_refuses_a_model_without_its_cost_column(tmp_path: Path) -> None:
+    # Dropping `b|total_cost` used to drop model b from the table without a word.
+    src = write_routerbench(tmp_path / "rb.csv", [rb_row("t.1"), rb_row("t.2")])
+    rows = list(csv.DictReader(src.open(newline="", encoding="utf-8")))
+    header = [c for c in rows[0] if c != "b|total_cost"]
+    with (tmp_path / "nocost.csv").open("w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=header, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    with pytest.raises(ConversionError, match=r"nocost\.csv:1: model 'b' has no cost column"):
+        load_converted("routerbench", [tmp_path / "nocost.csv"])
+    # Without its response column either, the bare 0/1 column is still recognized.
+    header = [c for c in header if c != "b|model_response"]
+    with (tmp_path / "bare.csv").open("w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=header, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    with pytest.raises(
+        ConversionError, match=r"bare\.csv:1: column 'b' holds 0/1 scores but there is no"
+    ):
+        load_converted("routerbench", [tmp_path / "bare.csv"])
+    assert (
+        main(["routerbench", str(tmp_path / "bare.csv"), "--out", str(tmp_path / "t.jsonl")]) == 2
+    )
+    assert not (tmp_path / "t.jsonl").exists()
+
+
 @pytest.mark.parametrize("cost", ["inf", "-inf", "1e999"])
 def test_routerbench_refuses_a_non_finite_cost(tmp_path: Path, cost: str) -> None:
     # Written out, orjson would turn it into "cost_usd": null.
@@ -179,6 +206,37 @@ def test_routellm_detects_model_columns(tmp_path: Path) -> None:
     assert records[0].outcomes["small"].score == 1.0 and records[1].outcomes["small"].score == 0.0
     pt = estimate_tokens("What is love?")
     assert records[0].outcomes["large"].cost_usd == pytest.approx(usd(pt, 50, "large"))
+
+
+def test_routellm_keeps_a_repeated_prompt_once(tmp_path: Path) -> None:
+    """RouteLLM's MMLU files (no id column) repeat about a hundred questions, within a
+    subject and across subjects (clinical_knowledge and college_medicine): converting them
+    failed on the first repeat with "duplicate id". A prompt is one prompt: kept once."""
+    header = "prompt,mistralai/Mixtral-8x7B-Instruct-v0.1,gpt-4-1106-preview\n"
+    q1 = '"Which cells in the blood do not have a nucleus?\nA. Lymphocyte\nAnswer:"'
+    q2 = '"The coronal suture joins the\nA. frontal and parietal bones.\nAnswer:"'
+    a = tmp_path / "mmlu_clinical_knowledge.csv"
+    a.write_text(f"{header}{q1},True,True\n{q2},False,True\n{q1},True,True\n", encoding="utf-8")
+    b = tmp_path / "mmlu_college_medicine.csv"
+    b.write_text(f"{header}{q2},False,True\n", encoding="utf-8")
+    prices = write_json(
+        tmp_path / "p.json",
+        {
+            "mistralai/Mixtral-8x7B-Instruct-v0.1": {"input_price": 0.6, "output_price": 0.6},
+            "gpt-4-1106-preview": {"input_price": 10.0, "output_price": 30.0},
+        },
+    )
+    records = load_converted("routellm", [a, b], prices)
+    assert [r.prompt.split("?")[0] for r in records if r.prompt] == [
+        "Which cells in the blood do not have a nucleus",
+        "The coronal suture joins the\nA. frontal and parietal bones.\nAnswer:",
+    ]
+    assert len({r.id for r in records}) == 2
+    # An id the source gives is the source's word: repeated, it is still an error.
+    c = tmp_path / "ids.csv"
+    c.write_text("id,prompt,small\n7,q,1\n7,q again,0\n", encoding="utf-8")
+    with pytest.raises(ConversionError, match=r"ids\.csv:3: duplicate id '7'"):
+        load_converted("routellm", [c], write_json(tmp_path / "p2.json", PRICES))
 
 
 def test_routellm_refuses_a_numeric_column_outside_0_1(tmp_path: Path) -> None:
@@ -380,3 +438,22 @@ def test_unreadable_inputs_and_price_tables_are_one_line_errors(tmp_path: Path, 
         assert err.startswith("error: ") and needle in err and "Traceback" not in err, argv
     with pytest.raises(ConversionError, match="cannot read the price table"):
         load_converted("routerdc", [questions], tmp_path / "nope.json")
+
+
+def test_a_bad_price_is_a_one_line_error(tmp_path: Path, capsys) -> None:
+    """pydantic's multi-line error text (with a documentation link) used to spill over the
+    CLI's one-line error; both price-table layouts now name the field and the problem."""
+    questions = write_json(tmp_path / "dc.json", [{"question": "q", "scores": {"small": 1}}])
+    negative = write_json(tmp_path / "neg.json", {"small": {"input_price": -1, "output_price": 1}})
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text("models:\n  small: {input: 1}\n", encoding="utf-8")
+    cases = [
+        (negative, "neg.json: bad price for 'small': input: Input should be greater than or equal to 0"),
+        (catalog, "catalog.yaml: bad price for 'small': output: Field required"),
+    ]  # fmt: skip
+    for prices, needle in cases:
+        argv = ["routerdc", str(questions), "--prices", str(prices)]
+        assert main([*argv, "--out", str(tmp_path / "t.jsonl")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.endswith(f"/{needle}\n"), err
+        assert err.count("\n") == 1, err

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from router.outcomes import write_outcome_table
+from router.outcomes import OutcomeRecord, write_outcome_table
 from training.datasets.splits import split_records
 from training.evaluation import bootstrap
 from training.evaluation.baselines import OracleRouter, RandomMixRouter, SingleModelRouter
@@ -202,3 +202,31 @@ def test_apgr_intervals_need_strong_calls_and_a_gap(table_factory) -> None:
         apgr_intervals({"oracle": oracle}, cheap, strong, samples=10)
     ivs = apgr_intervals({"oracle": oracle}, strong, cheap, samples=50)
     assert ivs.dropped == 0 and ivs.apgr["oracle"].estimate > 0.9
+
+
+def test_a_slice_whose_gap_vanishes_on_every_resample_gets_no_apgr_interval_not_an_error() -> None:
+    """The strong model wins one prompt of three: on a few resamples that prompt may never
+    be drawn. Every resample left out used to fail the whole comparison ("no bootstrap
+    samples"); now the APGR has no interval, and a note says why."""
+    records = [
+        OutcomeRecord.model_validate(
+            {
+                "id": f"r{i}",
+                "prompt": f"question {i}",
+                "outcomes": {
+                    "strong": {"score": float(i == 0), "cost_usd": 1e-3},
+                    "weak": {"score": 0.0, "cost_usd": 1e-4},
+                },
+            }
+        )
+        for i in range(3)
+    ]
+    entry = Entry(RandomMixRouter().fit(records), "policy")
+    # Seeds whose two resamples both miss the prompt the strong model wins.
+    seeds = [s for s in range(40) if (resample_weights(3, 2, s)[:, 0] == 0).all()]
+    assert seeds
+    comp = compare([entry], records, bootstrap=2, bootstrap_seed=seeds[0])
+    curve = comp.curve("random")
+    assert curve.apgr is not None and curve.apgr_ci is None
+    assert curve.aiq_ci is not None
+    assert "APGR intervals: 2 of 2 resamples left out" in " ".join(comp.notes)

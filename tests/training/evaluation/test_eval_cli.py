@@ -338,6 +338,10 @@ def test_bad_policies_and_cost_weights_are_refused_in_one_line(
         metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
         assert spec in {r["name"] for r in metrics["comparison"]["routers"]}
         assert spec not in {r["name"] for r in metrics["two_model"]["routers"]}
+    # The same model twice is no two-model slice: refused, not a section without PGR.
+    assert main([*base, "--policy", "knn", "--strong", "mid", "--weak", "mid"]) == 2
+    err = capsys.readouterr().err
+    assert "error: --strong and --weak must be two models, got 'mid' twice" in err
 
 
 def test_a_table_with_repeated_ids_or_a_missing_outcome_is_refused_by_name(
@@ -475,3 +479,37 @@ def test_a_free_best_model_is_matched_at_a_price_not_never(
     assert run_eval(parse([*argv, "--out", str(tmp_path / "out")])) == 0
     oracle = next(line for line in capsys.readouterr().out.splitlines() if "oracle" in line)
     assert oracle.endswith("cost to match best $0.000000"), oracle
+
+
+@pytest.mark.parametrize("paid_cost", [0.01, 0.0])
+def test_free_models_are_drawn_on_the_cost_quality_plot(paid_cost: float) -> None:
+    """A free (local) model used to vanish from curve.png: its cost 0 has no place on a log
+    axis, and with every model free the plot was empty."""
+    from matplotlib.figure import Figure
+
+    from training.evaluation.compare import compare
+    from training.evaluation.report import _plot_comparison
+
+    records = [
+        OutcomeRecord.model_validate(
+            {
+                "id": f"p{i}",
+                "prompt": f"question {i}",
+                "outcomes": {
+                    "local": {"score": float(i % 2), "cost_usd": 0.0},
+                    "paid": {"score": 1.0, "cost_usd": paid_cost},
+                },
+            }
+        )
+        for i in range(6)
+    ]
+    comp = compare([], records)
+    ax = Figure().add_subplot()
+    _plot_comparison(ax, comp)
+    assert ax.get_xscale() != "log"
+    lo, hi = ax.get_xlim()
+    assert lo <= 0.0 <= paid_cost <= hi
+    # Every single model's point is drawn where it is, at a finite place on the axes.
+    drawn = {(float(x), float(y)) for c in ax.collections for x, y in np.asarray(c.get_offsets())}
+    assert {(0.0, 0.5), (paid_cost, 1.0)} <= drawn
+    assert np.isfinite(ax.transData.transform([(0.0, 0.5), (paid_cost, 1.0)])).all()

@@ -12,6 +12,7 @@ import pytest
 
 from router.outcomes import OutcomeRecord
 from training.evaluation.ope import (
+    CIMethod,
     LoggedBandit,
     OPEError,
     all_estimates,
@@ -185,3 +186,30 @@ def test_intervals_stay_in_the_reward_range_and_point_estimates_are_not_clipped(
     costs = LoggedBandit(data.ids, MODELS, actions, props, np.full(n, 0.002), (0.0, np.inf))
     est = ips(costs, target)
     assert est.ci_low >= 0.0 and est.ci_high > 0.002
+
+
+def test_a_zero_propensity_is_refused_not_turned_into_nan() -> None:
+    """A propensity of 0 made every IPS, SNIPS and DR estimate inf or NaN, silently."""
+    with pytest.raises(OPEError, match=r"record 'b': logged propensity 0.0 is not in \(0, 1\]"):
+        LoggedBandit(["a", "b"], MODELS, np.array([0, 1]), np.array([0.5, 0.0]), np.ones(2))
+    with pytest.raises(OPEError, match="propensity nan"):
+        LoggedBandit(["a"], MODELS, np.array([0]), np.array([np.nan]), np.ones(1))
+
+
+@pytest.mark.parametrize("ci", ["normal", "bootstrap"])
+def test_one_logged_record_gives_the_whole_range_as_its_interval(ci: CIMethod) -> None:
+    """One record: every bootstrap resample is that record, so the bootstrap gave a
+    zero-width interval (certainty from one observation); both methods now give the full
+    range the quantity can take."""
+    data = LoggedBandit(["a"], MODELS, np.array([0]), np.array([0.5]), np.ones(1), (0.0, 1.0))
+    target = deterministic_probs(["cheap"], MODELS)
+    for name, est in all_estimates(data, target, ci=ci).items():
+        assert (est.ci_low, est.ci_high) == (0.0, 1.0), name
+        assert est.stderr == float("inf") and est.n == 1
+    assert ips(data, target, ci=ci).value == pytest.approx(2.0)  # 1 / 0.5, unclipped
+
+
+def test_a_bootstrap_interval_needs_two_resamples() -> None:
+    data, target, _ = synthetic(50, 3)
+    with pytest.raises(OPEError, match="at least 2 resamples"):
+        ips(data, target, ci="bootstrap", n_boot=1)
