@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pricing.money import MAX_USD
 
@@ -43,9 +43,25 @@ class StreamOptions(_Open):
     include_usage: bool | None = None
 
 
+class JsonSchemaFormat(_Open):
+    """``response_format.json_schema`` as OpenAI checks it: a provider would refuse what this
+    refuses, and its 400 would reach the client as a 502 (which the SDKs retry)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
 class ResponseFormat(_Open):
     type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("a json_schema object (with its name) is required for this type")
+        return self
 
 
 class CacheControls(BaseModel):

@@ -349,6 +349,32 @@ def test_a_body_nested_too_deeply_to_forward_is_400(
             {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "tool_choice": 1},
             "tool_choice",
         ),
+        # A JSON schema format as OpenAI requires it: an object, with a name of its kind.
+        *(
+            (
+                {
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": "x"}],
+                    "response_format": f,
+                },
+                param,
+            )
+            for f, param in (
+                ({"type": "json_schema"}, "response_format"),
+                (
+                    {"type": "json_schema", "json_schema": {"schema": {}}},
+                    "response_format.json_schema.name",
+                ),
+                (
+                    {"type": "json_schema", "json_schema": {"name": "a b"}},
+                    "response_format.json_schema.name",
+                ),
+                (
+                    {"type": "json_schema", "json_schema": {"name": "n", "schema": []}},
+                    "response_format.json_schema.schema",
+                ),
+            )
+        ),
     ],
 )
 def test_schema_violations_are_400_naming_the_param(
