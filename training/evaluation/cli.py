@@ -62,6 +62,12 @@ def _floats(text: str) -> list[float]:
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--table", type=Path, required=True, help="outcome table (JSONL)")
     parser.add_argument(
+        "--prices",
+        type=Path,
+        help="price table (JSON/YAML) for outcomes that give tokens but no cost_usd "
+        "(default: the packaged catalog)",
+    )
+    parser.add_argument(
         "--split", default="test", help="split to evaluate: train, validation, test or all"
     )
     parser.add_argument("--split-seed", default="0", help="seed of the id-hash split")
@@ -139,6 +145,7 @@ def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
     records = load_outcome_table(args.table)
     if not records:
         raise RoutingError(f"{args.table}: the table is empty")
+    records = with_costs(records, args.prices)
     split = canonical_split(args.split)
     parts = split_records(records, args.split_fractions, args.split_seed)
     evaluated: list[OutcomeRecord] = parts.get(split)
@@ -308,6 +315,38 @@ def _note_training_overlap(
                 )
             )
             logger.warning("%s", notes[-1])
+
+
+def with_costs(records: list[OutcomeRecord], prices: Path | None) -> list[OutcomeRecord]:
+    """The table with every outcome's ``cost_usd``: an outcome that records only its tokens
+    (the outcome-table format allows it) is priced from ``prices``, else the packaged
+    catalog — as ``xrouter train`` prices it."""
+    if all(o.cost_usd is not None for r in records for o in r.outcomes.values()):
+        return records  # the usual table: nothing to price, no catalog read
+    from pricing import load_default_catalog
+    from training.datasets.prices import call_cost_usd, load_price_table
+
+    catalog = load_price_table(prices) if prices is not None else load_default_catalog()
+    where = str(prices) if prices is not None else "the packaged price catalog"
+    out = []
+    for r in records:
+        outcomes = dict(r.outcomes)
+        for m, o in r.outcomes.items():
+            if o.cost_usd is not None:
+                continue
+            if o.prompt_tokens is None or o.completion_tokens is None:
+                raise RoutingError(
+                    f"record {r.id!r}: model {m!r} has neither cost_usd nor its token counts"
+                )
+            if m not in catalog:
+                raise RoutingError(
+                    f"record {r.id!r}: model {m!r} has no cost_usd and no price in {where}"
+                    + ("" if prices is not None else " (pass --prices)")
+                )
+            cost = call_cost_usd(catalog, m, o.prompt_tokens, o.completion_tokens, r.id)
+            outcomes[m] = o.model_copy(update={"cost_usd": cost})
+        out.append(r.model_copy(update={"outcomes": outcomes}))
+    return out
 
 
 def run_eval(args: argparse.Namespace, registry: RouterRegistry | None = None) -> int:

@@ -513,3 +513,66 @@ def test_free_models_are_drawn_on_the_cost_quality_plot(paid_cost: float) -> Non
     drawn = {(float(x), float(y)) for c in ax.collections for x, y in np.asarray(c.get_offsets())}
     assert {(0.0, 0.5), (paid_cost, 1.0)} <= drawn
     assert np.isfinite(ax.transData.transform([(0.0, 0.5), (paid_cost, 1.0)])).all()
+
+
+def test_outcomes_with_tokens_but_no_cost_are_priced_as_train_prices_them(
+    tmp_path: Path, table_factory
+) -> None:
+    """The outcome-table format lets a cost be derived from tokens and a price table: eval
+    prices such outcomes (``--prices``, else the packaged catalog), and evaluates the table
+    exactly as the same table with those costs written out."""
+    prices: dict[str, dict[str, float]] = {
+        "cheap": {"input": 0.1, "output": 0.4},
+        "mid": {"input": 0.5, "output": 2},
+        "strong": {"input": 3, "output": 12},
+    }  # USD per million tokens
+    (tmp_path / "prices.json").write_text(json.dumps(prices))
+    priced: list[OutcomeRecord] = []
+    tokens_only: list[OutcomeRecord] = []
+    for i, r in enumerate(table_factory(240, seed=5)):
+        with_cost: dict[str, object] = {}
+        without: dict[str, object] = {}
+        for m, o in r.outcomes.items():
+            p, c = 200 + i, 30 + 7 * (i % 5)
+            usd = (p * prices[m]["input"] + c * prices[m]["output"]) / 1e6
+            base = {
+                "score": o.score,
+                "response": o.response,
+                "prompt_tokens": p,
+                "completion_tokens": c,
+            }
+            with_cost[m] = {**base, "cost_usd": usd}
+            without[m] = base
+        priced.append(OutcomeRecord.model_validate({**r.model_dump(), "outcomes": with_cost}))
+        tokens_only.append(OutcomeRecord.model_validate({**r.model_dump(), "outcomes": without}))
+    write_outcome_table(priced, tmp_path / "a.jsonl")
+    write_outcome_table(tokens_only, tmp_path / "b.jsonl")
+
+    def aiqs(table: str, *extra: str) -> dict[str, float]:
+        out = tmp_path / f"out-{table}"
+        argv = ["--table", str(tmp_path / table), "--policy", "knn:k=10", "--out", str(out)]
+        assert main([*argv, "--baselines", "oracle,random", *extra]) == 0
+        rows = json.loads((out / "metrics.json").read_text())["comparison"]["routers"]
+        return {r["name"]: r["aiq"] for r in rows}
+
+    expected = aiqs("a.jsonl")
+    assert aiqs("b.jsonl", "--prices", str(tmp_path / "prices.json")) == pytest.approx(expected)
+
+
+def test_an_outcome_that_cannot_be_priced_is_named(tmp_path: Path, capsys) -> None:
+    rec = {
+        "id": "r1",
+        "prompt": "hi",
+        "outcomes": {
+            "in-house-model": {"score": 1, "prompt_tokens": 10, "completion_tokens": 5},
+            "other": {"score": 0, "cost_usd": 0.001},
+        },
+    }
+    (tmp_path / "t.jsonl").write_text(json.dumps(rec) + "\n")
+    assert (
+        main(["--table", str(tmp_path / "t.jsonl"), "--split", "all", "--out", str(tmp_path / "o")])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "'in-house-model' has no cost_usd and no price in the packaged price catalog" in err
+    assert "--prices" in err and "Traceback" not in err
