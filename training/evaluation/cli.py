@@ -70,7 +70,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--split", default="test", help="split to evaluate: train, validation, test or all"
     )
-    parser.add_argument("--split-seed", default="0", help="seed of the id-hash split")
+    # An integer, as `xrouter train` takes it: a checkpoint's split is found again only from
+    # the same number (the hash reads its text: "01" would be another split than 1).
+    parser.add_argument("--split-seed", type=int, default=0, help="seed of the id-hash split")
     parser.add_argument(
         "--split-fractions",
         type=_floats,

@@ -576,3 +576,17 @@ def test_an_outcome_that_cannot_be_priced_is_named(tmp_path: Path, capsys) -> No
     err = capsys.readouterr().err
     assert "'in-house-model' has no cost_usd and no price in the packaged price catalog" in err
     assert "--prices" in err and "Traceback" not in err
+
+
+def test_the_split_seed_is_a_number_as_train_takes_it(table: Path, tmp_path: Path) -> None:
+    # The split hashes the seed's text: read as text, "01" was another split than the one a
+    # checkpoint trained with --split-seed 01 (the integer 1) held out.
+    def evaluated(seed: str) -> list[str]:
+        out = tmp_path / f"o{seed}"
+        argv = ["--table", str(table), "--baselines", "oracle", "--out", str(out)]
+        assert main([*argv, "--split-seed", seed]) == 0
+        return [json.loads((out / "metrics.json").read_text())["meta"]["split_seed"]]
+
+    assert evaluated("01") == evaluated("1") == [1]
+    with pytest.raises(SystemExit):
+        parse(["--table", str(table), "--split-seed", "one", "--out", str(tmp_path)])
