@@ -581,7 +581,7 @@ def test_an_outcome_that_cannot_be_priced_is_named(tmp_path: Path, capsys) -> No
 def test_the_split_seed_is_a_number_as_train_takes_it(table: Path, tmp_path: Path) -> None:
     # The split hashes the seed's text: read as text, "01" was another split than the one a
     # checkpoint trained with --split-seed 01 (the integer 1) held out.
-    def evaluated(seed: str) -> list[str]:
+    def evaluated(seed: str) -> list[object]:
         out = tmp_path / f"o{seed}"
         argv = ["--table", str(table), "--baselines", "oracle", "--out", str(out)]
         assert main([*argv, "--split-seed", seed]) == 0
