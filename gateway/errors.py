@@ -89,9 +89,17 @@ _UPSTREAM_STATUS = {
 UPSTREAM_CODE_STATUS = {code: status for status, code in _UPSTREAM_STATUS.values()}
 
 
+# Upstream refusals of the request itself (a 400, 413, 422, an unknown model): asked again,
+# the gateway would be refused again — it already retried and fell back where it could — so
+# the SDKs are told not to retry (OpenAI's honour ``x-should-retry``) instead of sending
+# the same request twice more.
+_NOT_RETRYABLE = frozenset({"upstream_4xx", "not_found"})
+
+
 def upstream_error(kind: str | None, message: str) -> APIError:
     status, code = _UPSTREAM_STATUS.get(kind or "", (502, "upstream_error"))
-    return APIError(status, message, type="upstream_error", code=code)
+    headers = {"x-should-retry": "false"} if kind in _NOT_RETRYABLE else None
+    return APIError(status, message, type="upstream_error", code=code, headers=headers)
 
 
 def from_provider_error(err: ProviderError) -> APIError:

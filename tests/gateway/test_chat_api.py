@@ -465,6 +465,19 @@ def test_upstream_failures_map_to_5xx_and_are_sanitized(
     assert err["type"] == "upstream_error"
     for leak in ("sk-replay-SECRET", "10.1.2.3", "http://", "127.0.0.1"):
         assert leak not in r.text
+    # A refusal of the request itself would be refused again: the SDKs are told not to retry
+    # it (they retry every 5xx otherwise); what may pass is left to them.
+    assert r.headers.get("x-should-retry") == ("false" if fault == "status=400" else None)
+
+
+def test_the_sdk_does_not_send_a_refused_request_again(
+    gateway: Gateway, upstream: Upstream
+) -> None:
+    upstream.fault(MODEL, "status=400", count=10)
+    sdk = openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=2)
+    with pytest.raises(openai.InternalServerError):
+        sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
+    assert upstream.stats()["requests"][MODEL] == 1  # not 3: the SDK did not retry
 
 
 def test_retry_recovers_from_one_transient_failure(gateway: Gateway, upstream: Upstream) -> None:
