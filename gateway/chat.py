@@ -138,9 +138,32 @@ def _validate(data: Any) -> tuple[dict[str, Any], ChatCompletionRequest]:
     unknown = data.keys() - _KNOWN_FIELDS
     if unknown:
         log.debug("tolerating unknown request fields: %s", sorted(unknown)[:10])
+    _check_messages(req)
     if not req.tools:
         data = _without_tool_settings(data, req)
     return data, req
+
+
+# Roles whose message is nothing without its content (an assistant's may be only tool calls
+# or a refusal; a legacy function result's may be null).
+_CONTENT_REQUIRED = frozenset({"system", "developer", "user", "tool"})
+
+
+def _check_messages(req: ChatCompletionRequest) -> None:
+    """What OpenAI's API requires of each message beyond its types: a provider refuses a
+    user message without content or a tool result without the call it answers, and its 400
+    would reach the client as a 502."""
+    for i, m in enumerate(req.messages):
+        if m.content is None and m.role in _CONTENT_REQUIRED:
+            raise bad_request(
+                f"messages[{i}].content: a {m.role} message needs its content",
+                param=f"messages[{i}].content",
+            )
+        if m.role == "tool" and not m.tool_call_id:
+            raise bad_request(
+                f"messages[{i}].tool_call_id: a tool message answers a call: name it",
+                param=f"messages[{i}].tool_call_id",
+            )
 
 
 def _without_tool_settings(data: dict[str, Any], req: ChatCompletionRequest) -> dict[str, Any]:

@@ -349,6 +349,19 @@ def test_a_body_nested_too_deeply_to_forward_is_400(
             {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "tool_choice": 1},
             "tool_choice",
         ),
+        # What each role's message needs: its content, a tool result its call's id.
+        ({"model": MODEL, "messages": [{"role": "user"}]}, "messages[0].content"),
+        (
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "x"}, {"role": "system", "content": None}],
+            },
+            "messages[1].content",
+        ),
+        (
+            {"model": MODEL, "messages": [{"role": "tool", "content": "42"}]},
+            "messages[0].tool_call_id",
+        ),
         # A JSON schema format as OpenAI requires it: an object, with a name of its kind.
         *(
             (
