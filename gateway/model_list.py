@@ -6,7 +6,6 @@ for Anthropic's clients."""
 from __future__ import annotations
 
 import datetime as dt
-import time
 from typing import Any
 
 from gateway.chat import Principal
@@ -57,7 +56,7 @@ def _may_use_model(who: Principal, name: str) -> bool:
 def list_models(rt: Runtime, who: Principal) -> list[dict[str, Any]]:
     """Every model name the caller may send, the routers first (``xrouter/fixed:<model>``
     names are not listed: one per pool model would only repeat the pool)."""
-    created = int(time.time())
+    created = rt.created
     data = []
     default = who.default_policy or rt.default_policy  # the key's own, if it has one
     if _may_use_policy(who, default):
@@ -74,7 +73,7 @@ def list_models(rt: Runtime, who: Principal) -> list[dict[str, Any]]:
 def find_model(rt: Runtime, who: Principal, model_id: str) -> dict[str, Any] | None:
     """The entry for ``model_id`` as the chat endpoint would resolve it, or None when it does
     not exist or the caller's key may not use it."""
-    created = int(time.time())
+    created = rt.created
     if model_id == ROUTER_MODEL or model_id.startswith(POLICY_PREFIX):
         default = who.default_policy or rt.default_policy
         policy = default if model_id == ROUTER_MODEL else model_id[len(POLICY_PREFIX) :]

@@ -5,6 +5,7 @@ swaps one reference; in-flight requests finish on the snapshot they started with
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,9 @@ class Runtime:
     policies: dict[str, Policy]
     default_policy: str
     checkpoint_info: dict[str, Any] = field(default_factory=dict)
+    # When this pool and these policies came to be served: the model list's ``created``,
+    # the same on every call (a client caching the list sees no change where there is none).
+    created: int = field(default_factory=lambda: int(time.time()))
     _subsets: dict[tuple[str, ...], ModelPool] = field(default_factory=dict, repr=False)
 
     def subset(self, names: list[str]) -> ModelPool:

@@ -5,6 +5,7 @@ caller's key may use."""
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,6 +52,15 @@ def test_every_listed_model_is_retrievable_by_its_id(gw: Gateway) -> None:
     }
     extra = c.models.retrieve(MODEL).model_extra
     assert extra is not None and float(extra["xrouter"]["price"]["input_per_mtok"]) > 0
+
+
+def test_the_listed_models_do_not_change_from_call_to_call(gw: Gateway) -> None:
+    # `created` was the time of each call: a client caching the list saw every model change.
+    c = client(gw)
+    first = [m.model_dump() for m in c.models.list()]
+    time.sleep(1.1)
+    assert [m.model_dump() for m in c.models.list()] == first
+    assert c.models.retrieve(MODEL).created == next(m["created"] for m in first if m["id"] == MODEL)
 
 
 def test_a_fixed_policy_name_is_retrievable_though_not_listed(gw: Gateway) -> None:
