@@ -3,6 +3,7 @@ an application can check its remaining budget without the admin key."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import orjson
@@ -10,11 +11,40 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from gateway.errors import APIError
+from gateway.ledger.keys import KeyInfo
+from gateway.ledger.spend import budget_spend
 from gateway.limits import LimitStoreUnavailable
+from gateway.limits.base import BudgetState
+from gateway.limits.windows import period_window
 from gateway.routes.openai import authorization, services
+from gateway.services import Services
 from pricing import micros_to_usd
 
 router = APIRouter()
+
+
+async def _from_ledger(s: Services, info: KeyInfo) -> BudgetState:
+    """The key's spend in its budget period as the ledger records it — what the limit store
+    is restored from, and what the admin's key list shows while the store is down — so a
+    client can still read its budget during a Redis outage. Holds of requests in flight are
+    not in the ledger yet: ``reserved`` is 0."""
+    if s.engine is None:
+        raise APIError(
+            503,
+            "the rate-limit store is unavailable",
+            type="server_error",
+            code="limits_unavailable",
+        )
+    window = period_window(info.budget_period, time.time())
+    spent = (await budget_spend(s.engine, [info.key_id], window.start)).get(info.key_id, 0)
+    budget = info.limits().budget_micros
+    return BudgetState(
+        spent=spent,
+        reserved=0,
+        remaining=None if budget is None else max(0, budget - spent),
+        period_start=window.start,
+        resets_at=window.end,
+    )
 
 
 @router.get("/v1/key")
@@ -32,12 +62,7 @@ async def key_info(request: Request) -> Response:
     try:
         state = await s.limits.spent(info.limits()) if s.limits is not None else None
     except LimitStoreUnavailable:
-        raise APIError(
-            503,
-            "the rate-limit store is unavailable",
-            type="server_error",
-            code="limits_unavailable",
-        ) from None
+        state = await _from_ledger(s, info)
     spent = micros_to_usd(state.spent) if state is not None else None
     remaining = (
         micros_to_usd(state.remaining)

@@ -70,3 +70,55 @@ def test_requests_are_refused_with_503_and_logged_when_the_limit_store_is_down(
     finally:
         server.stop()
         gw.stop()
+
+
+@pytest.mark.redis
+def test_a_key_reads_its_spend_from_the_ledger_while_the_store_is_down(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    """``GET /v1/key`` answers as the admin's list does during a Redis outage (it was a 503):
+    the period's spend as the ledger has it, the store's figure before the outage."""
+    server = PrivateRedis()
+    cfg = gateway_config(
+        tmp_path,
+        upstream.base_url,
+        auth={"enabled": True},
+        limits={"backend": "redis", "redis_url": server.url, "on_store_error": "closed"},
+    )
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        r = httpx.post(
+            f"{gw.url}/admin/keys",
+            json={
+                "alias": f"b-{secrets.token_hex(3)}",
+                "budget_usd": 5.0,
+                "budget_period": "daily",
+            },
+            headers=ADMIN,
+        )
+        key = {"Authorization": f"Bearer {r.json()['key']}"}
+        r = httpx.post(
+            f"{gw.base_url}/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]},
+            headers=key,
+            timeout=30,
+        )
+        assert r.status_code == 200, r.text
+        ledger_rows(gw, r.headers["x-xrouter-request-id"])  # written
+        before = httpx.get(f"{gw.base_url}/key", headers=key).json()["data"]
+        assert before["spent_usd"] > 0
+        server.stop()
+
+        r = httpx.get(f"{gw.base_url}/key", headers=key)
+        assert r.status_code == 200, r.text
+        during = r.json()["data"]
+        assert during["spent_usd"] == pytest.approx(before["spent_usd"])
+        assert during["remaining_usd"] == pytest.approx(5.0 - before["spent_usd"])
+        assert (during["period_start"], during["resets_at"]) == (
+            before["period_start"],
+            before["resets_at"],
+        )
+        assert "Traceback" not in gw.log()
+    finally:
+        server.stop()
+        gw.stop()
