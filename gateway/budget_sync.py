@@ -66,6 +66,8 @@ class BudgetSync:
         self._metrics = metrics
         self._clock = clock
         self._task = Periodic("xrouter-budget-sync", interval_s, self.check)
+        # Whether this process has seen the store restored (by itself or by another worker
+        # or an earlier process): a restore after that is a loss of the store, not startup.
         self._restored_once = False
         self._outage = OutageLog(
             log,
@@ -88,6 +90,9 @@ class BudgetSync:
         """Restore every budgeted key if the store lost its counters; True if it did."""
         try:
             if await self.store.spend_restored():
+                # Restored already (a restart on a persistent Redis, or another worker
+                # first): if the marker goes later, the store lost it.
+                self._restored_once = True
                 self._outage.recovered()
                 return False
             trigger = "store_lost" if self._restored_once else "startup"

@@ -70,6 +70,12 @@ CALL_COUNT_BUCKETS: tuple[float, ...] = (0, 1, 2, 3, 4, 5, 8, 16)
 TOKEN_KINDS = ("prompt", "completion", "cached", "reasoning")
 # Budget rejections: the key's budget, or the request's own cap (max_cost_usd).
 BUDGET_REASONS = ("key", "request")
+# Why key budgets were restored from the ledger (gateway.budget_sync).
+RESTORE_TRIGGERS = ("startup", "store_lost", "key_update")
+# The ledger writer's vocabularies (gateway.ledger.writer), and the limit store's modes.
+SPILL_REASONS = ("queue_full", "db_error", "db_unavailable")
+WRITE_ERROR_KINDS = ("db", "data", "spill", "closed")
+STORE_ERROR_MODES = ("open", "closed")
 # How often a key's budget gauge is read back from the limit store after its settles.
 BUDGET_REFRESH_S = 1.0
 
@@ -165,8 +171,8 @@ class GatewayMetrics:
             ("timeout", "rate_limited", "upstream_4xx", "upstream_5xx", "connection",
              "bad_response", "not_found", "budget", "circuit_open")
         )  # fmt: skip
-        self._spill_reason = _FirstComeLabel(("queue_full", "db_error", "db_unavailable"))
-        self._write_error_kind = _FirstComeLabel(("db", "data", "spill", "closed"))
+        self._spill_reason = _FirstComeLabel(SPILL_REASONS)
+        self._write_error_kind = _FirstComeLabel(WRITE_ERROR_KINDS)
         self._budget_reason = _FirstComeLabel(BUDGET_REASONS, extra=4)
         self._budget_gauge_keys = budget_gauge_keys
         self._budget_aliases: set[str] = set()
@@ -398,13 +404,24 @@ class GatewayMetrics:
             multiprocess_mode="liveall",
         )
         self._serving_checkpoint: tuple[str, str] | None = None
-        # Series that should exist (at 0) from the start, so rate() and alerts see them.
+        # Series that should exist (at 0) from the start, so rate() and alerts see them:
+        # increase() needs two samples of a series, so one born at 1 hides its first event
+        # (a single loss of the budgets' counters, a single ledger write error would never
+        # fire deploy/prometheus/alerts.yml).
         for limit in ("rpm", "tpm"):
             self._rate_limited.labels(limit=limit)
         for reason in BUDGET_REASONS:
             self._budget_rejections.labels(reason=reason)
         for result in ("hit", "coalesced", "miss", "bypass", "error"):
             self._cache_lookups.labels(result=result)
+        for trigger in RESTORE_TRIGGERS:
+            self._budget_restores.labels(trigger=trigger)
+        for reason in SPILL_REASONS:
+            self._ledger_spilled.labels(reason=reason)
+        for kind in WRITE_ERROR_KINDS:
+            self._ledger_write_errors.labels(kind=kind)
+        for mode in STORE_ERROR_MODES:
+            self._limit_store_errors.labels(mode=mode)
 
     def add_known(self, *, models: Iterable[str], policies: Iterable[str]) -> None:
         """Models and policies a reload or deploy brought: reported by name from now on
@@ -524,10 +541,10 @@ class GatewayMetrics:
         self._rate_limited.labels(limit=limit if limit in ("rpm", "tpm") else OTHER).inc()
 
     def limit_store_error(self, mode: str) -> None:
-        self._limit_store_errors.labels(mode=mode if mode in ("open", "closed") else OTHER).inc()
+        self._limit_store_errors.labels(mode=mode if mode in STORE_ERROR_MODES else OTHER).inc()
 
     def budget_restored(self, trigger: str) -> None:
-        known = ("startup", "store_lost", "key_update")
+        known = RESTORE_TRIGGERS
         self._child(self._budget_restores, trigger if trigger in known else OTHER).inc()
 
     def exports_key_budget(self, key_alias: str) -> bool:
@@ -577,8 +594,17 @@ class GatewayMetrics:
 
     def forget_key_budget(self, key_alias: str) -> None:
         """Stop exporting a key (revoked, its budget removed, or renamed) and free its slot.
-        In multiprocess mode the last values stay in the files until the workers restart."""
+
+        In multiprocess mode series cannot be removed from the workers' files: the last
+        reading would stay (a revoked key that was out of budget alerting until restart),
+        and a freed slot would let short-lived keys grow the series without bound. There
+        the reading becomes NaN (no reading: no alert fires on it) and the slot stays taken
+        until the workers restart (a key that keeps its alias exports again at its next
+        call)."""
         if key_alias in self._budget_aliases:
+            if multiprocess_enabled():
+                self._key_budget_remaining.labels(key_alias=key_alias).set(math.nan)
+                return
             self._budget_aliases.discard(key_alias)
             self._key_budget_remaining.remove(key_alias)
             self._key_budget_refusals.remove(key_alias)

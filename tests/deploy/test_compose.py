@@ -17,3 +17,23 @@ def test_compose_redis_persists_and_never_evicts() -> None:
     assert flags["--maxmemory-policy"] == "noeviction"
     volume = redis["volumes"][0].split(":")
     assert volume[1] == "/data" and volume[0] in compose["volumes"]
+
+
+def test_the_gateway_starts_once_its_database_and_redis_answer() -> None:
+    """The gateway migrates its ledger at startup and exits if the database does not answer:
+    started merely after the containers (PostgreSQL's first start initializes its data
+    directory on a server that takes no TCP connections, then restarts), it would die on a
+    fresh `docker compose up`; before Redis answers, its limits would refuse requests."""
+    compose = yaml.safe_load((REPO_ROOT / "deploy/compose/docker-compose.yml").read_text())
+    services = compose["services"]
+    gateway = services["xrouter"]
+    for dependency in ("postgres", "redis"):
+        assert gateway["depends_on"][dependency] == {"condition": "service_healthy"}
+        check = services[dependency]["healthcheck"]["test"]
+        assert check[0] == "CMD"
+    # Over TCP, as the gateway connects: the initializing server answers on its socket only.
+    pg_check = services["postgres"]["healthcheck"]["test"]
+    assert "pg_isready" in pg_check and pg_check[pg_check.index("-h") + 1] == "127.0.0.1"
+    assert services["redis"]["healthcheck"]["test"][1:] == ["redis-cli", "ping"]
+    # A gateway that exits later (a crash, an OOM kill) comes back.
+    assert gateway["restart"] == "unless-stopped"

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 import yaml
 
 from tests.deploy.conftest import requests_in
@@ -147,6 +148,49 @@ def test_refuses_auth_without_an_admin_key_and_can_create_the_secret(tmp_path: P
     assert res.returncode != 0 and "set adminKey.existingSecret" in res.stderr
     m = render(tmp_path, {"adminKey": {"value": "s3cret"}})
     assert m["Secret"]["data"]["admin-key"] == "czNjcmV0"  # base64 of s3cret
+
+
+def test_auth_off_needs_no_admin_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With auth off the chart asks for no admin key, so the pod gets no XROUTER_ADMIN_KEY
+    (its secretKeyRef is optional and there is no Secret): the config it renders must still
+    start, with the admin API off."""
+    monkeypatch.delenv("XROUTER_ADMIN_KEY", raising=False)
+    proc, base = start_replay_upstream(tmp_path)
+    try:
+        pool = [{"name": n, "model": f"openai/{n}", "api_base": base} for n in DEMO_MODELS]
+        m = render(
+            tmp_path,
+            {
+                "workers": 1,
+                "config": {
+                    "auth": {"enabled": False},
+                    "pool": pool,
+                    "ledger": {"spill_dir": str(tmp_path / "spill")},
+                },
+            },
+        )
+        assert "Secret" not in m
+        (admin,) = [e for e in container(m)["env"] if e["name"] == "XROUTER_ADMIN_KEY"]
+        assert admin["valueFrom"]["secretKeyRef"]["optional"] is True
+        config = yaml.safe_load(m["ConfigMap"]["data"]["config.yaml"])
+        env = {  # what the pod has: the ledger and Redis URLs, no admin key
+            "XROUTER_LEDGER_URL": f"sqlite+aiosqlite:///{tmp_path}/ledger.db",
+            "XROUTER_REDIS_URL": "redis://127.0.0.1:6379/5",
+        }
+        gw = start_gateway(tmp_path, config, env=env)
+        try:
+            client = openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0)
+            out = client.chat.completions.create(
+                model="xrouter", messages=[{"role": "user", "content": "hello, no auth"}]
+            )
+            assert out.choices[0].message.content
+            # No admin key: the admin API is off, not open to anyone.
+            keys = httpx.get(f"{gw.url}/admin/keys", headers={"Authorization": "Bearer x"})
+            assert keys.status_code in (401, 403), keys.text
+        finally:
+            gw.stop()
+    finally:
+        stop_replay_upstream(proc)
 
 
 def test_the_rendered_config_serves_with_postgres_and_redis(

@@ -239,6 +239,39 @@ async def test_a_redis_that_lost_its_data_is_restored_at_the_next_check(
         await _purge(prefix)
 
 
+@pytest.mark.redis
+async def test_a_loss_found_by_a_process_that_did_not_restore_at_startup_is_store_lost(
+    ledger: Ledger, metrics: GatewayMetrics, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A gateway restarted on a persistent Redis finds the counters there and restores
+    nothing at startup (as does every worker but the first): a later loss is still a loss
+    of the store, for the log and for the alert on trigger="store_lost"."""
+    if not _redis_up():
+        pytest.skip("Redis is not running on 127.0.0.1:6379")
+    prefix = f"xrtest-{uuid.uuid4().hex[:12]}"
+    store = RedisLimitStore(REDIS_URL, key_prefix=prefix)
+    key, _ = await ledger.keys.create("k", budget_usd=1)
+    ledgered = spend(ledger, key, NOW - HOUR, 250)
+    first = sync(store, ledger, GatewayMetrics(CollectorRegistry(), models=[], policies=[]))
+    restarted = sync(store, ledger, metrics)
+    try:
+        await first.start()
+        await first.aclose()  # the previous gateway process, gone
+        await restarted.start()  # finds the marker: nothing to restore
+        assert restores(metrics, "startup") == 0
+        assert await _purge(prefix) > 0
+        with caplog.at_level(logging.WARNING, logger="gateway.budget_sync"):
+            assert await restarted.check()
+        assert await spent(store, key) == ledgered
+        assert restores(metrics, "store_lost") == 1
+        assert restores(metrics, "startup") == 0
+        assert "lost its spend counters" in caplog.text
+    finally:
+        await restarted.aclose()
+        await store.aclose()
+        await _purge(prefix)
+
+
 async def test_a_ledger_that_cannot_be_read_is_retried_and_logged_once(
     ledger: Ledger, metrics: GatewayMetrics, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 import os
 import random
 import string
@@ -15,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.metrics import (
     LLM_BUCKETS,
     MULTIPROC_ENV,
+    WRITE_ERROR_KINDS,
     GatewayMetrics,
     arender_metrics,
     mark_process_dead,
@@ -137,9 +139,9 @@ def test_free_form_labels_are_bounded(registry: CollectorRegistry, metrics: Gate
         metrics.write_error(f"kind-{i}")
         metrics.upstream_error("qwen3-8b", f"weird-{i}")
     kinds = label_values(registry, "xrouter_ledger_write_errors_total", "kind")
-    assert (
-        len(kinds) == 16 + 1 and "other" in kinds and "kind-0" in kinds and "kind-39" not in kinds
-    )
+    # The writer's own kinds (exported at 0 from the start), first-come room, other.
+    assert len(kinds) == len(WRITE_ERROR_KINDS) + 16 + 1
+    assert "other" in kinds and "kind-0" in kinds and "kind-39" not in kinds
     assert registry.get_sample_value("xrouter_ledger_write_errors_total", {"kind": "other"}) == 24
     error_kinds = label_values(registry, "xrouter_upstream_errors_total", "kind")
     assert len(error_kinds) == 16 + 1  # first-come room + other
@@ -490,3 +492,40 @@ def test_a_dead_workers_open_circuit_stops_counting(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=30)
+
+
+_FORGETTING_WORKER = """
+import os, sys
+from prometheus_client import CollectorRegistry
+from gateway.metrics import GatewayMetrics
+
+m = GatewayMetrics(CollectorRegistry(), models=[], policies=[], budget_gauge_keys=2)
+m.key_budget_remaining("exhausted", 0)  # out of budget, then revoked
+m.forget_key_budget("exhausted")
+for i in range(10):  # keys made and revoked one after the other
+    m.key_budget_remaining(f"short-lived-{i}", 1_000_000)
+    m.forget_key_budget(f"short-lived-{i}")
+print(os.getpid(), flush=True)
+"""
+
+
+def test_a_forgotten_key_budget_reads_nan_and_keeps_its_slot_in_multiprocess_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Series cannot be removed from the workers' files: a revoked key's last reading would
+    stay (an exhausted key's XrouterKeyBudgetExhausted firing until the workers restart),
+    and freeing its slot would let a stream of short-lived keys grow the series without
+    bound. So the reading goes to NaN (no reading: no alert, a gap in Grafana) and the slot
+    stays taken."""
+    env = {**os.environ, MULTIPROC_ENV: str(tmp_path), "PYTHONPATH": str(REPO_ROOT)}
+    subprocess.run([sys.executable, "-c", _FORGETTING_WORKER], env=env, check=True, timeout=60)
+    monkeypatch.setenv(MULTIPROC_ENV, str(tmp_path))
+    body, _ = render_metrics(CollectorRegistry())
+    remaining = {
+        s.labels["key_alias"]: s.value
+        for family in text_string_to_metric_families(body.decode())
+        for s in family.samples
+        if s.name == "xrouter_key_budget_remaining_usd"
+    }
+    assert len(remaining) <= 2, sorted(remaining)  # budget_gauge_keys
+    assert all(math.isnan(v) for v in remaining.values()), remaining
