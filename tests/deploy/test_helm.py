@@ -100,13 +100,30 @@ def test_renders_a_hardened_deployment_behind_a_service(tmp_path: Path) -> None:
     assert other_annotations["checksum/config"] != annotations["checksum/config"]
 
 
+def test_a_disruption_budget_only_while_a_pod_may_go(tmp_path: Path) -> None:
+    # With one replica, minAvailable 1 refuses every eviction: node drains would hang on it.
+    def kinds(**values: object) -> set[str]:
+        return set(render(tmp_path, {**BASE, **values}))
+
+    assert "PodDisruptionBudget" not in kinds(replicaCount=1)
+    assert "PodDisruptionBudget" in kinds(replicaCount=2)
+    auto = {"enabled": True, "minReplicas": 1}
+    assert "PodDisruptionBudget" not in kinds(replicaCount=3, autoscaling=auto)
+    assert "PodDisruptionBudget" in kinds(autoscaling={**auto, "minReplicas": 2})
+
+
 def test_optional_parts(tmp_path: Path) -> None:
     m = render(
         tmp_path,
         {
             **BASE,
             "config": {"server": {"port": 9999, "log_level": "debug"}},
-            "metrics": {"serviceMonitor": {"enabled": True}},
+            "metrics": {
+                "serviceMonitor": {
+                    "enabled": True,
+                    "authorization": {"type": "Bearer", "credentials": {"name": "s", "key": "t"}},
+                }
+            },
             "autoscaling": {"enabled": True},
             "podDisruptionBudget": {"enabled": False},
             "checkpoints": {"existingClaim": "router-checkpoints"},
@@ -133,6 +150,8 @@ def test_optional_parts(tmp_path: Path) -> None:
     assert "OPENAI_API_KEY" in {e["name"] for e in c["env"]}
     monitor = m["ServiceMonitor"]["spec"]
     assert monitor["endpoints"][0]["path"] == "/metrics"
+    # The scrape token of metrics.bearer_token, from a Secret.
+    assert monitor["endpoints"][0]["authorization"]["credentials"] == {"name": "s", "key": "t"}
     # The scrape job is what deploy/prometheus/alerts.yml selects (XrouterDown: job="xrouter"),
     # whatever the release is called.
     job = m["Service"]["metadata"]["labels"][monitor["jobLabel"]]
