@@ -265,43 +265,52 @@ class Services:
         In-flight requests keep the old one. ``following``: the deployment this reload
         takes up, whose recorded version the loaded checkpoint must be."""
         async with self.reload_lock:
+            if following is not None and following.id <= (self._seen_deployment or 0):
+                # Taken up (or overtaken by this worker's own deploy) while this reload
+                # waited for the lock: loading it now would replace a newer deployment.
+                return self.current()
             file_settings = settings or self.file_settings or self.settings
-            serving = self._effective(file_settings)
+            # The deployment this reload serves, read once under the lock: the poller may
+            # take up a newer one while the build runs, and what is served and recorded
+            # must be what was built.
+            deployment = following if following is not None else self.deployment
+            serving = self._effective(file_settings, deployment)
             runtime = await self._build(serving)
             if following is not None:
                 check_deployed_version(runtime, following)
+                self._seen_deployment = following.id
             elif serving is not file_settings:
-                await self._record_rewritten_deployment(runtime)
+                deployment = await self._record_rewritten_deployment(runtime, deployment)
             self.file_settings, self.settings, self.runtime = file_settings, serving, runtime
+            self.deployment = deployment
             self._observe_runtime()
             log.info("reloaded: pool=%s policies=%s", runtime.pool.names, runtime.policy_names)
             return runtime
 
-    async def _record_rewritten_deployment(self, runtime: Runtime) -> None:
-        """The deployed checkpoint was rewritten in place (retrained into its directory)
-        and this reload (the file watcher's, or an admin one) loaded it: that content is
-        the deployment now. Recorded as a new deployment of the same path, so restarts and
-        the other workers and replicas take it instead of refusing it as a stale copy; if
-        it cannot be recorded the reload fails and the recorded content keeps serving."""
-        d = self.deployment
+    async def _record_rewritten_deployment(self, runtime: Runtime, d: Any) -> Any:
+        """The deployed checkpoint ``d`` was rewritten in place (retrained into its
+        directory) and this reload (the file watcher's, or an admin one) loaded it: that
+        content is the deployment now. Recorded as a new deployment of the same path, so
+        restarts and the other workers and replicas take it instead of refusing it as a
+        stale copy; if it cannot be recorded the reload fails and the recorded content keeps
+        serving. Returns the deployment the runtime serves."""
         found = (runtime.checkpoint_info or {}).get("version")
         if d is None or self.deployments is None or found is None or found == d.version:
-            return
+            return d
         latest = await self.deployments.latest()
         if latest is not None and (latest.checkpoint, latest.version) == (d.checkpoint, found):
-            self.deployment = latest  # another worker recorded it first
+            d = latest  # another worker recorded it first
         else:
-            self.deployment = await self.deployments.record(
-                d.checkpoint, found, d.config_checkpoint
-            )
+            d = await self.deployments.record(d.checkpoint, found, d.config_checkpoint)
             log.info(
                 "the deployed checkpoint %s changed in place (version %s): recorded as "
                 "deployment %d",
                 d.checkpoint,
                 found,
-                self.deployment.id,
+                d.id,
             )
-        self._seen_deployment = self.deployment.id
+        self._seen_deployment = d.id
+        return d
 
     async def deploy(self, checkpoint: str, settings: Settings | None = None) -> Runtime:
         """Serve ``checkpoint`` here and record it for every other worker and replica (and
@@ -328,8 +337,7 @@ class Services:
             build_runtime, settings, events=_MetricEvents(self), previous=self.runtime
         )
 
-    def _effective(self, file_settings: Settings) -> Settings:
-        d = self.deployment
+    def _effective(self, file_settings: Settings, d: Any) -> Settings:
         if d is None or not d.applies_to(file_settings.router.checkpoint):
             return file_settings
         return _with_checkpoint(file_settings, d.checkpoint)
@@ -384,16 +392,17 @@ class Services:
         )
         if retry is not None and time.monotonic() < retry[1]:
             return
-        previous, self.deployment = self.deployment, latest
         file_checkpoint = (self.file_settings or self.settings).router.checkpoint
         if latest.applies_to(file_checkpoint):
+            # ``reload`` takes ``latest`` up under the reload lock, and only once it loaded:
+            # set here, before the lock, a reload or deploy already building would serve or
+            # record it in place of what it built.
             try:
                 await self.reload(following=latest)
             except Exception as exc:
                 # The checkpoint may not have reached this replica yet (a volume still
                 # syncing): keep serving the previous router and try again later, backing
                 # off so that a checkpoint that never loads is not rebuilt every poll.
-                self.deployment = previous
                 delay = (
                     min(2 * retry[2], _MAX_DEPLOY_RETRY_S)
                     if retry is not None
@@ -404,11 +413,11 @@ class Services:
                     f"deployment {latest.id} ({latest.checkpoint}): {exc}; "
                     f"retrying in {delay:.0f} s"
                 ) from exc
-            except BaseException:
-                self.deployment = previous
-                raise
             log.info("following deployment %d: %s", latest.id, latest.checkpoint)
-        self._seen_deployment, self._deploy_retry = latest.id, None
+        elif latest.id > (self._seen_deployment or 0):
+            self.deployment = latest  # the config's own checkpoint has since won
+        self._seen_deployment = max(latest.id, self._seen_deployment or 0)
+        self._deploy_retry = None
 
     async def _poll_deployments(self, interval_s: float) -> None:
         while True:

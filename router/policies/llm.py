@@ -56,8 +56,10 @@ def cost_weight_line(cost_weight: float) -> str:
     trade-off. A router trained on verl (``training.verl``) sees it in every training
     prompt, with λ drawn per prompt, so one checkpoint serves every trade-off; serve it with
     ``router.llm.cost_weight_in_prompt: true`` so it sees the same line."""
+    # + 0.0 turns -0.0 (a valid request value, being >= 0) into 0.0: "-0" is not a λ the
+    # router was trained on.
     return (
-        f"Cost weight for this request: lambda = {cost_weight:g}. The reward is the answer's "
+        f"Cost weight for this request: lambda = {cost_weight + 0.0:g}. The reward is the answer's "
         "quality minus lambda times its normalized cost: with a higher lambda, spend less."
     )
 

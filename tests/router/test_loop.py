@@ -220,6 +220,13 @@ async def test_cost_weight_reaches_a_lambda_conditioned_router(
     assert "lambda = 0.5" in weighted
 
 
+def test_a_negative_zero_cost_weight_reads_as_zero() -> None:
+    # `"cost_weight": -0.0` passes the request schema (it is >= 0); a router trained on verl
+    # saw "lambda = 0" for no cost pressure, never "lambda = -0".
+    assert cost_weight_line(-0.0) == cost_weight_line(0.0)
+    assert "lambda = 0." in cost_weight_line(-0.0)
+
+
 async def test_single_call_then_select(setup: Any, scripted_router: ScriptedRouter) -> None:
     p, orch, policy, _ = setup
     scripted_router.script({"tool_calls": [call(CHEAP, "t1")]}, {"tool_calls": [select("t1")]})

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -64,10 +65,14 @@ class VerlDataConfig:
     router_price: tuple[float, float] = (0.0, 0.0)
 
     def __post_init__(self) -> None:
-        if not self.lambdas or any(lam < 0 for lam in self.lambdas):
-            raise ValueError("lambdas must be non-empty and non-negative")
-        if len(self.router_price) != 2 or any(p < 0 for p in self.router_price):
-            raise ValueError("router_price is two non-negative prices (input, output)")
+        # NaN passes a `< 0` test: it would make every reward of its prompts NaN (and an
+        # infinite λ a free model's penalty, 0 · ∞), silently poisoning the run.
+        if not self.lambdas or any(not math.isfinite(lam) or lam < 0 for lam in self.lambdas):
+            raise ValueError("lambdas must be non-empty, finite and non-negative")
+        if len(self.router_price) != 2 or any(
+            not math.isfinite(p) or p < 0 for p in self.router_price
+        ):
+            raise ValueError("router_price is two finite, non-negative prices (input, output)")
 
 
 def draw_lambda(record_id: str, lambdas: Sequence[float], seed: int = 0) -> float:

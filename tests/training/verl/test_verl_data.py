@@ -65,6 +65,13 @@ def test_bad_settings_are_refused() -> None:
         VerlDataConfig(lambdas=())
     with pytest.raises(ValueError, match="router_price"):
         VerlDataConfig(router_price=(1.0,))  # type: ignore[arg-type]
+    # `--lambdas nan,inf` parses as floats: a NaN λ makes every reward NaN, an infinite
+    # one makes a free model's penalty NaN (0 · ∞), and neither is a trade-off to learn.
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="finite"):
+            VerlDataConfig(lambdas=(0.1, bad))
+        with pytest.raises(ValueError, match="finite"):
+            VerlDataConfig(router_price=(0.1, bad))
 
 
 def test_the_pool_and_the_agent_loop_registration(verl_dir: Path) -> None:
