@@ -93,6 +93,12 @@ class XRouterControls(BaseModel):
     # tag in /admin/spend. At most 16, each 1 to 64 characters.
     tags: list[str] | None = Field(default=None, max_length=MAX_TAGS)
 
+    @field_validator("cost_weight")
+    @classmethod
+    def _no_negative_zero(cls, value: float | None) -> float | None:
+        # -0.0 passes ``ge=0`` but would be logged, cached and shown to a router as "-0".
+        return None if value is None else value + 0.0
+
     @field_validator("tags")
     @classmethod
     def _tags(cls, value: list[str] | None) -> list[str] | None:

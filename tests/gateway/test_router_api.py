@@ -55,6 +55,22 @@ def test_compact_routes_with_a_logged_propensity(
     assert resp.choices[0].message.content == demo_table[0].outcomes[resp.model].response
 
 
+def test_a_negative_zero_cost_weight_is_zero(
+    gateway: Gateway, demo_table: list[OutcomeRecord]
+) -> None:
+    # -0.0 passes `>= 0`; it was logged and shown as "-0", and keyed apart in the cache.
+    r = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        content=b'{"model": "xrouter/compact", "xrouter": {"cost_weight": -0.0}, "messages": '
+        + json.dumps([{"role": "user", "content": demo_table[1].text}]).encode()
+        + b"}",
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    assert '"cost_weight":0.0' in r.text.replace(" ", "") and "-0.0" not in r.text
+
+
 def test_default_model_name_is_the_compact_policy(gateway: Gateway) -> None:
     raw = client(gateway).chat.completions.with_raw_response.create(
         model="xrouter", messages=[{"role": "user", "content": "Hello"}]
