@@ -325,7 +325,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # Reports and checkpoints record the command that made them.
     args.command_line = shlex.join(["xrouter", *(sys.argv[1:] if argv is None else argv)])
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except BrokenPipeError:
+        # The reader went away (`xrouter checkpoints --show X | head`): as any Unix tool,
+        # stop quietly. Python's documented recipe: point stdout at devnull so the
+        # interpreter's final flush cannot raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool killed by it
 
 
 if __name__ == "__main__":

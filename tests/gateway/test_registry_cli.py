@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,7 @@ import pytest
 from gateway.cli import main
 from router.checkpoint import load_checkpoint
 from router.outcomes import write_outcome_table
+from tests.support.replay import REPO_ROOT
 from tests.training.compact.conftest import make_tables
 
 
@@ -103,3 +107,17 @@ def test_a_run_directory_lists_its_step_checkpoints_and_names_its_final_one(
     assert main(["checkpoints", "--show", str(run)]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["version"] == load_checkpoint(run / "checkpoint").version
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
+    # `xrouter checkpoints --show X | head`: a BrokenPipeError traceback before. `true`
+    # reads nothing and is gone long before the CLI has imported enough to print.
+    proc = subprocess.run(
+        f"{shlex.quote(sys.executable)} -m gateway.cli checkpoints --show packaged:demo | true",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO_ROOT,
+    )
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
