@@ -35,7 +35,8 @@ _SECRET_PATTERNS = (
     re.compile(
         r"(?i)(api[_-]?key|authorization|token|secret|password|passwd)([\"'\s:=]+)[^\s\"',}]+"
     ),
-    re.compile(r"\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s\"'<>]+"),
+    # A URL, less the punctuation closing the sentence around it ("(at https://h/v1).").
+    re.compile(r"\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s\"'<>]*[^\s\"'<>).,;:!?\]]"),
     re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b"),
     re.compile(r"\bAKIA[0-9A-Z]{16}\b"),
 )

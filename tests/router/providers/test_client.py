@@ -308,6 +308,10 @@ def test_sanitize_strips_secrets_urls_and_addresses() -> None:
     for leak in ("AIzaSy", "gsk_0123", "hf_abcdef", "dXNlcjpw", "s3cr3t"):
         assert leak not in out, out
     assert "rejected" in out and "password=[redacted]" in out
+    # The sentence around a URL survives it.
+    assert sanitize("failed (upstream m at http://10.1.2.3:8000/v1). Retry.") == (
+        "failed (upstream m at [redacted]). Retry."
+    )
 
 
 async def test_an_open_circuit_skips_the_model_then_a_probe_closes_it(
