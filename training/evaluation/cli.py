@@ -87,7 +87,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         + ", ".join(BASELINE_NAMES)
         + ", escalation) or a loader spec: compact:<checkpoint>, policy:<cascade|cheapest|random"
         "|fixed:MODEL>, llm:<base_url>[#model[#lambda,price=IN/OUT]] (USD per 1M tokens; "
-        "else the catalog's price for the model, else free); repeatable",
+        "else the catalog's price for the model, else free); or, as a client names it, a "
+        "gateway policy (compact, cheapest, random, fixed:MODEL), a checkpoint path, run "
+        "directory or packaged:<name>; repeatable",
     )
     parser.add_argument(
         "--baselines",
