@@ -356,8 +356,14 @@ class ChatService:
             rlog.end_user = end_user(req.user)
             rlog.tags = req.xrouter.tags if req.xrouter is not None else None
             guard: KeyBudgetGuard | None = await self.hooks.admit(rlog, ctx)
+            # request_timeout_s bounds the whole request (a relayed stream's deadline counts
+            # from t0 too): time spent waiting for an identical request's answer is taken
+            # from what the routing has left, else a follower would route afresh after the
+            # wait and outlast its timeout (its stream cut at the deadline, the call paid).
+            timeout_s = rt.settings.server.request_timeout_s
             if self.cache is not None and not (req.stream and req.n > 1):
-                hit = await self._lookup(rt, data, req, who, resolved, rlog, ctx)
+                left_s = timeout_s - (time.perf_counter() - t0)
+                hit = await self._lookup(rt, data, req, who, resolved, rlog, ctx, left_s)
                 if hit is not None:
                     return await self._answer_from_cache(req, rlog, ctx, hit)
             # The run's state is the request's from the start: whatever ends the run (an
@@ -369,12 +375,15 @@ class ChatService:
                     ctx,
                     stream=req.stream,
                     guard=guard,
-                    timeout_s=rt.settings.server.request_timeout_s,
+                    timeout_s=max(timeout_s - (time.perf_counter() - t0), 0.0),
                     state=rlog.result_state,
                 )
             except NoAnswer as exc:
                 if isinstance(exc, RequestTimeout):
-                    raise upstream_error("timeout", str(exc)) from None
+                    # Named by the configured timeout, not by what was left of it.
+                    raise upstream_error(
+                        "timeout", f"the request did not finish within {timeout_s:g} s"
+                    ) from None
                 last = exc.last_failure
                 if last is not None and last.error_kind == "budget":
                     raise self.hooks.budget_error(
@@ -438,6 +447,7 @@ class ChatService:
         resolved: Resolved,
         rlog: RequestLog,
         ctx: RouteContext,
+        max_wait_s: float,
     ) -> CachedAnswer | None:
         assert self.cache is not None
         ticket = rlog.cache = self.cache.ticket(
@@ -472,7 +482,7 @@ class ChatService:
         # A relayed stream is stored only when its whole answer is text: a streamed request
         # with more (tools, logprobs) would keep identical ones waiting for nothing.
         may_lead = not req.stream or streamed_text_only(req)
-        hit = await self.cache.lookup(ticket, usable, may_lead=may_lead)
+        hit = await self.cache.lookup(ticket, usable, may_lead=may_lead, max_wait_s=max_wait_s)
         # A coalesced answer is a hit to the client: another request's answer, for nothing.
         shown = {"error": "miss", "coalesced": "hit"}
         rlog.extra_headers["x-xrouter-cache"] = shown.get(ticket.result, ticket.result)

@@ -118,6 +118,7 @@ class AnswerCache:
         usable: Callable[[CachedAnswer], bool] | None = None,
         *,
         may_lead: bool = True,
+        max_wait_s: float | None = None,
     ) -> CachedAnswer | None:
         """The stored answer for ``ticket``, or one an identical request in flight is
         buying, or None (recording why on the ticket). An answer ``usable`` rejects is a
@@ -146,12 +147,14 @@ class AnswerCache:
             answer = None
         if answer is not None:
             return self._found(ticket, "hit", answer)
-        answer = await self._coalesce(ticket, may_lead)
+        answer = await self._coalesce(ticket, may_lead, max_wait_s)
         if answer is not None and (usable is None or usable(answer)):
             return self._found(ticket, "coalesced", answer)
         return self._found(ticket, result, None)
 
-    async def _coalesce(self, ticket: CacheTicket, may_lead: bool) -> CachedAnswer | None:
+    async def _coalesce(
+        self, ticket: CacheTicket, may_lead: bool, max_wait_s: float | None
+    ) -> CachedAnswer | None:
         """After a miss: wait for an identical request's answer if one is being bought, else
         lead. None: nothing to share."""
         wait_s = self.settings.coalesce_wait_s
@@ -164,6 +167,8 @@ class AnswerCache:
             if may_lead and ticket.storable:
                 ticket.flight = self._flights[ticket.key] = _Flight(self._flights, ticket.key)
             return None
+        if max_wait_s is not None:
+            left = min(left, max_wait_s)
         try:
             # Shielded: a follower that gives up, or is cancelled, leaves the leader's
             # answer to the others.

@@ -157,6 +157,15 @@ def test_streamed_and_plain_requests_share_answers(
     assert upstream.stats()["requests"][MODEL] == 2  # one per prompt
 
 
+def reached_upstream(upstream: Upstream, n: int = 1) -> None:
+    """Wait until ``n`` calls to MODEL have reached the upstream (counted on arrival, before
+    any injected latency): a request that is upstream has passed its cache lookup."""
+    deadline = time.monotonic() + 10
+    while upstream.stats()["requests"].get(MODEL, 0) < n:
+        assert time.monotonic() < deadline, "the first request never reached the upstream"
+        time.sleep(0.01)
+
+
 def coalesced(gw: Gateway) -> float:
     """How many lookups were answered with an identical request's answer in flight."""
     for line in httpx.get(f"{gw.url}/metrics", timeout=10).text.splitlines():
@@ -176,7 +185,7 @@ def test_identical_requests_in_flight_buy_one_answer(
     upstream.fault(MODEL, "latency=1500")  # the first call is slow; any other would not be
     with ThreadPoolExecutor(5) as pool:
         first = pool.submit(ask, cached, rec.text)
-        time.sleep(0.3)  # the first is upstream now
+        reached_upstream(upstream)  # the first leads: it is upstream now
         plain = [pool.submit(ask, cached, rec.text) for _ in range(3)]
 
         def streamed() -> tuple[str, str]:
@@ -217,7 +226,7 @@ def test_requests_waiting_for_a_failed_answer_route_for_themselves(
     upstream.fault(MODEL, "timeout=1", count=2)  # slow and failing, retry included
     with ThreadPoolExecutor(3) as pool:
         first = pool.submit(ask, cached, rec.text)
-        time.sleep(0.3)
+        reached_upstream(upstream)  # the first leads: it is upstream now
         others = [pool.submit(ask, cached, rec.text) for _ in range(2)]
         with pytest.raises(openai.APIStatusError):
             first.result(timeout=30)
@@ -226,6 +235,43 @@ def test_requests_waiting_for_a_failed_answer_route_for_themselves(
         rec.outcomes[MODEL].response
     ] * 2
     assert upstream.stats()["requests"][MODEL] >= 2
+
+
+def test_a_request_that_waited_for_a_failed_answer_keeps_to_its_timeout(
+    upstream: Upstream, demo_table: list[OutcomeRecord], tmp_path: Path
+) -> None:
+    """The wait for an identical request's answer is part of the request's own time: when
+    that answer never comes (the first request timed out), the one that waited has only
+    what is left of server.request_timeout_s to route in — a 504 at its deadline, not an
+    answer long past it."""
+    cfg = gateway_config(tmp_path, upstream.base_url, cache={"enabled": True})
+    cfg["server"] = {**cfg.get("server", {}), "request_timeout_s": 3}
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        rec = next(prompts(demo_table, MODEL))
+        upstream.fault(MODEL, "timeout")  # the first request's call never answers
+        upstream.fault(MODEL, "latency=2000", count=2)  # and the next one is slow
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(ask, gw, rec.text)
+            reached_upstream(upstream)  # the first leads: it is upstream now
+
+            def timed() -> tuple[int, float]:
+                t0 = time.monotonic()
+                try:
+                    ask(gw, rec.text)
+                except openai.APIStatusError as exc:
+                    return exc.status_code, time.monotonic() - t0
+                return 200, time.monotonic() - t0
+
+            second = pool.submit(timed)
+            with pytest.raises(openai.APIStatusError) as leader_error:
+                first.result(timeout=30)
+            status, elapsed = second.result(timeout=30)
+        assert leader_error.value.status_code == 504
+        assert "within 3 s" in str(leader_error.value)
+        assert status == 504 and elapsed < 3 + 0.9
+    finally:
+        gw.stop()
 
 
 def test_the_router_s_answers_are_cached_per_policy_and_routing_controls(
