@@ -110,6 +110,12 @@ def test_a_disruption_budget_only_while_a_pod_may_go(tmp_path: Path) -> None:
     auto = {"enabled": True, "minReplicas": 1}
     assert "PodDisruptionBudget" not in kinds(replicaCount=3, autoscaling=auto)
     assert "PodDisruptionBudget" in kinds(autoscaling={**auto, "minReplicas": 2})
+    # A percentage is of the replicas, rounded up: 50% of one is one.
+    half = {"enabled": True, "minAvailable": "50%"}
+    assert "PodDisruptionBudget" not in kinds(replicaCount=1, podDisruptionBudget=half)
+    assert "PodDisruptionBudget" in kinds(replicaCount=3, podDisruptionBudget=half)
+    every = {"enabled": True, "minAvailable": "100%"}
+    assert "PodDisruptionBudget" not in kinds(replicaCount=3, podDisruptionBudget=every)
 
 
 def test_optional_parts(tmp_path: Path) -> None:
