@@ -101,6 +101,42 @@ class Resolved:
 # Bodies are refused (400) past what can be written back with this many levels to spare
 # for what the gateway wraps around a request's values (a ledger row, a cache key).
 _WRAP_LEVELS = 16
+_MAX_DEPTH = 254 - _WRAP_LEVELS
+# How the depth is checked: writing the body back costs time in proportion to its bytes
+# (~1 µs per KB: 4.6 ms for a 5 MB base64 image), walking its arrays and objects in
+# proportion to how many there are (~1 µs each: 1.5 ms for 50 tools' schemas, 10 µs for
+# the image). Small bodies are written back; a large one is walked — most of a large body
+# is one long string — up to this many containers, then written back.
+_WALK_FROM_BYTES = 256 * 1024
+_WALK_CONTAINERS = 5_000
+
+
+def _written_back_fits(data: Any) -> bool:
+    wrapped: Any = data
+    for _ in range(_WRAP_LEVELS):
+        wrapped = [wrapped]
+    try:
+        orjson.dumps(wrapped)
+    except TypeError:  # orjson's "Recursion limit reached": nothing else it read can fail
+        return False
+    return True
+
+
+def _walked_fits(data: Any) -> bool | None:
+    """Whether no array or object lies deeper than ``_MAX_DEPTH``; None past
+    ``_WALK_CONTAINERS`` containers (undecided)."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    seen = 0
+    while stack:
+        node, depth = stack.pop()
+        if depth > _MAX_DEPTH:
+            return False
+        seen += 1
+        if seen > _WALK_CONTAINERS:
+            return None
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return True
 
 
 def decode_json(raw: bytes) -> Any:
@@ -109,16 +145,16 @@ def decode_json(raw: bytes) -> Any:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
-    wrapped: Any = data
-    for _ in range(_WRAP_LEVELS):
-        wrapped = [wrapped]
-    try:
-        orjson.dumps(wrapped)  # a few microseconds for a usual body
-    except TypeError:  # orjson's "Recursion limit reached": nothing else it read can fail
+    if not isinstance(data, dict | list):
+        return data
+    fits = _walked_fits(data) if len(raw) >= _WALK_FROM_BYTES else None
+    if fits is None:
+        fits = _written_back_fits(data)
+    if not fits:
         raise bad_request(
             "request body is nested too deeply (arrays and objects within each other)",
             code="invalid_json",
-        ) from None
+        )
     return data
 
 
