@@ -106,15 +106,18 @@ class KeyRouting(BaseModel):
     not say (``cost_weight``), or at most (``max_cost_usd``, a ceiling on the request's own
     cap), and the policy the model name ``xrouter`` means for it."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     default_policy: str | None = Field(default=None, min_length=1, max_length=64)
     cost_weight: float | None = Field(default=None, ge=0, le=1e6)
     max_cost_usd: float | None = Field(default=None, gt=0, le=MAX_USD, allow_inf_nan=False)
 
 
+# Strict types, as the chat API's: `"rpm": true` is not a rate of 1, nor `"budget_usd": "5"`
+# a budget (JSON's own types still convert: a whole number is a float, a timestamp string
+# a time).
 class KeyCreate(_Expiry):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     alias: str = Field(min_length=1, max_length=128)
     budget_usd: float | None = _budget()
@@ -138,7 +141,7 @@ def _alias_not_null(alias: str | None) -> str | None:
 
 
 class KeyUpdate(_Expiry):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     alias: str | None = Field(default=None, min_length=1, max_length=128)
     budget_usd: float | None = _budget()

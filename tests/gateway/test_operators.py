@@ -259,6 +259,17 @@ def test_admin_bodies_that_cannot_be_taken_are_400s_naming_the_problem(gw: Gatew
         both = {"alias": "both", "duration": "1h", "expires_at": "2100-01-01"}
         r = c.post(f"{gw.url}/admin/keys", json=both, headers=ADMIN)
         assert r.status_code == 400 and r.json()["error"]["code"] is None, r.text
+        # Values of the wrong JSON type are refused, not coerced (`true` was an rpm of 1).
+        typed: tuple[tuple[dict[str, object], str], ...] = (
+            ({"rpm": True}, "rpm"),
+            ({"budget_usd": "5"}, "budget_usd"),
+            ({"routing": {"cost_weight": "0.5"}}, "routing.cost_weight"),
+        )
+        for wrong, param in typed:
+            r = c.post(f"{gw.url}/admin/keys", json={"alias": "typed", **wrong}, headers=ADMIN)
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+            r = c.patch(url, json=wrong, headers=ADMIN)
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
         # A key's alias is required: null does not clear it (it was a 500).
         r = c.patch(url, json={"alias": None}, headers=ADMIN)
         assert r.status_code == 400 and r.json()["error"]["param"] == "alias", r.text
