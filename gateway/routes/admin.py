@@ -254,6 +254,19 @@ async def create_key(request: Request) -> Response:
 KEYS_PAGE_DEFAULT, KEYS_PAGE_MAX = 100, 1000
 
 
+def _flag(value: str | None, name: str) -> bool:
+    """A yes/no query parameter; anything else is a 400 (``include_revoked=yes`` used to
+    list without the revoked keys, silently)."""
+    if value is None:
+        return False
+    v = value.strip().lower()
+    if v in ("1", "true"):
+        return True
+    if v in ("0", "false", ""):
+        return False
+    raise bad_request(f"{name} must be true or false", param=name)
+
+
 def _page_limit(value: str | None) -> int:
     if value is None:
         return KEYS_PAGE_DEFAULT
@@ -273,7 +286,7 @@ async def list_keys(request: Request) -> Response:
     whether another page follows."""
     s = await _admin(request)
     q = request.query_params
-    include = q.get("include_revoked") in ("1", "true")
+    include = _flag(q.get("include_revoked"), "include_revoked")
     limit, after = _page_limit(q.get("limit")), q.get("after") or None
     try:
         # One more than asked: whether another page follows, without counting.
