@@ -17,6 +17,7 @@ from gateway.messages.request import (
     parse_request,
     to_chat,
 )
+from gateway.render import id_headers
 from gateway.translation import BODY_HEADERS, renamed
 
 __all__ = [
@@ -26,8 +27,21 @@ __all__ = [
     "anthropic_error",
     "client_param",
     "parse_request",
+    "request_id_headers",
     "to_chat",
 ]
+
+
+def request_id_headers(request_id: str) -> dict[str, str]:
+    """The request's id as the gateway and OpenAI name it (``id_headers``) and as Anthropic
+    does: its SDKs read ``request-id`` (not ``x-request-id``) into a message's
+    ``_request_id`` and an error's ``request_id``."""
+    return {**id_headers(request_id), "request-id": request_id}
+
+
+def _with_request_id(headers: dict[str, str]) -> dict[str, str]:
+    request_id = headers.get("x-xrouter-request-id")
+    return {**headers, **request_id_headers(request_id)} if request_id else headers
 
 
 def anthropic_error(err: APIError, extra_headers: dict[str, str] | None = None) -> Response:
@@ -36,13 +50,13 @@ def anthropic_error(err: APIError, extra_headers: dict[str, str] | None = None) 
         orjson.dumps(error_body(err.status, err.body()["error"])),
         status_code=err.status,
         media_type="application/json",
-        headers={**err.headers, **(extra_headers or {})},
+        headers=_with_request_id({**err.headers, **(extra_headers or {})}),
     )
 
 
 def adapt(req: MessagesRequest, chat: Response) -> Response:
     """The chat service's answer to the translated request, as the Messages API answers."""
-    headers = {k: v for k, v in chat.headers.items() if k not in BODY_HEADERS}
+    headers = _with_request_id({k: v for k, v in chat.headers.items() if k not in BODY_HEADERS})
     if chat.status_code != 200:
         try:
             err = orjson.loads(chat.body)["error"]

@@ -180,7 +180,13 @@ def _add_message(messages: list[dict[str, Any]], message: dict[str, Any], where:
         return
     blocks = _blocks(message.get("content"), where)
     if role == "assistant":
-        messages.append(_assistant(blocks, where))
+        turn = _assistant(blocks, where)
+        # A turn of thinking blocks only (or of nothing) has nothing left for a chat model:
+        # an assistant message with neither content nor tool calls is refused by chat
+        # providers (a 400 that reached the client as a 502), so the turn is left out, as
+        # its blocks are. (Last, it was a prefill of nothing.)
+        if turn["content"] is not None or "tool_calls" in turn:
+            messages.append(turn)
         return
     # A user turn: its tool results become chat tool messages (they answer the previous
     # assistant turn's calls, so they come first), the rest one user message.

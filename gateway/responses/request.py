@@ -140,7 +140,6 @@ def to_chat(req: ResponsesRequest) -> dict[str, Any]:
 # Chat request fields -> the Responses fields they were translated from.
 _CLIENT_FIELDS = {
     "max_completion_tokens": "max_output_tokens",
-    "response_format": "text.format",
     # The chat messages are not the input items one for one (instructions, a turn's calls
     # merged into one message): the input as a whole.
     "messages": "input",
@@ -154,6 +153,10 @@ def client_param(req: ResponsesRequest, param: str) -> str:
     head, index, rest = split_param(param)
     if head == "tools" and index is not None and index < len(req.tool_map.sources):
         return req.tool_map.sources[index] + rest.removeprefix(".function")
+    if head == "response_format" and index is None:
+        # ``text.format`` is the chat format's type and its ``json_schema`` object's fields
+        # in one object: ``response_format.json_schema.name`` is ``text.format.name``.
+        return "text.format" + rest.removeprefix(".json_schema")
     if head in _CLIENT_FIELDS:
         return _CLIENT_FIELDS[head]
     return param

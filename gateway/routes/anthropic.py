@@ -51,7 +51,7 @@ async def create_message(request: Request) -> Response:
             log.exception("could not translate a Messages request")
             refusal = internal_error()
         request_id = await s.chat.refused(refusal, who, "messages")
-        return messages.anthropic_error(refusal, {"x-xrouter-request-id": request_id})
+        return messages.anthropic_error(refusal, messages.request_id_headers(request_id))
     try:
         return messages.adapt(req, await s.chat.handle(chat_request, who, api="messages"))
     except Exception:

@@ -140,6 +140,34 @@ def test_streams_events_that_add_up_to_the_answer(
     assert (status, stream_flag) == (200, 1) and total > 0
 
 
+def test_the_sdk_reads_the_request_id_from_messages_streams_and_errors(
+    gateway: Gateway, upstream: Upstream
+) -> None:
+    """Anthropic's API names each request in `request-id`, which the SDK reads into a
+    message's `_request_id`, a stream's `request_id` and an error's `request_id`: here it is
+    the gateway's request id, the one feedback and generation stats take — refusals by the
+    translation, by the chat service and by the upstream included."""
+    c = client(gateway)
+    hi: list[MessageParam] = [{"role": "user", "content": "Say hi"}]
+    msg = c.messages.create(model=MODEL, max_tokens=64, messages=hi)
+    assert msg._request_id and msg.id == f"msg_{msg._request_id}"
+    with c.messages.stream(model=MODEL, max_tokens=64, messages=hi) as stream:
+        final = stream.get_final_message()
+        assert stream.request_id and final.id == f"msg_{stream.request_id}"
+    robot: Any = [{"role": "robot", "content": "x"}]
+    upstream.fault(MODEL, "status=400", count=5)
+    for model, messages, kind in [
+        (MODEL, robot, anthropic.BadRequestError),  # refused in translation
+        ("no-such-model", hi, anthropic.NotFoundError),  # refused by the chat service
+        (MODEL, hi, anthropic.InternalServerError),  # refused upstream: a 502
+    ]:
+        with pytest.raises(kind) as err:
+            c.messages.create(model=model, max_tokens=64, messages=messages)
+        headers = err.value.response.headers
+        assert err.value.request_id and err.value.request_id == headers["x-xrouter-request-id"]
+        assert headers["x-request-id"] == err.value.request_id
+
+
 def test_tool_use_round_trip_and_a_streamed_tool_call(gateway: Gateway) -> None:
     c = client(gateway)
     question: MessageParam = {"role": "user", "content": "Weather in Paris?"}

@@ -251,6 +251,12 @@ def test_structured_output_and_truncation(
         ({"model": MODEL, "input": "x", "max_output_tokens": 0}, 400, "max_output_tokens", None),
         ({"model": MODEL, "input": "x", "text": {"format": {"type": "yaml"}}}, 400,
          "text.format.type", None),
+        # A schema format's name, checked by the chat service: named where the client put it
+        # (text.format holds the chat json_schema object's fields), not as text.format.
+        ({"model": MODEL, "input": "x", "text": {"format": {"type": "json_schema",
+          "schema": {"type": "object"}}}}, 400, "text.format.name", None),
+        ({"model": MODEL, "input": "x", "text": {"format": {"type": "json_schema",
+          "name": "a prime", "schema": {"type": "object"}}}}, 400, "text.format.name", None),
         ({"model": "no-such-model", "input": "x"}, 404, "model", "model_not_found"),
         ({"model": MODEL, "input": "x", "xrouter": {"cost_weight": -1}}, 400,
          "xrouter.cost_weight", None),

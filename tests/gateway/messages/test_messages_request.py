@@ -113,6 +113,27 @@ def test_plain_text_and_tool_choices() -> None:
                           "tools": [{"type": "bash_20250124", "name": "bash"}]}).ignored_tools == ["bash"]  # fmt: skip
 
 
+def test_an_assistant_turn_of_thinking_only_is_left_out() -> None:
+    """Its thinking is dropped, and an assistant message with neither content nor tool calls
+    is one chat providers refuse (a 502 to the client): the turn goes with its blocks."""
+    thinking = {"type": "thinking", "thinking": "...", "signature": "s"}
+    redacted = {"type": "redacted_thinking", "data": "abc"}
+    got = chat(messages=[
+        {"role": "user", "content": "Think about it."},
+        {"role": "assistant", "content": [thinking, redacted]},
+        {"role": "user", "content": "Now answer."},
+        {"role": "assistant", "content": [thinking]},  # a prefill of nothing
+    ])  # fmt: skip
+    assert got["messages"] == [
+        {"role": "user", "content": "Think about it."},
+        {"role": "user", "content": "Now answer."},
+    ]
+    # With nothing else to answer, it is the request's mistake, not an empty chat request.
+    with pytest.raises(APIError) as err:
+        chat(messages=[{"role": "assistant", "content": [thinking]}])
+    assert err.value.status == 400 and err.value.param == "messages"
+
+
 def test_count_tokens_requests_need_no_max_tokens() -> None:
     req = parse_request({"model": "m", "messages": [{"role": "user", "content": "x"}]},
                         CountTokensRequest)  # fmt: skip
