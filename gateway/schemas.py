@@ -13,7 +13,11 @@ from pricing.money import MAX_USD
 
 class _Open(BaseModel):
     # Unknown fields are tolerated (and logged by the route), as OpenAI adds fields often.
-    model_config = ConfigDict(extra="allow")
+    # Known ones are checked strictly, as OpenAI checks them: the body is forwarded as sent,
+    # so a value pydantic would coerce ("true" for a boolean) would reach the provider
+    # unconverted and come back as an upstream 4xx, after the gateway had acted on its
+    # coerced reading (``stream_options.include_usage: "false"`` counted as true).
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class ContentPart(_Open):
@@ -32,6 +36,7 @@ class FunctionDef(_Open):
     name: str = Field(min_length=1, max_length=64)
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    strict: bool | None = None
 
 
 class Tool(_Open):
@@ -68,7 +73,7 @@ class CacheControls(BaseModel):
     """Per-request answer-cache controls: ``"xrouter": {"cache": {...}}`` (as LiteLLM's
     ``cache`` parameter and HTTP's Cache-Control directives)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     no_cache: bool = False  # don't answer from the cache (a fresh answer is still stored)
     no_store: bool = False  # don't store this request's answer
@@ -83,7 +88,7 @@ MAX_TAG_CHARS = 64
 class XRouterControls(BaseModel):
     """Per-request routing controls: ``"xrouter": {...}`` in the body."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     cost_weight: float | None = Field(default=None, ge=0, le=1e6)
     max_cost_usd: float | None = Field(default=None, gt=0, le=MAX_USD, allow_inf_nan=False)
@@ -113,12 +118,7 @@ class XRouterControls(BaseModel):
 
 
 class ChatCompletionRequest(_Open):
-    # Strict types, as OpenAI's API checks them: the body is forwarded as sent, so a value
-    # pydantic would coerce ("0.7" for a number, "yes" for a boolean) would reach the
-    # provider unconverted and come back as an upstream 4xx (a 502 the SDKs retry), after
-    # the gateway had acted on its coerced reading (``"stream": "false"`` streamed).
-    model_config = ConfigDict(extra="allow", strict=True)
-
+    # Strict, as every part of it (``_Open``): ``"stream": "false"`` streamed before.
     model: str = Field(min_length=1)
     messages: list[Message] = Field(min_length=1)
     stream: bool = False
