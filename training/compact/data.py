@@ -6,7 +6,9 @@ import dataclasses
 import hashlib
 import logging
 import math
+import os
 import time
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -236,19 +238,33 @@ def cached_features(
     key = h.hexdigest()[:20]
     path = cache_dir / f"features-{key}.npz" if cache_dir is not None else None
     if path is not None and path.is_file():
-        with np.load(path) as data:
-            x: np.ndarray = data["x"]
-        if x.shape == (len(conversations), extractor.dim):
-            logger.info("features from cache %s", path)
-            return x
+        try:
+            with np.load(path) as data:
+                cached: np.ndarray = data["x"]
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+            # A damaged file (say, from an older version's interrupted write) is a miss to
+            # recompute and overwrite, not an error every later run on this table dies of.
+            logger.warning("feature cache %s is unreadable (%s): recomputing", path, exc)
+        else:
+            if cached.shape == (len(conversations), extractor.dim):
+                logger.info("features from cache %s", path)
+                return cached
     started = time.perf_counter()
-    x = extractor.extract_batch(conversations)
+    x: np.ndarray = extractor.extract_batch(conversations)
     logger.info(
         "computed %d feature vectors in %.2fs", len(conversations), time.perf_counter() - started
     )
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez_compressed(path, x=x, feature_version=np.array(extractor.feature_version))
+        # Written aside and renamed into place: a run stopped mid-write (features of a large
+        # table take a while) must not leave half a file under the name the next run reads.
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        try:
+            with tmp.open("wb") as f:
+                np.savez_compressed(f, x=x, feature_version=np.array(extractor.feature_version))
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
     return x
 
 

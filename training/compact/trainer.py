@@ -261,6 +261,8 @@ def train(
             stats = learner.step()
             if step % 10 == 0:
                 mf.write(json.dumps({"step": step, "split": "train", **stats}) + "\n")
+            # This step's validation, for its step checkpoint when one is written.
+            step_metrics: dict[str, Any] = {}
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 weights = model.export_weights()
                 val_metrics = validate(CompactHead(arch, weights))
@@ -279,9 +281,15 @@ def train(
                 mf.flush()
                 if score > best[0]:
                     best = (score, step, weights, val_metrics)
+                step_metrics = {"validation_mean_reward": score, "validation": val_metrics}
                 bar.set_postfix(val=f"{score:.4f}", best=f"{best[0]:.4f}@{best[1]}")
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                save(out / "checkpoints" / f"step_{step:06d}", model.export_weights(), {}, step)
+                save(
+                    out / "checkpoints" / f"step_{step:06d}",
+                    model.export_weights(),
+                    step_metrics,
+                    step,
+                )
 
     best_score, best_step, best_weights, best_val = best
     test_metrics = None

@@ -58,6 +58,12 @@ def test_training_raises_validation_reward(
     assert [r["step"] for r in rows if r["split"] == "validation"] == [0, 50, 100, 150]
     assert any(r["split"] == "train" and "entropy" in r for r in rows)
     assert [c.path.name for c in list_checkpoints(run / "checkpoints")] == ["step_000100"]
+    # A step checkpoint written where the run validated says how it did (what `xrouter
+    # checkpoints --steps` lists), as metrics.jsonl does.
+    (step_100,) = list_checkpoints(run / "checkpoints")
+    row_100 = next(r for r in rows if r["split"] == "validation" and r["step"] == 100)
+    assert step_100.metadata.metrics["validation_mean_reward"] == row_100["mean_reward"]
+    assert step_100.metadata.metrics["validation"] == row_100["per_lambda"]
 
     ckpt = load_checkpoint(res.checkpoint_path)
     assert ckpt.metadata.training["step"] == res.best_step
