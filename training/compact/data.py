@@ -160,8 +160,10 @@ def auto_lambda_range(
 ) -> tuple[float, float]:
     """The cost weights over which the choice of model changes, from the models' mean
     normalized costs c̃: from where the dearest model's penalty is a hundredth of a score
-    point (0.01 / max c̃) to where even the cheapest model's penalty reaches a full point
-    (1 / min c̃), widened to powers of ten."""
+    point (0.01 / max c̃) toward where even the cheapest model's penalty reaches a full point
+    (1 / min c̃), both rounded *down* to a power of ten (so the top of the range can fall
+    short of that point by up to tenfold: 63 gives 10; the default checkpoints were trained
+    so, and a λ above the range is served at its top), and at least two decades wide."""
     norm = (
         cost / reference_cost[:, None] if reference_cost is not None else cost / config.cost_scale
     )
