@@ -3,14 +3,17 @@ lifespan of the app that uses it, so tests and workers each get their own."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.errors import install_error_handlers
 from gateway.routes import admin, anthropic, dashboard, key_info, logged, openai, ops
@@ -27,7 +30,10 @@ def create_app(
     *,
     config_path: str | None = None,
     registry: CollectorRegistry | None = None,
+    supervisor: int | None = None,
 ) -> FastAPI:
+    """``supervisor``: the pid of the process that started this worker; once it is gone,
+    the worker shuts down (gracefully) too."""
     if settings is None:
         settings = load_settings(config_path)
     services = Services(settings=settings, registry=registry or CollectorRegistry())
@@ -41,9 +47,16 @@ def create_app(
 
             watcher = FileWatcher(services, config_path)
             watcher.start()
+        orphan_watch = (
+            asyncio.create_task(_exit_with(supervisor), name="xrouter-supervisor-watch")
+            if supervisor is not None
+            else None
+        )
         try:
             yield
         finally:
+            if orphan_watch is not None:
+                orphan_watch.cancel()
             if watcher is not None:
                 await watcher.stop()
             await services.stop()
@@ -59,6 +72,7 @@ def create_app(
     app.state.services = services
     app.state.config_path = config_path
     install_error_handlers(app)
+    app.add_middleware(_TrackRequests, services=services)
     app.router.routes.append(
         Route("/v1/chat/completions", openai.chat_completions, methods=["POST"])
     )
@@ -78,9 +92,44 @@ def create_app(
 
 def create_app_from_env() -> FastAPI:
     """Entry point for ``uvicorn --factory`` (used with several workers): the config path
-    comes from ``XROUTER_CONFIG``."""
+    comes from ``XROUTER_CONFIG``. Runs in the worker, whose parent is the supervisor."""
+    from gateway.cli import configure_logging
+
+    configure_logging()
     path = os.environ.get(CONFIG_ENV) or None
-    return create_app(config_path=path)
+    return create_app(config_path=path, supervisor=os.getppid())
+
+
+class _TrackRequests:
+    """Keeps the tasks serving HTTP requests in ``services.requests``, for shutdown to wait
+    for (``Services.stop``)."""
+
+    def __init__(self, app: ASGIApp, services: Services) -> None:
+        self.app = app
+        self.services = services
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        if scope["type"] != "http" or task is None:
+            await self.app(scope, receive, send)
+            return
+        self.services.requests.add(task)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.services.requests.discard(task)
+
+
+async def _exit_with(supervisor: int) -> None:
+    """Shut this worker down once its supervisor is gone. uvicorn's workers do not watch
+    it: a supervisor killed with SIGKILL (no chance to stop them) left them serving on
+    the port, without their supervisor, and the next start could not bind it. SIGTERM to
+    ourselves is uvicorn's graceful shutdown: in-flight requests finish and the ledger
+    drains."""
+    while os.getppid() == supervisor:  # noqa: ASYNC110 - no event exists for "parent died"
+        await asyncio.sleep(1.0)
+    log.error("the supervisor (pid %d) is gone; shutting this worker down", supervisor)
+    signal.raise_signal(signal.SIGTERM)
 
 
 def _version() -> str:

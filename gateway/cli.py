@@ -318,10 +318,17 @@ def _lazy_arguments(p: argparse.ArgumentParser, module: str, fn: str) -> None:
         p.description = f"unavailable: {exc}"
 
 
-def main(argv: list[str] | None = None) -> int:
+def configure_logging() -> None:
+    """Our log lines' format and level, for the ``xrouter`` process and (called from the app
+    factory) for each worker of ``serve --workers N``: those are spawned interpreters that
+    inherit no logging configuration."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    configure_logging()
     args = build_parser().parse_args(argv)
     # Reports and checkpoints record the command that made them.
     args.command_line = shlex.join(["xrouter", *(sys.argv[1:] if argv is None else argv)])

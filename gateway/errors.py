@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -131,6 +132,15 @@ def internal_error() -> APIError:
     return APIError(500, "internal error", type="server_error", code="internal_error")
 
 
+def shutting_down() -> APIError:
+    return APIError(
+        503,
+        "the gateway is shutting down; retry the request",
+        type="server_error",
+        code="shutting_down",
+    )
+
+
 class CatchUnexpected:
     """Answers an unexpected exception with the OpenAI-shaped 500 *inside* Starlette's
     ServerErrorMiddleware, which would send the same answer and then re-raise, so that
@@ -154,6 +164,23 @@ class CatchUnexpected:
 
         try:
             await self.app(scope, receive, tracked)
+        except asyncio.CancelledError:
+            # Nothing inside cancels a request's task: uvicorn does, to the requests still
+            # running when its graceful shutdown times out. Their bookkeeping ran shielded
+            # (their ledger rows land before the ledger closes); re-raised, uvicorn would
+            # log a traceback for each and answer a bare text 500. An OpenAI-shaped 503
+            # instead, which SDKs retry (on another replica); a stream already started can
+            # only be cut, and uvicorn closes its connection.
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            log.warning(
+                "%s %s cut short: the server is shutting down",
+                scope.get("method"),
+                scope.get("path"),
+            )
+            if not started:
+                await shutting_down().response()(scope, receive, send)
         except Exception:
             if started:
                 raise

@@ -76,6 +76,14 @@ class Runtime:
     def policy_names(self) -> list[str]:
         return sorted(self.policies)
 
+    def take_over(self) -> None:
+        """Apply this snapshot's circuit breaker and deployment cooldown settings to the
+        breakers and balancer it shares with the snapshot it replaces; called as it is
+        swapped in."""
+        cb = self.settings.router.circuit_breaker
+        self.client.breakers.config = BreakerConfig(cb.failures, cb.cooldown_s)
+        self.client.balancer.cooldown_s = self.settings.router.deployment_cooldown_s
+
 
 def _load_compact(settings: Settings, pool: ModelPool) -> tuple[Policy | None, dict[str, Any]]:
     """The compact policy from the configured checkpoint, or the packaged demo one.
@@ -161,15 +169,16 @@ def build_runtime(
         from router.providers.litellm_provider import preload_litellm
 
         preload_litellm()
-    breaker = BreakerConfig(
-        settings.router.circuit_breaker.failures, settings.router.circuit_breaker.cooldown_s
-    )
     if previous:
-        # Circuits survive a reload: a model that was failing a moment ago still is.
+        # Circuits survive a reload: a model that was failing a moment ago still is. The
+        # breakers and balancer are the serving snapshot's own: this one's settings go into
+        # them when it is swapped in (``take_over``), since a build that fails after this
+        # point (a checkpoint that does not load) must leave them as they were.
         client = previous.client.with_pool(pool)
-        client.breakers.config = breaker
-        client.balancer.cooldown_s = settings.router.deployment_cooldown_s
     else:
+        breaker = BreakerConfig(
+            settings.router.circuit_breaker.failures, settings.router.circuit_breaker.cooldown_s
+        )
         on_change = events.on_circuit if events is not None else None
         client = DownstreamClient(
             pool,

@@ -68,6 +68,7 @@ class Services:
     ready: bool = False
     reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     background: list[asyncio.Task[Any]] = field(default_factory=list)
+    requests: set[asyncio.Task[Any]] = field(default_factory=set)  # serving HTTP requests
     # What the config says; ``settings`` is what serves: the same, except for a deployed
     # router checkpoint (``xrouter deploy``), which holds until the config's own changes.
     file_settings: Settings | None = None
@@ -281,6 +282,7 @@ class Services:
                 self._seen_deployment = following.id
             elif serving is not file_settings:
                 deployment = await self._record_rewritten_deployment(runtime, deployment)
+            runtime.take_over()
             self.file_settings, self.settings, self.runtime = file_settings, serving, runtime
             self.deployment = deployment
             self._observe_runtime()
@@ -326,6 +328,7 @@ class Services:
                     checkpoint, info.get("version"), file_settings.router.checkpoint
                 )
                 self._seen_deployment = self.deployment.id
+            runtime.take_over()
             self.file_settings, self.settings, self.runtime = file_settings, serving, runtime
             self._observe_runtime()
             log.info("deployed %s (deployment %s)", checkpoint, self._seen_deployment)
@@ -447,6 +450,12 @@ class Services:
         self.ready = False
         for t in self.background:
             t.cancel()
+        if self.requests:
+            # uvicorn cancels the requests still running when its graceful shutdown times
+            # out and shuts the app down at once, before they ran: let them hand their
+            # settles and ledger rows to the bookkeeping first, or those would reach a
+            # ledger already closed (journaled, but in the database only after a restart).
+            await asyncio.wait(list(self.requests), timeout=5)
         if self.hooks is not None:
             # Settles and ledger rows of requests that ended just now (a cancelled stream's
             # bookkeeping outlives its task) must land before the ledger and store close.

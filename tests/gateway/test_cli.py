@@ -4,14 +4,20 @@
 from __future__ import annotations
 
 import os
+import signal
+import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
 import pytest
 
+from tests.gateway.conftest import Upstream, ledger_rows
+from tests.support.gateway import gateway_config, start_gateway
 from tests.support.replay import REPO_ROOT
 
 COMMANDS = [
@@ -95,3 +101,103 @@ def test_deploy_to_something_that_is_not_a_gateway_fails_cleanly() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+# -- xrouter serve with several workers ---------------------------------------------------
+
+
+def _children(pid: int) -> set[int]:
+    """The live child processes of ``pid`` (Linux /proc)."""
+    out: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out |= {int(c) for c in (task / "children").read_text().split()}
+        except OSError:
+            pass
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def test_workers_log_as_the_supervisor_does(upstream: Upstream, tmp_path: Path) -> None:
+    # Workers are spawned interpreters: without logging of their own, their info lines
+    # (a reload, a deployment followed, the ledger opened) went nowhere and their errors
+    # came out bare, without time, level or logger.
+    gw = start_gateway(tmp_path, gateway_config(tmp_path, upstream.base_url), workers=2)
+    try:
+        deadline = time.monotonic() + 10
+        while gw.log().count("INFO gateway.ledger.store: ledger ready at") < 3:
+            assert time.monotonic() < deadline, gw.log()
+            time.sleep(0.1)
+    finally:
+        gw.stop()
+
+
+def test_workers_do_not_outlive_a_killed_supervisor(upstream: Upstream, tmp_path: Path) -> None:
+    # SIGKILL of the supervisor (an OOM kill, a container runtime's last resort) must not
+    # leave orphaned workers holding the port, which the next start could not bind.
+    gw = start_gateway(tmp_path, gateway_config(tmp_path, upstream.base_url), workers=2)
+    try:
+        workers = _children(gw.proc.pid)
+        assert len(workers) >= 2, workers  # the two workers (and a resource tracker)
+        r = httpx.post(
+            f"{gw.base_url}/chat/completions",
+            json={"model": "gemma-2-9b-it", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=30,
+        )
+        assert r.status_code == 200
+        os.kill(gw.proc.pid, signal.SIGKILL)
+        gw.proc.wait()
+        deadline = time.monotonic() + 15
+        while any(_alive(p) for p in workers):
+            assert time.monotonic() < deadline, f"orphaned workers still alive:\n{gw.log()}"
+            time.sleep(0.2)
+        # They went down gracefully: the ledger has the answered request.
+        assert gw.log().count("Application shutdown complete") >= 2, gw.log()
+        ledger_rows(gw, r.headers["x-xrouter-request-id"])
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{gw.url}/healthz", timeout=2)
+    finally:
+        try:
+            os.killpg(gw.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_requests_cut_by_the_graceful_shutdown_timeout_get_an_error_not_a_traceback(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    # A request still waiting on its upstream when uvicorn's graceful shutdown gives up (30 s)
+    # is cancelled: it must be answered as every error is (a 503 an SDK retries elsewhere),
+    # not with uvicorn's bare text 500 and a traceback, and its ledger row still lands.
+    cfg = gateway_config(tmp_path, upstream.base_url)
+    for m in cfg["pool"]:
+        m["timeout_s"] = 120
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        upstream.fault("gemma-2-9b-it", "timeout=100")
+        got: dict[str, httpx.Response] = {}
+        body = {"model": "gemma-2-9b-it", "messages": [{"role": "user", "content": "hi"}]}
+        waiting = threading.Thread(
+            target=lambda: got.setdefault(
+                "r", httpx.post(f"{gw.base_url}/chat/completions", json=body, timeout=90)
+            )
+        )
+        waiting.start()
+        time.sleep(1)
+        gw.proc.send_signal(signal.SIGTERM)
+        gw.proc.wait(60)
+        waiting.join(30)
+        r = got["r"]
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "shutting_down"
+        assert "Traceback" not in gw.log(), gw.log()
+        with sqlite3.connect(tmp_path / "ledger.db") as db:
+            assert db.execute("SELECT count(*) FROM requests").fetchone() == (1,)
+    finally:
+        gw.stop()

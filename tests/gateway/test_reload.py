@@ -425,3 +425,38 @@ def test_a_reload_reads_the_config_off_the_event_loop(upstream: Upstream, tmp_pa
         reloading.join(30)
         gw.stop()
     assert reloaded["r"].status_code == 200, reloaded["r"].text
+
+
+def test_a_reload_that_fails_half_way_changes_nothing(upstream: Upstream, tmp_path: Path) -> None:
+    # The new config's circuit breaker settings are fine, its checkpoint is not: the reload
+    # is refused, and the circuit breakers must go on as the previous config set them (off
+    # here), not take up the settings of a config that never served.
+    cfg = gateway_config(tmp_path, upstream.base_url)
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        cfg["router"] = {
+            **cfg["router"],
+            "circuit_breaker": {"failures": 1, "cooldown_s": 60},
+            "checkpoint": str(tmp_path / "no-such-checkpoint"),
+        }
+        gw.config_path.write_text(yaml.safe_dump(cfg))
+        r = httpx.post(f"{gw.url}/admin/reload", headers=ADMIN, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "reload_failed", r.text
+        upstream.fault("gemma-2-9b-it", "status=500", count=2)  # both attempts fail
+        body = {"model": "gemma-2-9b-it", "messages": [{"role": "user", "content": "hi"}]}
+        assert httpx.post(f"{gw.base_url}/chat/completions", json=body, timeout=30).is_error
+        router = httpx.get(f"{gw.url}/admin/router", headers=ADMIN, timeout=10).json()
+        assert router["circuits"] == {}
+        r = httpx.post(f"{gw.base_url}/chat/completions", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        # Once the config loads, its breaker settings do serve.
+        del cfg["router"]["checkpoint"]
+        gw.config_path.write_text(yaml.safe_dump(cfg))
+        r = httpx.post(f"{gw.url}/admin/reload", headers=ADMIN, timeout=30)
+        assert r.status_code == 200, r.text
+        upstream.fault("gemma-2-9b-it", "status=500", count=2)
+        assert httpx.post(f"{gw.base_url}/chat/completions", json=body, timeout=30).is_error
+        router = httpx.get(f"{gw.url}/admin/router", headers=ADMIN, timeout=10).json()
+        assert router["circuits"] == {"gemma-2-9b-it": "open"}
+    finally:
+        gw.stop()
