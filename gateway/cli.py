@@ -12,6 +12,7 @@ import atexit
 import logging
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,7 @@ def start_replay_upstream(
         "--port-file",
         str(port_file),
         "--exit-with-parent",
+        str(os.getpid()),
     ]
     if table:
         cmd += ["--table", table]
@@ -54,6 +56,8 @@ def start_replay_upstream(
         if port_file.exists() and port_file.read_text().strip():
             url = f"http://{host}:{int(port_file.read_text().strip())}"
             atexit.register(_stop, proc)
+            # Read once: the directory is ours to remove (it was left in /tmp each start).
+            shutil.rmtree(port_file.parent, ignore_errors=True)
             return proc, url
         if proc.poll() is not None:
             raise SystemExit(f"the replay upstream exited with code {proc.returncode}")
@@ -174,10 +178,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
     os.environ[CONFIG_ENV] = str(Path(path).resolve())
     for key, value in (("HOST", srv.host), ("PORT", srv.port)):
         os.environ[f"XROUTER_SERVER__{key}"] = str(value)
-    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="xrouter-prom-")
-    uvicorn.run("gateway.app:create_app_from_env", factory=True, workers=srv.workers, **common)
+    given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if given:
+        _empty_metrics_dir(Path(given))
+        metrics_dir = None
+    else:
+        metrics_dir = tempfile.mkdtemp(prefix="xrouter-prom-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    try:
+        uvicorn.run("gateway.app:create_app_from_env", factory=True, workers=srv.workers, **common)
+    finally:
+        if metrics_dir is not None:  # ours: nothing reads it once the workers are gone
+            shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
+
+
+def _empty_metrics_dir(path: Path) -> None:
+    """An operator's ``PROMETHEUS_MULTIPROC_DIR`` may hold a previous run's files, whose
+    counts /metrics would add to this run's (prometheus_client: "wiped between runs").
+    Only its metric files go; the directory stays."""
+    stale = list(path.glob("*.db")) if path.is_dir() else []
+    for f in stale:
+        f.unlink(missing_ok=True)
+    if stale:
+        log.info("removed %d metric files of a previous run from %s", len(stale), path)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

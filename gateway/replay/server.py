@@ -74,7 +74,7 @@ async def _serve_app(
     host: str,
     port: int,
     ready: int | str | Path | None,
-    exit_with_parent: bool = False,
+    exit_with_parent: int | None = None,
 ) -> None:
     runner, bound = await start(app, host, port)
     try:
@@ -88,8 +88,12 @@ async def _serve_app(
                 loop.add_signal_handler(sig, stop.set)
             except (NotImplementedError, RuntimeError):
                 pass  # not the main thread (or no signals here): stopped by cancellation
+        # The parent named by the caller, else ours now: if the parent died before this
+        # line, ours is already init's pid, and only the named one is still the right one.
         watcher = (
-            asyncio.create_task(_watch_parent(os.getppid(), stop)) if exit_with_parent else None
+            asyncio.create_task(_watch_parent(exit_with_parent or os.getppid(), stop))
+            if exit_with_parent is not None
+            else None
         )
         await stop.wait()
         if watcher is not None:
@@ -118,7 +122,7 @@ def serve(
     api_key: str | None = None,
     ready_fd_or_file: int | str | Path | None = None,
     stream_chunk_delay_ms: float = 0.0,
-    exit_with_parent: bool = False,
+    exit_with_parent: int | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM (blocking). ``port`` 0 picks a free port; once listening,
     the bound port is written (``"<port>\\n"``) to ``ready_fd_or_file`` — an open file
@@ -163,8 +167,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--exit-with-parent",
-        action="store_true",
-        help="shut down when the parent process exits (how `xrouter serve` starts it)",
+        nargs="?",
+        type=int,
+        const=0,
+        default=None,
+        metavar="PID",
+        help="shut down when the parent process (PID, default: the one that started this) "
+        "exits (how `xrouter serve` starts it)",
     )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
 

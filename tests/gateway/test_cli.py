@@ -8,6 +8,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -136,6 +137,53 @@ def test_workers_log_as_the_supervisor_does(upstream: Upstream, tmp_path: Path) 
             time.sleep(0.1)
     finally:
         gw.stop()
+
+
+def test_several_workers_start_from_clean_metrics_and_leave_none_behind(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    """prometheus_client's multiprocess directory must be emptied between runs: an
+    operator's (PROMETHEUS_MULTIPROC_DIR) is emptied at start — a previous run's counts were
+    added to this one's — and the one `serve` makes itself is removed when it stops."""
+    # An operator's directory, with a previous run's requests counted in it.
+    given = tmp_path / "prom"
+    given.mkdir()
+    stale = tmp_path / "first"
+    gw = start_gateway(
+        stale,
+        gateway_config(stale, upstream.base_url),
+        workers=2,
+        env={"PROMETHEUS_MULTIPROC_DIR": str(given)},
+    )
+    body = {"model": "gemma-2-9b-it", "messages": [{"role": "user", "content": "hi"}]}
+    for _ in range(3):
+        assert httpx.post(f"{gw.base_url}/chat/completions", json=body, timeout=30).is_success
+    gw.stop()
+    assert list(given.glob("*.db"))  # what the first run left
+    again = tmp_path / "second"
+    gw = start_gateway(
+        again,
+        gateway_config(again, upstream.base_url),
+        workers=2,
+        env={"PROMETHEUS_MULTIPROC_DIR": str(given)},
+    )
+    try:
+        text = httpx.get(f"{gw.url}/metrics", timeout=10).text
+        assert "xrouter_requests_total{" not in text or all(
+            float(line.rsplit(" ", 1)[1]) == 0
+            for line in text.splitlines()
+            if line.startswith("xrouter_requests_total{")
+        ), "the first run's requests were counted again"
+    finally:
+        gw.stop()
+    # Without one, `serve` makes its own and removes it when it stops.
+    before = set(Path(tempfile.gettempdir()).glob("xrouter-prom-*"))
+    own = tmp_path / "third"
+    gw = start_gateway(own, gateway_config(own, upstream.base_url), workers=2)
+    made = set(Path(tempfile.gettempdir()).glob("xrouter-prom-*")) - before
+    assert made, "no metrics directory while serving with two workers"
+    gw.stop()
+    assert not any(d.exists() for d in made)
 
 
 def test_workers_do_not_outlive_a_killed_supervisor(upstream: Upstream, tmp_path: Path) -> None:

@@ -217,3 +217,29 @@ def test_exit_with_parent_stops_when_the_parent_dies(tmp_path: Path) -> None:
     ):
         assert time.monotonic() < deadline, "the replay upstream outlived its parent"
         time.sleep(0.1)
+
+
+def test_a_parent_named_by_pid_that_is_already_gone_stops_it(tmp_path: Path) -> None:
+    # `xrouter serve` names itself: a gateway that died before the replay upstream started
+    # watching would otherwise leave it watching init (its new parent) forever.
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway.replay",
+            "--port",
+            "0",
+            "--port-file",
+            str(tmp_path / "port"),
+            "--exit-with-parent",
+            str(gone.pid),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"parent process {gone.pid} is gone" in proc.stderr
