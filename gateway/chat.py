@@ -190,7 +190,7 @@ def _check_messages(req: ChatCompletionRequest) -> None:
     user message without content or a tool result without the call it answers, and its 400
     would reach the client as a 502."""
     for i, m in enumerate(req.messages):
-        if m.content is None and m.role in _CONTENT_REQUIRED:
+        if (m.content is None or m.content == []) and m.role in _CONTENT_REQUIRED:
             raise bad_request(
                 f"messages[{i}].content: a {m.role} message needs its content",
                 param=f"messages[{i}].content",

@@ -381,6 +381,7 @@ def test_a_body_nested_too_deeply_to_forward_is_400(
         ),
         # What each role's message needs: its content, a tool result its call's id.
         ({"model": MODEL, "messages": [{"role": "user"}]}, "messages[0].content"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": []}]}, "messages[0].content"),
         (
             {
                 "model": MODEL,

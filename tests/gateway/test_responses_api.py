@@ -258,6 +258,8 @@ def test_structured_output_and_truncation(
         ({"model": MODEL, "input": "x", "text": {"format": {"type": "json_schema",
           "name": "a prime", "schema": {"type": "object"}}}}, 400, "text.format.name", None),
         ({"model": "no-such-model", "input": "x"}, 404, "model", "model_not_found"),
+        # A message without content (the chat check's 400, named in the Responses terms).
+        ({"model": MODEL, "input": [{"role": "user", "content": []}]}, 400, "input", None),
         ({"model": MODEL, "input": "x", "xrouter": {"cost_weight": -1}}, 400,
          "xrouter.cost_weight", None),
         # Malformed where the translation reads it (a 500 once), not where pydantic does.
