@@ -9,6 +9,7 @@ added later never moves an existing one.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -26,7 +27,8 @@ def hash_unit(record_id: str, seed: int | str = 0) -> float:
 
 
 def check_fractions(fractions: Sequence[float]) -> tuple[float, float, float]:
-    if len(fractions) != 3 or any(f < 0 for f in fractions):
+    # ``not f >= 0``, not ``f < 0``: NaN compares false either way and must be refused.
+    if len(fractions) != 3 or not all(f >= 0 and math.isfinite(f) for f in fractions):
         raise ValueError(
             f"need three non-negative fractions (train, validation, test), got {fractions}"
         )

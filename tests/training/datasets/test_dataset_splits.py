@@ -59,7 +59,8 @@ def test_seed_changes_the_split() -> None:
 def test_edge_fractions_and_errors() -> None:
     assert split_of("anything", (1.0, 0.0, 0.0)) == "train"
     assert split_of("anything", (0.0, 0.0, 1.0)) == "test"
-    for bad in ((0.5, 0.5), (0.6, 0.3, 0.3), (1.2, -0.1, -0.1)):
+    nan, inf = float("nan"), float("inf")
+    for bad in ((0.5, 0.5), (0.6, 0.3, 0.3), (1.2, -0.1, -0.1), (nan, 0.5, 0.5), (inf, -inf, 1)):
         with pytest.raises(ValueError):
             split_of("x", bad)
     assert canonical_split("val") == "validation"
