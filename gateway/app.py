@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -97,7 +98,24 @@ def create_app_from_env() -> FastAPI:
 
     configure_logging()
     path = os.environ.get(CONFIG_ENV) or None
-    return create_app(config_path=path, supervisor=os.getppid())
+    supervisor = os.getppid()
+    _term_with_parent()
+    return create_app(config_path=path, supervisor=supervisor)
+
+
+def _term_with_parent() -> None:
+    """Ask Linux to send this worker SIGTERM (uvicorn's graceful shutdown) the moment the
+    supervisor dies: the kernel's notice, where ``_exit_with``'s once-a-second look at the
+    parent pid is the portable fallback (and covers a supervisor that died before this)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        log.debug("no parent-death signal here; polling the parent pid only")
 
 
 class _TrackRequests:
