@@ -5,23 +5,27 @@ shape, with its ledger row, and no hold or traceback left behind."""
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.gateway.conftest import Upstream, ledger_rows
-from tests.support.gateway import ADMIN_KEY, gateway_config, start_gateway
+from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
 from tests.support.redis_server import PrivateRedis
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 MODEL = "llama-3.2-3b-instruct"
 
 
-@pytest.mark.redis
-def test_requests_are_refused_with_503_and_logged_when_the_limit_store_is_down(
+@contextmanager
+def gateway_on_private_redis(
     upstream: Upstream, tmp_path: Path
-) -> None:
+) -> Iterator[tuple[PrivateRedis, Gateway]]:
+    """A gateway with auth on whose limit store is a Redis of its own (to stop at will),
+    ``on_store_error: closed``; both stopped afterwards."""
     server = PrivateRedis()
     cfg = gateway_config(
         tmp_path,
@@ -31,6 +35,17 @@ def test_requests_are_refused_with_503_and_logged_when_the_limit_store_is_down(
     )
     gw = start_gateway(tmp_path, cfg)
     try:
+        yield server, gw
+    finally:
+        server.stop()
+        gw.stop()
+
+
+@pytest.mark.redis
+def test_requests_are_refused_with_503_and_logged_when_the_limit_store_is_down(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    with gateway_on_private_redis(upstream, tmp_path) as (server, gw):
         keys = {}
         # A budget alone needs the store only for its holds; a rate limit, at admission.
         for name, fields in (("budget", {"budget_usd": 5.0}), ("rate", {"rpm": 100})):
@@ -67,9 +82,6 @@ def test_requests_are_refused_with_503_and_logged_when_the_limit_store_is_down(
         assert (budget["spent_usd"], budget["remaining_usd"]) == (0.0, 5.0)
         assert httpx.get(f"{gw.url}/dashboard", headers=ADMIN).status_code == 200
         assert "Traceback" not in gw.log()
-    finally:
-        server.stop()
-        gw.stop()
 
 
 @pytest.mark.redis
@@ -78,15 +90,7 @@ def test_a_key_reads_its_spend_from_the_ledger_while_the_store_is_down(
 ) -> None:
     """``GET /v1/key`` answers as the admin's list does during a Redis outage (it was a 503):
     the period's spend as the ledger has it, the store's figure before the outage."""
-    server = PrivateRedis()
-    cfg = gateway_config(
-        tmp_path,
-        upstream.base_url,
-        auth={"enabled": True},
-        limits={"backend": "redis", "redis_url": server.url, "on_store_error": "closed"},
-    )
-    gw = start_gateway(tmp_path, cfg)
-    try:
+    with gateway_on_private_redis(upstream, tmp_path) as (server, gw):
         r = httpx.post(
             f"{gw.url}/admin/keys",
             json={
@@ -119,6 +123,3 @@ def test_a_key_reads_its_spend_from_the_ledger_while_the_store_is_down(
             before["resets_at"],
         )
         assert "Traceback" not in gw.log()
-    finally:
-        server.stop()
-        gw.stop()
