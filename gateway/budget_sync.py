@@ -7,7 +7,10 @@ every key its whole budget again. The ledger is the record. ``BudgetSync`` raise
 key's counter for its current period to what the ledger says the key spent in it:
 
 * at startup, before the gateway reports ready (after the ledger has replayed its journal, so
-  the requests of a process killed with ``kill -9`` count too);
+  the requests of a process killed with ``kill -9`` count too) — if the store lacks its
+  "restored" marker, or if this process took over the journal of a stopped one: the store
+  may have been restored (by a replica that kept running) from a ledger that did not have
+  those requests yet;
 * whenever the store has lost its "restored" marker — a Redis that lost its data lost the
   marker with it — checked every ``limits.budget_sync_s`` by every worker (one ``EXISTS``);
 * for one key, when an operator changes its budget or period (a key moved from a monthly to a
@@ -69,16 +72,20 @@ class BudgetSync:
         # Whether this process has seen the store restored (by itself or by another worker
         # or an earlier process): a restore after that is a loss of the store, not startup.
         self._restored_once = False
+        self._must_restore = False
         self._outage = OutageLog(
             log,
             "budgets: restoring spend counters from the ledger failed",
             "budgets: the spend counters are restored again",
         )
 
-    async def start(self) -> None:
+    async def start(self, *, replayed: bool = False) -> None:
         """Restore what the store lacks (waiting for the ledger's journal first), then keep
-        checking in the background. A failure here is logged, not raised: the gateway
-        serves, and the periodic check tries again."""
+        checking in the background. ``replayed``: the ledger took over the journal of a
+        stopped process, so restore even if the store is marked restored (restores only
+        raise counters: the keys whose spend the store has already are unchanged). A failure
+        here is logged, not raised: the gateway serves, and the periodic check tries again."""
+        self._must_restore = replayed  # until a restore succeeds
         await self._flush_ledger()
         await self.check()
         self._task.start()
@@ -87,9 +94,10 @@ class BudgetSync:
         await self._task.aclose()
 
     async def check(self) -> bool:
-        """Restore every budgeted key if the store lost its counters; True if it did."""
+        """Restore every budgeted key if the store lost its counters (or this process
+        replayed a stopped one's journal and has not restored since); True if it did."""
         try:
-            if await self.store.spend_restored():
+            if not self._must_restore and await self.store.spend_restored():
                 # Restored already (a restart on a persistent Redis, or another worker
                 # first): if the marker goes later, the store lost it.
                 self._restored_once = True
@@ -112,6 +120,7 @@ class BudgetSync:
         else:
             log.info("budgets: restored %d key(s)' spend from the ledger", restored)
         self._restored_once = True
+        self._must_restore = False
         self._count(trigger)
         return True
 

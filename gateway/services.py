@@ -209,7 +209,7 @@ class Services:
                 flush=self.ledger.flush,
                 metrics=self.metrics,
             )
-            await self.budgets.start()
+            await self.budgets.start(replayed=self.ledger.adopted_at_start > 0)
         self.circuits = self._shared_circuits()
         admin = s.auth.admin_key.get_secret_value() if s.auth.admin_key else None
         self.auth = Authenticator(self.keys, enabled=s.auth.enabled, admin_key=admin)

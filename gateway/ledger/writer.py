@@ -111,6 +111,9 @@ class LedgerWriter:
         self._db = DatabaseBackoff()
         self._next_orphan_scan = 0.0
         self._journal_log = LogThrottle(10.0)
+        # Journal segments of stopped writers taken over at start(): their records reach
+        # the database only now, so whatever was computed from it meanwhile missed them.
+        self.adopted_at_start = 0
 
     # -- public API -------------------------------------------------------------------
 
@@ -123,6 +126,7 @@ class LedgerWriter:
         self._journal_exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-journal")
         await self._in_journal(self._journal.open)
         adopted = await self._in_journal(self._journal.adopt_orphans)
+        self.adopted_at_start = adopted
         if adopted:
             logger.info("ledger: %d journal segment(s) of stopped writers to replay", adopted)
         self._next_orphan_scan = time.monotonic() + _ORPHAN_SCAN_INTERVAL_S

@@ -184,6 +184,32 @@ async def test_a_restore_never_lowers_a_counter(
     assert await spent(store, key) == first + second
 
 
+async def test_a_process_that_replayed_a_stopped_ones_journal_restores_a_restored_store(
+    store: LimitStore, ledger: Ledger, metrics: GatewayMetrics
+) -> None:
+    """A replica killed with -9 leaves requests in its journal; the store loses its data and
+    a replica that kept running restores it from a ledger without them. The killed one's
+    successor replays them, finds the store marked restored, and must restore anyway."""
+    key, _ = await ledger.keys.create("k", budget_usd=1)
+    before = spend(ledger, key, NOW - HOUR, 300)
+    await ledger.writer.flush()
+    await sync(store, ledger, metrics).restore_all()  # the replica that kept running
+    assert await spent(store, key) == before and await store.spend_restored()
+    journaled = spend(ledger, key, NOW - HOUR, 450)  # in the ledger once start() flushes
+    plain = sync(store, ledger, metrics)
+    await plain.start()  # took over no journal: the marker is enough
+    await plain.aclose()
+    assert await spent(store, key) == before
+    successor = sync(store, ledger, metrics)
+    await successor.start(replayed=True)
+    try:
+        assert await spent(store, key) == before + journaled
+        assert restores(metrics, "startup") == 1
+        assert not await successor.check()  # once is enough
+    finally:
+        await successor.aclose()
+
+
 async def test_changing_a_keys_period_restores_its_new_counter(
     store: LimitStore, ledger: Ledger, metrics: GatewayMetrics
 ) -> None:

@@ -652,6 +652,10 @@ def _purge_redis(prefix: str) -> int:
     return len(keys)
 
 
+def _redis_has(key: str) -> bool:
+    return bool(redis.Redis(host="127.0.0.1", port=6379).exists(key))
+
+
 def test_key_budgets_survive_a_restart_and_a_redis_that_lost_its_data(
     stack: Stack, upstream: Upstream
 ) -> None:
@@ -661,6 +665,12 @@ def test_key_budgets_survive_a_restart_and_a_redis_that_lost_its_data(
     cfg = config(stack, upstream, limits={**stack.limits, "budget_sync_s": 0.2})
     cfg["ledger"]["spill_dir"] = str(stack.tmp / "spill-budget")
     cfg["ledger"]["flush_interval_ms"] = 5000  # the rows are only in the journal at the kill
+    replica = None
+    if stack.name == "production":
+        # A replica that keeps running restores the lost Redis from a ledger without the
+        # killed gateway's journaled requests: its successor must restore them anyway.
+        other = {**cfg, "ledger": {**cfg["ledger"], "spill_dir": str(stack.tmp / "spill-r")}}
+        replica = start_gateway(stack.tmp / "budget", other, name="budget-replica")
     g = start_gateway(stack.tmp / "budget", cfg, name="budget-first")
     try:
         k = create_key(g, budget_usd=0.0002, budget_period="total")
@@ -670,8 +680,16 @@ def test_key_budgets_survive_a_restart_and_a_redis_that_lost_its_data(
         assert spent > 0
     finally:
         g.stop(signal.SIGKILL)
-    if stack.name == "production":
-        assert _purge_redis(stack.limits["key_prefix"]) > 0
+    if replica is not None:
+        try:
+            assert _purge_redis(stack.limits["key_prefix"]) > 0
+            deadline = time.monotonic() + 10
+            while not _redis_has(f"{stack.limits['key_prefix']}:budgets-restored"):
+                assert time.monotonic() < deadline, "the replica did not restore the store"
+                time.sleep(0.1)
+            assert _key_spent(replica, k["key_id"]) < spent  # the journaled rows are missing
+        finally:
+            replica.stop()
     g = start_gateway(stack.tmp / "budget", cfg, name="budget-restarted")
     try:
         assert _key_spent(g, k["key_id"]) == spent

@@ -387,6 +387,7 @@ async def test_a_stopped_writers_journal_is_adopted_but_a_live_ones_is_not(
     successor = LedgerWriter(engine, LedgerSettings(url=ledger_url, spill_dir=str(spill_dir)))
     try:
         await successor.start()
+        assert successor.adopted_at_start == 1 and live.adopted_at_start == 0
         await successor.flush()
         assert await request_ids(engine) == [f"stopped{i}" for i in range(5)]
         assert any(live._journal.owner in name for name in journal_files(spill_dir))
