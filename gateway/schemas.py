@@ -6,7 +6,14 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from pricing.money import MAX_USD
 
@@ -141,6 +148,15 @@ class ChatCompletionRequest(_Open):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     user: str | None = None
     xrouter: XRouterControls | None = None
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options(cls, v: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        # As OpenAI and vLLM: an option of a stream that is not one is a client mistake
+        # (usually ``stream`` forgotten), not something to drop silently.
+        if v is not None and not info.data.get("stream", True):  # absent: invalid
+            raise ValueError("stream_options is only allowed when stream is true")
+        return v
 
     @field_validator("stop")
     @classmethod

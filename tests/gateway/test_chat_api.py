@@ -393,6 +393,15 @@ def test_a_body_nested_too_deeply_to_forward_is_400(
             {"model": MODEL, "messages": [{"role": "tool", "content": "42"}]},
             "messages[0].tool_call_id",
         ),
+        # Options of a stream that is not one: `stream` forgotten, as OpenAI and vLLM say.
+        (
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "x"}],
+                "stream_options": {"include_usage": True},
+            },
+            "stream_options",
+        ),
         # A JSON schema format as OpenAI requires it: an object, with a name of its kind.
         *(
             (
@@ -450,13 +459,22 @@ def test_values_of_the_wrong_type_are_400_not_forwarded(
     """OpenAI refuses a string where a number goes: so does the gateway, rather than act on
     a coerced reading (`"stream": "false"` streamed) and forward the string to a provider,
     whose 400 would come back as a 502 the SDKs retry."""
+    # stream_options is checked where it is allowed: in a stream.
+    streaming = {"stream": True} if field == "stream_options" else {}
     r = httpx.post(
         f"{gateway.base_url}/chat/completions",
-        json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], field: value},
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "x"}],
+            field: value,
+            **streaming,
+        },
     )
     assert r.status_code == 400, r.text
     assert r.headers["content-type"] == "application/json"
     assert error(r)["param"].split(".")[0].split("[")[0] == field  # the field, or within it
+    if streaming:
+        assert "valid boolean" in error(r)["message"]  # the nested type, not the rule above
     assert not upstream.stats()["requests"]
 
 
