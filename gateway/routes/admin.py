@@ -311,6 +311,20 @@ async def list_keys(request: Request) -> Response:
     )
 
 
+@router.get("/keys/{key_id}")
+async def get_key(key_id: str, request: Request) -> Response:
+    """One key as the list shows it (as LiteLLM's /key/info), revoked ones too: an operator
+    looking up the key id a ledger row or a log line names finds it without paging."""
+    s = await _admin(request)
+    info = await s.keys.get(key_id)
+    if info is None:
+        raise APIError(404, f"no key {key_id!r}", param="key_id", code="key_not_found")
+    view = _key_view(info)
+    if info.budget_micros is not None and s.limits is not None:
+        view["spent_usd"], view["remaining_usd"] = await s.key_spend(info)
+    return _json(view)
+
+
 @router.patch("/keys/{key_id}")
 async def update_key(key_id: str, request: Request) -> Response:
     s = await _admin(request)

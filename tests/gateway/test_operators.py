@@ -163,9 +163,20 @@ def test_key_lifecycle_and_auth(gw: Gateway) -> None:
     assert r.status_code == 200 and r.json()["allowed_models"] == ["gemma-2-9b-it"]
     r = chat(gw, secret)
     assert r.status_code == 403 and r.json()["error"]["code"] == "model_not_allowed"
+    one = httpx.get(f"{gw.url}/admin/keys/{k['key_id']}", headers=ADMIN)
+    assert one.status_code == 200 and one.json() == {
+        **next(x for x in listed if x["key_id"] == k["key_id"]),
+        "allowed_models": ["gemma-2-9b-it"],
+    }
     assert httpx.delete(f"{gw.url}/admin/keys/{k['key_id']}", headers=ADMIN).status_code == 200
     assert chat(gw, secret).status_code == 401
     assert httpx.delete(f"{gw.url}/admin/keys/key_nope", headers=ADMIN).status_code == 404
+    # A revoked key is still there to look up (what a ledger row's key_id was); none is not.
+    gone = httpx.get(f"{gw.url}/admin/keys/{k['key_id']}", headers=ADMIN)
+    assert gone.status_code == 200 and gone.json()["revoked"] is True
+    missing = httpx.get(f"{gw.url}/admin/keys/key_nope", headers=ADMIN)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "key_not_found"
+    assert httpx.get(f"{gw.url}/admin/keys/{k['key_id']}").status_code == 401
 
 
 def test_keys_are_listed_page_by_page(gw: Gateway) -> None:
