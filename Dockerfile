@@ -14,7 +14,10 @@ RUN python -m venv /opt/xrouter && /opt/xrouter/bin/pip install --upgrade pip &&
 
 FROM python:3.11-slim AS runtime
 ENV PATH=/opt/xrouter/bin:$PATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 LITELLM_LOCAL_MODEL_COST_MAP=True
-RUN useradd --create-home --uid 10001 xrouter
+# The ledger's journal directory, owned by the user: a named volume mounted there (compose)
+# takes the directory's owner, so the gateway can write its journal to it.
+RUN useradd --create-home --uid 10001 xrouter \
+    && install -d -o xrouter -g xrouter /var/lib/xrouter/spill
 COPY --from=builder /opt/xrouter /opt/xrouter
 USER xrouter
 WORKDIR /home/xrouter

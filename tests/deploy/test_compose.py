@@ -37,3 +37,18 @@ def test_the_gateway_starts_once_its_database_and_redis_answer() -> None:
     assert services["redis"]["healthcheck"]["test"][1:] == ["redis-cli", "ping"]
     # A gateway that exits later (a crash, an OOM kill) comes back.
     assert gateway["restart"] == "unless-stopped"
+
+
+def test_the_ledger_journal_outlives_the_container_and_shutdown_is_graceful() -> None:
+    compose = yaml.safe_load((REPO_ROOT / "deploy/compose/docker-compose.yml").read_text())
+    gateway = compose["services"]["xrouter"]
+    config = yaml.safe_load((REPO_ROOT / "deploy/compose/config.yaml").read_text())
+    spill = config["ledger"]["spill_dir"]
+    mounts = dict(reversed(v.split(":")[:2]) for v in gateway["volumes"])
+    assert mounts[spill] in compose["volumes"]  # a named volume, not the container's layer
+    # The image makes that directory the gateway user's: a fresh named volume copies it.
+    dockerfile = (REPO_ROOT / "Dockerfile").read_text()
+    assert f"install -d -o xrouter -g xrouter {spill}" in dockerfile
+    # Longer than the gateway's 30 s graceful shutdown: Docker's 10 s default cut streams.
+    assert gateway["stop_grace_period"].endswith("s")
+    assert int(gateway["stop_grace_period"][:-1]) > 30

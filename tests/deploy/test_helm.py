@@ -79,6 +79,10 @@ def test_renders_a_hardened_deployment_behind_a_service(tmp_path: Path) -> None:
     assert c["args"] == ["--config", "/etc/xrouter/config.yaml", "--workers", "2"]
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    # A terminating pod keeps serving while the endpoints drop it, then shuts down gracefully
+    # within the grace period.
+    assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "5"]
+    assert pod["terminationGracePeriodSeconds"] > 5 + 30
     # Non-root with the Dockerfile's user, read-only root, writable spill and /tmp.
     uid = re.search(r"--uid (\d+)", (REPO_ROOT / "Dockerfile").read_text())
     assert uid and pod["securityContext"]["runAsUser"] == int(uid.group(1))
@@ -98,6 +102,18 @@ def test_renders_a_hardened_deployment_behind_a_service(tmp_path: Path) -> None:
     other = render(tmp_path, {**BASE, "config": {"router": {"default_policy": "cheapest"}}})
     other_annotations = other["Deployment"]["spec"]["template"]["metadata"]["annotations"]
     assert other_annotations["checksum/config"] != annotations["checksum/config"]
+
+
+def test_the_drain_pause_can_be_turned_off_and_must_fit_the_grace_period(
+    tmp_path: Path,
+) -> None:
+    assert "lifecycle" not in container(render(tmp_path, {**BASE, "drainSeconds": 0}))
+    path = tmp_path / "short-grace.yaml"
+    path.write_text(
+        yaml.safe_dump({**BASE, "drainSeconds": 30, "terminationGracePeriodSeconds": 30})
+    )
+    res = helm("template", "rel", CHART, "-f", path)
+    assert res.returncode != 0 and "must exceed drainSeconds" in res.stderr
 
 
 def test_a_disruption_budget_only_while_a_pod_may_go(tmp_path: Path) -> None:
