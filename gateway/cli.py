@@ -50,7 +50,11 @@ def start_replay_upstream(
     ]
     if table:
         cmd += ["--table", table]
-    proc = subprocess.Popen(cmd)
+    # A process group of its own: Ctrl-C in a terminal signals the foreground group, and
+    # the replay upstream must keep answering while the gateway's graceful shutdown lets
+    # its in-flight requests finish; the gateway stops it afterwards (``_stop``), or it
+    # notices the gateway is gone (``--exit-with-parent``).
+    proc = subprocess.Popen(cmd, process_group=0)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if port_file.exists() and port_file.read_text().strip():

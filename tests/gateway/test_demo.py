@@ -39,6 +39,18 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
     pytest.fail(f"xrouter serve not healthy within 60 s:\n{log.read_text()}")
 
 
+def _children(pid: int) -> list[int]:
+    return [
+        int(c)
+        for task in Path(f"/proc/{pid}/task").glob("*")
+        for c in (task / "children").read_text().split()
+    ]
+
+
+def _cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+
+
 def test_serve_without_a_config_is_the_working_demo(
     tmp_path: Path, demo_table: list[OutcomeRecord]
 ) -> None:
@@ -86,8 +98,14 @@ def test_serve_without_a_config_is_the_working_demo(
         assert extra(r.usage)["cost"] > 0
         assert httpx.get(f"{url}/dashboard", timeout=10).status_code == 200
         request_id = raw.headers["x-xrouter-request-id"]
+        # Ctrl-C in a terminal signals the whole foreground group: the replay upstream is
+        # not in it, so it serves the gateway's in-flight requests to the end.
+        found = re.search(r"demo: replay upstream at http://127.0.0.1:(\d+)", log.read_text())
+        assert found is not None, log.read_text()
+        (replay_pid,) = [pid for pid in _children(proc.pid) if "--port-file" in _cmdline(pid)]
+        assert os.getpgid(replay_pid) != os.getpgid(proc.pid)
     finally:
-        proc.send_signal(signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGINT)
         proc.wait(30)
     # The ledger is ./xrouter.db in the working directory, with the request in it.
     with sqlite3.connect(tmp_path / "xrouter.db") as db:
