@@ -215,7 +215,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from gateway.ledger.export import run_export
+    from gateway.ledger.export_cli import run_export
     from gateway.settings import SettingsError, load_settings
 
     try:
@@ -285,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay_args(p)
     p.set_defaults(func=cmd_replay)
 
-    from gateway.ledger.export import add_export_arguments
+    from gateway.ledger.export_cli import add_export_arguments
 
     p = sub.add_parser("export", help="export the ledger as an outcome table (JSONL or Parquet)")
     p.add_argument("--config", help="gateway config (for the ledger URL)")

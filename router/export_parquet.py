@@ -33,6 +33,8 @@ def parquet_schema() -> Any:
             ("latency_ms", pa.float64()),
             ("attempts", pa.int32()),
             ("fallback_from", pa.string()),
+            # Which of the model's deployments served the call, if it has several.
+            ("deployment", pa.string()),
         ]
     )
     fb = pa.struct(
@@ -49,6 +51,8 @@ def parquet_schema() -> Any:
         [
             ("id", pa.string()),
             ("created_at", pa.string()),
+            # When the row reached the ledger database (null for rows from before it said).
+            ("logged_at", pa.string()),
             ("key_id", pa.string()),
             ("policy", pa.string()),
             ("requested_model", pa.string()),
@@ -89,6 +93,7 @@ def flatten(rec: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": rec["id"],
         "created_at": rec["created_at"],
+        "logged_at": rec.get("logged_at"),
         "key_id": rec["key_id"],
         "policy": rec["policy"],
         "requested_model": rec["requested_model"],
@@ -148,6 +153,8 @@ def unflatten(row: dict[str, Any]) -> dict[str, Any]:
             rec["logged"]["checkpoint"] = row["logged_checkpoint"]
     if row["score"] is None:
         rec["scored"] = False
+    if row.get("logged_at") is not None:  # files written before the column lack it
+        rec["logged_at"] = row["logged_at"]
     for k in (
         "created_at",
         "key_id",

@@ -5,7 +5,8 @@ the request path without ever losing one; ``KeyRepository`` manages API keys; ``
 reports and ``export`` turns the ledger into an outcome table for training.
 """
 
-from gateway.ledger.export import add_export_arguments, export_ledger, read_export, run_export
+from gateway.ledger.export import export_ledger, read_export
+from gateway.ledger.export_cli import add_export_arguments, run_export
 from gateway.ledger.keys import (
     DuplicateAliasError,
     KeyInfo,

@@ -23,31 +23,35 @@ answer cache (``requests.cached_from``) are not exported: no decision, no cost.
 Parquet is a flat table (one row per record; layout in ``router.export_parquet``, which the
 outcome-table reader shares) that analytics tools read directly; :func:`read_export` turns
 either format back into ``OutcomeRecord``s.
+
+An export selects requests by when they were served (``since``/``until`` on ``created_at``)
+or, for incremental pipelines, by when their rows reached the database (``logged_since``/
+``logged_until`` on ``requests.logged_at``, which the database stamps at insert): rows are
+written late — batched, or replayed from a journal hours later with their original
+``created_at`` — and only the second kind of window is sure to catch them. The command line
+(``gateway.ledger.export_cli``) ends such a window a settle time behind the database's clock
+(:func:`safe_logged_until`), so that writes still in flight commit before it, and keeps its
+end in a cursor file.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import math
 import os
-import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
 import orjson
 import sqlalchemy as sa
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.ledger.migrations import MigrationError
-from gateway.ledger.schema import calls, feedback, requests
-from gateway.ledger.spend import TimeBound, request_filters
-from gateway.ledger.store import describe_error, open_ledger_engine, sqlite_file
+from gateway.ledger.schema import calls, feedback, ledger_now, requests
+from gateway.ledger.spend import TimeBound, request_filters, to_utc
 from pricing import micros_to_usd
 from router.export_parquet import flatten, parquet_schema, read_parquet_records
 from router.outcomes import OutcomeRecord
@@ -86,6 +90,8 @@ _CALL_FIELDS = (
     "latency_ms",
     "attempts",
     "fallback_from",
+    # Which of the model's deployments (pool ``deployments:``) served the call, if several.
+    "deployment",
 )
 
 
@@ -243,8 +249,11 @@ def build_record(
         # A multi-call trajectory (a cascade's plan): its outcome is not ``action``'s
         # alone, and off-policy learners over single models must know to skip it.
         record["logged"]["actions"] = [str(a) for a in actions]
+    record["created_at"] = row["created_at"].isoformat()
+    if row.get("logged_at") is not None:
+        # When the row reached the database (absent for rows from before migration 11).
+        record["logged_at"] = row["logged_at"].isoformat()
     record.update(
-        created_at=row["created_at"].isoformat(),
         key_id=row["key_id"],
         policy=row["policy"],
         requested_model=row["requested_model"],
@@ -265,6 +274,17 @@ def build_record(
     return record
 
 
+def _time_range(
+    column: sa.ColumnElement[datetime], lo: datetime | None, hi: datetime | None
+) -> list[sa.ColumnElement[bool]]:
+    clauses: list[sa.ColumnElement[bool]] = []
+    if lo is not None:
+        clauses.append(column >= lo)
+    if hi is not None:
+        clauses.append(column < hi)
+    return clauses
+
+
 async def iter_export_records(
     engine: AsyncEngine,
     since: TimeBound = None,
@@ -273,9 +293,21 @@ async def iter_export_records(
     include_unscored: bool = False,
     chunk_size: int = _CHUNK,
     stats: ExportStats | None = None,
+    *,
+    logged_since: TimeBound = None,
+    logged_until: TimeBound = None,
 ) -> AsyncIterator[list[dict[str, Any]]]:
-    """Chunks of outcome records, oldest request first (keyset pagination: constant memory,
-    no long-lived cursor holding a snapshot). ``stats`` counts what is yielded and skipped."""
+    """Chunks of outcome records (keyset pagination: constant memory, no long-lived cursor
+    holding a snapshot). ``stats`` counts what is yielded and skipped.
+
+    ``since``/``until`` bound ``requests.created_at`` (when the request was served), and
+    records come oldest request first. ``logged_since`` (inclusive) / ``logged_until``
+    (exclusive) bound when the row reached the database (``requests.logged_at``; a row
+    from before that column counts as logged at its ``created_at``), and records come in
+    that order: consecutive windows hold every row exactly once, however late it was
+    written, provided each window closed once the rows stamped before its end had
+    committed (see :func:`safe_logged_until`). Both pairs may be given: they combine.
+    """
     failed_call = sa.exists().where(
         calls.c.request_id == requests.c.request_id,
         calls.c.role == "downstream",
@@ -297,18 +329,54 @@ async def iter_export_records(
         # what routing to a model buys.
         requests.c.cached_from.is_(None),
     ]
+    if logged_since is None and logged_until is None:
+        passes = [(requests.c.created_at, base)]
+    else:
+        lo, hi = to_utc(logged_since), to_utc(logged_until)
+        logged_at = requests.c.logged_at
+        passes = [
+            # Rows from before migration 11 (or an older release's, after a rollback):
+            # logged when they were created. Read by created_at, whose index serves it.
+            (
+                requests.c.created_at,
+                [*base, logged_at.is_(None), *_time_range(requests.c.created_at, lo, hi)],
+            ),
+            # Every other row, by ix_requests_logged_at.
+            (logged_at, [*base, logged_at.is_not(None), *_time_range(logged_at, lo, hi)]),
+        ]
+    for order, where in passes:
+        async for chunk in _iter_pass(
+            engine, order, where, key_id, include_unscored, chunk_size, stats
+        ):
+            yield chunk
+
+
+async def _iter_pass(
+    engine: AsyncEngine,
+    order: sa.Column[datetime],
+    where: Sequence[sa.ColumnElement[bool]],
+    key_id: str | None,
+    include_unscored: bool,
+    chunk_size: int,
+    stats: ExportStats | None,
+) -> AsyncIterator[list[dict[str, Any]]]:
+    """The records of the requests matching ``where``, by (``order``, request_id)."""
     columns = [c for c in requests.c]
     after: tuple[datetime, str] | None = None
     while True:
-        query = sa.select(*columns).where(*base)
+        query = sa.select(*columns).where(*where)
         if after is not None:
             query = query.where(
+                # The plain bound lets the index start the page where the last one ended
+                # (neither database takes one from the OR), instead of re-reading from the
+                # range's start on every page.
+                order >= after[0],
                 sa.or_(
-                    requests.c.created_at > after[0],
-                    sa.and_(requests.c.created_at == after[0], requests.c.request_id > after[1]),
-                )
+                    order > after[0],
+                    sa.and_(order == after[0], requests.c.request_id > after[1]),
+                ),
             )
-        query = query.order_by(requests.c.created_at, requests.c.request_id).limit(chunk_size)
+        query = query.order_by(order, requests.c.request_id).limit(chunk_size)
         async with engine.connect() as conn:
             rows = [dict(r._mapping) for r in await conn.execute(query)]
             if not rows:
@@ -345,7 +413,7 @@ async def iter_export_records(
                 by_fb.setdefault(f.answer_of, []).append(dict(f._mapping))
             for given in by_fb.values():
                 given.sort(key=lambda f: (f["created_at"], f["id"]))  # the latest one counts
-        after = (rows[-1]["created_at"], rows[-1]["request_id"])
+        after = (rows[-1][order.name], rows[-1]["request_id"])
         chunk = [
             rec
             for r in rows
@@ -417,13 +485,17 @@ async def export_ledger(
     key_id: str | None = None,
     include_unscored: bool = False,
     stats: ExportStats | None = None,
+    *,
+    logged_since: TimeBound = None,
+    logged_until: TimeBound = None,
 ) -> int:
     """Write the outcome table of the logged traffic; return the number of records.
 
     Requests without feedback are skipped unless ``include_unscored`` (their outcome then
     has no ``score`` and the record says ``"scored": false``; they must be scored before
-    they load as an outcome table); ``stats`` counts them. The file appears atomically
-    when complete.
+    they load as an outcome table); ``stats`` counts them. ``since``/``until`` bound when
+    requests were served, ``logged_since``/``logged_until`` when their rows reached the
+    database (see :func:`iter_export_records`). The file appears atomically when complete.
     """
     if fmt not in ("jsonl", "parquet"):
         raise ValueError(f"unknown export format {fmt!r}")
@@ -438,7 +510,14 @@ async def export_ledger(
     n = 0
     try:
         async for chunk in iter_export_records(
-            engine, since, until, key_id, include_unscored, stats=stats
+            engine,
+            since,
+            until,
+            key_id,
+            include_unscored,
+            stats=stats,
+            logged_since=logged_since,
+            logged_until=logged_until,
         ):
             await asyncio.to_thread(sink.write, chunk)
             n += len(chunk)
@@ -458,6 +537,33 @@ def _discard(sink: _JsonlSink | _ParquetSink, tmp: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
+# How far behind the database's clock an incremental export's window ends by default. A row
+# is stamped when its transaction starts (PostgreSQL) or when it is inserted (SQLite) and
+# becomes visible when that transaction commits: a window that ended at "now" could pass
+# over rows stamped just before its end and committed just after, and the next window
+# (which starts there) would never see them. The ledger writer gives a transaction 10 s.
+DEFAULT_SETTLE_S = 60.0
+
+
+async def database_now(engine: AsyncEngine) -> datetime:
+    """The database's clock (UTC), the one ``requests.logged_at`` is stamped with."""
+    async with engine.connect() as conn:
+        now = (await conn.execute(sa.select(ledger_now()))).scalar_one()
+    if not isinstance(now, datetime):
+        raise TypeError(f"the database's clock read as {now!r}")
+    return now
+
+
+async def safe_logged_until(engine: AsyncEngine, settle_s: float = DEFAULT_SETTLE_S) -> datetime:
+    """An end for an incremental export's window that rows still in flight cannot fall
+    behind: the database's clock less ``settle_s``, which must exceed the longest a
+    transaction that writes ledger rows stays open. Taken from the database, so the clocks
+    of the machines that write and export do not matter."""
+    if not (math.isfinite(settle_s) and settle_s >= 0):
+        raise ValueError(f"settle time must be a finite number of seconds >= 0, got {settle_s}")
+    return await database_now(engine) - timedelta(seconds=settle_s)
+
+
 def read_export(path: str | os.PathLike[str], skip_unscored: bool = True) -> list[OutcomeRecord]:
     """Load an export (``.parquet`` or JSONL) as outcome records. Blocking; for offline
     tools and training, not the request path."""
@@ -474,76 +580,3 @@ def read_export(path: str | os.PathLike[str], skip_unscored: bool = True) -> lis
 
 
 # -- CLI: xrouter export ----------------------------------------------------------------
-
-
-def add_export_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", required=True, help="output file (.jsonl or .parquet)")
-    parser.add_argument(
-        "--format",
-        choices=("jsonl", "parquet"),
-        default=None,
-        help="output format (default: from the file extension, else jsonl)",
-    )
-    parser.add_argument("--since", default=None, help="from this UTC time (ISO 8601), inclusive")
-    parser.add_argument("--until", default=None, help="up to this UTC time (ISO 8601), exclusive")
-    parser.add_argument("--key", default=None, help="only requests of this key id")
-    parser.add_argument(
-        "--include-unscored",
-        action="store_true",
-        help="also export requests without feedback (outcome without a score)",
-    )
-
-
-async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
-    """Run ``xrouter export``; return the process exit code."""
-    fmt: ExportFormat = args.format or ("parquet" if args.out.endswith(".parquet") else "jsonl")
-    try:
-        db_file = sqlite_file(make_url(ledger_url))
-        since, until = _parse_bound(args.since), _parse_bound(args.until)
-    except (ValueError, sa.exc.ArgumentError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if db_file is not None and not await asyncio.to_thread(db_file.exists):
-        print(f"error: no ledger database at {db_file}", file=sys.stderr)
-        return 2
-    try:
-        engine = await open_ledger_engine(ledger_url)
-        stats = ExportStats()
-        try:
-            n = await export_ledger(
-                engine, args.out, fmt, since, until, args.key, args.include_unscored, stats
-            )
-        finally:
-            await engine.dispose()
-    except (OSError, ValueError, ImportError, sa.exc.SQLAlchemyError, MigrationError) as exc:
-        # An unreachable database, one holding another schema or of a kind the ledger does
-        # not run on (its driver is not installed), or an unwritable output file: one line,
-        # not a traceback (and no statement or bound values, which would be prompts).
-        print(f"error: export failed: {describe_error(exc)}", file=sys.stderr)
-        return 2
-    line = f"exported {n} records to {args.out}"
-    if stats.failures:
-        line += f" ({stats.failures} of them a chosen model's failed call, scored 0)"
-    if stats.unscored_skipped:
-        # Most traffic has no feedback: say why it is missing, or an empty export puzzles.
-        line += (
-            f"; skipped {stats.unscored_skipped} successful requests without feedback "
-            "(score them with POST /v1/feedback, or export them unscored with "
-            "--include-unscored)"
-        )
-    if stats.unknown_propensity:
-        line += (
-            f"; skipped {stats.unknown_propensity} requests whose policy logged no usable "
-            "propensity (as the llm router sampling at temperature > 0): no off-policy data"
-        )
-    print(line)
-    return 0
-
-
-def _parse_bound(value: str | None) -> datetime | None:
-    if value is None:
-        return None
-    try:
-        return datetime.fromisoformat(value.strip())
-    except ValueError:
-        raise ValueError(f"not an ISO 8601 date or time: {value!r}") from None

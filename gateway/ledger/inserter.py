@@ -4,7 +4,8 @@ Requests, calls, feedback and tags go in as multi-row ``INSERT ... ON CONFLICT D
 their natural keys, so inserting records that are already in (a replay after a lost
 acknowledgement or a crash) stores nothing twice. A batch the database refuses as invalid
 is not retried whole: each record is inserted on its own and the ones refused are returned,
-so one bad record neither poisons its batch nor a replay.
+so one bad record neither poisons its batch nor a replay. Request rows are stamped with
+the database's clock (``requests.logged_at``) as they go in.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
+import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.ledger import schema
@@ -28,6 +30,16 @@ logger = logging.getLogger(__name__)
 _EXECUTE_SLICE = 100
 
 
+def _statement(dialect: str, table: sa.Table) -> sa.Insert:
+    stmt = insert_ignore(dialect, table)
+    if table is schema.requests:
+        # Stamped with the database's clock as it goes in: when the row was *logged*, which
+        # an incremental export pages by. A replayed row that is already in keeps the stamp
+        # of its first insert (ON CONFLICT DO NOTHING leaves it alone).
+        stmt = stmt.values(logged_at=schema.ledger_now())
+    return stmt
+
+
 class BatchInserter:
     def __init__(self, engine: AsyncEngine, log_content: ContentMode, timeout_s: float) -> None:
         # Every transaction here writes: take SQLite's write lock at BEGIN.
@@ -36,7 +48,7 @@ class BatchInserter:
         self._timeout_s = timeout_s
         dialect = engine.dialect.name
         self._tables = tuple(
-            (insert_ignore(dialect, table), schema.TextFitter(table))
+            (_statement(dialect, table), schema.TextFitter(table))
             for table in (schema.requests, schema.calls, schema.feedback, schema.request_tags)
         )
 

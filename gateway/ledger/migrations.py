@@ -218,6 +218,20 @@ def _v10_request_cached_from_index(conn: sa.Connection) -> None:
     )
 
 
+def _v11_request_logged_at(conn: sa.Connection) -> None:
+    """requests.logged_at: when a row reached the database, for incremental exports that
+    do not miss rows written late (frozen). Existing rows keep NULL (a backfill would
+    rewrite the whole table at startup): they count as logged at their created_at."""
+    column_type = UTCDateTime().compile(dialect=conn.dialect)
+    conn.execute(sa.text(f"ALTER TABLE requests ADD COLUMN logged_at {column_type}"))
+    conn.execute(
+        sa.text(
+            "CREATE INDEX ix_requests_logged_at ON requests (logged_at, request_id) "
+            "WHERE logged_at IS NOT NULL"
+        )
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: requests, calls, feedback, api_keys", _v1_baseline),
     Migration(2, "router_deployments", _v2_router_deployments),
@@ -229,6 +243,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(8, "request_tags", _v8_request_tags),
     Migration(9, "calls.deployment", _v9_call_deployment),
     Migration(10, "ix_requests_cached_from", _v10_request_cached_from_index),
+    Migration(11, "requests.logged_at", _v11_request_logged_at),
 )
 
 

@@ -75,6 +75,34 @@ def _utc_day_postgresql(element: utc_day, compiler: SQLCompiler, **kw: Any) -> s
     return f"to_char(({arg}) AT TIME ZONE 'UTC', 'YYYY-MM-DD')"
 
 
+class ledger_now(FunctionElement[datetime]):
+    """The database's own clock, as a ``UTCDateTime``: what ``requests.logged_at`` is set
+    to, and what an incremental export's upper bound is read from, so that replicas whose
+    clocks disagree still stamp rows, and exports bound them, on one clock.
+
+    PostgreSQL: ``now()``, the start of the current transaction (every row a batch inserts
+    gets the same stamp, and a row is stamped no later than the start of the transaction
+    that commits it). SQLite: the current time, to the millisecond, in the text form
+    ``UTCDateTime`` stores (``YYYY-MM-DD HH:MM:SS.ffffff``) so that it compares with bound
+    values; a writer evaluates it after taking the write lock (``BEGIN IMMEDIATE``).
+    """
+
+    type = UTCDateTime()
+    inherit_cache = True
+    name = "ledger_now"
+
+
+@compiles(ledger_now, "sqlite")
+def _ledger_now_sqlite(element: ledger_now, compiler: SQLCompiler, **kw: Any) -> str:
+    # %f is "SS.SSS"; three more digits give the six that stored values have.
+    return "strftime('%Y-%m-%d %H:%M:%f000', 'now')"
+
+
+@compiles(ledger_now, "postgresql")
+def _ledger_now_postgresql(element: ledger_now, compiler: SQLCompiler, **kw: Any) -> str:
+    return "now()"
+
+
 requests = sa.Table(
     "requests",
     metadata,
@@ -107,6 +135,12 @@ requests = sa.Table(
     # The caller's own end user, as the request named them (OpenAI's ``user``, Anthropic's
     # ``metadata.user_id``): spend per end user without a key per user.
     sa.Column("end_user", sa.String(255), nullable=True),
+    # When the row reached the database (``ledger_now``, set by the inserter), which is
+    # later than ``created_at`` by the flush interval, or by hours for rows replayed from a
+    # journal after a crash or an outage: an incremental export pages by it, so late rows
+    # are not missed. NULL for rows written before migration 11 (or by an older release
+    # after a rollback): they count as logged at their ``created_at``.
+    sa.Column("logged_at", UTCDateTime(), nullable=True),
     sa.Index("ix_requests_created_at", "created_at"),
     sa.Index("ix_requests_key_id_created_at", "key_id", "created_at"),
     # Partial: most requests name no end user, and they should not pay for the index.
@@ -124,6 +158,15 @@ requests = sa.Table(
         "cached_from",
         sqlite_where=sa.text("cached_from IS NOT NULL"),
         postgresql_where=sa.text("cached_from IS NOT NULL"),
+    ),
+    # An incremental export's keyset order; partial, as rows from before the column have
+    # none (an export reads those by ``created_at``).
+    sa.Index(
+        "ix_requests_logged_at",
+        "logged_at",
+        "request_id",
+        sqlite_where=sa.text("logged_at IS NOT NULL"),
+        postgresql_where=sa.text("logged_at IS NOT NULL"),
     ),
 )
 

@@ -9,7 +9,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.ledger.export import add_export_arguments, export_ledger, read_export, run_export
+from gateway.ledger.export import export_ledger, read_export
+from gateway.ledger.export_cli import add_export_arguments, run_export
 from gateway.ledger.records import RequestRecord, messages_sha256
 from gateway.ledger.store import create_ledger_engine
 from gateway.ledger.writer import LedgerWriter
@@ -299,6 +300,34 @@ async def test_a_multi_call_request_lists_its_calls_so_learners_can_skip_it(
     assert back["m1"] is not None and back["m1"].actions == list(plan) and back["m1"].multi_call
     assert back["m1"].checkpoint == "0123456789ab"
     assert back["m2"] is not None and not back["m2"].multi_call
+
+
+async def test_calls_say_which_deployment_served_them(
+    engine: AsyncEngine, make_settings: Callable[..., LedgerSettings], tmp_path: Path
+) -> None:
+    """``calls.deployment`` (migration 9): which of a model's deployments (pool
+    ``deployments:``) answered, for models that have several."""
+    pytest.importorskip("pyarrow")
+    rec = make_request("d1", created_at=T0, models=("cheap", "strong"), router_cost=5)
+    rec.calls[2].deployment = "strong-eu"
+    writer = LedgerWriter(engine, make_settings())
+    await writer.start()
+    writer.submit(rec)
+    writer.submit(make_feedback("d1", 1.0, created_at=T0 + 10))
+    await writer.close()
+    formats: tuple[tuple[Literal["jsonl", "parquet"], Path], ...] = (
+        ("jsonl", tmp_path / "x.jsonl"),
+        ("parquet", tmp_path / "x.parquet"),
+    )
+    for fmt, out in formats:
+        assert await export_ledger(engine, out, fmt) == 1
+        (got,) = read_export(out)
+        calls = got.model_dump()["calls"]
+        assert [(c["role"], c["deployment"]) for c in calls] == [
+            ("router", None),
+            ("downstream", None),
+            ("downstream", "strong-eu"),
+        ], fmt
 
 
 def failing(rec: RequestRecord, model: str, error_type: str, status: str = "error") -> None:

@@ -8,6 +8,8 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.ledger import schema
+from gateway.ledger.export import export_ledger, read_export
+from gateway.ledger.inserter import BatchInserter
 from gateway.ledger.keys import KeyRepository
 from gateway.ledger.migrations import (
     MIGRATIONS,
@@ -17,7 +19,10 @@ from gateway.ledger.migrations import (
     latest_version,
     migrate,
 )
+from gateway.ledger.records import LedgerRecord, build_rows
 from gateway.ledger.store import create_ledger_engine, open_ledger_engine, sqlite_file
+
+from .factories import make_feedback, make_request
 
 
 async def _engine(url: str) -> AsyncEngine:
@@ -251,5 +256,62 @@ async def test_keys_made_before_expiry_existed_never_expire(ledger_url: str) -> 
             "before": (None, None),
             "rolled-back": (None, None),
         }
+    finally:
+        await engine.dispose()
+
+
+async def test_a_ledger_from_before_logged_at_gains_it_and_still_exports(
+    ledger_url: str, tmp_path: Path
+) -> None:
+    """Migration 11 adds ``requests.logged_at`` (and its index) to a ledger at version 10.
+    Its rows keep NULL and count as logged when they were created, as do the rows an older
+    release writes after a rollback; both exports still hold them all."""
+    t0 = 1_750_000_000.0
+    engine = await _engine(ledger_url)
+    # The requests table as releases before migration 11 write it: no logged_at column.
+    old = sa.Table(
+        "requests",
+        sa.MetaData(),
+        *(sa.Column(c.name, c.type) for c in schema.requests.columns if c.name != "logged_at"),
+    )
+
+    async def write_as_an_older_release(*records: LedgerRecord) -> None:
+        req_rows, call_rows, fb_rows, _ = build_rows(records, "none")
+        async with engine.begin() as conn:
+            await conn.execute(sa.insert(old), req_rows)
+            await conn.execute(sa.insert(schema.calls), call_rows)
+            await conn.execute(sa.insert(schema.feedback), fb_rows)
+
+    def scored(rid: str, created_at: float) -> tuple[LedgerRecord, LedgerRecord]:
+        return make_request(rid, created_at=created_at), make_feedback(rid, 1.0, t0 + 1000)
+
+    try:
+        assert await migrate(engine, MIGRATIONS[:10]) == 10
+        await write_as_an_older_release(*scored("old0", t0), *scored("old1", t0 + 60))
+        assert await migrate(engine) == latest_version()
+        async with engine.connect() as conn:
+            described = await conn.run_sync(_describe)
+        assert described["requests"] == _expected()["requests"]
+        # A rolled-back release writes on; this one's writer stamps its rows.
+        await write_as_an_older_release(*scored("rolled-back", t0 + 90))
+        assert await BatchInserter(engine, "none", 10).insert(scored("new", t0 + 30)) == []
+        stamps = sa.select(schema.requests.c.request_id, schema.requests.c.logged_at)
+        async with engine.connect() as conn:
+            logged = dict((await conn.execute(stamps)).all())
+        assert [rid for rid, at in logged.items() if at is not None] == ["new"]
+
+        out = tmp_path / "x.jsonl"
+
+        async def exported(**bounds: float) -> list[str]:
+            await export_ledger(engine, out, **bounds)  # type: ignore[arg-type]
+            return [r.id for r in read_export(out)]
+
+        assert await exported() == ["old0", "new", "old1", "rolled-back"]  # by created_at
+        assert await exported(since=t0 + 30) == ["new", "old1", "rolled-back"]
+        # By logged time: the unstamped rows at their created_at, then the stamped ones.
+        assert await exported(logged_until=t0 + 60) == ["old0"]
+        assert await exported(logged_since=t0 + 60) == ["old1", "rolled-back", "new"]
+        assert "logged_at" not in read_export(out)[0].model_dump()
+        assert read_export(out)[2].model_dump()["logged_at"] == logged["new"].isoformat()
     finally:
         await engine.dispose()

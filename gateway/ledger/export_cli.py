@@ -1,0 +1,258 @@
+"""``xrouter export``: the command line over ``gateway.ledger.export`` — its options, the
+incremental window (``--logged-since``/``--logged-until``/``--cursor``) and the cursor file,
+and one-line errors instead of tracebacks."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import sys
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+from gateway.ledger.export import (
+    DEFAULT_SETTLE_S,
+    ExportFormat,
+    ExportStats,
+    export_ledger,
+    safe_logged_until,
+)
+from gateway.ledger.migrations import MigrationError
+from gateway.ledger.spend import to_utc
+from gateway.ledger.store import describe_error, open_ledger_engine, sqlite_file
+
+
+def add_export_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="output file (.jsonl or .parquet)")
+    parser.add_argument(
+        "--format",
+        choices=("jsonl", "parquet"),
+        default=None,
+        help="output format (default: from the file extension, else jsonl)",
+    )
+    parser.add_argument(
+        "--since",
+        default=None,
+        help="requests served from this UTC time (ISO 8601), inclusive; rows written late "
+        "(batched, replayed after a crash or an outage) can land before a previous run's "
+        "end: page incremental exports with --logged-since or --cursor",
+    )
+    parser.add_argument(
+        "--until", default=None, help="requests served up to this UTC time (ISO 8601), exclusive"
+    )
+    parser.add_argument(
+        "--logged-since",
+        default=None,
+        help="rows written to the ledger from this UTC time (ISO 8601), inclusive, however "
+        "late after their request: the previous incremental export's --logged-until",
+    )
+    parser.add_argument(
+        "--logged-until",
+        default=None,
+        help="rows written to the ledger before this UTC time (ISO 8601); default, with "
+        "--logged-since or --cursor: the database's clock less --settle-seconds",
+    )
+    parser.add_argument(
+        "--cursor",
+        default=None,
+        metavar="FILE",
+        help="incremental export: start where FILE says (from the beginning if there is no "
+        "FILE) and, once the output is in place, write this export's end to FILE",
+    )
+    parser.add_argument(
+        "--settle-seconds",
+        type=float,
+        default=DEFAULT_SETTLE_S,
+        help="how far behind the database's clock the default --logged-until stays, so "
+        "that rows of a write still in flight are not passed over (default: %(default)g; "
+        "more than the longest a ledger write transaction stays open)",
+    )
+    parser.add_argument("--key", default=None, help="only requests of this key id")
+    parser.add_argument(
+        "--include-unscored",
+        action="store_true",
+        help="also export requests without feedback (outcome without a score)",
+    )
+
+
+@dataclass
+class _LoggedWindow:
+    """An export by ``requests.logged_at``: its bounds, and the cursor file if any."""
+
+    since: datetime | None
+    until: datetime | None
+    cursor: Path | None
+
+    @property
+    def end(self) -> datetime | None:
+        """Where the next window starts: never before this one's start (a database clock
+        that went back, or a longer settle time, must not make the next run repeat rows)."""
+        if self.since is not None and (self.until is None or self.until < self.since):
+            return self.since
+        return self.until
+
+
+def _logged_window(args: argparse.Namespace) -> _LoggedWindow | None:
+    """The ``--logged-*``/``--cursor`` options checked, the cursor file read; None when
+    the export is not by logged time. Raises ValueError with the message for the user."""
+    cursor, since_arg, until_arg = args.cursor, args.logged_since, args.logged_until
+    settle = args.settle_seconds
+    if not (math.isfinite(settle) and settle >= 0):
+        raise ValueError(f"--settle-seconds must be a number of seconds >= 0, got {settle:g}")
+    if cursor is None and since_arg is None and until_arg is None:
+        return None
+    if cursor is not None and since_arg is not None:
+        raise ValueError(
+            "--cursor says where the export starts: give --cursor or --logged-since, not both"
+        )
+    since = to_utc(_parse_bound(since_arg))
+    until = to_utc(_parse_bound(until_arg))
+    path = Path(cursor) if cursor is not None else None
+    if path is not None:
+        since = _read_cursor(path)
+    return _LoggedWindow(since, until, path)
+
+
+def _read_cursor(path: Path) -> datetime | None:
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None  # the first run: everything logged so far
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read the cursor file {path}: {exc}") from None
+    try:
+        return to_utc(datetime.fromisoformat(text))
+    except ValueError:
+        raise ValueError(
+            f"the cursor file {path} holds no ISO 8601 time ({text[:60]!r}); it is written "
+            "by xrouter export --cursor"
+        ) from None
+
+
+def _write_cursor(path: Path, value: datetime) -> None:
+    """Replace the cursor file atomically: a crash leaves the old position or the new."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as fh:
+            fh.write(value.isoformat() + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
+    """Run ``xrouter export``; return the process exit code."""
+    fmt: ExportFormat = args.format or ("parquet" if args.out.endswith(".parquet") else "jsonl")
+    try:
+        db_file = sqlite_file(make_url(ledger_url))
+        since, until = _parse_bound(args.since), _parse_bound(args.until)
+        window = await asyncio.to_thread(_logged_window, args)
+    except (ValueError, sa.exc.ArgumentError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if db_file is not None and not await asyncio.to_thread(db_file.exists):
+        print(f"error: no ledger database at {db_file}", file=sys.stderr)
+        return 2
+    settle = float(args.settle_seconds)
+    unsettled = False
+    try:
+        engine = await open_ledger_engine(ledger_url)
+        stats = ExportStats()
+        try:
+            if window is not None:
+                # The window's end is fixed before any row is read: rows that commit while
+                # the export runs are the next window's.
+                safe = await safe_logged_until(engine, settle)
+                if window.until is None:
+                    window.until = safe
+                else:
+                    unsettled = window.until > safe
+            n = await export_ledger(
+                engine,
+                args.out,
+                fmt,
+                since,
+                until,
+                args.key,
+                args.include_unscored,
+                stats,
+                logged_since=window.since if window else None,
+                logged_until=window.until if window else None,
+            )
+        finally:
+            await engine.dispose()
+    except (OSError, ValueError, ImportError, sa.exc.SQLAlchemyError, MigrationError) as exc:
+        # An unreachable database, one holding another schema or of a kind the ledger does
+        # not run on (its driver is not installed), or an unwritable output file: one line,
+        # not a traceback (and no statement or bound values, which would be prompts).
+        print(f"error: export failed: {describe_error(exc)}", file=sys.stderr)
+        return 2
+    line = f"exported {n} records to {args.out}"
+    if stats.failures:
+        line += f" ({stats.failures} of them a chosen model's failed call, scored 0)"
+    if stats.unscored_skipped:
+        # Most traffic has no feedback: say why it is missing, or an empty export puzzles.
+        line += (
+            f"; skipped {stats.unscored_skipped} successful requests without feedback "
+            "(score them with POST /v1/feedback, or export them unscored with "
+            "--include-unscored)"
+        )
+    if stats.unknown_propensity:
+        line += (
+            f"; skipped {stats.unknown_propensity} requests whose policy logged no usable "
+            "propensity (as the llm router sampling at temperature > 0): no off-policy data"
+        )
+    print(line)
+    if window is None:
+        return 0
+    if unsettled:
+        print(
+            f"warning: --logged-until is less than {settle:g} s behind the database's clock: "
+            "a write still in flight may yet commit rows before it, which a next export "
+            "from it would not see",
+            file=sys.stderr,
+        )
+    return await _report_window(window)
+
+
+async def _report_window(window: _LoggedWindow) -> int:
+    """Say which rows the export covered and where the next one starts; save that in the
+    cursor file. Runs once the output is in place."""
+    end = window.end
+    assert window.until is not None and end is not None  # set before the export ran
+    start = window.since.isoformat() if window.since is not None else "the beginning"
+    line = f"rows logged from {start} until {window.until.isoformat()}"
+    if window.since is not None and window.until <= window.since:
+        line += " (none: the window ends before it starts)"
+    if window.cursor is None:
+        print(f"{line}; continue with --logged-since {end.isoformat()}")
+        return 0
+    try:
+        await asyncio.to_thread(_write_cursor, window.cursor, end)
+    except OSError as exc:
+        print(
+            f"error: the export is in place but the cursor {window.cursor} could not be "
+            f"saved ({exc}); the next export from it repeats this window",
+            file=sys.stderr,
+        )
+        return 2
+    print(f"{line}; cursor {window.cursor} now at {end.isoformat()}")
+    return 0
+
+
+def _parse_bound(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise ValueError(f"not an ISO 8601 date or time: {value!r}") from None

@@ -1,0 +1,300 @@
+"""Incremental exports by the time rows reached the database (``requests.logged_at``), on
+SQLite and PostgreSQL: rows written late — replayed from a journal after the database came
+back — are in the next window although ``--since`` (by when requests were served) passes
+over them; rows stamped in the same instant are each exported once; a write still in flight
+when a window closes lands in the next one; and the command line's contract."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import orjson
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.ledger import schema
+from gateway.ledger.export import export_ledger, iter_export_records, safe_logged_until
+from gateway.ledger.export_cli import add_export_arguments, run_export
+from gateway.ledger.inserter import BatchInserter
+from gateway.ledger.records import build_rows
+from gateway.ledger.store import create_ledger_engine
+from gateway.ledger.writer import LedgerWriter
+from gateway.settings import LedgerSettings
+
+from .factories import make_feedback, make_request
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+Settings = Callable[..., LedgerSettings]
+
+
+def export_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_export_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+async def export(ledger_url: str, *argv: str) -> int:
+    """``xrouter export ARGV`` against ``ledger_url``; its exit code."""
+    return await run_export(export_args(*argv), ledger_url)
+
+
+def ids(path: Path) -> list[str]:
+    return [orjson.loads(line)["id"] for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def records(path: Path) -> list[dict[str, object]]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+async def write(engine: AsyncEngine, settings: LedgerSettings, *request_ids: str) -> None:
+    """Requests with feedback, through the ledger writer, in one transaction."""
+    writer = LedgerWriter(engine, settings)
+    await writer.start()
+    for rid in request_ids:
+        writer.submit(make_request(rid))
+        writer.submit(make_feedback(rid, 1.0))
+    await writer.close()
+
+
+async def test_a_row_written_late_is_missed_by_since_but_not_by_the_cursor(
+    backend: str,
+    engine: AsyncEngine,
+    ledger_url: str,
+    make_settings: Settings,
+    spill_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    await write(engine, make_settings(), "on0", "on1", "on2")
+    # Two requests served now by a worker that had lost the database: acknowledged from its
+    # journal, they reach the database only when a successor replays it.
+    down_url = (
+        f"sqlite+aiosqlite:///{tmp_path}/nowhere/x.db"
+        if backend == "sqlite"
+        else ledger_url.rsplit("/", 1)[0] + "/xrouter_test_does_not_exist"
+    )
+    down = create_ledger_engine(down_url)
+    stranded = LedgerWriter(
+        down, LedgerSettings(url=down_url, spill_dir=str(spill_dir), flush_interval_ms=60_000)
+    )
+    await stranded.start()
+    for rid in ("late0", "late1"):
+        await stranded.submit_durable(make_request(rid))
+        stranded.submit(make_feedback(rid, 1.0))
+    await stranded.close()
+    await down.dispose()
+
+    # The first run of both pipelines: by when requests were served, and by the cursor.
+    run1 = datetime.now(UTC)
+    served1 = tmp_path / "served-1.jsonl"
+    assert await export(ledger_url, "--out", str(served1), "--until", run1.isoformat()) == 0
+    cursor = tmp_path / "state" / "cursor"
+    logged1 = tmp_path / "logged-1.jsonl"
+    capsys.readouterr()
+    argv = ("--cursor", str(cursor), "--settle-seconds", "0")
+    assert await export(ledger_url, "--out", str(logged1), *argv) == 0
+    end1 = datetime.fromisoformat(cursor.read_text().strip())
+    assert capsys.readouterr().out.splitlines() == [
+        f"exported 3 records to {logged1}",
+        f"rows logged from the beginning until {end1.isoformat()}; "
+        f"cursor {cursor} now at {end1.isoformat()}",
+    ]
+    assert ids(served1) == ids(logged1) == ["on0", "on1", "on2"]
+
+    # The database is back: a successor adopts the journal and writes the late rows, with
+    # the times they were served, which are before the first runs.
+    successor = LedgerWriter(engine, make_settings())
+    await successor.start()
+    assert successor.adopted_at_start >= 1  # journal segments
+    await successor.flush()
+    await successor.close()
+
+    served2 = tmp_path / "served-2.jsonl"
+    assert await export(ledger_url, "--out", str(served2), "--since", run1.isoformat()) == 0
+    assert ids(served2) == []  # lost to the served-time pipeline
+    logged2 = tmp_path / "logged-2.jsonl"
+    capsys.readouterr()
+    assert await export(ledger_url, "--out", str(logged2), *argv) == 0
+    end2 = datetime.fromisoformat(cursor.read_text().strip())
+    assert end2 > end1
+    assert capsys.readouterr().out.splitlines()[1] == (
+        f"rows logged from {end1.isoformat()} until {end2.isoformat()}; "
+        f"cursor {cursor} now at {end2.isoformat()}"
+    )
+    late = records(logged2)
+    assert [r["id"] for r in late] == ["late0", "late1"]
+    for r in late:
+        created, logged = (datetime.fromisoformat(str(r[k])) for k in ("created_at", "logged_at"))
+        assert created < run1 <= end1 <= logged < end2
+    # Nothing twice: the next window is empty.
+    logged3 = tmp_path / "logged-3.jsonl"
+    assert await export(ledger_url, "--out", str(logged3), *argv) == 0
+    assert ids(logged3) == []
+
+
+async def test_rows_stamped_in_the_same_instant_are_each_exported_once(
+    backend: str, engine: AsyncEngine, make_settings: Settings, tmp_path: Path
+) -> None:
+    rids = [f"b{i}" for i in range(7)]
+    await write(engine, make_settings(), *rids)  # one batch, one transaction
+    async with engine.connect() as conn:
+        stamps = list((await conn.execute(sa.select(schema.requests.c.logged_at))).scalars())
+    assert all(s is not None for s in stamps)
+    if backend == "postgresql":
+        assert len(set(stamps)) == 1  # the transaction's start: the whole batch shares it
+    first = min(stamps)
+    paged = [
+        rec["id"]
+        async for chunk in iter_export_records(engine, chunk_size=2, logged_since=first)
+        for rec in chunk
+    ]
+    assert sorted(paged) == rids
+    # A window that ends at the stamp holds none of them; the one from it holds them all.
+    out = tmp_path / "x.jsonl"
+    assert await export_ledger(engine, out, logged_until=first) == 0
+    assert await export_ledger(engine, out, logged_since=first) == 7
+
+
+@pytest.mark.parametrize("backend", [pytest.param("postgresql", marks=pytest.mark.postgres)])
+async def test_a_write_in_flight_when_a_window_closes_is_in_the_next_one(
+    engine: AsyncEngine, ledger_url: str, tmp_path: Path
+) -> None:
+    """PostgreSQL stamps a row when its transaction starts; the row is seen when it
+    commits. (A SQLite writer stamps after taking the write lock, so its window of this is
+    its own transaction's few milliseconds.)"""
+    blocker_row = build_rows([make_request("slow")], "none")[0]
+    async with engine.connect() as hold:
+        held = await hold.begin()
+        # Another transaction holds the key, uncommitted: the writer's insert of it waits.
+        await hold.execute(schema.requests.insert(), blocker_row)
+        inserter = BatchInserter(engine, "none", timeout_s=30)
+        writing = asyncio.create_task(
+            inserter.insert([make_request("slow"), make_feedback("slow", 1.0)])
+        )
+        await asyncio.sleep(0.3)
+        assert not writing.done()
+        # Both windows close while the write is in flight: one at the database's clock,
+        # one a settle time behind it.
+        for name, settle in (("now", "0"), ("settled", "1")):
+            argv = ("--cursor", str(tmp_path / name), "--settle-seconds", settle)
+            assert await export(ledger_url, "--out", str(tmp_path / "x"), *argv) == 0
+            assert ids(tmp_path / "x") == []
+        await held.rollback()
+    assert await writing == []
+    async with engine.connect() as conn:
+        stamp = (await conn.execute(sa.select(schema.requests.c.logged_at))).scalar_one()
+    now = datetime.fromisoformat((tmp_path / "now").read_text().strip())
+    settled = datetime.fromisoformat((tmp_path / "settled").read_text().strip())
+    assert settled <= stamp < now  # stamped before the unsettled window's end
+
+    # The window that ended at the clock passed over the row: the next one misses it.
+    argv = ("--cursor", str(tmp_path / "now"), "--settle-seconds", "0")
+    assert await export(ledger_url, "--out", str(tmp_path / "a"), *argv) == 0
+    assert ids(tmp_path / "a") == []
+    # The settled one did not, once the clock is a settle time past the row.
+    await asyncio.sleep((stamp - await safe_logged_until(engine, 1.0)).total_seconds() + 0.05)
+    argv = ("--cursor", str(tmp_path / "settled"), "--settle-seconds", "1")
+    assert await export(ledger_url, "--out", str(tmp_path / "b"), *argv) == 0
+    assert ids(tmp_path / "b") == ["slow"]
+
+
+async def test_the_command_line_contract(
+    engine: AsyncEngine,
+    make_settings: Settings,
+    ledger_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    await write(engine, make_settings(), "c0", "c1")
+    out, cursor = tmp_path / "out.jsonl", tmp_path / "cursor"
+    # Refused before anything is read or written: one line each, exit 2.
+    for argv, says in (
+        (("--cursor", str(cursor), "--logged-since", "2025-01-01"), "not both"),
+        (("--logged-since", "yesterday"), "not an ISO 8601"),
+        (("--logged-until", "2025-13-01"), "not an ISO 8601"),
+        (("--logged-since", "2025-01-01", "--settle-seconds", "-1"), "--settle-seconds"),
+        (("--logged-since", "2025-01-01", "--settle-seconds", "nan"), "--settle-seconds"),
+    ):
+        assert await export(ledger_url, "--out", str(out), *argv) == 2, argv
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith("error: ") and says in line, (argv, line)
+    cursor.write_text("not a time\n")
+    assert await export(ledger_url, "--out", str(out), "--cursor", str(cursor)) == 2
+    assert "holds no ISO 8601 time" in capsys.readouterr().err
+    assert not out.exists() and cursor.read_text() == "not a time\n"
+
+    # Explicit bounds: the window says where to continue. An end closer to the database's
+    # clock than the settle time is honoured, with a warning.
+    db_now = await safe_logged_until(engine, 0)
+    ahead = (db_now + timedelta(hours=1)).isoformat()
+    argv = ("--logged-since", "2025-01-01T00:00:00Z", "--logged-until", ahead)
+    assert await export(ledger_url, "--out", str(out), *argv) == 0
+    got = capsys.readouterr()
+    assert got.out.splitlines() == [
+        f"exported 2 records to {out}",
+        f"rows logged from 2025-01-01T00:00:00+00:00 until {ahead}; "
+        f"continue with --logged-since {ahead}",
+    ]
+    assert got.err.startswith("warning: --logged-until is less than 60 s behind")
+    # The default end stays the settle time behind the clock: rows just written wait.
+    assert await export(ledger_url, "--out", str(out), "--logged-since", "2025-01-01") == 0
+    assert ids(out) == [] and capsys.readouterr().err == ""
+    # The logged window combines with --since/--until and --key.
+    argv = ("--logged-until", ahead, "--key", "nobody")
+    assert await export(ledger_url, "--out", str(out), *argv) == 0
+    assert ids(out) == []
+    argv = ("--logged-until", ahead, "--until", "2025-01-01")
+    assert await export(ledger_url, "--out", str(out), *argv) == 0
+    assert ids(out) == []
+    capsys.readouterr()
+
+    # A cursor ahead of the window's end (a clock that went back) is not moved back.
+    cursor.write_text(ahead + "\n")
+    assert await export(ledger_url, "--out", str(out), "--cursor", str(cursor)) == 0
+    assert ids(out) == [] and cursor.read_text().strip() == ahead
+    assert "(none: the window ends before it starts)" in capsys.readouterr().out
+
+    # The installed command: `xrouter export --cursor` from a shell, first run.
+    cursor.unlink()
+    proc = await asyncio.to_thread(
+        subprocess.run,
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "export",
+            "--ledger",
+            ledger_url,
+            "--out",
+            str(out),
+            "--cursor",
+            str(cursor),
+            "--settle-seconds",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO_ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == f"exported 2 records to {out}"
+    assert ids(out) == ["c0", "c1"] and cursor.read_text().strip() in proc.stdout
+    helped = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "gateway.cli", "export", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO_ROOT,
+    )
+    assert helped.returncode == 0, helped.stderr
+    for option in ("--logged-since", "--logged-until", "--cursor", "--settle-seconds"):
+        assert option in helped.stdout
