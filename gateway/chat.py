@@ -454,6 +454,17 @@ class ChatService:
             return self.render.text_stream(req, rlog, result)
         return await self.render.json(rlog, result)
 
+    def check(self, data: dict[str, Any], who: Principal) -> None:
+        """Refuse ``data`` (a decoded chat request) as ``handle`` refuses it before routing
+        it: its validation, the model or policy it names and whether the key may use it,
+        the pool it may be routed to (``xrouter.models``, the models that read its input).
+        Nothing is routed, called, admitted against the key's limits or written to the
+        ledger: for ``POST /v1/messages/count_tokens``, which answers the same body as
+        ``POST /v1/messages`` without asking a model."""
+        rt: Runtime = self._runtime()
+        data, req = _validate(data)
+        _route_pool(rt, req, who, _resolve(rt, req, who), data["messages"])
+
     async def refused(self, err: APIError, who: Principal, api: str) -> str:
         """Account for a request refused before it became a chat request (a Responses or
         Messages request its translation refused) as ``handle`` accounts for one it refuses:

@@ -1,33 +1,37 @@
 """What the API translations over the chat service share (``gateway.responses``,
 ``gateway.messages``): validating a request body into its model with the error naming the
-field, the headers of a chat answer worth keeping, and reading the chat service's SSE
-stream as chunks."""
+field, naming the client's field in an error about the translated chat request, the headers
+of a chat answer worth keeping, and reading the chat service's SSE stream as chunks."""
 
 from __future__ import annotations
 
 import abc
 import logging
 import re
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
-from gateway.errors import bad_request
+from gateway.errors import APIError, bad_request
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "BODY_HEADERS",
     "ChatAnswer",
+    "Origin",
     "StreamTranslation",
     "chat_answer",
     "chat_chunks",
     "client_error",
+    "message_param",
     "parse_body",
     "renamed",
+    "renamed_error",
     "split_param",
     "with_meta",
 ]
@@ -87,6 +91,53 @@ def renamed(error: dict[str, Any], rename: Callable[[str], str]) -> dict[str, An
     if message.startswith(f"{param}: "):
         message = f"{client}: {message[len(param) + 2 :]}"
     return {**error, "param": client, "message": message}
+
+
+def renamed_error(err: APIError, rename: Callable[[str], str]) -> APIError:
+    """``err`` (about a field of the translated chat request) renamed as ``renamed`` does,
+    its status, type, code and headers kept."""
+    named = renamed(err.body()["error"], rename)
+    return APIError(
+        err.status,
+        str(named["message"]),
+        type=err.type,
+        param=named["param"],
+        code=err.code,
+        headers=err.headers,
+    )
+
+
+@dataclass(slots=True)
+class Origin:
+    """Where a chat message of a translated request came from in the client's request, for
+    an error about it (``messages[3].content``) to name the client's field: the item it was
+    made from (``input[2]``, ``system``), the client's fields its own fields were made from
+    (``content`` from ``input[2].content``), and, where one chat message gathers them from
+    several places (a turn's tool calls, a tool result's images), each content part's and
+    each tool call's."""
+
+    at: str
+    fields: dict[str, str] = field(default_factory=dict)
+    parts: list[str] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)
+
+
+def message_param(origins: Sequence[Origin], param: str, whole: str) -> str:
+    """The client's field that a chat-layer error naming ``param`` (``messages[3].content``,
+    a field of the translated chat messages) is about, given each chat message's origin:
+    the field the message's field was made from, else the item the message was made from;
+    ``whole`` (the client's messages as a whole) when the error names no message."""
+    _, index, rest = split_param(param)
+    if index is None or index >= len(origins):
+        return whole
+    origin = origins[index]
+    if not rest.startswith("."):
+        return origin.at
+    name, sub, _ = split_param(rest[1:])
+    listed = {"content": origin.parts, "tool_calls": origin.calls}.get(name)
+    if sub is not None and listed and sub < len(listed):
+        return listed[sub]
+    return origin.fields.get(name, origin.at)
 
 
 def client_error(chat: Response, rename: Callable[[str], str]) -> Response:

@@ -5,6 +5,8 @@ error) back into Anthropic's shapes."""
 
 from __future__ import annotations
 
+import secrets
+
 import orjson
 from starlette.responses import Response, StreamingResponse
 
@@ -32,10 +34,15 @@ __all__ = [
 ]
 
 
-def request_id_headers(request_id: str) -> dict[str, str]:
+def request_id_headers(request_id: str | None = None) -> dict[str, str]:
     """The request's id as the gateway and OpenAI name it (``id_headers``) and as Anthropic
     does: its SDKs read ``request-id`` (not ``x-request-id``) into a message's
-    ``_request_id`` and an error's ``request_id``."""
+    ``_request_id`` and an error's ``request_id``. Without one (a request refused before
+    it had one, a token count), a new id: every answer carries one, as Anthropic's do,
+    though only a request the ledger has a row for is known by it to feedback and
+    generation stats."""
+    if request_id is None:
+        request_id = secrets.token_hex(16)
     return {**id_headers(request_id), "request-id": request_id}
 
 
@@ -45,12 +52,18 @@ def _with_request_id(headers: dict[str, str]) -> dict[str, str]:
 
 
 def anthropic_error(err: APIError, extra_headers: dict[str, str] | None = None) -> Response:
-    """An error raised on the way in, in Anthropic's shape (same status and headers)."""
+    """An error raised on the way in, in Anthropic's shape (same status and headers), with
+    the request's id in ``extra_headers`` (``request_id_headers``), else a new one: an
+    error refused before the request had one (a bad key, a body too large) carries one
+    too."""
+    headers = {**err.headers, **(extra_headers or {})}
+    if "x-xrouter-request-id" not in headers:
+        headers.update(request_id_headers())
     return Response(
         orjson.dumps(error_body(err.status, err.body()["error"])),
         status_code=err.status,
         media_type="application/json",
-        headers=_with_request_id({**err.headers, **(extra_headers or {})}),
+        headers=_with_request_id(headers),
     )
 
 

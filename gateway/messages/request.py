@@ -22,7 +22,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.errors import APIError, bad_request
-from gateway.translation import parse_body, split_param
+from gateway.translation import Origin, message_param, parse_body, split_param
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +79,7 @@ def to_chat(req: MessagesRequest) -> dict[str, Any]:
     unknown = (req.model_extra or {}).keys()
     if unknown or req.top_k is not None:
         log.debug("messages: not forwarding %s", sorted([*unknown, "top_k"])[:10])
-    messages: list[dict[str, Any]] = []
-    system = _system_text(req.system)
-    if system:
-        messages.append({"role": "system", "content": system})
-    for i, message in enumerate(req.messages):
-        _add_message(messages, message, f"messages[{i}]")
+    messages = _chat_messages(req)
     if not any(m["role"] != "system" for m in messages):
         raise bad_request("messages: nothing to answer", param="messages")
     chat: dict[str, Any] = {
@@ -110,14 +105,27 @@ def to_chat(req: MessagesRequest) -> dict[str, Any]:
     return chat
 
 
+def _chat_messages(
+    req: MessagesRequest, origins: list[Origin] | None = None
+) -> list[dict[str, Any]]:
+    """The chat messages ``req`` translates to; with ``origins``, where each came from in
+    the request (appended to it, one per message), for an error about one to name it."""
+    messages: list[dict[str, Any]] = []
+    system = _system_text(req.system)
+    if system:
+        messages.append({"role": "system", "content": system})
+        if origins is not None:
+            origins.append(Origin("system", {"content": "system"}))
+    for i, message in enumerate(req.messages):
+        _add_message(messages, message, f"messages[{i}]", origins)
+    return messages
+
+
 # Chat request fields -> the Messages fields they were translated from.
 _CLIENT_FIELDS = {
     "stop": "stop_sequences",
     "user": "metadata.user_id",
     "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
-    # The chat messages are not the request's one for one (the system prompt, tool results
-    # split into tool messages): the messages as a whole.
-    "messages": "messages",
 }
 # A chat function's fields -> the custom tool's.
 _TOOL_FIELDS = {".function.parameters": ".input_schema", ".function": ""}
@@ -126,8 +134,20 @@ _TOOL_FIELDS = {".function.parameters": ".input_schema", ".function": ""}
 def client_param(req: MessagesRequest, param: str) -> str:
     """The request's field that a chat-layer error naming ``param`` (a field of the
     translated chat request) is about: ``stop`` is ``stop_sequences``,
-    ``tools[0].function.parameters`` the ``input_schema`` of the first custom tool."""
+    ``tools[0].function.parameters`` the ``input_schema`` of the first custom tool,
+    ``messages[2].content`` the content of the turn that became the third chat message
+    (``messages[1].content`` after a system prompt, which became the first)."""
     head, index, rest = split_param(param)
+    if head == "messages":
+        # Translated again, noting where each message came from: the chat messages are not
+        # the request's one for one (the system prompt, tool results split into tool
+        # messages, turns of thinking only left out).
+        origins: list[Origin] = []
+        try:
+            _chat_messages(req, origins)
+        except APIError:  # it was translated once already: not expected
+            return "messages"
+        return message_param(origins, param, "messages")
     if head == "tools" and index is not None:
         custom = [i for i, t in enumerate(req.tools or []) if _is_custom(t)]
         if index < len(custom):
@@ -161,7 +181,12 @@ def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
     return content
 
 
-def _add_message(messages: list[dict[str, Any]], message: dict[str, Any], where: str) -> None:
+def _add_message(
+    messages: list[dict[str, Any]],
+    message: dict[str, Any],
+    where: str,
+    origins: list[Origin] | None,
+) -> None:
     role = message.get("role")
     if role not in ("user", "assistant", "system"):
         raise bad_request(
@@ -177,6 +202,8 @@ def _add_message(messages: list[dict[str, Any]], message: dict[str, Any], where:
             else _system_text(_blocks(given, where), f"{where}.content")
         )
         messages.append({"role": "system", "content": text})
+        if origins is not None:
+            origins.append(Origin(where, {"content": f"{where}.content", "role": f"{where}.role"}))
         return
     blocks = _blocks(message.get("content"), where)
     if role == "assistant":
@@ -187,17 +214,25 @@ def _add_message(messages: list[dict[str, Any]], message: dict[str, Any], where:
         # its blocks are. (Last, it was a prefill of nothing.)
         if turn["content"] is not None or "tool_calls" in turn:
             messages.append(turn)
+            if origins is not None:
+                fields = {"content": f"{where}.content", "role": f"{where}.role"}
+                calls = [f"{where}.content[{j}]" for j, b in enumerate(blocks) if _is_call(b)]
+                origins.append(Origin(where, fields, calls=calls))
         return
     # A user turn: its tool results become chat tool messages (they answer the previous
-    # assistant turn's calls, so they come first), the rest one user message.
-    parts: list[dict[str, Any]] = []
+    # assistant turn's calls, so they come first), the rest one user message. Each part
+    # with where it was in the request.
+    parts: list[tuple[dict[str, Any], str]] = []
     for j, block in enumerate(blocks):
         at = f"{where}.content[{j}]"
         kind = block.get("type")
         if kind == "tool_result":
             messages.append(_tool_message(block, at, parts))
+            if origins is not None:
+                fields = {"content": f"{at}.content", "tool_call_id": f"{at}.tool_use_id"}
+                origins.append(Origin(at, fields))
         elif kind in ("text", "image"):
-            parts.append(_part(block, at))
+            parts.append((_part(block, at), at))
         else:
             raise _unsupported(
                 f"{at}.type: {kind!r} blocks are not supported in user turns (text, image and "
@@ -205,10 +240,14 @@ def _add_message(messages: list[dict[str, Any]], message: dict[str, Any], where:
                 f"{at}.type",
             )
     if parts:
-        content: Any = parts
-        if all(p["type"] == "text" for p in parts):
-            content = "".join(p["text"] for p in parts)
+        content: Any = [part for part, _ in parts]
+        if all(p["type"] == "text" for p in content):
+            content = "".join(p["text"] for p in content)
         messages.append({"role": "user", "content": content})
+        if origins is not None:
+            fields = {"content": f"{where}.content", "role": f"{where}.role"}
+            at_parts = [at for _, at in parts] if isinstance(content, list) else []
+            origins.append(Origin(where, fields, at_parts))
 
 
 def _part(block: dict[str, Any], at: str) -> dict[str, Any]:
@@ -237,7 +276,9 @@ def _part(block: dict[str, Any], at: str) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-def _tool_message(block: dict[str, Any], at: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+def _tool_message(
+    block: dict[str, Any], at: str, parts: list[tuple[dict[str, Any], str]]
+) -> dict[str, Any]:
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str) or not call_id:
         raise bad_request(f"{at}.tool_use_id: a string is required", param=f"{at}.tool_use_id")
@@ -249,11 +290,15 @@ def _tool_message(block: dict[str, Any], at: str, parts: list[dict[str, Any]]) -
         else:
             # A chat tool message holds text only: the result's images go to the user
             # message that follows it.
-            parts.append(part)
+            parts.append((part, f"{at}.content[{k}]"))
     text = "".join(texts)
     if block.get("is_error"):
         text = f"[tool error] {text}"
     return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+
+def _is_call(block: dict[str, Any]) -> bool:
+    return block.get("type") == "tool_use"
 
 
 def _assistant(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:

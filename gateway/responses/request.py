@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gateway.errors import APIError, bad_request
 from gateway.responses.tools import ToolMap, chat_name, map_tools
-from gateway.translation import parse_body, split_param
+from gateway.translation import Origin, message_param, parse_body, split_param
 
 log = logging.getLogger(__name__)
 
@@ -96,17 +96,7 @@ def to_chat(req: ResponsesRequest) -> dict[str, Any]:
     unknown = (req.model_extra or {}).keys()
     if unknown:
         log.debug("responses: not forwarding fields %s", sorted(unknown)[:10])
-    messages: list[dict[str, Any]] = []
-    if req.instructions:
-        messages.append({"role": "system", "content": req.instructions})
-    if isinstance(req.input, str):
-        messages.append({"role": "user", "content": req.input})
-    else:
-        # Images from function_call_output items, for the user message after the outputs.
-        images: list[dict[str, Any]] = []
-        for i, item in enumerate(req.input):
-            _add_item(messages, item, f"input[{i}]", images)
-        _add_images(messages, images)
+    messages = _chat_messages(req)
     if not any(m["role"] != "system" for m in messages):
         raise bad_request("input: nothing to answer (no message in the input)", param="input")
     chat: dict[str, Any] = {"model": req.model, "messages": messages, "stream": req.stream}
@@ -137,19 +127,40 @@ def to_chat(req: ResponsesRequest) -> dict[str, Any]:
     return chat
 
 
+def _chat_messages(
+    req: ResponsesRequest, origins: list[Origin] | None = None
+) -> list[dict[str, Any]]:
+    """The chat messages ``req`` translates to; with ``origins``, where each came from in
+    the request (appended to it, one per message), for an error about one to name it."""
+    messages: list[dict[str, Any]] = []
+    if req.instructions:
+        messages.append({"role": "system", "content": req.instructions})
+        if origins is not None:
+            origins.append(Origin("instructions", {"content": "instructions"}))
+    if isinstance(req.input, str):
+        messages.append({"role": "user", "content": req.input})
+        if origins is not None:
+            origins.append(Origin("input", {"content": "input"}))
+    else:
+        # Images from function_call_output items (with where each was in the request), for
+        # the user message after the outputs.
+        images: list[tuple[dict[str, Any], str]] = []
+        for i, item in enumerate(req.input):
+            _add_item(messages, item, f"input[{i}]", images, origins)
+        _add_images(messages, images, origins)
+    return messages
+
+
 # Chat request fields -> the Responses fields they were translated from.
-_CLIENT_FIELDS = {
-    "max_completion_tokens": "max_output_tokens",
-    # The chat messages are not the input items one for one (instructions, a turn's calls
-    # merged into one message): the input as a whole.
-    "messages": "input",
-}
+_CLIENT_FIELDS = {"max_completion_tokens": "max_output_tokens"}
 
 
 def client_param(req: ResponsesRequest, param: str) -> str:
     """The request's field that a chat-layer error naming ``param`` (a field of the
     translated chat request) is about: ``tools[0].function.parameters`` is
-    ``tools[0].parameters``, or ``tools[2].tools[0].parameters`` in a namespace."""
+    ``tools[0].parameters``, or ``tools[2].tools[0].parameters`` in a namespace;
+    ``messages[2].content`` the content of the input item that became the third chat
+    message (``input[1].content`` after instructions, which became the first)."""
     head, index, rest = split_param(param)
     if head == "tools" and index is not None and index < len(req.tool_map.sources):
         return req.tool_map.sources[index] + rest.removeprefix(".function")
@@ -157,16 +168,33 @@ def client_param(req: ResponsesRequest, param: str) -> str:
         # ``text.format`` is the chat format's type and its ``json_schema`` object's fields
         # in one object: ``response_format.json_schema.name`` is ``text.format.name``.
         return "text.format" + rest.removeprefix(".json_schema")
+    if head == "messages":
+        # Translated again, noting where each message came from: the chat messages are not
+        # the input items one for one (instructions, a turn's calls merged into one message,
+        # a function output's images moved to a user message after it).
+        origins: list[Origin] = []
+        try:
+            _chat_messages(req, origins)
+        except APIError:  # it was translated once already: not expected
+            return "input"
+        return message_param(origins, param, "input")
     if head in _CLIENT_FIELDS:
         return _CLIENT_FIELDS[head]
     return param
 
 
-def _add_images(messages: list[dict[str, Any]], images: list[dict[str, Any]]) -> None:
+def _add_images(
+    messages: list[dict[str, Any]],
+    images: list[tuple[dict[str, Any], str]],
+    origins: list[Origin] | None,
+) -> None:
     """The images of the function outputs just added, as the user message after them: a
     chat tool message holds text only (as the Messages API's tool-result images)."""
     if images:
-        messages.append({"role": "user", "content": list(images)})
+        messages.append({"role": "user", "content": [image for image, _ in images]})
+        if origins is not None:
+            parts = [at for _, at in images]
+            origins.append(Origin(parts[0], {"content": parts[0]}, parts))
         images.clear()
 
 
@@ -174,13 +202,14 @@ def _add_item(
     messages: list[dict[str, Any]],
     item: dict[str, Any],
     where: str,
-    images: list[dict[str, Any]],
+    images: list[tuple[dict[str, Any], str]],
+    origins: list[Origin] | None,
 ) -> None:
     kind = item.get("type", "message" if "role" in item else None)
     if kind != "function_call_output":
         # A turn's outputs (parallel calls' are consecutive items) stay together, right
         # after the calls they answer, as chat requires: their images come after them.
-        _add_images(messages, images)
+        _add_images(messages, images, origins)
     if kind == "message":
         role = item.get("role")
         # Checked as a string first: a list or an object is not hashable.
@@ -193,6 +222,14 @@ def _add_item(
             messages.append({"role": "assistant", "content": _assistant_text(content, where)})
         else:
             messages.append({"role": role, "content": _user_content(content, where)})
+        if origins is not None:
+            fields = {"content": f"{where}.content", "role": f"{where}.role"}
+            parts: list[str] = []
+            if role != "assistant" and isinstance(content, list):
+                # A user, system or developer message's parts are the chat message's, one
+                # for one (an assistant's are joined into one text).
+                parts = [f"{where}.content[{j}]" for j in range(len(content))]
+            origins.append(Origin(where, fields, parts))
     elif kind == "function_call":
         namespace = item.get("namespace")
         call = {
@@ -210,8 +247,12 @@ def _add_item(
         # message of that turn, after its text if it had any.
         if messages and messages[-1]["role"] == "assistant":
             messages[-1].setdefault("tool_calls", []).append(call)
+            if origins is not None:
+                origins[-1].calls.append(where)
         else:
             messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            if origins is not None:
+                origins.append(Origin(where, calls=[where]))
     elif kind == "function_call_output":
         output = item.get("output")
         text = (
@@ -224,6 +265,9 @@ def _add_item(
                 "content": text,
             }
         )
+        if origins is not None:
+            fields = {"content": f"{where}.output", "tool_call_id": f"{where}.call_id"}
+            origins.append(Origin(where, fields))
     elif kind == "reasoning":
         return  # a reasoning model's summary from an earlier turn: not input for chat models
     else:
@@ -280,7 +324,7 @@ def _image(part: dict[str, Any], at: str) -> dict[str, Any]:
     return {"type": "image_url", "image_url": image}
 
 
-def _output_parts(content: Any, where: str, images: list[dict[str, Any]]) -> str:
+def _output_parts(content: Any, where: str, images: list[tuple[dict[str, Any], str]]) -> str:
     """A function output given as parts: its text, for the tool message; its images go to
     ``images`` (the user message after the outputs)."""
     if not isinstance(content, list):
@@ -289,7 +333,7 @@ def _output_parts(content: Any, where: str, images: list[dict[str, Any]]) -> str
     for j, part in enumerate(content):
         at = f"{where}[{j}]"
         if isinstance(part, dict) and part.get("type") == "input_image":
-            images.append(_image(part, at))
+            images.append((_image(part, at), at))
         else:
             texts.append(_part_text(part, at, "input_text and input_image"))
     return "".join(texts)

@@ -20,6 +20,7 @@ from typing import Any
 from gateway.errors import bad_request
 
 _SEP = "__"  # chat function names allow [A-Za-z0-9_-]: no dot
+_MAX_NAME = 64  # a chat function name's length, as OpenAI (and the chat schema) allow
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,15 @@ def _function(tool: dict[str, Any], where: str, namespace: str | None) -> dict[s
     if not isinstance(name, str) or not name:
         raise bad_request(f"{where}.name: a string is required", param=f"{where}.name")
     function: dict[str, Any] = {"name": chat_name(namespace, name)}
+    if namespace and len(function["name"]) > _MAX_NAME:
+        # Chat checks the name it is offered, which this name is part of: say so, rather
+        # than report a length this name does not have.
+        raise bad_request(
+            f"{where}.name: a function in a namespace is offered to chat models as "
+            f"<namespace>{_SEP}<name>, at most {_MAX_NAME} characters "
+            f"({len(function['name'])} here)",
+            param=f"{where}.name",
+        )
     for key in ("description", "parameters", "strict"):
         if tool.get(key) is not None:
             function[key] = tool[key]

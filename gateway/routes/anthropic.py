@@ -3,8 +3,9 @@
 (``GET /v1/models`` answers them in their shape too: ``gateway.routes.openai``).
 
 Plain Starlette routes, as the chat route is. They answer in Anthropic's shapes, errors
-included (``{"type": "error", "error": {"type", "message"}}``), and take the key as
-Anthropic's clients send it (``x-api-key``) or as OpenAI's do (``Authorization: Bearer``).
+included (``{"type": "error", "error": {"type", "message"}}``), each answer with its
+request id as Anthropic's SDK reads it (``request-id``), and take the key as Anthropic's
+clients send it (``x-api-key``) or as OpenAI's do (``Authorization: Bearer``).
 """
 
 from __future__ import annotations
@@ -17,10 +18,9 @@ from starlette.responses import Response
 
 from gateway import messages
 from gateway.chat import decode_json
-from gateway.errors import APIError, bad_request, internal_error
+from gateway.errors import APIError, internal_error
 from gateway.routes.openai import authorization, read_body, services
-from gateway.schemas import ChatCompletionRequest
-from gateway.translation import parse_body, renamed
+from gateway.translation import renamed_error
 from router.estimate import estimate_prompt_tokens
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,8 @@ async def create_message(request: Request) -> Response:
         who = await s.auth.principal(authorization(request))
         raw = await read_body(request, s.settings.server.max_body_bytes)
     except APIError as err:
+        # A bad key, a body too large: refused before it was a request the ledger keeps
+        # (as chat's are), it gets a request id all the same (anthropic_error's own).
         return messages.anthropic_error(err)
     except Exception:
         log.exception("unexpected error in POST /v1/messages")
@@ -50,34 +52,50 @@ async def create_message(request: Request) -> Response:
         else:
             log.exception("could not translate a Messages request")
             refusal = internal_error()
-        request_id = await s.chat.refused(refusal, who, "messages")
-        return messages.anthropic_error(refusal, messages.request_id_headers(request_id))
+        refused_id = await s.chat.refused(refusal, who, "messages")
+        return messages.anthropic_error(refusal, messages.request_id_headers(refused_id))
+    request_id: str | None = None
     try:
-        return messages.adapt(req, await s.chat.handle(chat_request, who, api="messages"))
+        chat = await s.chat.handle(chat_request, who, api="messages")
+        request_id = chat.headers.get("x-xrouter-request-id")
+        return messages.adapt(req, chat)
     except Exception:
-        log.exception("unexpected error in POST /v1/messages")
-        return messages.anthropic_error(internal_error())
+        log.exception("unexpected error in POST /v1/messages (request %s)", request_id)
+        # The id of the request the chat service answered (and keeps a ledger row for).
+        return messages.anthropic_error(internal_error(), messages.request_id_headers(request_id))
 
 
 async def count_tokens(request: Request) -> Response:
     """How many input tokens a Messages request holds, as the gateway estimates them for
     budget holds: on the high side (3 bytes of UTF-8 a token, images and audio by size), never
-    a provider's tokenizer."""
+    a provider's tokenizer.
+
+    A body ``POST /v1/messages`` would refuse before routing it is refused the same way
+    (as Anthropic's API does): its translation, the chat service's validation, the model
+    or policy it names and whether the key may use it, the models it may be routed to
+    (``ChatService.check``). Nothing is routed or called, and a count is neither counted
+    against the key's limits nor written to the ledger; its request id names no ledger
+    row."""
     s = services(request)
-    assert s.auth is not None
+    assert s.auth is not None and s.chat is not None
+    ids = messages.request_id_headers()
     try:
-        await s.auth.principal(authorization(request))
+        who = await s.auth.principal(authorization(request))
         raw = await read_body(request, s.settings.server.max_body_bytes)
         req = messages.parse_request(decode_json(raw), messages.CountTokensRequest)
         chat = messages.to_chat(req)
         try:
-            # As the chat service validates it for POST /v1/messages: the same body is
-            # refused the same way here (five stop_sequences, say).
-            parse_body(ChatCompletionRequest, chat)
+            s.chat.check(chat, who)
         except APIError as err:
-            named = renamed(err.body()["error"], lambda param: messages.client_param(req, param))
-            raise bad_request(str(named["message"]), param=named["param"]) from None
+            # About the chat request: named as the client sent it (five stop_sequences are
+            # ``stop_sequences``), as POST /v1/messages names it.
+            raise renamed_error(err, lambda param: messages.client_param(req, param)) from None
         tokens = estimate_prompt_tokens(chat["messages"], None, chat.get("tools"))
-        return Response(orjson.dumps({"input_tokens": tokens}), media_type="application/json")
+        return Response(
+            orjson.dumps({"input_tokens": tokens}), media_type="application/json", headers=ids
+        )
     except APIError as err:
-        return messages.anthropic_error(err)
+        return messages.anthropic_error(err, ids)
+    except Exception:
+        log.exception("unexpected error in POST /v1/messages/count_tokens")
+        return messages.anthropic_error(internal_error(), ids)

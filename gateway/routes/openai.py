@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 
 import orjson
 from fastapi import APIRouter, Request
@@ -54,11 +55,18 @@ async def chat_completions(request: Request) -> Response:
 
 async def create_response(request: Request) -> Response:
     """The Responses API, translated to a chat request and routed like one (see
-    :mod:`gateway.responses`). A plain Starlette route, as the chat endpoint is."""
+    :mod:`gateway.responses`). A plain Starlette route, as the chat endpoint is. Every
+    answer carries its request id (``x-request-id``, which OpenAI's SDKs read into an
+    error's ``request_id``), errors included."""
     s = services(request)
     assert s.auth is not None and s.chat is not None
-    who = await s.auth.principal(request.headers.get("authorization"))
-    raw = await read_body(request, s.settings.server.max_body_bytes)
+    try:
+        who = await s.auth.principal(request.headers.get("authorization"))
+        raw = await read_body(request, s.settings.server.max_body_bytes)
+    except APIError as err:
+        # A bad key, a body too large: refused before it was a request the ledger keeps (as
+        # chat's are), with a request id all the same.
+        return err.response(id_headers(secrets.token_hex(16)))
     try:
         req = responses.parse_request(decode_json(raw))
         chat_request = responses.to_chat(req)
@@ -73,23 +81,34 @@ async def create_response(request: Request) -> Response:
         request_id = await s.chat.refused(failure, who, "responses")
         return failure.response(id_headers(request_id))
     chat = await s.chat.handle(chat_request, who, api="responses")
-    return responses.adapt(req, chat)
+    try:
+        return responses.adapt(req, chat)
+    except Exception:
+        request_id = chat.headers.get("x-xrouter-request-id") or secrets.token_hex(16)
+        log.exception("unexpected error in POST /v1/responses (request %s)", request_id)
+        # The id of the request the chat service answered (and keeps a ledger row for).
+        return internal_error().response(id_headers(request_id))
 
 
 @router.api_route("/v1/responses/{response_id}{rest:path}", methods=["GET", "POST", "DELETE"])
 async def stored_response(request: Request, response_id: str, rest: str) -> Response:
     """Retrieve, delete, cancel, input_items: the calls on a stored response. Nothing is
-    stored here, so each is a 404 that says so (rather than a bare "Not Found")."""
+    stored here, so each is a 404 that says so (rather than a bare "Not Found"), with a
+    request id as every Responses API error has."""
     s = services(request)
     assert s.auth is not None
-    await s.auth.principal(request.headers.get("authorization"))
-    raise APIError(
+    ids = id_headers(secrets.token_hex(16))
+    try:
+        await s.auth.principal(request.headers.get("authorization"))
+    except APIError as err:
+        return err.response(ids)
+    return APIError(
         404,
         f"no response {response_id!r}: xrouter stores no responses (each is answered with "
         "store: false); keep what you need from the response itself",
         param="response_id",
         code="response_not_found",
-    )
+    ).response(ids)
 
 
 def authorization(request: Request) -> str | None:

@@ -166,6 +166,19 @@ def test_the_sdk_reads_the_request_id_from_messages_streams_and_errors(
         headers = err.value.response.headers
         assert err.value.request_id and err.value.request_id == headers["x-xrouter-request-id"]
         assert headers["x-request-id"] == err.value.request_id
+    # Refused before it had a request id (a body over max_bytes, 64 KiB here): one of its own.
+    big: list[MessageParam] = [{"role": "user", "content": "x" * 70_000}]
+    with pytest.raises(anthropic.APIStatusError) as too_large:
+        c.messages.create(model=MODEL, max_tokens=64, messages=big)
+    assert too_large.value.status_code == 413 and too_large.value.request_id
+    assert too_large.value.response.headers["x-request-id"] == too_large.value.request_id
+    # Token counts too, counted or refused.
+    counted = c.messages.count_tokens(model=MODEL, messages=hi)
+    with pytest.raises(anthropic.NotFoundError) as not_counted:
+        c.messages.count_tokens(model="no-such-model", messages=hi)
+    assert counted._request_id and not_counted.value.request_id
+    ids = {msg._request_id, too_large.value.request_id, counted._request_id}
+    assert len(ids | {not_counted.value.request_id}) == 4
 
 
 def test_tool_use_round_trip_and_a_streamed_tool_call(gateway: Gateway) -> None:
@@ -273,6 +286,40 @@ def test_count_tokens_refuses_what_messages_refuses(
     assert r.status_code == 400, r.text
     got = r.json()
     assert got["type"] == "error" and got["error"]["param"] == param
+
+
+# Bodies the chat service refuses before routing them: count_tokens refuses them as well,
+# without routing them, calling a model or writing a ledger row.
+ASK: list[MessageParam] = [{"role": "user", "content": "Weather in Paris?"}]
+REFUSED_BEFORE_ROUTING: list[tuple[dict[str, Any], int, str, str]] = [
+    ({"model": "no-such-model", "messages": ASK}, 404, "not_found_error", "model"),
+    ({"model": "xrouter/no-such-policy", "messages": ASK}, 404, "not_found_error", "model"),
+    ({"model": "xrouter", "messages": ASK, "xrouter": {"models": ["no-such-model"]}}, 400,
+     "invalid_request_error", "xrouter.models"),
+    ({"model": MODEL, "messages": ASK, "xrouter": {"tags": [""]}}, 400,
+     "invalid_request_error", "xrouter.tags"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("body", "status", "kind", "param"), REFUSED_BEFORE_ROUTING)
+def test_count_tokens_refuses_what_the_chat_service_refuses_without_routing_it(
+    gateway: Gateway, upstream: Upstream, body: dict[str, Any], status: int, kind: str, param: str
+) -> None:
+    counted = httpx.post(f"{gateway.base_url}/messages/count_tokens", json=body)
+    assert counted.status_code == status, counted.text
+    assert upstream.stats()["total"] == 0  # no model was asked, the router included
+    sent = httpx.post(f"{gateway.base_url}/messages", json={"max_tokens": 8, **body})
+    assert sent.status_code == status, sent.text
+    # The same error, in Anthropic's shape, as POST /v1/messages answers.
+    assert counted.json() == sent.json()
+    assert counted.json()["error"]["type"] == kind and counted.json()["error"]["param"] == param
+    # POST /v1/messages keeps a ledger row for its refusal; a count keeps none.
+    ledger_rows(gateway, sent.headers["request-id"])
+    with sqlite3.connect(gateway.config_path.parent / "ledger.db") as conn:
+        rows = conn.execute(
+            "SELECT COUNT(*) FROM requests WHERE request_id = ?", (counted.headers["request-id"],)
+        ).fetchone()
+    assert rows == (0,)
 
 
 def test_a_request_refused_in_translation_is_accounted_as_a_chat_request_is(
@@ -395,6 +442,9 @@ def test_the_key_as_anthropic_s_clients_send_it(upstream: Upstream, tmp_path: Pa
         body = err.value.body
         assert isinstance(body, dict) and body["error"]["type"] == "authentication_error"
         assert err.value.status_code == 401
+        # Refused before it was a request the ledger keeps, it has a request id all the same.
+        assert err.value.request_id
+        assert err.value.response.headers["x-request-id"] == err.value.request_id
         with pytest.raises(anthropic.PermissionDeniedError):
             client(gw, key).messages.create(
                 model="qwen2.5-7b-instruct", max_tokens=32, messages=ask
@@ -404,11 +454,18 @@ def test_the_key_as_anthropic_s_clients_send_it(upstream: Upstream, tmp_path: Pa
         assert "xrouter" in listed and MODEL in listed and "qwen2.5-7b-instruct" not in listed
         with pytest.raises(anthropic.AuthenticationError):
             client(gw, "xr-wrong").models.list()
-        # count_tokens takes the key too.
+        # count_tokens takes the key too, and refuses a model the key may not use, as
+        # POST /v1/messages does.
         r = httpx.post(
             f"{gw.base_url}/messages/count_tokens", json={"model": MODEL, "messages": ask}
         )
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        assert r.headers["request-id"]
+        assert client(gw, key).messages.count_tokens(model=MODEL, messages=ask).input_tokens > 0
+        with pytest.raises(anthropic.PermissionDeniedError) as denied:
+            client(gw, key).messages.count_tokens(model="qwen2.5-7b-instruct", messages=ask)
+        assert isinstance(denied.value.body, dict)
+        assert denied.value.body["error"]["code"] == "model_not_allowed"
     finally:
         gw.stop()
 

@@ -258,8 +258,19 @@ def test_structured_output_and_truncation(
         ({"model": MODEL, "input": "x", "text": {"format": {"type": "json_schema",
           "name": "a prime", "schema": {"type": "object"}}}}, 400, "text.format.name", None),
         ({"model": "no-such-model", "input": "x"}, 404, "model", "model_not_found"),
-        # A message without content (the chat check's 400, named in the Responses terms).
-        ({"model": MODEL, "input": [{"role": "user", "content": []}]}, 400, "input", None),
+        # A message without content: the chat check's 400, naming the input item, whose
+        # index is not the chat message's (instructions first, a turn's call merged).
+        ({"model": MODEL, "input": [{"role": "user", "content": []}]}, 400,
+         "input[0].content", None),
+        ({"model": MODEL, "instructions": "Be brief.", "input": [
+            {"role": "user", "content": "hi"}, {"role": "user", "content": []}]}, 400,
+         "input[1].content", None),
+        ({"model": MODEL, "tools": [WEATHER], "input": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "Checking."},
+            {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+            {"role": "developer", "content": []}]}, 400, "input[4].content", None),
         ({"model": MODEL, "input": "x", "xrouter": {"cost_weight": -1}}, 400,
          "xrouter.cost_weight", None),
         # Malformed where the translation reads it (a 500 once), not where pydantic does.
@@ -289,6 +300,11 @@ def test_structured_output_and_truncation(
         ({"model": MODEL, "input": "x", "tools": [{"type": "web_search"}, {
           "type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "f",
           "description": 5}]}]}, 400, "tools[1].tools[0].description", None),
+        # A namespaced function's chat name is <namespace>__<name>: too long for chat, named
+        # and explained as the client wrote it (not as a length its name does not have).
+        ({"model": MODEL, "input": "x", "tools": [{"type": "namespace", "name": "n" * 40,
+          "tools": [{"type": "function", "name": "f" * 30}]}]}, 400, "tools[0].tools[0].name",
+         None),
     ],
 )  # fmt: skip
 def test_bad_requests_get_an_openai_error(
@@ -450,6 +466,27 @@ def test_a_call_whose_id_comes_late_and_a_call_cut_off(
         [cut_call] = resp.output
         assert isinstance(cut_call, ResponseFunctionToolCall)
         assert resp.status == "incomplete" and cut_call.status == "incomplete"
+
+
+def test_every_error_carries_a_request_id(gateway: Gateway, secured: Gateway) -> None:
+    """OpenAI's SDKs read `x-request-id` into an error's `request_id`: a request refused
+    before it had one (a bad key, a body too large, a call on a stored response) gets one
+    too, as a request refused by the translation or the chat service has."""
+    bad_key = openai.OpenAI(base_url=secured.base_url, api_key="xr-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as auth:
+        bad_key.responses.create(model=MODEL, input="hi")
+    with pytest.raises(openai.APIStatusError) as too_large:  # max_body_bytes is 64 KiB
+        client(gateway).responses.create(model=MODEL, input="x" * 70_000)
+    assert too_large.value.status_code == 413
+    with pytest.raises(openai.NotFoundError) as stored:
+        client(gateway).responses.retrieve("resp_abc")
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(gateway).responses.create(model=MODEL, input=[{"role": "user", "content": []}])
+    for err in (auth, too_large, stored, refused):
+        headers = err.value.response.headers
+        assert err.value.request_id and headers["x-xrouter-request-id"] == err.value.request_id
+    # Ids of their own, not one shared.
+    assert len({err.value.request_id for err in (auth, too_large, stored, refused)}) == 4
 
 
 @pytest.mark.parametrize(

@@ -3,13 +3,14 @@ block and field, and the refusals that name what they refuse."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
 import pytest
 
 from gateway.errors import APIError
-from gateway.messages import CountTokensRequest, parse_request, to_chat
+from gateway.messages import CountTokensRequest, client_param, parse_request, to_chat
 
 WEATHER = {
     "name": "get_weather",
@@ -198,3 +199,67 @@ def test_a_system_message_mid_conversation_stays_where_it_is() -> None:
     with pytest.raises(APIError) as err:
         chat(messages=[{"role": "system", "content": [{"type": "image"}]}])
     assert err.value.param == "messages[0].content[0]"
+
+
+def field_at(body: Any, param: str) -> Any:
+    """What the client sent at ``param`` (``messages[2].content[0]``): a KeyError or an
+    IndexError if it sent nothing there."""
+    for name, index in re.findall(r"\.?([^.\[]+)|\[(\d+)\]", param):
+        body = body[int(index)] if index else body[name]
+    return body
+
+
+def test_an_error_about_a_chat_message_names_the_block_it_came_from() -> None:
+    """The chat messages are not the request's one for one: the system prompt comes first,
+    tool results become tool messages of their own (their images a part of the user message
+    after them), a turn of thinking only is left out. An error the chat service finds in a
+    chat message names the turn or block (and its field) the client sent, never a chat
+    index."""
+    image = {"type": "image", "source": {"type": "url", "url": "https://example.com/map.png"}}
+    thinking = {"type": "thinking", "thinking": "hmm", "signature": "s"}
+    body: dict[str, Any] = {
+        "model": "xrouter",
+        "max_tokens": 100,
+        "system": "Be brief.",
+        "tools": [WEATHER],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Weather here?"}, image]},
+            {"role": "assistant", "content": [
+                thinking,
+                {"type": "text", "text": "Checking."},
+                {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {}},
+                {"type": "tool_use", "id": "t2", "name": "get_weather", "input": {}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": [
+                    {"type": "text", "text": "sunny"}, image]},
+                {"type": "tool_result", "tool_use_id": "t2", "content": "rain"},
+                {"type": "text", "text": "Thanks"}]},
+            {"role": "assistant", "content": [thinking]},
+            {"role": "user", "content": "And tomorrow?"},
+        ],
+    }  # fmt: skip
+    req = parse_request(body)
+    roles = [m["role"] for m in to_chat(req)["messages"]]
+    assert roles == ["system", "user", "assistant", "tool", "tool", "user", "user"]
+    expected = {
+        "messages[0].content": "system",
+        "messages[1].content": "messages[0].content",
+        "messages[1].content[1].image_url.url": "messages[0].content[1]",
+        "messages[2]": "messages[1]",
+        "messages[2].content": "messages[1].content",
+        "messages[2].tool_calls[0]": "messages[1].content[2]",
+        "messages[2].tool_calls[1].function.name": "messages[1].content[3]",
+        "messages[3].content": "messages[2].content[0].content",
+        "messages[3].tool_call_id": "messages[2].content[0].tool_use_id",
+        "messages[4]": "messages[2].content[1]",
+        "messages[5].content": "messages[2].content",
+        "messages[5].content[0]": "messages[2].content[0].content[1]",
+        "messages[5].content[1]": "messages[2].content[2]",
+        "messages[6].content": "messages[4].content",
+        # No such chat message, or none named: the messages as a whole.
+        "messages[7].content": "messages",
+        "messages": "messages",
+    }
+    for param, client in expected.items():
+        assert client_param(req, param) == client, param
+        field_at(body, client)  # the client sent it

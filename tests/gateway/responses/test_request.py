@@ -3,12 +3,13 @@ item, tool and format the translation takes, and of what it refuses."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
 from gateway.errors import APIError
-from gateway.responses.request import parse_request, to_chat
+from gateway.responses.request import client_param, parse_request, to_chat
 
 
 def chat(body: dict[str, Any]) -> dict[str, Any]:
@@ -193,6 +194,9 @@ def test_namespaced_and_hosted_tools() -> None:
         ({"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}},
          "text.format.schema"),
         ({"input": [], "instructions": "only a system prompt"}, "input"),
+        # Offered to chat models as <namespace>__<name>: 72 characters, too long for chat.
+        ({"input": "x", "tools": [{"type": "namespace", "name": "n" * 40, "tools": [
+            {"type": "function", "name": "f" * 30}]}]}, "tools[0].tools[0].name"),
         ({"input": "x", "temperature": 3}, "temperature"),
     ],
 )  # fmt: skip
@@ -202,3 +206,66 @@ def test_what_cannot_be_translated_is_a_400_naming_the_field(
     with pytest.raises(APIError) as exc:
         chat(body)
     assert exc.value.status == 400 and exc.value.param == param
+
+
+def field_at(body: Any, param: str) -> Any:
+    """What the client sent at ``param`` (``input[2].content[0]``): a KeyError or an
+    IndexError if it sent nothing there."""
+    for name, index in re.findall(r"\.?([^.\[]+)|\[(\d+)\]", param):
+        body = body[int(index)] if index else body[name]
+    return body
+
+
+def test_an_error_about_a_chat_message_names_the_input_item_it_came_from() -> None:
+    """The chat messages are not the input items one for one: instructions come first, a
+    reasoning item is dropped, a turn's calls join its text's message, a function output's
+    images move to a user message after the outputs. An error the chat service finds in a
+    chat message names the item (and its field) the client sent, never a chat index."""
+    body: dict[str, Any] = {
+        "model": "xrouter",
+        "instructions": "Be brief.",
+        "tools": [{"type": "function", "name": "get_weather", "parameters": {}}],
+        "input": [
+            {"role": "user", "content": [
+                {"type": "input_text", "text": "Weather here?"},
+                {"type": "input_image", "image_url": "https://example.com/street.png"}]},
+            {"type": "reasoning", "summary": []},
+            {"role": "assistant", "content": "Checking."},
+            {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+            {"type": "function_call", "call_id": "c2", "name": "get_weather", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": [
+                {"type": "input_text", "text": "sunny"},
+                {"type": "input_image", "image_url": "https://example.com/map.png"}]},
+            {"type": "function_call_output", "call_id": "c2", "output": "rain"},
+            {"role": "user", "content": "Thanks"},
+        ],
+    }  # fmt: skip
+    req = parse_request(body)
+    roles = [m["role"] for m in to_chat(req)["messages"]]
+    assert roles == ["system", "user", "assistant", "tool", "tool", "user", "user"]
+    expected = {
+        "messages[0].content": "instructions",
+        "messages[1].content": "input[0].content",
+        "messages[1].content[1].image_url.url": "input[0].content[1]",
+        "messages[1].role": "input[0].role",
+        "messages[2]": "input[2]",
+        "messages[2].content": "input[2].content",
+        "messages[2].tool_calls[0]": "input[3]",
+        "messages[2].tool_calls[1].function.name": "input[4]",
+        "messages[3].content": "input[5].output",
+        "messages[3].tool_call_id": "input[5].call_id",
+        "messages[4].content": "input[6].output",
+        "messages[5].content": "input[5].output[1]",
+        "messages[5].content[0]": "input[5].output[1]",
+        "messages[6].content": "input[7].content",
+        # No such chat message, or none named: the input as a whole.
+        "messages[7].content": "input",
+        "messages": "input",
+    }
+    for param, client in expected.items():
+        assert client_param(req, param) == client, param
+        field_at(body, client)  # the client sent it
+    # A string input is the user message's content.
+    assert client_param(parse_request({"model": "m", "input": "hi"}), "messages[0].content") == (
+        "input"
+    )
