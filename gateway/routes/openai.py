@@ -48,8 +48,13 @@ async def chat_completions(request: Request) -> Response:
     FastAPI's dependency solving, and skipping it is measurable at 1,000 requests/s."""
     s = services(request)
     assert s.auth is not None and s.chat is not None
-    who = await s.auth.principal(request.headers.get("authorization"))
-    raw = await read_body(request, s.settings.server.max_body_bytes)
+    try:
+        who = await s.auth.principal(request.headers.get("authorization"))
+        raw = await read_body(request, s.settings.server.max_body_bytes)
+    except APIError as err:
+        # A bad key, a body too large: refused before it was a request the ledger keeps,
+        # with a request id all the same, as every other answer has.
+        return err.response(id_headers(secrets.token_hex(16)))
     return await s.chat.handle(raw, who)
 
 

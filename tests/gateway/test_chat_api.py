@@ -503,6 +503,8 @@ def test_body_over_limit_is_413(gateway: Gateway) -> None:
         json={"model": MODEL, "messages": [{"role": "user", "content": big}]},
     )
     assert r.status_code == 413 and error(r)["code"] == "request_too_large"
+    # Refused before it was a request the ledger keeps: named all the same, as every answer.
+    assert r.headers["x-request-id"] == r.headers["x-xrouter-request-id"]
 
 
 @pytest.mark.parametrize(

@@ -153,6 +153,7 @@ def test_key_lifecycle_and_auth(gw: Gateway) -> None:
         json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]},
     )
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert r.headers["x-request-id"]  # what an SDK's error shows as its request_id
     assert chat(gw, "xr-not-a-real-key").status_code == 401
     assert chat(gw, secret).status_code == 200
     r = httpx.patch(
