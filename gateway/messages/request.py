@@ -219,6 +219,13 @@ def _add_message(
                 calls = [f"{where}.content[{j}]" for j, b in enumerate(blocks) if _is_call(b)]
                 origins.append(Origin(where, fields, calls=calls))
         return
+    if not blocks:
+        # As Anthropic refuses it (and the chat API an empty content list), rather than
+        # leave the turn out and answer a conversation the client did not send.
+        raise bad_request(
+            f"{where}.content: a user turn needs at least one content block",
+            param=f"{where}.content",
+        )
     # A user turn: its tool results become chat tool messages (they answer the previous
     # assistant turn's calls, so they come first), the rest one user message. Each part
     # with where it was in the request.

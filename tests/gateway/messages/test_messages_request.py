@@ -168,7 +168,11 @@ def test_count_tokens_requests_need_no_max_tokens() -> None:
           "tool_choice": {"type": "sometimes"}}, "tool_choice.type", None),
         ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
           "system": "only a system prompt"} | {"messages": [{"role": "user", "content": []}]},
-         "messages", None),
+         "messages[0].content", None),
+        # An empty user turn mid-conversation: refused, as Anthropic does, not left out.
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"},
+          {"role": "assistant", "content": "y"}, {"role": "user", "content": []}]},
+         "messages[2].content", None),
     ],
 )  # fmt: skip
 def test_refusals_name_the_field(body: dict[str, Any], param: str, code: str | None) -> None:
