@@ -17,6 +17,7 @@ from router.loop import RouteResult
 from router.policy import LoopState, RouteContext, ToolCall
 
 if TYPE_CHECKING:
+    from gateway.budget_gauges import BudgetGauges
     from gateway.cache import CacheTicket
     from gateway.chat import Principal
     from gateway.ledger.writer import LedgerWriter
@@ -129,6 +130,7 @@ class KeyBudgetGuard:
         alias: str | None = None,
         metrics: Any = None,
         bookkeeping: Bookkeeping,
+        gauges: BudgetGauges | None = None,
     ) -> None:
         self.store = store
         self.limits = limits
@@ -136,6 +138,7 @@ class KeyBudgetGuard:
         self.alias = alias
         self.metrics = metrics
         self.bookkeeping = bookkeeping
+        self.gauges = gauges
         self.rejection: Any = None
         # The store failed (``on_store_error: closed``): every later call is refused without
         # asking it again, and the request ends in a 503, with its ledger row.
@@ -215,7 +218,10 @@ class KeyBudgetGuard:
             state = await self.store.spent(self.limits)
         except LimitStoreUnavailable:
             return  # the gauge keeps its last reading until the store answers again
-        self.metrics.key_budget_remaining(self.alias, max(budget - state.spent, 0))
+        exported = self.metrics.key_budget_remaining(self.alias, max(budget - state.spent, 0))
+        if exported and self.gauges is not None:
+            # Kept current from now on between the key's calls here.
+            self.gauges.track(self.alias, self.limits.key_id)
 
 
 class RequestHooks:
@@ -226,11 +232,13 @@ class RequestHooks:
         ledger: LedgerWriter | None = None,
         metrics: GatewayMetrics | None = None,
         reference_price: Any = None,
+        budget_gauges: BudgetGauges | None = None,
     ) -> None:
         self.limits = limits
         self.ledger = ledger
         self.metrics = metrics
         self.reference_price = reference_price
+        self.budget_gauges = budget_gauges
         self.bookkeeping = Bookkeeping()
 
     async def admit(self, rlog: RequestLog, ctx: RouteContext) -> KeyBudgetGuard | None:
@@ -263,6 +271,7 @@ class RequestHooks:
             alias=rlog.principal.alias,
             metrics=self.metrics,
             bookkeeping=self.bookkeeping,
+            gauges=self.budget_gauges,
         )
 
     def budget_error(

@@ -65,6 +65,7 @@ class Services:
     cache: Any = None  # gateway.cache.AnswerCache, when cache.enabled
     budgets: Any = None  # gateway.budget_sync.BudgetSync, when auth is on
     retention: Any = None  # gateway.ledger.retention.ContentRetention, when configured
+    budget_gauges: Any = None  # gateway.budget_gauges.BudgetGauges, with auth and metrics
     ready: bool = False
     reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     background: list[asyncio.Task[Any]] = field(default_factory=list)
@@ -218,8 +219,19 @@ class Services:
             if s.metrics.reference_model
             else None
         )
+        if s.auth.enabled and self.metrics is not None and s.metrics.budget_gauge_keys > 0:
+            from gateway.budget_gauges import BudgetGauges
+
+            self.budget_gauges = BudgetGauges(
+                self.limits, self.keys, self.metrics, interval_s=s.metrics.budget_refresh_s
+            )
+            self.budget_gauges.start()
         self.hooks = RequestHooks(
-            limits=self.limits, ledger=self.ledger, metrics=self.metrics, reference_price=ref
+            limits=self.limits,
+            ledger=self.ledger,
+            metrics=self.metrics,
+            reference_price=ref,
+            budget_gauges=self.budget_gauges,
         )
         from gateway.cache import build_answer_cache
 
@@ -468,6 +480,8 @@ class Services:
             await self.cache.aclose()
         if self.budgets is not None:
             await self.budgets.aclose()
+        if self.budget_gauges is not None:
+            await self.budget_gauges.aclose()
         if self.retention is not None:
             await self.retention.aclose()
         if self.limits is not None:

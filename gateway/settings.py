@@ -135,6 +135,9 @@ class MetricsSettings(_Section):
     reference_model: str | None = None
     # Budget-remaining gauges are exported for at most this many keys (bounded cardinality).
     budget_gauge_keys: int = Field(default=20, ge=0, le=1000)
+    # ... and re-read this often between the keys' calls (gateway.budget_gauges): a period's
+    # reset, other replicas' spend, a budget changed elsewhere.
+    budget_refresh_s: float = Field(default=60.0, gt=0, le=3600)
     # When set, GET /metrics needs "Authorization: Bearer <token>" (Prometheus: a scrape
     # config's `authorization.credentials_file`). Unset, it is open, as LiteLLM's is by
     # default: it shows key aliases, remaining budgets, models and deployment names.

@@ -127,6 +127,42 @@ def test_the_budget_gauge_is_budget_minus_spend_and_says_when_a_key_is_refused(
     assert value(scrape(gw), name, key_alias=alias) == refused_before + 1
 
 
+def test_the_budget_gauge_follows_a_raised_budget_without_a_call(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    """A budget raised through the admin API (on any replica) shows in the gauge at the next
+    refresh (metrics.budget_refresh_s), not only at the key's next call here: a key refused
+    for want of budget may never call again, and its alert would fire on."""
+    cfg = gateway_config(
+        tmp_path, upstream.base_url, auth={"enabled": True}, metrics={"budget_refresh_s": 0.3}
+    )
+    g = start_gateway(tmp_path, cfg)
+    try:
+        k = create_key(g, budget_usd=WORST * 3 / 1e6, budget_period="total")
+        alias = k["alias"]
+        assert chat(g, k["key"]).status_code == 200
+        spent = spent_micros(g, k["key_id"])
+
+        def gauge_is(expected_micros: int) -> bool:
+            got = value(scrape(g), "xrouter_key_budget_remaining_usd", key_alias=alias)
+            return got is not None and round(got * 1e6) == expected_micros
+
+        assert eventually(lambda: gauge_is(WORST * 3 - spent))
+        r = httpx.patch(
+            f"{g.url}/admin/keys/{k['key_id']}",
+            json={"budget_usd": WORST * 10 / 1e6},
+            headers=ADMIN,
+        )
+        assert r.status_code == 200
+        assert eventually(lambda: gauge_is(WORST * 10 - spent)), scrape(g)
+        # Revoked: the series goes, and the refresh does not bring it back.
+        assert httpx.delete(f"{g.url}/admin/keys/{k['key_id']}", headers=ADMIN).status_code == 200
+        time.sleep(1.0)  # three refreshes
+        assert value(scrape(g), "xrouter_key_budget_remaining_usd", key_alias=alias) is None
+    finally:
+        g.stop()
+
+
 def test_a_call_the_budget_refused_is_no_upstream_call(gw: Gateway) -> None:
     k = create_key(gw, budget_usd=(WORST // 2) / 1e6, budget_period="total")
     before = scrape(gw)
