@@ -398,6 +398,49 @@ async def test_a_stopped_writers_journal_is_adopted_but_a_live_ones_is_not(
         await engine.dispose()
 
 
+async def test_a_shutdown_does_not_wait_for_a_long_replay(
+    backend: str, ledger_url: str, tmp_path: Path, spill_dir: Path
+) -> None:
+    """A journal of hours of traffic (an outage's) is replayed in the background; a SIGTERM
+    meanwhile must not hold the graceful shutdown until it is all in. The rest stays in
+    the journal, and the next writer replays it, nothing twice."""
+    down_url = (
+        f"sqlite+aiosqlite:///{tmp_path}/nowhere/x.db"
+        if backend == "sqlite"
+        else ledger_url.rsplit("/", 1)[0] + "/xrouter_test_does_not_exist"
+    )
+    down = create_ledger_engine(down_url)
+    outage = LedgerWriter(
+        down, LedgerSettings(url=down_url, spill_dir=str(spill_dir), flush_interval_ms=60_000)
+    )
+    await outage.start()
+    n = 5000
+    for i in range(n):
+        outage.submit(make_request(f"r{i:05d}"))
+    await outage.close()  # the database is down: all of it in the journal
+    await down.dispose()
+
+    engine = await open_ledger_engine(ledger_url)
+    settings = LedgerSettings(url=ledger_url, spill_dir=str(spill_dir))
+    try:
+        # 500 chunks of 10: seconds of replay, which the shutdown must not wait for.
+        interrupted = LedgerWriter(engine, settings.model_copy(update={"flush_rows": 10}))
+        await interrupted.start()
+        while not await request_ids(engine):  # noqa: ASYNC110 - the replay is under way
+            await asyncio.sleep(0.01)
+        await interrupted.close()
+        done = len(await request_ids(engine))
+        assert 0 < done < n  # it stopped at a chunk's end, not at the journal's
+        successor = LedgerWriter(engine, settings)
+        await successor.start()
+        await successor.flush()
+        await successor.close()
+        assert await request_ids(engine) == [f"r{i:05d}" for i in range(n)]
+        assert journal_files(spill_dir) == []
+    finally:
+        await engine.dispose()
+
+
 def test_records_round_trip_through_json() -> None:
     rec = make_request("rt", router_cost=5, models=("a", "b"))
     rec.decision = {"policy": "compact", "actions": ["b"], "propensities": [0.5]}
