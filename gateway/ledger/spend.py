@@ -133,9 +133,47 @@ def _money(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _sort_key(fields: Sequence[str]) -> Any:
-    # NULLs sort first on both databases (they disagree by default).
-    return lambda row: tuple((row[f] is not None, row[f] or "") for f in fields)
+def _byte_order(expr: sa.ColumnElement[Any], dialect: str) -> sa.ColumnElement[Any]:
+    """``expr`` compared in byte (code point) order: the order of Python's ``str`` and of
+    SQLite's default ``BINARY`` collation. PostgreSQL compares text by the database's
+    collation, which may follow a language's rules (``en_US``: ``alice`` before ``Bob``), so
+    there it is compared under ``COLLATE "C"``."""
+    return expr.collate("C") if dialect == "postgresql" else expr
+
+
+def _group_order(expr: sa.ColumnElement[Any], dialect: str) -> sa.ColumnElement[Any]:
+    """An ORDER BY term for a group column: NULL first, then the values in byte order."""
+    if dialect == "postgresql":
+        return sa.nulls_first(_byte_order(expr, dialect).asc())
+    return expr.asc()  # SQLite: NULL sorts before every value
+
+
+def _after_clause(
+    exprs: Sequence[sa.ColumnElement[Any]], after: Sequence[str | None], dialect: str
+) -> sa.ColumnElement[bool]:
+    """The rows whose group sorts after ``after`` in ``_group_order``'s order: a keyset
+    condition, ``g1 > a1 OR (g1 = a1 AND (g2 > a2 OR (g2 = a2 AND ...)))``, with "after None"
+    meaning "not NULL" and "equal to None" meaning "NULL" (a row-value comparison would
+    need NULL turned into a value, which neither database can then use an index for).
+
+    It is a WHERE clause rather than a HAVING one: the group columns are plain columns (or
+    ``utc_day`` of one), so it drops the rows of earlier groups before they are summed."""
+    cond: sa.ColumnElement[bool] | None = None
+    for expr, value in reversed(list(zip(exprs, after, strict=True))):
+        same: sa.ColumnElement[bool] | None
+        if value is None:
+            later, same = expr.is_not(None), expr.is_(None)
+        elif dialect == "postgresql" and "\x00" in value:
+            # PostgreSQL's text holds no NUL (nor takes one as a parameter): no group equals
+            # this value, and those after it are those after the part before the NUL.
+            later, same = _byte_order(expr, dialect) > value.split("\x00", 1)[0], None
+        else:
+            # Equality needs no collation: a database's default collation is deterministic.
+            later, same = _byte_order(expr, dialect) > value, expr == value
+        cond = later if cond is None or same is None else sa.or_(later, sa.and_(same, cond))
+    if cond is None:
+        raise ValueError("a report without groups has no place after another")
+    return cond
 
 
 async def spend_report(
@@ -146,6 +184,9 @@ async def spend_report(
     key_id: str | None = None,
     end_user: str | None = None,
     tag: str | None = None,
+    *,
+    after: Sequence[str | None] | None = None,
+    limit: int | None = None,
 ) -> list[dict[str, Any]]:
     """Request counts, costs (micros and USD) and tokens per group.
 
@@ -157,11 +198,28 @@ async def spend_report(
     result is one row of totals. Requests
     that made no call (refused before routing) cost nothing and only appear in the
     request-based groupings.
+
+    Rows are ordered by group: by the first group's value, then the second's, and so on,
+    each with None first and the values in byte (code point) order — Python's order for
+    ``str``, on both databases. The database orders, pages and limits them: ``after`` (one
+    value per grouping, in ``group_by``'s order) keeps the groups that sort after it (a
+    place in the order, not a group that has to exist: its condition is on the rows, so the
+    rows of earlier groups are not summed), and ``limit`` returns at most that many rows, so
+    a page of a report with many groups fetches and holds only that page.
     """
     groups = _check_groups(group_by)
     fields = [_GROUP_FIELD[g] for g in groups]
+    if after is not None and len(after) != len(groups):
+        raise ValueError(f"after names {len(after)} group values; the report has {len(groups)}")
+    if limit is not None and limit < 1:
+        raise ValueError("limit must be at least 1")
+    if after is not None and not groups:
+        return []  # the one row of totals is at the only place in the order
+    dialect = engine.dialect.name
     cols = [_group_column(g).label(f) for g, f in zip(groups, fields, strict=True)]
     where = request_filters(since, until, key_id, end_user, tag)
+    if after is not None:
+        where.append(_after_clause([_group_column(g) for g in groups], after, dialect))
     if "model" in groups:
         by_role = {
             role: _sum(sa.case((calls.c.role == role, calls.c.cost_micros), else_=0))
@@ -193,12 +251,16 @@ async def spend_report(
     if where:
         query = query.where(*where)
     if cols:
-        query = query.group_by(*(_group_column(g) for g in groups))
+        query = query.group_by(*(_group_column(g) for g in groups)).order_by(
+            *(_group_order(_group_column(g), dialect) for g in groups)
+        )
+    if limit is not None:
+        query = query.limit(limit)
     async with engine.connect() as conn:
         rows = [dict(r._mapping) for r in await conn.execute(query)]
         if "key" in groups:
             # The key's alias beside its id, as operators name keys (None: no key, or one
-            # the admin API did not make).
+            # the admin API did not make): looked up for these rows' keys only.
             ids = {r["key_id"] for r in rows if r["key_id"] is not None}
             aliases: dict[str, str] = {}
             if ids:
@@ -208,7 +270,7 @@ async def spend_report(
                 aliases = {k: a for k, a in found}
             for r in rows:
                 r["key_alias"] = aliases.get(r["key_id"])
-    return sorted((_money(r) for r in rows), key=_sort_key(fields))
+    return [_money(r) for r in rows]
 
 
 async def cache_savings(

@@ -442,14 +442,11 @@ def _time(v: str | None, name: str) -> dt.datetime | None:
 
 # Spend rows are groups, not records with ids: a page's cursor is its last row's group (the
 # values of its group_by columns, base64url JSON so that it travels as one query value). The
-# rows are ordered by group, None first, so "after" is a position, not a row that has to
-# exist: a group that appears between two pages (a new key, a new day) lands on its page, and
-# a cursor stays valid however the ledger grows.
-SpendPosition = tuple[tuple[bool, str], ...]
-
-
-def _spend_position(row: dict[str, Any], fields: list[str]) -> SpendPosition:
-    return tuple((row[f] is not None, "" if row[f] is None else str(row[f])) for f in fields)
+# rows are ordered by group, None first, then by value in byte (code point) order — the
+# database orders and pages them (``spend_report``'s ``after`` and ``limit``) — so "after" is
+# a position, not a row that has to exist: a group that appears between two pages (a new key,
+# a new day) lands on its page, and a cursor stays valid however the ledger grows.
+SpendGroup = list[str | None]
 
 
 def _spend_cursor(row: dict[str, Any], fields: list[str]) -> str:
@@ -457,8 +454,9 @@ def _spend_cursor(row: dict[str, Any], fields: list[str]) -> str:
     return base64.urlsafe_b64encode(orjson.dumps(group)).decode().rstrip("=")
 
 
-def _spend_cursor_position(cursor: str | None, width: int) -> SpendPosition | None:
-    """Where a cursor (a previous page's ``last_id``) points, for rows of ``width`` groups."""
+def _spend_cursor_group(cursor: str | None, width: int) -> SpendGroup | None:
+    """The group a cursor (a previous page's ``last_id``) names, for rows of ``width``
+    groups."""
     if not cursor:
         return None
     try:
@@ -475,7 +473,7 @@ def _spend_cursor_position(cursor: str | None, width: int) -> SpendPosition | No
             "after must be the last_id of a previous page of this report, with the same group_by",
             param="after",
         )
-    return tuple((v is not None, v or "") for v in group)
+    return cast(SpendGroup, group)
 
 
 @router.get("/spend")
@@ -495,9 +493,10 @@ async def spend(request: Request) -> Response:
     # The rows' names for their groups: grouped by key, a row says key_id.
     fields = ["key_id" if g == "key" else g for g in group_by]
     limit = _page_limit(q.get("limit"))
-    after = _spend_cursor_position(q.get("after"), len(fields))
+    after = _spend_cursor_group(q.get("after"), len(fields))
     since, until = _time(q.get("since"), "since"), _time(q.get("until"), "until")
     await s.ledger.flush()
+    # The page and one row more, to know whether there is a next page.
     rows = await spend_report(
         s.engine,
         cast(list[GroupBy], group_by),
@@ -506,12 +505,9 @@ async def spend(request: Request) -> Response:
         key_id=q.get("key"),
         end_user=q.get("user"),
         tag=q.get("tag"),
+        after=after,
+        limit=limit + 1,
     )
-    # Ordered here by the same position the cursor names, so paging does not hang on the
-    # report's own order.
-    rows.sort(key=lambda r: _spend_position(r, fields))
-    if after is not None:
-        rows = [r for r in rows if _spend_position(r, fields) > after]
     has_more, rows = len(rows) > limit, rows[:limit]
     return _json(
         {

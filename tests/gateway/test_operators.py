@@ -526,6 +526,52 @@ def test_spend_is_reported_page_by_page(gw: Gateway) -> None:
         assert r.json()["error"]["param"] == next(iter(bad)), r.text
 
 
+def test_spend_pages_by_user_and_tag_in_byte_order_with_null_groups(gw: Gateway) -> None:
+    # End users and tags (one group each: the groupings with the most groups), some sorting
+    # differently by a language's rules than by bytes, and requests with neither (the None
+    # group). The database pages them, in the order the cursor names.
+    k = create_key(gw)
+    sent = [
+        ("Bob", ["Beta"]), ("anna", ["beta", "search"]), ("_ops", None), ("Zed", ["a-b"]),
+        ("ab", ["ab"]), ("a-b", None), (None, ["beta"]), ("émile", ["Beta"]), (None, None),
+    ]  # fmt: skip
+    for user, tags in sent:
+        extra_body: dict[str, Any] = {"user": user} if user else {}
+        if tags:
+            extra_body["xrouter"] = {"tags": tags}
+        assert chat(gw, k["key"], **extra_body).status_code == 200
+
+    def page(**params: Any) -> dict[str, Any]:
+        r = httpx.get(f"{gw.url}/admin/spend", params={"key": k["key_id"], **params}, headers=ADMIN)
+        assert r.status_code == 200, r.text
+        body: dict[str, Any] = r.json()
+        return body
+
+    users = [r["user"] for r in page(group_by="user", limit=1000)["data"]]
+    assert users == [None, "Bob", "Zed", "_ops", "a-b", "ab", "anna", "émile"]
+    tags = [r["tag"] for r in page(group_by="tag", limit=1000)["data"]]
+    assert tags == [None, "Beta", "a-b", "ab", "beta", "search"]
+    for group_by in ("user", "tag", "tag,user", "user,tag,model"):
+        everything = page(group_by=group_by, limit=1000)
+        assert not everything["has_more"] and len(everything["data"]) > 3
+        paged: list[dict[str, Any]] = []
+        after = None
+        while True:
+            body = page(group_by=group_by, limit=3, **({"after": after} if after else {}))
+            paged += body["data"]
+            if not body["has_more"]:
+                break
+            after = body["last_id"]
+        assert paged == everything["data"], group_by
+    # Cursors as the API made them before the database paged (base64url JSON, unpadded):
+    # [null] and ["_ops"] for group_by=user, ["beta", null] for group_by=tag,user.
+    assert [r["user"] for r in page(group_by="user", after="W251bGxd")["data"]] == users[1:]
+    after_ops = page(group_by="user", after="WyJfb3BzIl0", limit=2)
+    assert [r["user"] for r in after_ops["data"]] == ["a-b", "ab"] and after_ops["has_more"]
+    after_beta = page(group_by="tag,user", after="WyJiZXRhIixudWxsXQ")["data"]
+    assert [(r["tag"], r["user"]) for r in after_beta] == [("beta", "anna"), ("search", "anna")]
+
+
 def test_feedback_only_from_the_requesting_key(gw: Gateway, stack: Stack) -> None:
     a, b = create_key(gw), create_key(gw)
     rid = chat(gw, a["key"]).json()["xrouter"]["request_id"]

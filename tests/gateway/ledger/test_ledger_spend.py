@@ -1,21 +1,28 @@
 from __future__ import annotations
 
+import base64
 import dataclasses
 import itertools
 import random
+import re
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
+import sqlalchemy as sa
+from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.ledger import spend as spend_module
 from gateway.ledger.records import RequestRecord
 from gateway.ledger.spend import budget_spend, cache_savings, get_request, spend_report, totals
-from gateway.ledger.store import create_ledger_engine
+from gateway.ledger.store import create_ledger_engine, open_ledger_engine
 from gateway.ledger.writer import LedgerWriter
+from gateway.routes import admin as admin_routes
 from gateway.settings import LedgerSettings
 
 from .factories import make_request
@@ -309,3 +316,272 @@ async def test_cache_savings_are_what_the_reused_answers_cost(
     recent = [r for r in hits if r.created_at >= since]
     got = await cache_savings(engine, since=datetime.fromtimestamp(since, UTC))
     assert got["cache_hits"] == len(recent) < len(hits)
+
+
+# Paging a report: ``GET /admin/spend`` asks ``spend_report`` for one page at a time (``after``
+# the previous page's last group, ``limit``), and the database orders, filters and limits.
+# Values whose byte order (Python's, SQLite's) differs from a language's order ("Bob" before
+# "Z" before "_ops" before "alice"), and a None in every grouping column that can hold one.
+PAGE_KEYS = ["key_Aa01", "key_aa02", "key_b003", "key_B004", "key_c005", None]
+PAGE_USERS = ["alice", "Bob", "bob", "_ops", "a-b", "ab", "Émile", "zoë", "Z", "user 10", "user 9"]
+PAGE_TAGS: list[list[str] | None] = [None, ["beta"], ["Beta"], ["search", "beta"], ["a-b"]]
+PAGE_MODELS = ["gpt-4o-mini", "Claude-Haiku", "llama-70b"]
+PAGE_GROUPINGS: list[list[str]] = [
+    ["user"],
+    ["tag"],
+    ["key"],
+    ["model"],
+    ["day"],
+    ["key", "user"],
+    ["user", "key"],
+    ["tag", "model"],
+    ["day", "tag", "user"],
+    ["policy", "key", "model"],
+    [],
+]
+
+
+def paging_dataset() -> list[RequestRecord]:
+    rng = random.Random(11)
+    out = []
+    for i in range(90):
+        n_calls = rng.randint(1, 2)
+        r = make_request(
+            f"page{i:03d}",
+            created_at=DAY0 + rng.uniform(0, 3 * 86400),
+            key_id=rng.choice(PAGE_KEYS),
+            policy=rng.choice(POLICIES),
+            models=tuple(rng.choice(PAGE_MODELS) for _ in range(n_calls)),
+            rng=rng,
+        )
+        r.end_user = rng.choice([*PAGE_USERS, None])
+        r.tags = rng.choice(PAGE_TAGS)
+        out.append(r)
+    return out
+
+
+async def write(
+    engine: AsyncEngine, settings: LedgerSettings, records: list[RequestRecord]
+) -> None:
+    writer = LedgerWriter(engine, settings)
+    await writer.start()
+    for r in records:
+        writer.submit(r)
+    await writer.close()
+
+
+def fields_of(groups: Sequence[str]) -> list[str]:
+    return ["key_id" if g == "key" else g for g in groups]
+
+
+def position(row: dict[str, Any], fields: Sequence[str]) -> tuple[tuple[bool, str], ...]:
+    """Where the admin API placed a row before paging moved into the database: each group
+    value as (is not None, value), compared as Python compares them."""
+    return tuple((row[f] is not None, "" if row[f] is None else str(row[f])) for f in fields)
+
+
+def old_page(
+    report: list[dict[str, Any]], fields: Sequence[str], cursor: str | None, limit: int
+) -> tuple[list[dict[str, Any]], bool]:
+    """A page as ``GET /admin/spend`` made it in Python from the whole report: sorted by
+    position, those after the cursor's, ``limit`` of them."""
+    rows = sorted(report, key=lambda r: position(r, fields))
+    if cursor is not None:
+        group = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        after = tuple((v is not None, v or "") for v in group)
+        rows = [r for r in rows if position(r, fields) > after]
+    return rows[:limit], len(rows) > limit
+
+
+async def page(
+    engine: AsyncEngine, groups: Sequence[str], cursor: str | None, limit: int, **filters: Any
+) -> tuple[list[dict[str, Any]], bool, str | None]:
+    """A page as ``GET /admin/spend`` makes it: the cursor read by the admin API, the page
+    and one row more from the database; and the page's ``last_id``."""
+    fields = fields_of(groups)
+    after = admin_routes._spend_cursor_group(cursor, len(fields))
+    rows = await spend_report(engine, groups, after=after, limit=limit + 1, **filters)  # type: ignore[arg-type]
+    more, rows = len(rows) > limit, rows[:limit]
+    return rows, more, admin_routes._spend_cursor(rows[-1], fields) if rows else None
+
+
+async def page_through(
+    engine: AsyncEngine, groups: Sequence[str], limit: int, **filters: Any
+) -> list[list[dict[str, Any]]]:
+    pages: list[list[dict[str, Any]]] = []
+    cursor = None
+    while True:
+        rows, more, cursor = await page(engine, groups, cursor, limit, **filters)
+        pages.append(rows)
+        if not more:
+            return pages
+        assert len(rows) == limit and cursor is not None
+
+
+async def assert_pages_are_the_report(
+    engine: AsyncEngine, records: list[RequestRecord], groups: list[str]
+) -> list[dict[str, Any]]:
+    fields = fields_of(groups)
+    report = await spend_report(engine, groups)  # type: ignore[arg-type]
+    # The unpaged report is every group, once, in cursor order (as Python sorts them).
+    counted = by_tag(records) if "tag" in groups else records
+    assert strip_usd([dict(r) for r in report]) == expected_report(counted, groups), groups
+    assert report == sorted(report, key=lambda r: position(r, fields)), groups
+    for limit in (1, 4, 1000):
+        pages = await page_through(engine, groups, limit)
+        assert [row for p in pages for row in p] == report, (groups, limit)
+        assert all(len(p) == limit for p in pages[:-1]), (groups, limit)
+    return report
+
+
+async def test_paging_through_a_report_yields_the_report_in_cursor_order(
+    engine: AsyncEngine, make_settings: Callable[..., LedgerSettings]
+) -> None:
+    records = paging_dataset()
+    await write(engine, make_settings(flush_rows=25), records)
+    for groups in PAGE_GROUPINGS:
+        report = await assert_pages_are_the_report(engine, records, groups)
+        fields = fields_of(groups)
+        if groups:  # more groups than a page (of 4; of 1 for model and day, which have 3)
+            assert len(report) > (1 if groups in (["model"], ["day"]) else 4), groups
+        # Every single-column grouping has a None group here but model and day (which
+        # cannot), and it is the first row.
+        if groups and groups[0] in ("key", "user", "tag"):
+            assert report[0][fields[0]] is None, groups
+    # Filters page too: one key's users, one tag's keys.
+    for groups, filters in ((["user"], {"key_id": "key_aa02"}), (["key"], {"tag": "beta"})):
+        whole = await spend_report(engine, groups, **filters)  # type: ignore[arg-type]
+        assert len(whole) > 2
+        pages = await page_through(engine, groups, 2, **filters)
+        assert [row for p in pages for row in p] == whole
+    # A report without groups is one row of totals; the place after it is an empty page.
+    assert len(await spend_report(engine, [], limit=2)) == 1
+    assert await spend_report(engine, [], after=[]) == []
+    with pytest.raises(ValueError):
+        await spend_report(engine, ["user", "key"], after=["bob"])
+    with pytest.raises(ValueError):
+        await spend_report(engine, ["user"], limit=0)
+
+
+# Cursors as the admin API made them before the database paged: base64url JSON of the last
+# group's values, unpadded. Written out here, so that an encoder change cannot hide a break.
+OLD_CURSORS: list[tuple[list[str], str]] = [
+    (["user"], "WyJiIl0"),  # ["b"]: a place between groups, not a group
+    (["user"], "W251bGxd"),  # [null]: after the None group
+    (["user"], "WyJhYiJd"),  # ["ab"]: a group
+    (["user"], "WyIiXQ"),  # [""]: after None, before every value
+    (["user"], "WyJaIl0"),  # ["Z"]: before "_ops" and "alice", as Python orders them
+    (["user"], "WyJhXHUwMDAweiJd"),  # ["a\u0000z"]: a NUL, which PostgreSQL cannot take
+    (["key", "user"], "W251bGwsImJvYiJd"),  # [null, "bob"]
+    (["key", "user"], "WyJrZXlfYWEwMiIsbnVsbF0"),  # ["key_aa02", null]
+    (["day", "tag", "user"], "WyIyMDI1LTAzLTExIixudWxsLCJib2IiXQ"),  # ["2025-03-11", null, "bob"]
+    (["tag", "model"], "WyJiZXRhIiwibGxhbWEtNzBiIl0"),  # ["beta", "llama-70b"]
+]
+
+
+async def test_a_cursor_from_before_the_database_paged_still_pages(
+    engine: AsyncEngine, make_settings: Callable[..., LedgerSettings]
+) -> None:
+    records = paging_dataset()
+    await write(engine, make_settings(flush_rows=25), records)
+    for groups, cursor in OLD_CURSORS:
+        fields = fields_of(groups)
+        report = await spend_report(engine, groups)  # type: ignore[arg-type]
+        for limit in (1, 3, 1000):
+            rows, more, _ = await page(engine, groups, cursor, limit)
+            assert (rows, more) == old_page(report, fields, cursor, limit), (groups, cursor)
+        # The rest of the report from there, page by page, is what the old pages gave.
+        rest, _ = old_page(report, fields, cursor, 1000)
+        assert 0 < len(rest) < len(report), (groups, cursor)
+        got: list[dict[str, Any]] = []
+        next_cursor: str | None = cursor
+        while next_cursor is not None:
+            rows, more, last = await page(engine, groups, next_cursor, 2)
+            got += rows
+            next_cursor = last if more else None
+        assert got == rest, (groups, cursor)
+
+
+async def test_a_page_is_one_bounded_query(
+    backend: str, engine: AsyncEngine, make_settings: Callable[..., LedgerSettings]
+) -> None:
+    from gateway.ledger.keys import KeyRepository
+
+    keys = [(await KeyRepository(engine).create(f"team-{i}"))[0].key_id for i in range(6)]
+    records = [
+        make_request(f"bounded{i:03d}", key_id=keys[i % 6] if i % 7 else None, rng=random.Random(i))
+        for i in range(40)
+    ]
+    for i, r in enumerate(records):
+        r.end_user = f"user{i:03d}"
+    await write(engine, make_settings(flush_rows=25), records)
+    issued: list[tuple[str, Any]] = []
+
+    def remember(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        issued.append((statement, parameters))
+
+    def selects(statements: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        return [(sql, params) for sql, params in statements if sql.lstrip().startswith("SELECT")]
+
+    event.listen(engine.sync_engine, "before_cursor_execute", remember)
+    try:
+        users = await spend_report(engine, ["user"], after=["user010"], limit=3)
+        assert [r["user"] for r in users] == ["user011", "user012", "user013"]
+        [(sql, params)] = selects(issued)
+        # Ordered, keyset-filtered and limited by the database: it returns the page only.
+        assert re.search(r"\bORDER BY\b.*\bLIMIT\b", sql, re.S), sql
+        assert 3 in tuple(params) and "user010" in tuple(params), params
+        assert re.search(r"end_user( COLLATE \"C\"\))? >", sql), sql
+        if backend == "postgresql":
+            assert 'COLLATE "C"' in sql.split("ORDER BY")[1], sql
+        issued.clear()
+        by_key = await spend_report(engine, ["key"], after=[None], limit=2)
+        assert [r["key_id"] for r in by_key] == sorted(keys)[:2]
+        assert [r["key_alias"] for r in by_key] == [
+            f"team-{keys.index(k)}" for k in sorted(keys)[:2]
+        ]
+        # The aliases are looked up for the page's keys, not for every key of the report.
+        [(report_sql, _), (alias_sql, alias_params)] = selects(issued)
+        assert "LIMIT" in report_sql and "api_keys" in alias_sql
+        assert sorted(p for p in alias_params if isinstance(p, str)) == sorted(keys)[:2]
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", remember)
+
+
+@pytest.mark.postgres
+async def test_pages_follow_byte_order_under_a_language_collation(
+    pg_scratch: Callable[[str], str], spill_dir: Path
+) -> None:
+    # A PostgreSQL database whose default collation is a language's (ICU en-US: "alice"
+    # before "Bob" before "Z" before "_ops" is wrong for Python's order): reports are still
+    # ordered, and paged, in byte order, as Python and SQLite order them.
+    from .factories import pg_admin, pg_url
+
+    name = pg_scratch("icu")
+    await pg_admin(
+        f"CREATE DATABASE \"{name}\" TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US'"
+    )
+    url = pg_url(name)
+    engine = await open_ledger_engine(url)
+    try:
+        records = paging_dataset()
+        await write(engine, LedgerSettings(url=url, spill_dir=str(spill_dir)), records)
+        async with engine.connect() as conn:
+            ordered = [
+                u
+                for (u,) in await conn.execute(
+                    sa.text(
+                        "SELECT end_user FROM requests WHERE end_user IS NOT NULL "
+                        "GROUP BY end_user ORDER BY end_user"
+                    )
+                )
+            ]
+        assert ordered != sorted(ordered)  # the database's own order is not Python's
+        for groups in (["user"], ["tag"], ["key", "user"], ["tag", "model"]):
+            await assert_pages_are_the_report(engine, records, groups)
+        for groups, cursor in OLD_CURSORS:
+            report = await spend_report(engine, groups)  # type: ignore[arg-type]
+            rows, more, _ = await page(engine, groups, cursor, 3)
+            assert (rows, more) == old_page(report, fields_of(groups), cursor, 3), cursor
+    finally:
+        await engine.dispose()
