@@ -187,6 +187,7 @@ async def spend_report(
     *,
     after: Sequence[str | None] | None = None,
     limit: int | None = None,
+    costliest_first: bool = False,
 ) -> list[dict[str, Any]]:
     """Request counts, costs (micros and USD) and tokens per group.
 
@@ -206,6 +207,8 @@ async def spend_report(
     place in the order, not a group that has to exist: its condition is on the rows, so the
     rows of earlier groups are not summed), and ``limit`` returns at most that many rows, so
     a page of a report with many groups fetches and holds only that page.
+    ``costliest_first`` orders by total cost, most first (ties by group), for a top list
+    with ``limit``.
     """
     groups = _check_groups(group_by)
     fields = [_GROUP_FIELD[g] for g in groups]
@@ -251,9 +254,10 @@ async def spend_report(
     if where:
         query = query.where(*where)
     if cols:
-        query = query.group_by(*(_group_column(g) for g in groups)).order_by(
-            *(_group_order(_group_column(g), dialect) for g in groups)
-        )
+        query = query.group_by(*(_group_column(g) for g in groups))
+        if costliest_first:
+            query = query.order_by(sa.desc("total_cost_micros"))
+        query = query.order_by(*(_group_order(_group_column(g), dialect) for g in groups))
     if limit is not None:
         query = query.limit(limit)
     async with engine.connect() as conn:

@@ -81,10 +81,14 @@ async def _end_users_section(s: Any, since: dt.datetime) -> list[str]:
         return []
     from gateway.ledger.spend import spend_report
 
-    rows = [r for r in await spend_report(s.engine, ["user"], since=since) if r["user"]]
+    # The database ranks them: one end user per request can mean many groups. One more
+    # than shown, as the requests that named nobody may be among them.
+    top = await spend_report(
+        s.engine, ["user"], since=since, limit=TOP_END_USERS + 1, costliest_first=True
+    )
+    rows = [r for r in top if r["user"]]
     if not rows:
         return []
-    rows.sort(key=lambda r: (-r["total_cost_micros"], r["user"]))
     return [
         f"<h2>Top {TOP_END_USERS} end users by cost (last 14 days, the requests' "
         "<code>user</code>)</h2>",

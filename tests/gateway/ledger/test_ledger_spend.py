@@ -233,6 +233,13 @@ async def test_filters_and_totals(engine: AsyncEngine, loaded: list[RequestRecor
     by_key = strip_usd(await spend_report(engine, ["key"], end_user="alice"))
     assert by_key == expected_report(alices, ["key"])
 
+    # The dashboard's top list: ranked and cut by the database, costliest first.
+    by_user = strip_usd(await spend_report(engine, ["user"]))
+    ranked = sorted(by_user, key=lambda r: (-r["total_cost_micros"], r["user"] is not None))
+    top = strip_usd(await spend_report(engine, ["user"], limit=2, costliest_first=True))
+    assert len(by_user) > 2 and [r["user"] for r in top] == [r["user"] for r in ranked[:2]]
+    assert top == ranked[:2]
+
     t = await totals(engine)
     assert t["requests"] == len(loaded)
     assert (
