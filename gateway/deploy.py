@@ -52,6 +52,9 @@ def run_deploy(args: argparse.Namespace) -> int:
         detail = exc.read().decode(errors="replace")
         if exc.code == 401:
             log.error("the gateway refused the admin key (401): %s", detail)
+        elif exc.code == 403:
+            # Not the checkpoint's fault: the admin API is off (no auth.admin_key).
+            log.error("the gateway refused the admin call (403): %s", detail)
         else:
             log.error("the gateway refused the checkpoint (%s): %s", exc.code, detail)
         return 1
@@ -64,5 +67,7 @@ def run_deploy(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a malformed --url, or an answer that is not the gateway's
         log.error("%s did not answer as an xrouter gateway: %s", args.url, exc)
         return 1
-    print(json.dumps({"deployed": str(path), "pool": ckpt.pool, **body}, indent=2))
+    # The gateway's answer names its own pool ("pool"); the checkpoint's, what it was
+    # trained on, is said apart rather than overwritten by it.
+    print(json.dumps({"deployed": str(path), "checkpoint_pool": ckpt.pool, **body}, indent=2))
     return 0

@@ -23,7 +23,7 @@ def add_checkpoints_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "paths",
         nargs="*",
-        default=["."],
+        default=[],
         help="checkpoints, run directories or directories of them (default: .)",
     )
     p.add_argument(
@@ -81,6 +81,12 @@ def run_checkpoints(args: argparse.Namespace) -> int:
         packaged_checkpoint_path,
     )
 
+    if args.paths and (args.show or args.packaged):
+        # They list or show something else: the paths would be silently ignored.
+        flag = "--show" if args.show else "--packaged"
+        log.error("%s takes no PATH arguments (got %s)", flag, " ".join(map(str, args.paths)))
+        return 2
+    where = [str(p) for p in args.paths] or ["."]
     if args.show:
         try:
             ckpt = load_checkpoint(args.show)
@@ -104,7 +110,7 @@ def run_checkpoints(args: argparse.Namespace) -> int:
             # packaged: names are resolved here, not a run directory to its checkpoint.
             else [
                 checkpoint_location(p) if str(p).startswith(PACKAGED_PREFIX) else Path(p)
-                for p in args.paths
+                for p in where
             ]
         )
     except CheckpointError as exc:
@@ -123,7 +129,7 @@ def run_checkpoints(args: argparse.Namespace) -> int:
             print(json.dumps(row))
         return 0
     if not rows:
-        print(f"no checkpoints under {', '.join(args.paths)}", file=sys.stderr)
+        print(f"no checkpoints under {', '.join(where)}", file=sys.stderr)
         return 0
     print(
         f"{'created (UTC)':<17} {'kind':<8} {'name':<16} {'models':>6} {'mode':<13} "

@@ -69,6 +69,13 @@ def test_bad_paths_are_refused_in_one_line(
     assert main(["checkpoints", "--show", str(tmp_path)]) == 2
     assert main(["checkpoints", str(tmp_path)]) == 0  # empty: said on stderr, not an error
     assert "no checkpoints" in capsys.readouterr().err
+    # --show and --packaged name what they print: a PATH besides would be ignored unsaid.
+    caplog.clear()
+    assert main(["checkpoints", "--packaged", str(tmp_path)]) == 2
+    assert "--packaged takes no PATH arguments" in caplog.text
+    assert main(["checkpoints", "--show", "packaged:demo", str(tmp_path)]) == 2
+    assert "--show takes no PATH arguments" in caplog.text
+    assert capsys.readouterr().out == ""
 
 
 def test_packaged_checkpoints_are_listed_and_named_as_deploy_takes_them(

@@ -346,9 +346,14 @@ def test_deploy_hot_loads_a_checkpoint_and_refuses_a_mismatched_one(
         assert load_checkpoint(default_checkpoint_path()).metadata.architecture.kind == "knn"
         out = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
-        deployed = json.loads(out.stdout)["checkpoint"]
+        answer = json.loads(out.stdout)
+        deployed = answer["checkpoint"]
         assert deployed["version"] == load_checkpoint("packaged:demo-rl").version
         assert deployed["kind"] == "mlp"
+        # What the checkpoint was trained on, and what the gateway serves, both said: the
+        # gateway's "pool" used to overwrite the checkpoint's.
+        assert answer["checkpoint_pool"] == load_checkpoint("packaged:demo-rl").pool
+        assert answer["pool"] == [m["name"] for m in cfg["pool"]]
         serving = httpx.get(
             f"{gw.url}/admin/router", headers={"Authorization": f"Bearer {ADMIN_KEY}"}
         ).json()
@@ -384,6 +389,21 @@ def test_deploy_hot_loads_a_checkpoint_and_refuses_a_mismatched_one(
             assert r.status_code == 401  # still up and serving
         finally:
             gw2.stop()
+    finally:
+        gw.stop()
+
+
+def test_deploy_to_a_gateway_without_an_admin_key_says_the_admin_api_is_off(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    """The demo has no admin key: its 403 is not a refusal of the checkpoint."""
+    cfg = gateway_config(tmp_path, upstream.base_url, auth={"enabled": False, "admin_key": None})
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        out = xrouter_cli("deploy", "packaged:demo-rl", "--url", gw.url, "--admin-key", "k")
+        assert out.returncode == 1, out.stderr
+        assert "refused the admin call (403)" in out.stderr and "admin_disabled" in out.stderr
+        assert "refused the checkpoint" not in out.stderr and "Traceback" not in out.stderr
     finally:
         gw.stop()
 

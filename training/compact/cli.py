@@ -141,11 +141,23 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-cheap",
         type=int,
-        default=4,
-        help="--cascade: plans use up to this many of the most accurate cheaper models",
+        default=None,
+        help="--cascade: plans use up to this many of the most accurate cheaper models (4)",
     )
-    parser.add_argument("--estimator", choices=["ips", "snips", "dr"], default=d.estimator)
-    parser.add_argument("--ips-clip", type=float, default=d.ips_clip)
+    parser.add_argument(
+        "--estimator",
+        choices=["ips", "snips", "dr"],
+        default=d.estimator,
+        help=f"--offpolicy: the off-policy estimate the network is trained on ({d.estimator}; "
+        "dr: doubly robust, with a reward model fitted on the logs); --knn picks k by DR with "
+        "dr, else by SNIPS",
+    )
+    parser.add_argument(
+        "--ips-clip",
+        type=float,
+        default=d.ips_clip,
+        help=f"--offpolicy: importance weights are clipped at this ({d.ips_clip:g})",
+    )
     parser.add_argument(
         "--offpolicy-entropy",
         type=float,
@@ -233,15 +245,24 @@ def run_train(args: argparse.Namespace) -> int:
         }
         if getattr(args, "knn", None) and getattr(args, "cascade", None):
             raise ValueError("--knn and --cascade build different checkpoints: pass one")
+        max_cheap = getattr(args, "max_cheap", None)
+        if max_cheap is not None and not getattr(args, "cascade", None):
+            # It shapes only a cascade's plans: anything else would silently ignore it.
+            raise ValueError("--max-cheap applies to --cascade checkpoints only")
         if getattr(args, "knn", None):
             from training.compact.knn import build_knn
 
             result = build_knn(records, cfg, args.out, args.knn, **common)
         elif getattr(args, "cascade", None):
-            from training.compact.cascade import build_cascade
+            from training.compact.cascade import DEFAULT_MAX_CHEAP, build_cascade
 
             result = build_cascade(
-                records, cfg, args.out, args.cascade, max_cheap=args.max_cheap, **common
+                records,
+                cfg,
+                args.out,
+                args.cascade,
+                max_cheap=DEFAULT_MAX_CHEAP if max_cheap is None else max_cheap,
+                **common,
             )
         else:
             result = train(records, cfg, args.out, **common)

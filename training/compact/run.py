@@ -230,6 +230,17 @@ def prepare_table(
     else:
         models = pool_of(kept, full_information=not cfg.offpolicy)
         if not cfg.offpolicy:
+            logged = sum(r.logged is not None for r in kept)
+            if not models and logged:
+                # An export trained without --offpolicy: "pass --pool" (after a warning
+                # per model) would point the wrong way.
+                raise ValueError(
+                    f"{logged} of the {len(kept)} records are logged traffic (`logged`: one "
+                    "model's outcome per prompt, as `xrouter export` writes them), so no "
+                    "model has an outcome on every record: train on them with --offpolicy "
+                    "(the policy network, or --knn; --cascade needs every model's recorded "
+                    "outcomes)"
+                )
             _warn_partial_models(kept, models)
     if not models:
         raise ValueError(

@@ -60,7 +60,12 @@ def _floats(text: str) -> list[float]:
 
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--table", type=Path, required=True, help="outcome table (JSONL)")
+    parser.add_argument(
+        "--table",
+        type=Path,
+        required=True,
+        help="outcome table (JSONL, or a ledger export in Parquet: evaluated off-policy)",
+    )
     parser.add_argument(
         "--prices",
         type=Path,
@@ -68,7 +73,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: the packaged catalog)",
     )
     parser.add_argument(
-        "--split", default="test", help="split to evaluate: train, validation, test or all"
+        "--split",
+        default="test",
+        help="split to evaluate: train, validation, test (default) or all",
     )
     # An integer, as `xrouter train` takes it: a checkpoint's split is found again only from
     # the same number (the hash reads its text: "01" would be another split than 1).
@@ -97,7 +104,11 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated baselines to compare against ('none' for none)",
     )
     parser.add_argument(
-        "--lambdas", type=_floats, default=None, help="cost weights to sweep the policies over"
+        "--lambdas",
+        type=_floats,
+        default=None,
+        help="cost weights to sweep the policies over (default: a grid scaled to the training "
+        "part's costs; on logged traffic: 0)",
     )
     parser.add_argument("--strong", help="strong model of a two-model PGR slice")
     parser.add_argument("--weak", help="weak model of a two-model PGR slice")

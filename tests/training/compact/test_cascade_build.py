@@ -173,6 +173,26 @@ def test_cascade_needs_recorded_responses_and_full_information(
     assert "one" in capsys.readouterr().err
 
 
+def test_max_cheap_shapes_the_plans_and_is_refused_elsewhere(
+    table: list[OutcomeRecord], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "table.jsonl"
+    write_outcome_table(table[:120], path)
+    argv = ["--table", str(path), "--cost-scale", "0.01", "--no-progress", "--max-cheap", "1"]
+    # One cheap model at most: no plan calls the two cheap ones to compare their answers.
+    assert main([*argv, "--out", str(tmp_path / "run"), "--cascade", "5"]) == 0
+    ckpt = load_checkpoint(tmp_path / "run" / "checkpoint")
+    assert ckpt.metadata.training["max_cheap"] == 1
+    orders = [p.order for p in ckpt.architecture.plans]
+    assert orders and not any({"cheap-a", "cheap-b"} <= set(o) for o in orders), orders
+    # It shapes only a cascade's plans: elsewhere it would be silently ignored.
+    for mode in ([], ["--knn", "5"]):
+        assert main([*argv, "--out", str(tmp_path / "other"), "--steps", "1", *mode]) == 2
+        err = capsys.readouterr().err
+        assert "--max-cheap applies to --cascade checkpoints only" in err, err
+    assert not (tmp_path / "other").exists()
+
+
 def test_plans_use_only_allowed_and_configured_models(
     built: Path, table: list[OutcomeRecord]
 ) -> None:

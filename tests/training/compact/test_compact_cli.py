@@ -87,6 +87,17 @@ def test_errors_are_reported_not_raised(
         == 2
     )
     assert "no outcome in the table: nope" in capsys.readouterr().err
+    # Logged traffic (an export) without --offpolicy: the hint is --offpolicy, not --pool,
+    # and it comes before a warning per model that would say "pass --pool".
+    _, logged = tables
+    export = tmp_path / "export.jsonl"
+    write_outcome_table(logged[:60], export)
+    for mode in ([], ["--knn", "5"]):
+        assert main(["--table", str(export), "--out", str(tmp_path / "o"), "--no-progress",
+                     *mode]) == 2  # fmt: skip
+        err = capsys.readouterr().err
+        assert "60 of the 60 records are logged traffic" in err, err
+        assert "train on them with --offpolicy" in err and "pass --pool" not in err, err
     # A run directory that cannot be made (here: under a file) is one line, not a traceback.
     assert main(["--table", str(table), "--out", str(table / "run"), "--no-progress"]) == 2
     assert "xrouter train:" in capsys.readouterr().err
