@@ -24,6 +24,9 @@ from gateway.settings import Settings, load_settings
 log = logging.getLogger(__name__)
 
 CONFIG_ENV = "XROUTER_CONFIG"
+# The supervisor's pid, set by ``serve --workers N`` for its workers: a worker's parent at
+# the time it builds its app is not necessarily its supervisor (see create_app_from_env).
+SUPERVISOR_ENV = "XROUTER_SUPERVISOR_PID"
 
 
 def create_app(
@@ -98,7 +101,12 @@ def create_app_from_env() -> FastAPI:
 
     configure_logging()
     path = os.environ.get(CONFIG_ENV) or None
-    supervisor = os.getppid()
+    # Not os.getppid() alone: a worker gets here only after seconds of imports, and a
+    # supervisor killed meanwhile has already handed it to init (or a subreaper), whose pid
+    # getppid() then returns; watching that pid, with a parent-death signal asked for after
+    # the parent's death, left the worker running for good. With the supervisor's own pid,
+    # ``_exit_with``'s first look sees it gone.
+    supervisor = int(os.environ.get(SUPERVISOR_ENV) or os.getppid())
     _term_with_parent()
     return create_app(config_path=path, supervisor=supervisor)
 

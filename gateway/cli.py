@@ -124,7 +124,7 @@ async def _check_ledger(url: str) -> tuple[str | None, Any]:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from gateway.app import CONFIG_ENV, create_app
+    from gateway.app import CONFIG_ENV, SUPERVISOR_ENV, create_app
     from gateway.settings import SettingsError, load_settings
 
     path = args.config or demo_config_path()
@@ -180,6 +180,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # Several workers: each builds its own app from the same config; metrics aggregate
     # through prometheus_client's multiprocess mode.
     os.environ[CONFIG_ENV] = str(Path(path).resolve())
+    os.environ[SUPERVISOR_ENV] = str(os.getpid())
     for key, value in (("HOST", srv.host), ("PORT", srv.port)):
         os.environ[f"XROUTER_SERVER__{key}"] = str(value)
     given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")

@@ -118,6 +118,13 @@ def _children(pid: int) -> set[int]:
     return out
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
@@ -210,6 +217,46 @@ def test_workers_do_not_outlive_a_killed_supervisor(upstream: Upstream, tmp_path
         ledger_rows(gw, r.headers["x-xrouter-request-id"])
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{gw.url}/healthz", timeout=2)
+    finally:
+        try:
+            os.killpg(gw.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_workers_still_starting_do_not_outlive_a_killed_supervisor(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    # A worker spends seconds importing before it builds its app. Killed in that time, the
+    # supervisor had already handed its workers to init when they first looked at their
+    # parent: they watched init's pid for good, and asked for a parent-death signal too
+    # late. (Killed before a worker serves, as when the one above is killed while its
+    # second worker is still starting.)
+    gw = start_gateway(
+        tmp_path, gateway_config(tmp_path, upstream.base_url), workers=2, wait_ready=False
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            children = _children(gw.proc.pid)
+            spawned = [p for p in children if b"spawn_main" in _cmdline(p)]
+            if len(spawned) >= 2:
+                break
+            assert gw.proc.poll() is None, gw.log()
+            assert time.monotonic() < deadline, f"no two workers spawned:\n{gw.log()}"
+            time.sleep(0.02)
+        # Not at once: the supervisor writes each worker its start-up data just after it
+        # exists (killed before, a worker just fails to unpickle it). Whatever this pause,
+        # the test passes; it only keeps it about workers still importing.
+        time.sleep(0.3)
+        os.kill(gw.proc.pid, signal.SIGKILL)
+        gw.proc.wait()
+        # They finish starting (their imports, under load, are what takes long), then see
+        # the supervisor gone and shut down.
+        deadline = time.monotonic() + 60
+        while any(_alive(p) for p in children):
+            assert time.monotonic() < deadline, f"orphaned workers still alive:\n{gw.log()}"
+            time.sleep(0.2)
     finally:
         try:
             os.killpg(gw.proc.pid, signal.SIGKILL)

@@ -100,7 +100,10 @@ def start_gateway(
     workers: int = 1,
     env: dict[str, str] | None = None,
     name: str = "gateway",
+    wait_ready: bool = True,
 ) -> Gateway:
+    """Start ``xrouter serve``; unless ``wait_ready`` is False, return once it answers
+    /readyz (with several workers: once one of them does)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     cfg_path = tmp_path / f"{name}.yaml"
     cfg_path.write_text(yaml.safe_dump(config))
@@ -129,6 +132,8 @@ def start_gateway(
             start_new_session=True,
         )
     gw = Gateway(proc, f"http://127.0.0.1:{port}", log_path, cfg_path)
+    if not wait_ready:
+        return gw
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
