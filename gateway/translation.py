@@ -32,6 +32,7 @@ __all__ = [
     "parse_body",
     "renamed",
     "renamed_error",
+    "retranslated_param",
     "split_param",
     "with_meta",
 ]
@@ -120,6 +121,18 @@ class Origin:
     fields: dict[str, str] = field(default_factory=dict)
     parts: list[str] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
+
+
+def retranslated_param(translate: Callable[[list[Origin]], Any], param: str, whole: str) -> str:
+    """``message_param`` for an error about the translated chat messages: ``translate``
+    (the request's translation, run again) records where each came from; ``whole`` if it
+    fails (it succeeded once already: not expected)."""
+    origins: list[Origin] = []
+    try:
+        translate(origins)
+    except APIError:
+        return whole
+    return message_param(origins, param, whole)
 
 
 def message_param(origins: Sequence[Origin], param: str, whole: str) -> str:

@@ -22,7 +22,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.errors import APIError, bad_request
-from gateway.translation import Origin, message_param, parse_body, split_param
+from gateway.translation import Origin, parse_body, retranslated_param, split_param
 
 log = logging.getLogger(__name__)
 
@@ -142,12 +142,7 @@ def client_param(req: MessagesRequest, param: str) -> str:
         # Translated again, noting where each message came from: the chat messages are not
         # the request's one for one (the system prompt, tool results split into tool
         # messages, turns of thinking only left out).
-        origins: list[Origin] = []
-        try:
-            _chat_messages(req, origins)
-        except APIError:  # it was translated once already: not expected
-            return "messages"
-        return message_param(origins, param, "messages")
+        return retranslated_param(lambda o: _chat_messages(req, o), param, "messages")
     if head == "tools" and index is not None:
         custom = [i for i, t in enumerate(req.tools or []) if _is_custom(t)]
         if index < len(custom):

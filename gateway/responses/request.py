@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gateway.errors import APIError, bad_request
 from gateway.responses.tools import ToolMap, chat_name, map_tools
-from gateway.translation import Origin, message_param, parse_body, split_param
+from gateway.translation import Origin, parse_body, retranslated_param, split_param
 
 log = logging.getLogger(__name__)
 
@@ -172,12 +172,7 @@ def client_param(req: ResponsesRequest, param: str) -> str:
         # Translated again, noting where each message came from: the chat messages are not
         # the input items one for one (instructions, a turn's calls merged into one message,
         # a function output's images moved to a user message after it).
-        origins: list[Origin] = []
-        try:
-            _chat_messages(req, origins)
-        except APIError:  # it was translated once already: not expected
-            return "input"
-        return message_param(origins, param, "input")
+        return retranslated_param(lambda o: _chat_messages(req, o), param, "input")
     if head in _CLIENT_FIELDS:
         return _CLIENT_FIELDS[head]
     return param
