@@ -225,18 +225,28 @@ def test_llm_policy_costs_and_ledger_rows_add_up(
     assert meta["router_cost_usd"] == pytest.approx(2 * (300 * 0.5 + 40 * 1.5) / 1e6)
     assert meta["cost_usd"] == pytest.approx(sum(c["cost_usd"] for c in meta["calls"]))
     assert [c["role"] for c in meta["calls"]].count("router") == 2
-    httpx.get(f"{gw.url}/metrics")
-    time.sleep(0.3)  # the ledger flushes every 20 ms
-    req = asyncio.run(
-        _rows(
-            db,
-            "SELECT total_cost_micros, router_cost_micros, downstream_cost_micros FROM requests WHERE request_id = :r",
-            r=meta["request_id"],
+    # The ledger writes off the request path, in batches: wait for this request's row and
+    # its four call rows (two router turns, two downstream calls) rather than for a time.
+    deadline = time.monotonic() + 10
+    while True:
+        req = asyncio.run(
+            _rows(
+                db,
+                "SELECT total_cost_micros, router_cost_micros, downstream_cost_micros FROM requests WHERE request_id = :r",
+                r=meta["request_id"],
+            )
         )
-    )
-    calls = asyncio.run(
-        _rows(db, "SELECT role, cost_micros FROM calls WHERE request_id = :r", r=meta["request_id"])
-    )
+        calls = asyncio.run(
+            _rows(
+                db,
+                "SELECT role, cost_micros FROM calls WHERE request_id = :r",
+                r=meta["request_id"],
+            )
+        )
+        if req and len(calls) == len(meta["calls"]):
+            break
+        assert time.monotonic() < deadline, f"ledger rows not written: {req}, {calls}"
+        time.sleep(0.05)
     total, router, downstream = req[0]
     assert total == router + downstream == sum(c[1] for c in calls)
     assert router == sum(c[1] for c in calls if c[0] == "router") == 420
