@@ -2,11 +2,13 @@
 
     xrouter train --table router/assets/demo_outcomes.jsonl --out runs/demo \\
         [--pool a,b,...] [--steps N] [--lr LR] [--seed S] [--group-size G] \\
-        [--lambda-min L] [--lambda-max L] [--reward gated|additive] [--offpolicy]
+        [--lambda-min L] [--lambda-max L] [--reward gated|additive] [--offpolicy] \\
+        [--overwrite]
 
 Writes ``RUN_DIR/checkpoint/`` (load it with ``router.checkpoint.load_checkpoint`` or point
 the gateway's ``router.checkpoint`` at it), ``config.json``, ``metrics.jsonl`` and
-``summary.json``. Also runnable as ``python -m training.compact.cli``.
+``summary.json``; a directory that already holds a run is refused unless ``--overwrite``
+is given. Also runnable as ``python -m training.compact.cli``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         "--table", required=True, help="outcome table (JSONL, or a ledger export in Parquet)"
     )
     parser.add_argument("--out", required=True, help="run directory (created)")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run already in --out (without it, such a directory is an error)",
+    )
     parser.add_argument(
         "--pool", help="comma-separated models = actions, in order (default: the table's)"
     )
@@ -218,6 +225,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def run_train(args: argparse.Namespace) -> int:
     try:
+        from training.compact.run import claim_run_dir
         from training.compact.trainer import train
     except ImportError as exc:
         print(f"xrouter train needs the 'train' extra (torch, tqdm): {exc}", file=sys.stderr)
@@ -249,6 +257,7 @@ def run_train(args: argparse.Namespace) -> int:
         if max_cheap is not None and not getattr(args, "cascade", None):
             # It shapes only a cascade's plans: anything else would silently ignore it.
             raise ValueError("--max-cheap applies to --cascade checkpoints only")
+        claim_run_dir(Path(args.out), overwrite=getattr(args, "overwrite", False))
         if getattr(args, "knn", None):
             from training.compact.knn import build_knn
 

@@ -14,6 +14,7 @@ import datetime as dt
 import hashlib
 import json
 import logging
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -304,6 +305,35 @@ def _warn_partial_models(records: Sequence[OutcomeRecord], pool: Sequence[str]) 
             len(records),
             lacking[0],
         )
+
+
+# What a run writes into its directory; its feature cache (``cache/``) is not among them, so
+# a re-run with --overwrite keeps the embeddings it already computed.
+RUN_OUTPUTS = ("checkpoint", "checkpoints", "config.json", "metrics.jsonl", "summary.json")
+
+
+def claim_run_dir(out: Path, *, overwrite: bool) -> None:
+    """Make ``out`` ready for a new run, refusing to mix it into an earlier one's files.
+
+    Without ``overwrite`` a directory that already holds a run is an error: the new run
+    would replace its checkpoint (which a gateway may serve or the registry list) and leave
+    step checkpoints of the old one beside its own. With it, the earlier run's outputs go.
+    """
+    present = [name for name in RUN_OUTPUTS if (out / name).exists()]
+    if not present:
+        return
+    if not overwrite:
+        raise ValueError(
+            f"{out} already holds a training run ({', '.join(present)}): pass --overwrite "
+            "to replace it (its feature cache is kept), or choose another --out"
+        )
+    for name in present:
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    logger.info("replacing the training run in %s (%s)", out, ", ".join(present))
 
 
 def write_config(

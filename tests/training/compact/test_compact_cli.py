@@ -57,6 +57,43 @@ def test_train_writes_a_loadable_checkpoint(
     assert (out / "summary.json").is_file() and (out / "config.json").is_file()
 
 
+def test_a_run_directory_is_not_reused_without_overwrite(
+    tables: tuple[list[OutcomeRecord], list[OutcomeRecord]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    full, _ = tables
+    table = tmp_path / "table.jsonl"
+    write_outcome_table(full[:120], table)
+    out = tmp_path / "run"
+    base = ["--table", str(table), "--out", str(out), "--steps", "4", "--eval-every", "2",
+            "--cost-scale", "0.01", "--no-progress"]  # fmt: skip
+    args = [*base, "--checkpoint-every", "2"]
+    assert main([*args, "--name", "first"]) == 0
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
+        "step_000002",
+        "step_000004",
+    ]
+    capsys.readouterr()
+    # A second run into it is refused, and the first run's checkpoint is left as it was.
+    assert main([*args, "--name", "second"]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a training run" in err and "--overwrite" in err, err
+    assert load_checkpoint(out / "checkpoint").metadata.name == "first"
+    # With --overwrite the old outputs go (its step checkpoints too), the feature cache stays.
+    cached = sorted(p.name for p in (out / "cache").iterdir())
+    assert cached
+    assert main([*base, "--checkpoint-every", "3", "--name", "second", "--overwrite"]) == 0
+    assert load_checkpoint(out / "checkpoint").metadata.name == "second"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000003"]
+    assert sorted(p.name for p in (out / "cache").iterdir()) == cached
+    # An empty directory, or one holding only a cache, is free to use.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["--table", str(table), "--out", str(empty), "--steps", "2", "--cost-scale",
+                 "0.01", "--no-progress"]) == 0  # fmt: skip
+
+
 def test_errors_are_reported_not_raised(
     tables: tuple[list[OutcomeRecord], list[OutcomeRecord]],
     tmp_path: Path,
