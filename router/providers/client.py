@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Container, Mapping
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol, cast
@@ -232,12 +233,16 @@ class DownstreamClient:
         if not any(t.deployment not in tried for t in model.targets):
             await self._sleep(self._delay(attempt, err))
 
-    async def complete(
-        self, name: str, body: dict[str, Any], allowed: Container[str] | None = None
-    ) -> CallResult:
-        """Call ``name``, retrying retryable failures, then each fallback in turn (those in
-        ``allowed``, when given)."""
-        errors: list[ProviderError] = []
+    async def _tries(
+        self, name: str, allowed: Container[str] | None, errors: list[ProviderError]
+    ) -> AsyncGenerator[_Try, None]:
+        """The attempts of one call, in order: ``name``'s deployments and retries, then each
+        fallback's (those in ``allowed``, when given). The caller makes each attempt; a
+        failed one it books with :meth:`_attempt_failed` (which appends to ``errors``) and
+        asks for the next, which comes after the backoff that failure calls for, or not at
+        all when it was not retryable or the model's tries are spent (then the next model
+        in the chain). A success it returns. One loop for plain calls and streams, so that
+        they retry, fall back and back off alike."""
         attempts = 0
         for i, model in enumerate(self._chain(name, allowed)):
             if i > 0:
@@ -252,18 +257,34 @@ class DownstreamClient:
                 attempts += 1
                 target = self.balancer.pick(model, tried)
                 tried.add(target.deployment)
+                yield _Try(model, target, provider, attempts)
+                # Back here only when the attempt failed: the caller booked its error.
+                err = errors[-1]
+                if not err.retryable or attempt == tries - 1:
+                    break
+                self.events.on_retry(model.name, err.kind)
+                await self._retry_pause(model, tried, attempt, err)
+
+    def _attempt_failed(self, t: _Try, err: ProviderError, errors: list[ProviderError]) -> None:
+        self._deployment_done(t.target, err)
+        self._failed(t.model, err, errors)
+
+    async def complete(
+        self, name: str, body: dict[str, Any], allowed: Container[str] | None = None
+    ) -> CallResult:
+        """Call ``name``, retrying retryable failures, then each fallback in turn (those in
+        ``allowed``, when given)."""
+        errors: list[ProviderError] = []
+        async with aclosing(self._tries(name, allowed, errors)) as tries:
+            async for t in tries:
+                target, model = t.target, t.model
                 req = upstream_body(target, body)
                 self.balancer.started(target)
                 try:
                     async with self._sem[(target.name, target.deployment)]:
-                        resp = await provider.complete(target, req)
+                        resp = await t.provider.complete(target, req)
                 except ProviderError as err:
-                    self._deployment_done(target, err)
-                    self._failed(model, err, errors)
-                    if not err.retryable or attempt == tries - 1:
-                        break
-                    self.events.on_retry(model.name, err.kind)
-                    await self._retry_pause(model, tried, attempt, err)
+                    self._attempt_failed(t, err, errors)
                     continue
                 finally:
                     self.balancer.finished(target)
@@ -277,7 +298,7 @@ class DownstreamClient:
                     usage=resp.usage,
                     cost_micros=model.price.cost_micros(resp.usage),
                     latency_ms=resp.latency_ms,
-                    attempts=attempts,
+                    attempts=t.number,
                     fallback_from=name if model.name != name else None,
                     errors=errors,
                     deployment=target.deployment,
@@ -291,19 +312,9 @@ class DownstreamClient:
         ``allowed``, when given) apply only until the first chunk: once tokens have reached
         the client, a failure can't be hidden."""
         errors: list[ProviderError] = []
-        attempts = 0
-        for i, model in enumerate(self._chain(name, allowed)):
-            if i > 0:
-                self.events.on_fallback(name)
-            provider = self._providers[model.transport]
-            tried: set[str | None] = set()
-            tries = _attempts(model)
-            for attempt in range(tries):
-                if self._short_circuit(model, errors):
-                    break
-                attempts += 1
-                target = self.balancer.pick(model, tried)
-                tried.add(target.deployment)
+        async with aclosing(self._tries(name, allowed, errors)) as tries:
+            async for t in tries:
+                target, model = t.target, t.model
                 req = upstream_body(target, body)
                 req["stream"] = True
                 # Ask for usage so cost comes from the provider, never from counting characters.
@@ -315,7 +326,7 @@ class DownstreamClient:
                 sem = self._sem[(target.name, target.deployment)]
                 await sem.acquire()
                 self.balancer.started(target)
-                gen = provider.stream(target, req, stats)
+                gen = t.provider.stream(target, req, stats)
                 try:
                     first = await gen.__anext__()
                 except StopAsyncIteration:
@@ -348,17 +359,12 @@ class DownstreamClient:
                             ended=partial(self._stream_ended, model, target),
                         ),
                         stats=stats,
-                        attempts=attempts,
+                        attempts=t.number,
                         fallback_from=name if model.name != name else None,
                         errors=errors,
                         request=req,
                     )
-                self._deployment_done(target, err)
-                self._failed(model, err, errors)
-                if not err.retryable or attempt == tries - 1:
-                    break
-                self.events.on_retry(model.name, err.kind)
-                await self._retry_pause(model, tried, attempt, err)
+                self._attempt_failed(t, err, errors)
         raise errors[-1]
 
     def _stream_released(self, sem: asyncio.Semaphore, target: PoolModel) -> None:
@@ -379,6 +385,17 @@ class DownstreamClient:
     async def aclose(self) -> None:
         for p in self._providers.values():
             await p.aclose()
+
+
+@dataclass(slots=True, frozen=True)
+class _Try:
+    """One attempt of a call: the pool model (the one asked for, or a fallback), the
+    deployment of it to call, its transport, and how many attempts the call has made."""
+
+    model: PoolModel
+    target: PoolModel
+    provider: Provider
+    number: int
 
 
 def _attempts(model: PoolModel) -> int:

@@ -191,6 +191,31 @@ async def test_exhausted_retries_fall_back(upstream: tuple[str, httpx.Client]) -
     await c.aclose()
 
 
+async def test_streams_retry_and_fall_back_as_plain_calls_do(
+    upstream: tuple[str, httpx.Client], caplog: pytest.LogCaptureFixture
+) -> None:
+    # One loop makes both kinds of call's attempts: the same retries, the same fallback,
+    # the same count of attempts, the same events and the same log line.
+    base, ctl = upstream
+    seen = []
+    for stream in (False, True):
+        ctl.post("/_replay/faults", json={"model": A, "fault": "status=429", "count": 3})
+        c, ev = make(base)
+        caplog.clear()
+        with caplog.at_level("INFO", logger="router.providers.client"):
+            if stream:
+                sc = await c.open_stream(A, BODY)
+                [ch async for ch in sc.chunks]
+                got = (sc.model.name, sc.fallback_from, sc.attempts)
+            else:
+                r = await c.complete(A, BODY)
+                got = (r.model, r.fallback_from, r.attempts)
+        assert f"falling back from {A} to {B}" in caplog.text
+        seen.append((got, ev.retries, ev.fallbacks))
+        await c.aclose()
+    assert seen[0] == seen[1] == ((B, A, 4), [(A, "rate_limited")] * 2, [A])
+
+
 async def test_non_retryable_4xx_falls_back_without_retrying(
     upstream: tuple[str, httpx.Client],
 ) -> None:
