@@ -318,9 +318,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("deploy", help="make a running gateway hot-load a checkpoint")
     p.add_argument(
-        "checkpoint", help="checkpoint directory, or packaged:<name> for one shipped with xrouter"
+        "checkpoint",
+        help="a checkpoint directory, its checkpoint.json, a training run directory (its "
+        "checkpoint/ is deployed), or packaged:<name> for one shipped with xrouter; a path "
+        "must be one the gateway can read",
     )
-    p.add_argument("--url", default="http://127.0.0.1:8000", help="gateway base URL")
+    p.add_argument(
+        "--url",
+        default="http://127.0.0.1:8000",
+        help="the gateway's base URL (default: %(default)s, where xrouter serve listens)",
+    )
     p.add_argument(
         "--admin-key",
         default=os.environ.get("XROUTER_ADMIN_KEY"),

@@ -27,7 +27,13 @@ def _price(text: str) -> tuple[float, ...]:
 
 
 def add_verl_data_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--table", required=True, help="outcome table (JSONL)")
+    parser.add_argument(
+        "--table",
+        required=True,
+        help="outcome table with the pool models' recorded outcomes per prompt (JSONL); "
+        "logged traffic, one model's outcome per prompt, is refused: rollouts replay "
+        "whichever model the router calls",
+    )
     parser.add_argument(
         "--out",
         required=True,
