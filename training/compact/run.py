@@ -37,6 +37,7 @@ from training.compact.data import (
     reward_matrix,
 )
 from training.datasets.splits import split_of
+from training.evaluation.overlap import ids_fingerprint
 from training.reward import RewardConfig
 
 logger = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ def run_metadata(
     description: str = "",
     command: str = "",
     table_path: str | Path | None = None,
+    ids_sha256: str = "",
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """What a run's checkpoint says about itself: the fixed metadata (pool, prices,
     features, architecture, reward) and how it was trained (mode, command, configuration,
@@ -116,6 +118,8 @@ def run_metadata(
         "records": len(records),
         **{f"n_{k}": len(v) for k, v in splits.items()},
     }
+    if ids_sha256:
+        table_info["ids_sha256"] = ids_sha256
     if table_path is not None:
         table_info["path"] = str(table_path)
         table_info["sha256"] = hashlib.sha256(Path(table_path).read_bytes()).hexdigest()
@@ -169,6 +173,9 @@ class RunTable:
     arrays: TableArrays
     splits: dict[str, np.ndarray]
     reference: np.ndarray | None
+    # The fingerprint of every record id in the table as loaded, those not kept included:
+    # what `xrouter eval` recognizes the table by, in whatever file it comes.
+    ids_sha256: str = ""
 
     def reference_of(self, rows: np.ndarray) -> np.ndarray | None:
         return None if self.reference is None else self.reference[rows]
@@ -284,7 +291,7 @@ def prepare_table(
     else:
         logger.info("%d usable records: %s", len(kept), sizes)
     reference = arrays.cost[:, models.index(cfg.reference_model)] if cfg.reference_model else None
-    table = RunTable(cfg, models, kept, prices, arrays, splits, reference)
+    table = RunTable(cfg, models, kept, prices, arrays, splits, reference, ids_fingerprint(records))
     table.cfg = resolve_lambdas(
         cfg, arrays.subset(splits["train"]), table.reference_of(splits["train"])
     )

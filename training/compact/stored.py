@@ -192,6 +192,7 @@ def finish_build(
         description=description,
         command=command,
         table_path=table_path,
+        ids_sha256=table.ids_sha256,
     )
     training_meta["neighbours_tried"] = {str(n): v for n, v in tried.items()}
     training_meta.update(training_extra or {})

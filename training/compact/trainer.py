@@ -228,6 +228,7 @@ def train(
         description=description,
         command=command,
         table_path=table_path,
+        ids_sha256=table.ids_sha256,
     )
     write_config(out, training_meta, models, extractor)
 

@@ -25,7 +25,7 @@ from router.outcomes import OutcomeRecord, OutcomeTableError, load_outcome_table
 from training.datasets.splits import DEFAULT_FRACTIONS, canonical_split, split_records
 from training.evaluation.compare import Entry, compare, off_policy
 from training.evaluation.ope import OPEError
-from training.evaluation.overlap import seen_in_training
+from training.evaluation.overlap import ids_fingerprint, seen_in_training
 from training.evaluation.registry import (
     BASELINE_NAMES,
     LoadContext,
@@ -219,7 +219,7 @@ def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
             ) from exc
         if args.strong or args.weak:
             result.notes.append("--strong/--weak: no APGR on logged traffic (partial feedback)")
-        _note_training_overlap(policies, evaluated, args.table, split, result.notes)
+        _note_training_overlap(policies, records, evaluated, args.table, split, result.notes)
         result.notes.append(
             "logged table (partial feedback): routers are evaluated off-policy; baselines that "
             "need full outcomes (kNN, MF, cascade, oracle) are skipped"
@@ -247,7 +247,7 @@ def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
         *_entries(baselines, "baseline", ctx, registry, None, result.notes, False),
         *_entries(args.policy, "policy", ctx, registry, args.lambdas, result.notes, True),
     ]
-    _note_training_overlap(entries, evaluated, args.table, split, result.notes)
+    _note_training_overlap(entries, records, evaluated, args.table, split, result.notes)
     result.main = compare(
         entries, evaluated, args.strong, args.weak, args.bootstrap, bootstrap_seed=args.seed
     )
@@ -304,19 +304,20 @@ def _missing_outcome(records: Sequence[OutcomeRecord], table: Path) -> str:
 
 def _note_training_overlap(
     entries: Sequence[Entry],
+    records: Sequence[OutcomeRecord],
     evaluated: Sequence[OutcomeRecord],
     table: Path,
     split: str,
     notes: list[str],
 ) -> None:
-    digest: str | None = None
+    digests: tuple[str, str] | None = None
     for entry in entries:
         training = getattr(entry.router, "training", None)
         if entry.kind != "policy" or not training:
             continue
-        if digest is None:
-            digest = hashlib.sha256(table.read_bytes()).hexdigest()
-        seen = seen_in_training(training, evaluated, digest)
+        if digests is None:
+            digests = hashlib.sha256(table.read_bytes()).hexdigest(), ids_fingerprint(records)
+        seen = seen_in_training(training, evaluated, *digests)
         if seen:
             cfg = training.get("config", {})
             notes.append(

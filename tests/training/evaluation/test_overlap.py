@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from router.outcomes import write_outcome_table
+from router.outcomes import load_outcome_table, write_outcome_table
 from training.compact.cli import main as train_main
 from training.datasets.splits import split_of
 from training.evaluation.cli import main as eval_main
-from training.evaluation.overlap import seen_in_training
+from training.evaluation.overlap import ids_fingerprint, seen_in_training
 
 
 def test_counts_the_training_and_validation_prompts_of_the_same_table(table_factory) -> None:
@@ -27,6 +28,22 @@ def test_counts_the_training_and_validation_prompts_of_the_same_table(table_fact
     assert seen_in_training(meta, other_test, "def") is None
     assert seen_in_training({"config": meta["config"]}, other_test, "abc") is None
     assert seen_in_training({}, other_test, "abc") is None
+
+
+def test_the_same_records_in_another_file_are_the_same_table(table_factory) -> None:
+    records = table_factory(200, seed=3)
+    digest = ids_fingerprint(records)
+    assert ids_fingerprint(list(reversed(records))) == digest
+    assert ids_fingerprint(records[1:]) != digest
+    meta = {"table": {"sha256": "abc", "ids_sha256": digest}, "config": {"split_seed": 0}}
+    other_test = [r for r in records if split_of(r.id, (0.6, 0.2, 0.2), 1) == "test"]
+    expected = sum(split_of(r.id, (0.6, 0.2, 0.2), 0) != "test" for r in other_test)
+    # Another file's bytes, the same ids: recognized by them.
+    assert seen_in_training(meta, other_test, "def", digest) == expected > 0
+    assert seen_in_training(meta, other_test, "def", ids_fingerprint(records[1:])) is None
+    # A checkpoint from before the fingerprint: the file's hash alone decides.
+    old = {"table": {"sha256": "abc"}, "config": {"split_seed": 0}}
+    assert seen_in_training(old, other_test, "def", digest) is None
 
 
 @pytest.fixture
@@ -53,3 +70,13 @@ def test_eval_notes_a_checkpoint_evaluated_on_its_own_training_prompts(
     assert "were in its training or validation part" in out and "split seed 0" in out
     report = (tmp_path / "other" / "report.md").read_text()
     assert "optimistic; evaluate with the seed and fractions it was trained with" in report
+
+    # The same records written again (another order, so other bytes): the same table.
+    copy = tmp_path / "copy.jsonl"
+    write_outcome_table(reversed(load_outcome_table(table)), copy)
+    assert copy.read_bytes() != table.read_bytes()
+    argv = [*base[2:], "--table", str(copy), "--split-seed", "1", "--out", str(tmp_path / "c")]
+    assert eval_main(argv) == 0
+    assert "were in its training or validation part" in capsys.readouterr().out
+    meta = json.loads((ckpt / "checkpoint.json").read_text())
+    assert meta["training"]["table"]["ids_sha256"] == ids_fingerprint(load_outcome_table(table))
