@@ -356,7 +356,7 @@ class DownstreamClient:
                             first,
                             gen,
                             release=partial(self._stream_released, sem, target),
-                            ended=partial(self._stream_ended, model, target),
+                            ended=partial(self._stream_ended, model, target, stats),
                         ),
                         stats=stats,
                         attempts=t.number,
@@ -371,13 +371,24 @@ class DownstreamClient:
         sem.release()
         self.balancer.finished(target)
 
-    def _stream_ended(self, model: PoolModel, target: PoolModel, err: ProviderError | None) -> None:
+    def _stream_ended(
+        self,
+        model: PoolModel,
+        target: PoolModel,
+        stats: StreamStats,
+        err: ProviderError | None,
+        exhausted: bool,
+    ) -> None:
         """Book an opened stream's outcome. A failure after the first chunk (the upstream
         cut the answer, timed out or sent a bad event) counts as a failed attempt; a stream
-        read to the end, or given up on by the caller, as a success: the upstream answered."""
+        read to the end, or given up on by the caller, as a success: the upstream answered.
+        One read to the end without a usage chunk comes from an upstream that reports none,
+        said once per model as for plain calls."""
         self._deployment_done(target, err)
         if err is None:
             self.breakers.record_success(model.name)
+            if exhausted and stats.usage is None:
+                self._warn_no_usage(model.name)
         else:
             self.events.on_upstream_error(model.name, err.kind)
             self.breakers.record_failure(model.name, err.kind)
@@ -417,7 +428,7 @@ class _StreamChunks:
         gen: AsyncIterator[dict[str, Any]],
         *,
         release: Callable[[], None],
-        ended: Callable[[ProviderError | None], None],
+        ended: Callable[[ProviderError | None, bool], None],
     ) -> None:
         self._first: dict[str, Any] | None = first
         self._gen = gen
@@ -437,7 +448,7 @@ class _StreamChunks:
         try:
             return await anext(self._gen)
         except StopAsyncIteration:
-            await self._end(None)
+            await self._end(None, exhausted=True)
             raise
         except ProviderError as err:
             await self._end(err)
@@ -451,13 +462,13 @@ class _StreamChunks:
     async def aclose(self) -> None:
         await self._end(None)
 
-    async def _end(self, err: ProviderError | None) -> None:
+    async def _end(self, err: ProviderError | None, *, exhausted: bool = False) -> None:
         if not self._open:
             return
         self._open = False
         self._first = None
         self._release()
-        self._ended(err)
+        self._ended(err, exhausted)
         # Closing the upstream generator closes the HTTP response: a client that disconnects
         # cancels the upstream call instead of letting it run to the end.
         await _close(self._gen)

@@ -130,6 +130,20 @@ def _map_exception(exc: Exception, model: PoolModel) -> ProviderError:
     return ProviderError("connection", msg, model=model.name)
 
 
+def _counted_by_litellm(resp: Any) -> bool:
+    """Whether a stream's usage is LiteLLM's own count rather than the upstream's.
+
+    Asked for ``include_usage``, LiteLLM ends every stream with a usage chunk; when the
+    upstream reported none, it fills that in by running its tokenizer over the text. Such
+    counts are estimates, however good, and are booked as estimates. The upstream chunks
+    LiteLLM has received are in its stream wrapper's ``chunks``: when none carries usage,
+    the upstream reported none. A LiteLLM without that list is taken at its word."""
+    chunks = getattr(resp, "chunks", None)
+    if not isinstance(chunks, list):
+        return False
+    return not any(getattr(c, "usage", None) is not None for c in chunks)
+
+
 def _usage_or_none(data: dict[str, Any]) -> None:
     """Drop the all-zero usage LiteLLM fills in when the upstream reported none, so that the
     call is charged the estimate, as on the native path, instead of nothing. (No real call
@@ -216,6 +230,12 @@ class LiteLLMProvider(Provider):
                     )
                 first_by = None
                 _usage_or_none(data)
+                if "usage" in data and _counted_by_litellm(resp):
+                    # Not the upstream's count: charged as a missing usage is (an estimate,
+                    # flagged as one, with a warning), as on the native transport.
+                    del data["usage"]
+                    if not data.get("choices"):
+                        continue  # a usage-only chunk: nothing left to relay
                 if stats.ttft_ms is None:
                     stats.ttft_ms = (time.perf_counter() - start) * 1000
                 stats.observe(data)

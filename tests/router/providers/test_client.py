@@ -168,6 +168,37 @@ async def test_a_litellm_response_without_usage_is_charged_an_estimate(
     await c.aclose()
 
 
+@pytest.mark.parametrize("reported", [True, False])
+async def test_a_litellm_stream_without_usage_is_charged_an_estimate(
+    upstream: tuple[str, httpx.Client], caplog: pytest.LogCaptureFixture, reported: bool
+) -> None:
+    # Streaming, LiteLLM makes up a missing usage with its own tokenizer (not zeros): the
+    # call is still charged the estimate, flagged as one, as on the native transport.
+    base, ctl = upstream
+    if not reported:
+        ctl.post("/_replay/faults", json={"model": A, "fault": "no-usage", "count": 1})
+    c, _ = make(base, transport="litellm")
+    sc = await c.open_stream(A, BODY)
+    with caplog.at_level("WARNING"):
+        chunks = [ch async for ch in sc.chunks]
+        usage = sc.usage()
+    assert sc.usage_estimated is not reported
+    assert any("usage" in ch for ch in chunks) is reported
+    if reported:
+        native, _ = make(base)
+        plain = await native.complete(A, BODY)
+        assert usage == plain.usage  # the upstream's own count, as it reports it unstreamed
+        await native.aclose()
+    else:
+        assert usage.prompt_tokens == estimate_tokens("hello there")
+        assert usage.completion_tokens == max(
+            len(sc.stats.text_parts), estimate_tokens(sc.stats.text)
+        )
+    # Said once per model, by the stream read to its end (this client made no plain call).
+    assert (f"upstream {A} returned no usage" in caplog.text) is not reported
+    await c.aclose()
+
+
 async def test_retryable_failures_are_retried_then_succeed(
     upstream: tuple[str, httpx.Client],
 ) -> None:
