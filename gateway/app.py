@@ -17,7 +17,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.errors import install_error_handlers
-from gateway.routes import admin, anthropic, dashboard, key_info, logged, openai, ops
+from gateway.routes import admin, admin_spend, anthropic, dashboard, key_info, logged, openai, ops
 from gateway.services import Services
 from gateway.settings import Settings, load_settings
 
@@ -90,6 +90,7 @@ def create_app(
     app.include_router(key_info.router)
     app.include_router(ops.router)
     app.include_router(admin.router)
+    app.include_router(admin_spend.router)
     app.include_router(dashboard.router)
     return app
 

@@ -22,7 +22,7 @@ from gateway.ledger.records import RequestRecord
 from gateway.ledger.spend import budget_spend, cache_savings, get_request, spend_report, totals
 from gateway.ledger.store import create_ledger_engine, open_ledger_engine
 from gateway.ledger.writer import LedgerWriter
-from gateway.routes import admin as admin_routes
+from gateway.routes import admin_spend as admin_routes
 from gateway.settings import LedgerSettings
 
 from .factories import make_request
