@@ -12,13 +12,8 @@ failed before a policy was resolved, is ``"none"``. Free-form vocabularies owned
 components (error kinds, spill reasons) accept a few distinct values first come and fold the
 rest into ``"other"``.
 
-Multiprocess. With several server workers each process has its own counters. When
-``PROMETHEUS_MULTIPROC_DIR`` is set *before* ``prometheus_client`` is first imported, every
-metric writes to memory-mapped files in that directory, ``render_metrics`` aggregates them,
-and the server's worker-exit hook must call ``mark_process_dead(pid)`` so a dead worker's
-live gauges (the ledger queue depth) stop counting. A worker killed outright (SIGKILL, OOM)
-runs no hook, so every render also reaps the live-gauge files of pids that no longer exist.
-Gauges declare how workers combine:
+Multiprocess (rendering and aggregation: ``gateway.metrics_render``). Gauges declare how
+several workers' values combine:
 ``livesum`` for the queue depth (the depth of all live queues), ``livemax`` for open circuits
 (a worker that died with a circuit open must not hold it open on the dashboard forever),
 ``mostrecent`` for budget remaining (all workers read the same store; the latest reading is
@@ -28,26 +23,20 @@ router checkpoint.
 
 from __future__ import annotations
 
-import asyncio
 import math
-import os
-import re
 from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
-    generate_latest,
 )
-from prometheus_client import multiprocess as _multiprocess
 
+from gateway.metrics_render import multiprocess_enabled
 from pricing.money import MICROS_PER_USD
 
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 OTHER = "other"
 NONE = "none"
 
@@ -638,64 +627,3 @@ class GatewayMetrics:
 
     def content_dropped(self, n: int) -> None:
         self._ledger_content_dropped.inc(n)
-
-
-def multiprocess_enabled() -> bool:
-    return bool(os.environ.get(MULTIPROC_ENV))
-
-
-def render_metrics(registry: CollectorRegistry) -> tuple[bytes, str]:
-    """The ``/metrics`` body and content type.
-
-    In multiprocess mode the values of every worker (read from the shared directory) are
-    aggregated on a fresh registry and ``registry`` is not read (its metrics write to that
-    directory too). This reads files: call it off the event loop (``arender_metrics``)."""
-    if multiprocess_enabled():
-        reap_dead_workers(os.environ[MULTIPROC_ENV])
-        collecting = CollectorRegistry()
-        _multiprocess.MultiProcessCollector(collecting)
-        return generate_latest(collecting), CONTENT_TYPE_LATEST
-    return generate_latest(registry), CONTENT_TYPE_LATEST
-
-
-async def arender_metrics(registry: CollectorRegistry) -> tuple[bytes, str]:
-    """``render_metrics`` in a worker thread, for async endpoints."""
-    return await asyncio.to_thread(render_metrics, registry)
-
-
-_LIVE_GAUGE_FILE = re.compile(r"^gauge_live\w*_(\d+)\.db$")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
-def reap_dead_workers(path: str) -> list[int]:
-    """``mark_process_dead`` for every pid with live-gauge files in ``path`` that is no
-    longer running (a worker killed without running its exit hook). Returns those pids. The
-    directory is per host (the CLI makes a fresh one per server), so pids are comparable;
-    a recycled pid only delays the reaping until that process exits too."""
-    try:
-        names = os.listdir(path)
-    except OSError:
-        return []
-    dead = sorted(
-        {int(m.group(1)) for n in names if (m := _LIVE_GAUGE_FILE.match(n))} - {os.getpid()}
-    )
-    dead = [pid for pid in dead if not _alive(pid)]
-    for pid in dead:
-        _multiprocess.mark_process_dead(pid, path)
-    return dead
-
-
-def mark_process_dead(pid: int) -> None:
-    """For the server's worker-exit hook: drop a dead worker's live gauges. No-op when not
-    in multiprocess mode."""
-    if multiprocess_enabled():
-        _multiprocess.mark_process_dead(pid)

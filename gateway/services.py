@@ -492,7 +492,7 @@ class Services:
             await self.engine.dispose()
         if multiproc_dir():
             # Live gauges of this worker must stop counting once it exits.
-            from gateway.metrics import mark_process_dead
+            from gateway.metrics_render import mark_process_dead
 
             mark_process_dead(os.getpid())
 

@@ -37,7 +37,7 @@ async def readyz(request: Request) -> Response:
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
-    from gateway.metrics import arender_metrics
+    from gateway.metrics_render import arender_metrics
 
     s = services(request)
     token = s.settings.metrics.bearer_token
