@@ -260,7 +260,7 @@ class KeyRepository:
                         )
                     )
             except sa_exc.IntegrityError:
-                if await self._alias_exists(values["alias"]):
+                if await self._live_alias_exists(values["alias"]):
                     raise DuplicateAliasError(f"a key with alias {alias!r} exists") from None
                 continue  # key_id collision (2^32 space): draw another
             info = await self.get(key_id)
@@ -401,9 +401,13 @@ class KeyRepository:
             raise KeyNotFoundError(key_id)
         return info
 
-    async def _alias_exists(self, alias: str) -> bool:
+    async def _live_alias_exists(self, alias: str) -> bool:
         async with self._engine.connect() as conn:
             row = (
-                await conn.execute(sa.select(api_keys.c.key_id).where(api_keys.c.alias == alias))
+                await conn.execute(
+                    sa.select(api_keys.c.key_id).where(
+                        api_keys.c.alias == alias, api_keys.c.revoked_at.is_(None)
+                    )
+                )
             ).first()
         return row is not None

@@ -232,6 +232,46 @@ def _v11_request_logged_at(conn: sa.Connection) -> None:
     )
 
 
+def _v12_key_alias_among_live_keys(conn: sa.Connection) -> None:
+    """api_keys.alias unique among live keys only: a revoked key keeps its alias, and the
+    alias may be given to a new key (frozen). A partial unique index replaces the table's
+    unique constraint; SQLite cannot drop a table constraint, so there the table is rebuilt
+    as it stands at this version and its rows copied."""
+    live_alias = (
+        "CREATE UNIQUE INDEX uq_api_keys_live_alias ON api_keys (alias) WHERE revoked_at IS NULL"
+    )
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text("ALTER TABLE api_keys DROP CONSTRAINT uq_api_keys_alias"))
+        conn.execute(sa.text(live_alias))
+        return
+    md = sa.MetaData()
+    rebuilt = sa.Table(
+        "api_keys_v12",
+        md,
+        sa.Column("key_id", sa.String(32), primary_key=True),
+        sa.Column("key_hash", sa.String(64), nullable=False),
+        sa.Column("alias", sa.String(255), nullable=False),
+        sa.Column("budget_micros", sa.BigInteger()),
+        sa.Column("budget_period", sa.String(16)),
+        sa.Column("rpm", sa.Integer()),
+        sa.Column("tpm", sa.Integer()),
+        sa.Column("allowed_models", sa.JSON()),
+        sa.Column("allowed_policies", sa.JSON()),
+        sa.Column("metadata", sa.JSON(), nullable=False),
+        sa.Column("created_at", UTCDateTime(), nullable=False),
+        sa.Column("revoked_at", UTCDateTime()),
+        sa.Column("expires_at", UTCDateTime()),
+        sa.Column("routing", sa.JSON()),
+        sa.UniqueConstraint("key_hash", name="uq_api_keys_key_hash"),
+    )
+    rebuilt.create(conn, checkfirst=False)
+    columns = ", ".join(c.name for c in rebuilt.columns)
+    conn.execute(sa.text(f"INSERT INTO api_keys_v12 ({columns}) SELECT {columns} FROM api_keys"))
+    conn.execute(sa.text("DROP TABLE api_keys"))
+    conn.execute(sa.text("ALTER TABLE api_keys_v12 RENAME TO api_keys"))
+    conn.execute(sa.text(live_alias))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: requests, calls, feedback, api_keys", _v1_baseline),
     Migration(2, "router_deployments", _v2_router_deployments),
@@ -244,6 +284,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(9, "calls.deployment", _v9_call_deployment),
     Migration(10, "ix_requests_cached_from", _v10_request_cached_from_index),
     Migration(11, "requests.logged_at", _v11_request_logged_at),
+    Migration(12, "api_keys.alias unique among live keys", _v12_key_alias_among_live_keys),
 )
 
 

@@ -243,7 +243,15 @@ api_keys = sa.Table(
     # its requests get when they do not say; NULL: the gateway's.
     sa.Column("routing", sa.JSON(none_as_null=True), nullable=True),
     sa.UniqueConstraint("key_hash", name="uq_api_keys_key_hash"),
-    sa.UniqueConstraint("alias", name="uq_api_keys_alias"),
+    # Unique among live keys (migration 12): a revoked key keeps its alias in the history,
+    # and a new key may take it, as a deleted key's alias is free again in LiteLLM.
+    sa.Index(
+        "uq_api_keys_live_alias",
+        "alias",
+        unique=True,
+        sqlite_where=sa.text("revoked_at IS NULL"),
+        postgresql_where=sa.text("revoked_at IS NULL"),
+    ),
 )
 
 # Router checkpoints deployed at run time (``xrouter deploy``), newest last: every worker and

@@ -178,6 +178,14 @@ def test_key_lifecycle_and_auth(gw: Gateway) -> None:
     missing = httpx.get(f"{gw.url}/admin/keys/key_nope", headers=ADMIN)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "key_not_found"
     assert httpx.get(f"{gw.url}/admin/keys/{k['key_id']}").status_code == 401
+    # An alias names one live key: taken, it is a 409; the revoked key's is free again.
+    alias = k["alias"]
+    live = create_key(gw, alias=alias)
+    taken = httpx.post(f"{gw.url}/admin/keys", json={"alias": alias}, headers=ADMIN)
+    assert taken.status_code == 409, taken.text
+    assert taken.json()["error"]["code"] == "alias_taken"
+    assert taken.json()["error"]["param"] == "alias"
+    assert chat(gw, live["key"]).status_code == 200 and chat(gw, secret).status_code == 401
 
 
 def test_keys_are_listed_page_by_page(gw: Gateway) -> None:

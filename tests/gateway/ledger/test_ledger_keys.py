@@ -124,6 +124,41 @@ async def test_update_and_revoke(engine: AsyncEngine) -> None:
         await repo.revoke("key_nothere")
 
 
+async def test_a_revoked_keys_alias_may_be_taken_again(engine: AsyncEngine) -> None:
+    # An alias names one live key; a revoked key keeps its own in the history, and a new
+    # key (or a live one renamed) may take it, as a deleted key's alias is free in LiteLLM.
+    repo = KeyRepository(engine)
+    old, _ = await repo.create("search")
+    await repo.revoke(old.key_id)
+    new, _ = await repo.create("search")
+    assert new.key_id != old.key_id
+    kept = await repo.get(old.key_id)
+    assert kept is not None and kept.revoked and kept.alias == "search"
+    with pytest.raises(DuplicateAliasError):
+        await repo.create("search")  # the live one holds it
+    other, _ = await repo.create("other")
+    with pytest.raises(DuplicateAliasError):
+        await repo.update(other.key_id, alias="search")
+    await repo.revoke(new.key_id)
+    assert (await repo.update(other.key_id, alias="search")).alias == "search"
+    by_alias = sorted(
+        (k.key_id, k.revoked) for k in await repo.list(include_revoked=True) if k.alias == "search"
+    )
+    assert by_alias == sorted([(old.key_id, True), (new.key_id, True), (other.key_id, False)])
+    # The database holds the line too, for two gateways creating the same alias at once.
+    with pytest.raises(sa.exc.IntegrityError):
+        async with engine.begin() as conn:
+            await conn.execute(
+                api_keys.insert().values(
+                    key_id="key_racer",
+                    key_hash="0" * 64,
+                    alias="search",
+                    metadata={},
+                    created_at=datetime.now(UTC),
+                )
+            )
+
+
 async def test_expiry_is_stored_in_utc_changed_and_cleared(engine: AsyncEngine) -> None:
     repo = KeyRepository(engine)
     never, _ = await repo.create("never")

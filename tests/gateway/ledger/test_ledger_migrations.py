@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gateway.ledger import schema
 from gateway.ledger.export import export_ledger, read_export
 from gateway.ledger.inserter import BatchInserter
-from gateway.ledger.keys import KeyRepository
+from gateway.ledger.keys import DuplicateAliasError, KeyRepository
 from gateway.ledger.migrations import (
     MIGRATIONS,
     Migration,
@@ -256,6 +257,51 @@ async def test_keys_made_before_expiry_existed_never_expire(ledger_url: str) -> 
             "before": (None, None),
             "rolled-back": (None, None),
         }
+    finally:
+        await engine.dispose()
+
+
+async def test_keys_from_before_live_aliases_keep_every_field_and_free_revoked_aliases(
+    ledger_url: str,
+) -> None:
+    """Migration 12 makes aliases unique among live keys only (on SQLite by rebuilding the
+    table): every key and every field comes through, a revoked key's alias can be taken,
+    and a live key's still cannot."""
+    engine = await _engine(ledger_url)
+    now = dt.datetime(2026, 11, 1, 12, 0, tzinfo=dt.UTC)
+
+    def key(key_id: str, alias: str, revoked: bool) -> dict[str, object]:
+        return {
+            "key_id": key_id, "key_hash": key_id.ljust(64, "0"), "alias": alias,
+            "budget_micros": 5_000_000, "budget_period": "monthly", "rpm": 60, "tpm": 1000,
+            "allowed_models": ["a"], "allowed_policies": ["compact"],
+            "metadata": {"team": "t"}, "created_at": now,
+            "revoked_at": now if revoked else None, "expires_at": now + dt.timedelta(days=9),
+            "routing": {"cost_weight": 0.5},
+        }  # fmt: skip
+
+    try:
+        assert await migrate(engine, MIGRATIONS[:11]) == 11
+        async with engine.begin() as conn:
+            await conn.execute(sa.insert(schema.api_keys), [
+                key("key_old", "search", True), key("key_live", "ads", False),
+            ])  # fmt: skip
+        async with engine.connect() as conn:
+            before = [dict(r._mapping) for r in await conn.execute(
+                sa.select(schema.api_keys).order_by(schema.api_keys.c.key_id)
+            )]  # fmt: skip
+        assert await migrate(engine) == latest_version()
+        async with engine.connect() as conn:
+            after = [dict(r._mapping) for r in await conn.execute(
+                sa.select(schema.api_keys).order_by(schema.api_keys.c.key_id)
+            )]  # fmt: skip
+            assert await conn.run_sync(_describe) == _expected()
+        assert after == before and len(after) == 2
+        repo = KeyRepository(engine)
+        taken, _ = await repo.create("search")
+        assert taken.alias == "search" and not taken.revoked
+        with pytest.raises(DuplicateAliasError):
+            await repo.create("ads")
     finally:
         await engine.dispose()
 
