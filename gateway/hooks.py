@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.errors import APIError
 from gateway.limits.base import LimitStoreUnavailable
-from router.estimate import estimate_prompt_tokens
+from router.estimate import estimate_prompt_tokens, requested_max_tokens
 from router.loop import RouteResult
 from router.policy import LoopState, RouteContext, ToolCall
 
@@ -245,7 +245,12 @@ class RequestHooks:
         limits: KeyLimits | None = rlog.principal.limits
         if self.limits is None or limits is None:
             return None
-        rlog.tokens_estimate = estimate_prompt_tokens(ctx.messages, None, ctx.tools)
+        # As OpenAI and Anthropic count a request against a token rate limit: its prompt
+        # and the output it may generate (max_tokens), corrected to what it used when it
+        # ends; a request that sets no limit counts its prompt until then.
+        params = ctx.request_params
+        output = (requested_max_tokens(params) or 0) * int(params.get("n") or 1)
+        rlog.tokens_estimate = estimate_prompt_tokens(ctx.messages, None, ctx.tools) + output
         rlog.admitted_at = time.time()
         try:
             rate = await self.limits.check_rate(limits, rlog.tokens_estimate, rlog.admitted_at)

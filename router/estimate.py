@@ -13,6 +13,7 @@ which are priced by size and not by their text.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -94,3 +95,11 @@ def estimate_prompt_tokens(
     if tools:
         tokens += _json_tokens(tools)
     return tokens
+
+
+def requested_max_tokens(params: Mapping[str, Any]) -> int | None:
+    """The most output tokens a request asks for per choice: the larger of ``max_tokens``
+    and ``max_completion_tokens`` when it sets both (servers differ in which one they
+    honour; OpenAI's and vLLM's: ``max_completion_tokens``). None when it sets neither."""
+    asked = [int(v) for v in (params.get("max_tokens"), params.get("max_completion_tokens")) if v]
+    return max(asked) if asked else None

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pricing import TokenUsage
-from router.estimate import estimate_prompt_tokens
+from router.estimate import estimate_prompt_tokens, requested_max_tokens
 from router.policy import (
     Answer,
     Call,
@@ -136,18 +136,15 @@ def worst_case_micros(ctx: RouteContext, call: ToolCall) -> int:
     """The most ``call`` can cost: its model's, or a configured fallback's the request may
     use if dearer (the provider layer falls back within the same hold)."""
     first = ctx.pool[call.model]
-    params = ctx.request_params
     n = int(ctx.request_params.get("n") or 1)
     prompt = estimate_prompt_tokens(ctx.messages, call.system_prompt, ctx.tools)
-    # A request may set both limits, and servers differ in which one they honour (OpenAI's
-    # and vLLM's: max_completion_tokens): the hold covers the larger.
-    asked = [int(v) for v in (params.get("max_tokens"), params.get("max_completion_tokens")) if v]
+    asked = requested_max_tokens(ctx.request_params)
     worst = 0
     for name in (call.model, *first.fallbacks):
         model = ctx.pool.get(name)
         if model is None:
             continue
-        max_out = call.max_tokens or (max(asked) if asked else model.max_output_tokens)
+        max_out = call.max_tokens or asked or model.max_output_tokens
         max_out = min(int(max_out), model.max_output_tokens)
         worst = max(worst, model.price.worst_case_micros(prompt, max_out * n))
     return worst

@@ -244,6 +244,25 @@ def test_tool_schemas_count_against_tpm_and_a_refusal_keeps_the_rate_headers(
     assert r.headers["x-ratelimit-remaining-requests"] == "999"
 
 
+def test_tpm_counts_the_output_a_request_may_generate_until_it_ends(gw: Gateway) -> None:
+    # As OpenAI and Anthropic count it: a request's max_tokens (times n) is in the window
+    # from admission, and corrected to the tokens it used once it ends.
+    k = create_key(gw, rpm=1000, tpm=2000)
+    r = chat(gw, k["key"], max_tokens=5000)
+    assert r.status_code == 429 and r.json()["error"]["code"] == "tpm_limit_exceeded", r.text
+    r = chat(gw, k["key"], max_completion_tokens=300, n=2)
+    assert r.status_code == 200, r.text
+    at_admission = 2000 - int(r.headers["x-ratelimit-remaining-tokens"])
+    assert at_admission > 600  # the prompt and 2 × 300
+    used = r.json()["usage"]["total_tokens"]
+    assert used < 600
+    # The next request sees the first one's real tokens, and its own 300.
+    r = chat(gw, k["key"], max_tokens=300)
+    assert r.status_code == 200, r.text
+    before_second = 2000 - int(r.headers["x-ratelimit-remaining-tokens"]) - (at_admission - 600)
+    assert before_second - 300 == used, (before_second, used)
+
+
 def test_key_limits_are_bounded_by_what_the_ledger_stores(gw: Gateway) -> None:
     # The largest values fit the columns (BIGINT micro-USD, INTEGER rpm/tpm on PostgreSQL);
     # anything larger, or not finite, is a 400 naming the field, never a 500.
