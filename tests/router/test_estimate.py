@@ -11,6 +11,7 @@ from router.estimate import (
     MESSAGE_OVERHEAD_TOKENS,
     estimate_prompt_tokens,
     message_tokens,
+    requested_max_tokens,
 )
 
 
@@ -69,3 +70,10 @@ def test_odd_input_is_counted_not_raised() -> None:
     assert message_tokens(user([file_part])) > 30
     assert message_tokens(user("\ud800")) == MESSAGE_OVERHEAD_TOKENS + 1
     assert estimate_prompt_tokens([user(None), "not a message"]) == 8 + MESSAGE_OVERHEAD_TOKENS  # type: ignore[list-item]
+
+
+def test_the_requested_maximum_is_the_larger_limit_per_choice() -> None:
+    assert requested_max_tokens({}) is None
+    assert requested_max_tokens({"max_tokens": None, "n": 3}) is None
+    assert requested_max_tokens({"max_tokens": 100}) == 100
+    assert requested_max_tokens({"max_completion_tokens": 70, "max_tokens": 20, "n": 2}) == 70
