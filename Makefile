@@ -13,8 +13,12 @@ $(PY):
 install: $(PY)
 	$(PIP) .
 
+# Where torch comes from: pip's configured indexes by default (this project's CI finds the
+# CPU wheel there). Elsewhere, PyPI's Linux wheel is the CUDA build with gigabytes of NVIDIA
+# libraries: make test TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+TORCH_INDEX_URL ?=
 install-dev: $(PY)
-	$(PIP) torch==2.13.0
+	$(PIP) torch==2.13.0 $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 	$(PIP) -e '.[train,verl,dev]'
 	scripts/tools.sh $(VENV)
 
