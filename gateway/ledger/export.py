@@ -564,6 +564,39 @@ async def safe_logged_until(engine: AsyncEngine, settle_s: float = DEFAULT_SETTL
     return await database_now(engine) - timedelta(seconds=settle_s)
 
 
+async def count_late_feedback(
+    engine: AsyncEngine, since: datetime, until: datetime, key_id: str | None = None
+) -> int:
+    """How many feedback rows reached the database in ``[since, until)`` for requests that
+    had reached it before ``since``: scores an incremental export's earlier windows could
+    not carry (a request is exported with the feedback it has when its window closes, and
+    an unscored one is skipped), and that this window does not carry either. Feedback on a
+    cache hit counts for the request whose answer it reused, as the export attributes it.
+    Feedback rows from before ``feedback.logged_at`` (migration 13) are not counted."""
+    hit = requests.alias("scored")  # the request the feedback was given on
+    original = requests.alias("original")
+    answered = sa.func.coalesce(hit.c.cached_from, hit.c.request_id)
+    logged = feedback.c.logged_at
+    query = (
+        sa.select(sa.func.count())
+        .select_from(
+            feedback.join(hit, hit.c.request_id == feedback.c.request_id).join(
+                original, original.c.request_id == answered
+            )
+        )
+        .where(
+            logged.is_not(None),
+            logged >= to_utc(since),
+            logged < to_utc(until),
+            sa.func.coalesce(original.c.logged_at, original.c.created_at) < to_utc(since),
+        )
+    )
+    if key_id is not None:
+        query = query.where(hit.c.key_id == key_id)
+    async with engine.connect() as conn:
+        return int((await conn.execute(query)).scalar_one())
+
+
 def read_export(path: str | os.PathLike[str], skip_unscored: bool = True) -> list[OutcomeRecord]:
     """Load an export (``.parquet`` or JSONL) as outcome records. Blocking; for offline
     tools and training, not the request path."""

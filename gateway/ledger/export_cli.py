@@ -20,6 +20,7 @@ from gateway.ledger.export import (
     DEFAULT_SETTLE_S,
     ExportFormat,
     ExportStats,
+    count_late_feedback,
     export_ledger,
     safe_logged_until,
 )
@@ -164,6 +165,7 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
         return 2
     settle = float(args.settle_seconds)
     unsettled = False
+    late = 0
     try:
         engine = await open_ledger_engine(ledger_url)
         stats = ExportStats()
@@ -188,6 +190,8 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
                 logged_since=window.since if window else None,
                 logged_until=window.until if window else None,
             )
+            if window is not None and window.since is not None and window.until is not None:
+                late = await count_late_feedback(engine, window.since, window.until, args.key)
         finally:
             await engine.dispose()
     except (OSError, ValueError, ImportError, sa.exc.SQLAlchemyError, MigrationError) as exc:
@@ -219,6 +223,15 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
             f"warning: --logged-until is less than {settle:g} s behind the database's clock: "
             "a write still in flight may yet commit rows before it, which a next export "
             "from it would not see",
+            file=sys.stderr,
+        )
+    if late:
+        print(
+            f"warning: {late} feedback score{'s' if late != 1 else ''} reached the ledger in "
+            "this window for requests of earlier windows: no export carries them (a request "
+            "is exported with the feedback it has when its window closes, an unscored one "
+            f"not at all); a longer --settle-seconds (now {settle:g}) waits longer for "
+            "feedback",
             file=sys.stderr,
         )
     return await _report_window(window)

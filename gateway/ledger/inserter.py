@@ -4,8 +4,8 @@ Requests, calls, feedback and tags go in as multi-row ``INSERT ... ON CONFLICT D
 their natural keys, so inserting records that are already in (a replay after a lost
 acknowledgement or a crash) stores nothing twice. A batch the database refuses as invalid
 is not retried whole: each record is inserted on its own and the ones refused are returned,
-so one bad record neither poisons its batch nor a replay. Request rows are stamped with
-the database's clock (``requests.logged_at``) as they go in.
+so one bad record neither poisons its batch nor a replay. Request and feedback rows are
+stamped with the database's clock (``logged_at``) as they go in.
 """
 
 from __future__ import annotations
@@ -32,10 +32,11 @@ _EXECUTE_SLICE = 100
 
 def _statement(dialect: str, table: sa.Table) -> sa.Insert:
     stmt = insert_ignore(dialect, table)
-    if table is schema.requests:
+    if table is schema.requests or table is schema.feedback:
         # Stamped with the database's clock as it goes in: when the row was *logged*, which
-        # an incremental export pages by. A replayed row that is already in keeps the stamp
-        # of its first insert (ON CONFLICT DO NOTHING leaves it alone).
+        # an incremental export pages by (requests) and measures late feedback by. A
+        # replayed row that is already in keeps the stamp of its first insert (ON CONFLICT
+        # DO NOTHING leaves it alone).
         stmt = stmt.values(logged_at=schema.ledger_now())
     return stmt
 

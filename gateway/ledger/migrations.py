@@ -272,6 +272,18 @@ def _v12_key_alias_among_live_keys(conn: sa.Connection) -> None:
     conn.execute(sa.text(live_alias))
 
 
+def _v13_feedback_logged_at(conn: sa.Connection) -> None:
+    """feedback.logged_at: when a feedback row reached the database (frozen). Existing rows
+    keep NULL: they count as logged at their created_at."""
+    column_type = UTCDateTime().compile(dialect=conn.dialect)
+    conn.execute(sa.text(f"ALTER TABLE feedback ADD COLUMN logged_at {column_type}"))
+    conn.execute(
+        sa.text(
+            "CREATE INDEX ix_feedback_logged_at ON feedback (logged_at) WHERE logged_at IS NOT NULL"
+        )
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: requests, calls, feedback, api_keys", _v1_baseline),
     Migration(2, "router_deployments", _v2_router_deployments),
@@ -285,6 +297,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(10, "ix_requests_cached_from", _v10_request_cached_from_index),
     Migration(11, "requests.logged_at", _v11_request_logged_at),
     Migration(12, "api_keys.alias unique among live keys", _v12_key_alias_among_live_keys),
+    Migration(13, "feedback.logged_at", _v13_feedback_logged_at),
 )
 
 

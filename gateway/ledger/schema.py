@@ -208,8 +208,18 @@ feedback = sa.Table(
     sa.Column("source", sa.String(64), nullable=False),
     sa.Column("comment", sa.Text(), nullable=True),
     sa.Column("created_at", UTCDateTime(), nullable=False),
+    # When the row reached the database (``ledger_now``, as ``requests.logged_at``): feedback
+    # is written late too, and `xrouter export` says how much of it came after the window
+    # its request was exported in. NULL before migration 13: logged at its ``created_at``.
+    sa.Column("logged_at", UTCDateTime(), nullable=True),
     sa.UniqueConstraint("feedback_id", name="uq_feedback_feedback_id"),
     sa.Index("ix_feedback_request_id", "request_id"),
+    sa.Index(
+        "ix_feedback_logged_at",
+        "logged_at",
+        sqlite_where=sa.text("logged_at IS NOT NULL"),
+        postgresql_where=sa.text("logged_at IS NOT NULL"),
+    ),
 )
 
 # A request's tags (``xrouter.tags``): what the caller files it under (a feature, a team, an

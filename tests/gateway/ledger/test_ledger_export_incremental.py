@@ -20,10 +20,15 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.ledger import schema
-from gateway.ledger.export import export_ledger, iter_export_records, safe_logged_until
+from gateway.ledger.export import (
+    count_late_feedback,
+    export_ledger,
+    iter_export_records,
+    safe_logged_until,
+)
 from gateway.ledger.export_cli import add_export_arguments, run_export
 from gateway.ledger.inserter import BatchInserter
-from gateway.ledger.records import build_rows
+from gateway.ledger.records import LedgerRecord, build_rows
 from gateway.ledger.store import create_ledger_engine
 from gateway.ledger.writer import LedgerWriter
 from gateway.settings import LedgerSettings
@@ -137,6 +142,50 @@ async def test_a_row_written_late_is_missed_by_since_but_not_by_the_cursor(
     logged3 = tmp_path / "logged-3.jsonl"
     assert await export(ledger_url, "--out", str(logged3), *argv) == 0
     assert ids(logged3) == []
+
+
+async def test_feedback_after_its_requests_window_is_said_to_be_in_no_export(
+    engine: AsyncEngine,
+    ledger_url: str,
+    make_settings: Settings,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    async def submit(*records: LedgerRecord) -> None:
+        writer = LedgerWriter(engine, make_settings())
+        await writer.start()
+        for record in records:
+            writer.submit(record)
+        await writer.close()
+
+    await submit(make_request("quiet"), make_request("scored"), make_feedback("scored", 1.0))
+    argv = ("--cursor", str(tmp_path / "cursor"), "--settle-seconds", "0")
+    first = tmp_path / "1.jsonl"
+    assert await export(ledger_url, "--out", str(first), *argv) == 0
+    assert ids(first) == ["scored"]  # the other one has no feedback yet: skipped
+    end1 = datetime.fromisoformat((tmp_path / "cursor").read_text().strip())
+    assert "feedback score" not in capsys.readouterr().err
+    # Scores for both arrive after their window closed; a new request comes with its own.
+    await submit(
+        make_feedback("quiet", 0.5),
+        make_feedback("scored", 0.0),
+        make_request("new"),
+        make_feedback("new", 1.0),
+    )
+    second = tmp_path / "2.jsonl"
+    assert await export(ledger_url, "--out", str(second), *argv) == 0
+    assert ids(second) == ["new"]
+    err = capsys.readouterr().err
+    assert "warning: 2 feedback scores reached the ledger in this window for requests of " in err
+    assert "earlier windows: no export carries them" in err and "--settle-seconds (now 0)" in err
+    # Counted for the key an export is scoped to.
+    window = (end1, datetime.fromisoformat((tmp_path / "cursor").read_text().strip()))
+    assert await count_late_feedback(engine, *window, key_id="key_test0001") == 2
+    assert await count_late_feedback(engine, *window, key_id="key_nobody") == 0
+    # Said only for a window that has any.
+    third = tmp_path / "3.jsonl"
+    assert await export(ledger_url, "--out", str(third), *argv) == 0
+    assert "feedback score" not in capsys.readouterr().err
 
 
 async def test_rows_stamped_in_the_same_instant_are_each_exported_once(
