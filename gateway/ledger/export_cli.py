@@ -191,7 +191,14 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
                 logged_until=window.until if window else None,
             )
             if window is not None and window.since is not None and window.until is not None:
-                late = await count_late_feedback(engine, window.since, window.until, args.key)
+                try:
+                    late = await count_late_feedback(engine, window.since, window.until, args.key)
+                except sa.exc.SQLAlchemyError as exc:
+                    # A diagnostic: the export is written, and its window must still move on.
+                    print(
+                        f"warning: could not count late feedback: {describe_error(exc)}",
+                        file=sys.stderr,
+                    )
         finally:
             await engine.dispose()
     except (OSError, ValueError, ImportError, sa.exc.SQLAlchemyError, MigrationError) as exc:
