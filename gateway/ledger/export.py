@@ -285,6 +285,42 @@ def _time_range(
     return clauses
 
 
+def _answered(scored: Any) -> sa.ColumnElement[str]:
+    """The request whose answer feedback on ``scored`` (an alias of ``requests``) scores:
+    itself, or for a cache hit the request whose answer it reused."""
+    return sa.func.coalesce(scored.c.cached_from, scored.c.request_id)
+
+
+def _scored_before(answer: sa.ColumnElement[str], lo: datetime) -> sa.ColumnElement[bool]:
+    """Whether the request ``answer`` had feedback that reached the database before
+    ``lo``: its own, or given on one of its cache hits (a row from before
+    ``feedback.logged_at`` counts at its ``created_at``)."""
+    earlier = feedback.alias("earlier")
+    hit = requests.alias("hit")
+    when = sa.func.coalesce(earlier.c.logged_at, earlier.c.created_at)
+    own = sa.exists().where(earlier.c.request_id == answer, when < lo)
+    on_hit = sa.exists().where(
+        hit.c.cached_from == answer, earlier.c.request_id == hit.c.request_id, when < lo
+    )
+    return sa.or_(own, on_hit)
+
+
+def _first_scored_in(lo: datetime | None, hi: datetime | None) -> sa.Select[str]:
+    """The requests whose first feedback reached the database in ``[lo, hi)``: each
+    request belongs to one such window however often it is scored."""
+    scored = requests.alias("scored")
+    answer = _answered(scored)
+    logged = feedback.c.logged_at
+    query = (
+        sa.select(answer)
+        .select_from(feedback.join(scored, scored.c.request_id == feedback.c.request_id))
+        .where(logged.is_not(None), *_time_range(logged, lo, hi))
+    )
+    if lo is not None:
+        query = query.where(~_scored_before(answer, lo))
+    return query
+
+
 async def iter_export_records(
     engine: AsyncEngine,
     since: TimeBound = None,
@@ -296,6 +332,7 @@ async def iter_export_records(
     *,
     logged_since: TimeBound = None,
     logged_until: TimeBound = None,
+    scored: bool = False,
 ) -> AsyncIterator[list[dict[str, Any]]]:
     """Chunks of outcome records (keyset pagination: constant memory, no long-lived cursor
     holding a snapshot). ``stats`` counts what is yielded and skipped.
@@ -307,7 +344,16 @@ async def iter_export_records(
     that order: consecutive windows hold every row exactly once, however late it was
     written, provided each window closed once the rows stamped before its end had
     committed (see :func:`safe_logged_until`). Both pairs may be given: they combine.
+
+    With ``scored``, ``logged_since``/``logged_until`` bound instead when a request's
+    *first* feedback reached the database (``feedback.logged_at``; feedback on a cache hit
+    counts for the request whose answer it reused): consecutive windows hold every scored
+    request exactly once, in the window it was first scored in, with the feedback it has
+    when exported — however long after it was served. Unscored requests are not in any
+    such window; feedback from before ``feedback.logged_at`` (migration 13) starts none.
     """
+    if scored and include_unscored:
+        raise ValueError("an export of scored windows holds scored requests only")
     failed_call = sa.exists().where(
         calls.c.request_id == requests.c.request_id,
         calls.c.role == "downstream",
@@ -329,7 +375,11 @@ async def iter_export_records(
         # what routing to a model buys.
         requests.c.cached_from.is_(None),
     ]
-    if logged_since is None and logged_until is None:
+    if scored:
+        lo, hi = to_utc(logged_since), to_utc(logged_until)
+        first_scored = _first_scored_in(lo, hi)
+        passes = [(requests.c.request_id, [*base, requests.c.request_id.in_(first_scored)])]
+    elif logged_since is None and logged_until is None:
         passes = [(requests.c.created_at, base)]
     else:
         lo, hi = to_utc(logged_since), to_utc(logged_until)
@@ -353,7 +403,7 @@ async def iter_export_records(
 
 async def _iter_pass(
     engine: AsyncEngine,
-    order: sa.Column[datetime],
+    order: sa.Column[datetime] | sa.Column[str],
     where: Sequence[sa.ColumnElement[bool]],
     key_id: str | None,
     include_unscored: bool,
@@ -488,6 +538,7 @@ async def export_ledger(
     *,
     logged_since: TimeBound = None,
     logged_until: TimeBound = None,
+    scored: bool = False,
 ) -> int:
     """Write the outcome table of the logged traffic; return the number of records.
 
@@ -495,7 +546,8 @@ async def export_ledger(
     has no ``score`` and the record says ``"scored": false``; they must be scored before
     they load as an outcome table); ``stats`` counts them. ``since``/``until`` bound when
     requests were served, ``logged_since``/``logged_until`` when their rows reached the
-    database (see :func:`iter_export_records`). The file appears atomically when complete.
+    database — or, with ``scored``, when they were first scored (see
+    :func:`iter_export_records`). The file appears atomically when complete.
     """
     if fmt not in ("jsonl", "parquet"):
         raise ValueError(f"unknown export format {fmt!r}")
@@ -518,6 +570,7 @@ async def export_ledger(
             stats=stats,
             logged_since=logged_since,
             logged_until=logged_until,
+            scored=scored,
         ):
             await asyncio.to_thread(sink.write, chunk)
             n += len(chunk)
@@ -565,32 +618,36 @@ async def safe_logged_until(engine: AsyncEngine, settle_s: float = DEFAULT_SETTL
 
 
 async def count_late_feedback(
-    engine: AsyncEngine, since: datetime, until: datetime, key_id: str | None = None
+    engine: AsyncEngine,
+    since: datetime,
+    until: datetime,
+    key_id: str | None = None,
+    *,
+    scored: bool = False,
 ) -> int:
     """How many feedback rows reached the database in ``[since, until)`` for requests that
     had reached it before ``since``: scores an incremental export's earlier windows could
     not carry (a request is exported with the feedback it has when its window closes, and
     an unscored one is skipped), and that this window does not carry either. Feedback on a
     cache hit counts for the request whose answer it reused, as the export attributes it.
-    Feedback rows from before ``feedback.logged_at`` (migration 13) are not counted."""
+    Feedback rows from before ``feedback.logged_at`` (migration 13) are not counted.
+
+    With ``scored`` (windows by first feedback), the late ones are instead the scores of
+    requests first scored in an earlier window: re-scores, which no export carries."""
+    lo, hi = to_utc(since), to_utc(until)
+    assert lo is not None and hi is not None
     hit = requests.alias("scored")  # the request the feedback was given on
-    original = requests.alias("original")
-    answered = sa.func.coalesce(hit.c.cached_from, hit.c.request_id)
+    answered = _answered(hit)
     logged = feedback.c.logged_at
-    query = (
-        sa.select(sa.func.count())
-        .select_from(
-            feedback.join(hit, hit.c.request_id == feedback.c.request_id).join(
-                original, original.c.request_id == answered
-            )
-        )
-        .where(
-            logged.is_not(None),
-            logged >= to_utc(since),
-            logged < to_utc(until),
-            sa.func.coalesce(original.c.logged_at, original.c.created_at) < to_utc(since),
-        )
-    )
+    joined = feedback.join(hit, hit.c.request_id == feedback.c.request_id)
+    where = [logged.is_not(None), logged >= lo, logged < hi]
+    if scored:
+        where.append(_scored_before(answered, lo))
+    else:
+        original = requests.alias("original")
+        joined = joined.join(original, original.c.request_id == answered)
+        where.append(sa.func.coalesce(original.c.logged_at, original.c.created_at) < lo)
+    query = sa.select(sa.func.count()).select_from(joined).where(*where)
     if key_id is not None:
         query = query.where(hit.c.key_id == key_id)
     async with engine.connect() as conn:

@@ -74,6 +74,13 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
         "that rows of a write still in flight are not passed over (default: %(default)g; "
         "more than the longest a ledger write transaction stays open)",
     )
+    parser.add_argument(
+        "--scored",
+        action="store_true",
+        help="incremental windows by when requests were first scored (their first feedback "
+        "reached the ledger) rather than logged: each scored request once, as soon as it "
+        "has a score, however late that comes; with --cursor or --logged-since/-until",
+    )
     parser.add_argument("--key", default=None, help="only requests of this key id")
     parser.add_argument(
         "--include-unscored",
@@ -89,6 +96,7 @@ class _LoggedWindow:
     since: datetime | None
     until: datetime | None
     cursor: Path | None
+    scored: bool = False
 
     @property
     def end(self) -> datetime | None:
@@ -107,7 +115,11 @@ def _logged_window(args: argparse.Namespace) -> _LoggedWindow | None:
     if not (math.isfinite(settle) and settle >= 0):
         raise ValueError(f"--settle-seconds must be a number of seconds >= 0, got {settle:g}")
     if cursor is None and since_arg is None and until_arg is None:
+        if args.scored:
+            raise ValueError("--scored pages incremental windows: give --cursor or --logged-since")
         return None
+    if args.scored and args.include_unscored:
+        raise ValueError("--scored windows hold scored requests only: drop --include-unscored")
     if cursor is not None and since_arg is not None:
         raise ValueError(
             "--cursor says where the export starts: give --cursor or --logged-since, not both"
@@ -116,19 +128,31 @@ def _logged_window(args: argparse.Namespace) -> _LoggedWindow | None:
     until = to_utc(_parse_bound(until_arg))
     path = Path(cursor) if cursor is not None else None
     if path is not None:
-        since = _read_cursor(path)
-    return _LoggedWindow(since, until, path)
+        since = _read_cursor(path, args.scored)
+    return _LoggedWindow(since, until, path, args.scored)
 
 
-def _read_cursor(path: Path) -> datetime | None:
+# A cursor of --scored windows says so: a position in one kind of window is not one in the
+# other, and mixing them would pass over requests or export them twice.
+_SCORED = "scored "
+
+
+def _read_cursor(path: Path, scored: bool) -> datetime | None:
     try:
         text = path.read_text(encoding="utf-8").strip()
     except FileNotFoundError:
         return None  # the first run: everything logged so far
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read the cursor file {path}: {exc}") from None
+    was_scored = text.startswith(_SCORED)
+    if was_scored != scored:
+        made, given = ("with", "without") if was_scored else ("without", "with")
+        raise ValueError(
+            f"the cursor file {path} was written by an export {made} --scored; this one is "
+            f"{given} it: use the same kind of window with a cursor, or another cursor file"
+        )
     try:
-        return to_utc(datetime.fromisoformat(text))
+        return to_utc(datetime.fromisoformat(text.removeprefix(_SCORED)))
     except ValueError:
         raise ValueError(
             f"the cursor file {path} holds no ISO 8601 time ({text[:60]!r}); it is written "
@@ -136,13 +160,13 @@ def _read_cursor(path: Path) -> datetime | None:
         ) from None
 
 
-def _write_cursor(path: Path, value: datetime) -> None:
+def _write_cursor(path: Path, value: datetime, scored: bool = False) -> None:
     """Replace the cursor file atomically: a crash leaves the old position or the new."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with tmp.open("w", encoding="utf-8") as fh:
-            fh.write(value.isoformat() + "\n")
+            fh.write((_SCORED if scored else "") + value.isoformat() + "\n")
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -189,10 +213,13 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
                 stats,
                 logged_since=window.since if window else None,
                 logged_until=window.until if window else None,
+                scored=window is not None and window.scored,
             )
             if window is not None and window.since is not None and window.until is not None:
                 try:
-                    late = await count_late_feedback(engine, window.since, window.until, args.key)
+                    late = await count_late_feedback(
+                        engine, window.since, window.until, args.key, scored=window.scored
+                    )
                 except sa.exc.SQLAlchemyError as exc:
                     # A diagnostic: the export is written, and its window must still move on.
                     print(
@@ -232,13 +259,20 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
             "from it would not see",
             file=sys.stderr,
         )
-    if late:
+    if late and window.scored:
+        print(
+            f"warning: {late} feedback score{'s' if late != 1 else ''} reached the ledger in "
+            "this window for requests first scored in earlier windows: no export carries "
+            "these re-scores (a request is exported once, with the feedback it has then)",
+            file=sys.stderr,
+        )
+    elif late:
         print(
             f"warning: {late} feedback score{'s' if late != 1 else ''} reached the ledger in "
             "this window for requests of earlier windows: no export carries them (a request "
             "is exported with the feedback it has when its window closes, an unscored one "
             f"not at all); a longer --settle-seconds (now {settle:g}) waits longer for "
-            "feedback",
+            "feedback, and --scored windows export each request once it is scored",
             file=sys.stderr,
         )
     return await _report_window(window)
@@ -250,14 +284,16 @@ async def _report_window(window: _LoggedWindow) -> int:
     end = window.end
     assert window.until is not None and end is not None  # set before the export ran
     start = window.since.isoformat() if window.since is not None else "the beginning"
-    line = f"rows logged from {start} until {window.until.isoformat()}"
+    what = "requests first scored" if window.scored else "rows logged"
+    line = f"{what} from {start} until {window.until.isoformat()}"
     if window.since is not None and window.until <= window.since:
         line += " (none: the window ends before it starts)"
     if window.cursor is None:
-        print(f"{line}; continue with --logged-since {end.isoformat()}")
+        again = "--scored --logged-since" if window.scored else "--logged-since"
+        print(f"{line}; continue with {again} {end.isoformat()}")
         return 0
     try:
-        await asyncio.to_thread(_write_cursor, window.cursor, end)
+        await asyncio.to_thread(_write_cursor, window.cursor, end, window.scored)
     except OSError as exc:
         print(
             f"error: the export is in place but the cursor {window.cursor} could not be "

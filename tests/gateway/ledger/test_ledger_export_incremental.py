@@ -188,6 +188,61 @@ async def test_feedback_after_its_requests_window_is_said_to_be_in_no_export(
     assert "feedback score" not in capsys.readouterr().err
 
 
+async def test_scored_windows_export_each_request_once_when_it_is_first_scored(
+    engine: AsyncEngine,
+    ledger_url: str,
+    make_settings: Settings,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    async def submit(*records: LedgerRecord) -> None:
+        writer = LedgerWriter(engine, make_settings())
+        await writer.start()
+        for record in records:
+            writer.submit(record)
+        await writer.close()
+
+    def scores(path: Path) -> dict[str, float]:
+        return {str(r["id"]): r["feedback"][-1]["score"] for r in records(path)}  # type: ignore[index]
+
+    original = make_request("original")
+    hit = make_request("hit", models=(original.final_model or "",))
+    hit.cached_from, hit.calls, hit.decision = original.request_id, [], None
+    hit.total_cost_micros = hit.router_cost_micros = hit.downstream_cost_micros = 0
+    await submit(
+        make_request("later"), make_request("now"), make_feedback("now", 1.0), original, hit
+    )
+    cursor = tmp_path / "cursor"
+    argv = ("--scored", "--cursor", str(cursor), "--settle-seconds", "0")
+    first = tmp_path / "1.jsonl"
+    assert await export(ledger_url, "--out", str(first), *argv) == 0
+    assert scores(first) == {"now": 1.0}
+    assert cursor.read_text().startswith("scored ")
+    out = capsys.readouterr().out
+    assert "requests first scored from the beginning until" in out, out
+    # Scores come later: for a request of the first window's time, for a cache hit (which
+    # scores the answer it reused), and a second one for a request exported already.
+    await submit(make_feedback("later", 0.5), make_feedback("hit", 0.25), make_feedback("now", 0.0))
+    second = tmp_path / "2.jsonl"
+    assert await export(ledger_url, "--out", str(second), *argv) == 0
+    assert scores(second) == {"later": 0.5, "original": 0.25}
+    err = capsys.readouterr().err
+    assert "warning: 1 feedback score reached the ledger in this window for requests first " in err
+    assert "scored in earlier windows: no export carries these re-scores" in err
+    third = tmp_path / "3.jsonl"
+    assert await export(ledger_url, "--out", str(third), *argv) == 0
+    assert ids(third) == [] and "feedback score" not in capsys.readouterr().err
+    # A cursor says which kind of window it pages; the two kinds do not mix.
+    assert await export(ledger_url, "--out", str(third), "--cursor", str(cursor)) == 2
+    assert "was written by an export with --scored; this one is without it" in (
+        capsys.readouterr().err
+    )
+    for bad in (("--scored",), (*argv, "--include-unscored")):
+        assert await export(ledger_url, "--out", str(third), *bad) == 2
+    err = capsys.readouterr().err
+    assert "--scored pages incremental windows" in err and "scored requests only" in err
+
+
 async def test_rows_stamped_in_the_same_instant_are_each_exported_once(
     backend: str, engine: AsyncEngine, make_settings: Settings, tmp_path: Path
 ) -> None:
