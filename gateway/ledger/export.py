@@ -291,9 +291,12 @@ def _answered(scored: Any) -> sa.ColumnElement[str]:
     return sa.func.coalesce(scored.c.cached_from, scored.c.request_id)
 
 
-def _scored_before(answer: sa.ColumnElement[str], lo: datetime) -> sa.ColumnElement[bool]:
+def _scored_before(
+    answer: sa.ColumnElement[str], lo: datetime, key_id: str | None
+) -> sa.ColumnElement[bool]:
     """Whether the request ``answer`` had feedback that reached the database before
-    ``lo``: its own, or given on one of its cache hits (a row from before
+    ``lo``: its own, or given on one of its cache hits (by ``key_id``'s requests only,
+    when given, as a key's export counts its own feedback only; a row from before
     ``feedback.logged_at`` counts at its ``created_at``)."""
     earlier = feedback.alias("earlier")
     hit = requests.alias("hit")
@@ -302,12 +305,17 @@ def _scored_before(answer: sa.ColumnElement[str], lo: datetime) -> sa.ColumnElem
     on_hit = sa.exists().where(
         hit.c.cached_from == answer, earlier.c.request_id == hit.c.request_id, when < lo
     )
+    if key_id is not None:
+        on_hit = on_hit.where(hit.c.key_id == key_id)
     return sa.or_(own, on_hit)
 
 
-def _first_scored_in(lo: datetime | None, hi: datetime | None) -> sa.Select[str]:
+def _first_scored_in(
+    lo: datetime | None, hi: datetime | None, key_id: str | None
+) -> sa.Select[str]:
     """The requests whose first feedback reached the database in ``[lo, hi)``: each
-    request belongs to one such window however often it is scored."""
+    request belongs to one such window however often it is scored. With ``key_id``, only
+    that key's feedback counts (given on its requests, or on its cache hits)."""
     scored = requests.alias("scored")
     answer = _answered(scored)
     logged = feedback.c.logged_at
@@ -316,8 +324,10 @@ def _first_scored_in(lo: datetime | None, hi: datetime | None) -> sa.Select[str]
         .select_from(feedback.join(scored, scored.c.request_id == feedback.c.request_id))
         .where(logged.is_not(None), *_time_range(logged, lo, hi))
     )
+    if key_id is not None:
+        query = query.where(scored.c.key_id == key_id)
     if lo is not None:
-        query = query.where(~_scored_before(answer, lo))
+        query = query.where(~_scored_before(answer, lo, key_id))
     return query
 
 
@@ -377,7 +387,7 @@ async def iter_export_records(
     ]
     if scored:
         lo, hi = to_utc(logged_since), to_utc(logged_until)
-        first_scored = _first_scored_in(lo, hi)
+        first_scored = _first_scored_in(lo, hi, key_id)
         passes = [(requests.c.request_id, [*base, requests.c.request_id.in_(first_scored)])]
     elif logged_since is None and logged_until is None:
         passes = [(requests.c.created_at, base)]
@@ -642,7 +652,7 @@ async def count_late_feedback(
     joined = feedback.join(hit, hit.c.request_id == feedback.c.request_id)
     where = [logged.is_not(None), logged >= lo, logged < hi]
     if scored:
-        where.append(_scored_before(answered, lo))
+        where.append(_scored_before(answered, lo, key_id))
     else:
         original = requests.alias("original")
         joined = joined.join(original, original.c.request_id == answered)

@@ -243,6 +243,32 @@ async def test_scored_windows_export_each_request_once_when_it_is_first_scored(
     assert "--scored pages incremental windows" in err and "scored requests only" in err
 
 
+async def test_a_keys_scored_windows_count_that_keys_feedback_only(
+    engine: AsyncEngine, ledger_url: str, make_settings: Settings, tmp_path: Path
+) -> None:
+    # With a global answer cache another key's request can reuse this key's answer and
+    # score it first: that key's feedback is not in this key's export, so it must not
+    # decide this key's window either.
+    writer = LedgerWriter(engine, make_settings())
+    await writer.start()
+    original = make_request("mine", key_id="key_a")
+    hit = make_request("theirs", key_id="key_b", models=(original.final_model or "",))
+    hit.cached_from, hit.calls, hit.decision = original.request_id, [], None
+    writer.submit(original)
+    writer.submit(hit)
+    writer.submit(make_feedback("theirs", 0.0))
+    await writer.flush()
+    argv = ("--scored", "--key", "key_a", "--cursor", str(tmp_path / "c"), "--settle-seconds", "0")
+    first = tmp_path / "1.jsonl"
+    assert await export(ledger_url, "--out", str(first), *argv) == 0
+    assert ids(first) == []
+    writer.submit(make_feedback("mine", 1.0))
+    await writer.close()
+    second = tmp_path / "2.jsonl"
+    assert await export(ledger_url, "--out", str(second), *argv) == 0
+    assert [(r["id"], r["feedback"][-1]["score"]) for r in records(second)] == [("mine", 1.0)]  # type: ignore[index]
+
+
 async def test_rows_stamped_in_the_same_instant_are_each_exported_once(
     backend: str, engine: AsyncEngine, make_settings: Settings, tmp_path: Path
 ) -> None:
