@@ -48,7 +48,7 @@ from typing import Any, Literal
 
 import orjson
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from gateway.ledger.schema import calls, feedback, ledger_now, requests
 from gateway.ledger.spend import TimeBound, request_filters, to_utc
@@ -292,42 +292,50 @@ def _answered(scored: Any) -> sa.ColumnElement[str]:
 
 
 def _scored_before(
-    answer: sa.ColumnElement[str], lo: datetime, key_id: str | None
+    answer: sa.ColumnElement[str],
+    lo: sa.ColumnElement[datetime] | datetime,
+    key_id: str | None,
+    tie_id: sa.ColumnElement[int] | None = None,
 ) -> sa.ColumnElement[bool]:
     """Whether the request ``answer`` had feedback that reached the database before
-    ``lo``: its own, or given on one of its cache hits (by ``key_id``'s requests only,
-    when given, as a key's export counts its own feedback only; a row from before
+    ``lo`` (or at ``lo`` with an id below ``tie_id``, for a first-feedback test against
+    one feedback row): its own, or given on one of its cache hits (by ``key_id``'s requests
+    only, when given, as a key's export counts its own feedback only; a row from before
     ``feedback.logged_at`` counts at its ``created_at``)."""
     earlier = feedback.alias("earlier")
     hit = requests.alias("hit")
     when = sa.func.coalesce(earlier.c.logged_at, earlier.c.created_at)
-    own = sa.exists().where(earlier.c.request_id == answer, when < lo)
+    before = when < lo
+    if tie_id is not None:
+        before = sa.or_(before, sa.and_(when == lo, earlier.c.id < tie_id))
+    own = sa.exists().where(earlier.c.request_id == answer, before)
     on_hit = sa.exists().where(
-        hit.c.cached_from == answer, earlier.c.request_id == hit.c.request_id, when < lo
+        hit.c.cached_from == answer, earlier.c.request_id == hit.c.request_id, before
     )
     if key_id is not None:
         on_hit = on_hit.where(hit.c.key_id == key_id)
     return sa.or_(own, on_hit)
 
 
-def _first_scored_in(
+def _first_feedback_in(
     lo: datetime | None, hi: datetime | None, key_id: str | None
-) -> sa.Select[str]:
-    """The requests whose first feedback reached the database in ``[lo, hi)``: each
-    request belongs to one such window however often it is scored. With ``key_id``, only
-    that key's feedback counts (given on its requests, or on its cache hits)."""
+) -> sa.Select[Any]:
+    """The feedback rows logged in ``[lo, hi)`` that are the first feedback of the request
+    they score (``answer``: the request itself, or for a cache hit the request whose answer
+    it reused): no feedback of that request came before, by (logged time, id). Each scored
+    request has exactly one, so consecutive windows hold it once, however often it is
+    scored. With ``key_id``, only that key's feedback counts."""
     scored = requests.alias("scored")
     answer = _answered(scored)
     logged = feedback.c.logged_at
     query = (
-        sa.select(answer)
+        sa.select(answer.label("answer"), logged.label("logged_at"), feedback.c.id)
         .select_from(feedback.join(scored, scored.c.request_id == feedback.c.request_id))
         .where(logged.is_not(None), *_time_range(logged, lo, hi))
+        .where(~_scored_before(answer, logged, key_id, feedback.c.id))
     )
     if key_id is not None:
         query = query.where(scored.c.key_id == key_id)
-    if lo is not None:
-        query = query.where(~_scored_before(answer, lo, key_id))
     return query
 
 
@@ -386,10 +394,18 @@ async def iter_export_records(
         requests.c.cached_from.is_(None),
     ]
     if scored:
-        lo, hi = to_utc(logged_since), to_utc(logged_until)
-        first_scored = _first_scored_in(lo, hi, key_id)
-        passes = [(requests.c.request_id, [*base, requests.c.request_id.in_(first_scored)])]
-    elif logged_since is None and logged_until is None:
+        async for chunk in _iter_first_scored(
+            engine,
+            to_utc(logged_since),
+            to_utc(logged_until),
+            base,
+            key_id,
+            chunk_size,
+            stats,
+        ):
+            yield chunk
+        return
+    if logged_since is None and logged_until is None:
         passes = [(requests.c.created_at, base)]
     else:
         lo, hi = to_utc(logged_since), to_utc(logged_until)
@@ -413,7 +429,7 @@ async def iter_export_records(
 
 async def _iter_pass(
     engine: AsyncEngine,
-    order: sa.Column[datetime] | sa.Column[str],
+    order: sa.Column[datetime],
     where: Sequence[sa.ColumnElement[bool]],
     key_id: str | None,
     include_unscored: bool,
@@ -441,62 +457,127 @@ async def _iter_pass(
             rows = [dict(r._mapping) for r in await conn.execute(query)]
             if not rows:
                 return
-            ids = [r["request_id"] for r in rows]
-            call_rows = await conn.execute(
-                sa.select(calls)
-                .where(calls.c.request_id.in_(ids))
-                .order_by(calls.c.request_id, calls.c.seq)
-            )
-            fb_rows = await conn.execute(
-                sa.select(feedback)
-                .where(feedback.c.request_id.in_(ids))
-                .order_by(feedback.c.request_id, feedback.c.created_at, feedback.c.id)
-            )
-            by_call: dict[str, list[dict[str, Any]]] = {}
-            for c in call_rows:
-                by_call.setdefault(c.request_id, []).append(dict(c._mapping))
-            # Feedback given on a cache hit scores the very answer this request bought: it
-            # is this request's too (else scores of popular prompts, answered from the
-            # cache, would never reach training).
-            hits = sa.select(feedback, requests.c.cached_from.label("answer_of")).join(
-                requests, requests.c.request_id == feedback.c.request_id
-            )
-            if key_id is not None:
-                # A key's export holds that key's feedback only (with a global cache,
-                # other keys' hits reuse its answers too).
-                hits = hits.where(requests.c.key_id == key_id)
-            hit_fb_rows = await conn.execute(hits.where(requests.c.cached_from.in_(ids)))
-            by_fb: dict[str, list[dict[str, Any]]] = {}
-            for f in fb_rows:
-                by_fb.setdefault(f.request_id, []).append(dict(f._mapping))
-            for f in hit_fb_rows:
-                by_fb.setdefault(f.answer_of, []).append(dict(f._mapping))
-            for given in by_fb.values():
-                given.sort(key=lambda f: (f["created_at"], f["id"]))  # the latest one counts
+            chunk = await _records_of(conn, rows, key_id, include_unscored, stats)
         after = (rows[-1][order.name], rows[-1]["request_id"])
-        chunk = [
-            rec
-            for r in rows
-            if (
-                rec := build_record(
-                    r,
-                    by_call.get(r["request_id"], []),
-                    by_fb.get(r["request_id"], []),
-                    include_unscored,
-                    stats,
-                )
-            )
-            is not None
-        ]
-        if stats is not None:
-            stats.records += len(chunk)
-            stats.failures += sum(
-                1 for rec in chunk if any(o.get("failed") for o in rec["outcomes"].values())
-            )
         if chunk:
             yield chunk
         if len(rows) < chunk_size:
             return
+
+
+async def _iter_first_scored(
+    engine: AsyncEngine,
+    lo: datetime | None,
+    hi: datetime | None,
+    where: Sequence[sa.ColumnElement[bool]],
+    key_id: str | None,
+    chunk_size: int,
+    stats: ExportStats | None,
+) -> AsyncIterator[list[dict[str, Any]]]:
+    """The records of the requests matching ``where`` whose first feedback reached the
+    database in ``[lo, hi)``, in that order: a page of such first feedback rows at a time
+    (by ``ix_feedback_logged_at``), so the cost of a page does not grow with the window."""
+    first = _first_feedback_in(lo, hi, key_id)
+    columns = [c for c in requests.c]
+    after: tuple[datetime, int] | None = None
+    logged, fid = first.selected_columns.logged_at, first.selected_columns.id
+    while True:
+        page = first
+        if after is not None:
+            page = page.where(
+                feedback.c.logged_at >= after[0],
+                sa.or_(
+                    feedback.c.logged_at > after[0],
+                    sa.and_(feedback.c.logged_at == after[0], feedback.c.id > after[1]),
+                ),
+            )
+        page = page.order_by(logged, fid).limit(chunk_size)
+        async with engine.connect() as conn:
+            marks = (await conn.execute(page)).all()
+            if not marks:
+                return
+            answers = [m.answer for m in marks]
+            found = await conn.execute(
+                sa.select(*columns).where(*where, requests.c.request_id.in_(answers))
+            )
+            by_id = {r.request_id: dict(r._mapping) for r in found}
+            rows = [by_id[a] for a in dict.fromkeys(answers) if a in by_id]
+            chunk = await _records_of(conn, rows, key_id, False, stats) if rows else []
+        after = (marks[-1].logged_at, marks[-1].id)
+        if chunk:
+            yield chunk
+        if len(marks) < chunk_size:
+            return
+
+
+async def _records_of(
+    conn: AsyncConnection,
+    rows: list[dict[str, Any]],
+    key_id: str | None,
+    include_unscored: bool,
+    stats: ExportStats | None,
+) -> list[dict[str, Any]]:
+    """The outcome records of these request rows, with their calls and feedback (theirs and
+    their cache hits'); counted in ``stats``."""
+    ids = [r["request_id"] for r in rows]
+    call_rows = await conn.execute(
+        sa.select(calls)
+        .where(calls.c.request_id.in_(ids))
+        .order_by(calls.c.request_id, calls.c.seq)
+    )
+    fb_rows = await conn.execute(
+        sa.select(feedback)
+        .where(feedback.c.request_id.in_(ids))
+        .order_by(feedback.c.request_id, feedback.c.created_at, feedback.c.id)
+    )
+    by_call: dict[str, list[dict[str, Any]]] = {}
+    for c in call_rows:
+        by_call.setdefault(c.request_id, []).append(dict(c._mapping))
+    # Feedback given on a cache hit scores the very answer this request bought: it is this
+    # request's too (else scores of popular prompts, answered from the cache, would never
+    # reach training).
+    # In two steps, each by its index (the hits by ix_requests_cached_from, their feedback
+    # by ix_feedback_request_id): as one join, PostgreSQL hashes the hits and scans the
+    # whole feedback table for every page.
+    hits = sa.select(requests.c.request_id, requests.c.cached_from).where(
+        requests.c.cached_from.in_(ids)
+    )
+    if key_id is not None:
+        # A key's export holds that key's feedback only (with a global cache, other keys'
+        # hits reuse its answers too).
+        hits = hits.where(requests.c.key_id == key_id)
+    answer_of = {h.request_id: h.cached_from for h in await conn.execute(hits)}
+    by_fb: dict[str, list[dict[str, Any]]] = {}
+    for f in fb_rows:
+        by_fb.setdefault(f.request_id, []).append(dict(f._mapping))
+    if answer_of:
+        hit_fb_rows = await conn.execute(
+            sa.select(feedback).where(feedback.c.request_id.in_(list(answer_of)))
+        )
+        for f in hit_fb_rows:
+            by_fb.setdefault(answer_of[f.request_id], []).append(dict(f._mapping))
+    for given in by_fb.values():
+        given.sort(key=lambda f: (f["created_at"], f["id"]))  # the latest one counts
+    chunk = [
+        rec
+        for r in rows
+        if (
+            rec := build_record(
+                r,
+                by_call.get(r["request_id"], []),
+                by_fb.get(r["request_id"], []),
+                include_unscored,
+                stats,
+            )
+        )
+        is not None
+    ]
+    if stats is not None:
+        stats.records += len(chunk)
+        stats.failures += sum(
+            1 for rec in chunk if any(o.get("failed") for o in rec["outcomes"].values())
+        )
+    return chunk
 
 
 # -- writing and reading --------------------------------------------------------------

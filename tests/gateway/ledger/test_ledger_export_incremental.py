@@ -269,6 +269,28 @@ async def test_a_keys_scored_windows_count_that_keys_feedback_only(
     assert [(r["id"], r["feedback"][-1]["score"]) for r in records(second)] == [("mine", 1.0)]  # type: ignore[index]
 
 
+async def test_a_scored_window_pages_each_request_once_however_often_it_was_scored(
+    engine: AsyncEngine, make_settings: Settings
+) -> None:
+    writer = LedgerWriter(engine, make_settings())
+    await writer.start()
+    for i in range(7):
+        writer.submit(make_request(f"s{i}"))
+    # Feedback in several batches (so in several logged instants), some requests twice.
+    for batch in (("s0", "s1", "s2"), ("s1", "s3", "s4", "s0"), ("s5", "s6", "s3")):
+        for rid in batch:
+            writer.submit(make_feedback(rid, 0.5))
+        await writer.flush()
+    await writer.close()
+    end = datetime.now(UTC) + timedelta(days=1)
+    got: list[str] = []
+    async for chunk in iter_export_records(engine, logged_until=end, scored=True, chunk_size=2):
+        got.extend(str(r["id"]) for r in chunk)
+    assert sorted(got) == [f"s{i}" for i in range(7)]
+    # In the order they were first scored: the first batch's before the others'.
+    assert set(got[:3]) == {"s0", "s1", "s2"}
+
+
 async def test_rows_stamped_in_the_same_instant_are_each_exported_once(
     backend: str, engine: AsyncEngine, make_settings: Settings, tmp_path: Path
 ) -> None:
