@@ -41,9 +41,15 @@ from gateway.ledger.export import (  # noqa: E402
     export_ledger,
 )
 from gateway.ledger.inserter import BatchInserter  # noqa: E402
-from gateway.ledger.records import LedgerRecord, RequestRecord  # noqa: E402
+from gateway.ledger.records import LedgerRecord  # noqa: E402
 from gateway.ledger.store import open_ledger_engine  # noqa: E402
-from tests.gateway.ledger.factories import make_feedback, make_request, pg_admin, pg_url  # noqa: E402
+from tests.gateway.ledger.factories import (  # noqa: E402
+    make_cache_hit,
+    make_feedback,
+    make_request,
+    pg_admin,
+    pg_url,
+)
 
 T = TypeVar("T")
 _BATCH = 1_000
@@ -56,20 +62,12 @@ async def fresh_url(backend: str, tmp: str) -> str:
     return pg_url("xr_bench")
 
 
-def _hit(request_id: str, of: RequestRecord) -> RequestRecord:
-    """A cache hit of ``of``, as the gateway logs one: no calls, no decision, no cost."""
-    hit = make_request(request_id, models=(of.final_model or "",))
-    hit.cached_from, hit.calls, hit.decision = of.request_id, [], None
-    hit.total_cost_micros = hit.router_cost_micros = hit.downstream_cost_micros = 0
-    return hit
-
-
 def _records(start: int, stop: int) -> list[LedgerRecord]:
     out: list[LedgerRecord] = []
     for i in range(start, stop):
         rid = f"r{i:07d}"
         if i % 20 == 19:  # a cache hit of the request before it
-            out.append(_hit(rid, make_request(f"r{i - 1:07d}")))
+            out.append(make_cache_hit(rid, make_request(f"r{i - 1:07d}")))
             if i % 40 == 39:
                 out.append(make_feedback(rid, 0.5))
             continue

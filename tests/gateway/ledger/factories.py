@@ -130,6 +130,23 @@ def make_request(
     )
 
 
+def make_cache_hit(
+    request_id: str,
+    of: RequestRecord,
+    *,
+    created_at: float | None = None,
+    key_id: str | None = "key_test0001",
+) -> RequestRecord:
+    """A request answered from the answer cache with ``of``'s answer, as the gateway logs
+    it: no calls, no decision, no cost, and the request whose answer it reused."""
+    hit = make_request(
+        request_id, created_at=created_at, key_id=key_id, models=(of.final_model or "",)
+    )
+    hit.cached_from, hit.calls, hit.decision = of.request_id, [], None
+    hit.total_cost_micros = hit.router_cost_micros = hit.downstream_cost_micros = 0
+    return hit
+
+
 def make_feedback(request_id: str, score: float, created_at: float | None = None) -> FeedbackRecord:
     return FeedbackRecord(
         request_id=request_id,

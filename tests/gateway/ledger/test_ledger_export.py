@@ -17,7 +17,7 @@ from gateway.ledger.writer import LedgerWriter
 from gateway.settings import LedgerSettings
 from router.outcomes import OutcomeRecord, OutcomeTableError, load_outcome_table, parse_record
 
-from .factories import make_feedback, make_request
+from .factories import make_cache_hit, make_feedback, make_request
 
 T0 = 1_750_000_000.0
 
@@ -221,11 +221,7 @@ async def test_a_request_without_a_known_propensity_is_left_out_and_counted(
 
 
 def cache_hit(request_id: str, of: RequestRecord, created_at: float) -> RequestRecord:
-    """A request answered from the cache with ``of``'s answer, as the gateway logs it."""
-    hit = make_request(request_id, created_at=created_at, models=(of.final_model or "",))
-    hit.cached_from, hit.calls, hit.decision = of.request_id, [], None
-    hit.total_cost_micros = hit.router_cost_micros = hit.downstream_cost_micros = 0
-    return hit
+    return make_cache_hit(request_id, of, created_at=created_at)
 
 
 async def test_feedback_on_a_cache_hit_scores_the_request_whose_answer_it_reused(

@@ -33,7 +33,7 @@ from gateway.ledger.store import create_ledger_engine
 from gateway.ledger.writer import LedgerWriter
 from gateway.settings import LedgerSettings
 
-from .factories import make_feedback, make_request
+from .factories import make_cache_hit, make_feedback, make_request
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 Settings = Callable[..., LedgerSettings]
@@ -65,6 +65,15 @@ async def write(engine: AsyncEngine, settings: LedgerSettings, *request_ids: str
     for rid in request_ids:
         writer.submit(make_request(rid))
         writer.submit(make_feedback(rid, 1.0))
+    await writer.close()
+
+
+async def submit(engine: AsyncEngine, settings: LedgerSettings, *records: LedgerRecord) -> None:
+    """These records through the ledger writer."""
+    writer = LedgerWriter(engine, settings)
+    await writer.start()
+    for record in records:
+        writer.submit(record)
     await writer.close()
 
 
@@ -151,14 +160,13 @@ async def test_feedback_after_its_requests_window_is_said_to_be_in_no_export(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    async def submit(*records: LedgerRecord) -> None:
-        writer = LedgerWriter(engine, make_settings())
-        await writer.start()
-        for record in records:
-            writer.submit(record)
-        await writer.close()
-
-    await submit(make_request("quiet"), make_request("scored"), make_feedback("scored", 1.0))
+    await submit(
+        engine,
+        make_settings(),
+        make_request("quiet"),
+        make_request("scored"),
+        make_feedback("scored", 1.0),
+    )
     argv = ("--cursor", str(tmp_path / "cursor"), "--settle-seconds", "0")
     first = tmp_path / "1.jsonl"
     assert await export(ledger_url, "--out", str(first), *argv) == 0
@@ -167,6 +175,8 @@ async def test_feedback_after_its_requests_window_is_said_to_be_in_no_export(
     assert "feedback score" not in capsys.readouterr().err
     # Scores for both arrive after their window closed; a new request comes with its own.
     await submit(
+        engine,
+        make_settings(),
         make_feedback("quiet", 0.5),
         make_feedback("scored", 0.0),
         make_request("new"),
@@ -195,22 +205,19 @@ async def test_scored_windows_export_each_request_once_when_it_is_first_scored(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    async def submit(*records: LedgerRecord) -> None:
-        writer = LedgerWriter(engine, make_settings())
-        await writer.start()
-        for record in records:
-            writer.submit(record)
-        await writer.close()
-
     def scores(path: Path) -> dict[str, float]:
         return {str(r["id"]): r["feedback"][-1]["score"] for r in records(path)}  # type: ignore[index]
 
     original = make_request("original")
-    hit = make_request("hit", models=(original.final_model or "",))
-    hit.cached_from, hit.calls, hit.decision = original.request_id, [], None
-    hit.total_cost_micros = hit.router_cost_micros = hit.downstream_cost_micros = 0
+    hit = make_cache_hit("hit", original)
     await submit(
-        make_request("later"), make_request("now"), make_feedback("now", 1.0), original, hit
+        engine,
+        make_settings(),
+        make_request("later"),
+        make_request("now"),
+        make_feedback("now", 1.0),
+        original,
+        hit,
     )
     cursor = tmp_path / "cursor"
     argv = ("--scored", "--cursor", str(cursor), "--settle-seconds", "0")
@@ -222,7 +229,13 @@ async def test_scored_windows_export_each_request_once_when_it_is_first_scored(
     assert "requests first scored from the beginning until" in out, out
     # Scores come later: for a request of the first window's time, for a cache hit (which
     # scores the answer it reused), and a second one for a request exported already.
-    await submit(make_feedback("later", 0.5), make_feedback("hit", 0.25), make_feedback("now", 0.0))
+    await submit(
+        engine,
+        make_settings(),
+        make_feedback("later", 0.5),
+        make_feedback("hit", 0.25),
+        make_feedback("now", 0.0),
+    )
     second = tmp_path / "2.jsonl"
     assert await export(ledger_url, "--out", str(second), *argv) == 0
     assert scores(second) == {"later": 0.5, "original": 0.25}
@@ -252,8 +265,7 @@ async def test_a_keys_scored_windows_count_that_keys_feedback_only(
     writer = LedgerWriter(engine, make_settings())
     await writer.start()
     original = make_request("mine", key_id="key_a")
-    hit = make_request("theirs", key_id="key_b", models=(original.final_model or "",))
-    hit.cached_from, hit.calls, hit.decision = original.request_id, [], None
+    hit = make_cache_hit("theirs", original, key_id="key_b")
     writer.submit(original)
     writer.submit(hit)
     writer.submit(make_feedback("theirs", 0.0))
