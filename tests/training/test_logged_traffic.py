@@ -90,6 +90,14 @@ def test_export_retrain_off_policy_and_deploy(gateway: tuple[Gateway, Path]) -> 
     props = [r.logged.propensity for r in logged if r.logged]
     assert min(props) < 1.0  # exploration: some actions were not the greedy one
     assert all(0 < p <= 1 for p in props)
+    # Exported as each request was first scored instead: the same records, each once.
+    scored = tmp / "scored.jsonl"
+    argv = ("--scored", "--cursor", str(tmp / "scored.cursor"), "--settle-seconds", "0")
+    res = run("export", "--config", str(gw.config_path), "--out", str(scored), *argv)
+    assert res.returncode == 0, res.stderr
+    by_id = {r.id: r for r in logged}
+    assert sorted(by_id) == sorted(r.id for r in load_outcome_table(scored))
+    assert all(r == by_id[r.id] for r in load_outcome_table(scored))
 
     run_dir = tmp / "run"
     pool = ",".join(load_checkpoint(default_checkpoint_path()).pool)
