@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 from pathlib import Path
 
 import httpx
 import openai
+import yaml
 
+from gateway.ledger.inserter import BatchInserter
+from gateway.ledger.store import open_ledger_engine
 from tests.gateway.conftest import Upstream
+from tests.gateway.ledger.factories import make_request
 from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
 from tests.support.sdk import extra
 
@@ -44,6 +49,26 @@ def test_open_when_auth_is_off_and_shows_what_was_spent(gateway: Gateway) -> Non
     row = page[page.index("<td>gemma-2-9b-it</td>") :].split("</tr>")[0]
     assert cost > 0 and f"${cost:,.6f}" in row  # the call's cost, as the client was charged
     assert "default policy <b>compact</b>" in page and "<b>knn</b>" in page
+
+
+def test_spend_by_model_and_policy_covers_the_last_30_days(gateway: Gateway) -> None:
+    # The page refreshes every 30 s: its aggregates are bounded, never the whole ledger.
+    url = yaml.safe_load(gateway.config_path.read_text())["ledger"]["url"]
+    old = make_request(
+        "ancient", created_at=time.time() - 40 * 86400, models=("ancient-model",), policy="old"
+    )
+
+    async def write() -> None:
+        engine = await open_ledger_engine(url)
+        try:
+            await BatchInserter(engine, "none", timeout_s=10).insert([old])
+        finally:
+            await engine.dispose()
+
+    asyncio.run(write())
+    page = httpx.get(f"{gateway.url}/dashboard").text
+    assert "Spend by model (last 30 days)" in page and "Spend by policy (last 30 days)" in page
+    assert "ancient-model" not in page and "<td>old</td>" not in page
 
 
 def test_with_auth_on_it_takes_the_admin_key_from_a_browser_prompt_or_a_token(
