@@ -58,16 +58,6 @@ def records(path: Path) -> list[dict[str, object]]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
 
 
-async def write(engine: AsyncEngine, settings: LedgerSettings, *request_ids: str) -> None:
-    """Requests with feedback, through the ledger writer, in one transaction."""
-    writer = LedgerWriter(engine, settings)
-    await writer.start()
-    for rid in request_ids:
-        writer.submit(make_request(rid))
-        writer.submit(make_feedback(rid, 1.0))
-    await writer.close()
-
-
 async def submit(engine: AsyncEngine, settings: LedgerSettings, *records: LedgerRecord) -> None:
     """These records through the ledger writer."""
     writer = LedgerWriter(engine, settings)
@@ -75,6 +65,12 @@ async def submit(engine: AsyncEngine, settings: LedgerSettings, *records: Ledger
     for record in records:
         writer.submit(record)
     await writer.close()
+
+
+async def write(engine: AsyncEngine, settings: LedgerSettings, *request_ids: str) -> None:
+    """Requests with feedback, through the ledger writer, in one transaction."""
+    scored = [(make_request(rid), make_feedback(rid, 1.0)) for rid in request_ids]
+    await submit(engine, settings, *(record for pair in scored for record in pair))
 
 
 async def test_a_row_written_late_is_missed_by_since_but_not_by_the_cursor(
