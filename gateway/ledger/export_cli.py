@@ -259,20 +259,19 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
             "from it would not see",
             file=sys.stderr,
         )
-    if late and window.scored:
-        print(
-            f"warning: {late} feedback score{'s' if late != 1 else ''} reached the ledger in "
-            "this window for requests first scored in earlier windows: no export carries "
-            "these re-scores (a request is exported once, with the feedback it has then)",
-            file=sys.stderr,
+    if late:
+        why = (
+            "first scored in earlier windows: no export carries these re-scores (a request is "
+            "exported once, with the feedback it has then)"
+            if window.scored
+            else "of earlier windows: no export carries them (a request is exported with the "
+            "feedback it has when its window closes, an unscored one not at all); a longer "
+            f"--settle-seconds (now {settle:g}) waits longer for feedback, and --scored "
+            "windows export each request once it is scored"
         )
-    elif late:
         print(
             f"warning: {late} feedback score{'s' if late != 1 else ''} reached the ledger in "
-            "this window for requests of earlier windows: no export carries them (a request "
-            "is exported with the feedback it has when its window closes, an unscored one "
-            f"not at all); a longer --settle-seconds (now {settle:g}) waits longer for "
-            "feedback, and --scored windows export each request once it is scored",
+            f"this window for requests {why}",
             file=sys.stderr,
         )
     return await _report_window(window)
