@@ -35,11 +35,8 @@ import sqlalchemy as sa
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gateway.ledger.export import (  # noqa: E402
-    count_late_feedback,
-    database_now,
-    export_ledger,
-)
+from gateway.ledger.export import export_ledger  # noqa: E402
+from gateway.ledger.export_windows import count_late_feedback, database_now  # noqa: E402
 from gateway.ledger.inserter import BatchInserter  # noqa: E402
 from gateway.ledger.records import LedgerRecord  # noqa: E402
 from gateway.ledger.store import open_ledger_engine  # noqa: E402

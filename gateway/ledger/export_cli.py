@@ -16,14 +16,9 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from gateway.ledger.export import (
-    DEFAULT_SETTLE_S,
-    ExportFormat,
-    ExportStats,
-    count_late_feedback,
-    export_ledger,
-    safe_logged_until,
-)
+from gateway.ledger.export import ExportFormat, export_ledger
+from gateway.ledger.export_records import ExportStats
+from gateway.ledger.export_windows import DEFAULT_SETTLE_S, count_late_feedback, safe_logged_until
 from gateway.ledger.migrations import MigrationError
 from gateway.ledger.spend import to_utc
 from gateway.ledger.store import describe_error, open_ledger_engine, sqlite_file

@@ -1,0 +1,241 @@
+"""One logged request -> one outcome-table record, with *partial feedback*.
+
+Only the action the policy took has an outcome (its latest feedback score, its cost and
+tokens), and ``logged`` says which action it was and with which probability
+(``propensity``), which is what off-policy estimators need. Every record parses with
+``router.outcomes.parse_record``.
+
+A request whose chosen model *failed* (an error, a timeout, a refusal of the input; not a
+stream its client hung up on) is exported too, answered or not: its outcome is that call's,
+with score 0 and ``"failed": true``, whatever a fallback then answered. Leaving such
+requests out (or folding them into the fallback's trajectory, which single-model learners
+skip) would show each model's outcomes without its failures, and off-policy estimates
+would overrate unreliable models.
+
+The outcome is keyed by the logged action (the decision's first action, falling back to the
+model that answered). They differ only when a fallback answered for the chosen model; the
+record then still says what happened when *that action* was taken, and the outcome's
+``model`` field names the model that actually answered. A request that made several calls
+(a cascade's plan) also lists them in ``logged.actions``: its outcome is the trajectory's,
+and the single-model off-policy learners and estimators skip it. Requests answered from the
+answer cache (``requests.cached_from``) are not exported (``gateway.ledger.export_windows``
+leaves them out): no decision, no cost.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pricing import micros_to_usd
+
+
+@dataclass
+class ExportStats:
+    """What an export wrote and what it left out."""
+
+    records: int = 0
+    # Successful requests without feedback, skipped unless ``include_unscored``.
+    unscored_skipped: int = 0
+    # Records of a chosen model's failed call (score 0; counted in ``records`` too).
+    failures: int = 0
+    # Requests whose policy could not say how likely its choice was (the ``llm`` router
+    # sampling at temperature > 0): without a propensity they are no off-policy data.
+    unknown_propensity: int = 0
+
+
+_CALL_FIELDS = (
+    "turn",
+    "role",
+    "model",
+    "status",
+    "error_type",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "reasoning_tokens",
+    "cost_micros",
+    "latency_ms",
+    "attempts",
+    "fallback_from",
+    # Which of the model's deployments (pool ``deployments:``) served the call, if several.
+    "deployment",
+)
+
+
+def _propensity(decision: dict[str, Any] | None, first_only: bool = False) -> float | None:
+    """The probability the policy gave its whole action sequence (or, ``first_only``, its
+    first action); 1.0 for a request that named its model (no decision was made). None when
+    unknown or invalid."""
+    if not decision:
+        return 1.0
+    props = decision.get("propensities")
+    p = decision.get("propensity")
+    if first_only and props:
+        p = props[0]
+    elif p is None:
+        # An unknown propensity (null: a sampling LLM router) makes the whole one unknown.
+        if not props or any(q is None for q in props):
+            return None
+        p = math.prod(float(q) for q in props)
+    if p is None:
+        return None
+    p = float(p)
+    if not math.isfinite(p) or p <= 0.0:
+        return None
+    return min(p, 1.0)  # a product of floats can overshoot 1 by an ulp
+
+
+# A call that was never made tells nothing about the model: refused by a budget, or skipped
+# while its circuit breaker was open.
+_NOT_CALLED = frozenset({"budget", "circuit_open"})
+
+
+# The status of a request whose client went away before its answer was complete.
+_CLIENT_CLOSED = 499
+
+
+def _first_call_failure(
+    call_rows: Sequence[dict[str, Any]], action: str, status: int
+) -> dict[str, Any] | None:
+    """The first downstream call, when it was the logged action's and it failed: its row,
+    or, when a configured fallback answered in its place (the row then names the fallback,
+    with ``fallback_from``), the failure's own share of it, which is nothing."""
+    downstream = [c for c in call_rows if c["role"] == "downstream"]
+    if not downstream:
+        return None
+    first = downstream[0]
+    if first.get("fallback_from") == action and first["model"] != action:
+        return {
+            "cost_micros": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "latency_ms": 0.0,
+            "error_type": "fell_back",
+        }
+    if status == _CLIENT_CLOSED and first is downstream[-1] and first["error_type"] == "connection":
+        # The client hung up on the stream it was reading (a chat UI's "stop generating"):
+        # the call is logged as cut before its usage, but the model did not fail.
+        return None
+    if first["model"] != action or first["status"] != "error" or first["error_type"] in _NOT_CALLED:
+        return None
+    return first
+
+
+def _action(decision: dict[str, Any] | None, final_model: str) -> str:
+    actions = (decision or {}).get("actions") or []
+    if actions and isinstance(actions[0], str) and actions[0]:
+        return str(actions[0])
+    return final_model
+
+
+def build_record(
+    row: dict[str, Any],
+    call_rows: Sequence[dict[str, Any]],
+    feedback_rows: Sequence[dict[str, Any]],
+    include_unscored: bool = False,
+    stats: ExportStats | None = None,
+) -> dict[str, Any] | None:
+    """The outcome-table record of one logged request (``feedback_rows`` oldest first), or
+    None when it has no feedback and unscored records are not wanted, when its policy's
+    propensity is unknown, or when it is a failed request whose chosen model did not fail
+    (nothing to learn about that model). ``stats`` counts the records left out, by why."""
+    decision = row["decision"] if isinstance(row["decision"], dict) else None
+    content = row["content"] if isinstance(row["content"], dict) else None
+    final_model: str | None = row["final_model"]
+    action = _action(decision, final_model or "")
+    failed = _first_call_failure(call_rows, action, int(row["status"])) if action else None
+    if failed is not None:
+        score: float | None = 0.0
+    elif final_model is None or not 200 <= int(row["status"]) < 300:
+        return None
+    else:
+        score = feedback_rows[-1]["score"] if feedback_rows else None
+        if score is None and not include_unscored:
+            if stats is not None:
+                stats.unscored_skipped += 1
+            return None
+    # A failure's record is its first decision's: the steps after it (a failover) were
+    # forced by the failure, not chosen.
+    propensity = _propensity(decision, first_only=failed is not None)
+    if propensity is None:
+        if stats is not None:
+            stats.unknown_propensity += 1
+        return None
+
+    record: dict[str, Any] = {"id": row["request_id"]}
+    response = None
+    if content is not None and content.get("messages"):
+        record["messages"] = content["messages"]
+        response = content.get("response")
+        record["content_logged"] = "full"
+    elif content is not None and content.get("prompt_sha256"):
+        record["prompt"] = f"[content not logged; prompt_sha256={content['prompt_sha256']}]"
+        record["prompt_sha256"] = content["prompt_sha256"]
+        record["content_logged"] = "hash"
+    else:
+        record["prompt"] = "[content not logged]"
+        record["content_logged"] = "none"
+
+    outcome: dict[str, Any] = {}
+    if score is not None:
+        outcome["score"] = float(score)
+    # The chosen model's failure is its call alone, not what a fallback bought after it;
+    # an answered request's outcome is the whole request's.
+    source = failed if failed is not None else {**row, "cost_micros": row["total_cost_micros"]}
+    cost = int(source["cost_micros"])
+    outcome.update(
+        cost_usd=micros_to_usd(cost),
+        cost_micros=cost,
+        prompt_tokens=int(source["prompt_tokens"]),
+        completion_tokens=int(source["completion_tokens"]),
+        latency_ms=float(source["latency_ms"]),
+        model=action if failed is not None else final_model,
+    )
+    if failed is not None:
+        outcome.update(failed=True, error_type=failed["error_type"])
+    elif response is not None:
+        outcome["response"] = response
+    record["outcomes"] = {action: outcome}
+    if score is None:
+        record["scored"] = False  # needs a score (e.g. a judge) before training
+
+    record["logged"] = {
+        "action": action,
+        "propensity": propensity,
+        "cost_weight": row["cost_weight"],
+        "policy": row["policy"],
+    }
+    checkpoint = (decision or {}).get("checkpoint")
+    if checkpoint:
+        record["logged"]["checkpoint"] = str(checkpoint)  # which deployed router decided
+    actions = (decision or {}).get("actions") or []
+    if len(actions) > 1 and failed is None:
+        # A multi-call trajectory (a cascade's plan): its outcome is not ``action``'s
+        # alone, and off-policy learners over single models must know to skip it.
+        record["logged"]["actions"] = [str(a) for a in actions]
+    record["created_at"] = row["created_at"].isoformat()
+    if row.get("logged_at") is not None:
+        # When the row reached the database (absent for rows from before migration 11).
+        record["logged_at"] = row["logged_at"].isoformat()
+    record.update(
+        key_id=row["key_id"],
+        policy=row["policy"],
+        requested_model=row["requested_model"],
+        router_cost_micros=int(row["router_cost_micros"]),
+        downstream_cost_micros=int(row["downstream_cost_micros"]),
+        calls=[{f: c[f] for f in _CALL_FIELDS} for c in call_rows],
+        feedback=[
+            {
+                "score": float(f["score"]),
+                "source": f["source"],
+                "comment": f["comment"],
+                "created_at": f["created_at"].isoformat(),
+                "request_id": f["request_id"],
+            }
+            for f in feedback_rows
+        ],
+    )
+    return record
