@@ -1,4 +1,4 @@
-"""What reading a request body costs the event loop: ``gateway.chat.decode_json`` (parse
+"""What reading a request body costs the event loop: ``gateway.chat_request.decode_json`` (parse
 plus the check that the body is not nested deeper than the gateway can write back) against
 parsing alone (``orjson.loads``), for a one-line chat, a request with 50 tools' schemas and
 a 5 MB request carrying a base64 image. Prints the best of five timings, µs per body.
@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO_ROOT))  # run as a plain script from a checkout
 
 import orjson  # noqa: E402
 
-from gateway.chat import decode_json  # noqa: E402
+from gateway.chat_request import decode_json  # noqa: E402
 
 log = logging.getLogger("bench.request_decode")
 

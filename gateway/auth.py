@@ -10,8 +10,8 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from gateway.chat import Principal
 from gateway.errors import APIError
+from gateway.principal import Principal
 from pricing import usd_to_micros
 
 if TYPE_CHECKING:

@@ -12,327 +12,25 @@ import asyncio
 import logging
 import secrets
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-from pydantic import ValidationError
 from starlette.responses import Response
 
 from gateway.cache import AnswerCache, CachedAnswer
-from gateway.errors import (
-    APIError,
-    bad_request,
-    forbidden,
-    from_provider_error,
-    internal_error,
-    loc_to_param,
-    not_found,
-    upstream_error,
-)
+from gateway.chat_request import parse_request, validate_request
+from gateway.chat_routing import Resolved, build_context, resolve, route_pool
+from gateway.errors import APIError, from_provider_error, internal_error, upstream_error
 from gateway.hooks import KeyBudgetGuard, RequestHooks, RequestLog
 from gateway.ledger.records import end_user
+from gateway.principal import Principal
 from gateway.render import Renderer, id_headers, streamed_text_only
-from gateway.runtime import POLICY_PREFIX, ROUTER_MODEL, Runtime
+from gateway.runtime import Runtime
 from gateway.schemas import ChatCompletionRequest
-from pricing import usd_to_micros
 from router.loop import NoAnswer, RequestTimeout, RouteResult
-from router.modalities import request_modalities
-from router.policy import (
-    Call,
-    Decision,
-    LoopState,
-    Policy,
-    RouteContext,
-    Select,
-    Step,
-    ToolCall,
-)
+from router.policy import Decision, LoopState, RouteContext
 from router.providers.errors import ProviderError
 
 log = logging.getLogger(__name__)
-
-_KNOWN_FIELDS = frozenset(ChatCompletionRequest.model_fields)
-# Fields that shape routing or the gateway's response, never forwarded as model parameters.
-_NOT_PARAMS = frozenset({"model", "messages", "tools", "stream", "stream_options", "xrouter"})
-
-
-class PassThrough(Policy):
-    """``model: <pool model>``: call exactly that model (with its configured fallbacks)."""
-
-    def __init__(self, model: str) -> None:
-        self.model = model
-        self.name = "passthrough"
-
-    async def step(self, ctx: RouteContext, state: LoopState) -> Step:
-        if state.turn == 0:
-            state.decision.record(self.model, 1.0)
-            return Call((ToolCall(id="call_0", model=self.model),), final=True)
-        ok = state.successful()
-        return Select(ok[0].call.id) if ok else Call(())
-
-
-@dataclass(slots=True)
-class Principal:
-    """Who is calling: an API key, or nobody when auth is off."""
-
-    key_id: str | None = None
-    alias: str | None = None
-    allowed_models: list[str] | None = None
-    allowed_policies: list[str] | None = None
-    limits: Any = None
-    expires_at: float | None = None  # Unix time after which the key is refused
-    # The key's routing defaults: what its requests get when they do not say.
-    default_policy: str | None = None
-    cost_weight: float | None = None
-    max_cost_micros: int | None = None
-
-
-@dataclass(slots=True)
-class Resolved:
-    policy: Policy
-    policy_name: str
-    passthrough: bool
-    pool_names: list[str] = field(default_factory=list)
-
-
-# orjson reads JSON nested up to 1,024 levels deep but writes at most 254: a body read at
-# 300 levels could not be forwarded, logged or cached, and failed as a 500 once routed.
-# Bodies are refused (400) past what can be written back with this many levels to spare
-# for what the gateway wraps around a request's values (a ledger row, a cache key).
-_WRAP_LEVELS = 16
-_MAX_DEPTH = 254 - _WRAP_LEVELS
-# How the depth is checked: writing the body back costs time in proportion to its bytes
-# (~1 µs per KB: 4.6 ms for a 5 MB base64 image), walking its arrays and objects in
-# proportion to how many there are (~1 µs each: 1.5 ms for 50 tools' schemas, 10 µs for
-# the image). Small bodies are written back; a large one is walked — most of a large body
-# is one long string — up to this many containers, then written back.
-_WALK_FROM_BYTES = 256 * 1024
-_WALK_CONTAINERS = 5_000
-
-
-def _written_back_fits(data: Any) -> bool:
-    wrapped: Any = data
-    for _ in range(_WRAP_LEVELS):
-        wrapped = [wrapped]
-    try:
-        orjson.dumps(wrapped)
-    except TypeError:  # orjson's "Recursion limit reached": nothing else it read can fail
-        return False
-    return True
-
-
-def _walked_fits(data: Any) -> bool | None:
-    """Whether no array or object lies deeper than ``_MAX_DEPTH``; None past
-    ``_WALK_CONTAINERS`` containers (undecided)."""
-    stack: list[tuple[Any, int]] = [(data, 1)]
-    seen = 0
-    while stack:
-        node, depth = stack.pop()
-        if depth > _MAX_DEPTH:
-            return False
-        seen += 1
-        if seen > _WALK_CONTAINERS:
-            return None
-        children = node.values() if isinstance(node, dict) else node
-        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
-    return True
-
-
-def decode_json(raw: bytes) -> Any:
-    """A request body's JSON, or the 400 ``invalid_json`` error (every JSON endpoint's)."""
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(data, dict | list):
-        return data
-    fits = _walked_fits(data) if len(raw) >= _WALK_FROM_BYTES else None
-    if fits is None:
-        fits = _written_back_fits(data)
-    if not fits:
-        raise bad_request(
-            "request body is nested too deeply (arrays and objects within each other)",
-            code="invalid_json",
-        )
-    return data
-
-
-def _parse(raw: bytes) -> tuple[dict[str, Any], ChatCompletionRequest]:
-    return _validate(decode_json(raw))
-
-
-def _validate(data: Any) -> tuple[dict[str, Any], ChatCompletionRequest]:
-    if not isinstance(data, dict):
-        raise bad_request("request body must be a JSON object", code="invalid_json")
-    try:
-        req = ChatCompletionRequest.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        param = loc_to_param(err["loc"])
-        raise bad_request(f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
-    unknown = data.keys() - _KNOWN_FIELDS
-    if unknown:
-        log.debug("tolerating unknown request fields: %s", sorted(unknown)[:10])
-    _check_messages(req)
-    if not req.tools:
-        data = _without_tool_settings(data, req)
-    return data, req
-
-
-# Roles whose message is nothing without its content (an assistant's may be only tool calls
-# or a refusal; a legacy function result's may be null).
-_CONTENT_REQUIRED = frozenset({"system", "developer", "user", "tool"})
-
-
-def _check_messages(req: ChatCompletionRequest) -> None:
-    """What OpenAI's API requires of each message beyond its types: a provider refuses a
-    user message without content or a tool result without the call it answers, and its 400
-    would reach the client as a 502."""
-    for i, m in enumerate(req.messages):
-        if (m.content is None or m.content == []) and m.role in _CONTENT_REQUIRED:
-            raise bad_request(
-                f"messages[{i}].content: a {m.role} message needs its content",
-                param=f"messages[{i}].content",
-            )
-        if m.role == "tool" and not m.tool_call_id:
-            raise bad_request(
-                f"messages[{i}].tool_call_id: a tool message answers a call: name it",
-                param=f"messages[{i}].tool_call_id",
-            )
-
-
-def _without_tool_settings(data: dict[str, Any], req: ChatCompletionRequest) -> dict[str, Any]:
-    """A request without tools, without what only tools give meaning to. Chat APIs refuse
-    ``tool_choice``, ``parallel_tool_calls`` and an empty ``tools`` list without a tool to
-    call (OpenAI's is a 400; here it was a 502, which the SDKs retry), and clients send them
-    anyway (an agent's settings, with its tools left out). ``auto``, ``none`` and
-    ``parallel_tool_calls`` then say what no tools says, and are dropped (as the Responses
-    translation drops them); a choice that forces a call is the client's error."""
-    choice = req.tool_choice
-    if choice is not None and choice not in ("auto", "none"):
-        raise bad_request(
-            "tool_choice: a tool call is required but the request offers no tools",
-            param="tool_choice",
-        )
-    dropped = ("tools", "tool_choice", "parallel_tool_calls")
-    return {k: v for k, v in data.items() if k not in dropped}
-
-
-def _resolve(rt: Runtime, req: ChatCompletionRequest, who: Principal) -> Resolved:
-    name = req.model
-    if name == ROUTER_MODEL or name.startswith(POLICY_PREFIX):
-        default = who.default_policy or rt.default_policy
-        policy_name = default if name == ROUTER_MODEL else name[len(POLICY_PREFIX) :]
-        policy = rt.policy(policy_name)
-        if policy is None:
-            raise not_found(
-                f"unknown router policy {policy_name!r}; available: {', '.join(rt.policy_names)}"
-            )
-        if who.allowed_policies is not None and policy_name not in who.allowed_policies:
-            raise forbidden(f"this key may not use policy {policy_name!r}", "policy_not_allowed")
-        return Resolved(policy, policy_name, passthrough=False)
-    if name not in rt.pool:
-        raise not_found(
-            f"the model {name!r} does not exist; GET /v1/models lists the available ones"
-        )
-    if who.allowed_models is not None and name not in who.allowed_models:
-        raise forbidden(f"this key may not use model {name!r}", "model_not_allowed")
-    return Resolved(PassThrough(name), "passthrough", passthrough=True, pool_names=[name])
-
-
-def _route_pool(
-    rt: Runtime,
-    req: ChatCompletionRequest,
-    who: Principal,
-    resolved: Resolved,
-    messages: list[dict[str, Any]],
-) -> list[str]:
-    if resolved.passthrough:
-        return _capable(rt, resolved.pool_names, messages)
-    names = rt.pool.names
-    if who.allowed_models is not None:
-        names = [n for n in names if n in who.allowed_models]
-    if req.xrouter and req.xrouter.models:
-        unknown = [m for m in req.xrouter.models if m not in rt.pool]
-        if unknown:
-            raise bad_request(
-                f"xrouter.models names unknown models: {unknown}", param="xrouter.models"
-            )
-        names = [n for n in names if n in req.xrouter.models]
-    if not names:
-        raise forbidden(
-            "no pool model is allowed for this request", "no_allowed_models", "xrouter.models"
-        )
-    names = _capable(rt, names, messages)
-    # Policies choose among models whose circuit is not open (router.health). If every one
-    # is open, leave them all: the calls fail fast and the client gets a 503 at once.
-    return rt.client.breakers.available(names) or names
-
-
-def _capable(rt: Runtime, names: list[str], messages: list[dict[str, Any]]) -> list[str]:
-    """``names`` without the models that cannot read the request's input (images, audio)."""
-    needed = request_modalities(messages)
-    if needed == {"text"}:
-        return names
-    capable = [n for n in names if rt.pool[n].accepts(needed)]
-    if not capable:
-        kinds = " and ".join(sorted(needed - {"text"}))
-        who = f"model {names[0]!r} does not" if len(names) == 1 else "no model it may use does"
-        raise bad_request(
-            f"the request carries {kinds} input, which {who} accept (input_modalities of the "
-            "pool models)",
-            param="messages",
-            code="unsupported_input",
-        )
-    return capable
-
-
-def _max_turns(rt: Runtime, resolved: Resolved) -> int:
-    if resolved.passthrough:
-        return 1
-    if resolved.policy_name == "llm":
-        return rt.settings.router.llm.max_turns
-    return rt.settings.router.max_turns
-
-
-def build_context(
-    rt: Runtime,
-    data: dict[str, Any],
-    req: ChatCompletionRequest,
-    who: Principal,
-    resolved: Resolved,
-    request_id: str,
-) -> RouteContext:
-    controls = req.xrouter
-    pool = rt.subset(_route_pool(rt, req, who, resolved, data["messages"]))
-    # The request's own controls, else its key's defaults, else the gateway's. A key's cap
-    # is a ceiling: a request may ask for less, never more.
-    cost_weight = next(
-        w
-        for w in (
-            controls.cost_weight if controls else None,
-            who.cost_weight,
-            rt.settings.router.cost_weight,
-        )
-        if w is not None
-    )
-    caps = [
-        usd_to_micros(controls.max_cost_usd) if controls and controls.max_cost_usd else None,
-        who.max_cost_micros,
-    ]
-    max_cost = min((c for c in caps if c is not None), default=None)
-    params = {k: v for k, v in data.items() if k not in _NOT_PARAMS}
-    return RouteContext(
-        request_id=request_id,
-        messages=data["messages"],
-        pool=pool,
-        cost_weight=cost_weight,
-        max_cost_micros=max_cost,
-        max_turns=_max_turns(rt, resolved),
-        tools=data.get("tools"),
-        request_params=params,
-    )
 
 
 def _beyond_text_stream(choice: dict[str, Any]) -> bool:
@@ -382,9 +80,9 @@ class ChatService:
             request_id=request_id, created_at=time.time(), principal=who, t0=t0, api=api
         )
         try:
-            data, req = _validate(raw) if isinstance(raw, dict) else _parse(raw)
+            data, req = validate_request(raw) if isinstance(raw, dict) else parse_request(raw)
             rlog.requested_model = req.model
-            resolved = _resolve(rt, req, who)
+            resolved = resolve(rt, req, who)
             rlog.policy = resolved.policy_name
             ctx = build_context(rt, data, req, who, resolved, request_id)
             rlog.messages = data["messages"]
@@ -462,8 +160,8 @@ class ChatService:
         ledger: for ``POST /v1/messages/count_tokens``, which answers the same body as
         ``POST /v1/messages`` without asking a model."""
         rt: Runtime = self._runtime()
-        data, req = _validate(data)
-        _route_pool(rt, req, who, _resolve(rt, req, who), data["messages"])
+        data, req = validate_request(data)
+        route_pool(rt, req, who, resolve(rt, req, who), data["messages"])
 
     async def refused(self, err: APIError, who: Principal, api: str) -> str:
         """Account for a request refused before it became a chat request (a Responses or

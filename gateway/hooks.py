@@ -19,10 +19,10 @@ from router.policy import LoopState, RouteContext, ToolCall
 if TYPE_CHECKING:
     from gateway.budget_gauges import BudgetGauges
     from gateway.cache import CacheTicket
-    from gateway.chat import Principal
     from gateway.ledger.writer import LedgerWriter
     from gateway.limits.base import KeyLimits, LimitStore
     from gateway.metrics import GatewayMetrics
+    from gateway.principal import Principal
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from gateway.chat import Principal
+from gateway.principal import Principal
 from gateway.runtime import POLICY_PREFIX, ROUTER_MODEL, Runtime
 from router.pool import PoolModel
 

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway import messages
-from gateway.chat import decode_json
+from gateway.chat_request import decode_json
 from gateway.errors import APIError, internal_error
 from gateway.routes.openai import authorization, read_body, services
 from gateway.translation import renamed_error

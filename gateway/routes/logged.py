@@ -13,10 +13,10 @@ from fastapi import APIRouter, Request
 from pydantic import ValidationError
 from starlette.responses import Response
 
-from gateway.chat import Principal
 from gateway.errors import APIError, bad_request
 from gateway.ledger.records import FeedbackRecord
 from gateway.ledger.spend import get_calls, get_request
+from gateway.principal import Principal
 from gateway.routes.openai import authorization, read_body, services
 from gateway.schemas import FeedbackRequest, request_id_from
 from gateway.services import Services

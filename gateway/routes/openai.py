@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from gateway import messages, model_list, responses
-from gateway.chat import decode_json
+from gateway.chat_request import decode_json
 from gateway.errors import APIError, internal_error, not_found
 from gateway.render import id_headers
 from gateway.services import Services

@@ -1,0 +1,158 @@
+"""Where a chat request goes: the policy its ``model`` names (or a pool model, passed
+through), the models it may use — its key's, its own ``xrouter.models``, those that can read
+its input, those whose circuit is closed — and the context the routing loop runs in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import bad_request, forbidden, not_found
+from gateway.principal import Principal
+from gateway.runtime import POLICY_PREFIX, ROUTER_MODEL, Runtime
+from gateway.schemas import ChatCompletionRequest
+from pricing import usd_to_micros
+from router.modalities import request_modalities
+from router.policy import Call, LoopState, Policy, RouteContext, Select, Step, ToolCall
+
+# Fields that shape routing or the gateway's response, never forwarded as model parameters.
+_NOT_PARAMS = frozenset({"model", "messages", "tools", "stream", "stream_options", "xrouter"})
+
+
+class PassThrough(Policy):
+    """``model: <pool model>``: call exactly that model (with its configured fallbacks)."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.name = "passthrough"
+
+    async def step(self, ctx: RouteContext, state: LoopState) -> Step:
+        if state.turn == 0:
+            state.decision.record(self.model, 1.0)
+            return Call((ToolCall(id="call_0", model=self.model),), final=True)
+        ok = state.successful()
+        return Select(ok[0].call.id) if ok else Call(())
+
+
+@dataclass(slots=True)
+class Resolved:
+    policy: Policy
+    policy_name: str
+    passthrough: bool
+    pool_names: list[str] = field(default_factory=list)
+
+
+def resolve(rt: Runtime, req: ChatCompletionRequest, who: Principal) -> Resolved:
+    name = req.model
+    if name == ROUTER_MODEL or name.startswith(POLICY_PREFIX):
+        default = who.default_policy or rt.default_policy
+        policy_name = default if name == ROUTER_MODEL else name[len(POLICY_PREFIX) :]
+        policy = rt.policy(policy_name)
+        if policy is None:
+            raise not_found(
+                f"unknown router policy {policy_name!r}; available: {', '.join(rt.policy_names)}"
+            )
+        if who.allowed_policies is not None and policy_name not in who.allowed_policies:
+            raise forbidden(f"this key may not use policy {policy_name!r}", "policy_not_allowed")
+        return Resolved(policy, policy_name, passthrough=False)
+    if name not in rt.pool:
+        raise not_found(
+            f"the model {name!r} does not exist; GET /v1/models lists the available ones"
+        )
+    if who.allowed_models is not None and name not in who.allowed_models:
+        raise forbidden(f"this key may not use model {name!r}", "model_not_allowed")
+    return Resolved(PassThrough(name), "passthrough", passthrough=True, pool_names=[name])
+
+
+def route_pool(
+    rt: Runtime,
+    req: ChatCompletionRequest,
+    who: Principal,
+    resolved: Resolved,
+    messages: list[dict[str, Any]],
+) -> list[str]:
+    if resolved.passthrough:
+        return _capable(rt, resolved.pool_names, messages)
+    names = rt.pool.names
+    if who.allowed_models is not None:
+        names = [n for n in names if n in who.allowed_models]
+    if req.xrouter and req.xrouter.models:
+        unknown = [m for m in req.xrouter.models if m not in rt.pool]
+        if unknown:
+            raise bad_request(
+                f"xrouter.models names unknown models: {unknown}", param="xrouter.models"
+            )
+        names = [n for n in names if n in req.xrouter.models]
+    if not names:
+        raise forbidden(
+            "no pool model is allowed for this request", "no_allowed_models", "xrouter.models"
+        )
+    names = _capable(rt, names, messages)
+    # Policies choose among models whose circuit is not open (router.health). If every one
+    # is open, leave them all: the calls fail fast and the client gets a 503 at once.
+    return rt.client.breakers.available(names) or names
+
+
+def _capable(rt: Runtime, names: list[str], messages: list[dict[str, Any]]) -> list[str]:
+    """``names`` without the models that cannot read the request's input (images, audio)."""
+    needed = request_modalities(messages)
+    if needed == {"text"}:
+        return names
+    capable = [n for n in names if rt.pool[n].accepts(needed)]
+    if not capable:
+        kinds = " and ".join(sorted(needed - {"text"}))
+        who = f"model {names[0]!r} does not" if len(names) == 1 else "no model it may use does"
+        raise bad_request(
+            f"the request carries {kinds} input, which {who} accept (input_modalities of the "
+            "pool models)",
+            param="messages",
+            code="unsupported_input",
+        )
+    return capable
+
+
+def _max_turns(rt: Runtime, resolved: Resolved) -> int:
+    if resolved.passthrough:
+        return 1
+    if resolved.policy_name == "llm":
+        return rt.settings.router.llm.max_turns
+    return rt.settings.router.max_turns
+
+
+def build_context(
+    rt: Runtime,
+    data: dict[str, Any],
+    req: ChatCompletionRequest,
+    who: Principal,
+    resolved: Resolved,
+    request_id: str,
+) -> RouteContext:
+    controls = req.xrouter
+    pool = rt.subset(route_pool(rt, req, who, resolved, data["messages"]))
+    # The request's own controls, else its key's defaults, else the gateway's. A key's cap
+    # is a ceiling: a request may ask for less, never more.
+    cost_weight = next(
+        w
+        for w in (
+            controls.cost_weight if controls else None,
+            who.cost_weight,
+            rt.settings.router.cost_weight,
+        )
+        if w is not None
+    )
+    caps = [
+        usd_to_micros(controls.max_cost_usd) if controls and controls.max_cost_usd else None,
+        who.max_cost_micros,
+    ]
+    max_cost = min((c for c in caps if c is not None), default=None)
+    params = {k: v for k, v in data.items() if k not in _NOT_PARAMS}
+    return RouteContext(
+        request_id=request_id,
+        messages=data["messages"],
+        pool=pool,
+        cost_weight=cost_weight,
+        max_cost_micros=max_cost,
+        max_turns=_max_turns(rt, resolved),
+        tools=data.get("tools"),
+        request_params=params,
+    )

@@ -1,0 +1,39 @@
+"""Reading a chat request's body (``gateway.chat_request``): the JSON nesting bound.
+The schema's and the per-message checks' answers over HTTP are in ``test_chat_api``."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from gateway.chat_request import decode_json
+from gateway.errors import APIError
+
+MODEL = "mistral-small-24b-instruct-2501-bf16"
+
+
+@pytest.mark.parametrize("padding", [0, 400 * 1024])
+@pytest.mark.parametrize("tools", [0, 3_000])  # 3,000 tools: past the walk's budget
+def test_the_depth_check_is_the_same_whichever_way_it_is_made(padding: int, tools: int) -> None:
+    """Small bodies are checked by writing them back, large ones (an image, a document) by
+    walking them, and a large one with many arrays and objects by writing it back after
+    all: each way refuses what is too deep to write back, and only that."""
+
+    def body(depth: int) -> bytes:
+        shallow = orjson.dumps(
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "x" * padding}],
+                "tools": [
+                    {"type": "function", "function": {"name": f"f{i}"}} for i in range(tools)
+                ],
+            }
+        )
+        # Written by hand: no JSON writer goes that deep.
+        return shallow[:-1] + b',"deep":' + b"[" * depth + b"]" * depth + b"}"
+
+    assert decode_json(body(200))["deep"] is not None
+    for depth in (300, 250):
+        with pytest.raises(APIError) as exc:
+            decode_json(body(depth))
+        assert exc.value.status == 400 and exc.value.code == "invalid_json"
