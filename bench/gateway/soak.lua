@@ -2,10 +2,12 @@
 -- request (a per-thread counter), so that no per-prompt cache can hold them all and a
 -- leak in anything kept per request shows. $BENCH_MODEL is the model; $BENCH_KEY, when
 -- set, the API key.
-local threads = {}
+dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "non200.lua")
+
+local count_thread = setup
 function setup(thread)
   thread:set("tag", #threads)
-  table.insert(threads, thread)
+  count_thread(thread)
 end
 
 local model = os.getenv("BENCH_MODEL") or "fake-model"
@@ -20,15 +22,4 @@ function request()
     '{"model":"%s","messages":[{"role":"user","content":"Say hello to visitor %d-%d."}],'
       .. '"max_tokens":16}', model, tag, counter)
   return wrk.format("POST", "/v1/chat/completions", headers, body)
-end
-
-errors = 0
-function response(status, headers, body)
-  if status ~= 200 then errors = errors + 1 end
-end
-
-function done(summary, latency, requests)
-  local n = 0
-  for _, t in ipairs(threads) do n = n + t:get("errors") end
-  io.write(string.format("non200 %d\n", n))
 end
