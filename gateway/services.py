@@ -7,7 +7,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
@@ -16,6 +16,20 @@ from gateway.chat import ChatService
 from gateway.hooks import RequestHooks
 from gateway.runtime import Runtime, build_runtime
 from gateway.settings import Settings
+
+if TYPE_CHECKING:  # built lazily in start(), by what the settings turn on
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from gateway.budget_gauges import BudgetGauges
+    from gateway.budget_sync import BudgetSync
+    from gateway.cache.service import AnswerCache
+    from gateway.circuits import SharedCircuits
+    from gateway.ledger.deployments import Deployment, DeploymentRepository
+    from gateway.ledger.keys import KeyInfo, KeyRepository
+    from gateway.ledger.retention import ContentRetention
+    from gateway.ledger.writer import LedgerWriter
+    from gateway.limits.base import FailPolicyStore
+    from gateway.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
 
@@ -53,19 +67,19 @@ class Services:
     settings: Settings
     registry: CollectorRegistry
     runtime: Runtime | None = None
-    metrics: Any = None
-    engine: Any = None
-    ledger: Any = None
-    limits: Any = None
-    circuits: Any = None  # gateway.circuits.SharedCircuits, with a Redis limit store
-    keys: Any = None
+    metrics: GatewayMetrics | None = None
+    engine: AsyncEngine | None = None
+    ledger: LedgerWriter | None = None
+    limits: FailPolicyStore | None = None
+    circuits: SharedCircuits | None = None  # with a Redis limit store
+    keys: KeyRepository | None = None
     auth: Authenticator | None = None
     hooks: RequestHooks | None = None
     chat: ChatService | None = None
-    cache: Any = None  # gateway.cache.AnswerCache, when cache.enabled
-    budgets: Any = None  # gateway.budget_sync.BudgetSync, when auth is on
-    retention: Any = None  # gateway.ledger.retention.ContentRetention, when configured
-    budget_gauges: Any = None  # gateway.budget_gauges.BudgetGauges, with auth and metrics
+    cache: AnswerCache | None = None  # when cache.enabled
+    budgets: BudgetSync | None = None  # when auth is on
+    retention: ContentRetention | None = None  # when configured
+    budget_gauges: BudgetGauges | None = None  # with auth and metrics
     ready: bool = False
     reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     background: list[asyncio.Task[Any]] = field(default_factory=list)
@@ -73,8 +87,8 @@ class Services:
     # What the config says; ``settings`` is what serves: the same, except for a deployed
     # router checkpoint (``xrouter deploy``), which holds until the config's own changes.
     file_settings: Settings | None = None
-    deployments: Any = None  # gateway.ledger.deployments.DeploymentRepository
-    deployment: Any = None  # the newest Deployment this process has seen
+    deployments: DeploymentRepository | None = None
+    deployment: Deployment | None = None  # the newest this process has seen
     _seen_deployment: int | None = None
     # A deployment whose checkpoint did not load here: (id, retry after (monotonic s), delay s).
     _deploy_retry: tuple[int, float, float] | None = None
@@ -84,7 +98,7 @@ class Services:
         if self.file_settings is None:
             self.file_settings = self.settings
 
-    async def key_spend(self, info: Any) -> tuple[float | None, float | None]:
+    async def key_spend(self, info: KeyInfo) -> tuple[float | None, float | None]:
         """A key's spend and remaining budget (USD) in its current period, from the limit
         store, or from the ledger (the record the store is restored from) while the store is
         down; (None, None) without a budget or a store."""
@@ -127,7 +141,21 @@ class Services:
         assert self.runtime is not None
         return self.runtime
 
-    def prepare(self, deployment: Any = None) -> None:
+    # The parts start() builds before the app takes requests: routes reach them here.
+
+    def ledger_writer(self) -> LedgerWriter:
+        assert self.ledger is not None, "the ledger starts before requests are served"
+        return self.ledger
+
+    def ledger_engine(self) -> AsyncEngine:
+        assert self.engine is not None, "the ledger starts before requests are served"
+        return self.engine
+
+    def key_repository(self) -> KeyRepository:
+        assert self.keys is not None, "the key repository starts with the ledger"
+        return self.keys
+
+    def prepare(self, deployment: Deployment | None = None) -> None:
         """Build the runtime snapshot (pool, prices, policies, checkpoint) unless built:
         ``xrouter serve`` calls it before the server starts, so that an unusable config is
         one error line, and the lifespan's ``start`` then uses it instead of building twice.
@@ -241,7 +269,7 @@ class Services:
         self.chat = ChatService(self.current, self.hooks, self.cache)
         self.ready = True
 
-    def _limit_store(self) -> Any:
+    def _limit_store(self) -> FailPolicyStore:
         from gateway.limits import build_limit_store
 
         mode = self.settings.limits.on_store_error
@@ -254,7 +282,7 @@ class Services:
         ttl = self.settings.server.request_timeout_s + 60
         return build_limit_store(self.settings.limits, hold_ttl_s=ttl, on_event=on_event)
 
-    def _shared_circuits(self) -> Any:
+    def _shared_circuits(self) -> SharedCircuits | None:
         """Workers and replicas share circuit openings through the limits' Redis."""
         cb, limits = self.settings.router.circuit_breaker, self.settings.limits
         if not (cb.shared and cb.failures > 0 and limits.backend == "redis"):
@@ -272,7 +300,9 @@ class Services:
         shared.start()
         return shared
 
-    async def reload(self, settings: Settings | None = None, *, following: Any = None) -> Runtime:
+    async def reload(
+        self, settings: Settings | None = None, *, following: Deployment | None = None
+    ) -> Runtime:
         """Build a new runtime snapshot from ``settings`` (the config as read; default: the
         last one) with the deployed checkpoint, if it still applies, and swap it in.
         In-flight requests keep the old one. ``following``: the deployment this reload
@@ -301,7 +331,9 @@ class Services:
             log.info("reloaded: pool=%s policies=%s", runtime.pool.names, runtime.policy_names)
             return runtime
 
-    async def _record_rewritten_deployment(self, runtime: Runtime, d: Any) -> Any:
+    async def _record_rewritten_deployment(
+        self, runtime: Runtime, d: Deployment | None
+    ) -> Deployment | None:
         """The deployed checkpoint ``d`` was rewritten in place (retrained into its
         directory) and this reload (the file watcher's, or an admin one) loaded it: that
         content is the deployment now. Recorded as a new deployment of the same path, so
@@ -352,27 +384,24 @@ class Services:
             build_runtime, settings, events=_MetricEvents(self), previous=self.runtime
         )
 
-    def _effective(self, file_settings: Settings, d: Any) -> Settings:
+    def _effective(self, file_settings: Settings, d: Deployment | None) -> Settings:
         if d is None or not d.applies_to(file_settings.router.checkpoint):
             return file_settings
         return _with_checkpoint(file_settings, d.checkpoint)
 
     @property
-    def active_deployment(self) -> Any:
+    def active_deployment(self) -> Deployment | None:
         """The deployment serving here, if any (None once the config's checkpoint changed)."""
         d, f = self.deployment, self.file_settings
         return d if d is not None and f is not None and d.applies_to(f.router.checkpoint) else None
 
-    async def _latest_deployment(self) -> Any:
+    async def _latest_deployment(self) -> Deployment | None:
         """The newest recorded deployment, or None (also when it cannot be read: the
         config's router then serves, and the poller takes the deployment up later)."""
-        from gateway.ledger.deployments import DeploymentRepository
         from gateway.ledger.store import describe_error
 
-        if self.deployments is None:
-            self.deployments = DeploymentRepository(self.engine)
         try:
-            return await self.deployments.latest()
+            return await self._deployment_repo().latest()
         except Exception as exc:
             log.error("reading router deployments failed: %s", describe_error(exc))
             return None
@@ -380,10 +409,7 @@ class Services:
     async def _start_deployments(self) -> None:
         """Start on the newest deployment unless ``prepare`` did (a restart keeps what was
         deployed), then follow the ones other workers record."""
-        from gateway.ledger.deployments import DeploymentRepository
-
-        if self.deployments is None:
-            self.deployments = DeploymentRepository(self.engine)
+        self._deployment_repo()
         try:
             await self._follow_deployment()
         except Exception as exc:  # a checkpoint missing here must not stop the gateway
@@ -395,8 +421,16 @@ class Services:
             asyncio.create_task(self._poll_deployments(interval), name="xrouter-deployments")
         )
 
+    def _deployment_repo(self) -> DeploymentRepository:
+        from gateway.ledger.deployments import DeploymentRepository
+
+        if self.deployments is None:
+            assert self.engine is not None, "deployments are recorded in the ledger"
+            self.deployments = DeploymentRepository(self.engine)
+        return self.deployments
+
     async def _follow_deployment(self) -> None:
-        latest = await self.deployments.latest()
+        latest = await self._deployment_repo().latest()
         if latest is None or latest.id == self._seen_deployment:
             return
         # A backed-off retry of this very deployment, if one is pending.
@@ -504,7 +538,7 @@ class DeploymentLoadError(Exception):
     """A recorded deployment's checkpoint did not load in this process."""
 
 
-def check_deployed_version(runtime: Runtime, deployment: Any) -> None:
+def check_deployed_version(runtime: Runtime, deployment: Deployment) -> None:
     """Refuse a deployed checkpoint whose content is not the one recorded: another file
     at the same path (a replica's stale copy of a run directory) must not serve under the
     deployment's name. Packaged checkpoints are exempt (named ``packaged:<name>`` or by

@@ -98,7 +98,7 @@ async def create_key(request: Request) -> Response:
             f"{which} puts the expiry in the past: the key would never work", param=which
         )
     try:
-        info, secret = await s.keys.create(
+        info, secret = await s.key_repository().create(
             alias=body.alias,
             expires_at=expires_at,
             routing=body.routing.model_dump() if body.routing is not None else None,
@@ -157,7 +157,7 @@ async def list_keys(request: Request) -> Response:
     limit, after = page_limit(q.get("limit")), q.get("after") or None
     try:
         # One more than asked: whether another page follows, without counting.
-        keys = await s.keys.list(include_revoked=include, limit=limit + 1, after=after)
+        keys = await s.key_repository().list(include_revoked=include, limit=limit + 1, after=after)
     except KeyNotFoundError:
         raise bad_request(f"after: no key {after!r}", param="after") from None
     has_more, keys = len(keys) > limit, keys[:limit]
@@ -183,7 +183,7 @@ async def get_key(key_id: str, request: Request) -> Response:
     """One key as the list shows it (as LiteLLM's /key/info), revoked ones too: an operator
     looking up the key id a ledger row or a log line names finds it without paging."""
     s = await admin_services(request)
-    info = await s.keys.get(key_id)
+    info = await s.key_repository().get(key_id)
     if info is None:
         raise APIError(404, f"no key {key_id!r}", param="key_id", code="key_not_found")
     view = _key_view(info)
@@ -203,7 +203,7 @@ async def update_key(key_id: str, request: Request) -> Response:
     if "duration" in fields or "expires_at" in fields:
         # A time in the past expires the key now; null: it never expires.
         fields["expires_at"] = expiry(fields.get("expires_at"), fields.pop("duration", None))
-    current = await s.keys.get(key_id)
+    current = await s.key_repository().get(key_id)
     if current is None or current.revoked:
         # A revoked key stays as it was revoked (as rotate refuses one).
         raise _no_live_key(key_id)
@@ -226,7 +226,7 @@ async def update_key(key_id: str, request: Request) -> Response:
         )
         _check_default_policy(s, routing, allowed)
     try:
-        info = await s.keys.update(key_id, **fields)
+        info = await s.key_repository().update(key_id, **fields)
     except DuplicateAliasError as exc:
         raise APIError(409, str(exc), param="alias", code="alias_taken") from None
     except KeyNotFoundError:
@@ -259,7 +259,7 @@ async def rotate_key(key_id: str, request: Request) -> Response:
     limits and history stay with the key id."""
     s = await admin_services(request)
     try:
-        info, secret = await s.keys.rotate(key_id)
+        info, secret = await s.key_repository().rotate(key_id)
     except KeyNotFoundError:
         raise APIError(
             404, f"no live key {key_id!r}", param="key_id", code="key_not_found"
@@ -273,7 +273,7 @@ async def rotate_key(key_id: str, request: Request) -> Response:
 async def revoke_key(key_id: str, request: Request) -> Response:
     s = await admin_services(request)
     try:
-        info = await s.keys.revoke(key_id)
+        info = await s.key_repository().revoke(key_id)
     except KeyNotFoundError:
         raise APIError(404, f"no key {key_id!r}", param="key_id", code="key_not_found") from None
     assert s.auth is not None

@@ -96,10 +96,10 @@ async def spend(request: Request) -> Response:
     limit = page_limit(q.get("limit"))
     after = _spend_cursor_group(q.get("after"), len(fields))
     since, until = _time(q.get("since"), "since"), _time(q.get("until"), "until")
-    await s.ledger.flush()
+    await s.ledger_writer().flush()
     # The page and one row more, to know whether there is a next page.
     rows = await spend_report(
-        s.engine,
+        s.ledger_engine(),
         cast(list[GroupBy], group_by),
         since=since,
         until=until,

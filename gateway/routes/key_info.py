@@ -52,7 +52,7 @@ async def key_info(request: Request) -> Response:
     s = services(request)
     assert s.auth is not None
     who = await s.auth.principal(authorization(request))
-    info = await s.keys.get(who.key_id) if who.key_id is not None else None
+    info = await s.key_repository().get(who.key_id) if who.key_id is not None else None
     if info is None:
         raise APIError(
             404,

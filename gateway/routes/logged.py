@@ -41,12 +41,12 @@ async def logged_request(
     find it still queued or, for a stream whose bookkeeping runs after its last chunk, not
     yet submitted. Only then is the batch forced, so calls at a steady rate do not defeat
     the batching."""
-    row = await get_request(s.engine, request_id)
+    row = await get_request(s.ledger_engine(), request_id)
     if row is None:
         assert s.hooks is not None
         await s.hooks.bookkeeping.wait_current()
-        await s.ledger.flush()
-        row = await get_request(s.engine, request_id)
+        await s.ledger_writer().flush()
+        row = await get_request(s.ledger_engine(), request_id)
     if row is None or (s.settings.auth.enabled and row.get("key_id") != who.key_id):
         raise _not_found(request_id, param)
     return row
@@ -72,7 +72,7 @@ async def feedback(request: Request) -> Response:
         comment=fb.comment,
         created_at=time.time(),
     )
-    await s.ledger.submit_durable(record)
+    await s.ledger_writer().submit_durable(record)
     return Response(
         orjson.dumps(
             {"status": "recorded", "request_id": fb.request_id, "feedback_id": record.feedback_id}
@@ -94,7 +94,7 @@ async def generation(request: Request) -> Response:
     except ValueError as exc:
         raise bad_request(f"id: {exc}", param="id") from None
     row = await logged_request(s, who, request_id, param="id")
-    calls = await get_calls(s.engine, request_id)
+    calls = await get_calls(s.ledger_engine(), request_id)
     return Response(orjson.dumps({"data": _generation(row, calls)}), media_type="application/json")
 
 

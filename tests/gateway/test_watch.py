@@ -158,7 +158,7 @@ async def test_a_reload_racing_the_poller_records_no_deployment_it_did_not_build
         assert services.active_deployment.id == newer.id
     finally:
         gate.release.set()
-        await services.engine.dispose()
+        await services.ledger_engine().dispose()
 
 
 async def test_a_deploy_racing_the_poller_keeps_the_newer_deployment(
@@ -193,4 +193,4 @@ async def test_a_deploy_racing_the_poller_keeps_the_newer_deployment(
         assert services.current().checkpoint_info["version"] == version_b
     finally:
         gate.release.set()
-        await services.engine.dispose()
+        await services.ledger_engine().dispose()
