@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
     from gateway.ledger.keys import KeyInfo, KeyRepository
     from gateway.limits.base import LimitStore
+    from gateway.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class BudgetSync:
         *,
         interval_s: float,
         flush: Callable[[], Any] | None = None,
-        metrics: Any = None,
+        metrics: GatewayMetrics | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store

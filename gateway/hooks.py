@@ -20,9 +20,10 @@ if TYPE_CHECKING:
     from gateway.budget_gauges import BudgetGauges
     from gateway.cache import CacheTicket
     from gateway.ledger.writer import LedgerWriter
-    from gateway.limits.base import KeyLimits, LimitStore
+    from gateway.limits.base import KeyLimits, LimitStore, ReserveResult
     from gateway.metrics import GatewayMetrics
     from gateway.principal import Principal
+    from pricing.catalog import ModelPrice
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ class KeyBudgetGuard:
         request_id: str,
         *,
         alias: str | None = None,
-        metrics: Any = None,
+        metrics: GatewayMetrics | None = None,
         bookkeeping: Bookkeeping,
         gauges: BudgetGauges | None = None,
     ) -> None:
@@ -139,7 +140,7 @@ class KeyBudgetGuard:
         self.metrics = metrics
         self.bookkeeping = bookkeeping
         self.gauges = gauges
-        self.rejection: Any = None
+        self.rejection: ReserveResult | None = None
         # The store failed (``on_store_error: closed``): every later call is refused without
         # asking it again, and the request ends in a 503, with its ledger row.
         self.unavailable: str | None = None
@@ -162,11 +163,11 @@ class KeyBudgetGuard:
             # as if it spent its worst case. The gauge is read after the settles instead.
             return None
         self.rejection = res
-        if self._exports_budget():
+        if (export := self._budget_export()) is not None:
             # A key can be refused with a little left (less than this call's worst case),
             # so the gauge alone would not say it is out: count the refusal too.
-            self.metrics.key_budget_refused(self.alias)
-            self._refresh_gauge()
+            export[0].key_budget_refused(export[1])
+            self._refresh_gauge(*export)
         return f"{KEY_BUDGET}: a call to {call.model} may cost up to {worst_case_micros} µUSD, {res.remaining_micros} µUSD remain"
 
     async def settle(self, call: ToolCall, reserved_micros: int, actual_micros: int) -> None:
@@ -177,34 +178,33 @@ class KeyBudgetGuard:
         await self.store.settle(
             self.limits, f"{self.request_id}:{call.id}", reserved_micros, actual_micros
         )
-        if self._exports_budget():
-            self._refresh_gauge()
+        if (export := self._budget_export()) is not None:
+            self._refresh_gauge(*export)
 
-    def _refresh_gauge(self) -> None:
+    def _refresh_gauge(self, metrics: GatewayMetrics, alias: str) -> None:
         """Read the key's budget back into its gauge, at most once a second (a refused
         flood or a busy key costs the store one read a second, not one per request)."""
-        delay = self.metrics.budget_refresh_delay(self.alias, time.monotonic())
+        delay = metrics.budget_refresh_delay(alias, time.monotonic())
         if delay is not None:
             # Spawned (from the shielded settle step, too), so a cancelled request still
             # refreshes it; not awaited, so the request does not wait on the read. The store
             # runs it after the settle (a write-behind settle is queued ahead of it).
-            self.bookkeeping.spawn(self._scheduled_read(delay))
+            self.bookkeeping.spawn(self._scheduled_read(metrics, alias, delay))
 
-    def _exports_budget(self) -> bool:
-        return (
-            self.metrics is not None
-            and bool(self.alias)
-            and self.limits.budget_micros is not None
-            and self.metrics.exports_key_budget(self.alias)
-        )
+    def _budget_export(self) -> tuple[GatewayMetrics, str] | None:
+        """The metrics and the key alias this key's budget is exported under, if it is."""
+        metrics, alias = self.metrics, self.alias
+        if metrics is None or not alias or self.limits.budget_micros is None:
+            return None
+        return (metrics, alias) if metrics.exports_key_budget(alias) else None
 
-    async def _scheduled_read(self, delay: float) -> None:
+    async def _scheduled_read(self, metrics: GatewayMetrics, alias: str, delay: float) -> None:
         try:
             if delay > 0:
                 await asyncio.sleep(delay)
         finally:
             # Before the read: a settle landing while it runs schedules the next one.
-            self.metrics.budget_refresh_done(self.alias)
+            metrics.budget_refresh_done(alias)
         await self._observe_remaining()
 
     async def _observe_remaining(self) -> None:
@@ -231,7 +231,7 @@ class RequestHooks:
         limits: LimitStore | None = None,
         ledger: LedgerWriter | None = None,
         metrics: GatewayMetrics | None = None,
-        reference_price: Any = None,
+        reference_price: ModelPrice | None = None,
         budget_gauges: BudgetGauges | None = None,
     ) -> None:
         self.limits = limits

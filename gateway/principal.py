@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.limits.base import KeyLimits
 
 
 @dataclass(slots=True)
@@ -15,7 +18,7 @@ class Principal:
     alias: str | None = None
     allowed_models: list[str] | None = None
     allowed_policies: list[str] | None = None
-    limits: Any = None
+    limits: KeyLimits | None = None
     expires_at: float | None = None  # Unix time after which the key is refused
     # The key's routing defaults: what its requests get when they do not say.
     default_policy: str | None = None

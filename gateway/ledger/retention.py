@@ -19,13 +19,16 @@ import asyncio
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.ledger.schema import requests
 from gateway.periodic import OutageLog, Periodic
+
+if TYPE_CHECKING:
+    from gateway.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +73,7 @@ class ContentRetention:
         *,
         days: float,
         interval_s: float,
-        metrics: Any = None,
+        metrics: GatewayMetrics | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.engine = engine
