@@ -33,4 +33,4 @@ lint:
 test: install-dev
 	scripts/services.sh
 	$(MAKE) lint
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	XROUTER_TEST_REQUIRE_SERVICES=1 $(PY) -m pytest -q -p no:cacheprovider tests

@@ -25,18 +25,10 @@ from gateway.limits.redis_store import RedisLimitStore
 from gateway.metrics import GatewayMetrics
 from gateway.settings import LedgerSettings
 from tests.gateway.ledger.factories import make_request
+from tests.support.services import REDIS_URL, need_redis
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 NOW = datetime(2025, 3, 12, 10, 0, tzinfo=UTC).timestamp()
 HOUR, DAY = 3600.0, 86400.0
-
-
-def _redis_up() -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", 6379), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 @dataclass
@@ -65,8 +57,7 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[LimitStore]:
     if request.param == "memory":
         yield MemoryLimitStore()
         return
-    if not _redis_up():
-        pytest.skip("Redis is not running on 127.0.0.1:6379")
+    need_redis()
     prefix = f"xrtest-{uuid.uuid4().hex[:12]}"
     redis_store = RedisLimitStore(REDIS_URL, key_prefix=prefix)
     yield redis_store
@@ -237,8 +228,7 @@ async def test_changing_a_keys_period_restores_its_new_counter(
 async def test_a_redis_that_lost_its_data_is_restored_at_the_next_check(
     ledger: Ledger, metrics: GatewayMetrics, caplog: pytest.LogCaptureFixture
 ) -> None:
-    if not _redis_up():
-        pytest.skip("Redis is not running on 127.0.0.1:6379")
+    need_redis()
     prefix = f"xrtest-{uuid.uuid4().hex[:12]}"
     store = RedisLimitStore(REDIS_URL, key_prefix=prefix)
     key, _ = await ledger.keys.create("k", budget_usd=1)
@@ -272,8 +262,7 @@ async def test_a_loss_found_by_a_process_that_did_not_restore_at_startup_is_stor
     """A gateway restarted on a persistent Redis finds the counters there and restores
     nothing at startup (as does every worker but the first): a later loss is still a loss
     of the store, for the log and for the alert on trigger="store_lost"."""
-    if not _redis_up():
-        pytest.skip("Redis is not running on 127.0.0.1:6379")
+    need_redis()
     prefix = f"xrtest-{uuid.uuid4().hex[:12]}"
     store = RedisLimitStore(REDIS_URL, key_prefix=prefix)
     key, _ = await ledger.keys.create("k", budget_usd=1)

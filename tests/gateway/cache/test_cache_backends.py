@@ -4,7 +4,6 @@ server on 127.0.0.1:6379; a closed port; a server that never answers)."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -14,16 +13,7 @@ import redis.asyncio as aredis
 
 from gateway.cache import CacheUnavailable, MemoryBackend, RedisBackend
 from tests.support.gateway import free_port
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-def _redis_up() -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", 6379), timeout=0.5):
-            return True
-    except OSError:
-        return False
+from tests.support.services import REDIS_URL, need_redis
 
 
 async def test_memory_entries_expire_after_their_ttl() -> None:
@@ -90,8 +80,7 @@ async def test_clearing_drops_every_answer_and_nothing_else(redis_prefix: str) -
         await m.put(k, b"v", ttl_s=60)
     assert await m.clear() == 3 and len(m) == 0 and m.size_bytes == 0 and await m.get("a") is None
 
-    if not _redis_up():
-        pytest.skip("Redis is not running on 127.0.0.1:6379")
+    need_redis()
     backend = RedisBackend(REDIS_URL, prefix=redis_prefix, timeout_s=0.5)
     client = aredis.Redis.from_url(REDIS_URL)
     try:

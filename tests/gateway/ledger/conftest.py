@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.ledger.store import open_ledger_engine
 from gateway.settings import LedgerSettings
+from tests.support.services import unavailable
 
 from .factories import PG_HOST, PG_PORT, RecordingSink, pg_admin, pg_url
 
@@ -45,7 +46,7 @@ def pg_database() -> Iterator[str]:
     try:
         run_in_thread(lambda: pg_admin(f'CREATE DATABASE "{name}"'))
     except (OSError, TimeoutError) as exc:
-        pytest.skip(f"PostgreSQL at {PG_HOST}:{PG_PORT} is unreachable ({exc})")
+        unavailable(f"PostgreSQL at {PG_HOST}:{PG_PORT} is unreachable ({exc})")
     yield name
     run_in_thread(lambda: pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 

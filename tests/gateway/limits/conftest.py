@@ -16,18 +16,9 @@ import redis.asyncio as aredis
 
 from gateway.limits import LimitStore, MemoryLimitStore
 from gateway.limits.redis_store import RedisLimitStore
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
+from tests.support.services import REDIS_URL, need_redis
 
 StoreFactory = Callable[..., Awaitable[LimitStore]]
-
-
-def _redis_reachable() -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", 6379), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 async def _purge(prefix: str) -> None:
@@ -47,8 +38,7 @@ def redis_prefix() -> str:
 
 @pytest.fixture
 async def redis_client() -> AsyncIterator[aredis.Redis]:
-    if not _redis_reachable():
-        pytest.skip("Redis is not running on 127.0.0.1:6379")
+    need_redis()
     client = aredis.Redis.from_url(REDIS_URL, decode_responses=True)
     yield client
     await client.aclose()
@@ -60,8 +50,8 @@ async def make_store(
 ) -> AsyncIterator[StoreFactory]:
     """``await make_store(hold_ttl_s=...)`` builds a store of the parametrized backend."""
     backend: str = request.param
-    if backend == "redis" and not _redis_reachable():
-        pytest.skip("Redis is not running on 127.0.0.1:6379")
+    if backend == "redis":
+        need_redis()
     made: list[LimitStore] = []
 
     async def factory(**kwargs: Any) -> LimitStore:

@@ -21,10 +21,10 @@ from gateway.limits import (
     period_window,
 )
 from gateway.limits.redis_store import RedisLimitStore
+from tests.support.services import REDIS_URL
 
 pytestmark = pytest.mark.redis
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 # Each worker process waits for a common start time, then fires all its attempts at once.

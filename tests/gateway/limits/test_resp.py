@@ -20,7 +20,7 @@ from gateway.limits.resp import (
     pack,
     parse,
 )
-from tests.gateway.limits.conftest import REDIS_URL, _redis_reachable
+from tests.support.services import REDIS_URL, need_redis
 
 # -- wire format -------------------------------------------------------------------------------
 
@@ -75,8 +75,7 @@ def test_url_parsing() -> None:
 
 @pytest.fixture
 async def client() -> AsyncIterator[RespClient]:
-    if not _redis_reachable():
-        pytest.skip("Redis is not running on 127.0.0.1:6379")
+    need_redis()
     c = RespClient(REDIS_URL)
     yield c
     await c.aclose()

@@ -16,12 +16,11 @@ import pytest
 from gateway.replay.table import ReplayTable, normalize_prompt
 from router.outcomes import OutcomeRecord, OutcomeTableError
 from tests.gateway.replay.conftest import demo_table_path
+from tests.support.services import needs_shared_data
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 ROUTEPROFILE = REPO_ROOT.parent / "shared" / "data" / "routeprofile"
-needs_routeprofile = pytest.mark.skipif(
-    not (ROUTEPROFILE / "routing_test_data.json").exists(), reason="routeprofile data absent"
-)
+needs_routeprofile = needs_shared_data("routeprofile", "routing_test_data.json")
 
 
 def _write(path: Path, records: list[dict[str, object]]) -> Path:

@@ -10,6 +10,7 @@ import pytest
 from gateway.cli import main as xrouter_main
 from pricing import estimate_tokens
 from router.outcomes import load_outcome_table
+from tests.support.services import needs_shared_data
 from training.datasets.common import ConversionError, unwrap_literal_text
 from training.datasets.convert import convert, load_converted, main
 from training.datasets.routeprofile import routeprofile_id
@@ -133,7 +134,7 @@ def test_unwrap_literal_text() -> None:
     assert unwrap_literal_text("[not a literal") == "[not a literal"
 
 
-@pytest.mark.skipif(not (SHARED / "routerbench_zs").is_dir(), reason="RouterBench data absent")
+@needs_shared_data("routerbench_zs")
 def test_routerbench_real_file() -> None:
     records = load_converted("routerbench", [SHARED / "routerbench_zs" / "mbpp_train.csv"])
     assert len(records) == 299
@@ -174,7 +175,7 @@ def test_routerdc_needs_prices_for_every_model(tmp_path: Path) -> None:
         load_converted("routerdc", [bad], write_json(tmp_path / "p2.json", PRICES))
 
 
-@pytest.mark.skipif(not (SHARED / "llmrouter_dcrouter").is_dir(), reason="RouterDC data absent")
+@needs_shared_data("llmrouter_dcrouter")
 def test_routerdc_real_rows(tmp_path: Path) -> None:
     items = json.loads((SHARED / "llmrouter_dcrouter" / "train.json").read_text())[:25]
     data = write_json(tmp_path / "dc.json", items)
@@ -314,7 +315,7 @@ def test_routeprofile_bad_tokens(tmp_path: Path) -> None:
         load_converted("routeprofile", [data], write_json(tmp_path / "p.json", PRICES))
 
 
-@pytest.mark.skipif(not (SHARED / "routeprofile").is_dir(), reason="RouteProfile data absent")
+@needs_shared_data("routeprofile")
 def test_routeprofile_real_rows(tmp_path: Path) -> None:
     items = json.loads((SHARED / "routeprofile" / "routing_test_data.json").read_text())[::50]
     data = write_json(tmp_path / "rp.json", items)
