@@ -14,15 +14,19 @@ key's counter for its current period to what the ledger says the key spent in it
 * whenever the store has lost its "restored" marker — a Redis that lost its data lost the
   marker with it — checked every ``limits.budget_sync_s`` by every worker (one ``EXISTS``);
 * for one key, when an operator changes its budget or period (a key moved from a monthly to a
-  daily budget has spent today what the ledger says, not nothing).
+  daily budget has spent today what the ledger says, not nothing);
+* once more, ``in_flight_s`` after a loss (the longest a request runs, plus the ledger's
+  flush interval): requests in flight when the store lost its counters, or settled between
+  the loss and the check that found it, are in the ledger by then.
 
 Counters are only ever raised (``LimitStore.restore_spent``): the ledger lags them (a request's
 row is written after its calls settle), so in steady state a restore changes nothing, and any
-number of workers may run it at once. What a loss of the store can still forget is the spend
-of requests in flight or not yet flushed to the ledger at that moment (a flush interval's
-worth). A restore counts a request in the period it started in (``requests.created_at``); the
-store counts each call when it settles, so a request straddling midnight may land on the other
-side of a daily boundary.
+number of workers may run it at once. A loss of the store forgets, until that second restore,
+the spend of requests in flight or not yet in the ledger at the check that found it (the store
+counted what settled after the loss, but a restore takes the larger of the two figures, not
+their sum). A restore counts a request in the period it started in (``requests.created_at``);
+the store counts each call when it settles, so a request straddling midnight may land on the
+other side of a daily boundary.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ class BudgetSync:
         flush: Callable[[], Any] | None = None,
         metrics: GatewayMetrics | None = None,
         clock: Callable[[], float] = time.time,
+        in_flight_s: float = 0.0,
     ) -> None:
         self.store = store
         self.keys = keys
@@ -74,6 +79,10 @@ class BudgetSync:
         # or an earlier process): a restore after that is a loss of the store, not startup.
         self._restored_once = False
         self._must_restore = False
+        # After a loss: restore again at this time (clock), when what was in flight at the
+        # loss has settled and reached the ledger. None: nothing pending.
+        self._in_flight_s = in_flight_s
+        self._recount_at: float | None = None
         self._outage = OutageLog(
             log,
             "budgets: restoring spend counters from the ledger failed",
@@ -103,8 +112,11 @@ class BudgetSync:
                 # first): if the marker goes later, the store lost it.
                 self._restored_once = True
                 self._outage.recovered()
+                await self._recount_in_flight()
                 return False
             trigger = "store_lost" if self._restored_once else "startup"
+            if trigger == "store_lost":
+                await self._flush_ledger()  # what this process has settled counts too
             restored = await self.restore_all()
         except asyncio.CancelledError:
             raise
@@ -122,8 +134,24 @@ class BudgetSync:
             log.info("budgets: restored %d key(s)' spend from the ledger", restored)
         self._restored_once = True
         self._must_restore = False
+        if trigger == "store_lost" and self._in_flight_s > 0:
+            self._recount_at = self._clock() + self._in_flight_s
         self._count(trigger)
         return True
+
+    async def _recount_in_flight(self) -> None:
+        """The second restore after a loss, once its time has come: not a loss of its own
+        (not counted in the metric), the same loss's requests reaching the ledger."""
+        if self._recount_at is None or self._clock() < self._recount_at:
+            return
+        await self._flush_ledger()
+        restored = await self.restore_all()
+        self._recount_at = None
+        log.info(
+            "budgets: restored %d key(s) again from the ledger, now with the requests that "
+            "were in flight when the limit store lost its counters",
+            restored,
+        )
 
     async def restore_all(self) -> int:
         """Raise every budgeted key's counter to the ledger's figure, then mark the store

@@ -237,6 +237,8 @@ class Services:
                 interval_s=s.limits.budget_sync_s,
                 flush=self.ledger.flush,
                 metrics=self.metrics,
+                # The longest a request runs, then its row's way into the ledger.
+                in_flight_s=s.server.request_timeout_s + s.ledger.flush_interval_ms / 1000 + 30,
             )
             await self.budgets.start(replayed=self.ledger.adopted_at_start > 0)
         self.circuits = self._shared_circuits()

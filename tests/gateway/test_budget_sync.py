@@ -256,6 +256,61 @@ async def test_a_redis_that_lost_its_data_is_restored_at_the_next_check(
 
 
 @pytest.mark.redis
+async def test_what_was_in_flight_at_a_loss_is_restored_once_it_reaches_the_ledger(
+    ledger: Ledger, metrics: GatewayMetrics, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A request in flight when Redis lost its counters settles into the emptied store
+    before the check finds the loss; the restore then takes the ledger's larger figure and
+    that spend is gone from the counter. Once the request's row is in the ledger
+    (``in_flight_s`` after the restore) a second restore brings it back — not before, and
+    not counted as a second loss."""
+    need_redis()
+    prefix = f"xrtest-{uuid.uuid4().hex[:12]}"
+    store = RedisLimitStore(REDIS_URL, key_prefix=prefix)
+    key, _ = await ledger.keys.create("k", budget_usd=1)
+    ledgered = spend(ledger, key, NOW - HOUR, 250, 3_000)
+    clock = [NOW]
+    budgets = BudgetSync(
+        store,
+        ledger.keys,
+        ledger.engine,
+        interval_s=3600,
+        flush=ledger.writer.flush,
+        metrics=metrics,
+        clock=lambda: clock[0],
+        in_flight_s=660,
+    )
+    try:
+        await budgets.start()
+        assert await spent(store, key) == ledgered
+        assert await _purge(prefix) > 0
+        # The request in flight settles its calls into the emptied store (999 + 400 µUSD)...
+        await store.settle(key.limits(), "req-late:call_0", 0, 1_399, now=NOW)
+        assert await spent(store, key) == 1_399
+        # ...and the restore keeps the larger figure, the ledger's, which does not have it.
+        assert await budgets.check()
+        assert await spent(store, key) == ledgered
+        # Its row reaches the ledger after the restore (written behind its response).
+        assert spend(ledger, key, NOW - 60, 400) == 1_399
+        clock[0] = NOW + 600
+        assert not await budgets.check()
+        assert await spent(store, key) == ledgered  # not yet: it could still be in flight
+        clock[0] = NOW + 661
+        with caplog.at_level(logging.INFO, logger="gateway.budget_sync"):
+            assert not await budgets.check()
+        assert await spent(store, key) == ledgered + 1_399
+        assert "in flight when the limit store lost its counters" in caplog.text
+        assert restores(metrics, "store_lost") == 1
+        clock[0] = NOW + 2_000
+        await budgets.check()  # once: nothing pending any more
+        assert await spent(store, key) == ledgered + 1_399
+    finally:
+        await budgets.aclose()
+        await store.aclose()
+        await _purge(prefix)
+
+
+@pytest.mark.redis
 async def test_a_loss_found_by_a_process_that_did_not_restore_at_startup_is_store_lost(
     ledger: Ledger, metrics: GatewayMetrics, caplog: pytest.LogCaptureFixture
 ) -> None:
