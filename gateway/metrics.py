@@ -314,6 +314,12 @@ class GatewayMetrics:
             "than ledger.content_retention_days.",
             registry=r,
         )
+        self._ledger_requests_deleted = Counter(
+            "xrouter_ledger_requests_deleted",
+            "Requests deleted from the ledger (with their calls, feedback and tags) for being "
+            "older than ledger.request_retention_days.",
+            registry=r,
+        )
         self._limit_store_errors = Counter(
             "xrouter_limit_store_errors",
             "Limit-store (Redis) failures, by the on_store_error mode that handled them.",
@@ -627,3 +633,6 @@ class GatewayMetrics:
 
     def content_dropped(self, n: int) -> None:
         self._ledger_content_dropped.inc(n)
+
+    def requests_deleted(self, n: int) -> None:
+        self._ledger_requests_deleted.inc(n)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # built lazily in start(), by what the settings turn on
     from gateway.circuits import SharedCircuits
     from gateway.ledger.deployments import Deployment, DeploymentRepository
     from gateway.ledger.keys import KeyInfo, KeyRepository
-    from gateway.ledger.retention import ContentRetention
+    from gateway.ledger.retention import LedgerRetention
     from gateway.ledger.writer import LedgerWriter
     from gateway.limits.base import FailPolicyStore
     from gateway.metrics import GatewayMetrics
@@ -78,7 +78,7 @@ class Services:
     chat: ChatService | None = None
     cache: AnswerCache | None = None  # when cache.enabled
     budgets: BudgetSync | None = None  # when auth is on
-    retention: ContentRetention | None = None  # when configured
+    retention: LedgerRetention | None = None  # when configured
     budget_gauges: BudgetGauges | None = None  # with auth and metrics
     ready: bool = False
     reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -212,12 +212,16 @@ class Services:
             )
         self.ledger = LedgerWriter(self.engine, s.ledger, self.metrics)
         await self.ledger.start()
-        if s.ledger.content_retention_days is not None:
-            from gateway.ledger.retention import ContentRetention
+        if (
+            s.ledger.content_retention_days is not None
+            or s.ledger.request_retention_days is not None
+        ):
+            from gateway.ledger.retention import LedgerRetention
 
-            self.retention = ContentRetention(
+            self.retention = LedgerRetention(
                 self.engine,
-                days=s.ledger.content_retention_days,
+                content_days=s.ledger.content_retention_days,
+                request_days=s.ledger.request_retention_days,
                 interval_s=s.ledger.retention_interval_s,
                 metrics=self.metrics,
             )

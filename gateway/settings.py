@@ -85,6 +85,11 @@ class LedgerSettings(_Section):
     # many days, keeping the rest of their rows; None keeps them. Checked every
     # retention_interval_s by each worker.
     content_retention_days: float | None = Field(default=None, gt=0)
+    # Delete requests older than this many days, with their calls, feedback and tags (the
+    # ledger grows ~1 KB a request); None keeps them. At least 32: the budgets of the
+    # current day, week or month are restored from its rows. Keys with a lifetime ("total")
+    # budget keep all their rows, which that budget is restored from.
+    request_retention_days: float | None = Field(default=None, ge=32)
     retention_interval_s: float = Field(default=3600.0, gt=0)
 
 

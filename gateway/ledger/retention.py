@@ -1,4 +1,4 @@
-"""Content retention: logged prompts and answers are dropped once they are old enough.
+"""Ledger retention: logged prompts and answers, and whole requests, dropped once old enough.
 
 ``ledger.log_content: full`` keeps every prompt and answer, which is what retraining the
 router from traffic needs and what a privacy policy usually limits ("prompts are kept 30
@@ -9,8 +9,16 @@ decision with its propensities, feedback — spend reports, budgets (restored fr
 and ``xrouter export`` are unaffected, except that an exported old request has no prompt
 (``content_logged: none``), as if it had been logged without content.
 
-Several workers may run it at once: each batch is one ``UPDATE … WHERE content IS NOT NULL``
-over at most ``batch`` rows, so they only ever contend for a moment, and a row is cleared once.
+The rows themselves grow the ledger by about 1 KB a request (``bench/gateway/soak.sh``). With
+``ledger.request_retention_days`` set (32 days at least), the same task deletes requests older
+than that with their calls, feedback and tags. Two kinds of row stay whatever their age: none
+of a key with a lifetime budget (``budget_period: total``, or none) is deleted, since that
+budget is restored from all of the key's rows; and the budgets of the current day, week or
+month only need rows younger than 32 days. Spend reports, exports and training then cover
+what is left.
+
+Several workers may run it at once: each batch is one short transaction over at most
+``batch`` requests, so they only ever contend for a moment; a row is cleared or deleted once.
 """
 
 from __future__ import annotations
@@ -18,13 +26,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.ledger.schema import requests
+from gateway.ledger.schema import api_keys, calls, feedback, request_tags, requests
 from gateway.periodic import OutageLog, Periodic
 
 if TYPE_CHECKING:
@@ -63,28 +72,78 @@ async def drop_content(engine: AsyncEngine, before: datetime, *, batch: int = DE
         await asyncio.sleep(0)  # let the request path's own database work in between
 
 
-class ContentRetention:
-    """Runs ``drop_content`` at startup and every ``interval_s``, for content older than
-    ``days``. Failures (the database down) are logged once per outage and retried."""
+def _lifetime_budget_keys() -> sa.Select[tuple[str]]:
+    """Keys whose budget runs for their lifetime: restored from every row they have."""
+    return sa.select(api_keys.c.key_id).where(
+        api_keys.c.budget_micros.is_not(None),
+        sa.or_(api_keys.c.budget_period.is_(None), api_keys.c.budget_period == "total"),
+    )
+
+
+async def delete_requests(
+    engine: AsyncEngine, before: datetime, *, batch: int = DEFAULT_BATCH
+) -> int:
+    """Delete every request created before ``before`` — with its calls, feedback and tags —
+    except those of keys with a lifetime budget; returns how many requests. One short
+    transaction per ``batch`` requests (the gateway's ledger writer must get its turn)."""
+    if batch < 1:
+        raise ValueError("batch must be >= 1")
+    pick = (
+        sa.select(requests.c.request_id)
+        .where(
+            requests.c.created_at < before,
+            sa.or_(requests.c.key_id.is_(None), requests.c.key_id.not_in(_lifetime_budget_keys())),
+        )
+        .limit(batch)
+    )
+    deleted = 0
+    while True:
+        async with engine.begin() as conn:
+            ids = [rid for (rid,) in await conn.execute(pick)]
+            if ids:
+                # Children first: no foreign keys bind them, and a batch that fails midway
+                # rolls back whole.
+                for table in (calls, feedback, request_tags):
+                    await conn.execute(table.delete().where(table.c.request_id.in_(ids)))
+                await conn.execute(requests.delete().where(requests.c.request_id.in_(ids)))
+        deleted += len(ids)
+        if len(ids) < batch:
+            return deleted
+        await asyncio.sleep(0)
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionRun:
+    content_dropped: int = 0
+    requests_deleted: int = 0
+
+
+class LedgerRetention:
+    """Runs ``drop_content`` (content older than ``content_days``) and ``delete_requests``
+    (requests older than ``request_days``) at startup and every ``interval_s``; either may
+    be None (not done). Failures (the database down) are logged once per outage and
+    retried."""
 
     def __init__(
         self,
         engine: AsyncEngine,
         *,
-        days: float,
+        content_days: float | None = None,
+        request_days: float | None = None,
         interval_s: float,
         metrics: GatewayMetrics | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.engine = engine
-        self.days = days
+        self.content_days = content_days
+        self.request_days = request_days
         self._metrics = metrics
         self._clock = clock
-        self._task = Periodic(
-            "xrouter-content-retention", interval_s, self.run_once, first_now=True
-        )
+        self._task = Periodic("xrouter-ledger-retention", interval_s, self.run_once, first_now=True)
         self._outage = OutageLog(
-            log, "ledger: dropping old content failed", "ledger: dropping old content works again"
+            log,
+            "ledger: retention (old content, old requests) failed",
+            "ledger: retention works again",
         )
 
     def start(self) -> None:
@@ -93,22 +152,32 @@ class ContentRetention:
     async def aclose(self) -> None:
         await self._task.aclose()
 
-    async def run_once(self) -> int:
-        cutoff = self._clock() - timedelta(days=self.days)
+    async def run_once(self) -> RetentionRun:
+        now = self._clock()
+        dropped = deleted = 0
         try:
-            dropped = await drop_content(self.engine, cutoff)
+            if self.request_days is not None:  # first: no use clearing what goes next
+                deleted = await delete_requests(
+                    self.engine, now - timedelta(days=self.request_days)
+                )
+            if self.content_days is not None:
+                dropped = await drop_content(self.engine, now - timedelta(days=self.content_days))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             self._outage.failed(exc)
-            return 0
+            return RetentionRun(dropped, deleted)
         self._outage.recovered()
+        if deleted:
+            log.info("ledger: deleted %d request(s) older than %g days", deleted, self.request_days)
+            if self._metrics is not None:
+                self._metrics.requests_deleted(deleted)
         if dropped:
             log.info(
                 "ledger: dropped the content of %d request(s) older than %g days",
                 dropped,
-                self.days,
+                self.content_days,
             )
             if self._metrics is not None:
                 self._metrics.content_dropped(dropped)
-        return dropped
+        return RetentionRun(dropped, deleted)

@@ -908,10 +908,13 @@ def test_keys_expire_on_time_even_while_cached(gw: Gateway) -> None:
         assert r.json()["error"]["param"] == param, (body, r.text)
 
 
-def test_old_prompts_are_dropped_after_the_retention_period(
+def test_old_prompts_then_old_requests_are_dropped_after_their_retention_periods(
     stack: Stack, upstream: Upstream
 ) -> None:
+    """Content retention clears a 45-day-old prompt and keeps its row; request retention
+    deletes a 100-day-old request whole; today's request keeps both."""
     old_id = f"old-{secrets.token_hex(4)}"
+    ancient_id = f"ancient-{secrets.token_hex(4)}"
 
     async def log_an_old_request() -> None:
         engine = await open_ledger_engine(stack.ledger_url)  # migrated, if no gateway did yet
@@ -920,12 +923,15 @@ def test_old_prompts_are_dropped_after_the_retention_period(
         )
         await writer.start()
         writer.submit(make_request(old_id, created_at=time.time() - 45 * 86400, key_id=None))
+        writer.submit(make_request(ancient_id, created_at=time.time() - 100 * 86400, key_id=None))
         await writer.close()
         await engine.dispose()
 
     _run(log_an_old_request())
     cfg = config(stack, upstream, auth={"enabled": False, "admin_key": ADMIN_KEY})
-    cfg["ledger"].update(content_retention_days=30, retention_interval_s=0.2)
+    cfg["ledger"].update(
+        content_retention_days=30, request_retention_days=60, retention_interval_s=0.2
+    )
     cfg["ledger"]["spill_dir"] = str(stack.tmp / "spill-retention")
     g = start_gateway(stack.tmp / "retention", cfg, name="retention")
     try:
@@ -944,8 +950,12 @@ def test_old_prompts_are_dropped_after_the_retention_period(
         assert _run(_query(stack.ledger_url, sql, r=fresh))[0][0]
         cost = "SELECT total_cost_micros FROM requests WHERE request_id = :r"
         assert _run(_query(stack.ledger_url, cost, r=old_id))[0][0] > 0  # the row stays
+        assert _run(_query(stack.ledger_url, cost, r=ancient_id)) == []  # this one went
+        calls_sql = "SELECT count(*) FROM calls WHERE request_id = :r"
+        assert _run(_query(stack.ledger_url, calls_sql, r=ancient_id))[0][0] == 0
         m = httpx.get(f"{g.url}/metrics").text
         assert _metric(m, "xrouter_ledger_content_dropped_total") >= 1
+        assert _metric(m, "xrouter_ledger_requests_deleted_total") >= 1
     finally:
         g.stop()
 

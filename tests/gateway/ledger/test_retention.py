@@ -1,5 +1,5 @@
-"""Content retention on SQLite and PostgreSQL: old requests lose their prompt and answer and
-keep everything else."""
+"""Ledger retention on SQLite and PostgreSQL: old requests lose their prompt and answer and
+keep everything else; older ones go whole, except a lifetime-budgeted key's."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from gateway.ledger.export import export_ledger
-from gateway.ledger.retention import ContentRetention, drop_content
-from gateway.ledger.schema import requests
-from gateway.ledger.spend import spend_report
+from gateway.ledger.keys import KeyRepository
+from gateway.ledger.retention import LedgerRetention, RetentionRun, delete_requests, drop_content
+from gateway.ledger.schema import calls, feedback, request_tags, requests
+from gateway.ledger.spend import budget_spend, spend_report
 from gateway.ledger.writer import LedgerWriter
 from gateway.metrics import GatewayMetrics
 from gateway.settings import LedgerSettings
@@ -72,9 +73,11 @@ async def test_the_retention_task_counts_what_it_dropped(
 ) -> None:
     await load(engine, make_settings(log_content="hash"), [2.0, 0.5, 3.0])
     metrics = GatewayMetrics(CollectorRegistry(), models=["m"], policies=["compact"])
-    task = ContentRetention(engine, days=1, interval_s=3600, metrics=metrics, clock=lambda: NOW)
-    assert await task.run_once() == 2
-    assert await task.run_once() == 0
+    task = LedgerRetention(
+        engine, content_days=1, interval_s=3600, metrics=metrics, clock=lambda: NOW
+    )
+    assert await task.run_once() == RetentionRun(content_dropped=2)
+    assert await task.run_once() == RetentionRun()
     value = metrics.registry.get_sample_value("xrouter_ledger_content_dropped_total")
     assert value == 2
     assert await contents(engine) == {"r00": False, "r01": True, "r02": False}
@@ -87,11 +90,86 @@ async def test_a_database_that_is_down_is_logged_once_and_retried(
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     down = create_async_engine(f"postgresql+asyncpg://postgres@127.0.0.1:{port}/none")
-    task = ContentRetention(down, days=1, interval_s=3600, clock=lambda: NOW)
+    task = LedgerRetention(
+        down, content_days=1, request_days=40, interval_s=3600, clock=lambda: NOW
+    )
     try:
         with caplog.at_level(logging.ERROR, logger="gateway.ledger.retention"):
-            assert await task.run_once() == 0
-            assert await task.run_once() == 0
+            assert await task.run_once() == RetentionRun()
+            assert await task.run_once() == RetentionRun()
         assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 1
     finally:
         await down.dispose()
+
+
+async def ids_in(engine: AsyncEngine, table: sa.Table) -> set[str]:
+    async with engine.connect() as conn:
+        return {rid for (rid,) in await conn.execute(sa.select(table.c.request_id))}
+
+
+async def test_old_requests_go_whole_except_a_lifetime_budgeted_keys(
+    engine: AsyncEngine, make_settings: Callable[..., LedgerSettings]
+) -> None:
+    """Requests older than the cutoff are deleted with their calls, feedback and tags, a
+    batch at a time; younger ones and every request of a key whose budget runs for its
+    lifetime stay (that budget is restored from all of them), as does its spend."""
+    keys = KeyRepository(engine)
+    lifetime, _ = await keys.create("lifetime", budget_usd=10, budget_period="total")
+    monthly, _ = await keys.create("monthly", budget_usd=10, budget_period="monthly")
+    unbudgeted, _ = await keys.create("unbudgeted")
+    plan = {  # request id: (key, age in days)
+        "old-monthly": (monthly.key_id, 50),
+        "old-unbudgeted": (unbudgeted.key_id, 40.5),
+        "old-anonymous": (None, 45),
+        "old-anonymous-2": (None, 90),
+        "old-lifetime": (lifetime.key_id, 400),
+        "new-monthly": (monthly.key_id, 10),
+        "new-lifetime": (lifetime.key_id, 5),
+        "new-anonymous": (None, 39.9),
+    }
+    writer = LedgerWriter(engine, make_settings())
+    await writer.start()
+    for rid, (key_id, age) in plan.items():
+        record = make_request(rid, created_at=NOW.timestamp() - age * DAY, key_id=key_id)
+        record.tags = ["team-a", "exp-1"]
+        writer.submit(record)
+        writer.submit(make_feedback(rid, 0.5, created_at=NOW.timestamp()))
+    await writer.close()
+    lifetime_spend = await budget_spend(engine, [lifetime.key_id])
+    assert await ids_in(engine, calls) == set(plan)  # every request has its calls
+
+    cutoff = NOW - timedelta(days=40)
+    assert await delete_requests(engine, cutoff, batch=2) == 4  # two full batches, one empty
+    kept = {"old-lifetime", "new-monthly", "new-lifetime", "new-anonymous"}
+    for table in (requests, calls, feedback, request_tags):
+        assert await ids_in(engine, table) == kept, table.name
+    assert await budget_spend(engine, [lifetime.key_id]) == lifetime_spend
+    assert await delete_requests(engine, cutoff) == 0
+
+
+async def test_the_retention_task_deletes_old_requests_and_counts_them(
+    engine: AsyncEngine, make_settings: Callable[..., LedgerSettings]
+) -> None:
+    await load(engine, make_settings(log_content="full"), [50, 35, 1])  # r00, r01, r02
+    metrics = GatewayMetrics(CollectorRegistry(), models=[], policies=[])
+    task = LedgerRetention(
+        engine,
+        content_days=30,
+        request_days=40,
+        interval_s=3600,
+        metrics=metrics,
+        clock=lambda: NOW,
+    )
+    # r00 is deleted (not cleared first), r01 loses its content, r02 keeps both.
+    assert await task.run_once() == RetentionRun(content_dropped=1, requests_deleted=1)
+    assert await contents(engine) == {"r01": False, "r02": True}
+    assert metrics.registry.get_sample_value("xrouter_ledger_requests_deleted_total") == 1
+    assert await task.run_once() == RetentionRun()
+
+
+def test_request_retention_must_keep_a_whole_month() -> None:
+    """The budgets of the current day, week or month are restored from the ledger's rows:
+    a retention shorter than the longest period could lose part of one."""
+    with pytest.raises(ValueError, match="request_retention_days"):
+        LedgerSettings(request_retention_days=31)
+    assert LedgerSettings(request_retention_days=32).request_retention_days == 32
