@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import socket
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -103,7 +103,13 @@ def spend(ledger: Ledger, key: KeyInfo | None, at: float, *costs: int) -> int:
     return 999 + sum(costs)
 
 
-def sync(store: LimitStore, ledger: Ledger, metrics: GatewayMetrics) -> BudgetSync:
+def sync(
+    store: LimitStore,
+    ledger: Ledger,
+    metrics: GatewayMetrics,
+    clock: Callable[[], float] = lambda: NOW,
+    in_flight_s: float = 0.0,
+) -> BudgetSync:
     return BudgetSync(
         store,
         ledger.keys,
@@ -111,7 +117,8 @@ def sync(store: LimitStore, ledger: Ledger, metrics: GatewayMetrics) -> BudgetSy
         interval_s=3600,
         flush=ledger.writer.flush,
         metrics=metrics,
-        clock=lambda: NOW,
+        clock=clock,
+        in_flight_s=in_flight_s,
     )
 
 
@@ -270,16 +277,7 @@ async def test_what_was_in_flight_at_a_loss_is_restored_once_it_reaches_the_ledg
     key, _ = await ledger.keys.create("k", budget_usd=1)
     ledgered = spend(ledger, key, NOW - HOUR, 250, 3_000)
     clock = [NOW]
-    budgets = BudgetSync(
-        store,
-        ledger.keys,
-        ledger.engine,
-        interval_s=3600,
-        flush=ledger.writer.flush,
-        metrics=metrics,
-        clock=lambda: clock[0],
-        in_flight_s=660,
-    )
+    budgets = sync(store, ledger, metrics, lambda: clock[0], in_flight_s=660)
     try:
         await budgets.start()
         assert await spent(store, key) == ledgered
