@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.ledger.migrations import SQLITE_BEGIN_OPTION
 from gateway.ledger.schema import api_keys, calls, feedback, request_tags, requests
 from gateway.periodic import OutageLog, Periodic
 
@@ -42,6 +44,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCH = 1000
+
+
+async def _yield_to_writers(batch_started: float) -> None:
+    """Wait as long as the batch held the database: the ledger writer (and other workers'
+    requests) get at least half of it. Without a pause a waiting writer lost the race for
+    SQLite's write lock to the next batch again and again (its inserts waited up to half a
+    second behind a large backlog's deletion, ``bench/ledger_retention.py``)."""
+    await asyncio.sleep(max(time.monotonic() - batch_started, 0.001))
 
 
 async def drop_content(engine: AsyncEngine, before: datetime, *, batch: int = DEFAULT_BATCH) -> int:
@@ -62,14 +72,16 @@ async def drop_content(engine: AsyncEngine, before: datetime, *, batch: int = DE
         .values(content=None)
         .execution_options(synchronize_session=False)
     )
+    writes = engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})  # as below
     dropped = 0
     while True:
-        async with engine.begin() as conn:
+        started = time.monotonic()
+        async with writes.begin() as conn:
             n = (await conn.execute(statement)).rowcount
         dropped += n
         if n < batch:
             return dropped
-        await asyncio.sleep(0)  # let the request path's own database work in between
+        await _yield_to_writers(started)
 
 
 def _lifetime_budget_keys() -> sa.Select[tuple[str]]:
@@ -96,9 +108,14 @@ async def delete_requests(
         )
         .limit(batch)
     )
+    # The batch reads its ids, then writes: on SQLite a transaction that has read cannot
+    # wait for the write lock (the upgrade fails at once with "database is locked" while the
+    # ledger writer holds it), so it takes the lock at BEGIN and the busy timeout applies.
+    writes = engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
     deleted = 0
     while True:
-        async with engine.begin() as conn:
+        started = time.monotonic()
+        async with writes.begin() as conn:
             ids = [rid for (rid,) in await conn.execute(pick)]
             if ids:
                 # Children first: no foreign keys bind them, and a batch that fails midway
@@ -109,7 +126,7 @@ async def delete_requests(
         deleted += len(ids)
         if len(ids) < batch:
             return deleted
-        await asyncio.sleep(0)
+        await _yield_to_writers(started)
 
 
 @dataclass(frozen=True, slots=True)

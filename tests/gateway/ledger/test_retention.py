@@ -3,6 +3,7 @@ keep everything else; older ones go whole, except a lifetime-budgeted key's."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import socket
@@ -16,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from gateway.ledger.export import export_ledger
+from gateway.ledger.inserter import BatchInserter
 from gateway.ledger.keys import KeyRepository
 from gateway.ledger.retention import LedgerRetention, RetentionRun, delete_requests, drop_content
 from gateway.ledger.schema import calls, feedback, request_tags, requests
@@ -173,3 +175,33 @@ def test_request_retention_must_keep_a_whole_month() -> None:
     with pytest.raises(ValueError, match="request_retention_days"):
         LedgerSettings(request_retention_days=31)
     assert LedgerSettings(request_retention_days=32).request_retention_days == 32
+
+
+async def test_a_deletion_waits_for_the_ledger_writer_instead_of_failing(
+    engine: AsyncEngine,
+) -> None:
+    """Batches deleted while the gateway's writer inserts: on SQLite a batch that had read
+    its ids could not wait for the write lock and failed with "database is locked" (found
+    by bench/ledger_retention.py); it takes the lock at BEGIN now."""
+    inserter = BatchInserter(engine, "none", timeout_s=30)
+    old = NOW.timestamp() - 50 * DAY
+    await inserter.insert(
+        [make_request(f"old{i:05d}", created_at=old, key_id=None) for i in range(3000)]
+    )
+    stop = asyncio.Event()
+
+    async def write() -> int:
+        n = 0
+        while not stop.is_set():
+            await inserter.insert([make_request(f"new{n:05d}-{j}", key_id=None) for j in range(20)])
+            n += 1
+            await asyncio.sleep(0)
+        return n
+
+    writer = asyncio.create_task(write())
+    try:
+        deleted = await delete_requests(engine, NOW - timedelta(days=40), batch=50)
+    finally:
+        stop.set()
+        batches = await writer
+    assert deleted == 3000 and batches > 0
