@@ -18,11 +18,8 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import shutil
 import sys
-import tempfile
 import time
 import tracemalloc
 from collections.abc import Awaitable, Callable
@@ -31,32 +28,26 @@ from pathlib import Path
 from typing import TypeVar
 
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from ledger_db import main  # noqa: E402
 
 from gateway.ledger.export import export_ledger  # noqa: E402
 from gateway.ledger.export_windows import count_late_feedback, database_now  # noqa: E402
 from gateway.ledger.inserter import BatchInserter  # noqa: E402
 from gateway.ledger.records import LedgerRecord  # noqa: E402
-from gateway.ledger.store import open_ledger_engine  # noqa: E402
 from tests.gateway.ledger.factories import (  # noqa: E402
     make_cache_hit,
     make_feedback,
     make_request,
-    pg_admin,
-    pg_url,
 )
 
 T = TypeVar("T")
 _BATCH = 1_000
-
-
-async def fresh_url(backend: str, tmp: str) -> str:
-    if backend == "sqlite":
-        return f"sqlite+aiosqlite:///{tmp}/ledger.db"
-    await pg_admin('DROP DATABASE IF EXISTS "xr_bench" WITH (FORCE)', 'CREATE DATABASE "xr_bench"')
-    return pg_url("xr_bench")
 
 
 def _records(start: int, stop: int) -> list[LedgerRecord]:
@@ -82,75 +73,59 @@ async def _timed(what: str, work: Callable[[], Awaitable[T]]) -> tuple[T, float]
     return result, seconds
 
 
-async def run(backend: str, n: int) -> None:
-    tmp = tempfile.mkdtemp()
-    url = await fresh_url(backend, tmp)
-    engine = await open_ledger_engine(url)
-    try:
-        inserter = BatchInserter(engine, "full", timeout_s=60)
-        t = time.perf_counter()
-        tenth = n - n // 10
-        for start in range(0, tenth, _BATCH):
-            await inserter.insert(_records(start, min(start + _BATCH, tenth)))
-        # The last tenth after a mark: the windows "since the previous export" start there.
-        await asyncio.sleep(0.01)
-        mark = await database_now(engine)
-        await asyncio.sleep(0.01)
-        for start in range(tenth, n, _BATCH):
-            await inserter.insert(_records(start, min(start + _BATCH, n)))
-        end = await database_now(engine) + timedelta(seconds=1)
-        # Fresh statistics, as autovacuum keeps them on a ledger that grew over time: a
-        # planner that still thinks the tables are empty scans them instead of the indexes.
-        async with engine.begin() as conn:
-            await conn.execute(sa.text("ANALYZE"))
-        print(f"{backend}: {n:,} requests written in {time.perf_counter() - t:.1f} s", flush=True)
+async def run(engine: AsyncEngine, tmp: Path, backend: str, n: int) -> None:
+    inserter = BatchInserter(engine, "full", timeout_s=60)
+    t = time.perf_counter()
+    tenth = n - n // 10
+    for start in range(0, tenth, _BATCH):
+        await inserter.insert(_records(start, min(start + _BATCH, tenth)))
+    # The last tenth after a mark: the windows "since the previous export" start there.
+    await asyncio.sleep(0.01)
+    mark = await database_now(engine)
+    await asyncio.sleep(0.01)
+    for start in range(tenth, n, _BATCH):
+        await inserter.insert(_records(start, min(start + _BATCH, n)))
+    end = await database_now(engine) + timedelta(seconds=1)
+    # Fresh statistics, as autovacuum keeps them on a ledger that grew over time: a
+    # planner that still thinks the tables are empty scans them instead of the indexes.
+    async with engine.begin() as conn:
+        await conn.execute(sa.text("ANALYZE"))
+    print(f"{backend}: {n:,} requests written in {time.perf_counter() - t:.1f} s", flush=True)
 
-        out = Path(tmp) / "export.jsonl"
-        count, seconds = await _timed(
-            "full export", lambda: export_ledger(engine, out, include_unscored=True)
-        )
-        # Again under tracemalloc (which slows Python down several times): its peak.
-        tracemalloc.start()
-        await export_ledger(engine, out, include_unscored=True)
-        _, peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
-        print(
-            f"    {count:,} records, {count / seconds:,.0f} records/s, "
-            f"{out.stat().st_size / 1e6:.0f} MB of JSONL; Python allocations peak "
-            f"{peak / 1e6:.1f} MB"
-        )
-        scored_all, _ = await _timed(
-            "logged window, every row",
-            lambda: export_ledger(engine, out, logged_since=None, logged_until=end),
-        )
-        print(f"    {scored_all:,} scored records")
-        every, _ = await _timed(
-            "scored window, every feedback row",
-            lambda: export_ledger(engine, out, logged_since=None, logged_until=end, scored=True),
-        )
-        last, _ = await _timed(
-            "scored window, the last tenth",
-            lambda: export_ledger(engine, out, logged_since=mark, logged_until=end, scored=True),
-        )
-        print(f"    {every:,} and {last:,} records")
-        late, _ = await _timed(
-            "late-feedback count, the last tenth",
-            lambda: count_late_feedback(engine, mark, end, scored=True),
-        )
-        print(f"    {late:,} re-scores")
-    finally:
-        await engine.dispose()
-        shutil.rmtree(tmp)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("backends", nargs="*", default=["sqlite", "postgresql"])
-    parser.add_argument("--requests", type=int, default=100_000)
-    args = parser.parse_args()
-    for backend in args.backends:
-        asyncio.run(run(backend, args.requests))
+    out = Path(tmp) / "export.jsonl"
+    count, seconds = await _timed(
+        "full export", lambda: export_ledger(engine, out, include_unscored=True)
+    )
+    # Again under tracemalloc (which slows Python down several times): its peak.
+    tracemalloc.start()
+    await export_ledger(engine, out, include_unscored=True)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    print(
+        f"    {count:,} records, {count / seconds:,.0f} records/s, "
+        f"{out.stat().st_size / 1e6:.0f} MB of JSONL; Python allocations peak "
+        f"{peak / 1e6:.1f} MB"
+    )
+    scored_all, _ = await _timed(
+        "logged window, every row",
+        lambda: export_ledger(engine, out, logged_since=None, logged_until=end),
+    )
+    print(f"    {scored_all:,} scored records")
+    every, _ = await _timed(
+        "scored window, every feedback row",
+        lambda: export_ledger(engine, out, logged_since=None, logged_until=end, scored=True),
+    )
+    last, _ = await _timed(
+        "scored window, the last tenth",
+        lambda: export_ledger(engine, out, logged_since=mark, logged_until=end, scored=True),
+    )
+    print(f"    {every:,} and {last:,} records")
+    late, _ = await _timed(
+        "late-feedback count, the last tenth",
+        lambda: count_late_feedback(engine, mark, end, scored=True),
+    )
+    print(f"    {late:,} re-scores")
 
 
 if __name__ == "__main__":
-    main()
+    main(__doc__ or "", run)

@@ -16,37 +16,30 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from ledger_db import main  # noqa: E402
 
 from gateway.ledger.inserter import BatchInserter  # noqa: E402
 from gateway.ledger.records import LedgerRecord  # noqa: E402
 from gateway.ledger.retention import delete_requests  # noqa: E402
-from gateway.ledger.store import open_ledger_engine  # noqa: E402
-from tests.gateway.ledger.factories import make_feedback, make_request, pg_admin, pg_url  # noqa: E402
+from tests.gateway.ledger.factories import make_feedback, make_request  # noqa: E402
 
 _BATCH = 1_000
 DAYS = 100
 KEEP_DAYS = 60
-
-
-async def fresh_url(backend: str, tmp: str) -> str:
-    if backend == "sqlite":
-        return f"sqlite+aiosqlite:///{tmp}/ledger.db"
-    await pg_admin('DROP DATABASE IF EXISTS "xr_bench" WITH (FORCE)', 'CREATE DATABASE "xr_bench"')
-    return pg_url("xr_bench")
 
 
 def _records(start: int, stop: int, n: int, now: float) -> list[LedgerRecord]:
@@ -88,50 +81,34 @@ def _summary(ms: list[float]) -> str:
     )
 
 
-async def run(backend: str, n: int) -> None:
-    tmp = tempfile.mkdtemp()
-    url = await fresh_url(backend, tmp)
-    engine = await open_ledger_engine(url)
-    try:
-        inserter = BatchInserter(engine, "none", timeout_s=60)
-        now = time.time()
-        t = time.perf_counter()
-        for start in range(0, n, _BATCH):
-            await inserter.insert(_records(start, min(start + _BATCH, n), n, now))
-        async with engine.begin() as conn:
-            await conn.execute(sa.text("ANALYZE"))
-        print(f"{backend}: {n:,} requests written in {time.perf_counter() - t:.1f} s", flush=True)
+async def run(engine: AsyncEngine, tmp: Path, backend: str, n: int) -> None:
+    inserter = BatchInserter(engine, "none", timeout_s=60)
+    now = time.time()
+    t = time.perf_counter()
+    for start in range(0, n, _BATCH):
+        await inserter.insert(_records(start, min(start + _BATCH, n), n, now))
+    async with engine.begin() as conn:
+        await conn.execute(sa.text("ANALYZE"))
+    print(f"{backend}: {n:,} requests written in {time.perf_counter() - t:.1f} s", flush=True)
 
-        idle = await _writer_latencies(inserter, asyncio.Event(), seconds=5)
-        print(f"  writer alone: {_summary(idle)}", flush=True)
+    idle = await _writer_latencies(inserter, asyncio.Event(), seconds=5)
+    print(f"  writer alone: {_summary(idle)}", flush=True)
 
-        stop = asyncio.Event()
-        writer = asyncio.create_task(_writer_latencies(inserter, stop))
-        cutoff = datetime.fromtimestamp(now, UTC) - timedelta(days=KEEP_DAYS)
-        t = time.perf_counter()
-        deleted = await delete_requests(engine, cutoff)
-        seconds = time.perf_counter() - t
-        stop.set()
-        busy = await writer
-        print(
-            f"  deleted {deleted:,} requests older than {KEEP_DAYS} days (with their calls, "
-            f"feedback and tags) in {seconds:.1f} s: {deleted / seconds:,.0f} requests/s",
-            flush=True,
-        )
-        print(f"  writer meanwhile: {_summary(busy)}", flush=True)
-    finally:
-        await engine.dispose()
-        shutil.rmtree(tmp)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("backends", nargs="*", default=["sqlite", "postgresql"])
-    parser.add_argument("--requests", type=int, default=100_000)
-    args = parser.parse_args()
-    for backend in args.backends:
-        asyncio.run(run(backend, args.requests))
+    stop = asyncio.Event()
+    writer = asyncio.create_task(_writer_latencies(inserter, stop))
+    cutoff = datetime.fromtimestamp(now, UTC) - timedelta(days=KEEP_DAYS)
+    t = time.perf_counter()
+    deleted = await delete_requests(engine, cutoff)
+    seconds = time.perf_counter() - t
+    stop.set()
+    busy = await writer
+    print(
+        f"  deleted {deleted:,} requests older than {KEEP_DAYS} days (with their calls, "
+        f"feedback and tags) in {seconds:.1f} s: {deleted / seconds:,.0f} requests/s",
+        flush=True,
+    )
+    print(f"  writer meanwhile: {_summary(busy)}", flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    main(__doc__ or "", run)
