@@ -46,6 +46,14 @@ log = logging.getLogger(__name__)
 DEFAULT_BATCH = 1000
 
 
+def _writes(engine: AsyncEngine) -> AsyncEngine:
+    """The engine for a batch, which takes SQLite's write lock at BEGIN (as the ledger's
+    inserter does): a transaction that has read cannot wait for the lock later — the upgrade
+    fails at once with "database is locked" while the ledger writer holds it — so a batch
+    that reads its ids first must hold it from the start, where the busy timeout applies."""
+    return engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
+
+
 async def _yield_to_writers(batch_started: float) -> None:
     """Wait as long as the batch held the database: the ledger writer (and other workers'
     requests) get at least half of it. Without a pause a waiting writer lost the race for
@@ -72,7 +80,7 @@ async def drop_content(engine: AsyncEngine, before: datetime, *, batch: int = DE
         .values(content=None)
         .execution_options(synchronize_session=False)
     )
-    writes = engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})  # as below
+    writes = _writes(engine)
     dropped = 0
     while True:
         started = time.monotonic()
@@ -108,10 +116,7 @@ async def delete_requests(
         )
         .limit(batch)
     )
-    # The batch reads its ids, then writes: on SQLite a transaction that has read cannot
-    # wait for the write lock (the upgrade fails at once with "database is locked" while the
-    # ledger writer holds it), so it takes the lock at BEGIN and the busy timeout applies.
-    writes = engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
+    writes = _writes(engine)  # each batch reads its ids, then deletes
     deleted = 0
     while True:
         started = time.monotonic()
