@@ -90,7 +90,9 @@ def validate_request(data: Any) -> tuple[dict[str, Any], ChatCompletionRequest]:
     try:
         req = ChatCompletionRequest.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
+        # The most specific error: a content list's bad part, not the ``str`` member of the
+        # union that the list also failed to be.
+        err = max(exc.errors(), key=lambda e: len(e["loc"]))
         param = loc_to_param(err["loc"])
         raise bad_request(f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
     unknown = data.keys() - _KNOWN_FIELDS

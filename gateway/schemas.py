@@ -14,6 +14,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from pricing.money import MAX_USD
 
@@ -27,8 +28,57 @@ class _Open(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
 
+class ImageURL(_Open):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class InputAudio(_Open):
+    data: str
+    format: str
+
+
+class FileRef(_Open):
+    file_data: str | None = None
+    file_id: str | None = None
+    filename: str | None = None
+
+
+# The field a content part of each type OpenAI defines cannot do without. A part of another
+# type is forwarded unchecked: providers behind LiteLLM take their own (``video_url``,
+# ``document``), and only they know what those need.
+_PART_PAYLOAD = {
+    "text": "text",
+    "image_url": "image_url",
+    "input_audio": "input_audio",
+    "file": "file",
+    "refusal": "refusal",
+}
+
+
 class ContentPart(_Open):
+    """One part of a message's content. A known type's payload is checked here: a part that
+    lacks it would be forwarded, refused by the provider and reach the client as a 502."""
+
     type: str
+    text: str | None = None
+    refusal: str | None = None
+    image_url: ImageURL | None = None
+    input_audio: InputAudio | None = None
+    file: FileRef | None = None
+
+    @model_validator(mode="after")
+    def _payload_given(self) -> ContentPart:
+        field = _PART_PAYLOAD.get(self.type)
+        if field is not None and getattr(self, field) is None:
+            raise PydanticCustomError(
+                "missing",
+                "a '{type}' part needs its '{field}'",
+                {"type": self.type, "field": field},
+            )
+        if self.file is not None and self.file.file_data is None and self.file.file_id is None:
+            raise PydanticCustomError("missing", "a 'file' part needs 'file_data' or 'file_id'")
+        return self
 
 
 class Message(_Open):

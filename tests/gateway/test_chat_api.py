@@ -448,6 +448,55 @@ def test_values_of_the_wrong_type_are_400_not_forwarded(
     assert not upstream.stats()["requests"]
 
 
+@pytest.mark.parametrize(
+    ("part", "param", "says"),
+    [
+        ({"text": "hi"}, "messages[0].content[0].type", "Field required"),
+        ({"type": "text"}, "messages[0].content[0]", "a 'text' part needs its 'text'"),
+        ({"type": "text", "text": 3}, "messages[0].content[0].text", "valid string"),
+        ({"type": "image_url"}, "messages[0].content[0]", "needs its 'image_url'"),
+        ({"type": "image_url", "image_url": "https://x/a.png"}, "image_url", "valid dict"),
+        ({"type": "image_url", "image_url": {"detail": "low"}}, "image_url.url", "required"),
+        (
+            {"type": "image_url", "image_url": {"url": "https://x/a.png", "detail": "max"}},
+            "image_url.detail",
+            "'auto', 'low' or 'high'",
+        ),
+        ({"type": "input_audio", "input_audio": {"data": "AAA="}}, "input_audio.format", ""),
+        ({"type": "file", "file": {"filename": "a.pdf"}}, "[0]", "'file_data' or 'file_id'"),
+    ],
+)
+def test_a_malformed_content_part_is_400_naming_it(
+    gateway: Gateway, upstream: Upstream, part: dict, param: str, says: str
+) -> None:
+    """A part of a type OpenAI defines is checked for its payload, as OpenAI checks it: a
+    provider's 400 for it would reach the client as a 502 after a routed call. The error
+    names the part, not the ``str`` form of ``content`` that the list also failed to be."""
+    # Malformed on purpose: the SDK's types would not let it be written.
+    messages = cast(list[ChatCompletionMessageParam], [{"role": "user", "content": [part]}])
+    with pytest.raises(openai.BadRequestError) as ei:
+        client(gateway).chat.completions.create(model="xrouter", messages=messages)
+    err = cast(dict, ei.value.body)
+    assert err["param"].startswith("messages[0].content[0]") and err["param"].endswith(param)
+    assert says in err["message"] and err["message"].startswith(err["param"])
+    assert not upstream.stats()["requests"]
+
+
+def test_a_content_part_of_another_type_is_forwarded(gateway: Gateway, upstream: Upstream) -> None:
+    """Parts of types OpenAI does not define (``video_url``, ``document``: providers behind
+    LiteLLM define their own) are the provider's to judge, and reach it as sent."""
+    video = {"type": "video_url", "video_url": {"url": "https://x/v.mp4"}}
+    r = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, video]}],
+        },
+    )
+    assert r.status_code == 200, r.text
+    assert upstream.stats()["requests"] == {MODEL: 1}
+
+
 def test_openai_client_sees_bad_request(gateway: Gateway) -> None:
     with pytest.raises(openai.BadRequestError):
         client(gateway).chat.completions.create(
