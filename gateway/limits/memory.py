@@ -29,7 +29,12 @@ from gateway.limits.base import (
     ReserveResult,
     validate_amount,
 )
-from gateway.limits.windows import RATE_WINDOW_S, PeriodCache, PeriodWindow
+from gateway.limits.windows import (
+    RATE_WINDOW_S,
+    PeriodCache,
+    PeriodWindow,
+    token_correction_times,
+)
 
 DEFAULT_HOLD_TTL_S = 900.0
 
@@ -195,12 +200,10 @@ class MemoryLimitStore(LimitStore):
         *,
         at: float | None = None,
     ) -> None:
-        if limits.tpm is None or tokens == 0:
+        times = None if limits.tpm is None or tokens == 0 else token_correction_times(now, at)
+        if times is None:
             return
-        now = time.time() if now is None else now
-        at = now if at is None else min(at, now)
-        if at <= now - RATE_WINDOW_S:
-            return  # the estimate it corrects has left the window already
+        now, at = times
         log = self._rates.get(limits.key_id)
         if log is None:
             log = self._rates[limits.key_id] = _RateLog()

@@ -55,7 +55,12 @@ from gateway.limits.lua import (
 )
 from gateway.limits.memory import DEFAULT_HOLD_TTL_S
 from gateway.limits.resp import RespClient, RespConnectionError, RespError, Script
-from gateway.limits.windows import RATE_WINDOW_S, PeriodCache, PeriodWindow
+from gateway.limits.windows import (
+    RATE_WINDOW_S,
+    PeriodCache,
+    PeriodWindow,
+    token_correction_times,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -208,12 +213,10 @@ class RedisLimitStore(LimitStore):
         *,
         at: float | None = None,
     ) -> None:
-        if limits.tpm is None or tokens == 0:
+        times = None if limits.tpm is None or tokens == 0 else token_correction_times(now, at)
+        if times is None:
             return
-        now = time.time() if now is None else now
-        at = now if at is None else min(at, now)
-        if at <= now - RATE_WINDOW_S:
-            return  # the estimate it corrects has left the window already
+        now, at = times
         keys = self._rate_keys(limits)[1:]
         args = [_ts(now - RATE_WINDOW_S), _ts(at), str(int(tokens)), self._member()]
         await self._run_deferred(self._add_tokens, keys, [*args, _RATE_KEY_TTL_MS])

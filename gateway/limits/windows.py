@@ -11,6 +11,7 @@ Rate limits use a fixed 60-second sliding window (see ``RATE_WINDOW_S``).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
@@ -20,6 +21,16 @@ BUDGET_PERIODS: tuple[BudgetPeriod, ...] = ("daily", "weekly", "monthly", "total
 
 # rpm and tpm are "per minute": the window a request or token counts in is the last 60 s.
 RATE_WINDOW_S = 60.0
+
+
+def token_correction_times(now: float | None, at: float | None) -> tuple[float, float] | None:
+    """``(now, at)`` for a tpm correction counted ``at`` (default: now, never later), or
+    None when the estimate it corrects has left the rate window already and nothing in the
+    window is left to correct."""
+    now = time.time() if now is None else now
+    at = now if at is None else min(at, now)
+    return None if at <= now - RATE_WINDOW_S else (now, at)
+
 
 # Spend counters outlive their period by this much so a report taken just after a rollover
 # can still read the previous period from the store; the ledger is the long-term record.
