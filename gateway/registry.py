@@ -75,11 +75,11 @@ def run_checkpoints(args: argparse.Namespace) -> int:
         PACKAGED_PREFIX,
         CheckpointError,
         checkpoint_location,
-        list_checkpoints,
         load_checkpoint,
         packaged_checkpoint_names,
         packaged_checkpoint_path,
     )
+    from router.checkpoint_registry import list_checkpoints
 
     if args.paths and (args.show or args.packaged):
         # They list or show something else: the paths would be silently ignored.

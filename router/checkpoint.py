@@ -11,6 +11,9 @@ The metadata says everything needed to decide whether a checkpoint may serve a p
 ordered pool it was trained on (position = action index), the prices at training time, the
 feature version of the inputs, the architecture, and how it was trained and scored.
 numpy + safetensors + pydantic only: the gateway loads checkpoints without torch.
+
+Whether a checkpoint may serve a configured pool is decided in :mod:`router.checkpoint_pool`;
+finding the checkpoints under a directory, in :mod:`router.checkpoint_registry`.
 """
 
 from __future__ import annotations
@@ -18,11 +21,9 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import logging
 import math
 import os
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -38,10 +39,6 @@ from pydantic import (
 )
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
-
-from router.pool import ModelPool
-
-logger = logging.getLogger(__name__)
 
 FORMAT: Literal["xrouter-compact"] = "xrouter-compact"
 FORMAT_VERSION = 1
@@ -105,10 +102,6 @@ def checkpoint_location(path: str | Path) -> Path:
     if p.is_dir() and not (p / META_FILE).exists() and (p / "checkpoint" / META_FILE).is_file():
         return p / "checkpoint"
     return p
-
-
-class CheckpointPoolMismatch(CheckpointError):
-    """The configured pool cannot be served by the checkpoint."""
 
 
 class LambdaEncoding(BaseModel):
@@ -337,92 +330,9 @@ class CompactCheckpoint:
                 )
 
 
-@dataclass(frozen=True, slots=True)
-class PoolCheck:
-    """How a configured pool maps onto a checkpoint."""
-
-    active: list[str]  # checkpoint models present in the pool, in checkpoint order
-    masked: list[str]  # checkpoint models absent from the pool (never chosen)
-    # Pool models the checkpoint has no action for (added since it was trained): it never
-    # routes to them, but ε-exploration may, so the logs can teach the next checkpoint.
-    untrained: list[str] = field(default_factory=list)
-    price_changes: dict[str, dict[str, tuple[str | None, str | None]]] = field(default_factory=dict)
-
-    @property
-    def warnings(self) -> list[str]:
-        out = []
-        for model, changes in self.price_changes.items():
-            desc = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changes.items())
-            out.append(f"price of {model!r} changed since training ({desc} USD/1M tokens)")
-        return out
-
-
-def _same_price(a: str | None, b: str | None) -> bool:
-    if a is None or b is None:
-        return a == b
-    try:
-        return Decimal(a) == Decimal(b)
-    except InvalidOperation:
-        return a == b
-
-
-def check_pool(ckpt: CompactCheckpoint, pool: ModelPool) -> PoolCheck:
-    """Check that ``pool`` can be served by ``ckpt``.
-
-    The checkpoint routes among the models it was trained on that the pool has: checkpoint
-    models missing from the pool are masked out, and pool models the checkpoint does not know
-    are left to the other policies and to requests that name them (adding a model to a
-    running gateway must not take its learned router down). Only a pool with none of the
-    checkpoint's models is an error. A changed price is a warning (the policy's trade-offs
-    were learned at the old prices); both are logged.
-    """
-    trained = ckpt.pool
-    configured = pool.names
-    untrained = [m for m in configured if m not in trained]
-    masked = [m for m in trained if m not in pool]
-    name = ckpt.metadata.name or (str(ckpt.path) if ckpt.path else "the checkpoint")
-    if len(masked) == len(trained):
-        raise CheckpointPoolMismatch(
-            f"{name} cannot route the configured pool: no model of the pool is in the "
-            f"checkpoint; checkpoint pool: {', '.join(trained)}; configured pool: "
-            f"{', '.join(configured) or '(empty)'}; retrain on this pool"
-        )
-    changes: dict[str, dict[str, tuple[str | None, str | None]]] = {}
-    now = pool.price_snapshot()
-    for model in configured:
-        then = ckpt.metadata.prices.get(model)
-        if then is None:
-            continue
-        diff = {
-            k: (then.get(k), now[model].get(k))
-            for k in ("input", "output")
-            if not _same_price(then.get(k), now[model].get(k))
-        }
-        if diff:
-            changes[model] = diff
-    result = PoolCheck(
-        active=[m for m in trained if m in pool],
-        masked=masked,
-        untrained=untrained,
-        price_changes=changes,
-    )
-    for w in result.warnings:
-        logger.warning("%s: %s", name, w)
-    if untrained:
-        logger.warning(
-            "%s was not trained on %s: it routes among %s only; the new models are served "
-            "by name and by the other policies (explore with router.epsilon > 0 to "
-            "log them, then retrain)",
-            name,
-            ", ".join(untrained),
-            ", ".join(result.active),
-        )
-    if masked:
-        logger.info("%s: models not in the configured pool are masked: %s", name, ", ".join(masked))
-    return result
-
-
-def _is_single_file(path: Path) -> bool:
+def is_single_file(path: Path) -> bool:
+    """Whether ``path`` names a one-file checkpoint (weights with the metadata in their
+    header) rather than a checkpoint directory."""
     return path.suffix == ".safetensors"
 
 
@@ -436,7 +346,7 @@ def save_checkpoint(
     ckpt = CompactCheckpoint(metadata, arrays, p)
     ckpt.validate()
     meta_json = metadata.model_dump_json(indent=2)
-    if _is_single_file(p):
+    if is_single_file(p):
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name(p.name + ".tmp")
         save_file(arrays, str(tmp), metadata={HEADER_KEY: meta_json})
@@ -500,64 +410,3 @@ def load_checkpoint(path: str | Path) -> CompactCheckpoint:
     ckpt = CompactCheckpoint(metadata, {k: v.astype(np.float32) for k, v in weights.items()}, p)
     ckpt.validate()
     return ckpt
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointInfo:
-    path: Path
-    metadata: CheckpointMetadata
-
-
-def _is_checkpoint(path: Path) -> bool:
-    return (path.is_dir() and (path / META_FILE).is_file()) or (
-        path.is_file() and _is_single_file(path)
-    )
-
-
-def _candidates(root: Path, steps: bool) -> list[Path]:
-    """``root`` itself if it is a checkpoint; else the checkpoints of ``root`` as a run
-    directory (``checkpoint``, and ``checkpoints/step_*`` with ``steps``); else those of
-    each entry directly under it (a directory of checkpoints or of run directories)."""
-    if _is_checkpoint(root):
-        return [root]
-    if not root.is_dir():
-        return []
-    run = [root / "checkpoint"] if _is_checkpoint(root / "checkpoint") else []
-    if steps and (root / "checkpoints").is_dir():
-        run += [p for p in sorted((root / "checkpoints").iterdir()) if _is_checkpoint(p)]
-    if run:
-        return run
-    found: list[Path] = []
-    for entry in sorted(root.iterdir()):
-        if _is_checkpoint(entry):
-            found.append(entry)
-        elif entry.is_dir():
-            if _is_checkpoint(entry / "checkpoint"):
-                found.append(entry / "checkpoint")
-            if steps and (entry / "checkpoints").is_dir():
-                found += [p for p in sorted((entry / "checkpoints").iterdir()) if _is_checkpoint(p)]
-    return found
-
-
-def list_checkpoints(
-    directories: str | Path | list[str | Path], *, steps: bool = False
-) -> list[CheckpointInfo]:
-    """The checkpoint registry: every checkpoint found under ``directories`` — a checkpoint,
-    a run directory of ``xrouter train`` (its ``checkpoint``; with ``steps`` also its
-    intermediate ``checkpoints/step_*``), or a directory of either — newest first. Only
-    metadata is read. Unreadable entries are skipped with a warning."""
-    roots = [directories] if isinstance(directories, str | Path) else list(directories)
-    seen: set[Path] = set()
-    found: list[CheckpointInfo] = []
-    for root in roots:
-        for path in _candidates(Path(root), steps):
-            key = path.resolve()
-            if key in seen:
-                continue
-            seen.add(key)
-            try:
-                found.append(CheckpointInfo(path, read_metadata(path)))
-            except CheckpointError as exc:
-                logger.warning("skipping %s: %s", path, exc)
-    found.sort(key=lambda c: c.metadata.created_at, reverse=True)
-    return found

@@ -18,14 +18,8 @@ from typing import Any, Self
 
 import numpy as np
 
-from router.checkpoint import (
-    CheckpointError,
-    CheckpointPoolMismatch,
-    CompactCheckpoint,
-    PoolCheck,
-    check_pool,
-    load_checkpoint,
-)
+from router.checkpoint import CheckpointError, CompactCheckpoint, load_checkpoint
+from router.checkpoint_pool import CheckpointPoolMismatch, PoolCheck, check_pool
 from router.features import FeatureConfig, FeatureExtractor
 from router.policies.baselines import CheapestPolicy
 from router.policy import LoopState, Policy, RouteContext, Step

@@ -17,17 +17,16 @@ from router.checkpoint import (
     Architecture,
     CheckpointError,
     CheckpointMetadata,
-    CheckpointPoolMismatch,
-    check_pool,
     default_checkpoint_path,
     is_packaged,
-    list_checkpoints,
     load_checkpoint,
     packaged_checkpoint_names,
     packaged_checkpoint_path,
     read_metadata,
     save_checkpoint,
 )
+from router.checkpoint_pool import CheckpointPoolMismatch, check_pool
+from router.checkpoint_registry import list_checkpoints
 from router.pool import ModelPool, PoolModelConfig
 
 MODELS = ["small", "medium", "large"]

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from pricing import load_default_catalog
-from router.checkpoint import CheckpointPoolMismatch, load_checkpoint, packaged_checkpoint_path
+from router.checkpoint import load_checkpoint, packaged_checkpoint_path
+from router.checkpoint_pool import CheckpointPoolMismatch
 from router.executors import ProviderExecutor
 from router.features import FeatureExtractor
 from router.loop import Orchestrator, worst_case_micros

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from pricing import ModelPrice
-from router.checkpoint import list_checkpoints, load_checkpoint
+from router.checkpoint import load_checkpoint
+from router.checkpoint_registry import list_checkpoints
 from router.features import FeatureExtractor
 from router.outcomes import OutcomeRecord
 from router.policies.compact import CompactPolicy

@@ -1,0 +1,83 @@
+"""The checkpoint registry: the compact checkpoints found on disk, read from metadata only.
+
+``xrouter checkpoints`` lists them; a checkpoint, an ``xrouter train`` run directory and a
+directory of either are all searched. How one checkpoint is named and read (a path, a run
+directory, ``packaged:<name>``) is :mod:`router.checkpoint`'s business.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from router.checkpoint import (
+    META_FILE,
+    CheckpointError,
+    CheckpointMetadata,
+    is_single_file,
+    read_metadata,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointInfo:
+    path: Path
+    metadata: CheckpointMetadata
+
+
+def _is_checkpoint(path: Path) -> bool:
+    return (path.is_dir() and (path / META_FILE).is_file()) or (
+        path.is_file() and is_single_file(path)
+    )
+
+
+def _candidates(root: Path, steps: bool) -> list[Path]:
+    """``root`` itself if it is a checkpoint; else the checkpoints of ``root`` as a run
+    directory (``checkpoint``, and ``checkpoints/step_*`` with ``steps``); else those of
+    each entry directly under it (a directory of checkpoints or of run directories)."""
+    if _is_checkpoint(root):
+        return [root]
+    if not root.is_dir():
+        return []
+    run = [root / "checkpoint"] if _is_checkpoint(root / "checkpoint") else []
+    if steps and (root / "checkpoints").is_dir():
+        run += [p for p in sorted((root / "checkpoints").iterdir()) if _is_checkpoint(p)]
+    if run:
+        return run
+    found: list[Path] = []
+    for entry in sorted(root.iterdir()):
+        if _is_checkpoint(entry):
+            found.append(entry)
+        elif entry.is_dir():
+            if _is_checkpoint(entry / "checkpoint"):
+                found.append(entry / "checkpoint")
+            if steps and (entry / "checkpoints").is_dir():
+                found += [p for p in sorted((entry / "checkpoints").iterdir()) if _is_checkpoint(p)]
+    return found
+
+
+def list_checkpoints(
+    directories: str | Path | list[str | Path], *, steps: bool = False
+) -> list[CheckpointInfo]:
+    """The checkpoint registry: every checkpoint found under ``directories`` — a checkpoint,
+    a run directory of ``xrouter train`` (its ``checkpoint``; with ``steps`` also its
+    intermediate ``checkpoints/step_*``), or a directory of either — newest first. Only
+    metadata is read. Unreadable entries are skipped with a warning."""
+    roots = [directories] if isinstance(directories, str | Path) else list(directories)
+    seen: set[Path] = set()
+    found: list[CheckpointInfo] = []
+    for root in roots:
+        for path in _candidates(Path(root), steps):
+            key = path.resolve()
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                found.append(CheckpointInfo(path, read_metadata(path)))
+            except CheckpointError as exc:
+                logger.warning("skipping %s: %s", path, exc)
+    found.sort(key=lambda c: c.metadata.created_at, reverse=True)
+    return found
