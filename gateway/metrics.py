@@ -4,13 +4,8 @@
 the process-global default, so tests and several apps in one process don't collide). All
 names start with ``xrouter_`` and use base units: seconds, USD, tokens.
 
-Label values are bounded. A label fed from request data could otherwise grow without limit
-(every typo'd model name a new time series), so models and policies are checked against the
-sets the config names (at start-up, plus those each reload or deploy brings, up to a fixed
-room) and anything else is reported as ``"other"``; a request no model answered, or that
-failed before a policy was resolved, is ``"none"``. Free-form vocabularies owned by other
-components (error kinds, spill reasons) accept a few distinct values first come and fold the
-rest into ``"other"``.
+Label values are bounded (``gateway.metric_labels``): a model or policy the config does not
+name is ``"other"``, none is ``"none"``, and free-form vocabularies keep a few values.
 
 Multiprocess (rendering and aggregation: ``gateway.metrics_render``). Gauges declare how
 several workers' values combine:
@@ -34,11 +29,9 @@ from prometheus_client import (
     Histogram,
 )
 
+from gateway.metric_labels import OTHER, FirstComeLabel, KnownLabel, status_class
 from gateway.metrics_render import multiprocess_enabled
 from pricing.money import MICROS_PER_USD
-
-OTHER = "other"
-NONE = "none"
 
 # LLM calls take from a few milliseconds (a cached or tiny answer) to minutes (long
 # reasoning or generation), so the buckets span 5 ms .. 10 min, denser where most calls are.
@@ -76,64 +69,6 @@ def _usd(micros: int) -> float:
 _APIS = frozenset({"chat", "responses", "messages"})
 
 
-def _status_class(status: int | str) -> str:
-    try:
-        code = int(status)
-    except (TypeError, ValueError):
-        return OTHER
-    return f"{code // 100}xx" if 100 <= code <= 599 else OTHER
-
-
-# What callers pass for "no model answered" and "no policy was resolved" (the ledger's words
-# for them): their label is "none", as for an empty value, not "other" (an unknown name).
-_NONE_SENTINELS = frozenset({NONE, "unresolved"})
-
-
-class _KnownLabel:
-    """Maps a value to itself if it is known, ``"none"`` if empty (or a sentinel meaning
-    none), else ``"other"``.
-
-    ``add`` makes more values known (the names a reload or deploy brings), at most ``room``
-    of them over the process's life: the initial set is bounded by the config, and a config
-    that keeps renaming its models must not grow the series without limit."""
-
-    def __init__(self, known: Iterable[str], room: int = 64) -> None:
-        self.known = frozenset(known)
-        self._room = room
-
-    def add(self, names: Iterable[str]) -> None:
-        new = [n for n in dict.fromkeys(names) if n and n not in self.known]
-        admitted = new[: max(self._room, 0)]
-        self._room -= len(admitted)
-        self.known = self.known | frozenset(admitted)
-
-    def __call__(self, value: str | None) -> str:
-        if not value:
-            return NONE
-        if value in self.known:
-            return value
-        return NONE if value in _NONE_SENTINELS else OTHER
-
-
-class _FirstComeLabel:
-    """Accepts the preset values plus up to ``extra`` more, first come; the rest is "other"."""
-
-    def __init__(self, preset: Iterable[str] = (), extra: int = 16) -> None:
-        self._values = set(preset)
-        self._room = extra
-
-    def __call__(self, value: str | None) -> str:
-        if not value:
-            return NONE
-        if value in self._values:
-            return value
-        if self._room > 0:
-            self._room -= 1
-            self._values.add(value)
-            return value
-        return OTHER
-
-
 class GatewayMetrics:
     """Every gateway metric, with methods that take plain values (no prometheus types leak
     into callers). Also the ledger writer's metrics sink: ``queue_depth``, ``spilled``,
@@ -149,20 +84,20 @@ class GatewayMetrics:
         version: str = "unknown",
     ) -> None:
         self.registry = registry
-        self._model = _KnownLabel(models)
-        self._policy = _KnownLabel(policies)
+        self._model = KnownLabel(models)
+        self._policy = KnownLabel(policies)
         # Deployment names come from the config (bounded by it); the room caps a config
         # that keeps changing them across reloads.
-        self._deployment = _FirstComeLabel(extra=64)
+        self._deployment = FirstComeLabel(extra=64)
         # Presets: the vocabularies of router.providers.errors.ErrorKind and the ledger
         # writer's sink; anything new still gets a series, up to the first-come room.
-        self._error_kind = _FirstComeLabel(
+        self._error_kind = FirstComeLabel(
             ("timeout", "rate_limited", "upstream_4xx", "upstream_5xx", "connection",
              "bad_response", "not_found", "budget", "circuit_open")
         )  # fmt: skip
-        self._spill_reason = _FirstComeLabel(SPILL_REASONS)
-        self._write_error_kind = _FirstComeLabel(WRITE_ERROR_KINDS)
-        self._budget_reason = _FirstComeLabel(BUDGET_REASONS, extra=4)
+        self._spill_reason = FirstComeLabel(SPILL_REASONS)
+        self._write_error_kind = FirstComeLabel(WRITE_ERROR_KINDS)
+        self._budget_reason = FirstComeLabel(BUDGET_REASONS, extra=4)
         self._budget_gauge_keys = budget_gauge_keys
         self._budget_aliases: set[str] = set()
         self._budget_read_at: dict[str, float] = {}  # alias -> last gauge read (monotonic s)
@@ -450,7 +385,7 @@ class GatewayMetrics:
         ``downstream_calls`` how many pool-model calls it made; ``api`` the shape it came in."""
         p = self._policy(policy)
         api = api if api in _APIS else OTHER
-        self._child(self._requests, p, self._model(model), _status_class(status), api).inc()
+        self._child(self._requests, p, self._model(model), status_class(status), api).inc()
         self._child(self._request_duration, p).observe(duration_s)
         if downstream_calls is not None:
             self._child(self._calls_per_request, p).observe(downstream_calls)
