@@ -76,6 +76,12 @@ class Runtime:
     def policy_names(self) -> list[str]:
         return sorted(self.policies)
 
+    def reported_names(self) -> tuple[list[str], list[str]]:
+        """The model and policy names this runtime's requests are reported under in metrics:
+        its pool ("router": an answer the router gave itself) and its policies (with
+        "passthrough": a pool model asked for by name)."""
+        return [*self.pool.names, "router"], [*self.policy_names, "passthrough"]
+
     def take_over(self) -> None:
         """Apply this snapshot's circuit breaker and deployment cooldown settings to the
         breakers and balancer it shares with the snapshot it replaces; called as it is

@@ -14,7 +14,8 @@ from prometheus_client import CollectorRegistry
 from gateway.auth import Authenticator
 from gateway.chat import ChatService
 from gateway.hooks import RequestHooks
-from gateway.runtime import Runtime, build_runtime
+from gateway.reload import Reloader
+from gateway.runtime import Runtime
 from gateway.settings import Settings
 
 if TYPE_CHECKING:  # built lazily in start(), by what the settings turn on
@@ -24,7 +25,7 @@ if TYPE_CHECKING:  # built lazily in start(), by what the settings turn on
     from gateway.budget_sync import BudgetSync
     from gateway.cache.service import AnswerCache
     from gateway.circuits import SharedCircuits
-    from gateway.ledger.deployments import Deployment, DeploymentRepository
+    from gateway.ledger.deployments import Deployment
     from gateway.ledger.keys import KeyInfo, KeyRepository
     from gateway.ledger.retention import LedgerRetention
     from gateway.ledger.writer import LedgerWriter
@@ -32,34 +33,6 @@ if TYPE_CHECKING:  # built lazily in start(), by what the settings turn on
     from gateway.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
-
-
-class _MetricEvents:
-    """Adapts DownstreamClient events to Prometheus."""
-
-    def __init__(self, services: Services) -> None:
-        self._s = services
-
-    def on_retry(self, model: str, kind: str) -> None:
-        pass
-
-    def on_fallback(self, model: str) -> None:
-        if self._s.metrics is not None:
-            self._s.metrics.fallback(model)
-
-    def on_upstream_error(self, model: str, kind: str) -> None:
-        if self._s.metrics is not None:
-            self._s.metrics.upstream_error(model, kind)
-
-    def on_deployment(self, model: str, deployment: str, ok: bool) -> None:
-        if self._s.metrics is not None:
-            self._s.metrics.deployment_call(model, deployment, ok)
-
-    def on_circuit(self, model: str, state: str) -> None:
-        if self._s.metrics is not None:
-            self._s.metrics.circuit(model, state != "closed")
-        if self._s.circuits is not None:
-            self._s.circuits.on_change(model, state)
 
 
 @dataclass
@@ -81,22 +54,18 @@ class Services:
     retention: LedgerRetention | None = None  # when configured
     budget_gauges: BudgetGauges | None = None  # with auth and metrics
     ready: bool = False
-    reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     background: list[asyncio.Task[Any]] = field(default_factory=list)
     requests: set[asyncio.Task[Any]] = field(default_factory=set)  # serving HTTP requests
     # What the config says; ``settings`` is what serves: the same, except for a deployed
     # router checkpoint (``xrouter deploy``), which holds until the config's own changes.
     file_settings: Settings | None = None
-    deployments: DeploymentRepository | None = None
-    deployment: Deployment | None = None  # the newest this process has seen
-    _seen_deployment: int | None = None
-    # A deployment whose checkpoint did not load here: (id, retry after (monotonic s), delay s).
-    _deploy_retry: tuple[int, float, float] | None = None
-    _poll_error: str | None = None  # the last polling failure, so an outage is logged once
+    # Builds and swaps ``runtime`` and ``settings``; follows the router deployments.
+    reloader: Reloader = field(init=False)
 
     def __post_init__(self) -> None:
         if self.file_settings is None:
             self.file_settings = self.settings
+        self.reloader = Reloader(self)
 
     async def key_spend(self, info: KeyInfo) -> tuple[float | None, float | None]:
         """A key's spend and remaining budget (USD) in its current period, from the limit
@@ -123,20 +92,6 @@ class Services:
             remaining = info.budget_micros - spent
         return micros_to_usd(spent), micros_to_usd(remaining) if remaining is not None else None
 
-    def _observe_checkpoint(self) -> None:
-        if self.metrics is not None and self.runtime is not None:
-            info = self.runtime.checkpoint_info or {}
-            self.metrics.serving_checkpoint(info.get("version"), info.get("kind"))
-
-    def _observe_runtime(self) -> None:
-        """After a reload or deploy swapped the runtime: its checkpoint, and its models and
-        policies as metric labels (without this, ones the config gained since start-up
-        would be reported as "other")."""
-        self._observe_checkpoint()
-        if self.metrics is not None and self.runtime is not None:
-            models, policies = _metric_labels(self.runtime)
-            self.metrics.add_known(models=models, policies=policies)
-
     def current(self) -> Runtime:
         assert self.runtime is not None
         return self.runtime
@@ -159,35 +114,23 @@ class Services:
         """Build the runtime snapshot (pool, prices, policies, checkpoint) unless built:
         ``xrouter serve`` calls it before the server starts, so that an unusable config is
         one error line, and the lifespan's ``start`` then uses it instead of building twice.
+        ``deployment``: the ledger's newest router deployment (``Reloader.prepare``)."""
+        self.reloader.prepare(deployment)
 
-        ``deployment`` is the ledger's newest router deployment: where it still applies, the
-        snapshot is built on its checkpoint alone, so a restart does not depend on the
-        config's checkpoint loading (it may have been deleted since it was replaced). If the
-        deployed one does not load here, the config's serves and the poller retries."""
-        if self.runtime is not None:
-            return
-        events = _MetricEvents(self)
-        if deployment is not None and deployment.applies_to(self.settings.router.checkpoint):
-            serving = _with_checkpoint(self.settings, deployment.checkpoint)
-            try:
-                runtime = build_runtime(serving, events=events)
-                check_deployed_version(runtime, deployment)
-            except Exception as exc:
-                delay = 2 * self.settings.router.deployment_poll_s
-                self._deploy_retry = (deployment.id, time.monotonic() + delay, delay)
-                log.error(
-                    "could not load the deployed router checkpoint (deployment %d, %s); "
-                    "serving the config's, retrying in %.0f s: %s",
-                    deployment.id,
-                    deployment.checkpoint,
-                    delay,
-                    exc,
-                )
-            else:
-                self.runtime, self.settings = runtime, serving
-                self.deployment, self._seen_deployment = deployment, deployment.id
-                return
-        self.runtime = build_runtime(self.settings, events=events)
+    async def reload(self, settings: Settings | None = None) -> Runtime:
+        """Swap in a runtime built from ``settings`` (the config as read; default: the last
+        one), on the deployed checkpoint if it still applies (``Reloader.reload``)."""
+        return await self.reloader.reload(settings)
+
+    async def deploy(self, checkpoint: str, settings: Settings | None = None) -> Runtime:
+        """Serve ``checkpoint`` and record it for every worker and replica
+        (``Reloader.deploy``)."""
+        return await self.reloader.deploy(checkpoint, settings)
+
+    @property
+    def active_deployment(self) -> Deployment | None:
+        """The deployment serving here, if any (None once the config's checkpoint changed)."""
+        return self.reloader.active_deployment
 
     async def start(self) -> None:
         from gateway.ledger.keys import KeyRepository
@@ -199,10 +142,10 @@ class Services:
         self.engine = await open_ledger_engine(s.ledger.url)
         if self.runtime is None:
             # Off the loop: building loads the checkpoint from disk.
-            await asyncio.to_thread(self.prepare, await self._latest_deployment())
+            await asyncio.to_thread(self.prepare, await self.reloader.latest_deployment())
         assert self.runtime is not None
         if s.metrics.enabled:
-            models, policies = _metric_labels(self.runtime)
+            models, policies = self.runtime.reported_names()
             self.metrics = GatewayMetrics(
                 self.registry,
                 models=models,
@@ -226,8 +169,7 @@ class Services:
                 metrics=self.metrics,
             )
             self.retention.start()
-        await self._start_deployments()
-        self._observe_checkpoint()
+        await self.reloader.start()
         self.keys = KeyRepository(self.engine)
         self.limits = self._limit_store()
         if s.auth.enabled:
@@ -306,198 +248,6 @@ class Services:
         shared.start()
         return shared
 
-    async def reload(
-        self, settings: Settings | None = None, *, following: Deployment | None = None
-    ) -> Runtime:
-        """Build a new runtime snapshot from ``settings`` (the config as read; default: the
-        last one) with the deployed checkpoint, if it still applies, and swap it in.
-        In-flight requests keep the old one. ``following``: the deployment this reload
-        takes up, whose recorded version the loaded checkpoint must be."""
-        async with self.reload_lock:
-            if following is not None and following.id <= (self._seen_deployment or 0):
-                # Taken up (or overtaken by this worker's own deploy) while this reload
-                # waited for the lock: loading it now would replace a newer deployment.
-                return self.current()
-            file_settings = settings or self.file_settings or self.settings
-            # The deployment this reload serves, read once under the lock: the poller may
-            # take up a newer one while the build runs, and what is served and recorded
-            # must be what was built.
-            deployment = following if following is not None else self.deployment
-            serving = self._effective(file_settings, deployment)
-            runtime = await self._build(serving)
-            if following is not None:
-                check_deployed_version(runtime, following)
-                self._seen_deployment = following.id
-            elif serving is not file_settings:
-                deployment = await self._record_rewritten_deployment(runtime, deployment)
-            runtime.take_over()
-            self.file_settings, self.settings, self.runtime = file_settings, serving, runtime
-            self.deployment = deployment
-            self._observe_runtime()
-            log.info("reloaded: pool=%s policies=%s", runtime.pool.names, runtime.policy_names)
-            return runtime
-
-    async def _record_rewritten_deployment(
-        self, runtime: Runtime, d: Deployment | None
-    ) -> Deployment | None:
-        """The deployed checkpoint ``d`` was rewritten in place (retrained into its
-        directory) and this reload (the file watcher's, or an admin one) loaded it: that
-        content is the deployment now. Recorded as a new deployment of the same path, so
-        restarts and the other workers and replicas take it instead of refusing it as a
-        stale copy; if it cannot be recorded the reload fails and the recorded content keeps
-        serving. Returns the deployment the runtime serves."""
-        found = (runtime.checkpoint_info or {}).get("version")
-        if d is None or self.deployments is None or found is None or found == d.version:
-            return d
-        latest = await self.deployments.latest()
-        if latest is not None and (latest.checkpoint, latest.version) == (d.checkpoint, found):
-            d = latest  # another worker recorded it first
-        else:
-            d = await self.deployments.record(d.checkpoint, found, d.config_checkpoint)
-            log.info(
-                "the deployed checkpoint %s changed in place (version %s): recorded as "
-                "deployment %d",
-                d.checkpoint,
-                found,
-                d.id,
-            )
-        self._seen_deployment = d.id
-        return d
-
-    async def deploy(self, checkpoint: str, settings: Settings | None = None) -> Runtime:
-        """Serve ``checkpoint`` here and record it for every other worker and replica (and
-        for restarts). The runtime is built first: a checkpoint that does not load is
-        refused (``ValueError``/``OSError``) and nothing is recorded."""
-        async with self.reload_lock:
-            file_settings = settings or self.file_settings or self.settings
-            serving = _with_checkpoint(file_settings, checkpoint)
-            runtime = await self._build(serving)
-            if self.deployments is not None:
-                info = runtime.checkpoint_info or {}
-                self.deployment = await self.deployments.record(
-                    checkpoint, info.get("version"), file_settings.router.checkpoint
-                )
-                self._seen_deployment = self.deployment.id
-            runtime.take_over()
-            self.file_settings, self.settings, self.runtime = file_settings, serving, runtime
-            self._observe_runtime()
-            log.info("deployed %s (deployment %s)", checkpoint, self._seen_deployment)
-            return runtime
-
-    async def _build(self, settings: Settings) -> Runtime:
-        # Building loads a checkpoint from disk: keep it off the event loop.
-        return await asyncio.to_thread(
-            build_runtime, settings, events=_MetricEvents(self), previous=self.runtime
-        )
-
-    def _effective(self, file_settings: Settings, d: Deployment | None) -> Settings:
-        if d is None or not d.applies_to(file_settings.router.checkpoint):
-            return file_settings
-        return _with_checkpoint(file_settings, d.checkpoint)
-
-    @property
-    def active_deployment(self) -> Deployment | None:
-        """The deployment serving here, if any (None once the config's checkpoint changed)."""
-        d, f = self.deployment, self.file_settings
-        return d if d is not None and f is not None and d.applies_to(f.router.checkpoint) else None
-
-    async def _latest_deployment(self) -> Deployment | None:
-        """The newest recorded deployment, or None (also when it cannot be read: the
-        config's router then serves, and the poller takes the deployment up later)."""
-        from gateway.ledger.store import describe_error
-
-        try:
-            return await self._deployment_repo().latest()
-        except Exception as exc:
-            log.error("reading router deployments failed: %s", describe_error(exc))
-            return None
-
-    async def _start_deployments(self) -> None:
-        """Start on the newest deployment unless ``prepare`` did (a restart keeps what was
-        deployed), then follow the ones other workers record."""
-        self._deployment_repo()
-        try:
-            await self._follow_deployment()
-        except Exception as exc:  # a checkpoint missing here must not stop the gateway
-            log.error(
-                "could not load the deployed router checkpoint; serving the config's: %s", exc
-            )
-        interval = self.settings.router.deployment_poll_s
-        self.background.append(
-            asyncio.create_task(self._poll_deployments(interval), name="xrouter-deployments")
-        )
-
-    def _deployment_repo(self) -> DeploymentRepository:
-        from gateway.ledger.deployments import DeploymentRepository
-
-        if self.deployments is None:
-            assert self.engine is not None, "deployments are recorded in the ledger"
-            self.deployments = DeploymentRepository(self.engine)
-        return self.deployments
-
-    async def _follow_deployment(self) -> None:
-        latest = await self._deployment_repo().latest()
-        if latest is None or latest.id == self._seen_deployment:
-            return
-        # A backed-off retry of this very deployment, if one is pending.
-        retry = (
-            self._deploy_retry
-            if self._deploy_retry and self._deploy_retry[0] == latest.id
-            else None
-        )
-        if retry is not None and time.monotonic() < retry[1]:
-            return
-        file_checkpoint = (self.file_settings or self.settings).router.checkpoint
-        if latest.applies_to(file_checkpoint):
-            # ``reload`` takes ``latest`` up under the reload lock, and only once it loaded:
-            # set here, before the lock, a reload or deploy already building would serve or
-            # record it in place of what it built.
-            try:
-                await self.reload(following=latest)
-            except Exception as exc:
-                # The checkpoint may not have reached this replica yet (a volume still
-                # syncing): keep serving the previous router and try again later, backing
-                # off so that a checkpoint that never loads is not rebuilt every poll.
-                delay = (
-                    min(2 * retry[2], _MAX_DEPLOY_RETRY_S)
-                    if retry is not None
-                    else 2 * self.settings.router.deployment_poll_s
-                )
-                self._deploy_retry = (latest.id, time.monotonic() + delay, delay)
-                raise DeploymentLoadError(
-                    f"deployment {latest.id} ({latest.checkpoint}): {exc}; "
-                    f"retrying in {delay:.0f} s"
-                ) from exc
-            log.info("following deployment %d: %s", latest.id, latest.checkpoint)
-        elif latest.id > (self._seen_deployment or 0):
-            self.deployment = latest  # the config's own checkpoint has since won
-        self._seen_deployment = max(latest.id, self._seen_deployment or 0)
-        self._deploy_retry = None
-
-    async def _poll_deployments(self, interval_s: float) -> None:
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                await self._follow_deployment()
-            except asyncio.CancelledError:
-                raise
-            except DeploymentLoadError as exc:
-                # Keep serving the previous router; logged at each (backed-off) attempt.
-                log.error("could not load the deployed router checkpoint: %s", exc)
-            except Exception as exc:
-                # The database is unreachable: keep serving. An outage is logged when it
-                # starts (or its error changes) and when it ends, not at every poll.
-                from gateway.ledger.store import describe_error
-
-                message = describe_error(exc)  # one line, without SQLAlchemy's statement
-                if message != self._poll_error:
-                    log.error("reading router deployments failed: %s", message)
-                self._poll_error = message
-                continue
-            if self._poll_error is not None:
-                log.info("reading router deployments again")
-                self._poll_error = None
-
     async def stop(self) -> None:
         self.ready = False
         for t in self.background:
@@ -537,45 +287,8 @@ class Services:
             mark_process_dead(os.getpid())
 
 
-_MAX_DEPLOY_RETRY_S = 300.0
-
-
-class DeploymentLoadError(Exception):
-    """A recorded deployment's checkpoint did not load in this process."""
-
-
-def check_deployed_version(runtime: Runtime, deployment: Deployment) -> None:
-    """Refuse a deployed checkpoint whose content is not the one recorded: another file
-    at the same path (a replica's stale copy of a run directory) must not serve under the
-    deployment's name. Packaged checkpoints are exempt (named ``packaged:<name>`` or by
-    their path in the installation): they are the ones shipped with this installation,
-    which an upgrade may change."""
-    from router.checkpoint import is_packaged
-
-    if deployment.version is None or is_packaged(deployment.checkpoint):
-        return
-    found = (runtime.checkpoint_info or {}).get("version")
-    if found != deployment.version:
-        raise ValueError(
-            f"{deployment.checkpoint} here is checkpoint version {found}, not version "
-            f"{deployment.version} as deployment {deployment.id} recorded"
-        )
-
-
-def _with_checkpoint(settings: Settings, checkpoint: str) -> Settings:
-    router = settings.router.model_copy(update={"checkpoint": checkpoint})
-    return settings.model_copy(update={"router": router})
-
-
 def multiproc_dir() -> str | None:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-
-
-def _metric_labels(runtime: Runtime) -> tuple[list[str], list[str]]:
-    """The model and policy names a runtime may report under: its pool ("router": an answer
-    the router gave itself) and its policies (with "passthrough": a pool model asked for by
-    name)."""
-    return [*runtime.pool.names, "router"], [*runtime.policy_names, "passthrough"]
 
 
 def build_version() -> str:

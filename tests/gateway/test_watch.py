@@ -116,7 +116,7 @@ async def _services_with_ledger(tmp_path: Path) -> Services:
     write(path, gateway_config(tmp_path, "http://127.0.0.1:9/v1"))
     services = Services(load_settings(path), CollectorRegistry())
     services.engine = await open_ledger_engine(services.settings.ledger.url)
-    services.deployments = DeploymentRepository(services.engine)
+    services.reloader.deployments = DeploymentRepository(services.engine)
     services.prepare()
     return services
 
@@ -136,22 +136,22 @@ async def test_a_reload_racing_the_poller_records_no_deployment_it_did_not_build
 
     services = await _services_with_ledger(tmp_path)
     gate = _GatedBuilds()
-    monkeypatch.setattr("gateway.services.build_runtime", gate)
+    monkeypatch.setattr("gateway.reload.build_runtime", gate)
     try:
         a, b = _copy("demo-rl", tmp_path / "a"), _copy("demo", tmp_path / "b")
         version_b = load_checkpoint(b).version
         await services.deploy(a)  # deployment 1, served here
-        assert services.deployments is not None
-        newer = await services.deployments.record(b, version_b, None)  # another replica's
+        assert services.reloader.deployments is not None
+        newer = await services.reloader.deployments.record(b, version_b, None)  # another replica's
         gate.armed = True
         reloading = asyncio.create_task(services.reload())
         await asyncio.to_thread(gate.entered.wait, 30)
-        following = asyncio.create_task(services._follow_deployment())
+        following = asyncio.create_task(services.reloader._follow_deployment())
         await asyncio.sleep(0.3)  # the poller has read deployment 2 and waits for the lock
         gate.release.set()
         await reloading
         await following
-        latest = await services.deployments.latest()
+        latest = await services.reloader.deployments.latest()
         assert latest is not None and latest.id == newer.id  # nothing recorded meanwhile
         assert services.current().checkpoint_info["version"] == version_b
         assert services.active_deployment is not None
@@ -172,16 +172,16 @@ async def test_a_deploy_racing_the_poller_keeps_the_newer_deployment(
 
     services = await _services_with_ledger(tmp_path)
     gate = _GatedBuilds()
-    monkeypatch.setattr("gateway.services.build_runtime", gate)
+    monkeypatch.setattr("gateway.reload.build_runtime", gate)
     try:
         a, b = _copy("demo-rl", tmp_path / "a"), _copy("demo", tmp_path / "b")
-        assert services.deployments is not None
-        await services.deployments.record(a, load_checkpoint(a).version, None)
+        assert services.reloader.deployments is not None
+        await services.reloader.deployments.record(a, load_checkpoint(a).version, None)
         version_b = load_checkpoint(b).version
         gate.armed = True
         deploying = asyncio.create_task(services.deploy(b))
         await asyncio.to_thread(gate.entered.wait, 30)
-        following = asyncio.create_task(services._follow_deployment())
+        following = asyncio.create_task(services.reloader._follow_deployment())
         await asyncio.sleep(0.3)  # the poller has read deployment 1 and waits for the lock
         gate.release.set()
         mine = await deploying
