@@ -314,8 +314,14 @@ def _image(part: dict[str, Any], at: str) -> dict[str, Any]:
             at,
         )
     image: dict[str, Any] = {"url": url}
-    if part.get("detail") in ("low", "high", "auto"):
-        image["detail"] = part["detail"]
+    detail = part.get("detail")
+    if detail is not None:
+        if detail not in ("low", "high", "auto"):
+            raise bad_request(
+                f"{at}.detail: 'auto', 'low' or 'high' is required, not {detail!r}",
+                param=f"{at}.detail",
+            )
+        image["detail"] = detail
     return {"type": "image_url", "image_url": image}
 
 

@@ -427,6 +427,24 @@ def test_a_function_output_with_images(scripted: tuple[Gateway, ScriptedUpstream
     }
 
 
+def test_an_image_detail_openai_refuses_is_400(
+    scripted: tuple[Gateway, ScriptedUpstream],
+) -> None:
+    """An ``input_image``'s ``detail`` is checked as OpenAI checks it (it was dropped), and
+    the 400 names the client's part, not the chat message's; nothing is forwarded."""
+    gw, up = scripted
+    sent = len(up.requests())
+    image = {"type": "input_image", "image_url": PIXEL, "detail": "max"}
+    history: Any = [{"role": "user", "content": [{"type": "input_text", "text": "hi"}, image]}]
+    with pytest.raises(openai.BadRequestError) as ei:
+        client(gw).responses.create(model=MODEL, instructions="Be brief.", input=history)
+    err = ei.value.body
+    assert isinstance(err, dict) and err["param"] == "input[0].content[1].detail"
+    assert err["message"].startswith("input[0].content[1].detail")
+    assert "'auto', 'low' or 'high'" in err["message"]
+    assert len(up.requests()) == sent
+
+
 def test_a_call_whose_id_comes_late_and_a_call_cut_off(
     scripted: tuple[Gateway, ScriptedUpstream],
 ) -> None:
