@@ -37,6 +37,14 @@ class Upstream:
         self.control.delete("/_replay/faults").raise_for_status()
         self.control.post("/_replay/reset").raise_for_status()
 
+    def abandoned_streams(self, expected: int = 1, timeout_s: float = 5.0) -> dict:
+        """The upstream's stats once ``expected`` streams were abandoned (the gateway sees a
+        client's hang-up and closes its call a moment later), or at ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while self.stats()["streams_abandoned"] < expected and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.stats()
+
 
 def longest_answer(table: list[OutcomeRecord], model: str) -> OutcomeRecord:
     """The record with ``model``'s longest recorded answer: the stream that lasts longest."""
@@ -66,6 +74,20 @@ def abandon_stream(base_url: str, model: str, text: str, key: str | None = None)
                 break
         else:
             raise AssertionError("the stream ended before any answer text")
+    return request_id
+
+
+def hang_up_at(base_url: str, path: str, body: dict, event: str) -> str:
+    """Stream ``body`` to ``path`` and hang up at the first ``event:`` line named ``event``
+    (an API's first text delta); the request id."""
+    with httpx.stream("POST", f"{base_url}{path}", json=body, timeout=30) as r:
+        assert r.status_code == 200
+        request_id = r.headers["x-xrouter-request-id"]
+        for line in r.iter_lines():
+            if line == f"event: {event}":
+                break
+        else:
+            raise AssertionError(f"the stream ended before any {event} event")
     return request_id
 
 

@@ -6,7 +6,6 @@ ledger."""
 from __future__ import annotations
 
 import sqlite3
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ import pytest
 from anthropic.types import MessageParam, TextBlock, ToolParam, ToolUseBlock
 
 from router.outcomes import OutcomeRecord
-from tests.gateway.conftest import Upstream, ledger_rows, longest_answer
+from tests.gateway.conftest import Upstream, hang_up_at, ledger_rows, longest_answer
 from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
 from tests.support.scripted_upstream import scripted_upstream
 from tests.support.sdk import extra
@@ -515,16 +514,8 @@ def test_a_client_that_hangs_up_mid_stream_is_logged_as_499(
         "stream": True,
         "messages": [{"role": "user", "content": rec.text}],
     }
-    with httpx.stream("POST", f"{gateway.base_url}/messages", json=body, timeout=30) as r:
-        assert r.status_code == 200
-        rid = r.headers["x-xrouter-request-id"]
-        for line in r.iter_lines():
-            if line.startswith("event: content_block_delta"):
-                break
-    deadline = time.monotonic() + 5
-    while upstream.stats()["streams_abandoned"] < 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert upstream.stats()["streams_abandoned"] == 1
+    rid = hang_up_at(gateway.base_url, "/messages", body, "content_block_delta")
+    assert upstream.abandoned_streams()["streams_abandoned"] == 1
     (status, stream_flag, total), _ = ledger_rows(gateway, rid)
     assert (status, stream_flag) == (499, 1) and total > 0
 

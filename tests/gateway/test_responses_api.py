@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +22,7 @@ from pydantic import BaseModel
 
 from pricing import TokenUsage, load_default_catalog
 from router.outcomes import OutcomeRecord
-from tests.gateway.conftest import Upstream, ledger_rows, longest_answer
+from tests.gateway.conftest import Upstream, hang_up_at, ledger_rows, longest_answer
 from tests.support.gateway import Gateway, gateway_config, start_gateway
 from tests.support.scripted_upstream import ScriptedUpstream, scripted_upstream
 from tests.support.sdk import extra
@@ -551,15 +550,7 @@ def test_a_client_that_hangs_up_mid_stream_is_logged_as_499(
 ) -> None:
     rec = longest_answer(demo_table, MODEL)
     body = {"model": MODEL, "input": rec.text, "stream": True}
-    with httpx.stream("POST", f"{gateway.base_url}/responses", json=body, timeout=30) as r:
-        assert r.status_code == 200
-        rid = r.headers["x-xrouter-request-id"]
-        for line in r.iter_lines():
-            if line.startswith("event: response.output_text.delta"):
-                break
-    deadline = time.monotonic() + 5
-    while upstream.stats()["streams_abandoned"] < 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert upstream.stats()["streams_abandoned"] == 1
+    rid = hang_up_at(gateway.base_url, "/responses", body, "response.output_text.delta")
+    assert upstream.abandoned_streams()["streams_abandoned"] == 1
     (status, stream_flag, total), _ = ledger_rows(gateway, rid)
     assert (status, stream_flag) == (499, 1) and total > 0
