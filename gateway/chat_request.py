@@ -11,7 +11,7 @@ import orjson
 from pydantic import ValidationError
 
 from gateway.errors import bad_request, loc_to_param
-from gateway.schemas import ChatCompletionRequest
+from gateway.schemas import OPENAI_PART_TYPES, ChatCompletionRequest
 
 log = logging.getLogger(__name__)
 
@@ -109,16 +109,37 @@ def validate_request(data: Any) -> tuple[dict[str, Any], ChatCompletionRequest]:
 _CONTENT_REQUIRED = frozenset({"system", "developer", "user", "tool"})
 
 
+# The parts of OpenAI's types each role's content may hold (the user's alone carry images,
+# audio and files; an assistant's text or a refusal). Parts of other types are not judged.
+_ROLE_PARTS: dict[str, tuple[str, ...]] = {
+    "system": ("text",),
+    "developer": ("text",),
+    "tool": ("text",),
+    "assistant": ("text", "refusal"),
+    "user": ("text", "image_url", "input_audio", "file"),
+}
+
+
 def _check_messages(req: ChatCompletionRequest) -> None:
     """What OpenAI's API requires of each message beyond its types: a provider refuses a
-    user message without content or a tool result without the call it answers, and its 400
-    would reach the client as a 502."""
+    user message without content, an image in a system message or a tool result without
+    the call it answers, and its 400 would reach the client as a 502."""
     for i, m in enumerate(req.messages):
         if (m.content is None or m.content == []) and m.role in _CONTENT_REQUIRED:
             raise bad_request(
                 f"messages[{i}].content: a {m.role} message needs its content",
                 param=f"messages[{i}].content",
             )
+        allowed = _ROLE_PARTS.get(m.role)
+        if isinstance(m.content, list) and allowed is not None:
+            for j, part in enumerate(m.content):
+                if part.type in OPENAI_PART_TYPES and part.type not in allowed:
+                    kinds = " or ".join(f"'{t}'" for t in allowed)
+                    raise bad_request(
+                        f"messages[{i}].content[{j}].type: a {m.role} message takes {kinds} "
+                        f"parts, not '{part.type}'",
+                        param=f"messages[{i}].content[{j}].type",
+                    )
         if m.role == "tool" and not m.tool_call_id:
             raise bad_request(
                 f"messages[{i}].tool_call_id: a tool message answers a call: name it",

@@ -54,6 +54,7 @@ _PART_PAYLOAD = {
     "file": "file",
     "refusal": "refusal",
 }
+OPENAI_PART_TYPES = frozenset(_PART_PAYLOAD)
 
 
 class ContentPart(_Open):

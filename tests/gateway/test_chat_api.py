@@ -482,6 +482,38 @@ def test_a_malformed_content_part_is_400_naming_it(
     assert not upstream.stats()["requests"]
 
 
+IMAGE_PART = {"type": "image_url", "image_url": {"url": "https://x/a.png"}}
+
+
+@pytest.mark.parametrize(
+    ("messages", "param"),
+    [
+        ([{"role": "system", "content": [IMAGE_PART]}, {"role": "user", "content": "x"}], 0),
+        (
+            [
+                {"role": "user", "content": "x"},
+                {"role": "assistant", "content": [{"type": "text", "text": "a"}, IMAGE_PART]},
+                {"role": "user", "content": "y"},
+            ],
+            1,
+        ),
+        ([{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}], 0),
+    ],
+)
+def test_a_part_its_role_cannot_hold_is_400(
+    gateway: Gateway, upstream: Upstream, messages: list[dict], param: int
+) -> None:
+    """Only a user's message carries images, audio and files, and only an assistant's a
+    refusal, as OpenAI's API has it: a provider's 400 for it would be a 502 here."""
+    r = httpx.post(
+        f"{gateway.base_url}/chat/completions", json={"model": MODEL, "messages": messages}
+    )
+    assert r.status_code == 400, r.text
+    assert error(r)["param"].startswith(f"messages[{param}].content[")
+    assert error(r)["param"].endswith("].type")
+    assert not upstream.stats()["requests"]
+
+
 def test_a_content_part_of_another_type_is_forwarded(gateway: Gateway, upstream: Upstream) -> None:
     """Parts of types OpenAI does not define (``video_url``, ``document``: providers behind
     LiteLLM define their own) are the provider's to judge, and reach it as sent."""
