@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from gateway.errors import bad_request, loc_to_param
+from gateway.errors import APIError, bad_request, loc_to_param
 from gateway.schemas import OPENAI_PART_TYPES, ChatCompletionRequest
 
 log = logging.getLogger(__name__)
@@ -90,11 +90,7 @@ def validate_request(data: Any) -> tuple[dict[str, Any], ChatCompletionRequest]:
     try:
         req = ChatCompletionRequest.model_validate(data)
     except ValidationError as exc:
-        # The most specific error: a content list's bad part, not the ``str`` member of the
-        # union that the list also failed to be.
-        err = max(exc.errors(), key=lambda e: len(e["loc"]))
-        param = loc_to_param(err["loc"])
-        raise bad_request(f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
+        raise _schema_error(exc) from None
     unknown = data.keys() - _KNOWN_FIELDS
     if unknown:
         log.debug("tolerating unknown request fields: %s", sorted(unknown)[:10])
@@ -102,6 +98,25 @@ def validate_request(data: Any) -> tuple[dict[str, Any], ChatCompletionRequest]:
     if not req.tools:
         data = _without_tool_settings(data, req)
     return data, req
+
+
+def _schema_error(exc: ValidationError) -> APIError:
+    """The 400 for the most specific error: a content list's bad part, not the ``str``
+    member of the union that the list also failed to be. A value that is none of a union's
+    members (``content: 5``) gets what each member wanted: "a valid string or a valid list"."""
+    errors = exc.errors()
+    deepest = max(len(e["loc"]) for e in errors)
+    err = next(e for e in errors if len(e["loc"]) == deepest)
+    param = loc_to_param(err["loc"])
+    members = [
+        e["msg"].removeprefix("Input should be ")
+        for e in errors
+        if len(e["loc"]) == deepest and loc_to_param(e["loc"]) == param
+    ]
+    msg = err["msg"]
+    if len(members) > 1 and msg.startswith("Input should be "):
+        msg = "Input should be " + " or ".join(dict.fromkeys(members))
+    return bad_request(f"{param}: {msg}" if param else msg, param=param)
 
 
 # Roles whose message is nothing without its content (an assistant's may be only tool calls

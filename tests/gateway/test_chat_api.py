@@ -482,6 +482,22 @@ def test_a_malformed_content_part_is_400_naming_it(
     assert not upstream.stats()["requests"]
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("messages", [{"role": "user", "content": 5}], "a valid string or a valid list"),
+        ("stop", 5, "a valid string or a valid list"),
+    ],
+)
+def test_a_value_that_is_no_member_of_a_union_is_told_every_member(
+    gateway: Gateway, field: str, value: object, says: str
+) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], field: value}
+    r = httpx.post(f"{gateway.base_url}/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    assert error(r)["message"].endswith(f"Input should be {says}")
+
+
 IMAGE_PART = {"type": "image_url", "image_url": {"url": "https://x/a.png"}}
 
 
