@@ -1,22 +1,17 @@
-"""Compact checkpoints: round trips in both layouts, validation, the registry, and the pool
-check that decides whether a checkpoint may serve a configured pool."""
+"""Compact checkpoints (``router.checkpoint``): round trips in both layouts, validation, and
+how a checkpoint is named (a path, a run directory, ``packaged:<name>``). The registry and
+the pool check have tests of their own."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
-import logging
-from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from pricing import ModelPrice, PriceCatalog
 from router.checkpoint import (
-    Architecture,
     CheckpointError,
-    CheckpointMetadata,
     default_checkpoint_path,
     is_packaged,
     load_checkpoint,
@@ -25,47 +20,7 @@ from router.checkpoint import (
     read_metadata,
     save_checkpoint,
 )
-from router.checkpoint_pool import CheckpointPoolMismatch, check_pool
-from router.checkpoint_registry import list_checkpoints
-from router.pool import ModelPool, PoolModelConfig
-
-MODELS = ["small", "medium", "large"]
-PRICES = {"small": ("0.1", "0.2"), "medium": ("0.5", "1.5"), "large": ("3", "15")}
-
-
-def make_pool(names: list[str], prices: dict[str, tuple[str, str]] | None = None) -> ModelPool:
-    table = {**PRICES, **(prices or {})}
-    catalog = PriceCatalog(
-        {n: ModelPrice(input=Decimal(table[n][0]), output=Decimal(table[n][1])) for n in names}
-    )
-    return ModelPool.from_configs(
-        [
-            PoolModelConfig(name=n, model=f"hosted_vllm/{n}", api_base="http://127.0.0.1:9/v1")
-            for n in names
-        ],
-        catalog,
-    )
-
-
-def make_checkpoint(
-    seed: int = 0, created: dt.datetime | None = None
-) -> tuple[CheckpointMetadata, dict[str, np.ndarray]]:
-    arch = Architecture(input_dim=6, hidden=(5, 4), n_actions=len(MODELS))
-    rng = np.random.default_rng(seed)
-    weights = {k: rng.normal(size=s).astype(np.float32) for k, s in arch.weight_shapes().items()}
-    weights["input_std"] = np.abs(weights["input_std"]) + np.float32(0.5)
-    meta = CheckpointMetadata(
-        name=f"test-{seed}",
-        pool=MODELS,
-        prices=make_pool(MODELS).price_snapshot(),
-        feature_version="fx1-test",
-        architecture=arch,
-        reward={"form": "gated"},
-        training={"steps": 3},
-        metrics={"validation_mean_reward": 0.5},
-        created_at=created or dt.datetime.now(dt.UTC),
-    )
-    return meta, weights
+from tests.support.checkpoints import make_checkpoint
 
 
 @pytest.mark.parametrize("layout", ["dir", "file.safetensors"])
@@ -126,71 +81,6 @@ def test_invalid_checkpoints_are_refused(tmp_path: Path) -> None:
         load_checkpoint(tmp_path / "junk.safetensors")
     with pytest.raises(CheckpointError, match="no such checkpoint"):
         load_checkpoint(tmp_path / "nowhere")
-
-
-def test_registry_lists_newest_first_and_skips_junk(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-    for i, name in enumerate(["old", "new.safetensors", "mid"]):
-        meta, weights = make_checkpoint(i, t0 + dt.timedelta(days=[0, 2, 1][i]))
-        save_checkpoint(tmp_path / name, meta, weights)
-    (tmp_path / "broken").mkdir()
-    (tmp_path / "broken" / "checkpoint.json").write_text("{")
-    (tmp_path / "notes.txt").write_text("ignored")
-    with caplog.at_level(logging.WARNING):
-        infos = list_checkpoints(tmp_path)
-    assert [i.path.name for i in infos] == ["new.safetensors", "mid", "old"]
-    assert infos[0].metadata.name == "test-1"
-    assert "broken" in caplog.text
-    assert list_checkpoints(tmp_path / "missing") == []
-
-
-def test_registry_finds_the_checkpoints_of_run_directories(tmp_path: Path) -> None:
-    """``xrouter train --out RUN`` writes RUN/checkpoint and RUN/checkpoints/step_*: a run
-    directory, a directory of runs and several roots are all searched, each checkpoint once."""
-    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-    runs = tmp_path / "runs"
-    for i, run in enumerate(["a", "b"]):
-        meta, weights = make_checkpoint(i, t0 + dt.timedelta(days=i))
-        save_checkpoint(runs / run / "checkpoint", meta, weights)
-        step_meta, step_weights = make_checkpoint(10 + i, t0 + dt.timedelta(hours=i))
-        save_checkpoint(runs / run / "checkpoints" / "step_000100", step_meta, step_weights)
-    assert [i.path.parent.name for i in list_checkpoints(runs)] == ["b", "a"]
-    assert [i.path.parent.name for i in list_checkpoints(runs / "a")] == ["a"]
-    with_steps = list_checkpoints(runs / "a", steps=True)
-    assert [i.path.name for i in with_steps] == ["checkpoint", "step_000100"]
-    both = list_checkpoints([runs, runs / "b", runs / "b" / "checkpoint"])
-    assert [i.path.parent.name for i in both] == ["b", "a"]  # found twice, listed once
-
-
-def test_pool_check(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    meta, weights = make_checkpoint()
-    ckpt = save_checkpoint(tmp_path / "c", meta, weights)
-
-    same = check_pool(ckpt, make_pool(MODELS))
-    assert same.active == MODELS and same.masked == [] and same.warnings == []
-
-    subset = check_pool(ckpt, make_pool(["large", "small"]))
-    assert subset.active == ["small", "large"] and subset.masked == ["medium"]
-
-    with caplog.at_level(logging.WARNING):
-        changed = check_pool(ckpt, make_pool(MODELS, {"large": ("2.5", "15")}))
-    assert changed.price_changes == {"large": {"input": ("3", "2.5")}}
-    assert "price of 'large' changed" in caplog.text and "3 -> 2.5" in caplog.text
-
-    # A model added since training: served, never routed to by the checkpoint, and said so.
-    with caplog.at_level(logging.WARNING):
-        added = check_pool(ckpt, make_pool(["small", "huge"], {"huge": ("9", "9")}))
-    assert added.active == ["small"] and added.untrained == ["huge"]
-    assert added.masked == ["medium", "large"]
-    assert "was not trained on huge: it routes among small only" in caplog.text
-
-    with pytest.raises(CheckpointPoolMismatch) as exc:
-        check_pool(ckpt, make_pool(["other"], {"other": ("1", "1")}))
-    msg = str(exc.value)
-    assert "no model of the pool is in the checkpoint" in msg
-    assert "checkpoint pool: small, medium, large" in msg and "configured pool: other" in msg
 
 
 @pytest.mark.parametrize(

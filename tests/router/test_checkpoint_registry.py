@@ -1,0 +1,50 @@
+"""The checkpoint registry (``router.checkpoint_registry``): what ``xrouter checkpoints``
+finds on disk."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from pathlib import Path
+
+import pytest
+
+from router.checkpoint import save_checkpoint
+from router.checkpoint_registry import list_checkpoints
+from tests.support.checkpoints import make_checkpoint
+
+
+def test_registry_lists_newest_first_and_skips_junk(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    for i, name in enumerate(["old", "new.safetensors", "mid"]):
+        meta, weights = make_checkpoint(i, t0 + dt.timedelta(days=[0, 2, 1][i]))
+        save_checkpoint(tmp_path / name, meta, weights)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "checkpoint.json").write_text("{")
+    (tmp_path / "notes.txt").write_text("ignored")
+    with caplog.at_level(logging.WARNING):
+        infos = list_checkpoints(tmp_path)
+    assert [i.path.name for i in infos] == ["new.safetensors", "mid", "old"]
+    assert infos[0].metadata.name == "test-1"
+    assert "broken" in caplog.text
+    assert list_checkpoints(tmp_path / "missing") == []
+
+
+def test_registry_finds_the_checkpoints_of_run_directories(tmp_path: Path) -> None:
+    """``xrouter train --out RUN`` writes RUN/checkpoint and RUN/checkpoints/step_*: a run
+    directory, a directory of runs and several roots are all searched, each checkpoint once."""
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    runs = tmp_path / "runs"
+    for i, run in enumerate(["a", "b"]):
+        meta, weights = make_checkpoint(i, t0 + dt.timedelta(days=i))
+        save_checkpoint(runs / run / "checkpoint", meta, weights)
+        step_meta, step_weights = make_checkpoint(10 + i, t0 + dt.timedelta(hours=i))
+        save_checkpoint(runs / run / "checkpoints" / "step_000100", step_meta, step_weights)
+    assert [i.path.parent.name for i in list_checkpoints(runs)] == ["b", "a"]
+    assert [i.path.parent.name for i in list_checkpoints(runs / "a")] == ["a"]
+    with_steps = list_checkpoints(runs / "a", steps=True)
+    assert [i.path.name for i in with_steps] == ["checkpoint", "step_000100"]
+    both = list_checkpoints([runs, runs / "b", runs / "b" / "checkpoint"])
+    assert [i.path.parent.name for i in both] == ["b", "a"]  # found twice, listed once
