@@ -5,6 +5,7 @@ provider's 400 for it would reach the client as a 502."""
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import orjson
@@ -116,7 +117,12 @@ def _schema_error(exc: ValidationError) -> APIError:
     msg = err["msg"]
     if len(members) > 1 and msg.startswith("Input should be "):
         msg = "Input should be " + " or ".join(dict.fromkeys(members))
+    # Strict models say "a valid dictionary or instance of ImageURL": the class is ours.
+    msg = _INSTANCE_OF.sub("", msg)
     return bad_request(f"{param}: {msg}" if param else msg, param=param)
+
+
+_INSTANCE_OF = re.compile(r" or instance of \w+")
 
 
 # Roles whose message is nothing without its content (an assistant's may be only tool calls

@@ -4,12 +4,14 @@ client sent them so that fields we don't model still reach the provider)."""
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -44,42 +46,71 @@ class FileRef(_Open):
     filename: str | None = None
 
 
-# The field a content part of each type OpenAI defines cannot do without. A part of another
-# type is forwarded unchecked: providers behind LiteLLM take their own (``video_url``,
-# ``document``), and only they know what those need.
-_PART_PAYLOAD = {
-    "text": "text",
-    "image_url": "image_url",
-    "input_audio": "input_audio",
-    "file": "file",
-    "refusal": "refusal",
-}
-OPENAI_PART_TYPES = frozenset(_PART_PAYLOAD)
+class TextPart(_Open):
+    type: Literal["text"]
+    text: str
 
 
-class ContentPart(_Open):
-    """One part of a message's content. A known type's payload is checked here: a part that
-    lacks it would be forwarded, refused by the provider and reach the client as a 502."""
+class ImagePart(_Open):
+    type: Literal["image_url"]
+    image_url: ImageURL
 
-    type: str
-    text: str | None = None
-    refusal: str | None = None
-    image_url: ImageURL | None = None
-    input_audio: InputAudio | None = None
-    file: FileRef | None = None
+
+class AudioPart(_Open):
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+
+class FilePart(_Open):
+    type: Literal["file"]
+    file: FileRef
 
     @model_validator(mode="after")
-    def _payload_given(self) -> ContentPart:
-        field = _PART_PAYLOAD.get(self.type)
-        if field is not None and getattr(self, field) is None:
-            raise PydanticCustomError(
-                "missing",
-                "a '{type}' part needs its '{field}'",
-                {"type": self.type, "field": field},
-            )
-        if self.file is not None and self.file.file_data is None and self.file.file_id is None:
+    def _names_a_file(self) -> FilePart:
+        if self.file.file_data is None and self.file.file_id is None:
             raise PydanticCustomError("missing", "a 'file' part needs 'file_data' or 'file_id'")
         return self
+
+
+class RefusalPart(_Open):
+    type: Literal["refusal"]
+    refusal: str
+
+
+class OtherPart(_Open):
+    """A part of a type OpenAI does not define, forwarded unchecked: providers behind LiteLLM
+    take their own (``video_url``, ``document``), and only they know what those need."""
+
+    type: str
+
+
+# Content parts of the types OpenAI defines are checked for their payload, as OpenAI checks
+# them: a part without it would be forwarded, refused by the provider, and reach the client
+# as a 502. The tags are class names, which error locations leave out (``loc_to_param``).
+_PART_TAGS = {
+    "text": "TextPart",
+    "image_url": "ImagePart",
+    "input_audio": "AudioPart",
+    "file": "FilePart",
+    "refusal": "RefusalPart",
+}
+OPENAI_PART_TYPES = frozenset(_PART_TAGS)
+
+
+def _part_tag(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return _PART_TAGS.get(kind, "OtherPart") if isinstance(kind, str) else "OtherPart"
+
+
+ContentPart = Annotated[
+    Annotated[TextPart, Tag("TextPart")]
+    | Annotated[ImagePart, Tag("ImagePart")]
+    | Annotated[AudioPart, Tag("AudioPart")]
+    | Annotated[FilePart, Tag("FilePart")]
+    | Annotated[RefusalPart, Tag("RefusalPart")]
+    | Annotated[OtherPart, Tag("OtherPart")],
+    Discriminator(_part_tag),
+]
 
 
 class Message(_Open):

@@ -452,10 +452,14 @@ def test_values_of_the_wrong_type_are_400_not_forwarded(
     ("part", "param", "says"),
     [
         ({"text": "hi"}, "messages[0].content[0].type", "Field required"),
-        ({"type": "text"}, "messages[0].content[0]", "a 'text' part needs its 'text'"),
+        ({"type": "text"}, "messages[0].content[0].text", "Field required"),
         ({"type": "text", "text": 3}, "messages[0].content[0].text", "valid string"),
-        ({"type": "image_url"}, "messages[0].content[0]", "needs its 'image_url'"),
-        ({"type": "image_url", "image_url": "https://x/a.png"}, "image_url", "valid dict"),
+        ({"type": "image_url"}, "messages[0].content[0].image_url", "Field required"),
+        (
+            {"type": "image_url", "image_url": "https://x/a.png"},
+            "image_url",
+            "Input should be a valid dictionary",  # not "... or instance of ImageURL"
+        ),
         ({"type": "image_url", "image_url": {"detail": "low"}}, "image_url.url", "required"),
         (
             {"type": "image_url", "image_url": {"url": "https://x/a.png", "detail": "max"}},
@@ -478,7 +482,7 @@ def test_a_malformed_content_part_is_400_naming_it(
         client(gateway).chat.completions.create(model="xrouter", messages=messages)
     err = cast(dict, ei.value.body)
     assert err["param"].startswith("messages[0].content[0]") and err["param"].endswith(param)
-    assert says in err["message"] and err["message"].startswith(err["param"])
+    assert err["message"].startswith(err["param"]) and err["message"].endswith(says)
     assert not upstream.stats()["requests"]
 
 
@@ -530,15 +534,24 @@ def test_a_part_its_role_cannot_hold_is_400(
     assert not upstream.stats()["requests"]
 
 
-def test_a_content_part_of_another_type_is_forwarded(gateway: Gateway, upstream: Upstream) -> None:
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"type": "video_url", "video_url": {"url": "https://x/v.mp4"}},
+        # Another API's spelling, with a field named as one of OpenAI's but shaped otherwise.
+        {"type": "input_image", "image_url": "https://x/a.png"},
+    ],
+)
+def test_a_content_part_of_another_type_is_forwarded(
+    gateway: Gateway, upstream: Upstream, part: dict
+) -> None:
     """Parts of types OpenAI does not define (``video_url``, ``document``: providers behind
     LiteLLM define their own) are the provider's to judge, and reach it as sent."""
-    video = {"type": "video_url", "video_url": {"url": "https://x/v.mp4"}}
     r = httpx.post(
         f"{gateway.base_url}/chat/completions",
         json={
             "model": MODEL,
-            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, video]}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, part]}],
         },
     )
     assert r.status_code == 200, r.text
