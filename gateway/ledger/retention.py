@@ -182,24 +182,29 @@ class LedgerRetention:
                 deleted = await delete_requests(
                     self.engine, now - timedelta(days=self.request_days)
                 )
+                # Counted at once: the deletion stands whatever the content step does next.
+                if deleted:
+                    log.info(
+                        "ledger: deleted %d request(s) older than %g days",
+                        deleted,
+                        self.request_days,
+                    )
+                    if self._metrics is not None:
+                        self._metrics.requests_deleted(deleted)
             if self.content_days is not None:
                 dropped = await drop_content(self.engine, now - timedelta(days=self.content_days))
+                if dropped:
+                    log.info(
+                        "ledger: dropped the content of %d request(s) older than %g days",
+                        dropped,
+                        self.content_days,
+                    )
+                    if self._metrics is not None:
+                        self._metrics.content_dropped(dropped)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             self._outage.failed(exc)
             return RetentionRun(dropped, deleted)
         self._outage.recovered()
-        if deleted:
-            log.info("ledger: deleted %d request(s) older than %g days", deleted, self.request_days)
-            if self._metrics is not None:
-                self._metrics.requests_deleted(deleted)
-        if dropped:
-            log.info(
-                "ledger: dropped the content of %d request(s) older than %g days",
-                dropped,
-                self.content_days,
-            )
-            if self._metrics is not None:
-                self._metrics.content_dropped(dropped)
         return RetentionRun(dropped, deleted)

@@ -169,6 +169,43 @@ async def test_the_retention_task_deletes_old_requests_and_counts_them(
     assert await task.run_once() == RetentionRun()
 
 
+async def test_a_deletion_is_counted_though_the_content_step_then_fails(
+    engine: AsyncEngine, make_settings: Callable[..., LedgerSettings]
+) -> None:
+    """The database refuses the content step's UPDATE (a trigger: a real refusal, as a
+    permission or a lock timeout would be) after the old requests were deleted: the
+    deletion stands, so it is counted; the failure is logged as an outage."""
+    await load(engine, make_settings(log_content="full"), [50, 35, 1])  # r00, r01, r02
+    frozen = {
+        "sqlite": [
+            "CREATE TRIGGER frozen BEFORE UPDATE ON requests "
+            "BEGIN SELECT RAISE(ABORT, 'requests are frozen'); END"
+        ],
+        "postgresql": [
+            "CREATE FUNCTION frozen() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'requests are frozen'; END $$",
+            "CREATE TRIGGER frozen BEFORE UPDATE ON requests "
+            "FOR EACH ROW EXECUTE FUNCTION frozen()",
+        ],
+    }[engine.dialect.name]
+    async with engine.begin() as conn:
+        for statement in frozen:
+            await conn.execute(sa.text(statement))
+    metrics = GatewayMetrics(CollectorRegistry(), models=[], policies=[])
+    task = LedgerRetention(
+        engine,
+        content_days=30,
+        request_days=40,
+        interval_s=3600,
+        metrics=metrics,
+        clock=lambda: NOW,
+    )
+    assert await task.run_once() == RetentionRun(requests_deleted=1)
+    assert await contents(engine) == {"r01": True, "r02": True}  # r01 kept its content
+    assert metrics.registry.get_sample_value("xrouter_ledger_requests_deleted_total") == 1
+    assert metrics.registry.get_sample_value("xrouter_ledger_content_dropped_total") == 0
+
+
 def test_request_retention_must_keep_a_whole_month() -> None:
     """The budgets of the current day, week or month are restored from the ledger's rows:
     a retention shorter than the longest period could lose part of one."""
