@@ -149,10 +149,9 @@ async def test_old_requests_go_whole_except_a_lifetime_budgeted_keys(
     assert await delete_requests(engine, cutoff) == 0
 
 
-async def test_the_retention_task_deletes_old_requests_and_counts_them(
-    engine: AsyncEngine, make_settings: Callable[..., LedgerSettings]
-) -> None:
-    await load(engine, make_settings(log_content="full"), [50, 35, 1])  # r00, r01, r02
+def both_steps(engine: AsyncEngine) -> tuple[LedgerRetention, GatewayMetrics]:
+    """A task that deletes requests older than 40 days and clears content older than 30,
+    and the metrics it counts in."""
     metrics = GatewayMetrics(CollectorRegistry(), models=[], policies=[])
     task = LedgerRetention(
         engine,
@@ -162,6 +161,14 @@ async def test_the_retention_task_deletes_old_requests_and_counts_them(
         metrics=metrics,
         clock=lambda: NOW,
     )
+    return task, metrics
+
+
+async def test_the_retention_task_deletes_old_requests_and_counts_them(
+    engine: AsyncEngine, make_settings: Callable[..., LedgerSettings]
+) -> None:
+    await load(engine, make_settings(log_content="full"), [50, 35, 1])  # r00, r01, r02
+    task, metrics = both_steps(engine)
     # r00 is deleted (not cleared first), r01 loses its content, r02 keeps both.
     assert await task.run_once() == RetentionRun(content_dropped=1, requests_deleted=1)
     assert await contents(engine) == {"r01": False, "r02": True}
@@ -191,15 +198,7 @@ async def test_a_deletion_is_counted_though_the_content_step_then_fails(
     async with engine.begin() as conn:
         for statement in frozen:
             await conn.execute(sa.text(statement))
-    metrics = GatewayMetrics(CollectorRegistry(), models=[], policies=[])
-    task = LedgerRetention(
-        engine,
-        content_days=30,
-        request_days=40,
-        interval_s=3600,
-        metrics=metrics,
-        clock=lambda: NOW,
-    )
+    task, metrics = both_steps(engine)
     assert await task.run_once() == RetentionRun(requests_deleted=1)
     assert await contents(engine) == {"r01": True, "r02": True}  # r01 kept its content
     assert metrics.registry.get_sample_value("xrouter_ledger_requests_deleted_total") == 1
