@@ -203,7 +203,13 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return APIError(exc.status_code, str(exc.detail), type=kind).response()
+        message = str(exc.detail)
+        allow = (exc.headers or {}).get("Allow")
+        if exc.status_code == 405 and allow:
+            message = f"{request.method} is not allowed on {request.url.path}; it takes {allow}"
+        # Starlette's own headers ride along: a 405 must say which methods are allowed
+        # (``Allow``, RFC 9110 §15.5.6).
+        return APIError(exc.status_code, message, type=kind, headers=exc.headers).response()
 
     @app.exception_handler(sa_exc.SQLAlchemyError)
     async def _database(request: Request, exc: sa_exc.SQLAlchemyError) -> Response:

@@ -11,6 +11,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    JsonValue,
     Tag,
     ValidationInfo,
     field_validator,
@@ -77,13 +78,6 @@ class RefusalPart(_Open):
     refusal: str
 
 
-class OtherPart(_Open):
-    """A part of a type OpenAI does not define, forwarded unchecked: providers behind LiteLLM
-    take their own (``video_url``, ``document``), and only they know what those need."""
-
-    type: str
-
-
 # Content parts of the types OpenAI defines are checked for their payload, as OpenAI checks
 # them: a part without it would be forwarded, refused by the provider, and reach the client
 # as a 502. The tags are class names, which error locations leave out (``loc_to_param``).
@@ -95,6 +89,17 @@ _PART_TAGS = {
     "refusal": "RefusalPart",
 }
 OPENAI_PART_TYPES = frozenset(_PART_TAGS)
+
+
+class OtherPart(_Open):
+    """A part of a type OpenAI does not define, forwarded unchecked: providers behind LiteLLM
+    take their own (``video_url``, ``document``), and only they know what those need."""
+
+    # In the JSON schema (the OpenAPI document), the types that have a model of their own
+    # are excluded, so that a part matches exactly one member of the union, as it does here.
+    type: str = Field(
+        json_schema_extra={"not": {"enum": list[JsonValue](sorted(OPENAI_PART_TYPES))}}
+    )
 
 
 def _part_tag(value: Any) -> str:

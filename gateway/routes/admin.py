@@ -16,6 +16,7 @@ from starlette.responses import Response
 
 from gateway.errors import APIError, bad_request
 from gateway.ledger.keys import DuplicateAliasError, KeyInfo, KeyNotFoundError
+from gateway.openapi import json_body, query
 from gateway.routes.admin_models import KeyCreate, KeyRouting, KeyUpdate, ReloadRequest, expiry
 from gateway.routes.openai import read_body, services
 from gateway.services import Services
@@ -82,7 +83,7 @@ def _check_default_policy(
         )
 
 
-@router.post("/keys")
+@router.post("/keys", status_code=201, openapi_extra=json_body(KeyCreate, required=False))
 async def create_key(request: Request) -> Response:
     s = await admin_services(request)
     body: KeyCreate = await _body(request, KeyCreate)
@@ -146,7 +147,14 @@ def page_limit(value: str | None) -> int:
     return limit
 
 
-@router.get("/keys")
+@router.get(
+    "/keys",
+    openapi_extra=query(
+        ("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "keys per page (100)"),
+        ("after", {"type": "string"}, "the previous page's last_id"),
+        ("include_revoked", {"type": "boolean"}, "list revoked keys too"),
+    ),
+)
 async def list_keys(request: Request) -> Response:
     """A page of keys, oldest first, as OpenAI's list endpoints page: ``limit`` (100, at
     most 1000) and ``after`` (the last key id of the previous page); ``has_more`` says
@@ -192,7 +200,7 @@ async def get_key(key_id: str, request: Request) -> Response:
     return json_response(view)
 
 
-@router.patch("/keys/{key_id}")
+@router.patch("/keys/{key_id}", openapi_extra=json_body(KeyUpdate, required=False))
 async def update_key(key_id: str, request: Request) -> Response:
     s = await admin_services(request)
     body: KeyUpdate = await _body(request, KeyUpdate)
@@ -337,7 +345,7 @@ async def router_state(request: Request) -> Response:
     )
 
 
-@router.post("/reload")
+@router.post("/reload", openapi_extra=json_body(ReloadRequest, required=False))
 async def reload(request: Request) -> Response:
     """Re-read the config file (pool, prices, checkpoint) and swap the runtime; with
     ``{"checkpoint": path}``, deploy that checkpoint: this worker loads it, and the ledger

@@ -14,6 +14,7 @@ from starlette.responses import Response
 
 from gateway.errors import bad_request
 from gateway.ledger.spend import GROUP_BY_CHOICES, GroupBy, spend_report, to_utc
+from gateway.openapi import query
 from gateway.routes.admin import admin_services, json_response, page_limit
 
 router = APIRouter(prefix="/admin")
@@ -77,7 +78,19 @@ def _spend_cursor_group(cursor: str | None, width: int) -> SpendGroup | None:
     return cast(SpendGroup, group)
 
 
-@router.get("/spend")
+@router.get(
+    "/spend",
+    openapi_extra=query(
+        ("group_by", {"type": "string"}, "comma-separated: " + ", ".join(GROUP_BY_CHOICES)),
+        ("since", {"type": "string"}, "ISO-8601 date or time, or epoch seconds"),
+        ("until", {"type": "string"}, "ISO-8601 date or time, or epoch seconds"),
+        ("key", {"type": "string"}, "only this key id"),
+        ("user", {"type": "string"}, "only this end user"),
+        ("tag", {"type": "string"}, "only requests with this tag"),
+        ("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "groups per page (100)"),
+        ("after", {"type": "string"}, "the previous page's last_id"),
+    ),
+)
 async def spend(request: Request) -> Response:
     """Spend per group, a page at a time as ``GET /admin/keys`` pages: ``limit`` (100, at most
     1000) groups, ``after`` the previous page's ``last_id``, ``has_more``."""

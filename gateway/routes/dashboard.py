@@ -177,7 +177,7 @@ def _expiry(k: Any) -> str:
     return f"expired {when}" if k.expired() else when
 
 
-@router.get("/dashboard")
+@router.get("/dashboard", response_class=HTMLResponse)
 async def dashboard(request: Request) -> Response:
     from gateway.ledger.spend import spend_report
 

@@ -16,6 +16,7 @@ from starlette.responses import Response
 from gateway.errors import APIError, bad_request
 from gateway.ledger.records import FeedbackRecord
 from gateway.ledger.spend import get_calls, get_request
+from gateway.openapi import json_body, query
 from gateway.principal import Principal
 from gateway.routes.openai import authorization, read_body, services
 from gateway.schemas import FeedbackRequest, request_id_from
@@ -52,7 +53,7 @@ async def logged_request(
     return row
 
 
-@router.post("/v1/feedback")
+@router.post("/v1/feedback", openapi_extra=json_body(FeedbackRequest))
 async def feedback(request: Request) -> Response:
     s = services(request)
     assert s.auth is not None
@@ -81,7 +82,16 @@ async def feedback(request: Request) -> Response:
     )
 
 
-@router.get("/v1/generation")
+@router.get(
+    "/v1/generation",
+    openapi_extra=query(
+        (
+            "id",
+            {"type": "string", "x-required": True},
+            "the request id (x-request-id, or the completion's id)",
+        ),
+    ),
+)
 async def generation(request: Request) -> Response:
     """What a request cost and how it was served, from the ledger: what a client that
     missed a stream's usage chunk (or never asked for it) reads afterwards."""

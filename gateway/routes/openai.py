@@ -95,7 +95,13 @@ async def create_response(request: Request) -> Response:
         return internal_error().response(id_headers(request_id))
 
 
-@router.api_route("/v1/responses/{response_id}{rest:path}", methods=["GET", "POST", "DELETE"])
+# Not in the OpenAPI document: it answers nothing but a 404 that says why, for clients of
+# OpenAI's stored responses; no client should be generated to call it.
+@router.api_route(
+    "/v1/responses/{response_id}{rest:path}",
+    methods=["GET", "POST", "DELETE"],
+    include_in_schema=False,
+)
 async def stored_response(request: Request, response_id: str, rest: str) -> Response:
     """Retrieve, delete, cancel, input_items: the calls on a stored response. Nothing is
     stored here, so each is a 404 that says so (rather than a bare "Not Found"), with a

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from gateway.auth import require_scrape_token
 from gateway.routes.openai import services
@@ -16,7 +16,10 @@ async def healthz() -> Response:
     return JSONResponse({"status": "ok"})
 
 
-@router.get("/readyz")
+@router.get(
+    "/readyz",
+    responses={503: {"description": "Not ready: a check failed (the body says which)"}},
+)
 async def readyz(request: Request) -> Response:
     s = services(request)
     checks = {"runtime": s.runtime is not None, "ledger": s.ledger is not None}
@@ -35,7 +38,7 @@ async def readyz(request: Request) -> Response:
     )
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse)
 async def metrics(request: Request) -> Response:
     from gateway.metrics_render import arender_metrics
 
