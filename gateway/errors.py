@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.routing import Match
 
 from router.providers.errors import ProviderError
 
@@ -188,6 +189,19 @@ class CatchUnexpected:
             await internal_error().response()(scope, receive, send)
 
 
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+def _allowed_methods(request: Request) -> str:
+    """The methods some route of the app serves on this request's path."""
+    allowed = []
+    for method in _METHODS:
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] == Match.FULL for route in request.app.router.routes):
+            allowed.append(method)
+    return ", ".join(allowed)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> Response:
@@ -203,13 +217,15 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        message = str(exc.detail)
-        allow = (exc.headers or {}).get("Allow")
-        if exc.status_code == 405 and allow:
+        message, headers = str(exc.detail), dict(exc.headers or {})
+        if exc.status_code == 405:
+            # A 405 must say which methods the resource takes (``Allow``, RFC 9110
+            # §15.5.6). Starlette's header names only the first route on the path (GET
+            # /admin/keys and POST /admin/keys are two routes), so ask every route.
+            allow = _allowed_methods(request) or headers.get("Allow", "")
+            headers["Allow"] = allow
             message = f"{request.method} is not allowed on {request.url.path}; it takes {allow}"
-        # Starlette's own headers ride along: a 405 must say which methods are allowed
-        # (``Allow``, RFC 9110 §15.5.6).
-        return APIError(exc.status_code, message, type=kind, headers=exc.headers).response()
+        return APIError(exc.status_code, message, type=kind, headers=headers).response()
 
     @app.exception_handler(sa_exc.SQLAlchemyError)
     async def _database(request: Request, exc: sa_exc.SQLAlchemyError) -> Response:

@@ -130,7 +130,7 @@ def _flag(value: str | None, name: str) -> bool:
     v = value.strip().lower()
     if v in ("1", "true"):
         return True
-    if v in ("0", "false", ""):
+    if v in ("0", "false"):
         return False
     raise bad_request(f"{name} must be true or false", param=name)
 

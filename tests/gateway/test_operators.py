@@ -215,6 +215,7 @@ def test_keys_are_listed_page_by_page(gw: Gateway) -> None:
         {"limit": "ten"},
         {"after": "key_nope"},
         {"include_revoked": "yes"},  # was taken for "no", silently
+        {"include_revoked": ""},  # not a boolean, as the OpenAPI document says
     )
     for bad in bad_params:
         r = page(**bad)
