@@ -146,3 +146,12 @@ class ReloadRequest(BaseModel):
 
     # Deploy a router checkpoint (a path on the gateway's filesystem) without a config edit.
     checkpoint: str | None = None
+
+    @field_validator("checkpoint")
+    @classmethod
+    def _a_path(cls, value: str | None) -> str | None:
+        # An empty path was deployed as "the default checkpoint", a deployment every worker
+        # then followed; leave the field out to reload the config instead.
+        if value is not None and not value.strip():
+            raise ValueError("must be a checkpoint's path; leave it out to reload the config")
+        return value

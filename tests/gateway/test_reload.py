@@ -100,6 +100,15 @@ def test_admin_reload_needs_the_admin_key(gateway: Gateway) -> None:
     assert httpx.post(f"{gateway.url}/admin/reload").status_code == 401
 
 
+@pytest.mark.parametrize("checkpoint", ["", "  "])
+def test_a_deploy_of_no_path_is_refused_and_records_nothing(
+    gateway: Gateway, checkpoint: str
+) -> None:
+    r = _deploy(gateway.url, checkpoint)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "checkpoint", r.text
+    assert _serving(gateway.url)["deployment"] is None
+
+
 @pytest.mark.parametrize("path", ["/admin/keys", "/admin/spend", "/admin/pricing", "/admin/router"])
 def test_admin_endpoints_need_the_admin_key(gateway: Gateway, path: str) -> None:
     r = httpx.get(f"{gateway.url}{path}", headers={"Authorization": "Bearer nope"})
