@@ -18,11 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway import openapi
 from gateway.errors import install_error_handlers
-from gateway.messages.request import CountTokensRequest, MessagesRequest
-from gateway.responses.request import ResponsesRequest
 from gateway.routes import admin, admin_spend, anthropic, dashboard, key_info, logged, openai, ops
-from gateway.routes.admin_models import KeyCreate, KeyUpdate, ReloadRequest
-from gateway.schemas import ChatCompletionRequest, FeedbackRequest
 from gateway.services import Services
 from gateway.settings import Settings, load_settings
 
@@ -97,20 +93,7 @@ def create_app(
     app.include_router(admin.router)
     app.include_router(admin_spend.router)
     app.include_router(dashboard.router)
-    # The request bodies the document describes (routes name theirs with openapi.json_body).
-    openapi.install(
-        app,
-        (
-            ChatCompletionRequest,
-            ResponsesRequest,
-            MessagesRequest,
-            CountTokensRequest,
-            FeedbackRequest,
-            KeyCreate,
-            KeyUpdate,
-            ReloadRequest,
-        ),
-    )
+    openapi.install(app)
     return app
 
 

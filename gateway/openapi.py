@@ -12,13 +12,23 @@ error shapes every endpoint answers with."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field
 from pydantic.json_schema import models_json_schema
+
+from gateway.messages.request import CountTokensRequest, MessagesRequest
+from gateway.response_models import (
+    AnthropicMessage,
+    ChatCompletion,
+    ResponseObject,
+    TokenCount,
+)
+from gateway.responses.request import ResponsesRequest
+from gateway.routes.admin_models import KeyCreate, KeyUpdate, ReloadRequest
+from gateway.schemas import ChatCompletionRequest, FeedbackRequest
 
 _SCHEMAS = "#/components/schemas/"
 
@@ -54,8 +64,8 @@ def _ref(model: type[BaseModel] | str) -> dict[str, str]:
 
 def json_body(model: type[BaseModel], *, required: bool = True) -> dict[str, Any]:
     """``openapi_extra`` for a route that parses ``model`` from its JSON body itself. The
-    model must be one of :func:`build`'s ``models`` (the document's own test checks that
-    every reference resolves)."""
+    model must be one of ``_MODELS`` (the document's own test checks that every reference
+    resolves)."""
     return {
         "requestBody": {
             "required": required,
@@ -98,86 +108,104 @@ _ANTHROPIC_ERROR = {
     "description": "An error, in Anthropic's shape",
     "content": {"application/json": {"schema": _ref(AnthropicError)}},
 }
-_OBJECT = {"type": "object"}
 
 
-def _json(description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+def _operation(
+    summary: str,
+    operation_id: str,
+    tag: str,
+    body: type[BaseModel],
+    answer: type[BaseModel],
+    events: str | None,
+    error: dict[str, Any],
+) -> dict[str, Any]:
+    content: dict[str, Any] = {"application/json": {"schema": _ref(answer)}}
+    if events is not None:
+        # ``stream: true``: server-sent events, one JSON object each (``x-events``: which).
+        content["text/event-stream"] = {"schema": {"type": "string"}, "x-events": events}
     return {
-        "description": description,
-        "content": {"application/json": {"schema": schema or _OBJECT}},
-    }
-
-
-def _streamable(description: str, events: str) -> dict[str, Any]:
-    return {
-        "description": description,
-        "content": {
-            "application/json": {"schema": _OBJECT},
-            "text/event-stream": {"schema": {"type": "string"}, "x-events": events},
+        "summary": summary,
+        "operationId": operation_id,
+        "tags": [tag],
+        **json_body(body),
+        "responses": {
+            "200": {"description": summary.split(" (")[0].split(";")[0], "content": content},
+            "default": error,
         },
     }
 
 
-def _plain_routes(models: dict[str, type[BaseModel]]) -> dict[str, dict[str, Any]]:
+def _plain_routes() -> dict[str, dict[str, Any]]:
     """The endpoints mounted as plain Starlette routes (``gateway.app``)."""
-    chat = {
-        "summary": "Create a chat completion (OpenAI's API); model xrouter routes it",
-        "description": "The routing decision, cost and savings ride in the answer's `xrouter` "
-        "object and `usage.cost`; `stream: true` answers with server-sent chunks.",
-        "operationId": "chat_completions",
-        "tags": ["openai"],
-        "requestBody": json_body(models["ChatCompletionRequest"])["requestBody"],
-        "responses": {
-            "200": _streamable("A chat.completion, or its chunks", "chat.completion.chunk"),
-            "default": _ERROR,
-        },
-    }
-    response = {
-        "summary": "Create a response (OpenAI's Responses API), routed as a chat request",
-        "operationId": "create_response",
-        "tags": ["openai"],
-        "requestBody": json_body(models["ResponsesRequest"])["requestBody"],
-        "responses": {
-            "200": _streamable("A response object, or its events", "response.*"),
-            "default": _ERROR,
-        },
-    }
-    message = {
-        "summary": "Create a message (Anthropic's Messages API), routed as a chat request",
-        "operationId": "create_message",
-        "tags": ["anthropic"],
-        "requestBody": json_body(models["MessagesRequest"])["requestBody"],
-        "responses": {
-            "200": _streamable("A message, or its events", "message_start, content_block_*"),
-            "default": _ANTHROPIC_ERROR,
-        },
-    }
-    count = {
-        "summary": "Count a Messages request's input tokens without calling a model",
-        "operationId": "count_message_tokens",
-        "tags": ["anthropic"],
-        "requestBody": json_body(models["CountTokensRequest"])["requestBody"],
-        "responses": {
-            "200": _json(
-                "The input token count",
-                {"type": "object", "properties": {"input_tokens": {"type": "integer"}}},
-            ),
-            "default": _ANTHROPIC_ERROR,
-        },
-    }
     return {
-        "/v1/chat/completions": {"post": chat},
-        "/v1/responses": {"post": response},
-        "/v1/messages": {"post": message},
-        "/v1/messages/count_tokens": {"post": count},
+        "/v1/chat/completions": {
+            "post": _operation(
+                "Create a chat completion (OpenAI's API); the model xrouter routes it",
+                "chat_completions",
+                "openai",
+                ChatCompletionRequest,
+                ChatCompletion,
+                "chat.completion.chunk",
+                _ERROR,
+            )
+        },
+        "/v1/responses": {
+            "post": _operation(
+                "Create a response (OpenAI's Responses API), routed as a chat request",
+                "create_response",
+                "openai",
+                ResponsesRequest,
+                ResponseObject,
+                "response.created … response.completed",
+                _ERROR,
+            )
+        },
+        "/v1/messages": {
+            "post": _operation(
+                "Create a message (Anthropic's Messages API), routed as a chat request",
+                "create_message",
+                "anthropic",
+                MessagesRequest,
+                AnthropicMessage,
+                "message_start … message_stop",
+                _ANTHROPIC_ERROR,
+            )
+        },
+        "/v1/messages/count_tokens": {
+            "post": _operation(
+                "Count a Messages request's input tokens without asking a model",
+                "count_message_tokens",
+                "anthropic",
+                CountTokensRequest,
+                TokenCount,
+                None,
+                _ANTHROPIC_ERROR,
+            )
+        },
     }
 
 
-def build(app: FastAPI, models: Iterable[type[BaseModel]]) -> dict[str, Any]:
-    """The whole document: FastAPI's, completed. ``models``: the request bodies the routes
-    reference (by class name) with :func:`json_body`."""
-    every: list[type[BaseModel]] = [*models, Error, AnthropicError]
-    wire = {m.__name__: m for m in every}
+# The models the plain routes and the routes' ``json_body`` name, and the error shapes.
+_MODELS: tuple[type[BaseModel], ...] = (
+    ChatCompletionRequest,
+    ChatCompletion,
+    ResponsesRequest,
+    ResponseObject,
+    MessagesRequest,
+    CountTokensRequest,
+    AnthropicMessage,
+    TokenCount,
+    FeedbackRequest,
+    KeyCreate,
+    KeyUpdate,
+    ReloadRequest,
+    Error,
+    AnthropicError,
+)
+
+
+def build(app: FastAPI) -> dict[str, Any]:
+    """The whole document: FastAPI's, completed."""
     doc = get_openapi(
         title=app.title,
         version=app.version,
@@ -187,7 +215,7 @@ def build(app: FastAPI, models: Iterable[type[BaseModel]]) -> dict[str, Any]:
     )
     components = doc.setdefault("components", {})
     _, top = models_json_schema(
-        [(m, "validation") for m in wire.values()], ref_template=_SCHEMAS + "{model}"
+        [(m, "validation") for m in _MODELS], ref_template=_SCHEMAS + "{model}"
     )
     schemas = components.setdefault("schemas", {})
     # FastAPI's own validation-error models describe a 422 this API never sends (a bad
@@ -211,7 +239,7 @@ def build(app: FastAPI, models: Iterable[type[BaseModel]]) -> dict[str, Any]:
     # Optional: with auth off (the embedded default) no key is needed.
     doc["security"] = [{"bearer": []}, {"x-api-key": []}, {}]
     paths = doc.setdefault("paths", {})
-    paths.update(_plain_routes(wire))
+    paths.update(_plain_routes())
     for item in paths.values():
         for operation in item.values():
             responses = operation.setdefault("responses", {})
@@ -220,13 +248,12 @@ def build(app: FastAPI, models: Iterable[type[BaseModel]]) -> dict[str, Any]:
     return doc
 
 
-def install(app: FastAPI, models: Iterable[type[BaseModel]]) -> None:
+def install(app: FastAPI) -> None:
     """Serve :func:`build`'s document, built on first request and kept."""
-    wire = tuple(models)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = build(app, wire)
+            app.openapi_schema = build(app)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -17,6 +17,16 @@ from starlette.responses import Response
 from gateway.errors import APIError, bad_request
 from gateway.ledger.keys import DuplicateAliasError, KeyInfo, KeyNotFoundError
 from gateway.openapi import json_body, query
+from gateway.response_models import (
+    CacheCleared,
+    KeyList,
+    KeyRevoked,
+    KeyView,
+    KeyWithSecret,
+    Prices,
+    Reloaded,
+    RouterState,
+)
 from gateway.routes.admin_models import KeyCreate, KeyRouting, KeyUpdate, ReloadRequest, expiry
 from gateway.routes.openai import read_body, services
 from gateway.services import Services
@@ -83,7 +93,12 @@ def _check_default_policy(
         )
 
 
-@router.post("/keys", status_code=201, openapi_extra=json_body(KeyCreate, required=False))
+@router.post(
+    "/keys",
+    status_code=201,
+    response_model=KeyWithSecret,
+    openapi_extra=json_body(KeyCreate),
+)
 async def create_key(request: Request) -> Response:
     s = await admin_services(request)
     body: KeyCreate = await _body(request, KeyCreate)
@@ -149,6 +164,7 @@ def page_limit(value: str | None) -> int:
 
 @router.get(
     "/keys",
+    response_model=KeyList,
     openapi_extra=query(
         ("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "keys per page (100)"),
         ("after", {"type": "string"}, "the previous page's last_id"),
@@ -186,7 +202,7 @@ async def list_keys(request: Request) -> Response:
     )
 
 
-@router.get("/keys/{key_id}")
+@router.get("/keys/{key_id}", response_model=KeyView)
 async def get_key(key_id: str, request: Request) -> Response:
     """One key as the list shows it (as LiteLLM's /key/info), revoked ones too: an operator
     looking up the key id a ledger row or a log line names finds it without paging."""
@@ -200,7 +216,9 @@ async def get_key(key_id: str, request: Request) -> Response:
     return json_response(view)
 
 
-@router.patch("/keys/{key_id}", openapi_extra=json_body(KeyUpdate, required=False))
+@router.patch(
+    "/keys/{key_id}", response_model=KeyView, openapi_extra=json_body(KeyUpdate, required=False)
+)
 async def update_key(key_id: str, request: Request) -> Response:
     s = await admin_services(request)
     body: KeyUpdate = await _body(request, KeyUpdate)
@@ -260,7 +278,7 @@ def _no_live_key(key_id: str) -> APIError:
     return APIError(404, f"no live key {key_id!r}", param="key_id", code="key_not_found")
 
 
-@router.post("/keys/{key_id}/rotate")
+@router.post("/keys/{key_id}/rotate", response_model=KeyWithSecret)
 async def rotate_key(key_id: str, request: Request) -> Response:
     """A new secret for a key (as LiteLLM's /key/regenerate): the old one is refused from
     now on (on other workers and replicas within the 5 s lookup cache); budget, spend,
@@ -277,7 +295,7 @@ async def rotate_key(key_id: str, request: Request) -> Response:
     return json_response({**_key_view(info), "key": secret}, headers=_SECRET)
 
 
-@router.delete("/keys/{key_id}")
+@router.delete("/keys/{key_id}", response_model=KeyRevoked)
 async def revoke_key(key_id: str, request: Request) -> Response:
     s = await admin_services(request)
     try:
@@ -292,7 +310,7 @@ async def revoke_key(key_id: str, request: Request) -> Response:
     return json_response({"key_id": key_id, "revoked": True})
 
 
-@router.delete("/cache")
+@router.delete("/cache", response_model=CacheCleared)
 async def clear_cache(request: Request) -> Response:
     """Drop every answer the answer cache holds (after a model changed behind its name, say).
     With the in-process backend, only the answering worker's: use Redis with several."""
@@ -311,14 +329,14 @@ async def clear_cache(request: Request) -> Response:
     return json_response({"deleted": deleted, "backend": s.settings.cache.backend})
 
 
-@router.get("/pricing")
+@router.get("/pricing", response_model=Prices)
 async def pricing(request: Request) -> Response:
     s = await admin_services(request)
     rt = s.current()
     return json_response({"catalog_version": rt.catalog.version, "pool": rt.pool.price_snapshot()})
 
 
-@router.get("/router")
+@router.get("/router", response_model=RouterState)
 async def router_state(request: Request) -> Response:
     """What is serving now: the default policy, the policies by name and the compact
     checkpoint (path, content version, kind, feature version) — the same object a reload
@@ -345,7 +363,9 @@ async def router_state(request: Request) -> Response:
     )
 
 
-@router.post("/reload", openapi_extra=json_body(ReloadRequest, required=False))
+@router.post(
+    "/reload", response_model=Reloaded, openapi_extra=json_body(ReloadRequest, required=False)
+)
 async def reload(request: Request) -> Response:
     """Re-read the config file (pool, prices, checkpoint) and swap the runtime; with
     ``{"checkpoint": path}``, deploy that checkpoint: this worker loads it, and the ledger

@@ -15,6 +15,7 @@ from starlette.responses import Response
 from gateway.errors import bad_request
 from gateway.ledger.spend import GROUP_BY_CHOICES, GroupBy, spend_report, to_utc
 from gateway.openapi import query
+from gateway.response_models import SpendReport
 from gateway.routes.admin import admin_services, json_response, page_limit
 
 router = APIRouter(prefix="/admin")
@@ -80,6 +81,7 @@ def _spend_cursor_group(cursor: str | None, width: int) -> SpendGroup | None:
 
 @router.get(
     "/spend",
+    response_model=SpendReport,
     openapi_extra=query(
         ("group_by", {"type": "string"}, "comma-separated: " + ", ".join(GROUP_BY_CHOICES)),
         ("since", {"type": "string"}, "ISO-8601 date or time, or epoch seconds"),

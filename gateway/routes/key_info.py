@@ -16,6 +16,7 @@ from gateway.ledger.spend import budget_spend
 from gateway.limits import LimitStoreUnavailable
 from gateway.limits.base import BudgetState
 from gateway.limits.windows import period_window
+from gateway.response_models import OwnKey
 from gateway.routes.openai import authorization, services
 from gateway.services import Services
 from pricing import micros_to_usd
@@ -47,7 +48,7 @@ async def _from_ledger(s: Services, info: KeyInfo) -> BudgetState:
     )
 
 
-@router.get("/v1/key")
+@router.get("/v1/key", response_model=OwnKey)
 async def key_info(request: Request) -> Response:
     s = services(request)
     assert s.auth is not None

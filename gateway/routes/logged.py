@@ -18,6 +18,7 @@ from gateway.ledger.records import FeedbackRecord
 from gateway.ledger.spend import get_calls, get_request
 from gateway.openapi import json_body, query
 from gateway.principal import Principal
+from gateway.response_models import FeedbackRecorded, Generation
 from gateway.routes.openai import authorization, read_body, services
 from gateway.schemas import FeedbackRequest, request_id_from
 from gateway.services import Services
@@ -53,7 +54,9 @@ async def logged_request(
     return row
 
 
-@router.post("/v1/feedback", openapi_extra=json_body(FeedbackRequest))
+@router.post(
+    "/v1/feedback", response_model=FeedbackRecorded, openapi_extra=json_body(FeedbackRequest)
+)
 async def feedback(request: Request) -> Response:
     s = services(request)
     assert s.auth is not None
@@ -84,6 +87,7 @@ async def feedback(request: Request) -> Response:
 
 @router.get(
     "/v1/generation",
+    response_model=Generation,
     openapi_extra=query(
         (
             "id",

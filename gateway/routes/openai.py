@@ -13,6 +13,7 @@ from gateway import messages, model_list, responses
 from gateway.chat_request import decode_json
 from gateway.errors import APIError, internal_error, not_found
 from gateway.render import id_headers
+from gateway.response_models import ModelEntry, ModelList
 from gateway.services import Services
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ def _anthropic_client(request: Request) -> bool:
     return "anthropic-version" in request.headers
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", response_model=ModelList)
 async def list_models(request: Request) -> Response:
     s = services(request)
     assert s.auth is not None
@@ -152,7 +153,7 @@ async def list_models(request: Request) -> Response:
 
 
 # ``:path`` because router names have a slash in them (``xrouter/cascade``).
-@router.get("/v1/models/{model_id:path}")
+@router.get("/v1/models/{model_id:path}", response_model=ModelEntry)
 async def retrieve_model(request: Request, model_id: str) -> Response:
     s = services(request)
     assert s.auth is not None

@@ -6,19 +6,21 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from gateway.auth import require_scrape_token
+from gateway.response_models import Health, Readiness
 from gateway.routes.openai import services
 
 router = APIRouter()
 
 
-@router.get("/healthz")
+@router.get("/healthz", response_model=Health)
 async def healthz() -> Response:
     return JSONResponse({"status": "ok"})
 
 
 @router.get(
     "/readyz",
-    responses={503: {"description": "Not ready: a check failed (the body says which)"}},
+    response_model=Readiness,
+    responses={503: {"model": Readiness, "description": "Not ready: a check says which"}},
 )
 async def readyz(request: Request) -> Response:
     s = services(request)

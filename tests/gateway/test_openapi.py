@@ -154,6 +154,131 @@ def test_the_bodies_real_clients_send_are_valid_under_the_document(
     assert list(_validator(document, "/v1/chat/completions").iter_errors({"model": "x"}))
 
 
+def _answer_schema(document: dict[str, Any], method: str, path: str, status: int) -> Any:
+    op = document["paths"][path][method.lower()]
+    documented = op["responses"].get(str(status)) or op["responses"]["default"]
+    return {
+        **documented["content"]["application/json"]["schema"],
+        "components": document["components"],
+    }
+
+
+def test_real_answers_are_valid_under_the_document(secured: Gateway) -> None:
+    """Every endpoint's real answer, success or error, against what the document says it
+    answers: the response models describe the dicts the routes write, so this is where
+    they would drift apart."""
+    doc = httpx.get(f"{secured.url}/openapi.json", timeout=10).json()
+    checked: list[str] = []
+
+    def check(method: str, path: str, r: httpx.Response, status: int) -> Any:
+        assert r.status_code == status, (method, path, r.text)
+        schema = _answer_schema(doc, method, path, status)
+        errors = [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(r.json())]
+        assert not errors, (method, path, errors)
+        checked.append(f"{method} {path} {status}")
+        return r.json()
+
+    with httpx.Client(base_url=secured.url, timeout=30) as http:
+        admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+        created = check(
+            "POST",
+            "/admin/keys",
+            http.post("/admin/keys", headers=admin, json={"alias": "doc", "budget_usd": 1}),
+            201,
+        )
+        kid, user = created["key_id"], {"authorization": f"Bearer {created['key']}"}
+        prompt = "who is the founder of el pollo loco"
+        chat = check(
+            "POST",
+            "/v1/chat/completions",
+            http.post(
+                "/v1/chat/completions",
+                headers=user,
+                json={"model": "xrouter", "messages": [{"role": "user", "content": prompt}]},
+            ),
+            200,
+        )
+        check(
+            "POST",
+            "/v1/responses",
+            http.post("/v1/responses", headers=user, json={"model": "xrouter", "input": prompt}),
+            200,
+        )
+        anthropic_body = {
+            "model": "xrouter",
+            "max_tokens": 32,
+            "messages": [{"role": "user", "content": prompt}],
+        }
+        check(
+            "POST",
+            "/v1/messages",
+            http.post("/v1/messages", headers=user, json=anthropic_body),
+            200,
+        )
+        check(
+            "POST",
+            "/v1/messages/count_tokens",
+            http.post("/v1/messages/count_tokens", headers=user, json=anthropic_body),
+            200,
+        )
+        # Errors, in each API's shape.
+        check("POST", "/v1/messages", http.post("/v1/messages", headers=user, json={}), 400)
+        check("POST", "/v1/chat/completions", http.post("/v1/chat/completions", json={}), 401)
+        check("GET", "/v1/models", http.get("/v1/models", headers=user), 200)
+        check("GET", "/v1/models/{model_id}", http.get("/v1/models/xrouter", headers=user), 200)
+        rid = chat["xrouter"]["request_id"]
+        check(
+            "POST",
+            "/v1/feedback",
+            http.post("/v1/feedback", headers=user, json={"request_id": rid, "score": 1}),
+            200,
+        )
+        check(
+            "GET",
+            "/v1/generation",
+            http.get("/v1/generation", headers=user, params={"id": rid}),
+            200,
+        )
+        check("GET", "/v1/key", http.get("/v1/key", headers=user), 200)
+        check("GET", "/admin/keys", http.get("/admin/keys", headers=admin), 200)
+        check("GET", "/admin/keys/{key_id}", http.get(f"/admin/keys/{kid}", headers=admin), 200)
+        check(
+            "PATCH",
+            "/admin/keys/{key_id}",
+            http.patch(f"/admin/keys/{kid}", headers=admin, json={"rpm": 100}),
+            200,
+        )
+        check(
+            "POST",
+            "/admin/keys/{key_id}/rotate",
+            http.post(f"/admin/keys/{kid}/rotate", headers=admin),
+            200,
+        )
+        check(
+            "GET",
+            "/admin/spend",
+            http.get("/admin/spend", headers=admin, params={"group_by": "key,model"}),
+            200,
+        )
+        check("GET", "/admin/pricing", http.get("/admin/pricing", headers=admin), 200)
+        check("GET", "/admin/router", http.get("/admin/router", headers=admin), 200)
+        check("DELETE", "/admin/cache", http.delete("/admin/cache", headers=admin), 409)
+        check("POST", "/admin/reload", http.post("/admin/reload", headers=admin), 200)
+        check(
+            "DELETE", "/admin/keys/{key_id}", http.delete(f"/admin/keys/{kid}", headers=admin), 200
+        )
+        check("GET", "/healthz", http.get("/healthz"), 200)
+        check("GET", "/readyz", http.get("/readyz"), 200)
+    # Every JSON operation of the document was answered at least once.
+    json_ops = {
+        f"{m.upper()} {p}"
+        for p, item in doc["paths"].items()
+        for m, op in item.items()
+        if "application/json" in next(iter(op["responses"].values()))["content"]
+    }
+    assert json_ops <= {c.rsplit(" ", 1)[0] for c in checked}
+
+
 @pytest.mark.parametrize(
     ("method", "path", "allowed"),
     [
