@@ -12,17 +12,20 @@ error shapes every endpoint answers with."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from gateway.messages.request import CountTokensRequest, MessagesRequest
 from gateway.response_models import (
+    AnthropicError,
     AnthropicMessage,
     ChatCompletion,
+    Error,
     ResponseObject,
     TokenCount,
 )
@@ -31,31 +34,6 @@ from gateway.routes.admin_models import KeyCreate, KeyUpdate, ReloadRequest
 from gateway.schemas import ChatCompletionRequest, FeedbackRequest
 
 _SCHEMAS = "#/components/schemas/"
-
-
-class ErrorDetail(BaseModel):
-    message: str
-    type: str = Field(description="invalid_request_error, authentication_error, ... (README)")
-    param: str | None = Field(description="the request field at fault, when one is")
-    code: str | None = Field(description="a stable code for programs, e.g. budget_exceeded")
-
-
-class Error(BaseModel):
-    """Every error of every endpoint but the Messages API: OpenAI's shape."""
-
-    error: ErrorDetail
-
-
-class AnthropicErrorDetail(BaseModel):
-    type: str
-    message: str
-
-
-class AnthropicError(BaseModel):
-    """The Messages API's errors, in Anthropic's shape (its clients parse nothing else)."""
-
-    type: str = "error"
-    error: AnthropicErrorDetail
 
 
 def _ref(model: type[BaseModel] | str) -> dict[str, str]:
@@ -74,30 +52,30 @@ def json_body(model: type[BaseModel], *, required: bool = True) -> dict[str, Any
     }
 
 
-def query(*params: tuple[str, dict[str, Any], str]) -> dict[str, Any]:
-    """``openapi_extra`` for query parameters a route reads itself: (name, JSON schema,
-    description) each; optional unless the schema says ``"x-required": True``."""
-    out = []
-    for name, schema, description in params:
-        schema = dict(schema)
-        required = bool(schema.pop("x-required", False))
-        out.append(
+@dataclass(frozen=True)
+class Param:
+    """A query parameter a route reads itself."""
+
+    name: str
+    schema: dict[str, Any]
+    description: str
+    required: bool = False
+
+
+def query(*params: Param) -> dict[str, Any]:
+    """``openapi_extra`` for the query parameters a route reads itself."""
+    return {
+        "parameters": [
             {
-                "name": name,
+                "name": p.name,
                 "in": "query",
-                "required": required,
-                "schema": schema,
-                "description": description,
+                "required": p.required,
+                "schema": p.schema,
+                "description": p.description,
             }
-        )
-    return {"parameters": out}
-
-
-def merge(*extras: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for extra in extras:
-        out.update(extra)
-    return out
+            for p in params
+        ]
+    }
 
 
 _ERROR = {

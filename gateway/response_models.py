@@ -18,6 +18,34 @@ class _Answer(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+# -- errors ------------------------------------------------------------------------------
+
+
+class ErrorDetail(_Answer):
+    message: str
+    type: str = Field(description="invalid_request_error, authentication_error, ... (README)")
+    param: str | None = Field(description="the request field at fault, when one is")
+    code: str | None = Field(description="a stable code for programs, e.g. budget_exceeded")
+
+
+class Error(_Answer):
+    """Every error of every endpoint but the Messages API: OpenAI's shape."""
+
+    error: ErrorDetail
+
+
+class AnthropicErrorDetail(_Answer):
+    type: str
+    message: str
+
+
+class AnthropicError(_Answer):
+    """The Messages API's errors, in Anthropic's shape (its clients parse nothing else)."""
+
+    type: str = "error"
+    error: AnthropicErrorDetail
+
+
 # -- the routed APIs ---------------------------------------------------------------------
 
 

@@ -16,7 +16,7 @@ from starlette.responses import Response
 
 from gateway.errors import APIError, bad_request
 from gateway.ledger.keys import DuplicateAliasError, KeyInfo, KeyNotFoundError
-from gateway.openapi import json_body, query
+from gateway.openapi import Param, json_body, query
 from gateway.response_models import (
     CacheCleared,
     KeyList,
@@ -135,6 +135,14 @@ async def create_key(request: Request) -> Response:
 # A page of keys: each one with a budget costs a limit-store read for its spend. The spend
 # report pages the same way.
 KEYS_PAGE_DEFAULT, KEYS_PAGE_MAX = 100, 1000
+PAGE_PARAMS = (
+    Param(
+        "limit",
+        {"type": "integer", "minimum": 1, "maximum": KEYS_PAGE_MAX},
+        f"rows per page ({KEYS_PAGE_DEFAULT})",
+    ),
+    Param("after", {"type": "string"}, "the previous page's last_id"),
+)
 
 
 def _flag(value: str | None, name: str) -> bool:
@@ -166,9 +174,7 @@ def page_limit(value: str | None) -> int:
     "/keys",
     response_model=KeyList,
     openapi_extra=query(
-        ("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "keys per page (100)"),
-        ("after", {"type": "string"}, "the previous page's last_id"),
-        ("include_revoked", {"type": "boolean"}, "list revoked keys too"),
+        *PAGE_PARAMS, Param("include_revoked", {"type": "boolean"}, "list revoked keys too")
     ),
 )
 async def list_keys(request: Request) -> Response:

@@ -14,9 +14,9 @@ from starlette.responses import Response
 
 from gateway.errors import bad_request
 from gateway.ledger.spend import GROUP_BY_CHOICES, GroupBy, spend_report, to_utc
-from gateway.openapi import query
+from gateway.openapi import Param, query
 from gateway.response_models import SpendReport
-from gateway.routes.admin import admin_services, json_response, page_limit
+from gateway.routes.admin import PAGE_PARAMS, admin_services, json_response, page_limit
 
 router = APIRouter(prefix="/admin")
 
@@ -83,14 +83,13 @@ def _spend_cursor_group(cursor: str | None, width: int) -> SpendGroup | None:
     "/spend",
     response_model=SpendReport,
     openapi_extra=query(
-        ("group_by", {"type": "string"}, "comma-separated: " + ", ".join(GROUP_BY_CHOICES)),
-        ("since", {"type": "string"}, "ISO-8601 date or time, or epoch seconds"),
-        ("until", {"type": "string"}, "ISO-8601 date or time, or epoch seconds"),
-        ("key", {"type": "string"}, "only this key id"),
-        ("user", {"type": "string"}, "only this end user"),
-        ("tag", {"type": "string"}, "only requests with this tag"),
-        ("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "groups per page (100)"),
-        ("after", {"type": "string"}, "the previous page's last_id"),
+        Param("group_by", {"type": "string"}, "comma-separated: " + ", ".join(GROUP_BY_CHOICES)),
+        Param("since", {"type": "string"}, "ISO-8601 date or time, or epoch seconds"),
+        Param("until", {"type": "string"}, "ISO-8601 date or time, or epoch seconds"),
+        Param("key", {"type": "string"}, "only this key id"),
+        Param("user", {"type": "string"}, "only this end user"),
+        Param("tag", {"type": "string"}, "only requests with this tag"),
+        *PAGE_PARAMS,
     ),
 )
 async def spend(request: Request) -> Response:

@@ -16,7 +16,7 @@ from starlette.responses import Response
 from gateway.errors import APIError, bad_request
 from gateway.ledger.records import FeedbackRecord
 from gateway.ledger.spend import get_calls, get_request
-from gateway.openapi import json_body, query
+from gateway.openapi import Param, json_body, query
 from gateway.principal import Principal
 from gateway.response_models import FeedbackRecorded, Generation
 from gateway.routes.openai import authorization, read_body, services
@@ -89,11 +89,12 @@ async def feedback(request: Request) -> Response:
     "/v1/generation",
     response_model=Generation,
     openapi_extra=query(
-        (
+        Param(
             "id",
-            {"type": "string", "x-required": True},
-            "the request id (x-request-id, or the completion's id)",
-        ),
+            {"type": "string"},
+            "a request id: x-request-id, or the completion's, response's or message's id",
+            required=True,
+        )
     ),
 )
 async def generation(request: Request) -> Response:
