@@ -17,6 +17,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway import openapi
+from gateway.cors import install_cors
 from gateway.errors import install_error_handlers
 from gateway.routes import admin, admin_spend, anthropic, dashboard, key_info, logged, openai, ops
 from gateway.services import Services
@@ -94,6 +95,7 @@ def create_app(
     app.include_router(admin_spend.router)
     app.include_router(dashboard.router)
     openapi.install(app)
+    install_cors(app, settings.server.cors_allow_origins)
     return app
 
 

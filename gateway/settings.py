@@ -40,6 +40,9 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+_ORIGIN = re.compile(r"https?://[^/\s*]+")
+
+
 class ServerSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
@@ -56,6 +59,22 @@ class ServerSettings(_Section):
     # that moment gets a reset instead of an answer; measured here under load as 1 failed
     # request in ~8,000. Keep it above the idle timeout of whatever sits in front.
     keep_alive_s: int = Field(default=75, ge=1)
+    # Web pages (origins) that may call the gateway from a browser; ["*"] for any. Off by
+    # default (gateway.cors). Read at start, as the rest of `server`.
+    cors_allow_origins: list[str] = Field(default_factory=list)
+
+    @field_validator("cors_allow_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        # An origin is scheme://host[:port]; a browser sends it without a path or a
+        # trailing slash, so "https://app.example/" would never match anything.
+        for origin in value:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise ValueError(
+                    f"{origin!r} is not an origin: write scheme://host[:port] (no path, no "
+                    "trailing slash), or '*' for any"
+                )
+        return value
 
 
 class AuthSettings(_Section):
