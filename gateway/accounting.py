@@ -6,8 +6,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from gateway.ledger.records import CallRecord, RequestRecord
-from router.loop import RouteResult
 from router.policy import CallOutcome, LoopState
+from router.route_result import RouteResult
 
 if TYPE_CHECKING:
     from gateway.hooks import RequestLog

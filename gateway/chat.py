@@ -26,9 +26,9 @@ from gateway.principal import Principal
 from gateway.render import Renderer, id_headers, streamed_text_only
 from gateway.runtime import Runtime
 from gateway.schemas import ChatCompletionRequest
-from router.loop import NoAnswer, RequestTimeout, RouteResult
 from router.policy import Decision, LoopState, RouteContext
 from router.providers.errors import ProviderError
+from router.route_result import NoAnswer, RequestTimeout, RouteResult
 
 log = logging.getLogger(__name__)
 

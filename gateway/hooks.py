@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from gateway.errors import APIError
 from gateway.limits.base import LimitStoreUnavailable
 from router.estimate import estimate_prompt_tokens, requested_max_tokens
-from router.loop import RouteResult
 from router.policy import LoopState, RouteContext, ToolCall
+from router.route_result import RouteResult
 
 if TYPE_CHECKING:
     from gateway.budget_gauges import BudgetGauges

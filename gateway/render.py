@@ -21,8 +21,8 @@ from gateway.hooks import RequestHooks, RequestLog
 from gateway.runtime import ROUTER_MODEL
 from gateway.schemas import ChatCompletionRequest
 from pricing.money import format_usd, micros_to_usd
-from router.loop import RouteResult
 from router.providers.errors import ProviderError
+from router.route_result import RouteResult
 
 __all__ = ["SSE_HEADERS", "Renderer", "id_headers", "usage_with_cost", "xrouter_meta"]
 

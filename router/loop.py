@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pricing import TokenUsage
 from router.estimate import estimate_prompt_tokens, requested_max_tokens
 from router.policy import (
     Answer,
@@ -29,52 +28,9 @@ from router.policy import (
     ToolCall,
 )
 from router.providers.errors import ProviderError
+from router.route_result import NoAnswer, RequestTimeout, RouteResult, StreamingCall
 
 log = logging.getLogger(__name__)
-
-
-class NoAnswer(Exception):
-    """Every call failed and the policy produced no answer of its own."""
-
-    def __init__(self, message: str, state: LoopState) -> None:
-        super().__init__(message)
-        self.state = state
-        self.last_failure = _last_failure(state)
-        self.error_kind = self.last_failure.error_kind if self.last_failure else None
-
-
-def _last_failure(state: LoopState) -> CallOutcome | None:
-    """What ended a run without an answer: a router call refused by the budget (which stops
-    the loop), else the last failed downstream call."""
-    last_router = state.router_calls[-1] if state.router_calls else None
-    if last_router is not None and last_router.error_kind == "budget":
-        return last_router
-    return next((o for o in reversed(state.outcomes) if not o.ok), None)
-
-
-class RequestTimeout(NoAnswer):
-    """The request's deadline passed before the loop finished (calls in flight are cancelled
-    and their holds settled; the state keeps every call that completed)."""
-
-    def __init__(self, timeout_s: float, state: LoopState) -> None:
-        super().__init__(f"the request did not finish within {timeout_s:g} s", state)
-        self.error_kind = "timeout"
-
-
-class StreamingCall(Protocol):
-    """A final call whose answer streams straight through to the client."""
-
-    @property
-    def chunks(self) -> AsyncIterator[dict[str, Any]]: ...
-
-    def finish(self) -> CallOutcome:
-        """The call's outcome, once ``chunks`` is exhausted (or abandoned)."""
-        ...
-
-    async def aclose(self) -> None:
-        """Give back what the call holds (its concurrency slot, the upstream response),
-        read to the end or not; idempotent."""
-        ...
 
 
 class CallExecutor(Protocol):
@@ -92,44 +48,6 @@ class BudgetGuard(Protocol):
     async def reserve(self, call: ToolCall, worst_case_micros: int) -> str | None: ...
 
     async def settle(self, call: ToolCall, reserved_micros: int, actual_micros: int) -> None: ...
-
-
-@dataclass(slots=True)
-class RouteResult:
-    state: LoopState
-    message: dict[str, Any] | None = None  # the final assistant message (None while streaming)
-    response: dict[str, Any] | None = None  # the downstream response the answer came from
-    final_model: str | None = None  # pool model that produced the answer; None = the router
-    finish_reason: str = "stop"
-    stream: StreamingCall | None = None
-    fallback_used: bool = False  # max turns reached: best successful answer returned
-    extras: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def decision(self) -> Decision:
-        return self.state.decision
-
-    @property
-    def outcomes(self) -> list[CallOutcome]:
-        return self.state.outcomes
-
-    @property
-    def downstream_cost_micros(self) -> int:
-        return sum(o.cost_micros for o in self.state.outcomes)
-
-    @property
-    def router_cost_micros(self) -> int:
-        return sum(o.cost_micros for o in self.state.router_calls)
-
-    @property
-    def cost_micros(self) -> int:
-        return self.downstream_cost_micros + self.router_cost_micros
-
-    def usage(self) -> TokenUsage:
-        total = TokenUsage()
-        for o in (*self.state.router_calls, *self.state.outcomes):
-            total = total + o.usage
-        return total
 
 
 def worst_case_micros(ctx: RouteContext, call: ToolCall) -> int:

@@ -16,13 +16,7 @@ from gateway.limits import KeyLimits, MemoryLimitStore
 from pricing import ModelPrice, TokenUsage, load_default_catalog
 from router.estimate import estimate_prompt_tokens
 from router.executors import ProviderExecutor, downstream_request
-from router.loop import (
-    NoAnswer,
-    Orchestrator,
-    RequestTimeout,
-    RouteResult,
-    worst_case_micros,
-)
+from router.loop import Orchestrator, worst_case_micros
 from router.policies.baselines import FixedPolicy
 from router.policies.llm import (
     DEFAULT_SYSTEM_PROMPT,
@@ -43,6 +37,7 @@ from router.policy import (
 from router.pool import ModelPool, PoolModelConfig
 from router.providers.client import DownstreamClient
 from router.providers.usage import estimate_usage
+from router.route_result import NoAnswer, RequestTimeout, RouteResult
 from router.tools import tool_name
 from tests.conftest import ScriptedRouter
 from tests.router.conftest import Downstream

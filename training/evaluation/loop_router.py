@@ -27,10 +27,11 @@ from typing import Any
 
 from pricing import ModelPrice, load_default_catalog
 from router.executors import OutcomeExecutor
-from router.loop import NoAnswer, Orchestrator, RouteResult
+from router.loop import Orchestrator
 from router.outcomes import OutcomeRecord
 from router.policy import Call, Decision, LoopState, Policy, RouteContext
 from router.pool import ModelPool, PoolModel
+from router.route_result import NoAnswer, RouteResult
 from training.evaluation.registry import (
     LoadContext,
     RouterLoader,

@@ -37,12 +37,13 @@ from verl.experimental.agent_loop.tool_parser import ToolParser
 
 from pricing import ModelPrice, TokenUsage
 from router.executors import OutcomeExecutor
-from router.loop import NoAnswer, Orchestrator, RouteResult
+from router.loop import Orchestrator
 from router.outcomes import OutcomeRecord
 from router.policies.llm import LLMRouterPolicy
 from router.policy import RouteContext
 from router.pool import ModelPool, PoolModel
 from router.providers.base import Provider, ProviderResponse, StreamStats
+from router.route_result import NoAnswer, RouteResult
 from training.evaluation.loop_router import replay_model
 from training.verl.pool import pool_from_json
 from training.verl.reward import trajectory_reward

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.loop import RouteResult
 from router.outcomes import OutcomeRecord
 from router.reward import RewardConfig, compute_reward
+from router.route_result import RouteResult
 
 
 def trajectory_reward(
