@@ -161,7 +161,7 @@ class ChatService:
         ``POST /v1/messages`` without asking a model."""
         rt: Runtime = self._runtime()
         data, req = validate_request(data)
-        route_pool(rt, req, who, resolve(rt, req, who), data["messages"])
+        route_pool(rt, req, who, resolve(rt, req, who), data)
 
     async def refused(self, err: APIError, who: Principal, api: str) -> str:
         """Account for a request refused before it became a chat request (a Responses or

@@ -12,6 +12,8 @@ from gateway.principal import Principal
 from gateway.runtime import POLICY_PREFIX, ROUTER_MODEL, Runtime
 from gateway.schemas import ChatCompletionRequest
 from pricing import usd_to_micros
+from router.context_window import fits, likely_prompt_tokens, tokens_needed
+from router.estimate import requested_max_tokens
 from router.modalities import request_modalities
 from router.policy import Call, LoopState, Policy, RouteContext, Select, Step, ToolCall
 
@@ -69,10 +71,11 @@ def route_pool(
     req: ChatCompletionRequest,
     who: Principal,
     resolved: Resolved,
-    messages: list[dict[str, Any]],
+    data: dict[str, Any],
 ) -> list[str]:
+    """The pool models ``data`` (the decoded request) may be routed to."""
     if resolved.passthrough:
-        return _capable(rt, resolved.pool_names, messages)
+        return _capable(rt, resolved.pool_names, data)
     names = rt.pool.names
     if who.allowed_models is not None:
         names = [n for n in names if n in who.allowed_models]
@@ -87,14 +90,40 @@ def route_pool(
         raise forbidden(
             "no pool model is allowed for this request", "no_allowed_models", "xrouter.models"
         )
-    names = _capable(rt, names, messages)
+    names = _capable(rt, names, data)
     # Policies choose among models whose circuit is not open (router.health). If every one
     # is open, leave them all: the calls fail fast and the client gets a 503 at once.
     return rt.client.breakers.available(names) or names
 
 
-def _capable(rt: Runtime, names: list[str], messages: list[dict[str, Any]]) -> list[str]:
-    """``names`` without the models that cannot read the request's input (images, audio)."""
+def _capable(rt: Runtime, names: list[str], data: dict[str, Any]) -> list[str]:
+    """``names`` without the models that cannot read the request's input (images, audio)
+    or whose context window it does not fit in."""
+    return _long_enough(rt, _readers(rt, names, data["messages"]), data)
+
+
+def _long_enough(rt: Runtime, names: list[str], data: dict[str, Any]) -> list[str]:
+    if all(rt.pool[n].context_window is None for n in names):
+        return names
+    prompt = likely_prompt_tokens(data["messages"], data.get("tools"))
+    asked = requested_max_tokens(data)
+    fitting = [n for n in names if fits(rt.pool[n], prompt, asked)]
+    if not fitting:
+        windows = [w for n in names if (w := rt.pool[n].context_window) is not None]
+        who = (
+            f"model {names[0]!r} takes" if len(names) == 1 else "the largest model it may use takes"
+        )
+        need = min(tokens_needed(rt.pool[n], prompt, asked) for n in names)
+        raise bad_request(
+            f"the request needs about {need} tokens (its messages, tools and the output it "
+            f"asks for), and {who} {max(windows)} (context_window of the pool models)",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    return fitting
+
+
+def _readers(rt: Runtime, names: list[str], messages: list[dict[str, Any]]) -> list[str]:
     needed = request_modalities(messages)
     if needed == {"text"}:
         return names
@@ -128,7 +157,7 @@ def build_context(
     request_id: str,
 ) -> RouteContext:
     controls = req.xrouter
-    pool = rt.subset(route_pool(rt, req, who, resolved, data["messages"]))
+    pool = rt.subset(route_pool(rt, req, who, resolved, data))
     # The request's own controls, else its key's defaults, else the gateway's. A key's cap
     # is a ceiling: a request may ask for less, never more.
     cost_weight = next(

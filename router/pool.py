@@ -99,6 +99,9 @@ class PoolModelConfig(BaseModel):
     # What the model can read: text, image, audio. Unset: not declared, any request may be
     # routed to it; set: requests carrying other kinds of input are not.
     input_modalities: tuple[Modality, ...] | None = None
+    # The most tokens (prompt plus output) the model takes. Unset: not declared, any request
+    # may be routed to it; set: a request too long for it is not (router.context_window).
+    context_window: int | None = Field(default=None, ge=1)
     # Several deployments of this model: calls are balanced between them (the least busy
     # first), a deployment that fails is skipped for router.deployment_cooldown_s, and a
     # failed call is retried on another. Each deployment has its own api_base (the entry's
@@ -150,6 +153,7 @@ class PoolModel:
     description: str
     input_modalities: frozenset[Modality] | None = None
     keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
+    context_window: int | None = None
     # The model as each of its deployments serves it (same name and price; their own
     # api_base, key, upstream id, concurrency, and ``deployment`` label); () for one.
     deployments: tuple[PoolModel, ...] = ()
@@ -229,6 +233,7 @@ class PoolModel:
                 None if cfg.input_modalities is None else frozenset(cfg.input_modalities)
             ),
             keep_alive_s=cfg.keep_alive_s,
+            context_window=cfg.context_window,
         )
 
 
