@@ -98,7 +98,9 @@ def _operation(
     error: dict[str, Any],
 ) -> dict[str, Any]:
     content: dict[str, Any] = {"application/json": {"schema": _ref(answer)}}
+    description = f"A {answer.__name__}"
     if events is not None:
+        description += ", or its events when the request streams"
         # ``stream: true``: server-sent events, one JSON object each (``x-events``: which).
         content["text/event-stream"] = {"schema": {"type": "string"}, "x-events": events}
     return {
@@ -107,7 +109,7 @@ def _operation(
         "tags": [tag],
         **json_body(body),
         "responses": {
-            "200": {"description": summary.split(" (")[0].split(";")[0], "content": content},
+            "200": {"description": description, "content": content},
             "default": error,
         },
     }
