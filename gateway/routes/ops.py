@@ -12,13 +12,16 @@ from gateway.routes.openai import services
 router = APIRouter()
 
 
-@router.get("/healthz", response_model=Health)
+# GET and HEAD: uptime monitors often probe with HEAD (UptimeRobot's default), Kubernetes
+# and load balancers with GET.
+@router.api_route("/healthz", methods=["GET", "HEAD"], response_model=Health)
 async def healthz() -> Response:
     return JSONResponse({"status": "ok"})
 
 
-@router.get(
+@router.api_route(
     "/readyz",
+    methods=["GET", "HEAD"],
     response_model=Readiness,
     responses={503: {"model": Readiness, "description": "Not ready: a check says which"}},
 )

@@ -266,6 +266,10 @@ def test_models_list_has_routers_and_priced_pool(gateway: Gateway) -> None:
 def test_health_and_ready(gateway: Gateway) -> None:
     assert httpx.get(f"{gateway.url}/healthz").json() == {"status": "ok"}
     assert httpx.get(f"{gateway.url}/readyz").json()["status"] == "ready"
+    # Uptime monitors probe with HEAD: the status, no body.
+    for path in ("/healthz", "/readyz"):
+        r = httpx.head(f"{gateway.url}{path}")
+        assert r.status_code == 200 and r.content == b"", path
 
 
 # ---------------------------------------------------------------- errors
