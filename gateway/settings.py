@@ -63,6 +63,15 @@ class ServerSettings(_Section):
     # default (gateway.cors). Read at start, as the rest of `server`.
     cors_allow_origins: list[str] = Field(default_factory=list)
 
+    @field_validator("cors_allow_origins", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        # From the environment, one string: XROUTER_SERVER__CORS_ALLOW_ORIGINS='*' or
+        # 'https://a.example,https://b.example' (a YAML list works too).
+        if isinstance(value, str):
+            return [o.strip() for o in value.split(",") if o.strip()]
+        return value
+
     @field_validator("cors_allow_origins")
     @classmethod
     def _origins(cls, value: list[str]) -> list[str]:

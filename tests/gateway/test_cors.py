@@ -93,6 +93,23 @@ def test_without_the_setting_no_origin_is_answered(gateway: Gateway) -> None:
     assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
 
 
+@pytest.mark.parametrize(
+    ("value", "origins"),
+    [
+        ("*", ["*"]),
+        (
+            "https://a.example, http://localhost:3000",
+            ["https://a.example", "http://localhost:3000"],
+        ),
+        ('["https://a.example"]', ["https://a.example"]),
+    ],
+)
+def test_origins_from_the_environment(value: str, origins: list[str]) -> None:
+    # As a deployment sets them (Helm, compose): one variable, a list or comma-separated.
+    env = {"XROUTER_SERVER__CORS_ALLOW_ORIGINS": value}
+    assert load_settings(None, env=env).server.cors_allow_origins == origins
+
+
 @pytest.mark.parametrize("origin", ["https://app.example/", "app.example", "https://*.example"])
 def test_an_origin_a_browser_never_sends_is_refused_at_start(tmp_path: Path, origin: str) -> None:
     cfg = tmp_path / "x.yaml"
