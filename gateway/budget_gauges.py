@@ -94,8 +94,8 @@ class BudgetGauges:
         info = await self.keys.get(key_id)
         if info is None or info.revoked or info.budget_micros is None or info.alias != alias:
             self.forget(alias)
-            self.metrics.forget_key_budget(alias)
+            self.metrics.key_budgets.forget(alias)
             return
         state = await self.store.spent(info.limits())
         if self._tracked.get(alias) == key_id:  # not forgotten while the store answered
-            self.metrics.key_budget_remaining(alias, max(info.budget_micros - state.spent, 0))
+            self.metrics.key_budgets.remaining(alias, max(info.budget_micros - state.spent, 0))

@@ -166,7 +166,7 @@ class KeyBudgetGuard:
         if (export := self._budget_export()) is not None:
             # A key can be refused with a little left (less than this call's worst case),
             # so the gauge alone would not say it is out: count the refusal too.
-            export[0].key_budget_refused(export[1])
+            export[0].key_budgets.refused(export[1])
             self._refresh_gauge(*export)
         return f"{KEY_BUDGET}: a call to {call.model} may cost up to {worst_case_micros} µUSD, {res.remaining_micros} µUSD remain"
 
@@ -184,7 +184,7 @@ class KeyBudgetGuard:
     def _refresh_gauge(self, metrics: GatewayMetrics, alias: str) -> None:
         """Read the key's budget back into its gauge, at most once a second (a refused
         flood or a busy key costs the store one read a second, not one per request)."""
-        delay = metrics.budget_refresh_delay(alias, time.monotonic())
+        delay = metrics.key_budgets.refresh_delay(alias, time.monotonic())
         if delay is not None:
             # Spawned (from the shielded settle step, too), so a cancelled request still
             # refreshes it; not awaited, so the request does not wait on the read. The store
@@ -196,7 +196,7 @@ class KeyBudgetGuard:
         metrics, alias = self.metrics, self.alias
         if metrics is None or not alias or self.limits.budget_micros is None:
             return None
-        return (metrics, alias) if metrics.exports_key_budget(alias) else None
+        return (metrics, alias) if metrics.key_budgets.exports(alias) else None
 
     async def _scheduled_read(self, metrics: GatewayMetrics, alias: str, delay: float) -> None:
         try:
@@ -204,7 +204,7 @@ class KeyBudgetGuard:
                 await asyncio.sleep(delay)
         finally:
             # Before the read: a settle landing while it runs schedules the next one.
-            metrics.budget_refresh_done(alias)
+            metrics.key_budgets.refresh_done(alias)
         await self._observe_remaining()
 
     async def _observe_remaining(self) -> None:
@@ -218,7 +218,7 @@ class KeyBudgetGuard:
             state = await self.store.spent(self.limits)
         except LimitStoreUnavailable:
             return  # the gauge keeps its last reading until the store answers again
-        exported = self.metrics.key_budget_remaining(self.alias, max(budget - state.spent, 0))
+        exported = self.metrics.key_budgets.remaining(self.alias, max(budget - state.spent, 0))
         if exported and self.gauges is not None:
             # Kept current from now on between the key's calls here.
             self.gauges.track(self.alias, self.limits.key_id)

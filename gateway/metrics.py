@@ -11,14 +11,12 @@ Multiprocess (rendering and aggregation: ``gateway.metrics_render``). Gauges dec
 several workers' values combine:
 ``livesum`` for the queue depth (the depth of all live queues), ``livemax`` for open circuits
 (a worker that died with a circuit open must not hold it open on the dashboard forever),
-``mostrecent`` for budget remaining (all workers read the same store; the latest reading is
-the truth), ``max`` for build info, ``liveall`` (one series per live worker) for the serving
+``mostrecent`` for budget remaining (``gateway.key_budget_metrics``), ``max`` for build info, ``liveall`` (one series per live worker) for the serving
 router checkpoint.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,8 +27,8 @@ from prometheus_client import (
     Histogram,
 )
 
+from gateway.key_budget_metrics import KeyBudgetSeries
 from gateway.metric_labels import OTHER, FirstComeLabel, KnownLabel, status_class
-from gateway.metrics_render import multiprocess_enabled
 from pricing.money import MICROS_PER_USD
 
 # LLM calls take from a few milliseconds (a cached or tiny answer) to minutes (long
@@ -58,8 +56,6 @@ RESTORE_TRIGGERS = ("startup", "store_lost", "key_update")
 SPILL_REASONS = ("queue_full", "db_error", "db_unavailable")
 WRITE_ERROR_KINDS = ("db", "data", "spill", "closed")
 STORE_ERROR_MODES = ("open", "closed")
-# How often a key's budget gauge is read back from the limit store after its settles.
-BUDGET_REFRESH_S = 1.0
 
 
 def _usd(micros: int) -> float:
@@ -98,10 +94,6 @@ class GatewayMetrics:
         self._spill_reason = FirstComeLabel(SPILL_REASONS)
         self._write_error_kind = FirstComeLabel(WRITE_ERROR_KINDS)
         self._budget_reason = FirstComeLabel(BUDGET_REASONS, extra=4)
-        self._budget_gauge_keys = budget_gauge_keys
-        self._budget_aliases: set[str] = set()
-        self._budget_read_at: dict[str, float] = {}  # alias -> last gauge read (monotonic s)
-        self._budget_read_pending: set[str] = set()  # aliases with a read scheduled
         # labels() validates and locks on every call; the hot path asks for the same few
         # children over and over, so keep them (label values are bounded, so is this).
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
@@ -297,24 +289,8 @@ class GatewayMetrics:
             registry=r,
             multiprocess_mode="livemax",
         )
-        self._key_budget_remaining = Gauge(
-            "xrouter_key_budget_remaining_usd",
-            "Budget minus spend in the current period, at least 0 (holds of calls in flight "
-            "not deducted), read after each call settles and at each refusal, for at most "
-            "metrics.budget_gauge_keys keys.",
-            ["key_alias"],
-            registry=r,
-            multiprocess_mode="mostrecent",
-        )
-        # What is left can stay above 0 and still pay for no call (less than any call's
-        # worst case): the refusals say the key is out, for the same keys as the gauge.
-        self._key_budget_refusals = Counter(
-            "xrouter_key_budget_refusals",
-            "Calls refused by their key's budget, for the keys in "
-            "xrouter_key_budget_remaining_usd.",
-            ["key_alias"],
-            registry=r,
-        )
+        # The one label operators create (key aliases): its own bounded series.
+        self.key_budgets = KeyBudgetSeries(r, limit=budget_gauge_keys)
         self._build_info = Gauge(
             "xrouter_build_info",
             "Always 1; the version label says which build is running.",
@@ -476,68 +452,6 @@ class GatewayMetrics:
     def budget_restored(self, trigger: str) -> None:
         known = RESTORE_TRIGGERS
         self._child(self._budget_restores, trigger if trigger in known else OTHER).inc()
-
-    def exports_key_budget(self, key_alias: str) -> bool:
-        """Whether a key has (or would get) budget series: callers skip reading the store
-        for keys past ``budget_gauge_keys``."""
-        return (
-            key_alias in self._budget_aliases or len(self._budget_aliases) < self._budget_gauge_keys
-        )
-
-    def budget_refresh_delay(self, key_alias: str, now: float) -> float | None:
-        """When to read a key's budget back from the store after a settle: at once, or
-        when a second has passed since the last read; None when a read is already
-        scheduled (it will see this settle). A busy key costs the store one read a second,
-        not one per call, and the last settle of a burst is still read."""
-        if key_alias in self._budget_read_pending:
-            return None
-        delay = max(0.0, self._budget_read_at.get(key_alias, -math.inf) + BUDGET_REFRESH_S - now)
-        self._budget_read_pending.add(key_alias)
-        self._budget_read_at[key_alias] = now + delay
-        return delay
-
-    def budget_refresh_done(self, key_alias: str) -> None:
-        self._budget_read_pending.discard(key_alias)
-
-    def _budget_slot(self, key_alias: str) -> bool:
-        if key_alias not in self._budget_aliases:
-            if len(self._budget_aliases) >= self._budget_gauge_keys:
-                return False
-            self._budget_aliases.add(key_alias)
-        return True
-
-    def key_budget_remaining(self, key_alias: str, remaining_micros: int) -> bool:
-        """Export a key's remaining budget. Only the first ``budget_gauge_keys`` keys seen
-        get a series (per process); returns False for a key that isn't exported."""
-        if not self._budget_slot(key_alias):
-            return False
-        self._key_budget_remaining.labels(key_alias=key_alias).set(_usd(remaining_micros))
-        return True
-
-    def key_budget_refused(self, key_alias: str) -> bool:
-        """Count a call the key's budget refused (for exported keys only, as the gauge);
-        returns False for a key that isn't exported."""
-        if not self._budget_slot(key_alias):
-            return False
-        self._key_budget_refusals.labels(key_alias=key_alias).inc()
-        return True
-
-    def forget_key_budget(self, key_alias: str) -> None:
-        """Stop exporting a key (revoked, its budget removed, or renamed) and free its slot.
-
-        In multiprocess mode series cannot be removed from the workers' files: the last
-        reading would stay (a revoked key that was out of budget alerting until restart),
-        and a freed slot would let short-lived keys grow the series without bound. There
-        the reading becomes NaN (no reading: no alert fires on it) and the slot stays taken
-        until the workers restart (a key that keeps its alias exports again at its next
-        call)."""
-        if key_alias in self._budget_aliases:
-            if multiprocess_enabled():
-                self._key_budget_remaining.labels(key_alias=key_alias).set(math.nan)
-                return
-            self._budget_aliases.discard(key_alias)
-            self._key_budget_remaining.remove(key_alias)
-            self._key_budget_refusals.remove(key_alias)
 
     # -- answer cache ------------------------------------------------------------------------
 

@@ -274,9 +274,9 @@ async def update_key(key_id: str, request: Request) -> Response:
         # their last value (and hold one of the budget_gauge_keys slots): drop them; the
         # key's next call exports it again if it still has a budget.
         if info.alias != current.alias:
-            s.metrics.forget_key_budget(current.alias)
+            s.metrics.key_budgets.forget(current.alias)
         if budget_changed:
-            s.metrics.forget_key_budget(info.alias)
+            s.metrics.key_budgets.forget(info.alias)
     return json_response(_key_view(info))
 
 
@@ -312,7 +312,7 @@ async def revoke_key(key_id: str, request: Request) -> Response:
     s.auth.invalidate()
     if s.metrics is not None:
         # Its budget series would stay at their last value and hold a slot.
-        s.metrics.forget_key_budget(info.alias)
+        s.metrics.key_budgets.forget(info.alias)
     return json_response({"key_id": key_id, "revoked": True})
 
 

@@ -51,7 +51,7 @@ async def test_a_key_out_of_budget_yesterday_reads_its_new_period_without_callin
     again in this process."""
     store = MemoryLimitStore()
     key, _ = await keys.create("daily", budget_usd=2, budget_period="daily")
-    metrics.key_budget_remaining("daily", 0)  # the last reading, yesterday
+    metrics.key_budgets.remaining("daily", 0)  # the last reading, yesterday
     gauges = BudgetGauges(store, keys, metrics, interval_s=3600)
     gauges.track("daily", key.key_id)
     await gauges.refresh()
@@ -73,7 +73,7 @@ async def test_changed_revoked_and_renamed_keys_follow_the_ledger(
     gauges = BudgetGauges(store, keys, metrics, interval_s=3600)
     for key in (raised, revoked, renamed, unbudgeted):
         await spend(store, key, 400_000, f"r-{key.alias}")
-        metrics.key_budget_remaining(key.alias, 600_000)
+        metrics.key_budgets.remaining(key.alias, 600_000)
         gauges.track(key.alias, key.key_id)
     # Changed through the admin API of another replica: this process learns it here.
     await keys.update(raised.key_id, budget_micros=3_000_000)
@@ -96,7 +96,7 @@ async def test_an_unreachable_store_keeps_the_last_readings_and_is_logged_once(
         port = s.getsockname()[1]
     store = RedisLimitStore(f"redis://127.0.0.1:{port}/0", key_prefix="xrtest-gauges")
     key, _ = await keys.create("k", budget_usd=1)
-    metrics.key_budget_remaining("k", 300_000)
+    metrics.key_budgets.remaining("k", 300_000)
     gauges = BudgetGauges(store, keys, metrics, interval_s=3600)
     gauges.track("k", key.key_id)
     try:

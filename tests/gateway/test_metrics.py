@@ -250,46 +250,6 @@ def test_status_class(
     )
 
 
-def test_budget_gauges_are_capped(registry: CollectorRegistry, metrics: GatewayMetrics) -> None:
-    assert metrics.key_budget_remaining("team-a", 2_500_000)
-    assert metrics.key_budget_remaining("team-b", 0)
-    assert not metrics.key_budget_remaining("team-c", 1_000_000)  # over budget_gauge_keys=2
-    assert metrics.key_budget_remaining("team-a", 1_250_000)  # known keys keep updating
-    assert label_values(registry, "xrouter_key_budget_remaining_usd", "key_alias") == {
-        "team-a",
-        "team-b",
-    }
-    assert (
-        registry.get_sample_value("xrouter_key_budget_remaining_usd", {"key_alias": "team-a"})
-        == 1.25
-    )
-    metrics.forget_key_budget("team-b")
-    assert metrics.key_budget_remaining("team-c", 1_000_000)
-    assert label_values(registry, "xrouter_key_budget_remaining_usd", "key_alias") == {
-        "team-a",
-        "team-c",
-    }
-
-
-def test_budget_refusals_share_the_gauges_slots(
-    registry: CollectorRegistry, metrics: GatewayMetrics
-) -> None:
-    refusals = "xrouter_key_budget_refusals_total"
-    assert metrics.exports_key_budget("team-a")
-    assert metrics.key_budget_refused("team-a")  # a key refused before any call settled
-    assert metrics.key_budget_remaining("team-b", 3_000)
-    assert not metrics.exports_key_budget("team-c")
-    assert not metrics.key_budget_refused("team-c")
-    assert metrics.key_budget_refused("team-a")
-    assert registry.get_sample_value(refusals, {"key_alias": "team-a"}) == 2
-    assert label_values(registry, refusals, "key_alias") == {"team-a"}
-    # Forgetting a key (revoked, renamed, budget changed) drops both series and its slot.
-    metrics.forget_key_budget("team-a")
-    assert label_values(registry, refusals, "key_alias") == set()
-    assert label_values(registry, "xrouter_key_budget_remaining_usd", "key_alias") == {"team-b"}
-    assert metrics.exports_key_budget("team-c") and metrics.key_budget_refused("team-c")
-
-
 def test_ledger_sink(registry: CollectorRegistry, metrics: GatewayMetrics) -> None:
     metrics.queue_depth(42)
     metrics.queue_depth(7)

@@ -72,7 +72,7 @@ for _ in range(requests):
     m.observe_request("compact", "qwen3-8b", 200, 0.2, 0.001, 100, 300)
     m.observe_call("qwen3-8b", 100, 10, 0, 0, 100, 0.15)
 m.queue_depth(depth)
-m.key_budget_remaining("team-a", remaining)
+m.key_budgets.remaining("team-a", remaining)
 m.flushed(requests)
 print(os.getpid(), flush=True)
 sys.stdin.read()  # stay alive (a running worker) until the test closes stdin or kills us
@@ -201,11 +201,11 @@ from prometheus_client import CollectorRegistry
 from gateway.metrics import GatewayMetrics
 
 m = GatewayMetrics(CollectorRegistry(), models=[], policies=[], budget_gauge_keys=2)
-m.key_budget_remaining("exhausted", 0)  # out of budget, then revoked
-m.forget_key_budget("exhausted")
+m.key_budgets.remaining("exhausted", 0)  # out of budget, then revoked
+m.key_budgets.forget("exhausted")
 for i in range(10):  # keys made and revoked one after the other
-    m.key_budget_remaining(f"short-lived-{i}", 1_000_000)
-    m.forget_key_budget(f"short-lived-{i}")
+    m.key_budgets.remaining(f"short-lived-{i}", 1_000_000)
+    m.key_budgets.forget(f"short-lived-{i}")
 print(os.getpid(), flush=True)
 """
 
