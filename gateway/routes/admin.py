@@ -17,6 +17,7 @@ from starlette.responses import Response
 from gateway.errors import APIError, bad_request
 from gateway.ledger.keys import DuplicateAliasError, KeyInfo, KeyNotFoundError
 from gateway.openapi import Param, json_body, query
+from gateway.request_body import read_body
 from gateway.response_models import (
     CacheCleared,
     KeyList,
@@ -28,7 +29,7 @@ from gateway.response_models import (
     RouterState,
 )
 from gateway.routes.admin_models import KeyCreate, KeyRouting, KeyUpdate, ReloadRequest, expiry
-from gateway.routes.openai import read_body, services
+from gateway.routes.openai import services
 from gateway.services import Services
 from pricing.money import usd_to_micros
 

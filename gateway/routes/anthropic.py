@@ -19,7 +19,8 @@ from starlette.responses import Response
 from gateway import messages
 from gateway.chat_request import decode_json
 from gateway.errors import APIError, internal_error
-from gateway.routes.openai import authorization, read_body, services
+from gateway.request_body import read_body
+from gateway.routes.openai import authorization, services
 from gateway.translation import renamed_error
 from router.estimate import estimate_prompt_tokens
 

@@ -18,8 +18,9 @@ from gateway.ledger.records import FeedbackRecord
 from gateway.ledger.spend import get_calls, get_request
 from gateway.openapi import Param, json_body, query
 from gateway.principal import Principal
+from gateway.request_body import read_body
 from gateway.response_models import FeedbackRecorded, Generation
-from gateway.routes.openai import authorization, read_body, services
+from gateway.routes.openai import authorization, services
 from gateway.schemas import FeedbackRequest, request_id_from
 from gateway.services import Services
 from pricing import micros_to_usd

@@ -13,6 +13,7 @@ from gateway import messages, model_list, responses
 from gateway.chat_request import decode_json
 from gateway.errors import APIError, internal_error, not_found
 from gateway.render import id_headers
+from gateway.request_body import read_body
 from gateway.response_models import ModelEntry, ModelList
 from gateway.services import Services
 
@@ -24,24 +25,6 @@ router = APIRouter()
 def services(request: Request) -> Services:
     services: Services = request.app.state.services
     return services
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """Read the body, refusing it (413) as soon as it exceeds ``limit``, before buffering it
-    all when the client announced its length."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise APIError(413, f"request body is larger than {limit} bytes", code="request_too_large")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise APIError(
-                413, f"request body is larger than {limit} bytes", code="request_too_large"
-            )
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 async def chat_completions(request: Request) -> Response:

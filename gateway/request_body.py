@@ -1,0 +1,118 @@
+"""Reading a request body: the size limit, and the body's content coding.
+
+A client may compress what it sends (``Content-Encoding: gzip`` or ``deflate``, RFC 9110
+§8.4), as HTTP clients configured for large prompts or a compressing proxy in front of the
+gateway do. The limit (``server.max_body_bytes``) holds for the decoded body, which is what
+the gateway parses and keeps, and decoding stops as soon as it is passed, so a small
+compressed body cannot expand into gigabytes (a decompression bomb). Any other coding is a
+415 naming the ones taken (with ``Accept-Encoding``, as RFC 9110 §15.5.16 asks), rather than
+compressed bytes failing as "not valid JSON".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+
+from starlette.requests import Request
+
+from gateway.errors import APIError
+
+# Taken as sent; "identity" is what no header means.
+_IDENTITY = frozenset({"", "identity"})
+# zlib's window bits for each coding: gzip's header and trailer, or zlib's (RFC 9110's
+# "deflate" is the zlib format, which some clients send as raw deflate instead: 32 + 15
+# detects gzip or zlib; raw deflate is retried with -15).
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+ACCEPTED_ENCODINGS = "gzip, deflate"
+# Decoding a compressed body this large would hold the event loop for more than about a
+# millisecond: it is decoded in a worker thread instead.
+_INLINE_DECODE_BYTES = 64 * 1024
+
+
+def too_large(limit: int) -> APIError:
+    return APIError(413, f"request body is larger than {limit} bytes", code="request_too_large")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, decoded, refused (413) as soon as it exceeds ``limit`` — before buffering it
+    all when the client announced a length past it — and 415 for a coding not taken."""
+    coding = _coding(request.headers.get("content-encoding"))
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if coding is None:
+        return raw
+    if len(raw) <= _INLINE_DECODE_BYTES:
+        return decode(raw, coding, limit)
+    return await asyncio.to_thread(decode, raw, coding, limit)
+
+
+def _coding(header: str | None) -> str | None:
+    """The one coding the body is in (None: as sent). Several stacked codings
+    (``gzip, gzip``) are refused too: no client sends them."""
+    value = (header or "").strip().lower()
+    if value in _IDENTITY:
+        return None
+    if value in _WBITS:
+        return value
+    raise APIError(
+        415,
+        f"Content-Encoding {header!r} is not supported; send the body as is, or in "
+        f"{ACCEPTED_ENCODINGS}",
+        param="content-encoding",
+        code="unsupported_content_encoding",
+        headers={"accept-encoding": ACCEPTED_ENCODINGS},
+    )
+
+
+def decode(raw: bytes, coding: str, limit: int) -> bytes:
+    """Decompress ``raw``, at most ``limit`` bytes of output: more is a 413, a truncated or
+    corrupt stream a 400."""
+    try:
+        return _inflate(raw, _WBITS[coding] if coding != "deflate" else 32 + zlib.MAX_WBITS, limit)
+    except zlib.error:
+        if coding != "deflate":
+            raise _corrupt(coding) from None
+    try:
+        return _inflate(raw, -zlib.MAX_WBITS, limit)  # raw deflate, without zlib's header
+    except zlib.error:
+        raise _corrupt(coding) from None
+
+
+def _inflate(raw: bytes, wbits: int, limit: int) -> bytes:
+    out: list[bytes] = []
+    size = 0
+    while True:
+        d = zlib.decompressobj(wbits)
+        # One byte past what is left says it is over without inflating the rest.
+        piece = d.decompress(raw, limit - size + 1)
+        size += len(piece)
+        if size > limit:
+            raise too_large(limit)
+        if not d.eof:
+            raise zlib.error("incomplete or truncated stream")
+        out.append(piece)
+        raw = d.unused_data
+        if not raw:
+            return b"".join(out)
+        # gzip allows several members back to back; anything else after the end is junk.
+        if wbits != _WBITS["gzip"]:
+            raise zlib.error("data after the end of the stream")
+
+
+def _corrupt(coding: str) -> APIError:
+    return APIError(
+        400,
+        f"the request body is not valid {coding} data",
+        param="content-encoding",
+        code="invalid_content_encoding",
+    )

@@ -1,0 +1,202 @@
+"""Request bodies: the size limit and content codings (``gateway.request_body``), read by the
+function the routes use and end to end through a running gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import random
+import zlib
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import httpx
+import pytest
+from starlette.requests import Request
+
+from gateway.errors import APIError
+from gateway.request_body import decode, read_body
+from router.outcomes import OutcomeRecord
+from tests.gateway.conftest import ledger_rows
+from tests.support.gateway import Gateway
+
+MODEL = "mistral-small-24b-instruct-2501-bf16"
+LIMIT = 65536  # the module gateway's server.max_body_bytes
+
+DOC = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi " * 500}]}).encode()
+
+
+def raw_deflate(data: bytes) -> bytes:
+    c = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    return c.compress(data) + c.flush()
+
+
+# -- decoding ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("coding", "encode"),
+    [
+        ("gzip", gzip.compress),
+        ("x-gzip", gzip.compress),
+        ("deflate", zlib.compress),  # RFC 9110's deflate: the zlib format
+        ("deflate", raw_deflate),  # what some clients send as deflate
+    ],
+)
+def test_codings_decode(coding: str, encode: Callable[[bytes], bytes]) -> None:
+    assert decode(encode(DOC), coding, LIMIT) == DOC
+
+
+def test_gzip_members_back_to_back_decode_as_one_body() -> None:
+    half = len(DOC) // 2
+    assert decode(gzip.compress(DOC[:half]) + gzip.compress(DOC[half:]), "gzip", LIMIT) == DOC
+
+
+def test_the_limit_holds_for_the_decoded_body() -> None:
+    bomb = gzip.compress(b"0" * 10_000_000)  # 10 MB of zeros in about 10 KB
+    assert len(bomb) < LIMIT
+    with pytest.raises(APIError) as ei:
+        decode(bomb, "gzip", LIMIT)
+    assert (ei.value.status, ei.value.code) == (413, "request_too_large")
+    # Exactly at the limit is taken; a second member past it is not.
+    assert decode(gzip.compress(b"x" * LIMIT), "gzip", LIMIT) == b"x" * LIMIT
+    with pytest.raises(APIError) as ei:
+        decode(gzip.compress(b"x" * LIMIT) + gzip.compress(b"y"), "gzip", LIMIT)
+    assert ei.value.status == 413
+
+
+@pytest.mark.parametrize(
+    ("coding", "body"),
+    [
+        ("gzip", gzip.compress(DOC)[:-9]),  # truncated
+        ("gzip", DOC),  # not compressed at all
+        ("gzip", gzip.compress(DOC) + b"junk"),
+        ("deflate", zlib.compress(DOC) + b"junk"),
+        ("deflate", b"\x00\x01\x02"),
+    ],
+)
+def test_corrupt_bodies_are_400(coding: str, body: bytes) -> None:
+    with pytest.raises(APIError) as ei:
+        decode(body, coding, LIMIT)
+    assert (ei.value.status, ei.value.code, ei.value.param) == (
+        400,
+        "invalid_content_encoding",
+        "content-encoding",
+    )
+
+
+# -- reading: the function the routes call, on a Starlette request ----------------------
+
+
+def request(body: bytes, headers: dict[str, str], chunk: int = 4096) -> Request:
+    pieces = [body[i : i + chunk] for i in range(0, len(body), chunk)] or [b""]
+    messages: list[dict[str, Any]] = [
+        {"type": "http.request", "body": p, "more_body": i < len(pieces) - 1}
+        for i, p in enumerate(pieces)
+    ]
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+    }
+    return Request(scope, receive)
+
+
+def run(coro: Coroutine[Any, Any, bytes]) -> bytes:
+    return asyncio.run(coro)
+
+
+@pytest.mark.parametrize("size", [1_000, 400_000])  # decoded inline, and in a worker thread
+def test_read_body_decodes_small_and_large_bodies(size: int) -> None:
+    body = random.Random(0).randbytes(size)  # does not compress: a large compressed body
+    packed = gzip.compress(body)
+    got = run(read_body(request(packed, {"content-encoding": "gzip"}), 10 * size))
+    assert got == body
+
+
+def test_read_body_takes_identity_and_refuses_other_codings() -> None:
+    assert run(read_body(request(DOC, {"content-encoding": "identity"}), LIMIT)) == DOC
+    assert run(read_body(request(DOC, {}), LIMIT)) == DOC
+    for coding in ("br", "zstd", "gzip, gzip", "compress"):
+        with pytest.raises(APIError) as ei:
+            run(read_body(request(DOC, {"content-encoding": coding}), LIMIT))
+        err = ei.value
+        assert (err.status, err.code) == (415, "unsupported_content_encoding")
+        assert err.headers["accept-encoding"] == "gzip, deflate"
+
+
+def test_read_body_refuses_an_announced_length_past_the_limit_before_reading() -> None:
+    req = request(b"", {"content-length": str(LIMIT + 1)})
+    with pytest.raises(APIError) as ei:
+        run(read_body(req, LIMIT))
+    assert ei.value.status == 413
+
+
+# -- end to end ------------------------------------------------------------------------------
+
+
+def test_gzip_chat_request_is_answered_and_logged(
+    gateway: Gateway, demo_table: list[OutcomeRecord]
+) -> None:
+    record = next(r for r in demo_table if MODEL in r.outcomes and r.prompt)
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": record.prompt}]})
+    r = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        content=gzip.compress(body.encode()),
+        headers={"content-type": "application/json", "content-encoding": "gzip"},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == record.outcomes[MODEL].response
+    (status, _, cost), calls = ledger_rows(gateway, r.json()["xrouter"]["request_id"])
+    assert status == 200 and cost > 0 and calls[0][0] == MODEL
+
+
+def test_gzip_bomb_is_413_and_unknown_coding_415(gateway: Gateway) -> None:
+    bomb = gzip.compress(b" " * 20_000_000)
+    r = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        content=bomb,
+        headers={"content-type": "application/json", "content-encoding": "gzip"},
+    )
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    r = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        content=DOC,
+        headers={"content-type": "application/json", "content-encoding": "br"},
+    )
+    assert r.status_code == 415 and r.headers["accept-encoding"] == "gzip, deflate"
+    err = r.json()["error"]
+    assert (err["type"], err["code"], err["param"]) == (
+        "invalid_request_error",
+        "unsupported_content_encoding",
+        "content-encoding",
+    )
+    assert r.headers["x-request-id"]
+
+
+def test_messages_api_refuses_an_unknown_coding_in_anthropics_shape(gateway: Gateway) -> None:
+    body = {"model": MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+    r = httpx.post(
+        f"{gateway.base_url}/messages",
+        content=json.dumps(body).encode(),
+        headers={"content-type": "application/json", "content-encoding": "zstd"},
+    )
+    assert r.status_code == 415
+    assert r.json()["type"] == "error"
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    assert r.json()["error"]["code"] == "unsupported_content_encoding"
+    r = httpx.post(
+        f"{gateway.base_url}/messages",
+        content=gzip.compress(json.dumps(body).encode()),
+        headers={"content-type": "application/json", "content-encoding": "gzip"},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["type"] == "message"
