@@ -22,7 +22,8 @@ import json
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +46,14 @@ from training.compact.data import (
     standardization,
 )
 from training.compact.model import CompactMLP, masked_entropy, masked_log_softmax
-from training.compact.offpolicy import OffPolicyLearner, evaluate_logged, fit_reward_model
+from training.compact.offpolicy import (
+    OffPolicyLearner,
+    RewardModel,
+    evaluate_logged,
+    fit_reward_model,
+)
 from training.compact.run import (
+    RunTable,
     TrainResult,
     evaluate_full,
     mean_reward,
@@ -163,13 +170,7 @@ def train(
     rng = np.random.default_rng(cfg.seed)
 
     table = prepare_table(records, cfg, pool, prices_path)
-    cfg, models, arrays, splits, reference = (
-        table.cfg,
-        table.models,
-        table.arrays,
-        table.splits,
-        table.reference,
-    )
+    cfg, models, arrays, splits = table.cfg, table.models, table.arrays, table.splits
     val_lambdas = cfg.val_lambdas or (0.0,)
     logger.info(
         "cost weights: trained on [%g, %g], validated at %s", *cfg.lambda_range, val_lambdas
@@ -189,7 +190,6 @@ def train(
     )
     model = CompactMLP(arch, mean, std, cfg.dropout)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    reward_cfg = cfg.reward_config()
 
     reward_model = None
     learner: Any
@@ -203,17 +203,12 @@ def train(
             )
         learner = OffPolicyLearner(model, opt, x, arrays, splits["train"], cfg, rng, reward_model)
     else:
-        learner = GRPOLearner(model, opt, x, arrays, splits["train"], cfg, rng, gen, reference)
+        learner = GRPOLearner(
+            model, opt, x, arrays, splits["train"], cfg, rng, gen, table.reference
+        )
 
-    val = arrays.subset(splits["validation"])
-    val_ref = reference[splits["validation"]] if reference is not None else None
-    full_val = bool(val.available.all())
-
-    def validate(head: CompactHead) -> dict[str, dict[str, Any]]:
-        xv = x[splits["validation"]]
-        if full_val:
-            return evaluate_full(head, xv, val, val_lambdas, reward_cfg, val_ref)
-        return evaluate_logged(head, xv, val, val_lambdas, reward_cfg, cfg.ips_clip, reward_model)
+    def evaluator(part: str) -> Evaluate:
+        return _evaluator(x, table, part, val_lambdas, cfg, reward_model)
 
     base_meta, training_meta = run_metadata(
         cfg,
@@ -246,82 +241,111 @@ def train(
         )
         save_checkpoint(path, meta, weights)
 
-    weights = model.export_weights()
-    initial = validate(CompactHead(arch, weights))
-    best = (mean_reward(initial), 0, weights, initial)
-    metrics_path = out / "metrics.jsonl"
-    with metrics_path.open("w") as mf:
-        mf.write(
-            json.dumps(
-                {"step": 0, "split": "validation", "mean_reward": best[0], "per_lambda": initial}
-            )
-            + "\n"
-        )
-        bar = tqdm(range(1, cfg.steps + 1), disable=not cfg.progress, desc="train", unit="step")
-        for step in bar:
-            stats = learner.step()
-            if step % 10 == 0:
-                mf.write(json.dumps({"step": step, "split": "train", **stats}) + "\n")
-            # This step's validation, for its step checkpoint when one is written.
-            step_metrics: dict[str, Any] = {}
-            if step % cfg.eval_every == 0 or step == cfg.steps:
-                weights = model.export_weights()
-                val_metrics = validate(CompactHead(arch, weights))
-                score = mean_reward(val_metrics)
-                mf.write(
-                    json.dumps(
-                        {
-                            "step": step,
-                            "split": "validation",
-                            "mean_reward": score,
-                            "per_lambda": val_metrics,
-                        }
-                    )
-                    + "\n"
-                )
-                mf.flush()
-                if score > best[0]:
-                    best = (score, step, weights, val_metrics)
-                step_metrics = {"validation_mean_reward": score, "validation": val_metrics}
-                bar.set_postfix(val=f"{score:.4f}", best=f"{best[0]:.4f}@{best[1]}")
-            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                save(
-                    out / "checkpoints" / f"step_{step:06d}",
-                    model.export_weights(),
-                    step_metrics,
-                    step,
-                )
+    initial, best = _run_steps(learner, model, arch, cfg, evaluator("validation"), out, save)
 
-    best_score, best_step, best_weights, best_val = best
     test_metrics = None
     if cfg.report_test and len(splits["test"]):
-        test = arrays.subset(splits["test"])
-        head = CompactHead(arch, best_weights)
-        xt = x[splits["test"]]
-        if test.available.all():
-            test_ref = reference[splits["test"]] if reference is not None else None
-            test_metrics = evaluate_full(head, xt, test, val_lambdas, reward_cfg, test_ref)
-        else:
-            test_metrics = evaluate_logged(
-                head, xt, test, val_lambdas, reward_cfg, cfg.ips_clip, reward_model
-            )
+        test_metrics = evaluator("test")(CompactHead(arch, best.weights))
     metrics: dict[str, Any] = {
         "selected_by": f"mean greedy validation reward at λ in {list(val_lambdas)}",
-        "best_step": best_step,
-        "validation_mean_reward": best_score,
-        "validation": best_val,
+        "best_step": best.step,
+        "validation_mean_reward": best.score,
+        "validation": best.metrics,
         "initial_validation_mean_reward": mean_reward(initial),
     }
     if test_metrics is not None:
         metrics["test_mean_reward"] = mean_reward(test_metrics)
         metrics["test"] = test_metrics
     ckpt_path = out / "checkpoint"
-    save(ckpt_path, best_weights, metrics, best_step)
+    save(ckpt_path, best.weights, metrics, best.step)
     seconds = time.perf_counter() - started
     write_summary(out, ckpt_path, seconds, metrics)
     logger.info(
-        "best validation reward %.4f at step %d; checkpoint %s", best_score, best_step, ckpt_path
+        "best validation reward %.4f at step %d; checkpoint %s", best.score, best.step, ckpt_path
     )
     return TrainResult(
-        out, ckpt_path, best_step, cfg.steps, seconds, best_val, initial, test_metrics, models
+        out, ckpt_path, best.step, cfg.steps, seconds, best.metrics, initial, test_metrics, models
     )
+
+
+# -- the step loop ----------------------------------------------------------------------------
+
+Metrics = dict[str, dict[str, Any]]
+Evaluate = Callable[[CompactHead], Metrics]
+Save = Callable[[Path, dict[str, np.ndarray], dict[str, Any], int], None]
+
+
+@dataclass
+class _Best:
+    """The weights with the best mean greedy validation reward so far."""
+
+    score: float
+    step: int
+    weights: dict[str, np.ndarray]
+    metrics: Metrics
+
+
+def _evaluator(
+    x: np.ndarray,
+    table: RunTable,
+    part: str,
+    lambdas: Sequence[float],
+    cfg: TrainConfig,
+    reward_model: RewardModel | None,
+) -> Evaluate:
+    """Greedy evaluation of a head on one part of the table: from every model's outcome
+    when the part has them all, else off-policy from the logged ones."""
+    rows = table.splits[part]
+    xs, outcomes = x[rows], table.arrays.subset(rows)
+    reward_cfg = cfg.reward_config()
+    if outcomes.available.all():
+        ref = table.reference[rows] if table.reference is not None else None
+        return lambda head: evaluate_full(head, xs, outcomes, lambdas, reward_cfg, ref)
+    return lambda head: evaluate_logged(
+        head, xs, outcomes, lambdas, reward_cfg, cfg.ips_clip, reward_model
+    )
+
+
+def _run_steps(
+    learner: GRPOLearner | OffPolicyLearner,
+    model: CompactMLP,
+    arch: Architecture,
+    cfg: TrainConfig,
+    validate: Evaluate,
+    out: Path,
+    save: Save,
+) -> tuple[Metrics, _Best]:
+    """``cfg.steps`` learner steps, validated every ``cfg.eval_every`` and at the last, with
+    training and validation rows in ``metrics.jsonl`` and a step checkpoint every
+    ``cfg.checkpoint_every``. Returns the initial validation and the best step (the initial
+    weights are step 0, so a run that never improves keeps them)."""
+    weights = model.export_weights()
+    initial = validate(CompactHead(arch, weights))
+    best = _Best(mean_reward(initial), 0, weights, initial)
+    with (out / "metrics.jsonl").open("w") as mf:
+
+        def row(**fields: Any) -> None:
+            mf.write(json.dumps(fields) + "\n")
+
+        row(step=0, split="validation", mean_reward=best.score, per_lambda=initial)
+        bar = tqdm(range(1, cfg.steps + 1), disable=not cfg.progress, desc="train", unit="step")
+        for step in bar:
+            stats = learner.step()
+            if step % 10 == 0:
+                row(step=step, split="train", **stats)
+            # This step's validation, for its step checkpoint when one is written.
+            step_metrics: dict[str, Any] = {}
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                weights = model.export_weights()
+                val_metrics = validate(CompactHead(arch, weights))
+                score = mean_reward(val_metrics)
+                row(step=step, split="validation", mean_reward=score, per_lambda=val_metrics)
+                mf.flush()
+                if score > best.score:
+                    best = _Best(score, step, weights, val_metrics)
+                step_metrics = {"validation_mean_reward": score, "validation": val_metrics}
+                bar.set_postfix(val=f"{score:.4f}", best=f"{best.score:.4f}@{best.step}")
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                path = out / "checkpoints" / f"step_{step:06d}"
+                save(path, model.export_weights(), step_metrics, step)
+    return initial, best
