@@ -19,10 +19,11 @@ import math
 import shlex
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from router.outcomes import OutcomeRecord, OutcomeTableError, load_outcome_table
-from training.datasets.splits import DEFAULT_FRACTIONS, canonical_split, split_records
+from training.datasets.splits import DEFAULT_FRACTIONS, Splits, canonical_split, split_records
 from training.evaluation.compare import Entry, compare, off_policy
 from training.evaluation.ope import OPEError
 from training.evaluation.overlap import ids_fingerprint, seen_in_training
@@ -198,36 +199,73 @@ def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
         )
         logger.warning("%s", result.notes[-1])
     reward = RewardConfig(form="additive", cost_scale=args.cost_scale)
-
+    table = _Table(records, parts, evaluated, split)
     if not is_full_information(records):
         if not any(r.logged is not None for r in records):
             # Not logged traffic either: a research table with a gap, which the off-policy
             # path would refuse for want of `logged`, hiding what is actually wrong.
             raise RoutingError(_missing_outcome(records, args.table))
-        ctx = LoadContext(parts.train, parts.validation, reward, args.seed)
-        try:
-            policies = _entries(
-                args.policy, "policy", ctx, registry, args.lambdas or [0.0], result.notes, True
-            )
-        except RoutingError as exc:
-            # kNN, MF, escalation... fit on every model's outcome per prompt.
-            raise RoutingError(
-                f"{exc}: {args.table} is logged traffic (one model's outcome per prompt), on "
-                "which only policies that pick one model per prompt are evaluated (off-policy): "
-                "checkpoints (compact:...), single:MODEL, policy:cheapest|random|fixed:MODEL; "
-                "train a router on it with `xrouter train --offpolicy`"
-            ) from exc
-        if args.strong or args.weak:
-            result.notes.append("--strong/--weak: no APGR on logged traffic (partial feedback)")
-        _note_training_overlap(policies, records, evaluated, args.table, split, result.notes)
-        result.notes.append(
-            "logged table (partial feedback): routers are evaluated off-policy; baselines that "
-            "need full outcomes (kNN, MF, cascade, oracle) are skipped"
-        )
-        rows, notes = off_policy(policies, evaluated, args.lambdas or [0.0])
-        result.off_policy, result.notes = rows, [*result.notes, *notes]
-        return result
+        return _evaluate_logged(args, registry, table, reward, result)
+    return _evaluate_full(args, registry, table, baselines, reward, result)
 
+
+@dataclass(frozen=True)
+class _Table:
+    """The outcome table ``xrouter eval`` was given: every record, its id-hash split and
+    the part evaluated (named ``split``)."""
+
+    records: list[OutcomeRecord]
+    parts: Splits
+    evaluated: list[OutcomeRecord]
+    split: str
+
+
+def _evaluate_logged(
+    args: argparse.Namespace,
+    registry: RouterRegistry,
+    table: _Table,
+    reward: RewardConfig,
+    result: EvalResult,
+) -> EvalResult:
+    """Logged traffic (one model's outcome per prompt): routers that pick one model per
+    prompt, evaluated off-policy."""
+    records, parts, evaluated, split = table.records, table.parts, table.evaluated, table.split
+    ctx = LoadContext(parts.train, parts.validation, reward, args.seed)
+    try:
+        policies = _entries(
+            args.policy, "policy", ctx, registry, args.lambdas or [0.0], result.notes, True
+        )
+    except RoutingError as exc:
+        # kNN, MF, escalation... fit on every model's outcome per prompt.
+        raise RoutingError(
+            f"{exc}: {args.table} is logged traffic (one model's outcome per prompt), on "
+            "which only policies that pick one model per prompt are evaluated (off-policy): "
+            "checkpoints (compact:...), single:MODEL, policy:cheapest|random|fixed:MODEL; "
+            "train a router on it with `xrouter train --offpolicy`"
+        ) from exc
+    if args.strong or args.weak:
+        result.notes.append("--strong/--weak: no APGR on logged traffic (partial feedback)")
+    _note_training_overlap(policies, records, evaluated, args.table, split, result.notes)
+    result.notes.append(
+        "logged table (partial feedback): routers are evaluated off-policy; baselines that "
+        "need full outcomes (kNN, MF, cascade, oracle) are skipped"
+    )
+    rows, notes = off_policy(policies, evaluated, args.lambdas or [0.0])
+    result.off_policy, result.notes = rows, [*result.notes, *notes]
+    return result
+
+
+def _evaluate_full(
+    args: argparse.Namespace,
+    registry: RouterRegistry,
+    table: _Table,
+    baselines: list[str],
+    reward: RewardConfig,
+    result: EvalResult,
+) -> EvalResult:
+    """A full-information table: the policies and the baselines on the evaluated part,
+    every curve metric, and the two-model slice when ``--strong``/``--weak`` name one."""
+    records, parts, evaluated, split = table.records, table.parts, table.evaluated, table.split
     if not parts.train:
         raise RoutingError("the training split is empty: nothing to fit the routers on")
     if split in ("train", "all"):
