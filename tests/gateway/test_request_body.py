@@ -16,7 +16,7 @@ import pytest
 from starlette.requests import Request
 
 from gateway.errors import APIError
-from gateway.request_body import decode, read_body
+from gateway.request_body import inflate_body, read_body
 from router.outcomes import OutcomeRecord
 from tests.gateway.conftest import ledger_rows
 from tests.support.gateway import Gateway
@@ -45,24 +45,24 @@ def raw_deflate(data: bytes) -> bytes:
     ],
 )
 def test_codings_decode(coding: str, encode: Callable[[bytes], bytes]) -> None:
-    assert decode(encode(DOC), coding, LIMIT) == DOC
+    assert inflate_body(encode(DOC), coding, LIMIT) == DOC
 
 
 def test_gzip_members_back_to_back_decode_as_one_body() -> None:
     half = len(DOC) // 2
-    assert decode(gzip.compress(DOC[:half]) + gzip.compress(DOC[half:]), "gzip", LIMIT) == DOC
+    assert inflate_body(gzip.compress(DOC[:half]) + gzip.compress(DOC[half:]), "gzip", LIMIT) == DOC
 
 
 def test_the_limit_holds_for_the_decoded_body() -> None:
     bomb = gzip.compress(b"0" * 10_000_000)  # 10 MB of zeros in about 10 KB
     assert len(bomb) < LIMIT
     with pytest.raises(APIError) as ei:
-        decode(bomb, "gzip", LIMIT)
+        inflate_body(bomb, "gzip", LIMIT)
     assert (ei.value.status, ei.value.code) == (413, "request_too_large")
     # Exactly at the limit is taken; a second member past it is not.
-    assert decode(gzip.compress(b"x" * LIMIT), "gzip", LIMIT) == b"x" * LIMIT
+    assert inflate_body(gzip.compress(b"x" * LIMIT), "gzip", LIMIT) == b"x" * LIMIT
     with pytest.raises(APIError) as ei:
-        decode(gzip.compress(b"x" * LIMIT) + gzip.compress(b"y"), "gzip", LIMIT)
+        inflate_body(gzip.compress(b"x" * LIMIT) + gzip.compress(b"y"), "gzip", LIMIT)
     assert ei.value.status == 413
 
 
@@ -78,7 +78,7 @@ def test_the_limit_holds_for_the_decoded_body() -> None:
 )
 def test_corrupt_bodies_are_400(coding: str, body: bytes) -> None:
     with pytest.raises(APIError) as ei:
-        decode(body, coding, LIMIT)
+        inflate_body(body, coding, LIMIT)
     assert (ei.value.status, ei.value.code, ei.value.param) == (
         400,
         "invalid_content_encoding",
