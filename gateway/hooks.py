@@ -19,6 +19,7 @@ from router.route_result import RouteResult
 if TYPE_CHECKING:
     from gateway.budget_gauges import BudgetGauges
     from gateway.cache import CacheTicket
+    from gateway.key_budget_metrics import KeyBudgetSeries
     from gateway.ledger.writer import LedgerWriter
     from gateway.limits.base import KeyLimits, LimitStore, ReserveResult
     from gateway.metrics import GatewayMetrics
@@ -166,7 +167,7 @@ class KeyBudgetGuard:
         if (export := self._budget_export()) is not None:
             # A key can be refused with a little left (less than this call's worst case),
             # so the gauge alone would not say it is out: count the refusal too.
-            export[0].key_budgets.refused(export[1])
+            export[0].refused(export[1])
             self._refresh_gauge(*export)
         return f"{KEY_BUDGET}: a call to {call.model} may cost up to {worst_case_micros} µUSD, {res.remaining_micros} µUSD remain"
 
@@ -181,30 +182,31 @@ class KeyBudgetGuard:
         if (export := self._budget_export()) is not None:
             self._refresh_gauge(*export)
 
-    def _refresh_gauge(self, metrics: GatewayMetrics, alias: str) -> None:
+    def _refresh_gauge(self, series: KeyBudgetSeries, alias: str) -> None:
         """Read the key's budget back into its gauge, at most once a second (a refused
         flood or a busy key costs the store one read a second, not one per request)."""
-        delay = metrics.key_budgets.refresh_delay(alias, time.monotonic())
+        delay = series.refresh_delay(alias, time.monotonic())
         if delay is not None:
             # Spawned (from the shielded settle step, too), so a cancelled request still
             # refreshes it; not awaited, so the request does not wait on the read. The store
             # runs it after the settle (a write-behind settle is queued ahead of it).
-            self.bookkeeping.spawn(self._scheduled_read(metrics, alias, delay))
+            self.bookkeeping.spawn(self._scheduled_read(series, alias, delay))
 
-    def _budget_export(self) -> tuple[GatewayMetrics, str] | None:
-        """The metrics and the key alias this key's budget is exported under, if it is."""
+    def _budget_export(self) -> tuple[KeyBudgetSeries, str] | None:
+        """The budget series and the key alias this key's budget is exported under, if it is."""
         metrics, alias = self.metrics, self.alias
         if metrics is None or not alias or self.limits.budget_micros is None:
             return None
-        return (metrics, alias) if metrics.key_budgets.exports(alias) else None
+        series = metrics.key_budgets
+        return (series, alias) if series.exports(alias) else None
 
-    async def _scheduled_read(self, metrics: GatewayMetrics, alias: str, delay: float) -> None:
+    async def _scheduled_read(self, series: KeyBudgetSeries, alias: str, delay: float) -> None:
         try:
             if delay > 0:
                 await asyncio.sleep(delay)
         finally:
             # Before the read: a settle landing while it runs schedules the next one.
-            metrics.key_budgets.refresh_done(alias)
+            series.refresh_done(alias)
         await self._observe_remaining()
 
     async def _observe_remaining(self) -> None:
