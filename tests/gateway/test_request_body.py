@@ -13,6 +13,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from starlette.requests import Request
 
 from gateway.errors import APIError
@@ -84,6 +86,41 @@ def test_corrupt_bodies_are_400(coding: str, body: bytes) -> None:
         "invalid_content_encoding",
         "content-encoding",
     )
+
+
+@settings(max_examples=300, derandomize=True, deadline=None, database=None)
+@given(
+    pieces=st.lists(st.binary(max_size=3000), min_size=1, max_size=4),
+    coding=st.sampled_from(["gzip", "deflate"]),
+    limit=st.integers(min_value=0, max_value=6000),
+)
+def test_any_body_decodes_to_itself_or_is_over_the_limit(
+    pieces: list[bytes], coding: str, limit: int
+) -> None:
+    """Whatever the bytes (gzip: one member per piece), a body comes back as sent when it
+    fits the limit, and is a 413 when it does not; never anything else."""
+    body = b"".join(pieces)
+    if coding == "gzip":
+        packed = b"".join(gzip.compress(p) for p in pieces)
+    else:
+        packed = zlib.compress(body)
+    if len(body) <= limit:
+        assert inflate_body(packed, coding, limit) == body
+    else:
+        with pytest.raises(APIError) as ei:
+            inflate_body(packed, coding, limit)
+        assert ei.value.status == 413
+
+
+@settings(max_examples=300, derandomize=True, deadline=None, database=None)
+@given(junk=st.binary(max_size=200), coding=st.sampled_from(["gzip", "deflate"]))
+def test_arbitrary_bytes_are_a_clean_4xx(junk: bytes, coding: str) -> None:
+    """Bytes that are not compressed data are an APIError (400, or 413 for the rare ones
+    that inflate past the limit), never zlib's own exception."""
+    try:
+        inflate_body(junk, coding, 1000)
+    except APIError as exc:
+        assert exc.status in (400, 413)
 
 
 # -- reading: the function the routes call, on a Starlette request ----------------------
