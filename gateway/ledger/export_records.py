@@ -165,19 +165,10 @@ def build_record(
             stats.unknown_propensity += 1
         return None
 
-    record: dict[str, Any] = {"id": row["request_id"]}
+    record: dict[str, Any] = {"id": row["request_id"], **_prompt_fields(content)}
     response = None
-    if content is not None and content.get("messages"):
-        record["messages"] = content["messages"]
+    if content is not None and record["content_logged"] == "full":
         response = content.get("response")
-        record["content_logged"] = "full"
-    elif content is not None and content.get("prompt_sha256"):
-        record["prompt"] = f"[content not logged; prompt_sha256={content['prompt_sha256']}]"
-        record["prompt_sha256"] = content["prompt_sha256"]
-        record["content_logged"] = "hash"
-    else:
-        record["prompt"] = "[content not logged]"
-        record["content_logged"] = "none"
 
     outcome: dict[str, Any] = {}
     if score is not None:
@@ -202,20 +193,7 @@ def build_record(
     if score is None:
         record["scored"] = False  # needs a score (e.g. a judge) before training
 
-    record["logged"] = {
-        "action": action,
-        "propensity": propensity,
-        "cost_weight": row["cost_weight"],
-        "policy": row["policy"],
-    }
-    checkpoint = (decision or {}).get("checkpoint")
-    if checkpoint:
-        record["logged"]["checkpoint"] = str(checkpoint)  # which deployed router decided
-    actions = (decision or {}).get("actions") or []
-    if len(actions) > 1 and failed is None:
-        # A multi-call trajectory (a cascade's plan): its outcome is not ``action``'s
-        # alone, and off-policy learners over single models must know to skip it.
-        record["logged"]["actions"] = [str(a) for a in actions]
+    record["logged"] = _logged(row, decision, action, propensity, failed is not None)
     record["created_at"] = row["created_at"].isoformat()
     if row.get("logged_at") is not None:
         # When the row reached the database (absent for rows from before migration 11).
@@ -239,3 +217,44 @@ def build_record(
         ],
     )
     return record
+
+
+def _prompt_fields(content: dict[str, Any] | None) -> dict[str, Any]:
+    """The record's prompt as the ledger kept it: the messages (``log_content: full``), a
+    placeholder naming the prompt's hash (``hash``), or a bare placeholder (``none``)."""
+    if content is not None and content.get("messages"):
+        return {"messages": content["messages"], "content_logged": "full"}
+    if content is not None and content.get("prompt_sha256"):
+        digest = content["prompt_sha256"]
+        return {
+            "prompt": f"[content not logged; prompt_sha256={digest}]",
+            "prompt_sha256": digest,
+            "content_logged": "hash",
+        }
+    return {"prompt": "[content not logged]", "content_logged": "none"}
+
+
+def _logged(
+    row: dict[str, Any],
+    decision: dict[str, Any] | None,
+    action: str,
+    propensity: float,
+    failed: bool,
+) -> dict[str, Any]:
+    """What the deployed router did: the action, its propensity, the cost weight and policy,
+    the checkpoint that decided, and a multi-call trajectory's actions."""
+    logged: dict[str, Any] = {
+        "action": action,
+        "propensity": propensity,
+        "cost_weight": row["cost_weight"],
+        "policy": row["policy"],
+    }
+    checkpoint = (decision or {}).get("checkpoint")
+    if checkpoint:
+        logged["checkpoint"] = str(checkpoint)  # which deployed router decided
+    actions = (decision or {}).get("actions") or []
+    if len(actions) > 1 and not failed:
+        # A multi-call trajectory (a cascade's plan): its outcome is not ``action``'s
+        # alone, and off-policy learners over single models must know to skip it.
+        logged["actions"] = [str(a) for a in actions]
+    return logged
