@@ -20,10 +20,12 @@ from gateway.errors import APIError
 
 # Taken as sent; "identity" is what no header means.
 _IDENTITY = frozenset({"", "identity"})
-# zlib's window bits for each coding: gzip's header and trailer, or zlib's (RFC 9110's
-# "deflate" is the zlib format, which some clients send as raw deflate instead: 32 + 15
-# detects gzip or zlib; raw deflate is retried with -15).
-_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+# zlib's window bits for each coding: 16 + 15 reads gzip's header and trailer; for
+# "deflate", which RFC 9110 defines as the zlib format, 32 + 15 reads zlib's (or gzip's) and
+# raw deflate, which some clients send under that name, is tried next with -15.
+_GZIP_WBITS = 16 + zlib.MAX_WBITS
+_WBITS = {"gzip": _GZIP_WBITS, "x-gzip": _GZIP_WBITS, "deflate": 32 + zlib.MAX_WBITS}
+_RAW_DEFLATE_WBITS = -zlib.MAX_WBITS
 ACCEPTED_ENCODINGS = "gzip, deflate"
 # Inflating a compressed body larger than this would hold the event loop for more than about
 # 0.3 ms (text inflates at ~17 µs per compressed KB: bench/request_decode.py): it is inflated
@@ -79,12 +81,12 @@ def inflate_body(raw: bytes, coding: str, limit: int) -> bytes:
     """Decompress ``raw``, at most ``limit`` bytes of output: more is a 413, a truncated or
     corrupt stream a 400."""
     try:
-        return _inflate(raw, _WBITS[coding] if coding != "deflate" else 32 + zlib.MAX_WBITS, limit)
+        return _inflate(raw, _WBITS[coding], limit)
     except zlib.error:
         if coding != "deflate":
             raise _corrupt(coding) from None
     try:
-        return _inflate(raw, -zlib.MAX_WBITS, limit)  # raw deflate, without zlib's header
+        return _inflate(raw, _RAW_DEFLATE_WBITS, limit)
     except zlib.error:
         raise _corrupt(coding) from None
 
@@ -106,7 +108,7 @@ def _inflate(raw: bytes, wbits: int, limit: int) -> bytes:
         if not raw:
             return b"".join(out)
         # gzip allows several members back to back; anything else after the end is junk.
-        if wbits != _WBITS["gzip"]:
+        if wbits != _GZIP_WBITS:
             raise zlib.error("data after the end of the stream")
 
 
