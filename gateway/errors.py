@@ -225,7 +225,15 @@ def install_error_handlers(app: FastAPI) -> None:
             allow = _allowed_methods(request) or headers.get("Allow", "")
             headers["Allow"] = allow
             message = f"{request.method} is not allowed on {request.url.path}; it takes {allow}"
-        return APIError(exc.status_code, message, type=kind, headers=headers).response()
+        err = APIError(exc.status_code, message, type=kind, headers=headers)
+        path = request.url.path
+        if path == "/v1/messages" or path.startswith("/v1/messages/"):
+            # Anthropic's clients read Anthropic's shape there (a batch call, a wrong
+            # method), as every other answer on those paths has it.
+            from gateway.messages import anthropic_error
+
+            return anthropic_error(err)
+        return err.response()
 
     @app.exception_handler(sa_exc.SQLAlchemyError)
     async def _database(request: Request, exc: sa_exc.SQLAlchemyError) -> Response:

@@ -366,6 +366,27 @@ def test_malformed_json_and_the_sdk_s_exceptions(gateway: Gateway) -> None:
     assert "no-such-model" in str(err.value)
 
 
+def test_paths_and_methods_the_gateway_does_not_serve_answer_in_anthropic_s_shape(
+    gateway: Gateway,
+) -> None:
+    """Message Batches are not served: the SDK gets Anthropic's not_found_error (with the
+    request id it reads), and a wrong method Anthropic's shape with ``Allow``."""
+    with pytest.raises(anthropic.NotFoundError) as err:
+        client(gateway).messages.batches.list()
+    body = err.value.body
+    assert isinstance(body, dict) and body["type"] == "error"
+    assert body["error"]["type"] == "not_found_error"
+    assert err.value.request_id
+    r = httpx.get(f"{gateway.base_url}/messages", timeout=10)
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    assert r.json()["type"] == "error"
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    # Elsewhere, OpenAI's shape as before.
+    r = httpx.get(f"{gateway.base_url}/chat/completions", timeout=10)
+    assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
+    assert "type" not in r.json()
+
+
 def test_an_upstream_failure_mid_stream_ends_with_an_error_event(
     gateway: Gateway, upstream: Upstream, demo_table: list[OutcomeRecord]
 ) -> None:
