@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -216,8 +217,14 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        # Raised by the router alone (routes raise APIError): a path or a method that no
+        # route serves.
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         message, headers = str(exc.detail), dict(exc.headers or {})
+        if exc.status_code == 404:
+            # Say what was asked for, as OpenAI's "Invalid URL (POST /v1/...)" does: an SDK
+            # call this gateway does not serve (embeddings, batches) is then plain.
+            message = f"{request.method} {request.url.path} is not served by this gateway"
         if exc.status_code == 405:
             # A 405 must say which methods the resource takes (``Allow``, RFC 9110
             # §15.5.6). Starlette's header names only the first route on the path (GET
@@ -233,7 +240,10 @@ def install_error_handlers(app: FastAPI) -> None:
             from gateway.messages import anthropic_error
 
             return anthropic_error(err)
-        return err.response()
+        from gateway.render import id_headers
+
+        # An id of its own, as every other answer has (which no ledger row has).
+        return err.response(id_headers(secrets.token_hex(16)))
 
     @app.exception_handler(sa_exc.SQLAlchemyError)
     async def _database(request: Request, exc: sa_exc.SQLAlchemyError) -> Response:

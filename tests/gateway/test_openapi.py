@@ -15,6 +15,7 @@ import anthropic
 import httpx
 import httpx2
 import jsonschema
+import openai
 import orjson
 import pytest
 import schemathesis
@@ -301,6 +302,17 @@ def test_a_wrong_method_is_a_405_that_names_the_allowed_ones(
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error"
     assert allowed in error["message"] and path in error["message"]
+
+
+def test_an_endpoint_the_gateway_does_not_serve_is_a_404_naming_it(gateway: Gateway) -> None:
+    """An SDK call the gateway has no route for (embeddings) says what was asked for, and
+    carries a request id as every other answer does."""
+    client = OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.NotFoundError) as err:
+        client.embeddings.create(model="xrouter", input="hello")
+    assert "POST /v1/embeddings is not served" in err.value.message
+    assert err.value.request_id
+    assert isinstance(err.value.body, dict) and err.value.body["type"] == "not_found_error"
 
 
 def test_the_server_answers_as_the_document_says(gateway: Gateway) -> None:
