@@ -192,6 +192,38 @@ def prepare_table(
     prices_path: str | Path | None = None,
 ) -> RunTable:
     """Checks and arrays shared by every way of building a checkpoint from a table."""
+    kept = _usable_records(records, cfg)
+    models, kept = _pool_and_records(kept, pool, cfg)
+    if cfg.reference_model is not None and cfg.reference_model not in models:
+        raise ValueError(f"reference model {cfg.reference_model!r} is not in the pool")
+    if cfg.offpolicy and cfg.reference_model is not None:
+        raise ValueError("off-policy training needs a fixed cost scale (no reference model)")
+    catalog, prices = resolve_prices(models, prices_path)
+    arrays = TableArrays.from_records(kept, models, catalog)
+    splits = split_rows(arrays.ids, cfg)
+    sizes = ", ".join(f"{k} {len(v)}" for k, v in splits.items())
+    if len(splits["train"]) == 0 or len(splits["validation"]) == 0:
+        raise ValueError(
+            f"need training and validation records, got {sizes} of the {len(kept)} usable "
+            "records (split by id hash with --split-seed): too few to train on"
+        )
+    if len(splits["train"]) < _FEW_TRAINING_RECORDS:
+        logger.warning(
+            "%d usable records: %s (too few to learn a router that generalizes)", len(kept), sizes
+        )
+    else:
+        logger.info("%d usable records: %s", len(kept), sizes)
+    reference = arrays.cost[:, models.index(cfg.reference_model)] if cfg.reference_model else None
+    table = RunTable(cfg, models, kept, prices, arrays, splits, reference, ids_fingerprint(records))
+    table.cfg = resolve_lambdas(
+        cfg, arrays.subset(splits["train"]), table.reference_of(splits["train"])
+    )
+    return table
+
+
+def _usable_records(records: Sequence[OutcomeRecord], cfg: TrainConfig) -> list[OutcomeRecord]:
+    """The records a router can learn from: with their prompt, and (off-policy) a logged
+    single-model decision. Raises with what to do when none is left."""
     if not records:
         # Said before the content-logging check below, which would blame the ledger.
         raise ValueError("the outcome table is empty (no records): nothing to train on")
@@ -226,8 +258,15 @@ def prepare_table(
                 len(kept) - len(single),
             )
         kept = single
-    # The actions: the models the usable records hold outcomes of (every one of them, with
-    # full information), unless a pool is given.
+    return kept
+
+
+def _pool_and_records(
+    kept: list[OutcomeRecord], pool: Sequence[str] | None, cfg: TrainConfig
+) -> tuple[list[str], list[OutcomeRecord]]:
+    """The actions — the models the usable records hold outcomes of (every one of them, with
+    full information), unless a pool is given — and, with full information, the records
+    that have an outcome for each."""
     if pool:
         models = list(pool)
         repeated = sorted({m for m in models if models.count(m) > 1})
@@ -271,31 +310,7 @@ def prepare_table(
                 lacking,
             )
         kept = full
-    if cfg.reference_model is not None and cfg.reference_model not in models:
-        raise ValueError(f"reference model {cfg.reference_model!r} is not in the pool")
-    if cfg.offpolicy and cfg.reference_model is not None:
-        raise ValueError("off-policy training needs a fixed cost scale (no reference model)")
-    catalog, prices = resolve_prices(models, prices_path)
-    arrays = TableArrays.from_records(kept, models, catalog)
-    splits = split_rows(arrays.ids, cfg)
-    sizes = ", ".join(f"{k} {len(v)}" for k, v in splits.items())
-    if len(splits["train"]) == 0 or len(splits["validation"]) == 0:
-        raise ValueError(
-            f"need training and validation records, got {sizes} of the {len(kept)} usable "
-            "records (split by id hash with --split-seed): too few to train on"
-        )
-    if len(splits["train"]) < _FEW_TRAINING_RECORDS:
-        logger.warning(
-            "%d usable records: %s (too few to learn a router that generalizes)", len(kept), sizes
-        )
-    else:
-        logger.info("%d usable records: %s", len(kept), sizes)
-    reference = arrays.cost[:, models.index(cfg.reference_model)] if cfg.reference_model else None
-    table = RunTable(cfg, models, kept, prices, arrays, splits, reference, ids_fingerprint(records))
-    table.cfg = resolve_lambdas(
-        cfg, arrays.subset(splits["train"]), table.reference_of(splits["train"])
-    )
-    return table
+    return models, kept
 
 
 def _warn_partial_models(records: Sequence[OutcomeRecord], pool: Sequence[str]) -> None:
