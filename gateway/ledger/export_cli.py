@@ -229,22 +229,7 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
         # not a traceback (and no statement or bound values, which would be prompts).
         print(f"error: export failed: {describe_error(exc)}", file=sys.stderr)
         return 2
-    line = f"exported {n} records to {args.out}"
-    if stats.failures:
-        line += f" ({stats.failures} of them a chosen model's failed call, scored 0)"
-    if stats.unscored_skipped:
-        # Most traffic has no feedback: say why it is missing, or an empty export puzzles.
-        line += (
-            f"; skipped {stats.unscored_skipped} successful requests without feedback "
-            "(score them with POST /v1/feedback, or export them unscored with "
-            "--include-unscored)"
-        )
-    if stats.unknown_propensity:
-        line += (
-            f"; skipped {stats.unknown_propensity} requests whose policy logged no usable "
-            "propensity (as the llm router sampling at temperature > 0): no off-policy data"
-        )
-    print(line)
+    print(_summary(n, args.out, stats))
     if window is None:
         return 0
     if unsettled:
@@ -270,6 +255,26 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
             file=sys.stderr,
         )
     return await _report_window(window)
+
+
+def _summary(n: int, out: str, stats: ExportStats) -> str:
+    """The export's one line: how many records went where, and why others were left out."""
+    line = f"exported {n} records to {out}"
+    if stats.failures:
+        line += f" ({stats.failures} of them a chosen model's failed call, scored 0)"
+    if stats.unscored_skipped:
+        # Most traffic has no feedback: say why it is missing, or an empty export puzzles.
+        line += (
+            f"; skipped {stats.unscored_skipped} successful requests without feedback "
+            "(score them with POST /v1/feedback, or export them unscored with "
+            "--include-unscored)"
+        )
+    if stats.unknown_propensity:
+        line += (
+            f"; skipped {stats.unknown_propensity} requests whose policy logged no usable "
+            "propensity (as the llm router sampling at temperature > 0): no off-policy data"
+        )
+    return line
 
 
 async def _report_window(window: _LoggedWindow) -> int:
