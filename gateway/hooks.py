@@ -313,8 +313,9 @@ class RequestHooks:
         rlog.finished = True
         if rlog.cache is not None:
             # Identical requests waiting for this one's answer stop waiting now: it was
-            # handed to them already (``AnswerCache.store``), or there is none to share.
-            rlog.cache.end()
+            # handed to them already (``AnswerCache.store``), or there is none to share —
+            # or, if its client hung up (499), one of them buys it for the others.
+            rlog.cache.end(client_left=rlog.status == 499)
         await self.bookkeeping.run(self._finish_logged(rlog, result))
 
     async def _finish_logged(self, rlog: RequestLog, result: RouteResult | None) -> None:

@@ -9,8 +9,9 @@ costs one timeout per backoff period, not one per request.
 Identical requests that arrive together are coalesced (in each process): the first miss
 leads, routing and paying for the answer, and the others wait for it (at most
 ``coalesce_wait_s``) instead of each buying the same answer — what nginx's ``proxy_cache_lock``
-does for a web cache. A follower whose leader ends without an answer to share (an error, a
-fallback, a client that hung up) routes for itself."""
+does for a web cache. A leader that ends without an answer to share (an error, a fallback)
+releases its followers, each routing for itself; one whose client hung up hands the lead to
+one follower, and the others keep waiting for that one's answer, within the same bound."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ _BACKOFF_S = 5.0
 class _Flight:
     """A leader's answer in the making, which identical requests wait for."""
 
-    __slots__ = ("answer", "flights", "key", "started")
+    __slots__ = ("answer", "flights", "heirs", "key", "started", "successor")
 
     def __init__(self, flights: dict[str, _Flight], key: str) -> None:
         self.flights = flights
@@ -48,12 +49,25 @@ class _Flight:
         self.answer: asyncio.Future[CachedAnswer | None] = (
             asyncio.get_running_loop().create_future()
         )
+        # The followers that may take the lead, first come first: each would store its
+        # answer. A follower leaves the list when it stops waiting.
+        self.heirs: list[CacheTicket] = []
+        # The flight the lead was handed on to, when this one's client left.
+        self.successor: _Flight | None = None
 
-    def land(self, answer: CachedAnswer | None) -> None:
-        if not self.answer.done():
-            self.answer.set_result(answer)
+    def land(self, answer: CachedAnswer | None, handoff: bool = False) -> None:
+        if self.answer.done():
+            return
         if self.flights.get(self.key) is self:
             del self.flights[self.key]
+            if answer is None and handoff and self.heirs:
+                # Chosen here, not by whichever waiter wakes first: a follower that may not
+                # lead must not take the empty slot for one that may.
+                heir = self.heirs.pop(0)
+                heir.flight = self.successor = self.flights[self.key] = _Flight(
+                    self.flights, self.key
+                )
+        self.answer.set_result(answer)
 
 
 @dataclass(slots=True)
@@ -77,11 +91,13 @@ class CacheTicket:
         """Answered with a stored or a coalesced answer."""
         return self.result in ("hit", "coalesced")
 
-    def end(self) -> None:
-        """The request is over: whoever still waits for its answer routes for itself.
-        (Idempotent; an answer handed over by ``AnswerCache.store`` stays handed over.)"""
+    def end(self, client_left: bool = False) -> None:
+        """The request is over: whoever still waits for its answer routes for itself — or,
+        when it ended only because its ``client_left``, one of them takes the lead and the
+        others wait for that one. (Idempotent; an answer handed over by
+        ``AnswerCache.store`` stays handed over.)"""
         if self.flight is not None:
-            self.flight.land(None)
+            self.flight.land(None, handoff=client_left)
 
 
 class AnswerCache:
@@ -156,25 +172,50 @@ class AnswerCache:
         self, ticket: CacheTicket, may_lead: bool, max_wait_s: float | None
     ) -> CachedAnswer | None:
         """After a miss: wait for an identical request's answer if one is being bought, else
-        lead. None: nothing to share."""
+        lead. None: nothing to share.
+
+        A leader whose client hung up hands the lead to ONE of its followers, which routes
+        while the others wait for it, instead of every follower buying the same answer at
+        once (a client timing out before the answer, then retrying, is the usual case). A
+        leader that failed, or settled for an answer not to share (a fallback), releases
+        them all: what stopped it likely stops each of them, and taking turns would only
+        queue them behind it. The hand-off never stretches a follower's wait: it is bounded
+        by the first flight's ``coalesce_wait_s`` and the caller's ``max_wait_s``."""
         wait_s = self.settings.coalesce_wait_s
         if wait_s <= 0:
             return None
-        flight = self._flights.get(ticket.key)
-        left = 0.0 if flight is None else flight.started + wait_s - time.monotonic()
-        if flight is None or left <= 0:
-            # No leader, or one past the wait (a request that never ended): this one leads.
-            if may_lead and ticket.storable:
-                ticket.flight = self._flights[ticket.key] = _Flight(self._flights, ticket.key)
-            return None
-        if max_wait_s is not None:
-            left = min(left, max_wait_s)
-        try:
-            # Shielded: a follower that gives up, or is cancelled, leaves the leader's
-            # answer to the others.
-            return await asyncio.wait_for(asyncio.shield(flight.answer), left)
-        except TimeoutError:
-            return None
+        deadline: float | None = None
+        while True:
+            now = time.monotonic()
+            flight = self._flights.get(ticket.key)
+            left = 0.0 if flight is None else flight.started + wait_s - now
+            if flight is None or left <= 0:
+                # No leader, or one past the wait (a request that never ended): this one
+                # leads.
+                if may_lead and ticket.storable:
+                    ticket.flight = self._flights[ticket.key] = _Flight(self._flights, ticket.key)
+                return None
+            if deadline is None:
+                deadline = now + (left if max_wait_s is None else min(left, max_wait_s))
+            left = min(left, deadline - now)
+            if left <= 0:
+                return None
+            heir = may_lead and ticket.storable
+            if heir:
+                flight.heirs.append(ticket)
+            try:
+                # Shielded: a follower that gives up, or is cancelled, leaves the leader's
+                # answer to the others.
+                answer = await asyncio.wait_for(asyncio.shield(flight.answer), left)
+            except TimeoutError:
+                return None
+            finally:
+                if heir and ticket in flight.heirs:
+                    flight.heirs.remove(ticket)
+            if answer is not None or ticket.flight is not None:
+                return answer  # the answer, or the lead: it routes for the others now
+            if flight.successor is None:
+                return None  # released: the leader failed or kept its answer
 
     def _found(
         self, ticket: CacheTicket, result: str, answer: CachedAnswer | None

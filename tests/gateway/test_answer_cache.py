@@ -217,6 +217,43 @@ def test_identical_requests_in_flight_buy_one_answer(
     assert coalesced(cached) - before == 4
 
 
+def test_when_the_first_client_hangs_up_one_waiting_request_buys_the_answer(
+    cached: Gateway, upstream: Upstream, table_iter: Iterator[OutcomeRecord]
+) -> None:
+    """The first request is streamed and its client gives up before the answer (a client
+    timeout, the retry already on its way): of the identical requests waiting for it, one
+    buys the answer and the others are served it — not every one of them buying it."""
+    rec = next(table_iter)
+    before = coalesced(cached)
+    upstream.fault(MODEL, "latency=1500")  # the first call is slow; any other would not be
+    body = {"model": MODEL, "messages": [{"role": "user", "content": rec.text}], "stream": True}
+
+    def impatient() -> None:
+        with pytest.raises(httpx.ReadTimeout):
+            with httpx.stream(
+                "POST", f"{cached.base_url}/chat/completions", json=body, timeout=0.5
+            ) as resp:
+                resp.read()
+
+    with ThreadPoolExecutor(4) as pool:
+        first = pool.submit(impatient)
+        reached_upstream(upstream)  # the first leads: it is upstream now
+        waiting = [pool.submit(ask, cached, rec.text) for _ in range(3)]
+        first.result(timeout=30)
+        answers = [w.result(timeout=30) for w in waiting]
+
+    assert upstream.stats()["requests"][MODEL] == 2  # the one that left, and one heir
+    assert sorted(a.headers["x-xrouter-cache"] for a in answers) == ["hit", "hit", "miss"]
+    answer = rec.outcomes[MODEL].response
+    assert [a.parse().choices[0].message.content for a in answers] == [answer] * 3
+    (heir,) = [a for a in answers if a.headers["x-xrouter-cache"] == "miss"]
+    heir_id = heir.headers["x-xrouter-request-id"]
+    for a in answers:
+        if a is not heir:
+            assert cached_from(cached, a.headers["x-xrouter-request-id"]) == heir_id
+    assert coalesced(cached) - before == 2
+
+
 def test_requests_waiting_for_a_failed_answer_route_for_themselves(
     cached: Gateway, upstream: Upstream, table_iter: Iterator[OutcomeRecord]
 ) -> None:

@@ -70,7 +70,8 @@ async def test_global_scope_shares_answers_between_keys() -> None:
 
 
 async def test_the_request_s_controls() -> None:
-    cache, registry = make(ttl_s=60)
+    # Not coalescing: each miss below would wait coalesce_wait_s for the first, which leads.
+    cache, registry = make(ttl_s=60, coalesce_wait_s=0)
     t = ticket(cache, CacheControls(no_store=True))
     cache.store(t, answer())
     await settle()
@@ -196,6 +197,69 @@ async def test_a_leader_without_an_answer_to_share_releases_its_followers() -> N
     nxt = ticket(cache)
     assert await cache.lookup(nxt) is None and nxt.flight is not None
     assert lookups(registry, "coalesced") == 0
+    await cache.aclose()
+
+
+async def test_a_leader_whose_client_left_hands_the_lead_to_one_follower() -> None:
+    """Its client hung up (a timeout, then a retry): one follower buys the answer, the others
+    wait for that one instead of all buying it at once."""
+    cache, registry = make()
+    leader = ticket(cache)
+    await cache.lookup(leader)
+    followers = [ticket(cache) for _ in range(3)]
+    waiting = [asyncio.create_task(cache.lookup(t)) for t in followers]
+    await asyncio.sleep(0.01)
+    leader.end(client_left=True)
+    await asyncio.sleep(0.01)
+    done = [w for w in waiting if w.done()]
+    assert len(done) == 1 and await done[0] is None  # the new leader routes
+    (heir,) = [t for t, w in zip(followers, waiting, strict=True) if w.done()]
+    assert heir.result == "miss" and heir.flight is not None
+    cache.store(heir, answer("bought by the heir"))
+    rest = [await w for w in waiting if w is not done[0]]
+    assert [a.choices[0]["message"]["content"] for a in rest if a] == ["bought by the heir"] * 2
+    assert (lookups(registry, "coalesced"), lookups(registry, "miss")) == (2, 2)
+    await cache.aclose()
+
+    # A follower that may not lead (its answer would not be stored) waits for the heir
+    # too; when the heir's client leaves as well and no one is left who may lead, it
+    # routes for itself.
+    cache, _ = make()
+    leader = ticket(cache)
+    await cache.lookup(leader)
+    streamed = ticket(cache)
+    follower = asyncio.create_task(cache.lookup(streamed, may_lead=False))
+    await asyncio.sleep(0.01)
+    heir = ticket(cache)
+    inheriting = asyncio.create_task(cache.lookup(heir))
+    await asyncio.sleep(0.01)
+    leader.end(client_left=True)
+    assert await inheriting is None and heir.flight is not None
+    await asyncio.sleep(0.01)
+    assert not follower.done()
+    heir.end(client_left=True)
+    assert await follower is None and streamed.flight is None
+    await cache.aclose()
+
+
+async def test_a_hand_off_never_stretches_a_follower_s_wait() -> None:
+    cache, _ = make(coalesce_wait_s=10)
+    leader = ticket(cache)
+    await cache.lookup(leader)
+    heir = ticket(cache)
+    inheriting = asyncio.create_task(cache.lookup(heir))
+    await asyncio.sleep(0.01)
+    t0 = time.monotonic()
+    patient = ticket(cache)
+    waiting = asyncio.create_task(cache.lookup(patient, max_wait_s=0.3))
+    await asyncio.sleep(0.1)
+    leader.end(client_left=True)
+    assert await inheriting is None and heir.flight is not None
+    # ``patient`` now waits for the heir's answer, until 0.3 s after it arrived — not 0.3 s
+    # after the hand-off, nor the heir's own 10 s.
+    assert await waiting is None and patient.result == "miss"
+    assert 0.29 <= time.monotonic() - t0 < 0.39
+    heir.end()
     await cache.aclose()
 
 
