@@ -14,7 +14,7 @@ from gateway.schemas import ChatCompletionRequest
 from pricing import usd_to_micros
 from router.context_window import fits, likely_prompt_tokens, tokens_needed
 from router.estimate import requested_max_tokens
-from router.modalities import request_modalities
+from router.modalities import request_modalities, requested_outputs
 from router.policy import Call, LoopState, Policy, RouteContext, Select, Step, ToolCall
 
 # Fields that shape routing or the gateway's response, never forwarded as model parameters.
@@ -97,9 +97,11 @@ def route_pool(
 
 
 def _capable(rt: Runtime, names: list[str], data: dict[str, Any]) -> list[str]:
-    """``names`` without the models that cannot read the request's input (images, audio)
-    or whose context window it does not fit in."""
-    return _long_enough(rt, _readers(rt, names, data["messages"]), data)
+    """``names`` without the models that cannot read the request's input (images, audio),
+    cannot answer in the output it asks for (audio), or whose context window it does not
+    fit in."""
+    names = _writers(rt, _readers(rt, names, data["messages"]), data.get("modalities"))
+    return _long_enough(rt, names, data)
 
 
 def _long_enough(rt: Runtime, names: list[str], data: dict[str, Any]) -> list[str]:
@@ -136,6 +138,23 @@ def _readers(rt: Runtime, names: list[str], messages: list[dict[str, Any]]) -> l
             "pool models)",
             param="messages",
             code="unsupported_input",
+        )
+    return capable
+
+
+def _writers(rt: Runtime, names: list[str], modalities: Any) -> list[str]:
+    needed = requested_outputs(modalities)  # validated by the request schema
+    if needed == {"text"}:
+        return names
+    capable = [n for n in names if rt.pool[n].produces(needed)]
+    if not capable:
+        kinds = " and ".join(sorted(needed - {"text"}))
+        who = f"model {names[0]!r} does not" if len(names) == 1 else "no model it may use does"
+        raise bad_request(
+            f"the request asks for {kinds} output (modalities), which {who} give "
+            "(output_modalities of the pool models)",
+            param="modalities",
+            code="unsupported_output",
         )
     return capable
 

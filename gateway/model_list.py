@@ -41,6 +41,9 @@ def _pool_entry(m: PoolModel, created: int) -> dict[str, Any]:
             "input_modalities": (
                 None if m.input_modalities is None else sorted(m.input_modalities)
             ),
+            "output_modalities": (
+                None if m.output_modalities is None else sorted(m.output_modalities)
+            ),
             # As OpenRouter's context_length; None: not declared.
             "context_window": m.context_window,
         },

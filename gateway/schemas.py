@@ -233,6 +233,9 @@ class ChatCompletionRequest(_Open):
     logit_bias: dict[str, float] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    # What the answer may be given in: ["text"], or ["text", "audio"] for a spoken answer
+    # (routed only to models that declare audio output, router.modalities).
+    modalities: list[Literal["text", "audio"]] | None = None
     user: str | None = None
     xrouter: XRouterControls | None = None
 

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from pricing import CatalogError, ModelPrice, PriceCatalog
-from router.modalities import Modality, accepts
+from router.modalities import Modality, OutputModality, accepts, produces
 
 # Providers whose API is OpenAI's chat completions: with an api_base they take the native
 # async fast path; everything else goes through LiteLLM's translation.
@@ -99,6 +99,9 @@ class PoolModelConfig(BaseModel):
     # What the model can read: text, image, audio. Unset: not declared, any request may be
     # routed to it; set: requests carrying other kinds of input are not.
     input_modalities: tuple[Modality, ...] | None = None
+    # What the model can answer with: text, audio. Unset: not declared, any request may be
+    # routed to it; set: a request asking for other kinds of output (``modalities``) is not.
+    output_modalities: tuple[OutputModality, ...] | None = None
     # The most tokens (prompt plus output) the model takes. Unset: not declared, any request
     # may be routed to it; set: a request too long for it is not (router.context_window).
     context_window: int | None = Field(default=None, ge=1)
@@ -124,6 +127,15 @@ class PoolModelConfig(BaseModel):
     def _reads_text(cls, v: tuple[Modality, ...] | None) -> tuple[Modality, ...] | None:
         if v is not None and "text" not in v:
             raise ValueError("input_modalities must include text")
+        return v
+
+    @field_validator("output_modalities")
+    @classmethod
+    def _writes_text(
+        cls, v: tuple[OutputModality, ...] | None
+    ) -> tuple[OutputModality, ...] | None:
+        if v is not None and "text" not in v:
+            raise ValueError("output_modalities must include text")
         return v
 
     @field_validator("price", mode="before")
@@ -152,6 +164,7 @@ class PoolModel:
     fallbacks: tuple[str, ...]
     description: str
     input_modalities: frozenset[Modality] | None = None
+    output_modalities: frozenset[OutputModality] | None = None
     keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
     context_window: int | None = None
     # The model as each of its deployments serves it (same name and price; their own
@@ -161,6 +174,9 @@ class PoolModel:
 
     def accepts(self, needed: frozenset[Modality]) -> bool:
         return accepts(self.input_modalities, needed)
+
+    def produces(self, needed: frozenset[OutputModality]) -> bool:
+        return produces(self.output_modalities, needed)
 
     @property
     def targets(self) -> tuple[PoolModel, ...]:
@@ -231,6 +247,9 @@ class PoolModel:
             description=cfg.description,
             input_modalities=(
                 None if cfg.input_modalities is None else frozenset(cfg.input_modalities)
+            ),
+            output_modalities=(
+                None if cfg.output_modalities is None else frozenset(cfg.output_modalities)
             ),
             keep_alive_s=cfg.keep_alive_s,
             context_window=cfg.context_window,
