@@ -22,6 +22,7 @@ from gateway.errors import install_error_handlers
 from gateway.routes import admin, admin_spend, anthropic, dashboard, key_info, logged, openai, ops
 from gateway.services import Services
 from gateway.settings import Settings, load_settings
+from gateway.trace_context import TraceContextMiddleware
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,8 @@ def create_app(
     app.state.config_path = config_path
     install_error_handlers(app)
     app.add_middleware(_TrackRequests, services=services)
+    if settings.server.forward_trace_context:
+        app.add_middleware(TraceContextMiddleware)
     app.router.routes.append(
         Route("/v1/chat/completions", openai.chat_completions, methods=["POST"])
     )

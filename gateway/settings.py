@@ -62,6 +62,9 @@ class ServerSettings(_Section):
     # Web pages (origins) that may call the gateway from a browser; ["*"] for any. Off by
     # default (gateway.cors). Read at start, as the rest of `server`.
     cors_allow_origins: list[str] = Field(default_factory=list)
+    # Forward a request's W3C trace context (traceparent, tracestate) on its upstream calls
+    # to OpenAI-compatible servers (router.providers.trace_context).
+    forward_trace_context: bool = True
 
     @field_validator("cors_allow_origins", mode="before")
     @classmethod

@@ -18,6 +18,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from router.pool import PoolModel
 from router.providers.base import Provider, ProviderResponse, StreamStats, chunk_problem
 from router.providers.errors import ErrorKind, ProviderError, parse_retry_after, sanitize
+from router.providers.trace_context import forwarded_headers
 
 _JSON = {"Content-Type": "application/json"}
 
@@ -148,9 +149,13 @@ class NativeOpenAIProvider(Provider):
 
     @staticmethod
     def _headers(model: PoolModel) -> dict[str, str]:
+        headers = _JSON
         if model.api_key:
-            return {**_JSON, "Authorization": f"Bearer {model.api_key}"}
-        return _JSON
+            headers = {**headers, "Authorization": f"Bearer {model.api_key}"}
+        trace = forwarded_headers()
+        if trace:
+            headers = {**headers, **trace}  # the request's W3C trace context, as it came
+        return headers
 
     async def complete(self, model: PoolModel, body: dict[str, Any]) -> ProviderResponse:
         url = f"{model.api_base}/chat/completions"

@@ -9,6 +9,7 @@ in a request without tools.
                                    "deltas": [<delta>, ...]}}   (deltas: the stream's; by
                      default the message's text, refusal and tool calls, one delta each)
     GET  /_requests  every request body received, oldest first
+    GET  /_headers   the headers of each of those requests (names lower-cased)
 
 The prompt is the last user message's text; a prompt without an answer is answered
 "Hello there.". ``ScriptedUpstream`` drives a running one; ``scripted_upstream`` starts one.
@@ -56,6 +57,9 @@ class ScriptedUpstream:
 
     def requests(self) -> list[dict[str, Any]]:
         return list(self.control.get("/_requests").json())
+
+    def headers(self) -> list[dict[str, str]]:
+        return list(self.control.get("/_headers").json())
 
 
 @contextmanager
@@ -105,9 +109,14 @@ async def get_requests(request: web.Request) -> web.Response:
     return _json(request.app["requests"])
 
 
+async def get_headers(request: web.Request) -> web.Response:
+    return _json(request.app["headers"])
+
+
 async def chat(request: web.Request) -> web.StreamResponse:
     body = orjson.loads(await request.read())
     request.app["requests"].append(body)
+    request.app["headers"].append({k.lower(): v for k, v in request.headers.items()})
     for field in ("tool_choice", "parallel_tool_calls"):
         if field in body and not body.get("tools"):
             message = f"Invalid value for '{field}': only allowed when 'tools' are specified."
@@ -142,9 +151,11 @@ def create_app() -> web.Application:
     app = web.Application()
     app["answers"] = {}
     app["requests"] = []
+    app["headers"] = []
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/_answers", set_answers)
     app.router.add_get("/_requests", get_requests)
+    app.router.add_get("/_headers", get_headers)
     return app
 
 
