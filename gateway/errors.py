@@ -75,11 +75,15 @@ def not_found(message: str, param: str | None = "model") -> APIError:
     return APIError(404, message, type="invalid_request_error", param=param, code="model_not_found")
 
 
-# Upstream failures: the status tells the client whether retrying us may help.
+# Upstream failures: the status tells the client whether retrying us may help. A request
+# the upstream refused as invalid is the client's to fix — a 400, as OpenAI's own API and
+# LiteLLM's proxy answer it (an app handles a content filter's refusal as a bad request);
+# another 4xx (401, 403) is the gateway's credentials or setup, not the client's doing.
 _UPSTREAM_STATUS = {
     "timeout": (504, "upstream_timeout"),
     "rate_limited": (503, "upstream_rate_limited"),
     "upstream_5xx": (502, "upstream_error"),
+    "bad_request": (400, "upstream_bad_request"),
     "upstream_4xx": (502, "upstream_error"),
     "not_found": (502, "upstream_error"),
     "connection": (503, "upstream_unavailable"),
@@ -92,11 +96,11 @@ _UPSTREAM_STATUS = {
 UPSTREAM_CODE_STATUS = {code: status for status, code in _UPSTREAM_STATUS.values()}
 
 
-# Upstream refusals of the request itself (a 400, 413, 422, an unknown model): asked again,
-# the gateway would be refused again — it already retried and fell back where it could — so
-# the SDKs are told not to retry (OpenAI's honour ``x-should-retry``) instead of sending
-# the same request twice more.
-_NOT_RETRYABLE = frozenset({"upstream_4xx", "not_found"})
+# Upstream refusals (of the request itself, of the gateway's credentials, of an unknown
+# model): asked again, the gateway would be refused again — it already retried and fell back
+# where it could — so the SDKs are told not to retry (OpenAI's honour ``x-should-retry``;
+# they retry every 5xx otherwise) instead of sending the same request twice more.
+_NOT_RETRYABLE = frozenset({"bad_request", "upstream_4xx", "not_found"})
 
 
 def upstream_error(kind: str | None, message: str) -> APIError:

@@ -88,8 +88,8 @@ class GatewayMetrics:
         # Presets: the vocabularies of router.providers.errors.ErrorKind and the ledger
         # writer's sink; anything new still gets a series, up to the first-come room.
         self._error_kind = FirstComeLabel(
-            ("timeout", "rate_limited", "upstream_4xx", "upstream_5xx", "connection",
-             "bad_response", "not_found", "budget", "circuit_open")
+            ("timeout", "rate_limited", "bad_request", "upstream_4xx", "upstream_5xx",
+             "connection", "bad_response", "not_found", "budget", "circuit_open")
         )  # fmt: skip
         self._spill_reason = FirstComeLabel(SPILL_REASONS)
         self._write_error_kind = FirstComeLabel(WRITE_ERROR_KINDS)

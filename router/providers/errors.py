@@ -10,6 +10,10 @@ from typing import Literal
 ErrorKind = Literal[
     "timeout",
     "rate_limited",
+    # The upstream refused the request itself as invalid (400, 413, 422: a parameter the
+    # model does not take, a prompt too long, a content filter): the client's to fix.
+    "bad_request",
+    # Any other 4xx (401, 403, 409…): the gateway's credentials or setup, not the request.
     "upstream_4xx",
     "upstream_5xx",
     "connection",
@@ -87,6 +91,11 @@ class ProviderError(Exception):
 
     def __repr__(self) -> str:
         return f"ProviderError({self.kind!r}, status={self.status}, model={self.model!r})"
+
+
+def client_error_kind(status: int) -> ErrorKind:
+    """The kind of an upstream's 4xx other than 404, 408 and 429 (which have their own)."""
+    return "bad_request" if status in (400, 413, 422) else "upstream_4xx"
 
 
 def parse_retry_after(value: object) -> float | None:

@@ -13,7 +13,13 @@ from typing import Any
 
 from router.pool import PoolModel
 from router.providers.base import Provider, ProviderResponse, StreamStats
-from router.providers.errors import ErrorKind, ProviderError, parse_retry_after, sanitize
+from router.providers.errors import (
+    ErrorKind,
+    ProviderError,
+    client_error_kind,
+    parse_retry_after,
+    sanitize,
+)
 from router.providers.usage import zero_usage
 
 log = logging.getLogger(__name__)
@@ -125,9 +131,18 @@ def _map_exception(exc: Exception, model: PoolModel) -> ProviderError:
         elif status >= 500:
             kind = "upstream_5xx"
         else:
-            kind = "upstream_4xx"
+            kind = client_error_kind(status)
         return ProviderError(kind, msg, model=model.name, status=status, retry_after=retry_after)
     return ProviderError("connection", msg, model=model.name)
+
+
+def _no_answer(model: PoolModel) -> ProviderError:
+    # LiteLLM (1.110) returns None, rather than raising, when an OpenAI-compatible upstream
+    # answered 422 both to the request and to its retry without the parameters the 422
+    # named (``drop_params``): no answer to parse, and no status left to go by.
+    return ProviderError(
+        "bad_response", f"upstream {model.name} gave no answer through LiteLLM", model=model.name
+    )
 
 
 def _counted_by_litellm(resp: Any) -> bool:
@@ -190,6 +205,8 @@ class LiteLLMProvider(Provider):
             resp = await litellm.acompletion(**self._kwargs(model, body))
         except Exception as exc:  # LiteLLM raises many types; all become ProviderError
             raise _map_exception(exc, model) from None
+        if resp is None:
+            raise _no_answer(model)
         data = resp.model_dump(exclude_none=True)
         data.pop("_hidden_params", None)
         _usage_or_none(data)
@@ -211,6 +228,8 @@ class LiteLLMProvider(Provider):
         try:
             async with asyncio.timeout_at(first_by):
                 resp = await litellm.acompletion(**kwargs)
+            if resp is None:
+                raise _no_answer(model)
             chunks = aiter(resp)
             while True:
                 if first_by is None:

@@ -17,7 +17,13 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from router.pool import PoolModel
 from router.providers.base import Provider, ProviderResponse, StreamStats, chunk_problem
-from router.providers.errors import ErrorKind, ProviderError, parse_retry_after, sanitize
+from router.providers.errors import (
+    ErrorKind,
+    ProviderError,
+    client_error_kind,
+    parse_retry_after,
+    sanitize,
+)
 from router.providers.trace_context import forwarded_headers
 
 _JSON = {"Content-Type": "application/json"}
@@ -57,7 +63,7 @@ def status_error(status: int, text: str, model: PoolModel, headers: Any = None) 
         # maps it the same way); worth a retry.
         kind = "timeout"
     else:
-        kind = "upstream_4xx"
+        kind = client_error_kind(status)
     return ProviderError(
         kind, message, model=model.name, status=status, retry_after=_retry_after(headers)
     )

@@ -595,14 +595,16 @@ def test_body_over_limit_is_413(gateway: Gateway) -> None:
     ("fault", "status", "exc"),
     [
         ("status=500", 502, openai.InternalServerError),
-        ("status=400", 502, openai.InternalServerError),
+        ("status=400", 400, openai.BadRequestError),
+        ("status=422", 400, openai.BadRequestError),
+        ("status=401", 502, openai.InternalServerError),
         ("status=503", 502, openai.InternalServerError),
         ("status=429", 503, openai.InternalServerError),
         ("timeout=30", 504, openai.InternalServerError),
         ("drop", 503, openai.InternalServerError),
     ],
 )
-def test_upstream_failures_map_to_5xx_and_are_sanitized(
+def test_upstream_failures_map_to_status_codes_and_are_sanitized(
     gateway: Gateway, upstream: Upstream, fault: str, status: int, exc: type
 ) -> None:
     # Faults on every attempt (the pool entry retries once): the client sees the mapped error.
@@ -617,15 +619,26 @@ def test_upstream_failures_map_to_5xx_and_are_sanitized(
     assert err["type"] == "upstream_error"
     for leak in ("sk-replay-SECRET", "10.1.2.3", "http://", "127.0.0.1"):
         assert leak not in r.text
-    # A refusal of the request itself would be refused again: the SDKs are told not to retry
-    # it (they retry every 5xx otherwise); what may pass is left to them.
-    assert r.headers.get("x-should-retry") == ("false" if fault == "status=400" else None)
+    # A refusal — of the request itself (a 400 the client sees: its to fix), or of the
+    # gateway's credentials (401: a 502, the gateway's to fix) — would be refused again: the
+    # SDKs are told not to retry it (they retry every 5xx otherwise); what may pass is left
+    # to them.
+    refused = fault in ("status=400", "status=422", "status=401")
+    assert r.headers.get("x-should-retry") == ("false" if refused else None)
+    if status == 400:
+        assert err["code"] == "upstream_bad_request"
+    if refused:  # and the SDK raises what its status says (fast: nothing is retried)
+        upstream.fault(MODEL, fault, count=5)
+        with pytest.raises(exc):
+            client(gateway).chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "x"}]
+            )
 
 
 def test_the_sdk_does_not_send_a_refused_request_again(
     gateway: Gateway, upstream: Upstream
 ) -> None:
-    upstream.fault(MODEL, "status=400", count=10)
+    upstream.fault(MODEL, "status=401", count=10)  # the gateway's key refused: a 502
     sdk = openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=2)
     with pytest.raises(openai.InternalServerError):
         sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])

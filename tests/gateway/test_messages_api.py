@@ -158,7 +158,7 @@ def test_the_sdk_reads_the_request_id_from_messages_streams_and_errors(
     for model, messages, kind in [
         (MODEL, robot, anthropic.BadRequestError),  # refused in translation
         ("no-such-model", hi, anthropic.NotFoundError),  # refused by the chat service
-        (MODEL, hi, anthropic.InternalServerError),  # refused upstream: a 502
+        (MODEL, hi, anthropic.BadRequestError),  # refused upstream as invalid
     ]:
         with pytest.raises(kind) as err:
             c.messages.create(model=model, max_tokens=64, messages=messages)

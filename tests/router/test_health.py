@@ -42,7 +42,7 @@ def test_opens_after_consecutive_failures_and_a_success_resets_the_count() -> No
 
 def test_client_errors_do_not_count() -> None:
     b, _, _ = breakers(failures=1)
-    for kind in ("upstream_4xx", "not_found", "bad_response", "circuit_open"):
+    for kind in ("bad_request", "upstream_4xx", "not_found", "bad_response", "circuit_open"):
         b.record_failure("m", kind)
     assert b.state("m") == "closed"
     b.record_failure("m", "rate_limited")  # a 429 does: the provider is saturated

@@ -462,7 +462,7 @@ async def test_a_probe_answered_with_a_client_error_closes_the_circuit(
     ctl.post("/_replay/faults", json={"model": A, "fault": "status=400", "count": 1})
     with pytest.raises(ProviderError) as exc:
         await c.open_stream(A, BODY)
-    assert exc.value.kind == "upstream_4xx"
+    assert exc.value.kind == "bad_request"
     assert breakers.state(A) == "closed"
     sc = await c.open_stream(A, BODY)
     assert [ch async for ch in sc.chunks]

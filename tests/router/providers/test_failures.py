@@ -134,6 +134,52 @@ async def test_both_transports_map_408_and_keep_retry_after(
 
 
 @BOTH
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [(400, "bad_request"), (413, "bad_request"),
+     (401, "upstream_4xx"), (403, "upstream_4xx"), (409, "upstream_4xx")],
+)  # fmt: skip
+async def test_both_transports_tell_a_refused_request_from_refused_credentials(
+    up: FaultUpstream, transport: Transport, status: int, kind: str
+) -> None:
+    # A 400 is the client's request (the gateway answers 400), a 401 the gateway's key
+    # (a 502); neither is retried, the same on both transports.
+    up.script(Reply(status=status))
+    c, rec = client(model(up.base_url, transport=transport, retries=2))
+    with pytest.raises(ProviderError) as exc:
+        await c.complete("m", dict(BODY))
+    assert (exc.value.kind, exc.value.status, exc.value.retryable) == (kind, status, False)
+    assert rec.retries == [] and up.calls == 1
+    assert "sk-test-key-should-not-leak" not in exc.value.message
+    await c.aclose()
+
+
+async def test_a_422_is_a_bad_request_natively_and_retried_without_its_params_by_litellm(
+    up: FaultUpstream,
+) -> None:
+    up.script(Reply(status=422))
+    c, _ = client(model(up.base_url, retries=2))
+    with pytest.raises(ProviderError) as exc:
+        await c.complete("m", dict(BODY))
+    assert (exc.value.kind, up.calls) == ("bad_request", 1)
+    await c.aclose()
+    # LiteLLM (drop_params) asks once more without what the 422 named; a second 422 leaves
+    # it without an answer, which it returns as None: a bad response here, not a crash.
+    for stream in (False, True):
+        up.script(Reply(status=422), Reply(status=422))
+        c, _ = client(model(up.base_url, transport="litellm", retries=0))
+        with pytest.raises(ProviderError) as exc:
+            if stream:
+                sc = await c.open_stream("m", dict(BODY))
+                [_ async for _ in sc.chunks]
+            else:
+                await c.complete("m", dict(BODY))
+        assert exc.value.kind == "bad_response" and "no answer" in exc.value.message
+        await c.aclose()
+    assert up.calls == 5
+
+
+@BOTH
 async def test_a_stream_closed_before_its_first_event_is_a_connection_failure(
     up: FaultUpstream, transport: Transport
 ) -> None:
