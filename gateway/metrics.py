@@ -98,7 +98,18 @@ class GatewayMetrics:
         # children over and over, so keep them (label values are bounded, so is this).
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
-        r = registry
+        self._traffic_metrics(registry)
+        self._routing_metrics(registry)
+        self._limit_metrics(registry)
+        self._ledger_metrics(registry)
+        self._cache_metrics(registry)
+        # The one label operators create (key aliases): its own bounded series.
+        self.key_budgets = KeyBudgetSeries(registry, limit=budget_gauge_keys)
+        self._info_metrics(registry, version)
+        self._preset_series()
+
+    def _traffic_metrics(self, r: CollectorRegistry) -> None:
+        """Requests, their tokens, cost and savings, and how long they took."""
         # prometheus_client appends "_total" to counter names.
         self._requests = Counter(
             "xrouter_requests",
@@ -158,6 +169,16 @@ class GatewayMetrics:
             buckets=OVERHEAD_BUCKETS,
             registry=r,
         )
+
+    def _routing_metrics(self, r: CollectorRegistry) -> None:
+        """Routing decisions and the downstream calls they made: durations, errors,
+        fallbacks, deployments, circuits."""
+        self._decisions = Counter(
+            "xrouter_routing_decisions",
+            "Models chosen by routing policies.",
+            ["policy", "model"],
+            registry=r,
+        )
         # Only calls a model answered: a failed call has no duration of its own (its failed
         # attempts are counted in xrouter_upstream_errors_total) and one a budget refused was
         # never made. So the count is one per successful attempt, and errors / (errors +
@@ -176,21 +197,6 @@ class GatewayMetrics:
             ["model"],
             buckets=LLM_BUCKETS,
             registry=r,
-        )
-        self._decisions = Counter(
-            "xrouter_routing_decisions",
-            "Models chosen by routing policies.",
-            ["policy", "model"],
-            registry=r,
-        )
-        self._budget_rejections = Counter(
-            "xrouter_budget_rejections",
-            "Requests refused because a budget would be exceeded.",
-            ["reason"],
-            registry=r,
-        )
-        self._rate_limited = Counter(
-            "xrouter_rate_limited", "Requests refused by a rate limit.", ["limit"], registry=r
         )
         self._upstream_errors = Counter(
             "xrouter_upstream_errors",
@@ -217,6 +223,42 @@ class GatewayMetrics:
             "Times the router copied the user query into a downstream system prompt.",
             registry=r,
         )
+        self._circuit_open = Gauge(
+            "xrouter_circuit_open",
+            "1 while a model's circuit breaker keeps calls away from it (router.health).",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+
+    def _limit_metrics(self, r: CollectorRegistry) -> None:
+        """Budget and rate-limit refusals, the limit store's failures and budget restores."""
+        self._budget_rejections = Counter(
+            "xrouter_budget_rejections",
+            "Requests refused because a budget would be exceeded.",
+            ["reason"],
+            registry=r,
+        )
+        self._rate_limited = Counter(
+            "xrouter_rate_limited", "Requests refused by a rate limit.", ["limit"], registry=r
+        )
+        self._limit_store_errors = Counter(
+            "xrouter_limit_store_errors",
+            "Limit-store (Redis) failures, by the on_store_error mode that handled them.",
+            ["mode"],
+            registry=r,
+        )
+        self._budget_restores = Counter(
+            "xrouter_budget_restores",
+            "Times key budgets' spend counters were restored from the ledger: at startup, "
+            "after the limit store lost them (store_lost: a Redis flushed or restarted without "
+            "persistence), or for a key whose budget an operator changed (key_update).",
+            ["trigger"],
+            registry=r,
+        )
+
+    def _ledger_metrics(self, r: CollectorRegistry) -> None:
+        """The ledger writer's queue, rows, spills and errors, and retention."""
         self._ledger_queue_depth = Gauge(
             "xrouter_ledger_queue_depth",
             "Rows waiting in the ledger writer's queue.",
@@ -247,20 +289,9 @@ class GatewayMetrics:
             "older than ledger.request_retention_days.",
             registry=r,
         )
-        self._limit_store_errors = Counter(
-            "xrouter_limit_store_errors",
-            "Limit-store (Redis) failures, by the on_store_error mode that handled them.",
-            ["mode"],
-            registry=r,
-        )
-        self._budget_restores = Counter(
-            "xrouter_budget_restores",
-            "Times key budgets' spend counters were restored from the ledger: at startup, "
-            "after the limit store lost them (store_lost: a Redis flushed or restarted without "
-            "persistence), or for a key whose budget an operator changed (key_update).",
-            ["trigger"],
-            registry=r,
-        )
+
+    def _cache_metrics(self, r: CollectorRegistry) -> None:
+        """The answer cache's lookups, stores and savings."""
         self._cache_lookups = Counter(
             "xrouter_cache_lookups",
             "Answer-cache lookups: hit, coalesced (answered with an identical request's "
@@ -282,15 +313,9 @@ class GatewayMetrics:
             ["policy"],
             registry=r,
         )
-        self._circuit_open = Gauge(
-            "xrouter_circuit_open",
-            "1 while a model's circuit breaker keeps calls away from it (router.health).",
-            ["model"],
-            registry=r,
-            multiprocess_mode="livemax",
-        )
-        # The one label operators create (key aliases): its own bounded series.
-        self.key_budgets = KeyBudgetSeries(r, limit=budget_gauge_keys)
+
+    def _info_metrics(self, r: CollectorRegistry, version: str) -> None:
+        """The build and the router checkpoint served."""
         self._build_info = Gauge(
             "xrouter_build_info",
             "Always 1; the version label says which build is running.",
@@ -310,6 +335,8 @@ class GatewayMetrics:
             multiprocess_mode="liveall",
         )
         self._serving_checkpoint: tuple[str, str] | None = None
+
+    def _preset_series(self) -> None:
         # Series that should exist (at 0) from the start, so rate() and alerts see them:
         # increase() needs two samples of a series, so one born at 1 hides its first event
         # (a single loss of the budgets' counters, a single ledger write error would never
