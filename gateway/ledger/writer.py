@@ -6,8 +6,9 @@ Request handlers call :meth:`LedgerWriter.submit` (fire and forget, O(1)) or awa
 inserts for requests, calls and feedback.
 
 Durable submits are acknowledged from the local write-ahead journal, not the database: a
-dedicated thread appends every record that is waiting, fsyncs once and wakes all their
-awaiters (group commit), then the records join the normal batched insert. A database commit
+dedicated thread (``gateway.ledger.journal_thread``) appends every record that is waiting,
+fsyncs once and wakes all their awaiters (group commit), then the records join the normal
+batched insert. A database commit
 costs 1-16 ms (more under contention between workers, or when PostgreSQL is slow); an
 fsync'ed append costs about one fsync whatever the database is doing, and the database
 keeps getting large efficient batches. A WAL segment is deleted once all its records are
@@ -30,19 +31,14 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.ledger.backoff import DatabaseBackoff, LogThrottle
 from gateway.ledger.inserter import BatchInserter
-from gateway.ledger.records import (
-    FeedbackRecord,
-    LedgerRecord,
-    RequestRecord,
-    apply_content_policy,
-)
+from gateway.ledger.journal_thread import JournalThread, Waiting
+from gateway.ledger.records import FeedbackRecord, LedgerRecord
 from gateway.ledger.spill import SpillJournal
 from gateway.ledger.wal_segments import Retirement, WalSegments
 from gateway.settings import LedgerSettings
@@ -52,7 +48,6 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 # (record, its waiter, the WAL segment it is journaled in)
 _Item = tuple[LedgerRecord, asyncio.Future[None] | None, int | None]
-_Waiting = tuple[LedgerRecord, asyncio.Future[None] | None]
 
 _ORPHAN_SCAN_INTERVAL_S = 60.0
 
@@ -90,22 +85,16 @@ class LedgerWriter:
         self._metrics = metrics
         self._inserter = BatchInserter(engine, settings.log_content, db_timeout_s)
         self._journal = SpillJournal(settings.spill_dir, wal_fsync=settings.journal_fsync)
+        # ONE thread does every journal write: records that found the queue full, durable
+        # records (group commit), spills, replays' bookkeeping.
+        self._thread = JournalThread(self._journal, settings.log_content)
 
         self._pending: deque[_Item] = deque()
-        # Records that found the queue full, waiting for the journal thread.
-        self._overflow: deque[_Waiting] = deque()
-        self._overflow_scheduled = False
-        # Durable records waiting for the journal thread's next group commit.
-        self._wal_in: deque[_Waiting] = deque()
-        self._wal_scheduled = False
         self._wal = WalSegments()  # event loop thread only
 
         self._wake = asyncio.Event()
         self._flush_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
-        # ONE thread does every journal write, which serializes them without locks.
-        self._journal_exec: ThreadPoolExecutor | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
         self._closed = False
         self._db = DatabaseBackoff()
@@ -122,8 +111,7 @@ class LedgerWriter:
         records are replayed in the background (``flush()`` waits for that)."""
         if self._task is not None:
             return
-        self._loop = asyncio.get_running_loop()
-        self._journal_exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-journal")
+        self._thread.start(self._overflow_done, self._wal_done)
         await self._in_journal(self._journal.open)
         adopted = await self._in_journal(self._journal.adopt_orphans)
         self.adopted_at_start = adopted
@@ -131,10 +119,7 @@ class LedgerWriter:
             logger.info("ledger: %d journal segment(s) of stopped writers to replay", adopted)
         self._next_orphan_scan = time.monotonic() + _ORPHAN_SCAN_INTERVAL_S
         self._task = asyncio.create_task(self._run(), name="ledger-writer")
-        if self._overflow:
-            self._schedule_overflow()
-        if self._wal_in:
-            self._schedule_wal()
+        self._thread.resume()
         self._wake.set()
 
     def submit(self, record: LedgerRecord) -> None:
@@ -150,21 +135,20 @@ class LedgerWriter:
         journal (the usual path) or committed to the database. Raises
         ``LedgerUnavailableError`` only when both failed (the record is kept in memory)."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if self._closed or self._journal_exec is None:
+        if self._closed or not self._thread.started:
             # Not started (or closed): only the database path is left.
             self._enqueue(record, fut)
         else:
-            self._wal_in.append((record, fut))
-            self._schedule_wal()
+            self._thread.durable(record, fut)
         await fut
 
     async def flush(self) -> None:
         """Write everything submitted so far, trying the database even if the breaker is
         open, then replay the journal if the database took it."""
         async with self._flush_lock:
-            await self._journal_barrier()
+            await self._thread.barrier()
             await self._drain(force=True)
-            if self._journal_exec is not None and self._needs_replay():
+            if self._thread.started and self._needs_replay():
                 await self._replay(force=True)
 
     async def close(self) -> None:
@@ -176,26 +160,26 @@ class LedgerWriter:
         self._wake.set()
         if self._task is not None:
             await self._task
-        if self._journal_exec is None:
+        if not self._thread.started:
             if self._pending:
                 logger.error("ledger closed before start(): %d records lost", len(self._pending))
             self._closed = True
             return
-        await self._journal_barrier()
+        await self._thread.barrier()
         async with self._flush_lock:
             await self._drain(force=False)
         sealed = await self._in_journal(self._journal.wal_seal)
         if sealed is not None:
             self._wal_retire(self._wal.seal(sealed))
         await self._in_journal(self._journal.close)  # after the retirements just queued
-        self._journal_exec.shutdown(wait=False)
+        self._thread.shutdown()
         self._closed = True
         self._report_depth()
 
     @property
     def pending(self) -> int:
         """Records submitted and not yet committed or journaled."""
-        return len(self._pending) + len(self._overflow) + len(self._wal_in)
+        return len(self._pending) + self._thread.queued
 
     # -- queueing ---------------------------------------------------------------------
 
@@ -208,74 +192,30 @@ class LedgerWriter:
                 fut.set_exception(LedgerUnavailableError("ledger writer is closed"))
             return
         if len(self._pending) >= self._settings.queue_size:
-            self._overflow.append((record, fut))
-            self._schedule_overflow()
+            self._thread.overflow(record, fut)
             return
         self._pending.append((record, fut, None))
         if fut is not None or len(self._pending) >= self._settings.flush_rows:
             self._wake.set()
 
-    # The journal thread reports back with call_soon_threadsafe; the *_scheduled flags are
-    # only touched on the loop thread, so a batch can't be scheduled twice or forgotten.
+    # What the journal thread reports, on the loop thread.
 
-    def _schedule_overflow(self) -> None:
-        if self._overflow_scheduled or self._journal_exec is None:
-            return
-        self._overflow_scheduled = True
-        self._journal_exec.submit(self._overflow_in_thread)
-
-    def _overflow_in_thread(self) -> None:
-        items = _pop_all(self._overflow)
-        error: BaseException | None = None
-        try:
-            self._spill_sync([r for r, _ in items])
-        except BaseException as exc:
-            error = exc
-        self._call_soon(self._overflow_done, items, error)
-
-    def _overflow_done(self, items: list[_Waiting], error: BaseException | None) -> None:
-        self._overflow_scheduled = False
+    def _overflow_done(self, items: list[Waiting], error: BaseException | None) -> None:
         if error is None:
             if items:
                 self._metric("spilled", len(items), "queue_full")
                 self._resolve(items, None)
         else:
             self._journal_failed([(r, f, None) for r, f in items], error)
-        if self._overflow:
-            self._schedule_overflow()
-
-    def _schedule_wal(self) -> None:
-        if self._wal_scheduled or self._journal_exec is None:
-            return
-        self._wal_scheduled = True
-        self._journal_exec.submit(self._wal_in_thread)
-
-    def _wal_in_thread(self) -> None:
-        items = _pop_all(self._wal_in)
-        mode = self._settings.log_content
-        prepared: list[LedgerRecord] = [r for r, _ in items]
-        try:
-            prepared = [
-                apply_content_policy(r, mode) if isinstance(r, RequestRecord) else r
-                for r in prepared
-            ]
-            seq, sealed = self._journal.wal_append(prepared)
-        except BaseException as exc:
-            # Whatever failed, the loop must hear back: a batch never reported would leave
-            # _wal_scheduled set, and every later durable submit (and close) waiting forever.
-            self._call_soon(self._wal_done, items, prepared, None, None, exc)
-            return
-        self._call_soon(self._wal_done, items, prepared, seq, sealed, None)
 
     def _wal_done(
         self,
-        items: list[_Waiting],
+        items: list[Waiting],
         prepared: list[LedgerRecord],
         seq: int | None,
         sealed: int | None,
         error: BaseException | None,
     ) -> None:
-        self._wal_scheduled = False
         if error is not None or seq is None:
             if self._journal_log.ready():
                 logger.error("ledger journal append failed (%r); waiting for the database", error)
@@ -297,8 +237,6 @@ class LedgerWriter:
                 self._wake.set()
             if sealed is not None:
                 self._wal_retire(self._wal.seal(sealed))
-        if self._wal_in:
-            self._schedule_wal()
 
     # -- the flusher ------------------------------------------------------------------
 
@@ -358,7 +296,7 @@ class LedgerWriter:
         to_spill = [item for item in batch if item[2] is None]
         if to_spill:
             try:
-                await self._in_journal(self._spill_sync, [r for r, _, _ in to_spill])
+                await self._in_journal(self._thread.spill, [r for r, _, _ in to_spill])
             except Exception as exc:
                 self._journal_failed(to_spill, exc)
                 return False
@@ -423,14 +361,6 @@ class LedgerWriter:
 
     # -- journal bookkeeping ----------------------------------------------------------
 
-    def _spill_sync(self, records: Sequence[LedgerRecord]) -> None:
-        """(journal thread) Apply the content policy first: raw text never reaches the disk
-        unless the operator logs content in full."""
-        mode = self._settings.log_content
-        self._journal.append(
-            apply_content_policy(r, mode) if isinstance(r, RequestRecord) else r for r in records
-        )
-
     def _wal_retire(self, retirements: list[Retirement]) -> None:
         """Delete the WAL segments whose records are all committed; hand the others to the
         replay."""
@@ -449,14 +379,6 @@ class LedgerWriter:
         # Back to the head of the queue (without their waiters, who were told).
         self._pending.extendleft((r, None, None) for r, _, _ in reversed(batch))
 
-    async def _journal_barrier(self) -> None:
-        """Wait until the journal thread has handled every overflowed or durable record."""
-        if self._journal_exec is None:
-            return
-        while self._overflow or self._overflow_scheduled or self._wal_in or self._wal_scheduled:
-            await self._in_journal(_noop)
-            await asyncio.sleep(0)  # let the *_done callbacks queued by the thread run
-
     @staticmethod
     def _resolve(batch: Sequence[tuple[Any, ...]], error: BaseException | None) -> None:
         for item in batch:
@@ -469,23 +391,13 @@ class LedgerWriter:
                 fut.set_exception(error)
 
     async def _in_journal(self, fn: Callable[..., T], *args: Any) -> T:
-        assert self._journal_exec is not None, "LedgerWriter.start() was not called"
-        return await asyncio.get_running_loop().run_in_executor(self._journal_exec, fn, *args)
+        return await self._thread.run(fn, *args)
 
     def _in_journal_nowait(self, fn: Callable[..., Any], *args: Any) -> None:
-        assert self._journal_exec is not None
+        def failed() -> None:
+            logger.exception("ledger journal maintenance failed (%s)", fn.__name__)
 
-        def run() -> None:
-            try:
-                fn(*args)
-            except Exception:
-                logger.exception("ledger journal maintenance failed (%s)", fn.__name__)
-
-        self._journal_exec.submit(run)
-
-    def _call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(fn, *args)
+        self._thread.run_nowait(fn, *args, on_error=failed)
 
     # -- database failures and metrics --------------------------------------------------
 
@@ -503,20 +415,6 @@ class LedgerWriter:
             getattr(self._metrics, name)(*args)
         except Exception:
             logger.exception("ledger metrics sink failed in %s", name)
-
-
-def _noop() -> None:
-    return None
-
-
-def _pop_all(queue: deque[_Waiting]) -> list[_Waiting]:
-    """(journal thread) Take everything queued so far; deque pops are thread-safe."""
-    items: list[_Waiting] = []
-    while True:
-        try:
-            items.append(queue.popleft())
-        except IndexError:
-            return items
 
 
 def _record_id(record: LedgerRecord) -> str:
