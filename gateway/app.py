@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway import openapi
 from gateway.cors import install_cors
 from gateway.errors import install_error_handlers
+from gateway.load_shedding import LoadShedding
 from gateway.routes import admin, admin_spend, anthropic, dashboard, key_info, logged, openai, ops
 from gateway.services import Services
 from gateway.settings import Settings, load_settings
@@ -80,6 +81,7 @@ def create_app(
     app.state.config_path = config_path
     install_error_handlers(app)
     app.add_middleware(_TrackRequests, services=services)
+    app.add_middleware(LoadShedding, services=services, limit=settings.server.max_in_flight)
     if settings.server.forward_trace_context:
         app.add_middleware(TraceContextMiddleware)
     app.router.routes.append(

@@ -101,6 +101,7 @@ class GatewayMetrics:
         self._traffic_metrics(registry)
         self._routing_metrics(registry)
         self._limit_metrics(registry)
+        self._load_metrics(registry)
         self._ledger_metrics(registry)
         self._cache_metrics(registry)
         # The one label operators create (key aliases): its own bounded series.
@@ -231,6 +232,21 @@ class GatewayMetrics:
             multiprocess_mode="livemax",
         )
 
+    def _load_metrics(self, r: CollectorRegistry) -> None:
+        """Model requests in flight, and those shed over ``server.max_in_flight``."""
+        self._in_flight = Gauge(
+            "xrouter_requests_in_flight",
+            "Model requests (chat, Responses, Messages) being answered, streams included.",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self._shed = Counter(
+            "xrouter_requests_shed",
+            "Model requests refused at once because server.max_in_flight were in flight.",
+            ["api"],
+            registry=r,
+        )
+
     def _limit_metrics(self, r: CollectorRegistry) -> None:
         """Budget and rate-limit refusals, the limit store's failures and budget restores."""
         self._budget_rejections = Counter(
@@ -355,6 +371,8 @@ class GatewayMetrics:
             self._ledger_write_errors.labels(kind=kind)
         for mode in STORE_ERROR_MODES:
             self._limit_store_errors.labels(mode=mode)
+        for api in sorted(_APIS):
+            self._shed.labels(api=api)
 
     def add_known(self, *, models: Iterable[str], policies: Iterable[str]) -> None:
         """Models and policies a reload or deploy brought: reported by name from now on
@@ -481,6 +499,12 @@ class GatewayMetrics:
         self._child(self._budget_restores, trigger if trigger in known else OTHER).inc()
 
     # -- answer cache ------------------------------------------------------------------------
+
+    def in_flight(self, delta: int) -> None:
+        self._in_flight.inc(delta)
+
+    def shed(self, api: str) -> None:
+        self._child(self._shed, api if api in _APIS else OTHER).inc()
 
     def cache_lookup(self, result: str) -> None:
         known = ("hit", "coalesced", "miss", "bypass", "error")

@@ -65,6 +65,10 @@ class ServerSettings(_Section):
     # Forward a request's W3C trace context (traceparent, tracestate) on its upstream calls
     # to OpenAI-compatible servers (router.providers.trace_context).
     forward_trace_context: bool = True
+    # The most model requests (chat, Responses, Messages) one worker holds at once; past
+    # it they are refused at once with a retryable 503 (gateway.load_shedding). None: no
+    # bound.
+    max_in_flight: int | None = Field(default=None, ge=1)
 
     @field_validator("cors_allow_origins", mode="before")
     @classmethod

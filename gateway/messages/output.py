@@ -37,6 +37,7 @@ _ERROR_TYPE = {
     415: "invalid_request_error",
     429: "rate_limit_error",
     504: "timeout_error",
+    529: "overloaded_error",
 }
 
 
