@@ -61,6 +61,7 @@ class RequestLog:
     cached_from: str | None = None  # answered from the cache: the request that paid for it
     end_user: str | None = None  # the request's ``user`` (OpenAI) / ``metadata.user_id``
     tags: list[str] | None = None  # ``xrouter.tags``
+    slot_held: bool = False  # one of its key's max_parallel slots, freed when it finishes
     finished: bool = False
 
     def overhead_ms(self, result: RouteResult | None) -> float:
@@ -254,12 +255,17 @@ class RequestHooks:
         output = (requested_max_tokens(params) or 0) * int(params.get("n") or 1)
         rlog.tokens_estimate = estimate_prompt_tokens(ctx.messages, None, ctx.tools) + output
         rlog.admitted_at = time.time()
+        if limits.max_parallel is not None:
+            # Before the rate windows: a request refused here must not use up its key's rpm.
+            await self._take_slot(rlog, limits)
         try:
             rate = await self.limits.check_rate(limits, rlog.tokens_estimate, rlog.admitted_at)
         except LimitStoreUnavailable:
+            await self._free_slot(rlog, limits)
             raise limits_unavailable() from None
         rlog.extra_headers.update(rate.headers())
         if not rate.allowed:
+            await self._free_slot(rlog, limits)
             if self.metrics is not None:
                 self.metrics.rate_limited(rate.limit or "rpm")
             raise APIError(
@@ -280,6 +286,32 @@ class RequestHooks:
             bookkeeping=self.bookkeeping,
             gauges=self.budget_gauges,
         )
+
+    async def _take_slot(self, rlog: RequestLog, limits: KeyLimits) -> None:
+        """One of the key's ``max_parallel`` slots for the request, or a 429."""
+        assert self.limits is not None
+        try:
+            slot = await self.limits.acquire_slot(limits, rlog.request_id, rlog.admitted_at)
+        except LimitStoreUnavailable:
+            raise limits_unavailable() from None
+        if slot.ok:
+            rlog.slot_held = True
+            return
+        if self.metrics is not None:
+            self.metrics.rate_limited("parallel")
+        raise APIError(
+            429,
+            f"too many requests in flight for this key ({slot.in_flight} of its "
+            f"{limits.max_parallel}); retry when one has finished",
+            type="rate_limit_exceeded",
+            code="parallel_limit_exceeded",
+            headers={"retry-after": "1"},
+        )
+
+    async def _free_slot(self, rlog: RequestLog, limits: KeyLimits) -> None:
+        if rlog.slot_held and self.limits is not None:
+            rlog.slot_held = False
+            await self.limits.release_slot(limits, rlog.request_id)
 
     def budget_error(
         self, rlog: RequestLog, message: str, guard: KeyBudgetGuard | None
@@ -328,6 +360,9 @@ class RequestHooks:
         from gateway.accounting import build_record, observe
 
         state = result.state if result is not None else rlog.result_state
+        if rlog.principal.limits is not None:
+            # First: the next request of the key may be waiting for the slot.
+            await self._free_slot(rlog, rlog.principal.limits)
         if self.limits is not None and rlog.principal.limits is not None and state is not None:
             used = sum(o.usage.total_tokens for o in (*state.router_calls, *state.outcomes))
             if used != rlog.tokens_estimate:

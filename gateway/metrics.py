@@ -48,6 +48,8 @@ OVERHEAD_BUCKETS: tuple[float, ...] = (
 CALL_COUNT_BUCKETS: tuple[float, ...] = (0, 1, 2, 3, 4, 5, 8, 16)
 
 TOKEN_KINDS = ("prompt", "completion", "cached", "reasoning")
+# Rate-limit refusals: the key's requests or tokens a minute, or its requests in flight.
+RATE_LIMITS = ("rpm", "tpm", "parallel")
 # Budget rejections: the key's budget, or the request's own cap (max_cost_usd).
 BUDGET_REASONS = ("key", "request")
 # Why key budgets were restored from the ledger (gateway.budget_sync).
@@ -357,7 +359,7 @@ class GatewayMetrics:
         # increase() needs two samples of a series, so one born at 1 hides its first event
         # (a single loss of the budgets' counters, a single ledger write error would never
         # fire deploy/prometheus/alerts.yml).
-        for limit in ("rpm", "tpm"):
+        for limit in RATE_LIMITS:
             self._rate_limited.labels(limit=limit)
         for reason in BUDGET_REASONS:
             self._budget_rejections.labels(reason=reason)
@@ -489,7 +491,7 @@ class GatewayMetrics:
         self._budget_rejections.labels(reason=self._budget_reason(reason)).inc()
 
     def rate_limited(self, limit: str) -> None:
-        self._rate_limited.labels(limit=limit if limit in ("rpm", "tpm") else OTHER).inc()
+        self._rate_limited.labels(limit=limit if limit in RATE_LIMITS else OTHER).inc()
 
     def limit_store_error(self, mode: str) -> None:
         self._limit_store_errors.labels(mode=mode if mode in STORE_ERROR_MODES else OTHER).inc()

@@ -187,6 +187,7 @@ class KeyView(_Answer):
     budget_period: str | None
     rpm: int | None
     tpm: int | None
+    max_parallel: int | None
     allowed_models: list[str] | None
     allowed_policies: list[str] | None
     metadata: dict[str, Any]

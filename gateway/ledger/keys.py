@@ -71,6 +71,8 @@ class KeyInfo:
     expires_at: datetime | None = None
     # Routing defaults for the key's requests: default_policy, cost_weight, max_cost_usd.
     routing: dict[str, Any] | None = field(default=None, hash=False)
+    # The key's requests answered at once; None: no bound.
+    max_parallel: int | None = None
 
     @property
     def revoked(self) -> bool:
@@ -85,7 +87,14 @@ class KeyInfo:
 
     def limits(self) -> KeyLimits:
         """What the limit store enforces for this key."""
-        return KeyLimits(self.key_id, self.budget_micros, self.budget_period, self.rpm, self.tpm)
+        return KeyLimits(
+            self.key_id,
+            self.budget_micros,
+            self.budget_period,
+            self.rpm,
+            self.tpm,
+            self.max_parallel,
+        )
 
     def allows_model(self, model: str) -> bool:
         return self.allowed_models is None or model in self.allowed_models
@@ -103,6 +112,7 @@ class KeyInfo:
             "budget_period": self.budget_period,
             "rpm": self.rpm,
             "tpm": self.tpm,
+            "max_parallel": self.max_parallel,
             "allowed_models": list(self.allowed_models)
             if self.allowed_models is not None
             else None,
@@ -127,6 +137,7 @@ _UPDATABLE = {
     "budget_period",
     "rpm",
     "tpm",
+    "max_parallel",
     "allowed_models",
     "allowed_policies",
     "metadata",
@@ -155,6 +166,7 @@ def _row_to_info(row: sa.Row[Any]) -> KeyInfo:
         revoked_at=m["revoked_at"],
         expires_at=m["expires_at"],
         routing=dict(m["routing"]) if m["routing"] else None,
+        max_parallel=m["max_parallel"],
     )
 
 
@@ -228,6 +240,7 @@ class KeyRepository:
         budget_period: BudgetPeriod | None = None,
         rpm: int | None = None,
         tpm: int | None = None,
+        max_parallel: int | None = None,
         allowed_models: builtins.list[str] | None = None,
         allowed_policies: builtins.list[str] | None = None,
         metadata: dict[str, Any] | None = None,
@@ -241,6 +254,7 @@ class KeyRepository:
             "budget_period": _period(budget_period),
             "rpm": _positive(rpm, "rpm"),
             "tpm": _positive(tpm, "tpm"),
+            "max_parallel": _positive(max_parallel, "max_parallel"),
             "allowed_models": _names(allowed_models, "allowed_models"),
             "allowed_policies": _names(allowed_policies, "allowed_policies"),
             "metadata": dict(metadata or {}),
@@ -342,7 +356,7 @@ class KeyRepository:
                 values["budget_micros"] = value
             elif name == "budget_period":
                 values["budget_period"] = _period(value)
-            elif name in ("rpm", "tpm"):
+            elif name in ("rpm", "tpm", "max_parallel"):
                 values[name] = _positive(value, name)
             elif name in ("allowed_models", "allowed_policies"):
                 values[name] = _names(value, name)

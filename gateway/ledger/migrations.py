@@ -272,6 +272,12 @@ def _v12_key_alias_among_live_keys(conn: sa.Connection) -> None:
     conn.execute(sa.text(live_alias))
 
 
+def _v14_key_max_parallel(conn: sa.Connection) -> None:
+    """api_keys.max_parallel: the key's requests answered at once, NULL for no bound
+    (frozen)."""
+    conn.execute(sa.text("ALTER TABLE api_keys ADD COLUMN max_parallel INTEGER"))
+
+
 def _v13_feedback_logged_at(conn: sa.Connection) -> None:
     """feedback.logged_at: when a feedback row reached the database (frozen). Existing rows
     keep NULL: they count as logged at their created_at."""
@@ -298,6 +304,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(11, "requests.logged_at", _v11_request_logged_at),
     Migration(12, "api_keys.alias unique among live keys", _v12_key_alias_among_live_keys),
     Migration(13, "feedback.logged_at", _v13_feedback_logged_at),
+    Migration(14, "api_keys.max_parallel", _v14_key_max_parallel),
 )
 
 

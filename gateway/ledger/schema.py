@@ -242,6 +242,8 @@ api_keys = sa.Table(
     sa.Column("budget_period", sa.String(16), nullable=True),
     sa.Column("rpm", sa.Integer(), nullable=True),
     sa.Column("tpm", sa.Integer(), nullable=True),
+    # Requests of the key answered at once (migration 14); NULL: no bound.
+    sa.Column("max_parallel", sa.Integer(), nullable=True),
     sa.Column("allowed_models", sa.JSON(none_as_null=True), nullable=True),
     sa.Column("allowed_policies", sa.JSON(none_as_null=True), nullable=True),
     sa.Column("metadata", sa.JSON(), nullable=False),

@@ -19,6 +19,7 @@ from gateway.limits.base import (
     LimitStoreUnavailable,
     RateResult,
     ReserveResult,
+    SlotResult,
 )
 from gateway.limits.memory import DEFAULT_HOLD_TTL_S, MemoryLimitStore
 from gateway.limits.windows import BUDGET_PERIODS, RATE_WINDOW_S, BudgetPeriod, period_window
@@ -42,6 +43,7 @@ __all__ = [
     "RateResult",
     "RedisLimitStore",
     "ReserveResult",
+    "SlotResult",
     "build_limit_store",
     "period_window",
 ]

@@ -1,4 +1,5 @@
-"""The limit-store interface: per-key rate limits (rpm/tpm) and spend budgets.
+"""The limit-store interface: per-key rate limits (rpm/tpm), parallel requests and spend
+budgets.
 
 Two backends implement it with the same semantics and pass the same test suite:
 ``MemoryLimitStore`` (one process, the embedded default) and ``RedisLimitStore`` (shared by
@@ -24,6 +25,11 @@ Holds expire. A worker that dies mid-request never settles, so every hold carrie
 budget operation; the budget they blocked comes back by itself. Settling a hold that has
 already expired releases nothing (it was released by the sweep) but still records the cost.
 Choose ``hold_ttl_s`` above the longest a request may run (the server's request timeout).
+
+Parallel requests. ``acquire_slot`` admits a request only while fewer than the key's
+``max_parallel`` hold a slot; ``release_slot`` frees it when the request has ended. Slots
+expire ``hold_ttl_s`` after they are taken, as holds do, so a worker that dies mid-request
+does not keep its key's slots taken for good.
 """
 
 from __future__ import annotations
@@ -61,11 +67,13 @@ class KeyLimits:
     budget_period: BudgetPeriod | None = None
     rpm: int | None = None
     tpm: int | None = None
+    # Requests of the key being answered at once (LiteLLM's max_parallel_requests).
+    max_parallel: int | None = None
 
     def __post_init__(self) -> None:
         if not self.key_id:
             raise ValueError("key_id must be non-empty")
-        for name in ("budget_micros", "rpm", "tpm"):
+        for name in ("budget_micros", "rpm", "tpm", "max_parallel"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
@@ -164,6 +172,18 @@ class ReserveResult:
 
 
 @dataclass(frozen=True, slots=True)
+class SlotResult:
+    """Outcome of ``acquire_slot``: whether the request got a slot, and how many of the
+    key's requests hold one (this one included when it got one)."""
+
+    ok: bool
+    in_flight: int = 0
+
+
+SLOT_FREE = SlotResult(ok=True)
+
+
+@dataclass(frozen=True, slots=True)
 class BudgetState:
     """A key's budget in its current period, all in micro-USD. ``remaining`` is None when
     the key has no budget; ``period_start``/``resets_at`` are None for lifetime budgets."""
@@ -199,6 +219,17 @@ class LimitStore(ABC):
         Positive charges the window, negative refunds an overestimate. ``at`` is when the
         estimate was counted (default: now): the correction is booked then, so it leaves the
         window with the estimate, and is dropped if that has already left."""
+
+    @abstractmethod
+    async def acquire_slot(
+        self, limits: KeyLimits, request_id: str, now: float | None = None
+    ) -> SlotResult:
+        """Take one of the key's ``max_parallel`` slots for ``request_id``, or refuse
+        without taking anything when all are held."""
+
+    @abstractmethod
+    async def release_slot(self, limits: KeyLimits, request_id: str) -> None:
+        """Free ``request_id``'s slot (nothing if it holds none, or it expired)."""
 
     @abstractmethod
     async def reserve(
@@ -280,13 +311,13 @@ def validate_amount(name: str, value: int) -> None:
 class FailPolicyStore(LimitStore):
     """Applies ``limits.on_store_error`` to another store.
 
-    The mode governs *admission* (``check_rate``, ``reserve``): ``"closed"`` re-raises
+    The mode governs *admission* (``check_rate``, ``acquire_slot``, ``reserve``): ``"closed"`` re-raises
     ``LimitStoreUnavailable`` (the gateway answers 503), so no request goes through
     unmetered; ``"open"`` lets the request through as if no limit applied.
 
-    Bookkeeping after the call (``add_tokens``, ``settle``, ``release``) never raises in
-    either mode: the upstream has already answered and been paid for, so refusing the
-    response would only lose it. The failure is logged and counted; an unsettled hold frees
+    Bookkeeping after the call (``add_tokens``, ``settle``, ``release``, ``release_slot``)
+    never raises in either mode: the upstream has already answered and been paid for, so
+    refusing the response would only lose it. The failure is logged and counted; an unsettled hold frees
     itself when its TTL runs out, and the ledger still has the cost.
 
     ``on_event("store_unavailable")`` is called on every backend failure in either mode, so
@@ -341,6 +372,21 @@ class FailPolicyStore(LimitStore):
             await self.inner.add_tokens(limits, tokens, now, at=at)
         except LimitStoreUnavailable as exc:
             self._report(exc, "add_tokens")
+
+    async def acquire_slot(
+        self, limits: KeyLimits, request_id: str, now: float | None = None
+    ) -> SlotResult:
+        try:
+            return await self.inner.acquire_slot(limits, request_id, now)
+        except LimitStoreUnavailable as exc:
+            self._admission_failed(exc, "acquire_slot")
+            return SLOT_FREE
+
+    async def release_slot(self, limits: KeyLimits, request_id: str) -> None:
+        try:
+            await self.inner.release_slot(limits, request_id)
+        except LimitStoreUnavailable as exc:
+            self._report(exc, "release_slot")
 
     async def reserve(
         self,

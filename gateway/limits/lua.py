@@ -294,3 +294,27 @@ redis.call('SET', KEYS[1], ARGV[1])
 if ARGV[2] ~= '-1' then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return wanted
 """
+
+# ---------------------------------------------------------------------------------------------
+# Parallel requests: the key's requests holding a slot, as a sorted set scored by when each
+# slot expires (a dead worker's slots free themselves). Taking one sweeps the expired first.
+#
+# ACQUIRE_SLOT  KEYS: 1 slots (zset).  ARGV: 1 now, 2 expiry, 3 max parallel, 4 request id,
+#               5 key ttl ms.  Returns {taken 0|1, slots held (this one included if taken)}.
+# RELEASE_SLOT  KEYS: 1 slots.  ARGV: 1 request id.  Returns how many are left.
+# ---------------------------------------------------------------------------------------------
+ACQUIRE_SLOT_LUA = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+local held = redis.call('ZCARD', KEYS[1])
+if not redis.call('ZSCORE', KEYS[1], ARGV[4]) and held >= tonumber(ARGV[3]) then
+  return {0, held}
+end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+return {1, redis.call('ZCARD', KEYS[1])}
+"""
+
+RELEASE_SLOT_LUA = """
+redis.call('ZREM', KEYS[1], ARGV[1])
+return redis.call('ZCARD', KEYS[1])
+"""

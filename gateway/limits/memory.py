@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from gateway.limits.base import (
     ALLOW_ALL,
+    SLOT_FREE,
     BudgetState,
     KeyLimits,
     LimitStore,
@@ -27,6 +28,7 @@ from gateway.limits.base import (
     RateLimitName,
     RateResult,
     ReserveResult,
+    SlotResult,
     validate_amount,
 )
 from gateway.limits.windows import (
@@ -121,6 +123,8 @@ class MemoryLimitStore(LimitStore):
         self._rates: dict[str, _RateLog] = {}
         self._scopes: dict[str, _BudgetScope] = {}
         self._anonymous = _BudgetScope()  # requests without a key: only the per-request cap
+        # Parallel requests: key id -> {request id: when its slot expires}.
+        self._slots: dict[str, dict[str, float]] = {}
         # Counters live and die with this process: a new store knows nothing the ledger does.
         self._restored = False
 
@@ -209,6 +213,29 @@ class MemoryLimitStore(LimitStore):
             log = self._rates[limits.key_id] = _RateLog()
         log.sweep(now - RATE_WINDOW_S)
         log.add_tokens(at, tokens)
+
+    # -- parallel requests -------------------------------------------------------------------
+
+    async def acquire_slot(
+        self, limits: KeyLimits, request_id: str, now: float | None = None
+    ) -> SlotResult:
+        if limits.max_parallel is None:
+            return SLOT_FREE
+        now = time.time() if now is None else now
+        slots = self._slots.setdefault(limits.key_id, {})
+        for rid in [r for r, expiry in slots.items() if expiry <= now]:
+            del slots[rid]  # a dead worker's, or a request that never said it ended
+        if request_id not in slots and len(slots) >= limits.max_parallel:
+            return SlotResult(ok=False, in_flight=len(slots))
+        slots[request_id] = now + self.hold_ttl_s
+        return SlotResult(ok=True, in_flight=len(slots))
+
+    async def release_slot(self, limits: KeyLimits, request_id: str) -> None:
+        slots = self._slots.get(limits.key_id)
+        if slots is not None:
+            slots.pop(request_id, None)
+            if not slots:
+                del self._slots[limits.key_id]
 
     # -- budgets -----------------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ from typing import Any, NoReturn
 
 from gateway.limits.base import (
     ALLOW_ALL,
+    SLOT_FREE,
     BudgetState,
     KeyLimits,
     LimitStore,
@@ -43,11 +44,14 @@ from gateway.limits.base import (
     RateLimitName,
     RateResult,
     ReserveResult,
+    SlotResult,
     validate_amount,
 )
 from gateway.limits.lua import (
+    ACQUIRE_SLOT_LUA,
     ADD_TOKENS_LUA,
     RATE_LUA,
+    RELEASE_SLOT_LUA,
     RESERVE_LUA,
     RESTORE_SPENT_LUA,
     SETTLE_LUA,
@@ -110,6 +114,8 @@ class RedisLimitStore(LimitStore):
         self._settle = Script(self._client, SETTLE_LUA)
         self._state = Script(self._client, STATE_LUA)
         self._restore = Script(self._client, RESTORE_SPENT_LUA)
+        self._acquire_slot = Script(self._client, ACQUIRE_SLOT_LUA)
+        self._release_slot = Script(self._client, RELEASE_SLOT_LUA)
         # Present while the counters include the ledger's spend: a Redis that lost its data
         # (flushed, restarted without persistence) lost this too, and the gateway restores.
         self._restored_key = f"{key_prefix}:budgets-restored"
@@ -169,6 +175,34 @@ class RedisLimitStore(LimitStore):
     @staticmethod
     def _unavailable(exc: BaseException) -> NoReturn:
         raise LimitStoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
+
+    # -- parallel requests -------------------------------------------------------------------
+
+    def _slots_key(self, limits: KeyLimits) -> str:
+        return f"{self._base(limits, '')}:slots"
+
+    async def acquire_slot(
+        self, limits: KeyLimits, request_id: str, now: float | None = None
+    ) -> SlotResult:
+        if limits.max_parallel is None:
+            return SLOT_FREE
+        now = time.time() if now is None else now
+        taken, held = await self._run(
+            self._acquire_slot,
+            [self._slots_key(limits)],
+            [
+                _ts(now),
+                _ts(now + self.hold_ttl_s),
+                str(limits.max_parallel),
+                request_id,
+                self._hold_ttl_ms,
+            ],
+        )
+        return SlotResult(ok=bool(taken), in_flight=int(held))
+
+    async def release_slot(self, limits: KeyLimits, request_id: str) -> None:
+        # Write-behind, as settle: nobody waits on a request that has ended.
+        await self._run_deferred(self._release_slot, [self._slots_key(limits)], [request_id])
 
     # -- rate limits -------------------------------------------------------------------------
 

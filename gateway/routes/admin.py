@@ -123,6 +123,7 @@ async def create_key(request: Request) -> Response:
             budget_period=period,
             rpm=body.rpm,
             tpm=body.tpm,
+            max_parallel=body.max_parallel,
             allowed_models=body.allowed_models,
             allowed_policies=body.allowed_policies,
             metadata=body.metadata,

@@ -108,6 +108,7 @@ class KeyCreate(_Expiry):
     budget_period: Period | None = None
     rpm: int | None = _rate()
     tpm: int | None = _rate()
+    max_parallel: int | None = _rate()
     allowed_models: list[str] | None = None
     allowed_policies: list[str] | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
@@ -132,6 +133,7 @@ class KeyUpdate(_Expiry):
     budget_period: Period | None = None
     rpm: int | None = _rate()
     tpm: int | None = _rate()
+    max_parallel: int | None = _rate()
     allowed_models: list[str] | None = None
     allowed_policies: list[str] | None = None
     metadata: dict[str, Any] | None = None

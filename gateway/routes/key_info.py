@@ -81,6 +81,7 @@ async def key_info(request: Request) -> Response:
         "resets_at": state.resets_at if state is not None else None,
         "rpm": info.rpm,
         "tpm": info.tpm,
+        "max_parallel": info.max_parallel,
         "allowed_models": list(info.allowed_models) if info.allowed_models is not None else None,
         "allowed_policies": (
             list(info.allowed_policies) if info.allowed_policies is not None else None

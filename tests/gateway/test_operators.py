@@ -14,6 +14,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -243,6 +244,51 @@ def test_tool_schemas_count_against_tpm_and_a_refusal_keeps_the_rate_headers(
     assert r.status_code == 429 and r.json()["error"]["code"] == "key_budget_exceeded"
     assert r.headers["x-ratelimit-limit-requests"] == "1000"
     assert r.headers["x-ratelimit-remaining-requests"] == "999"
+
+
+def _parallel_refusals(gw: Gateway) -> float:
+    body = httpx.get(f"{gw.url}/metrics", timeout=10).text
+    return _metric(body, "xrouter_rate_limited_total", limit="parallel")
+
+
+def test_a_key_s_parallel_requests_are_bounded(gw: Gateway, upstream: Upstream) -> None:
+    # LiteLLM's max_parallel_requests: a key with max_parallel 1 and a slow answer in flight.
+    k = create_key(gw, max_parallel=1)
+    assert k["max_parallel"] == 1
+    before = _parallel_refusals(gw)
+    upstream.fault(MODEL, "latency=1500")
+    with ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(chat, gw, k["key"])
+        deadline = time.monotonic() + 10
+        while upstream.stats()["requests"].get(MODEL, 0) == 0:  # it holds the slot
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        r = chat(gw, k["key"])
+        assert r.status_code == 429, r.text
+        err = r.json()["error"]
+        assert (err["type"], err["code"]) == ("rate_limit_exceeded", "parallel_limit_exceeded")
+        assert "1 of its 1" in err["message"] and r.headers["retry-after"] == "1"
+        assert slow.result(timeout=30).status_code == 200
+    assert _parallel_refusals(gw) - before >= 1
+    # Its answer done, the slot is free (released as the request finishes, off its path).
+    deadline = time.monotonic() + 5
+    while (r := chat(gw, k["key"])).status_code == 429:
+        assert time.monotonic() < deadline, r.text
+        time.sleep(0.05)
+    assert r.status_code == 200, r.text
+    # Raised to 2: two at once go through; the key says so to its holder and to the admin.
+    key_url = f"{gw.url}/admin/keys/{k['key_id']}"
+    assert httpx.patch(key_url, json={"max_parallel": 2}, headers=ADMIN).status_code == 200
+    assert httpx.get(key_url, headers=ADMIN).json()["max_parallel"] == 2
+    own = httpx.get(f"{gw.base_url}/key", headers={"Authorization": f"Bearer {k['key']}"})
+    assert own.json()["data"]["max_parallel"] == 2
+    upstream.fault(MODEL, "latency=800", count=2)
+    with ThreadPoolExecutor(2) as pool:
+        both = [pool.submit(chat, gw, k["key"]) for _ in range(2)]
+        assert [f.result(timeout=30).status_code for f in both] == [200, 200]
+    for bad in (0, -1, True, "2"):
+        r = httpx.patch(key_url, json={"max_parallel": bad}, headers=ADMIN)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "max_parallel", bad
 
 
 def test_tpm_counts_the_output_a_request_may_generate_until_it_ends(gw: Gateway) -> None:

@@ -286,15 +286,19 @@ async def test_keys_from_before_live_aliases_keep_every_field_and_free_revoked_a
             await conn.execute(sa.insert(schema.api_keys), [
                 key("key_old", "search", True), key("key_live", "ads", False),
             ])  # fmt: skip
+        # The table as version 11 has it: columns added since (max_parallel, 14) come later.
+        v11 = [c for c in schema.api_keys.c if c.name != "max_parallel"]
         async with engine.connect() as conn:
             before = [dict(r._mapping) for r in await conn.execute(
-                sa.select(schema.api_keys).order_by(schema.api_keys.c.key_id)
+                sa.select(*v11).order_by(schema.api_keys.c.key_id)
             )]  # fmt: skip
         assert await migrate(engine) == latest_version()
         async with engine.connect() as conn:
             after = [dict(r._mapping) for r in await conn.execute(
-                sa.select(schema.api_keys).order_by(schema.api_keys.c.key_id)
+                sa.select(*v11).order_by(schema.api_keys.c.key_id)
             )]  # fmt: skip
+            added = (await conn.execute(sa.select(schema.api_keys.c.max_parallel))).scalars()
+            assert list(added) == [None, None]  # no bound, as before the column
             assert await conn.run_sync(_describe) == _expected()
         assert after == before and len(after) == 2
         repo = KeyRepository(engine)

@@ -15,7 +15,7 @@ from gateway.limits import (
 from gateway.limits.redis_store import RedisLimitStore
 from gateway.settings import LimitsSettings
 
-KEY = KeyLimits("k", budget_micros=100, budget_period="daily", rpm=1, tpm=100)
+KEY = KeyLimits("k", budget_micros=100, budget_period="daily", rpm=1, tpm=100, max_parallel=1)
 
 
 def down_store(port: int) -> RedisLimitStore:
@@ -30,13 +30,16 @@ async def test_closed_refuses_admission_but_not_bookkeeping(closed_port: int) ->
             await store.check_rate(KEY, 10)
         with pytest.raises(LimitStoreUnavailable):
             await store.reserve(KEY, None, 10, "r")
+        with pytest.raises(LimitStoreUnavailable):
+            await store.acquire_slot(KEY, "r")
         # the upstream already answered: settling must not turn the response into an error
         await store.settle(KEY, "r", 10, 7)
         await store.release(KEY, "r", 10)
         await store.add_tokens(KEY, 5)
+        await store.release_slot(KEY, "r")
         with pytest.raises(LimitStoreUnavailable):
             await store.spent(KEY)
-        assert events == [STORE_UNAVAILABLE] * 5
+        assert events == [STORE_UNAVAILABLE] * 7
         assert await store.ping() is False
     finally:
         await store.aclose()
@@ -49,8 +52,9 @@ async def test_open_lets_requests_through_and_counts(closed_port: int) -> None:
         rate = await store.check_rate(KEY, 10)
         assert rate.allowed and rate.headers() == {}
         assert (await store.reserve(KEY, 5, 10, "r")).ok
+        assert (await store.acquire_slot(KEY, "r")).ok
         await store.settle(KEY, "r", 10, 7)
-        assert events == [STORE_UNAVAILABLE] * 3
+        assert events == [STORE_UNAVAILABLE] * 4
         with pytest.raises(LimitStoreUnavailable):
             await store.spent(KEY)
     finally:

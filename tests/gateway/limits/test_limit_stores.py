@@ -335,3 +335,41 @@ async def test_concurrent_rate_checks_are_exact(store: LimitStore) -> None:
     results = await asyncio.gather(*(store.check_rate(key, 100, now=T0) for _ in range(80)))
     assert sum(r.allowed for r in results) == 25
     assert {r.limit for r in results if not r.allowed} == {"rpm"}
+
+
+# -- parallel requests -----------------------------------------------------------------------
+
+
+async def test_parallel_slots_admit_up_to_the_limit_and_free_on_release(
+    store: LimitStore,
+) -> None:
+    key = KeyLimits("par", max_parallel=2)
+    assert (await store.acquire_slot(key, "r1", now=T0)).ok
+    second = await store.acquire_slot(key, "r2", now=T0)
+    assert second.ok and second.in_flight == 2
+    third = await store.acquire_slot(key, "r3", now=T0)
+    assert not third.ok and third.in_flight == 2
+    # Asking again for a slot it holds is no second slot.
+    assert (await store.acquire_slot(key, "r1", now=T0)).in_flight == 2
+    await store.release_slot(key, "r1")
+    await store.release_slot(key, "r1")  # twice: nothing more is freed
+    assert (await store.acquire_slot(key, "r3", now=T0)).ok
+    assert not (await store.acquire_slot(key, "r4", now=T0)).ok
+    # Another key has slots of its own; a key without a bound always gets one.
+    assert (await store.acquire_slot(KeyLimits("other", max_parallel=1), "r1", now=T0)).ok
+    assert (await store.acquire_slot(KeyLimits("unbounded"), "r9", now=T0)).ok
+
+
+async def test_concurrent_slot_requests_are_exact(store: LimitStore) -> None:
+    key = KeyLimits("crowd", max_parallel=5)
+    results = await asyncio.gather(*(store.acquire_slot(key, f"r{i}", now=T0) for i in range(40)))
+    assert sum(r.ok for r in results) == 5
+
+
+async def test_a_slot_never_released_expires(make_store: StoreFactory) -> None:
+    # A worker that died mid-request: its slot frees itself after hold_ttl_s.
+    store = await make_store(hold_ttl_s=30)
+    key = KeyLimits("dead", max_parallel=1)
+    assert (await store.acquire_slot(key, "lost", now=T0)).ok
+    assert not (await store.acquire_slot(key, "next", now=T0 + 29)).ok
+    assert (await store.acquire_slot(key, "next", now=T0 + 31)).ok
