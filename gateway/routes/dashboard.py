@@ -133,9 +133,20 @@ async def _keys_section(s: Any) -> list[str]:
     out = [
         "<h2>Keys and budgets</h2>",
         _table(
-            ["alias", "key id", "budget", "period", "spent", "remaining", "rpm", "tpm", "expires"],
+            [
+                "alias",
+                "key id",
+                "budget",
+                "period",
+                "spent",
+                "remaining",
+                "rpm",
+                "tpm",
+                "parallel",
+                "expires",
+            ],
             rows,
-            {2, 4, 5, 6, 7},
+            {2, 4, 5, 6, 7, 8},
         ),
     ]
     if len(rows) == DASHBOARD_KEYS:
@@ -164,6 +175,7 @@ async def _keys(s: Any) -> list[list[Any]]:
                 _usd(remaining),
                 k.rpm or "–",
                 k.tpm or "–",
+                k.max_parallel or "–",
                 _expiry(k),
             ]
         )

@@ -86,7 +86,7 @@ def test_keys_show_their_budgets_and_chosen_names_are_escaped(secured: Gateway) 
     alias = "<script>alert(1)</script>"
     made = httpx.post(
         f"{secured.url}/admin/keys",
-        json={"alias": alias, "budget_usd": 2.5, "budget_period": "daily"},
+        json={"alias": alias, "budget_usd": 2.5, "budget_period": "daily", "max_parallel": 7},
         headers=ADMIN,
     )
     assert made.status_code == 201, made.text
@@ -95,6 +95,7 @@ def test_keys_show_their_budgets_and_chosen_names_are_escaped(secured: Gateway) 
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     row = page[page.index("&lt;script&gt;") :].split("</tr>")[0]
     assert "$2.500000" in row and "daily" in row and made.json()["key_id"] in row
+    assert ">7<" in row  # its max_parallel
 
 
 def test_the_costliest_end_users_are_listed_and_escaped(gateway: Gateway) -> None:
