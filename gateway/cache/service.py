@@ -185,9 +185,9 @@ class AnswerCache:
         if wait_s <= 0:
             return None
         deadline: float | None = None
+        flight = self._flights.get(ticket.key)
         while True:
             now = time.monotonic()
-            flight = self._flights.get(ticket.key)
             left = 0.0 if flight is None else flight.started + wait_s - now
             if flight is None or left <= 0:
                 # No leader, or one past the wait (a request that never ended): this one
@@ -216,6 +216,9 @@ class AnswerCache:
                 return answer  # the answer, or the lead: it routes for the others now
             if flight.successor is None:
                 return None  # released: the leader failed or kept its answer
+            # Followed by the flight itself, not looked up again: an heir quick enough to
+            # have landed already left its answer there.
+            flight = flight.successor
 
     def _found(
         self, ticket: CacheTicket, result: str, answer: CachedAnswer | None

@@ -242,6 +242,27 @@ async def test_a_leader_whose_client_left_hands_the_lead_to_one_follower() -> No
     await cache.aclose()
 
 
+async def test_a_follower_finds_the_answer_of_an_heir_that_already_landed() -> None:
+    cache, _ = make()
+    leader = ticket(cache)
+    await cache.lookup(leader)
+    heir, follower = ticket(cache), ticket(cache)
+    inheriting = asyncio.create_task(cache.lookup(heir))
+    await asyncio.sleep(0.01)
+    waiting = asyncio.create_task(cache.lookup(follower))
+    await asyncio.sleep(0.01)
+    # The lead passes and the heir's answer lands before the follower wakes up: it is
+    # served that answer, not sent to buy another.
+    leader.end(client_left=True)
+    assert heir.flight is not None
+    cache.store(heir, answer("the heir's"))
+    found = await waiting
+    assert found is not None and found.choices[0]["message"]["content"] == "the heir's"
+    assert follower.result == "coalesced" and follower.flight is None
+    await inheriting
+    await cache.aclose()
+
+
 async def test_a_hand_off_never_stretches_a_follower_s_wait() -> None:
     cache, _ = make(coalesce_wait_s=10)
     leader = ticket(cache)
