@@ -4,10 +4,12 @@ its input, those whose circuit is closed — and the context the routing loop ru
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.errors import bad_request, forbidden, not_found
+from gateway.errors import APIError, bad_request, forbidden, not_found
 from gateway.principal import Principal
 from gateway.runtime import POLICY_PREFIX, ROUTER_MODEL, Runtime
 from gateway.schemas import ChatCompletionRequest
@@ -127,35 +129,50 @@ def _long_enough(rt: Runtime, names: list[str], data: dict[str, Any]) -> list[st
 
 def _readers(rt: Runtime, names: list[str], messages: list[dict[str, Any]]) -> list[str]:
     needed = request_modalities(messages)
-    if needed == {"text"}:
-        return names
-    capable = [n for n in names if rt.pool[n].accepts(needed)]
-    if not capable:
-        kinds = " and ".join(sorted(needed - {"text"}))
-        who = f"model {names[0]!r} does not" if len(names) == 1 else "no model it may use does"
-        raise bad_request(
+    return _only_able(
+        names,
+        needed,
+        lambda n: rt.pool[n].accepts(needed),
+        lambda kinds, who: bad_request(
             f"the request carries {kinds} input, which {who} accept (input_modalities of the "
             "pool models)",
             param="messages",
             code="unsupported_input",
-        )
-    return capable
+        ),
+    )
 
 
 def _writers(rt: Runtime, names: list[str], modalities: Any) -> list[str]:
     needed = requested_outputs(modalities)  # validated by the request schema
-    if needed == {"text"}:
-        return names
-    capable = [n for n in names if rt.pool[n].produces(needed)]
-    if not capable:
-        kinds = " and ".join(sorted(needed - {"text"}))
-        who = f"model {names[0]!r} does not" if len(names) == 1 else "no model it may use does"
-        raise bad_request(
+    return _only_able(
+        names,
+        needed,
+        lambda n: rt.pool[n].produces(needed),
+        lambda kinds, who: bad_request(
             f"the request asks for {kinds} output (modalities), which {who} give "
             "(output_modalities of the pool models)",
             param="modalities",
             code="unsupported_output",
-        )
+        ),
+    )
+
+
+def _only_able(
+    names: list[str],
+    needed: AbstractSet[str],
+    able: Callable[[str], bool],
+    refusal: Callable[[str, str], APIError],
+) -> list[str]:
+    """``names`` without the models ``able`` says cannot handle ``needed`` (text is always
+    handled); when none is left, ``refusal(kinds, who)`` — the kinds beyond text, and who
+    cannot — is raised."""
+    if needed == {"text"}:
+        return names
+    capable = [n for n in names if able(n)]
+    if not capable:
+        kinds = " and ".join(sorted(needed - {"text"}))
+        who = f"model {names[0]!r} does not" if len(names) == 1 else "no model it may use does"
+        raise refusal(kinds, who)
     return capable
 
 
