@@ -78,8 +78,11 @@ def request_filters(
     if end_user is not None:
         clauses.append(requests.c.end_user == end_user)
     if tag is not None:
-        tagged = sa.select(request_tags.c.request_id).where(
-            request_tags.c.request_id == requests.c.request_id, request_tags.c.tag == tag
+        # An alias of its own: grouped by tag, ``request_tags`` is also in the outer query,
+        # and the subquery would correlate it away (a SELECT with no FROM).
+        filed = request_tags.alias("filed")
+        tagged = sa.select(filed.c.request_id).where(
+            filed.c.request_id == requests.c.request_id, filed.c.tag == tag
         )
         clauses.append(tagged.exists())
     return clauses

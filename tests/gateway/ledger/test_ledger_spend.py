@@ -200,6 +200,12 @@ async def test_tag_groups_count_a_request_under_each_of_its_tags(
     tagged = [r for r in loaded if r.tags and "search" in r.tags]
     only = strip_usd(await spend_report(engine, ["key"], tag="search"))
     assert only == expected_report(tagged, ["key"])
+    # Filtered by a tag and grouped by tag: the requests filed under it, under each of
+    # their tags (the filter's subquery must not correlate away the grouping's join).
+    assert any(len(r.tags or []) == 2 for r in tagged)
+    for groups in (["tag"], ["tag", "key"]):
+        report = strip_usd(await spend_report(engine, groups, tag="search"))  # type: ignore[arg-type]
+        assert report == expected_report(by_tag(tagged), groups), groups
     assert await spend_report(engine, [], tag="nobody-uses-this") == [
         {
             "requests": 0, "cache_hits": 0, "total_cost_micros": 0, "router_cost_micros": 0,
