@@ -207,6 +207,11 @@ def _allowed_methods(request: Request) -> str:
     return ", ".join(allowed)
 
 
+# What a database that is down, unreachable or overloaded raises through SQLAlchemy: the
+# driver's errors, a pool with no connection to give, a connection lost.
+_OUTAGES = (sa_exc.DBAPIError, sa_exc.TimeoutError, sa_exc.DisconnectionError)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> Response:
@@ -262,6 +267,14 @@ def install_error_handlers(app: FastAPI) -> None:
                 "the request holds a value the database cannot store or compare "
                 "(for example a NUL character or a number out of range)"
             ).response()
+        if not isinstance(exc, _OUTAGES):
+            # A statement built wrong (SQLAlchemy refused it before the database saw it)
+            # fails on every retry: a bug to show as one, not a database to wait for.
+            log.error(
+                "unhandled database error on %s %s", request.method, request.url.path,
+                exc_info=exc,
+            )  # fmt: skip
+            return internal_error().response()
         log.warning(
             "database error on %s %s: %s", request.method, request.url.path, describe_error(exc)
         )

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
+import sqlalchemy as sa
 import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
@@ -30,6 +31,22 @@ def _app() -> FastAPI:
     @app.get("/ok")
     async def ok() -> dict[str, bool]:
         return {"ok": True}
+
+    # Two real SQLAlchemy failures: a query the code built wrong (a bug, whatever state
+    # the database is in) and a database that is not there (an outage).
+    @app.get("/bad-query")
+    async def bad_query() -> None:
+        # The subquery correlates both tables away: "returned no FROM clauses".
+        t, u = sa.table("t", sa.column("x")), sa.table("u", sa.column("y"))
+        inner = sa.select(u.c.y).where(u.c.y == t.c.x).exists()
+        with sa.create_engine("sqlite://").connect() as conn:
+            conn.execute(sa.select(t.c.x).select_from(t.join(u, u.c.y == t.c.x)).where(inner))
+
+    @app.get("/db-down")
+    async def db_down() -> None:
+        engine = sa.create_engine("sqlite:////nonexistent-dir/ledger.db")
+        with engine.connect():
+            pass
 
     @app.get("/stream-boom")
     async def stream_boom() -> StreamingResponse:
@@ -94,3 +111,21 @@ def test_an_error_after_the_response_started_still_ends_it(server: str) -> None:
             assert r.status_code == 200
             r.read()
         assert c.get("/ok").status_code == 200
+
+
+def test_a_query_built_wrong_is_a_500_not_an_outage(
+    server: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A database that does not answer is a 503 the client may retry; a statement the
+    # gateway built wrong fails on every retry and must show up as the bug it is.
+    caplog.set_level(logging.WARNING)
+    with httpx.Client(base_url=server, timeout=10) as c:
+        bug = c.get("/bad-query")
+        assert bug.status_code == 500, bug.text
+        assert bug.json()["error"]["code"] == "internal_error"
+        down = c.get("/db-down")
+        assert down.status_code == 503, down.text
+        assert down.json()["error"]["code"] == "database_unavailable"
+    tracebacks = [rec for rec in caplog.records if rec.exc_info]
+    assert len(tracebacks) == 1
+    assert isinstance(tracebacks[0].exc_info[1], sa.exc.InvalidRequestError)  # type: ignore[index]
