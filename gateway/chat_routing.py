@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import APIError, bad_request, forbidden, not_found
-from gateway.principal import Principal
+from gateway.principal import FIXED_PREFIX, Principal
 from gateway.runtime import POLICY_PREFIX, ROUTER_MODEL, Runtime
 from gateway.schemas import ChatCompletionRequest
 from pricing import usd_to_micros
@@ -56,14 +56,18 @@ def resolve(rt: Runtime, req: ChatCompletionRequest, who: Principal) -> Resolved
             raise not_found(
                 f"unknown router policy {policy_name!r}; available: {', '.join(rt.policy_names)}"
             )
-        if who.allowed_policies is not None and policy_name not in who.allowed_policies:
+        if not who.may_use_policy(policy_name):
+            if who.allowed_policies is None or policy_name in who.allowed_policies:
+                # fixed:<model>, allowed as a policy, names a model the key may not use.
+                model = policy_name[len(FIXED_PREFIX) :]
+                raise forbidden(f"this key may not use model {model!r}", "model_not_allowed")
             raise forbidden(f"this key may not use policy {policy_name!r}", "policy_not_allowed")
         return Resolved(policy, policy_name, passthrough=False)
     if name not in rt.pool:
         raise not_found(
             f"the model {name!r} does not exist; GET /v1/models lists the available ones"
         )
-    if who.allowed_models is not None and name not in who.allowed_models:
+    if not who.may_use_model(name):
         raise forbidden(f"this key may not use model {name!r}", "model_not_allowed")
     return Resolved(PassThrough(name), "passthrough", passthrough=True, pool_names=[name])
 

@@ -50,28 +50,20 @@ def _pool_entry(m: PoolModel, created: int) -> dict[str, Any]:
     }
 
 
-def _may_use_policy(who: Principal, policy: str) -> bool:
-    return who.allowed_policies is None or policy in who.allowed_policies
-
-
-def _may_use_model(who: Principal, name: str) -> bool:
-    return who.allowed_models is None or name in who.allowed_models
-
-
 def list_models(rt: Runtime, who: Principal) -> list[dict[str, Any]]:
     """Every model name the caller may send, the routers first (``xrouter/fixed:<model>``
     names are not listed: one per pool model would only repeat the pool)."""
     created = rt.created
     data = []
     default = who.default_policy or rt.default_policy  # the key's own, if it has one
-    if _may_use_policy(who, default):
+    if who.may_use_policy(default):
         data.append(_router_entry(ROUTER_MODEL, default, created))
     data.extend(
         _router_entry(f"{POLICY_PREFIX}{p}", p, created)
         for p in rt.policy_names
-        if _may_use_policy(who, p)
+        if who.may_use_policy(p)
     )
-    data.extend(_pool_entry(m, created) for m in rt.pool if _may_use_model(who, m.name))
+    data.extend(_pool_entry(m, created) for m in rt.pool if who.may_use_model(m.name))
     return data
 
 
@@ -82,11 +74,11 @@ def find_model(rt: Runtime, who: Principal, model_id: str) -> dict[str, Any] | N
     if model_id == ROUTER_MODEL or model_id.startswith(POLICY_PREFIX):
         default = who.default_policy or rt.default_policy
         policy = default if model_id == ROUTER_MODEL else model_id[len(POLICY_PREFIX) :]
-        if rt.policy(policy) is None or not _may_use_policy(who, policy):
+        if rt.policy(policy) is None or not who.may_use_policy(policy):
             return None
         return _router_entry(model_id, policy, created)
     m = rt.pool.get(model_id)
-    if m is None or not _may_use_model(who, model_id):
+    if m is None or not who.may_use_model(model_id):
         return None
     return _pool_entry(m, created)
 

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from gateway.limits.base import KeyLimits
 
+FIXED_PREFIX = "fixed:"
+
 
 @dataclass(slots=True)
 class Principal:
@@ -24,3 +26,13 @@ class Principal:
     default_policy: str | None = None
     cost_weight: float | None = None
     max_cost_micros: int | None = None
+
+    def may_use_model(self, name: str) -> bool:
+        return self.allowed_models is None or name in self.allowed_models
+
+    def may_use_policy(self, name: str) -> bool:
+        """``fixed:<model>`` calls that one model, so it takes the model's permission as
+        well as the policy's: a key kept off a model is kept off its fixed policy too."""
+        if self.allowed_policies is not None and name not in self.allowed_policies:
+            return False
+        return not name.startswith(FIXED_PREFIX) or self.may_use_model(name[len(FIXED_PREFIX) :])

@@ -17,6 +17,7 @@ from starlette.responses import Response
 from gateway.errors import APIError, bad_request
 from gateway.ledger.keys import DuplicateAliasError, KeyInfo, KeyNotFoundError
 from gateway.openapi import Param, json_body, query
+from gateway.principal import Principal
 from gateway.request_body import read_body
 from gateway.response_models import (
     CacheCleared,
@@ -75,7 +76,10 @@ def _key_view(info: KeyInfo) -> dict[str, Any]:
 
 
 def _check_default_policy(
-    s: Services, routing: KeyRouting | None, allowed: list[str] | tuple[str, ...] | None
+    s: Services,
+    routing: KeyRouting | None,
+    allowed: list[str] | tuple[str, ...] | None,
+    models: list[str] | tuple[str, ...] | None,
 ) -> None:
     policy = routing.default_policy if routing is not None else None
     if policy is None:
@@ -92,6 +96,13 @@ def _check_default_policy(
             f"the default policy {policy!r} is not among the key's allowed_policies",
             param="routing.default_policy",
         )
+    who = Principal(allowed_models=None if models is None else list(models))
+    if not who.may_use_policy(policy):
+        raise bad_request(
+            f"the default policy {policy!r} calls a model that is not among the key's "
+            "allowed_models",
+            param="routing.default_policy",
+        )
 
 
 @router.post(
@@ -106,7 +117,7 @@ async def create_key(request: Request) -> Response:
     # A budget without a period never resets, as LiteLLM's max_budget without
     # budget_duration and OpenRouter's key limit without a reset.
     period = body.budget_period or ("total" if body.budget_usd is not None else None)
-    _check_default_policy(s, body.routing, body.allowed_policies)
+    _check_default_policy(s, body.routing, body.allowed_policies, body.allowed_models)
     expires_at = expiry(body.expires_at, body.duration)
     if expires_at is not None and expires_at <= dt.datetime.now(dt.UTC):
         # Named as the body named it: duration "0s" is as wrong as a past expires_at.
@@ -246,8 +257,8 @@ async def update_key(key_id: str, request: Request) -> Response:
         # A budget without a period never resets, said as create_key says it ("total"):
         # a key given its budget later, or whose period is cleared, reads the same.
         fields["budget_period"] = "total"
-    if "routing" in fields or "allowed_policies" in fields:
-        # The default policy must stay one the key may use, whichever of the two changes.
+    if "routing" in fields or "allowed_policies" in fields or "allowed_models" in fields:
+        # The default policy must stay one the key may use, whichever of these changes.
         routing = (
             body.routing
             if "routing" in fields
@@ -258,7 +269,8 @@ async def update_key(key_id: str, request: Request) -> Response:
         allowed = (
             fields["allowed_policies"] if "allowed_policies" in fields else current.allowed_policies
         )
-        _check_default_policy(s, routing, allowed)
+        models = fields["allowed_models"] if "allowed_models" in fields else current.allowed_models
+        _check_default_policy(s, routing, allowed, models)
     try:
         info = await s.key_repository().update(key_id, **fields)
     except DuplicateAliasError as exc:

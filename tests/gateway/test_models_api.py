@@ -89,6 +89,49 @@ def test_a_restricted_key_sees_only_what_it_may_use(gw: Gateway) -> None:
             c.models.retrieve(hidden)
 
 
+def test_a_fixed_policy_is_kept_to_the_models_the_key_may_use(gw: Gateway) -> None:
+    # fixed:<model> calls that model: a key kept off it may not reach it through the policy
+    # (it was served by another model under the fixed policy's name).
+    other = "llama-3.3-70b-instruct"
+    c = client(gw, allowed_models=[MODEL])
+    assert c.models.retrieve(f"xrouter/fixed:{MODEL}").id == f"xrouter/fixed:{MODEL}"
+    with pytest.raises(openai.NotFoundError):
+        c.models.retrieve(f"xrouter/fixed:{other}")
+    with pytest.raises(openai.PermissionDeniedError) as info:
+        c.chat.completions.create(
+            model=f"xrouter/fixed:{other}", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert info.value.response.json()["error"]["code"] == "model_not_allowed"
+    answer = c.chat.completions.create(
+        model=f"xrouter/fixed:{MODEL}", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert answer.model == MODEL
+    # Nor be given it as its default policy, at creation or by narrowing its models later.
+    r = httpx.post(
+        f"{gw.url}/admin/keys",
+        json={
+            "alias": f"f-{secrets.token_hex(4)}",
+            "allowed_models": [MODEL],
+            "routing": {"default_policy": f"fixed:{other}"},
+        },
+        headers=ADMIN,
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "routing.default_policy"
+    r = httpx.post(
+        f"{gw.url}/admin/keys",
+        json={
+            "alias": f"f-{secrets.token_hex(4)}",
+            "routing": {"default_policy": f"fixed:{other}"},
+        },
+        headers=ADMIN,
+    )
+    assert r.status_code == 201, r.text
+    url = f"{gw.url}/admin/keys/{r.json()['key_id']}"
+    r = httpx.patch(url, json={"allowed_models": [MODEL]}, headers=ADMIN)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "routing.default_policy"
+    assert httpx.patch(url, json={"allowed_models": [other]}, headers=ADMIN).status_code == 200
+
+
 def test_models_need_a_key(gw: Gateway) -> None:
     for path in ("/models", "/models/xrouter"):
         r = httpx.get(f"{gw.base_url}{path}")
