@@ -18,8 +18,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway import openapi
 from gateway.cors import install_cors
+from gateway.disconnect import WatchDisconnect
 from gateway.errors import install_error_handlers
-from gateway.load_shedding import LoadShedding
+from gateway.load_shedding import MODEL_APIS, LoadShedding
 from gateway.routes import admin, admin_spend, anthropic, dashboard, key_info, logged, openai, ops
 from gateway.services import Services
 from gateway.settings import Settings, load_settings
@@ -80,6 +81,7 @@ def create_app(
     app.state.services = services
     app.state.config_path = config_path
     install_error_handlers(app)
+    app.add_middleware(WatchDisconnect, paths=frozenset(MODEL_APIS))
     app.add_middleware(_TrackRequests, services=services)
     app.add_middleware(LoadShedding, services=services, limit=settings.server.max_in_flight)
     if settings.server.forward_trace_context:

@@ -19,6 +19,7 @@ from starlette.responses import Response
 from gateway.cache import AnswerCache, CachedAnswer
 from gateway.chat_request import parse_request, validate_request
 from gateway.chat_routing import Resolved, build_context, resolve, route_pool
+from gateway.disconnect import ClientGone, ClientWatch
 from gateway.errors import APIError, from_provider_error, internal_error, upstream_error
 from gateway.hooks import KeyBudgetGuard, RequestHooks, RequestLog
 from gateway.ledger.records import end_user
@@ -68,11 +69,16 @@ class ChatService:
         self.render = Renderer(hooks, self._remember)
 
     async def handle(
-        self, raw: bytes | dict[str, Any], who: Principal, api: str = "chat"
+        self,
+        raw: bytes | dict[str, Any],
+        who: Principal,
+        api: str = "chat",
+        watch: ClientWatch | None = None,
     ) -> Response:
         """Answer a chat request: its body as sent, or already decoded (the Responses API
         hands over the chat request it translated to, with ``api="responses"`` for the
-        ledger; it is validated all the same)."""
+        ledger; it is validated all the same). ``watch``: the client's connection, whose
+        hang-up stops the routing (:mod:`gateway.disconnect`)."""
         t0 = time.perf_counter()
         request_id = secrets.token_hex(16)
         rt: Runtime = self._runtime()
@@ -103,15 +109,16 @@ class ChatService:
             # The run's state is the request's from the start: whatever ends the run (an
             # error, a cancellation), the calls it made reach the ledger row.
             rlog.result_state = rt.orchestrator.new_state(resolved.policy, ctx)
+            run = rt.orchestrator.run(
+                resolved.policy,
+                ctx,
+                stream=req.stream,
+                guard=guard,
+                timeout_s=max(timeout_s - (time.perf_counter() - t0), 0.0),
+                state=rlog.result_state,
+            )
             try:
-                result = await rt.orchestrator.run(
-                    resolved.policy,
-                    ctx,
-                    stream=req.stream,
-                    guard=guard,
-                    timeout_s=max(timeout_s - (time.perf_counter() - t0), 0.0),
-                    state=rlog.result_state,
-                )
+                result = await (run if watch is None else watch.guard(run))
             except NoAnswer as exc:
                 if isinstance(exc, RequestTimeout):
                     # Named by the configured timeout, not by what was left of it.
@@ -133,6 +140,12 @@ class ChatService:
             # The rate-limit headers too: a request refused after admission counted in the
             # key's window, and the client paces itself by them.
             return err.response({**rlog.extra_headers, **id_headers(request_id)})
+        except ClientGone:
+            # Hung up before the answer started: booked as a stream cut short is, with the
+            # calls made so far; nobody reads this response.
+            rlog.status = 499
+            await self.hooks.finish(rlog, None)
+            return Response(status_code=499, headers=id_headers(request_id))
         except asyncio.CancelledError:
             # The server gave up on the request (a shutdown past its grace period): no one
             # reads the answer, but the calls already made were paid for.

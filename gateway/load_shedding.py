@@ -35,8 +35,9 @@ from gateway.errors import APIError
 if TYPE_CHECKING:
     from gateway.services import Services
 
-# The model endpoints, by the API they serve (the metrics' ``api`` label).
-_SHED_PATHS = {
+# The model endpoints, by the API they serve (the metrics' ``api`` label): what is shed,
+# and what gateway.disconnect watches.
+MODEL_APIS = {
     "/v1/chat/completions": "chat",
     "/v1/responses": "responses",
     "/v1/messages": "messages",
@@ -52,7 +53,7 @@ class LoadShedding:
         self.in_flight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        api = _SHED_PATHS.get(scope["path"]) if scope["type"] == "http" else None
+        api = MODEL_APIS.get(scope["path"]) if scope["type"] == "http" else None
         if api is None or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from router.estimate import estimate_prompt_tokens, requested_max_tokens
 from router.policy import (
+    CANCELLED,
     Answer,
     Call,
     CallOutcome,
@@ -101,6 +103,20 @@ def _refused(call: ToolCall, turn: int, reason: str, role: str = "downstream") -
     )
 
 
+def _abandoned(call: ToolCall, turn: int, started: float) -> CallOutcome:
+    """A call the request stopped waiting for (its client left, its deadline passed): in
+    the row all the same, with how long it ran, for no cost — its usage never came."""
+    return CallOutcome(
+        call=call,
+        turn=turn,
+        ok=False,
+        model=call.model,
+        latency_ms=(time.perf_counter() - started) * 1000.0,
+        error="the request ended before the call answered",
+        error_kind=CANCELLED,
+    )
+
+
 def _best_successful(state: LoopState, ctx: RouteContext) -> CallOutcome | None:
     ok = state.successful()
     if not ok:
@@ -173,10 +189,14 @@ class Orchestrator:
         guard: BudgetGuard | None,
     ) -> CallOutcome:
         actual = 0
+        started = time.perf_counter()
         try:
             outcome = await self.executor.execute(ctx, call, state.turn)
             actual = outcome.cost_micros
             return outcome
+        except asyncio.CancelledError:
+            state.outcomes.append(_abandoned(call, state.turn, started))
+            raise
         finally:
             # Settle even when cancelled (client gone): the hold must never outlive the call.
             held = reserved.pop(call.id, None)
@@ -335,12 +355,15 @@ class Orchestrator:
         if reason is not None:
             state.outcomes.append(_refused(call, state.turn, reason))
             return None
+        started = time.perf_counter()
         try:
             sc = await self.executor.open_stream(ctx, call, state.turn)
         except BaseException as exc:
             # Also when cancelled (the request timed out, the client left): the hold must
             # never outlive the call.
             held = reserved.pop(call.id)
+            if isinstance(exc, asyncio.CancelledError):
+                state.outcomes.append(_abandoned(call, state.turn, started))
             if guard is not None:
                 await guard.settle(call, held, 0)
             if not isinstance(exc, ProviderError):

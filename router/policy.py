@@ -68,6 +68,11 @@ class RouteContext:
     request_params: dict[str, Any] = field(default_factory=dict)
 
 
+# The error kind of a call the request stopped waiting for (its client left, its deadline
+# passed): the call neither failed nor answered, so it says nothing about the model.
+CANCELLED = "cancelled"
+
+
 @dataclass(slots=True)
 class CallOutcome:
     """The result of one downstream (or router) call inside the loop."""

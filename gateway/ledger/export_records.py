@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pricing import micros_to_usd
+from router.policy import CANCELLED
 
 
 @dataclass
@@ -89,8 +90,8 @@ def _propensity(decision: dict[str, Any] | None, first_only: bool = False) -> fl
 
 
 # A call that was never made tells nothing about the model: refused by a budget, or skipped
-# while its circuit breaker was open.
-_NOT_CALLED = frozenset({"budget", "circuit_open"})
+# while its circuit breaker was open; nor one the request stopped waiting for (cancelled).
+_NOT_CALLED = frozenset({"budget", "circuit_open", CANCELLED})
 
 
 # The status of a request whose client went away before its answer was complete.

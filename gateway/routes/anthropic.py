@@ -18,6 +18,7 @@ from starlette.responses import Response
 
 from gateway import messages
 from gateway.chat_request import decode_json
+from gateway.disconnect import client_watch
 from gateway.errors import APIError, internal_error
 from gateway.request_body import read_body
 from gateway.routes.openai import authorization, services
@@ -57,7 +58,9 @@ async def create_message(request: Request) -> Response:
         return messages.anthropic_error(refusal, messages.request_id_headers(refused_id))
     request_id: str | None = None
     try:
-        chat = await s.chat.handle(chat_request, who, api="messages")
+        chat = await s.chat.handle(
+            chat_request, who, api="messages", watch=client_watch(request.scope)
+        )
         request_id = chat.headers.get("x-xrouter-request-id")
         return messages.adapt(req, chat)
     except Exception:

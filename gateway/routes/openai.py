@@ -11,6 +11,7 @@ from starlette.responses import Response
 
 from gateway import messages, model_list, responses
 from gateway.chat_request import decode_json
+from gateway.disconnect import client_watch
 from gateway.errors import APIError, internal_error, not_found
 from gateway.render import id_headers
 from gateway.request_body import read_body
@@ -39,7 +40,7 @@ async def chat_completions(request: Request) -> Response:
         # A bad key, a body too large: refused before it was a request the ledger keeps,
         # with a request id all the same, as every other answer has.
         return err.response(id_headers(secrets.token_hex(16)))
-    return await s.chat.handle(raw, who)
+    return await s.chat.handle(raw, who, watch=client_watch(request.scope))
 
 
 async def create_response(request: Request) -> Response:
@@ -69,7 +70,9 @@ async def create_response(request: Request) -> Response:
         failure = internal_error()
         request_id = await s.chat.refused(failure, who, "responses")
         return failure.response(id_headers(request_id))
-    chat = await s.chat.handle(chat_request, who, api="responses")
+    chat = await s.chat.handle(
+        chat_request, who, api="responses", watch=client_watch(request.scope)
+    )
     try:
         return responses.adapt(req, chat)
     except Exception:

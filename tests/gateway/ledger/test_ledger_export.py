@@ -358,6 +358,9 @@ async def test_a_chosen_model_that_failed_is_exported_as_its_failure(
     failing(refused, "weak", "budget", status="refused")
     skipped = make_request("f4", created_at=T0 + 3, models=("weak",), call_costs=(0,), status=503)
     failing(skipped, "weak", "circuit_open")
+    # Nor a call the request stopped waiting for: its client left before the answer.
+    left = make_request("f6", created_at=T0 + 5, models=("weak",), call_costs=(0,), status=499)
+    failing(left, "weak", "cancelled")
     # Weak's configured fallback answered within the one call: the row names "strong",
     # fallen back from "weak". Still weak's failure, not strong's success credited to weak.
     fell_back = make_request(
@@ -367,7 +370,7 @@ async def test_a_chosen_model_that_failed_is_exported_as_its_failure(
     fell_back.calls[0].fallback_from = "weak"
     writer = LedgerWriter(engine, make_settings())
     await writer.start()
-    for rec in (answered, lost, refused, skipped, fell_back):
+    for rec in (answered, lost, refused, skipped, fell_back, left):
         writer.submit(rec)
     writer.submit(make_feedback("f1", 1.0, created_at=T0 + 10))  # strong's answer was good
     await writer.close()

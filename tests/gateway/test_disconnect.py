@@ -1,0 +1,78 @@
+"""A client that hangs up before its answer starts (a client timeout while the upstream is
+slow, streamed or not, on all three APIs) stops the routing: the request is booked as 499
+at once, with the call it made, and the upstream call is not waited out."""
+
+from __future__ import annotations
+
+import secrets
+import sqlite3
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.gateway.conftest import Upstream
+from tests.support.gateway import Gateway
+
+MODEL = "llama-3.2-3b-instruct"
+PROMPT = "Name three primary colours."
+SLOW_MS = 4000
+
+
+def body_for(path: str, user: str, stream: bool) -> dict[str, Any]:
+    message = [{"role": "user", "content": PROMPT}]
+    if path == "/v1/responses":
+        return {"model": MODEL, "input": PROMPT, "user": user, "stream": stream}
+    if path == "/v1/messages":
+        return {"model": MODEL, "max_tokens": 64, "messages": message, "stream": stream,
+                "metadata": {"user_id": user}}  # fmt: skip
+    return {"model": MODEL, "messages": message, "user": user, "stream": stream}
+
+
+def row_for(gw: Gateway, user: str, timeout_s: float = 10.0) -> tuple[int, float, int]:
+    """(status, latency in ms, number of calls) of the request made for ``user``."""
+    db = gw.config_path.parent / "ledger.db"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with sqlite3.connect(db) as conn:
+            row = conn.execute(
+                "SELECT r.status, r.latency_ms, (SELECT count(*) FROM calls c "
+                "WHERE c.request_id = r.request_id) FROM requests r WHERE r.end_user = ?",
+                (user,),
+            ).fetchone()
+        if row is not None:
+            return row[0], row[1], row[2]
+        time.sleep(0.05)
+    raise AssertionError(f"no ledger row for {user}")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/v1/messages"])
+def test_a_client_that_times_out_before_the_answer_stops_the_routing(
+    gateway: Gateway, upstream: Upstream, path: str, stream: bool
+) -> None:
+    upstream.fault(MODEL, f"latency={SLOW_MS}")
+    user = f"gone-{secrets.token_hex(4)}"
+    sent = time.monotonic()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{gateway.url}{path}", json=body_for(path, user, stream), timeout=0.5)
+    status, latency_ms, calls = row_for(gateway, user)
+    booked_after_s = time.monotonic() - sent
+    assert status == 499
+    # Booked when the client left, not when the upstream would have answered.
+    assert latency_ms < SLOW_MS / 2 and booked_after_s < SLOW_MS / 1000
+    assert calls == 1  # the call it started, kept
+
+
+def test_a_client_that_waits_is_answered_as_before(gateway: Gateway, upstream: Upstream) -> None:
+    # The watch reads the connection only for a hang-up: a slow answer to a patient client
+    # (streamed too, where Starlette listens for the hang-up as well) still arrives.
+    upstream.fault(MODEL, "latency=300", count=2)
+    for stream in (False, True):
+        user = f"patient-{secrets.token_hex(4)}"
+        r = httpx.post(
+            f"{gateway.url}/v1/chat/completions", json=body_for("", user, stream), timeout=30
+        )
+        assert r.status_code == 200 and (r.text.endswith("[DONE]\n\n") if stream else r.json())
+        assert row_for(gateway, user)[0] == 200
