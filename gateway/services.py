@@ -77,20 +77,29 @@ class Services:
         from gateway.limits.windows import period_window
         from pricing import micros_to_usd
 
+        spent: int | None = None
+        remaining: int | None = None
         try:
             state = await self.limits.spent(info.limits())
-            spent, remaining = state.spent, state.remaining
+            spent, remaining = state.spent, state.remaining  # holds in flight counted
         except LimitStoreUnavailable:
+            pass
+        # The ledger too when the store cannot say: it is down, or the key is revoked — a
+        # restart restores live keys' spend into the store, and a revoked key spends no
+        # more, so its ledger rows are all of it.
+        if spent is None or info.revoked:
             if self.engine is None:
                 return None, None
             from gateway.ledger.spend import budget_spend
 
             window = period_window(info.budget_period, time.time())
-            spent = (await budget_spend(self.engine, [info.key_id], window.start)).get(
+            logged = (await budget_spend(self.engine, [info.key_id], window.start)).get(
                 info.key_id, 0
             )
-            remaining = info.budget_micros - spent
-        return micros_to_usd(spent), micros_to_usd(remaining) if remaining is not None else None
+            if spent is None or logged > spent:
+                spent, remaining = logged, info.budget_micros - logged
+        assert remaining is not None  # the key has a budget
+        return micros_to_usd(spent), micros_to_usd(remaining)
 
     def current(self) -> Runtime:
         assert self.runtime is not None

@@ -121,6 +121,10 @@ class RateResult:
         if not self.allowed and self.retry_after_s is not None:
             h["retry-after"] = str(max(1, math.ceil(self.retry_after_s)))
             h["retry-after-ms"] = str(max(1, math.ceil(self.retry_after_s * 1000)))
+        elif not self.allowed:
+            # Never fits (more tokens than the key's tpm): waiting cannot help, so the
+            # OpenAI SDKs are told not to retry it, as for a budget.
+            h["x-should-retry"] = "false"
         return h
 
 

@@ -816,6 +816,13 @@ def test_key_budgets_survive_a_restart_and_a_redis_that_lost_its_data(
         assert codes[0] == 200 and codes[-1] == 429
         spent = _key_spent(g, k["key_id"])
         assert spent > 0
+        # A revoked key keeps what it spent too, though only live keys are restored.
+        gone = create_key(g, budget_usd=1.0, budget_period="total")
+        assert chat(g, gone["key"], "spend once", max_tokens=40).status_code == 200
+        gone_url = f"{g.url}/admin/keys/{gone['key_id']}"
+        gone_spent = httpx.get(gone_url, headers=ADMIN).json()["spent_usd"]
+        assert gone_spent > 0
+        assert httpx.delete(gone_url, headers=ADMIN).status_code == 200
     finally:
         g.stop(signal.SIGKILL)
     if replica is not None:
@@ -831,6 +838,8 @@ def test_key_budgets_survive_a_restart_and_a_redis_that_lost_its_data(
     g = start_gateway(stack.tmp / "budget", cfg, name="budget-restarted")
     try:
         assert _key_spent(g, k["key_id"]) == spent
+        view = httpx.get(f"{g.url}/admin/keys/{gone['key_id']}", headers=ADMIN).json()
+        assert view["revoked"] is True and view["spent_usd"] == gone_spent
         r = chat(g, k["key"], "one more", max_tokens=40)
         assert r.status_code == 429 and r.json()["error"]["code"] == "key_budget_exceeded"
         rows = _run(

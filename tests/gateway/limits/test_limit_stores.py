@@ -289,6 +289,7 @@ async def test_tpm_window_and_corrections(store: LimitStore) -> None:
     never = await store.check_rate(key, 1_001, now=T0 + 500)
     assert not never.allowed and never.limit == "tpm" and never.retry_after_s is None
     assert "retry-after" not in never.headers()
+    assert never.headers()["x-should-retry"] == "false"  # waiting cannot help
 
 
 async def test_a_correction_leaves_the_tpm_window_with_the_estimate_it_corrects(
