@@ -145,6 +145,7 @@ def _check_messages(req: ChatCompletionRequest) -> None:
     """What OpenAI's API requires of each message beyond its types: a provider refuses a
     user message without content, an image in a system message or a tool result without
     the call it answers, and its 400 would reach the client as a 502."""
+    called: set[str] = set()  # the ids of the calls the history has made so far
     for i, m in enumerate(req.messages):
         if (m.content is None or m.content == []) and m.role in _CONTENT_REQUIRED:
             raise bad_request(
@@ -166,6 +167,13 @@ def _check_messages(req: ChatCompletionRequest) -> None:
                 f"messages[{i}].tool_call_id: a tool message answers a call: name it",
                 param=f"messages[{i}].tool_call_id",
             )
+        if m.role == "tool" and m.tool_call_id not in called:
+            raise bad_request(
+                f"messages[{i}].tool_call_id: no assistant message before it made a call "
+                f"with id {m.tool_call_id!r}",
+                param=f"messages[{i}].tool_call_id",
+            )
+        called.update(c.id for c in m.tool_calls or ())
 
 
 def _without_tool_settings(data: dict[str, Any], req: ChatCompletionRequest) -> dict[str, Any]:

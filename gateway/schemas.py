@@ -118,16 +118,34 @@ ContentPart = Annotated[
 ]
 
 
+class FunctionCall(_Open):
+    name: str = Field(min_length=1)
+    arguments: str  # JSON text, as the model wrote it (not an object)
+
+
+class ToolCallItem(_Open):
+    """A call in an assistant message of the history, as OpenAI checks it: the body is
+    forwarded as sent, and a provider's 400 for it would reach the client as a 502."""
+
+    id: str = Field(min_length=1)
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class Message(_Open):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCallItem] | None = None
     tool_call_id: str | None = None
 
 
+# OpenAI's rule for a function's name (its 400: "does not match pattern").
+FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"
+
+
 class FunctionDef(_Open):
-    name: str = Field(min_length=1, max_length=64)
+    name: str = Field(pattern=FUNCTION_NAME)
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
@@ -146,7 +164,7 @@ class JsonSchemaFormat(_Open):
     """``response_format.json_schema`` as OpenAI checks it: a provider would refuse what this
     refuses, and its 400 would reach the client as a 502 (which the SDKs retry)."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    name: str = Field(pattern=FUNCTION_NAME)
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
     description: str | None = None
@@ -255,6 +273,21 @@ class ChatCompletionRequest(_Open):
             raise ValueError("at most 4 stop sequences")
         return v
 
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, v: list[Tool] | None) -> list[Tool] | None:
+        # Two tools of one name make a call to it ambiguous (Anthropic's API refuses them:
+        # "Tool names must be unique").
+        first: dict[str, int] = {}
+        for i, tool in enumerate(v or ()):
+            j = first.setdefault(tool.function.name, i)
+            if j != i:
+                raise ValueError(
+                    f"tools[{i}] and tools[{j}] are both named {tool.function.name!r}: "
+                    "tool names must be unique"
+                )
+        return v
+
     @field_validator("tool_choice")
     @classmethod
     def _tool_choice(cls, v: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
@@ -282,7 +315,8 @@ class FeedbackRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     request_id: str = Field(min_length=1, max_length=128, pattern=r"^[0-9A-Za-z_.:-]+$")
-    score: float = Field(ge=0, le=1)
+    # Strict, as chat's numbers are: "1" and true are not scores.
+    score: float = Field(ge=0, le=1, strict=True)
 
     @field_validator("request_id")
     @classmethod

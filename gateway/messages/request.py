@@ -234,6 +234,11 @@ def _add_message(
                 fields = {"content": f"{at}.content", "tool_call_id": f"{at}.tool_use_id"}
                 origins.append(Origin(at, fields))
         elif kind in ("text", "image"):
+            if kind == "text" and block.get("text") == "":
+                # Anthropic refuses empty text ("text content blocks must be non-empty"),
+                # which a chat model would answer as if the user had said nothing.
+                param = f"{where}.content" if isinstance(message.get("content"), str) else at
+                raise bad_request(f"{param}: text must be non-empty", param=param)
             parts.append((_part(block, at), at))
         else:
             raise _unsupported(
@@ -347,6 +352,12 @@ def _chat_tool(tool: dict[str, Any], where: str) -> dict[str, Any]:
         raise bad_request(
             f"{where}.input_schema: a JSON schema object is required",
             param=f"{where}.input_schema",
+        )
+    if schema.get("type") != "object":
+        # As Anthropic requires: a tool's input is an object. A schema of another type had
+        # models answer with a string, which no tool_use block's ``input`` can hold.
+        raise bad_request(
+            f"{where}.input_schema.type: must be 'object'", param=f"{where}.input_schema.type"
         )
     fn: dict[str, Any] = {"name": name, "parameters": schema}
     if isinstance(tool.get("description"), str):

@@ -44,13 +44,30 @@ def chat_name(namespace: str | None, name: str) -> str:
     return f"{namespace}{_SEP}{name}" if namespace else name
 
 
+def _unique(seen: dict[str, str], function: dict[str, Any], where: str) -> None:
+    """``function`` is the only one of its chat name so far (``seen``: chat name -> where
+    it was given): a namespace's function named as a plain one (``ns__f``), or two
+    namespaces that join alike (``a__b``/``c`` and ``a``/``b__c``), would make a call to
+    that name ambiguous."""
+    name = function["function"]["name"]
+    source = seen.setdefault(name, where)
+    if source != where:
+        raise bad_request(
+            f"{where}.name: offered to chat models as {name!r}, as {source} is: "
+            "function names must be unique",
+            param=f"{where}.name",
+        )
+
+
 def map_tools(tools: list[dict[str, Any]] | None) -> ToolMap:
     out = ToolMap()
+    seen: dict[str, str] = {}
     for i, tool in enumerate(tools or []):
         where = f"tools[{i}]"
         kind = tool.get("type")
         if kind == "function":
             out.chat_tools.append(_function(tool, where, None))
+            _unique(seen, out.chat_tools[-1], where)
             out.sources.append(where)
         elif kind == "namespace":
             ns = tool.get("name")
@@ -70,6 +87,7 @@ def map_tools(tools: list[dict[str, Any]] | None) -> ToolMap:
                     continue
                 chat_tool = _function(inner, at, ns)
                 out.chat_tools.append(chat_tool)
+                _unique(seen, chat_tool, at)
                 out.sources.append(at)
                 out.namespaced[chat_tool["function"]["name"]] = (ns, inner["name"])
         else:

@@ -11,14 +11,13 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
 from gateway.errors import APIError, bad_request
 from gateway.ledger.keys import DuplicateAliasError, KeyInfo, KeyNotFoundError
 from gateway.openapi import Param, json_body, query
 from gateway.principal import Principal
-from gateway.request_body import read_body
+from gateway.request_body import read_model
 from gateway.response_models import (
     CacheCleared,
     KeyList,
@@ -55,20 +54,6 @@ async def admin_services(request: Request) -> Services:
     assert s.auth is not None
     s.auth.require_admin(request.headers.get("authorization"))
     return s
-
-
-async def _body(request: Request, model: type[BaseModel]) -> Any:
-    raw = await read_body(request, 64 * 1024)
-    try:
-        return model.model_validate_json(raw or b"{}")
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        param = ".".join(str(p) for p in err["loc"]) or None
-        # A body that is not JSON, or not an object, is `invalid_json`, as on every other
-        # JSON endpoint (the README's error table).
-        code = "invalid_json" if err["type"] in ("json_invalid", "model_type") else None
-        message = f"{param}: {err['msg']}" if param else err["msg"]
-        raise bad_request(message, param=param, code=code) from None
 
 
 def _key_view(info: KeyInfo) -> dict[str, Any]:
@@ -113,7 +98,7 @@ def _check_default_policy(
 )
 async def create_key(request: Request) -> Response:
     s = await admin_services(request)
-    body: KeyCreate = await _body(request, KeyCreate)
+    body: KeyCreate = await read_model(request, KeyCreate)
     # A budget without a period never resets, as LiteLLM's max_budget without
     # budget_duration and OpenRouter's key limit without a reset.
     period = body.budget_period or ("total" if body.budget_usd is not None else None)
@@ -240,7 +225,7 @@ async def get_key(key_id: str, request: Request) -> Response:
 )
 async def update_key(key_id: str, request: Request) -> Response:
     s = await admin_services(request)
-    body: KeyUpdate = await _body(request, KeyUpdate)
+    body: KeyUpdate = await read_model(request, KeyUpdate)
     fields = body.model_dump(exclude_unset=True)
     if "budget_usd" in fields:
         usd = fields.pop("budget_usd")
@@ -396,7 +381,7 @@ async def reload(request: Request) -> Response:
     s = await admin_services(request)
     from gateway.settings import SettingsError, load_settings
 
-    body: ReloadRequest = await _body(request, ReloadRequest)
+    body: ReloadRequest = await read_model(request, ReloadRequest)
     path = request.app.state.config_path
     try:
         # Off the event loop, as the file watcher reads it: a config on a slow or stuck

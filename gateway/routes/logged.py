@@ -10,7 +10,6 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
-from pydantic import ValidationError
 from starlette.responses import Response
 
 from gateway.errors import APIError, bad_request
@@ -18,7 +17,7 @@ from gateway.ledger.records import FeedbackRecord
 from gateway.ledger.spend import get_calls, get_request
 from gateway.openapi import Param, json_body, query
 from gateway.principal import Principal
-from gateway.request_body import read_body
+from gateway.request_body import read_model
 from gateway.response_models import FeedbackRecorded, Generation
 from gateway.routes.openai import authorization, services
 from gateway.schemas import FeedbackRequest, request_id_from
@@ -62,13 +61,7 @@ async def feedback(request: Request) -> Response:
     s = services(request)
     assert s.auth is not None
     who = await s.auth.principal(authorization(request))
-    raw = await read_body(request, 64 * 1024)
-    try:
-        fb = FeedbackRequest.model_validate_json(raw)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        param = ".".join(str(p) for p in err["loc"]) or None
-        raise bad_request(f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
+    fb = await read_model(request, FeedbackRequest)
     await logged_request(s, who, fb.request_id)
     record = FeedbackRecord(
         request_id=fb.request_id,

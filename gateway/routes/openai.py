@@ -7,6 +7,7 @@ import secrets
 
 import orjson
 from fastapi import APIRouter, Request
+from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from gateway import messages, model_list, responses
@@ -82,6 +83,12 @@ async def create_response(request: Request) -> Response:
         return internal_error().response(id_headers(request_id))
 
 
+# OpenAI's calls on a stored response: retrieve, delete, cancel, list its input items.
+_STORED_RESPONSE_CALLS = frozenset(
+    {("GET", ""), ("DELETE", ""), ("POST", "/cancel"), ("GET", "/input_items")}
+)
+
+
 # Not in the OpenAPI document: it answers nothing but a 404 that says why, for clients of
 # OpenAI's stored responses; no client should be generated to call it.
 @router.api_route(
@@ -93,6 +100,10 @@ async def stored_response(request: Request, response_id: str, rest: str) -> Resp
     """Retrieve, delete, cancel, input_items: the calls on a stored response. Nothing is
     stored here, so each is a 404 that says so (rather than a bare "Not Found"), with a
     request id as every Responses API error has."""
+    if (request.method, rest) not in _STORED_RESPONSE_CALLS:
+        # Another endpoint under /v1/responses/ (input_tokens, compact) or a wrong method:
+        # not served, said as for any path the gateway does not serve.
+        raise HTTPException(404)
     s = services(request)
     assert s.auth is not None
     ids = id_headers(secrets.token_hex(16))

@@ -122,6 +122,16 @@ def test_feedback_names_a_request_by_its_completion_id_or_its_request_id(
         assert r.status_code == 200, r.text
     r = httpx.post(f"{gateway.base_url}/feedback", json={"request_id": "chatcmpl-nope", "score": 1})
     assert r.status_code == 404 and r.json()["error"]["code"] == "request_not_found"
+    # Bad bodies are refused as every JSON endpoint refuses them; a score is a number.
+    r = httpx.post(
+        f"{gateway.base_url}/feedback",
+        content=b"{bad",
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    for score in ("1", True):
+        r = httpx.post(f"{gateway.base_url}/feedback", json={"request_id": rid, "score": score})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "score", r.text
 
 
 def test_streaming_relays_chunks_in_order_and_ends_with_usage_and_cost(
@@ -326,6 +336,9 @@ def test_a_body_nested_too_deeply_to_forward_is_400(
     assert r.status_code == 200, r.text
 
 
+ASKED = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
@@ -366,6 +379,56 @@ def test_a_body_nested_too_deeply_to_forward_is_400(
         (
             {"model": MODEL, "messages": [{"role": "tool", "content": "42"}]},
             "messages[0].tool_call_id",
+        ),
+        # A tool result answers a call an assistant message made before it.
+        *(
+            (
+                {
+                    "model": MODEL,
+                    "messages": [
+                        {"role": "user", "content": "x"},
+                        {"role": "assistant", "content": None, "tool_calls": [ASKED]},
+                        {"role": "tool", "tool_call_id": answers, "content": "42"},
+                    ],
+                },
+                "messages[2].tool_call_id",
+            )
+            for answers in ("call_other", "")
+        ),
+        # The history's calls as OpenAI checks them: an id, the type, a name, string arguments.
+        *(
+            (
+                {
+                    "model": MODEL,
+                    "messages": [
+                        {"role": "user", "content": "x"},
+                        {"role": "assistant", "content": None, "tool_calls": [call]},
+                    ],
+                },
+                f"messages[1].tool_calls[0].{param}",
+            )
+            for call, param in (
+                ({k: v for k, v in ASKED.items() if k != "id"}, "id"),
+                ({**ASKED, "type": "banana"}, "type"),
+                ({k: v for k, v in ASKED.items() if k != "function"}, "function"),
+                ({**ASKED, "function": {"arguments": "{}"}}, "function.name"),
+                ({**ASKED, "function": {"name": "f", "arguments": {"a": 1}}}, "function.arguments"),
+            )
+        ),
+        # Tool names as OpenAI takes them, and no two alike.
+        *(
+            (
+                {
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": "x"}],
+                    "tools": [{"type": "function", "function": {"name": n}} for n in names],
+                },
+                param,
+            )
+            for names, param in (
+                (["bad name!"], "tools[0].function.name"),
+                (["a", "b", "a"], "tools"),
+            )
         ),
         # Options of a stream that is not one: `stream` forgotten, as OpenAI and vLLM say.
         (

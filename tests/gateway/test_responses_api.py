@@ -521,6 +521,23 @@ def test_stored_response_calls_say_nothing_is_stored(
         client(gateway).responses.retrieve("resp_abc")
 
 
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("POST", "/input_tokens"), ("POST", "/compact"), ("POST", "/resp_abc"),
+     ("PUT", "/resp_abc")],
+)  # fmt: skip
+def test_other_calls_under_responses_are_not_served(
+    gateway: Gateway, method: str, path: str
+) -> None:
+    # OpenAI's other endpoints under /v1/responses/ are not calls on a stored response.
+    r = httpx.request(method, f"{gateway.base_url}/responses{path}", json={})
+    assert r.status_code in (404, 405), r.text
+    err = r.json()["error"]
+    assert err["code"] != "response_not_found"
+    if r.status_code == 404:
+        assert err["type"] == "not_found_error" and f"/v1/responses{path}" in err["message"]
+
+
 def test_malformed_json_is_a_400(gateway: Gateway) -> None:
     r = httpx.post(
         f"{gateway.base_url}/responses",

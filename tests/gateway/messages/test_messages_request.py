@@ -162,6 +162,16 @@ def test_count_tokens_requests_need_no_max_tokens() -> None:
           "system": [{"type": "image"}]}, "system[0]", None),
         ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
           "tools": [{"name": "f"}]}, "tools[0].input_schema", None),
+        # A tool's input is an object, as Anthropic requires.
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+          "tools": [{"name": "f", "input_schema": {"type": "string"}}]},
+         "tools[0].input_schema.type", None),
+        # Empty text, as a string or a block: refused, as Anthropic refuses it.
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": ""}]},
+         "messages[0].content", None),
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "x"}, {"type": "text", "text": ""}]}]},
+         "messages[0].content[1]", None),
         ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
           "tool_choice": {"type": "any"}}, "tool_choice", None),
         ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tools": [WEATHER],

@@ -197,6 +197,14 @@ def test_namespaced_and_hosted_tools() -> None:
         # Offered to chat models as <namespace>__<name>: 72 characters, too long for chat.
         ({"input": "x", "tools": [{"type": "namespace", "name": "n" * 40, "tools": [
             {"type": "function", "name": "f" * 30}]}]}, "tools[0].tools[0].name"),
+        # Two functions offered to chat models under one name: a call to it is ambiguous.
+        ({"input": "x", "tools": [{"type": "function", "name": "ns__f"},
+            {"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "f"}]}]},
+         "tools[1].tools[0].name"),
+        ({"input": "x", "tools": [
+            {"type": "namespace", "name": "a__b", "tools": [{"type": "function", "name": "c"}]},
+            {"type": "namespace", "name": "a", "tools": [{"type": "function", "name": "b__c"}]}]},
+         "tools[1].tools[0].name"),
         ({"input": "x", "temperature": 3}, "temperature"),
     ],
 )  # fmt: skip
