@@ -106,6 +106,10 @@ class ChatService:
                 hit = await self._lookup(rt, data, req, who, resolved, rlog, ctx, left_s)
                 if hit is not None:
                     return await self._answer_from_cache(req, rlog, ctx, hit)
+            elif self.cache is not None:
+                # A stream of several choices is neither looked up nor stored: said so, as
+                # every answer says what the cache did while it is on.
+                rlog.extra_headers["x-xrouter-cache"] = "bypass"
             # The run's state is the request's from the start: whatever ends the run (an
             # error, a cancellation), the calls it made reach the ledger row.
             rlog.result_state = rt.orchestrator.new_state(resolved.policy, ctx)

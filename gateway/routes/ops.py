@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
@@ -13,18 +15,21 @@ router = APIRouter()
 
 
 # GET and HEAD: uptime monitors often probe with HEAD (UptimeRobot's default), Kubernetes
-# and load balancers with GET.
-@router.api_route("/healthz", methods=["GET", "HEAD"], response_model=Health)
+# and load balancers with GET. One route per method: a route with both gets one operation id
+# for the two in the OpenAPI document, which requires them unique.
+@router.get("/healthz", response_model=Health)
+@router.head("/healthz", response_model=Health)
 async def healthz() -> Response:
     return JSONResponse({"status": "ok"})
 
 
-@router.api_route(
-    "/readyz",
-    methods=["GET", "HEAD"],
-    response_model=Readiness,
-    responses={503: {"model": Readiness, "description": "Not ready: a check says which"}},
-)
+_NOT_READY: dict[int | str, dict[str, Any]] = {
+    503: {"model": Readiness, "description": "Not ready: a check says which"}
+}
+
+
+@router.get("/readyz", response_model=Readiness, responses=_NOT_READY)
+@router.head("/readyz", response_model=Readiness, responses=_NOT_READY)
 async def readyz(request: Request) -> Response:
     s = services(request)
     checks = {"runtime": s.runtime is not None, "ledger": s.ledger is not None}

@@ -358,6 +358,14 @@ def test_a_request_can_refuse_the_cache_or_keep_its_answer_out(
     old = {"xrouter": {"cache": {"max_age_s": 0.1}}}
     assert ask(cached, rec.text, extra_body=old).headers["x-xrouter-cache"] == "miss"
     assert upstream.stats()["requests"][MODEL] == 4
+    # A stream of several choices is never served from the cache, nor kept: bypassed too.
+    with httpx.stream(
+        "POST", f"{cached.base_url}/chat/completions", timeout=10,
+        json={"model": MODEL, "messages": [{"role": "user", "content": rec.text}],
+              "stream": True, "n": 2},
+    ) as streamed:  # fmt: skip
+        assert streamed.status_code == 200 and streamed.headers["x-xrouter-cache"] == "bypass"
+        streamed.read()
     # A control the cache does not know is a 400 naming it, like every routing control.
     with pytest.raises(openai.BadRequestError) as err:
         ask(cached, rec.text, extra_body={"xrouter": {"cache": {"ttl": 5}}})

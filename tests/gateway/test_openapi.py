@@ -92,6 +92,8 @@ def test_every_reference_resolves_and_errors_are_documented(document: dict[str, 
     assert refs, "the document references no schemas"
     for ref in refs:
         assert ref.startswith("#/components/schemas/") and ref.rsplit("/", 1)[1] in schemas, ref
+    ids = [op["operationId"] for item in document["paths"].values() for op in item.values()]
+    assert len(ids) == len(set(ids)), "operation ids must be unique (OpenAPI 3.1)"
     for path, item in document["paths"].items():
         for method, op in item.items():
             # FastAPI's 422 is never sent: a bad request is a 400 in the one error shape.
