@@ -154,7 +154,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--estimator",
         choices=["ips", "snips", "dr"],
-        default=d.estimator,
+        default=None,
         help=f"--offpolicy: the off-policy estimate the network is trained on ({d.estimator}; "
         "dr: doubly robust, with a reward model fitted on the logs); --knn picks k by DR with "
         "dr, else by SNIPS",
@@ -162,14 +162,14 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ips-clip",
         type=float,
-        default=d.ips_clip,
+        default=None,
         help=f"--offpolicy: importance weights are clipped at this ({d.ips_clip:g})",
     )
     parser.add_argument(
         "--offpolicy-entropy",
         type=float,
-        default=d.offpolicy_entropy_coef,
-        help="entropy bonus of off-policy training",
+        default=None,
+        help=f"--offpolicy: the entropy bonus ({d.offpolicy_entropy_coef:g})",
     )
     parser.add_argument("--eval-every", type=int, default=d.eval_every)
     parser.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="0: never")
@@ -185,7 +185,23 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true")
 
 
+# Options of off-policy training only: given without --offpolicy, they would be recorded in
+# the run's config as if they had shaped a run they did not.
+_OFFPOLICY_OPTIONS = {
+    "estimator": "--estimator",
+    "ips_clip": "--ips-clip",
+    "offpolicy_entropy": "--offpolicy-entropy",
+}
+
+
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    d = TrainConfig()
+    if not args.offpolicy:
+        given = [
+            flag for name, flag in _OFFPOLICY_OPTIONS.items() if getattr(args, name) is not None
+        ]
+        if given:
+            raise ValueError(f"{', '.join(given)} applies to --offpolicy training only")
     return TrainConfig(
         steps=args.steps,
         batch_size=args.batch_size,
@@ -210,9 +226,11 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         cost_scale=args.cost_scale,
         reference_model=args.reference_model,
         offpolicy=args.offpolicy,
-        estimator=args.estimator,
-        ips_clip=args.ips_clip,
-        offpolicy_entropy_coef=args.offpolicy_entropy,
+        estimator=d.estimator if args.estimator is None else args.estimator,
+        ips_clip=d.ips_clip if args.ips_clip is None else args.ips_clip,
+        offpolicy_entropy_coef=(
+            d.offpolicy_entropy_coef if args.offpolicy_entropy is None else args.offpolicy_entropy
+        ),
         eval_every=args.eval_every,
         checkpoint_every=args.checkpoint_every,
         seed=args.seed,

@@ -98,6 +98,8 @@ class TrainConfig:
             raise ValueError("val_lambdas must be non-empty and non-negative")
         if self.ips_clip <= 0 or self.eval_every < 1:
             raise ValueError("ips_clip and eval_every must be positive")
+        if self.checkpoint_every < 0:
+            raise ValueError("checkpoint_every must be 0 (never) or positive")
         if self.reward_form not in ("gated", "additive"):
             raise ValueError(f"unknown reward form {self.reward_form!r}")
         self.reward_config()  # K, c_max and the cost scale, checked where the reward is defined

@@ -130,6 +130,22 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="output directory")
 
 
+def _once(entries: list[Entry], notes: list[str]) -> list[Entry]:
+    """``entries`` without repeats of one router (``compact`` and the ``packaged:`` name of
+    the default checkpoint are one checkpoint): two rows of one name would be one router
+    reported twice, and the second would shadow the first in ``metrics.json``."""
+    seen: set[str] = set()
+    out = []
+    for entry in entries:
+        name = entry.router.name
+        if name in seen:
+            notes.append(f"{name}: named more than once; evaluated once")
+            continue
+        seen.add(name)
+        out.append(entry)
+    return out
+
+
 def _entries(
     specs: Sequence[str],
     kind: str,
@@ -232,8 +248,11 @@ def _evaluate_logged(
     records, parts, evaluated, split = table.records, table.parts, table.evaluated, table.split
     ctx = LoadContext(parts.train, parts.validation, reward, args.seed)
     try:
-        policies = _entries(
-            args.policy, "policy", ctx, registry, args.lambdas or [0.0], result.notes, True
+        policies = _once(
+            _entries(
+                args.policy, "policy", ctx, registry, args.lambdas or [0.0], result.notes, True
+            ),
+            result.notes,
         )
     except RoutingError as exc:
         # kNN, MF, escalation... fit on every model's outcome per prompt.
@@ -281,10 +300,13 @@ def _evaluate_full(
         # silently lacks the metrics asked for.
         raise RouterSpecError(f"--strong and --weak must be two models, got {args.strong!r} twice")
     ctx = LoadContext(parts.train, parts.validation, reward, args.seed)
-    entries = [
-        *_entries(baselines, "baseline", ctx, registry, None, result.notes, False),
-        *_entries(args.policy, "policy", ctx, registry, args.lambdas, result.notes, True),
-    ]
+    entries = _once(
+        [
+            *_entries(baselines, "baseline", ctx, registry, None, result.notes, False),
+            *_entries(args.policy, "policy", ctx, registry, args.lambdas, result.notes, True),
+        ],
+        result.notes,
+    )
     _note_training_overlap(entries, records, evaluated, args.table, split, result.notes)
     result.main = compare(
         entries, evaluated, args.strong, args.weak, args.bootstrap, bootstrap_seed=args.seed
@@ -307,12 +329,15 @@ def _evaluate_full(
         }
         in_slice = [b for b in baselines if b not in outside]
         policies_in_slice = [p for p in args.policy if p not in outside]
-        slice_entries = [
-            *_entries(in_slice, "baseline", sliced, registry, None, result.notes, False),
-            *_entries(
-                policies_in_slice, "policy", sliced, registry, args.lambdas, result.notes, False
-            ),
-        ]
+        slice_entries = _once(
+            [
+                *_entries(in_slice, "baseline", sliced, registry, None, result.notes, False),
+                *_entries(
+                    policies_in_slice, "policy", sliced, registry, args.lambdas, result.notes, False
+                ),
+            ],
+            [],  # said once, for the main comparison
+        )
         result.two_model = compare(
             slice_entries,
             restrict_models(evaluated, pair),
@@ -375,12 +400,16 @@ def with_costs(records: list[OutcomeRecord], prices: Path | None) -> list[Outcom
     """The table with every outcome's ``cost_usd``: an outcome that records only its tokens
     (the outcome-table format allows it) is priced from ``prices``, else the packaged
     catalog — as ``xrouter train`` prices it."""
-    if all(o.cost_usd is not None for r in records for o in r.outcomes.values()):
-        return records  # the usual table: nothing to price, no catalog read
-    from pricing import load_default_catalog
     from training.datasets.prices import call_cost_usd, load_price_table
 
-    catalog = load_price_table(prices) if prices is not None else load_default_catalog()
+    # Read when given, even for a table it does not price: a mistyped path or a broken
+    # file is an error, as ``xrouter train`` and ``convert`` say, not ignored.
+    given = load_price_table(prices) if prices is not None else None
+    if all(o.cost_usd is not None for r in records for o in r.outcomes.values()):
+        return records  # the usual table: nothing to price
+    from pricing import load_default_catalog
+
+    catalog = given if given is not None else load_default_catalog()
     where = str(prices) if prices is not None else "the packaged price catalog"
     out = []
     for r in records:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import json
 from pathlib import Path
 
@@ -27,6 +28,24 @@ def test_arguments_map_onto_the_config() -> None:
     reward = cfg.reward_config()
     assert (reward.form, reward.K, reward.c_max) == ("additive", 2.0, 0.5)
     assert cfg.offpolicy and cfg.estimator == "dr"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--estimator", "dr"], "--estimator applies to --offpolicy training only"),
+        (["--ips-clip", "5", "--offpolicy-entropy", "0.1"], "--ips-clip, --offpolicy-entropy"),
+        (["--checkpoint-every", "-1"], "checkpoint_every must be 0 (never) or positive"),
+    ],
+)
+def test_options_that_would_not_shape_the_run_are_refused(extra: list[str], message: str) -> None:
+    # Recorded in the run's config, they would claim a part in a run they had none in (or,
+    # for a negative interval, save a checkpoint at every step).
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    args = parser.parse_args(["--table", "t.jsonl", "--out", "o", *extra])
+    with pytest.raises(ValueError, match=re.escape(message)):
+        config_from_args(args)
 
 
 def test_train_writes_a_loadable_checkpoint(

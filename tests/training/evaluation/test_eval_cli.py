@@ -388,6 +388,12 @@ def test_a_checkpoint_or_gateway_policy_is_named_as_an_operator_would(
         assert main([*base, "--policy", spec, "--out", str(out)]) == 0, spec
         names = {r["name"] for r in json.loads((out / "metrics.json").read_text())["comparison"]["routers"]}  # fmt: skip
         assert f"compact-knn[{version}]" in names, (spec, names)
+    # Named twice (the packaged default, and `compact`, which means it): one row.
+    out = tmp_path / "twice"
+    assert main([*base, "--policy", "packaged:demo", "--policy", "compact", "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    named = [r["name"] for r in metrics["comparison"]["routers"]]
+    assert named.count(f"compact-knn[{version}]") == 1
     out = tmp_path / "p"
     assert main([*base, "--policy", "cheapest", "--out", str(out)]) == 0
     names = {r["name"] for r in json.loads((out / "metrics.json").read_text())["comparison"]["routers"]}  # fmt: skip
@@ -557,6 +563,10 @@ def test_outcomes_with_tokens_but_no_cost_are_priced_as_train_prices_them(
 
     expected = aiqs("a.jsonl")
     assert aiqs("b.jsonl", "--prices", str(tmp_path / "prices.json")) == pytest.approx(expected)
+    # A price table that cannot be read is an error even for a table it would not price.
+    argv = ["--table", str(tmp_path / "a.jsonl"), "--policy", "knn:k=10", "--baselines", "none"]
+    for bad in (tmp_path / "missing.json", tmp_path / "a.jsonl"):
+        assert main([*argv, "--out", str(tmp_path / "o-bad"), "--prices", str(bad)]) == 2
 
 
 def test_an_outcome_that_cannot_be_priced_is_named(tmp_path: Path, capsys) -> None:
