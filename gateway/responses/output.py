@@ -10,6 +10,7 @@ function call.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import orjson
@@ -106,6 +107,8 @@ def response_object(
         "id": f"resp_{request_id}",
         "object": "response",
         "created_at": created_at,
+        # When it completed (OpenAI's field; None until then, or when it did not).
+        "completed_at": int(time.time()) if status == "completed" else None,
         "status": status,
         "model": model,
         "output": output,
@@ -121,6 +124,7 @@ def response_object(
         "tools": req.tools or [],
         "text": req.text or {"format": {"type": "text"}},
         "store": False,  # nothing is stored: GET /v1/responses/{id} does not exist here
+        "user": req.user,  # echoed, as OpenAI echoes it
         "usage": usage(chat_usage) if chat_usage is not None else None,
     }
     return with_meta(body, xrouter, req.tool_map.ignored)

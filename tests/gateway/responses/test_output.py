@@ -144,6 +144,21 @@ def test_an_empty_completion_is_still_a_message() -> None:
     out = from_chat_completion(req, chat)
     assert out["id"] == f"resp_{RID}" and out["status"] == "completed"
     assert out["output"][0]["content"][0]["text"] == ""
+    assert out["completed_at"] >= out["created_at"] and out["user"] is None
+
+
+def test_the_user_is_echoed_and_only_a_completed_response_has_completed_at() -> None:
+    req = parse_request({"model": "xrouter", "input": "x", "user": "u-42"})
+    chat = {
+        "id": f"chatcmpl-{RID}",
+        "created": 1,
+        "model": "m1",
+        "choices": [{"message": {"role": "assistant", "content": "ab"}, "finish_reason": "length"}],
+        "usage": FINAL["usage"],
+    }
+    out = from_chat_completion(req, chat)
+    assert out["user"] == "u-42"
+    assert out["status"] == "incomplete" and out["completed_at"] is None
 
 
 async def test_a_streamed_refusal_is_a_refusal_part() -> None:
