@@ -156,6 +156,12 @@ class EventStream(StreamTranslation):
         self._open: int | None = None  # the block streaming live, if one is open
         self._text_done = False  # the text block was opened (and may be closed): no other
         self._live_call: int | None = None  # the chat tool-call index streaming live
+        # The live call's arguments, held until they show whether they are a JSON object
+        # (first character "{": streamed as they come) or not (a string, a list: sent at
+        # the end as ``tool_input`` makes them, ``{"_raw": ...}``, as the whole message has
+        # them — Anthropic's SDKs parse the pieces as the object ``input`` must be).
+        self._live_args = ""
+        self._live_object: bool | None = None  # None: undecided (whitespace so far)
         # held for the end: chat tool-call index -> [id, name, arguments], in order of start
         self._calls: dict[int, list[str]] = {}
         self._late_text: list[str] = []
@@ -237,10 +243,7 @@ class EventStream(StreamTranslation):
         fn = call.get("function") or {}
         arguments = fn.get("arguments") or ""
         if position == self._live_call:
-            assert self._open is not None
-            if not arguments:
-                return b""
-            return self._delta(self._open, {"type": "input_json_delta", "partial_json": arguments})
+            return self._live_piece(arguments)
         # A block's id is in its content_block_start: a first call whose id has not come yet
         # (some servers send it in a later chunk) is held until it does.
         if self._live_call is None and not self._calls and call.get("id"):
@@ -257,20 +260,45 @@ class EventStream(StreamTranslation):
     def _go_live(self, position: int, call_id: str, name: str, arguments: str) -> bytes:
         self._live_call = position
         out = self._next_block({"type": "tool_use", "id": call_id, "name": name, "input": {}})
-        if arguments:
-            out += self._delta(
-                self._blocks - 1, {"type": "input_json_delta", "partial_json": arguments}
-            )
-        return out
+        return out + self._live_piece(arguments)
+
+    def _live_piece(self, arguments: str) -> bytes:
+        assert self._open is not None
+        if not arguments:
+            return b""
+        if self._live_object is None:
+            self._live_args += arguments
+            start = self._live_args.lstrip()[:1]
+            if not start:
+                return b""
+            self._live_object = start == "{"
+            if not self._live_object:
+                return b""
+            arguments, self._live_args = self._live_args, ""
+        elif not self._live_object:
+            self._live_args += arguments
+            return b""
+        return self._delta(self._open, {"type": "input_json_delta", "partial_json": arguments})
+
+    def _live_rest(self) -> bytes:
+        """What the live call held back, once its arguments are complete."""
+        if self._live_call is None or self._live_object or not self._live_args.strip():
+            return b""
+        assert self._open is not None
+        whole = orjson.dumps(tool_input(self._live_args)).decode()
+        return self._delta(self._open, {"type": "input_json_delta", "partial_json": whole})
 
     def _held_blocks(self) -> bytes:
         """Stop the open block, then send what was held, each block whole."""
-        out = self._stop(self._open) if self._open is not None else b""
+        out = self._live_rest()
+        out += self._stop(self._open) if self._open is not None else b""
         self._open = None
         held: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
         for call_id, name, arguments in self._calls.values():
             block = {"type": "tool_use", "id": call_id, "name": name, "input": {}}
-            piece = {"type": "input_json_delta", "partial_json": arguments} if arguments else None
+            # Whole, so as the whole message has it: a JSON object, or ``{"_raw": ...}``.
+            whole = orjson.dumps(tool_input(arguments)).decode() if arguments.strip() else ""
+            piece = {"type": "input_json_delta", "partial_json": whole} if whole else None
             held.append((block, piece))
         if self._late_text:
             held.append(

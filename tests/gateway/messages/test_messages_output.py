@@ -148,6 +148,27 @@ async def test_the_first_tool_call_streams_live_and_late_text_comes_last() -> No
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize("arguments", ['"What\'s the weather?"', "[1, 2]", "  \n [3]", "not json"])
+async def test_arguments_that_are_no_object_stream_as_the_whole_message_has_them(
+    arguments: str,
+) -> None:
+    # A tool_use block's input is an object, and Anthropic's SDKs parse the pieces as one:
+    # a model's call with other arguments (a string, a list) is held and sent at the end as
+    # the non-streamed message has it, {"_raw": ...}, the live call and a held one alike.
+    half = len(arguments) // 2
+    body = sse(
+        call_delta(0, id="call_a", name="f"),
+        call_delta(0, args=arguments[:half]),
+        call_delta(1, id="call_b", name="g", args=arguments),
+        call_delta(0, args=arguments[half:]),
+        delta({}, "tool_calls"),
+        FINAL,
+    )
+    message = accumulate(await events(body))
+    assert [b["input"] for b in message["content"]] == [{"_raw": arguments}] * 2
+    assert tool_input(arguments) == {"_raw": arguments}
+
+
 async def test_a_cut_answer_and_ignored_tools() -> None:
     body = sse(delta({"content": "Once upon"}), delta({}, "length"), FINAL)
     evs = await events(body, tools=[{"type": "web_search_20250305", "name": "web_search"}])
