@@ -146,10 +146,12 @@ def message_param(origins: Sequence[Origin], param: str, whole: str) -> str:
     origin = origins[index]
     if not rest.startswith("."):
         return origin.at
-    name, sub, _ = split_param(rest[1:])
+    name, sub, tail = split_param(rest[1:])
     listed = {"content": origin.parts, "tool_calls": origin.calls}.get(name)
     if sub is not None and listed and sub < len(listed):
-        return listed[sub]
+        # A part's ``type`` is ``type`` in every API's parts and blocks; its other fields
+        # are named otherwise there (``image_url`` is an image block's ``source``).
+        return listed[sub] + (tail if name == "content" and tail == ".type" else "")
     return origin.fields.get(name, origin.at)
 
 

@@ -265,6 +265,8 @@ def test_an_error_about_a_chat_message_names_the_input_item_it_came_from() -> No
         "messages[4].content": "input[6].output",
         "messages[5].content": "input[5].output[1]",
         "messages[5].content[0]": "input[5].output[1]",
+        # A part's type is the client's part's type; its other fields are named otherwise.
+        "messages[1].content[1].type": "input[0].content[1].type",
         "messages[6].content": "input[7].content",
         # No such chat message, or none named: the input as a whole.
         "messages[7].content": "input",
