@@ -27,9 +27,9 @@ def _refused(o: CallOutcome) -> bool:
 
 def _answered(o: CallOutcome) -> bool:
     """The model answered the call: it succeeded, or its stream was cut short after it
-    started (the only failed outcome that carries a response and a measured duration). A
-    call that failed outright has no duration (0 in its outcome): its failed attempts are
-    counted by the client as upstream errors."""
+    started (the only failed outcome that carries a response). A call that failed outright
+    carries how long its attempts took, but that is no answer's duration: its failed
+    attempts are counted by the client as upstream errors."""
     return o.ok or o.response is not None
 
 

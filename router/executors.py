@@ -65,16 +65,20 @@ class ProviderExecutor:
 
     async def execute(self, ctx: RouteContext, call: ToolCall, turn: int) -> CallOutcome:
         body = downstream_request(ctx, call)
+        started = time.perf_counter()
         try:
             r = await self.client.complete(call.model, body, allowed=ctx.pool)
         except ProviderError as err:
+            # How long its attempts took, so a request's overhead is not charged with them.
             return CallOutcome(
                 call=call,
                 turn=turn,
                 ok=False,
                 model=call.model,
+                latency_ms=(time.perf_counter() - started) * 1000.0,
                 error=err.message,
                 error_kind=err.kind,
+                attempts=err.attempts,
             )
         return CallOutcome(
             call=call,

@@ -376,8 +376,10 @@ class Orchestrator:
                     turn=state.turn,
                     ok=False,
                     model=call.model,
+                    latency_ms=(time.perf_counter() - started) * 1000.0,
                     error=exc.message,
                     error_kind=exc.kind,
+                    attempts=exc.attempts,
                 )
             )
             return None

@@ -303,7 +303,7 @@ class DownstreamClient:
                     errors=errors,
                     deployment=target.deployment,
                 )
-        raise errors[-1]
+        raise _gave_up(errors)
 
     async def open_stream(
         self, name: str, body: dict[str, Any], allowed: Container[str] | None = None
@@ -365,7 +365,7 @@ class DownstreamClient:
                         request=req,
                     )
                 self._attempt_failed(t, err, errors)
-        raise errors[-1]
+        raise _gave_up(errors)
 
     def _stream_released(self, sem: asyncio.Semaphore, target: PoolModel) -> None:
         sem.release()
@@ -407,6 +407,16 @@ class _Try:
     target: PoolModel
     provider: Provider
     number: int
+
+
+def _gave_up(errors: list[ProviderError]) -> ProviderError:
+    """The error a call ends with, once every model in its chain failed or was skipped: the
+    last attempt that reached an upstream — a circuit that opened after it, or a fallback
+    skipped for one, says less about why — with how many attempts there were."""
+    made = [e for e in errors if e.kind != "circuit_open"]
+    err = made[-1] if made else errors[-1]
+    err.attempts = len(made)
+    return err
 
 
 def _attempts(model: PoolModel) -> int:

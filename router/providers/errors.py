@@ -84,6 +84,9 @@ class ProviderError(Exception):
         self.model = model
         self.status = status
         self.retry_after = retry_after
+        # The upstream attempts the call made (retries, fallbacks), set by the client when
+        # it gives up: 0 when every model's circuit was open and none was called.
+        self.attempts = 0
 
     @property
     def retryable(self) -> bool:

@@ -55,6 +55,10 @@ def test_a_failing_model_is_routed_around_until_a_probe_finds_it_healthy(
     assert first.status_code == 200
     calls = [(c["model"], c["status"]) for c in first.json()["xrouter"]["calls"]]
     assert calls[0] == (CHEAPEST, "error") and calls[1][1] == "ok"
+    # The failed call says what it took: both attempts, and their time (not overhead).
+    assert first.json()["xrouter"]["calls"][0]["latency_ms"] > 0
+    logged = httpx.get(f"{gateway.base_url}/generation", params={"id": first.json()["id"]})
+    assert logged.json()["data"]["calls"][0]["attempts"] == 2, logged.text
     assert upstream.stats()["requests"][CHEAPEST] == 2
     assert circuit_gauge(gateway, CHEAPEST) == 1.0
     # Now routing leaves it out: the cheapest healthy model answers on the first turn, and

@@ -247,6 +247,34 @@ async def test_streams_retry_and_fall_back_as_plain_calls_do(
     assert seen[0] == seen[1] == ((B, A, 4), [(A, "rate_limited")] * 2, [A])
 
 
+async def test_a_call_that_fails_says_how_many_attempts_it_made_and_why(
+    upstream: tuple[str, httpx.Client],
+) -> None:
+    # A (3 tries) fails every time and B's circuit is open: the call ends with A's own
+    # error, not B's "not called", and counts the three attempts that reached an upstream.
+    base, ctl = upstream
+    clock = [0.0]
+    pool = ModelPool([model(A, base, fallbacks=(B,), retries=2), model(B, base)])
+    breakers = CircuitBreakers(BreakerConfig(failures=5, cooldown_s=30), clock=lambda: clock[0])
+    for _ in range(5):
+        breakers.record_failure(B, "timeout")
+
+    async def no_sleep(s: float) -> None:
+        pass
+
+    c = DownstreamClient(pool, events=Events(), sleep=no_sleep, breakers=breakers)
+    for stream in (False, True):
+        breakers.record_success(A)
+        ctl.post("/_replay/faults", json={"model": A, "fault": "status=500", "count": 3})
+        with pytest.raises(ProviderError) as exc:
+            if stream:
+                await c.open_stream(A, BODY)
+            else:
+                await c.complete(A, BODY)
+        assert (exc.value.kind, exc.value.attempts) == ("upstream_5xx", 3), stream
+    await c.aclose()
+
+
 async def test_non_retryable_4xx_falls_back_without_retrying(
     upstream: tuple[str, httpx.Client],
 ) -> None:
