@@ -16,7 +16,7 @@ import zlib
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from gateway.errors import APIError, bad_request
 
@@ -35,26 +35,49 @@ ACCEPTED_ENCODINGS = "gzip, deflate"
 # 0.3 ms (text inflates at ~17 µs per compressed KB: bench/request_decode.py): it is inflated
 # in a worker thread instead.
 INLINE_DECODE_BYTES = 16 * 1024
+# How long a small body (the admin API's, feedback's) may take to arrive; the model
+# endpoints take ``server.body_timeout_s``.
+BODY_TIMEOUT_S = 30.0
 
 
 def too_large(limit: int) -> APIError:
     return APIError(413, f"request body is larger than {limit} bytes", code="request_too_large")
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+def body_timeout(timeout_s: float) -> APIError:
+    # The rest of the body may still be on its way: the connection cannot be reused.
+    return APIError(
+        408,
+        f"the request body did not arrive within {timeout_s:g} s",
+        code="request_timeout",
+        headers={"connection": "close"},
+    )
+
+
+async def read_body(request: Request, limit: int, timeout_s: float = BODY_TIMEOUT_S) -> bytes:
     """The body, decoded, refused (413) as soon as it exceeds ``limit`` — before buffering it
-    all when the client announced a length past it — and 415 for a coding not taken."""
+    all when the client announced a length past it — 415 for a coding not taken, and 408
+    when it takes longer than ``timeout_s`` to arrive."""
     coding = _coding(request.headers.get("content-encoding"))
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large(limit)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large(limit)
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large(limit)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise body_timeout(timeout_s) from None
+    except ClientDisconnect:
+        # Gone before its body was in: nobody to answer, nothing routed or logged.
+        raise APIError(
+            499, "the client closed the connection before sending its body", code="client_closed"
+        ) from None
     raw = b"".join(chunks)
     if coding is None:
         return raw

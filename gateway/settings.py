@@ -53,6 +53,10 @@ class ServerSettings(_Section):
     # what is in flight and answers 504. Budget holds live this long plus 60 s, so a hold
     # never expires under a call that is still running.
     request_timeout_s: float = Field(default=600.0, gt=0)
+    # How long a client may take to send its whole request body: past it, a 408 and the
+    # connection closed. A body trickled in a byte at a time would otherwise hold a worker
+    # (and one of its max_in_flight places) for as long as the client likes.
+    body_timeout_s: float = Field(default=30.0, gt=0)
     # How long an idle client connection is kept open. uvicorn's default (5 s) equals
     # httpx's (the OpenAI SDK's) idle expiry and is below every load balancer's idle timeout
     # (AWS ALB 60 s), so a client or balancer reusing a connection the gateway is closing at

@@ -35,7 +35,9 @@ async def create_message(request: Request) -> Response:
     assert s.auth is not None and s.chat is not None
     try:
         who = await s.auth.principal(authorization(request))
-        raw = await read_body(request, s.settings.server.max_body_bytes)
+        raw = await read_body(
+            request, s.settings.server.max_body_bytes, s.settings.server.body_timeout_s
+        )
     except APIError as err:
         # A bad key, a body too large: refused before it was a request the ledger keeps
         # (as chat's are), it gets a request id all the same (anthropic_error's own).
@@ -85,7 +87,9 @@ async def count_tokens(request: Request) -> Response:
     ids = messages.request_id_headers()
     try:
         who = await s.auth.principal(authorization(request))
-        raw = await read_body(request, s.settings.server.max_body_bytes)
+        raw = await read_body(
+            request, s.settings.server.max_body_bytes, s.settings.server.body_timeout_s
+        )
         req = messages.parse_request(decode_json(raw), messages.CountTokensRequest)
         chat = messages.to_chat(req)
         try:

@@ -36,7 +36,9 @@ async def chat_completions(request: Request) -> Response:
     assert s.auth is not None and s.chat is not None
     try:
         who = await s.auth.principal(request.headers.get("authorization"))
-        raw = await read_body(request, s.settings.server.max_body_bytes)
+        raw = await read_body(
+            request, s.settings.server.max_body_bytes, s.settings.server.body_timeout_s
+        )
     except APIError as err:
         # A bad key, a body too large: refused before it was a request the ledger keeps,
         # with a request id all the same, as every other answer has.
@@ -53,7 +55,9 @@ async def create_response(request: Request) -> Response:
     assert s.auth is not None and s.chat is not None
     try:
         who = await s.auth.principal(request.headers.get("authorization"))
-        raw = await read_body(request, s.settings.server.max_body_bytes)
+        raw = await read_body(
+            request, s.settings.server.max_body_bytes, s.settings.server.body_timeout_s
+        )
     except APIError as err:
         # A bad key, a body too large: refused before it was a request the ledger keeps (as
         # chat's are), with a request id all the same.

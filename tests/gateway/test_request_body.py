@@ -7,8 +7,10 @@ import asyncio
 import gzip
 import json
 import random
+import socket
+import time
 import zlib
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import httpx
@@ -20,8 +22,8 @@ from starlette.requests import Request
 from gateway.errors import APIError
 from gateway.request_body import inflate_body, read_body
 from router.outcomes import OutcomeRecord
-from tests.gateway.conftest import ledger_rows
-from tests.support.gateway import Gateway
+from tests.gateway.conftest import Upstream, ledger_rows
+from tests.support.gateway import Gateway, gateway_config, start_gateway
 
 MODEL = "mistral-small-24b-instruct-2501-bf16"
 LIMIT = 65536  # the module gateway's server.max_body_bytes
@@ -237,3 +239,56 @@ def test_messages_api_refuses_an_unknown_coding_in_anthropics_shape(gateway: Gat
     )
     assert r.status_code == 200, r.text
     assert r.json()["type"] == "message"
+
+
+@pytest.fixture(scope="module")
+def impatient(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """A gateway that waits 1 s for a body, with one place for a model request."""
+    tmp = tmp_path_factory.mktemp("impatient")
+    server = {"body_timeout_s": 1.0, "max_in_flight": 1}
+    gw = start_gateway(tmp, gateway_config(tmp, upstream.base_url, server=server))
+    yield gw
+    gw.stop()
+
+
+def _trickle_head(port: int, length: int) -> socket.socket:
+    """A connection that sent a chat request's head and the first byte of its body."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+        b"content-type: application/json\r\ncontent-length: " + str(length).encode() + b"\r\n\r\n{"
+    )
+    return sock
+
+
+def test_a_body_that_does_not_arrive_in_time_is_a_408_and_frees_its_place(
+    impatient: Gateway,
+) -> None:
+    # A client trickling its body would hold the worker's only max_in_flight place for as
+    # long as it liked, and every other model request would be shed.
+    port = int(impatient.base_url.rsplit(":", 1)[1].split("/")[0])
+    with _trickle_head(port, 400) as sock:
+        answer = sock.recv(65536).decode()  # blocks until the gateway answers
+    head, _, body = answer.partition("\r\n\r\n")
+    assert head.startswith("HTTP/1.1 408") and "connection: close" in head.lower()
+    assert json.loads(body)["error"]["code"] == "request_timeout"
+    r = httpx.post(
+        f"{impatient.base_url}/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+
+
+def test_a_client_that_leaves_during_its_body_is_no_error(impatient: Gateway) -> None:
+    port = int(impatient.base_url.rsplit(":", 1)[1].split("/")[0])
+    for _ in range(3):
+        _trickle_head(port, 400).close()
+    time.sleep(0.5)
+    assert "unhandled error" not in impatient.log() and "Traceback" not in impatient.log()
+    r = httpx.post(
+        f"{impatient.base_url}/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
