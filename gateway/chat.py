@@ -103,7 +103,10 @@ class ChatService:
             timeout_s = rt.settings.server.request_timeout_s
             if self.cache is not None and not (req.stream and req.n > 1):
                 left_s = timeout_s - (time.perf_counter() - t0)
-                hit = await self._lookup(rt, data, req, who, resolved, rlog, ctx, left_s)
+                # Guarded as the routing is: a request waiting for an identical one's answer
+                # whose client leaves stops waiting (and is no heir to the lead any more).
+                lookup = self._lookup(rt, data, req, who, resolved, rlog, ctx, left_s)
+                hit = await (lookup if watch is None else watch.guard(lookup))
                 if hit is not None:
                     return await self._answer_from_cache(req, rlog, ctx, hit)
             elif self.cache is not None:

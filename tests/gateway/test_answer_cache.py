@@ -254,6 +254,51 @@ def test_when_the_first_client_hangs_up_one_waiting_request_buys_the_answer(
     assert coalesced(cached) - before == 2
 
 
+def _gone_while_waiting(gw: Gateway) -> int:
+    """Requests booked as gone (499) without a call or a cached answer: ones whose client
+    left while they waited for an identical request's answer."""
+    with sqlite3.connect(gw.config_path.parent / "ledger.db") as conn:
+        (n,) = conn.execute(
+            "SELECT count(*) FROM requests r WHERE r.status = 499 AND r.cached_from IS NULL "
+            "AND NOT EXISTS (SELECT 1 FROM calls c WHERE c.request_id = r.request_id)"
+        ).fetchone()
+    return int(n)
+
+
+def test_a_waiting_request_whose_client_leaves_stops_waiting(
+    cached: Gateway, upstream: Upstream, table_iter: Iterator[OutcomeRecord]
+) -> None:
+    """Of the requests waiting for the first one's answer, one's client leaves: it is booked
+    as gone (499) when it leaves, not served the answer later, and it is no heir to the
+    lead — when the first client leaves too, a waiting request that is still there buys the
+    answer for the rest."""
+    rec = next(table_iter)
+    upstream.fault(MODEL, "latency=2500")  # the first call is slow; any other would not be
+    body = {"model": MODEL, "messages": [{"role": "user", "content": rec.text}]}
+    gone_before = _gone_while_waiting(cached)
+
+    def leaves_after(timeout_s: float) -> None:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{cached.base_url}/chat/completions", json=body, timeout=timeout_s)
+
+    with ThreadPoolExecutor(4) as pool:
+        first = pool.submit(leaves_after, 1.5)
+        reached_upstream(upstream)  # the first leads: it is upstream now
+        waiter = pool.submit(leaves_after, 0.4)  # the first heir, gone at 0.4 s
+        time.sleep(0.1)
+        staying = [pool.submit(ask, cached, rec.text) for _ in range(2)]
+        waiter.result(timeout=30)
+        first.result(timeout=30)
+        answers = [w.result(timeout=30) for w in staying]
+
+    assert upstream.stats()["requests"][MODEL] == 2  # the first, and one heir still there
+    assert sorted(a.headers["x-xrouter-cache"] for a in answers) == ["hit", "miss"]
+    deadline = time.monotonic() + 5
+    while _gone_while_waiting(cached) == gone_before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone_while_waiting(cached) - gone_before == 1  # the waiter, as it left
+
+
 def test_requests_waiting_for_a_failed_answer_route_for_themselves(
     cached: Gateway, upstream: Upstream, table_iter: Iterator[OutcomeRecord]
 ) -> None:
