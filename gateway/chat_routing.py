@@ -79,19 +79,22 @@ def route_pool(
     resolved: Resolved,
     data: dict[str, Any],
 ) -> list[str]:
-    """The pool models ``data`` (the decoded request) may be routed to."""
+    """The pool models ``data`` (the decoded request) may be routed to. A pass-through's
+    are its model and the model's configured fallbacks, each held to the same limits."""
     if resolved.passthrough:
-        return _capable(rt, resolved.pool_names, data)
-    names = rt.pool.names
-    if who.allowed_models is not None:
-        names = [n for n in names if n in who.allowed_models]
-    if req.xrouter and req.xrouter.models:
-        unknown = [m for m in req.xrouter.models if m not in rt.pool]
-        if unknown:
-            raise bad_request(
-                f"xrouter.models names unknown models: {unknown}", param="xrouter.models"
+        (model,) = resolved.pool_names
+        names = _allowed(rt, req, who, [model, *rt.pool[model].fallbacks])
+        if model not in names:
+            raise forbidden(
+                f"xrouter.models leaves out the model the request names ({model!r})",
+                "no_allowed_models",
+                "xrouter.models",
             )
-        names = [n for n in names if n in req.xrouter.models]
+        # The named model must take the request itself (else the 400 says why); a fallback
+        # that cannot is left out, as the chain leaves out the ones the request may not use.
+        _capable(rt, [model], data)
+        return [model, *(n for n in _capable_or_none(rt, names[1:], data) if n != model)]
+    names = _allowed(rt, req, who, rt.pool.names)
     if not names:
         raise forbidden(
             "no pool model is allowed for this request", "no_allowed_models", "xrouter.models"
@@ -100,6 +103,29 @@ def route_pool(
     # Policies choose among models whose circuit is not open (router.health). If every one
     # is open, leave them all: the calls fail fast and the client gets a 503 at once.
     return rt.client.breakers.available(names) or names
+
+
+def _allowed(
+    rt: Runtime, req: ChatCompletionRequest, who: Principal, names: list[str]
+) -> list[str]:
+    """``names`` less the pool models the key may not use and, with ``xrouter.models``,
+    the ones it leaves out (a name it gives that is no pool model is a 400)."""
+    names = [n for n in names if n in rt.pool and who.may_use_model(n)]
+    if req.xrouter and req.xrouter.models:
+        unknown = [m for m in req.xrouter.models if m not in rt.pool]
+        if unknown:
+            raise bad_request(
+                f"xrouter.models names unknown models: {unknown}", param="xrouter.models"
+            )
+        names = [n for n in names if n in req.xrouter.models]
+    return names
+
+
+def _capable_or_none(rt: Runtime, names: list[str], data: dict[str, Any]) -> list[str]:
+    try:
+        return _capable(rt, names, data) if names else []
+    except APIError:
+        return []
 
 
 def _capable(rt: Runtime, names: list[str], data: dict[str, Any]) -> list[str]:
