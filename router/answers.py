@@ -12,12 +12,17 @@ _MC = re.compile(r"(?i:answer(?: is)?|option|choice)\s*[:\-]?\s*\(?([A-E])\)?\b"
 _LONE_LETTER = re.compile(r"^\s*(?:\(([A-E])\)|([A-E])(?:[.):]|\s*$))")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 _CODE = re.compile(r"```(?:[a-zA-Z0-9_+-]*)\n(.*?)```", re.DOTALL)
+# Code without a fence (MBPP-style "[BEGIN] def f(...) ... [Done]"): from its first
+# definition or import to the end, or to the "[Done]" that closes it.
+_BARE_CODE = re.compile(r"^[ \t]*(?:def |class |import |from \S+ import )", re.MULTILINE)
+_DONE = re.compile(r"\[done\]", re.IGNORECASE)
 
 
 def normalize_answer(text: str) -> str:
-    """A canonical form of a response's final answer: a multiple-choice letter, else the
-    last number, else fenced code with whitespace folded, else the first 80 characters of
-    the lowercased text without punctuation."""
+    """A canonical form of a response's final answer: a multiple-choice letter, else code
+    (fenced, or unfenced from its first definition or import) with whitespace folded, else
+    the last number, else the first 80 characters of the lowercased text without
+    punctuation."""
     if not text:
         return ""
     m = _MC.search(text)
@@ -29,6 +34,10 @@ def normalize_answer(text: str) -> str:
     code = _CODE.findall(text)
     if code:
         return "code:" + " ".join(code[-1].split())
+    bare = _BARE_CODE.search(text)
+    if bare:
+        # Code, not its last number: two programs ending in "+= 1" do not agree.
+        return "code:" + " ".join(_DONE.split(text[bare.start() :])[0].split())
     numbers = _NUMBER.findall(text)
     if numbers:
         number = numbers[-1].replace(",", "")

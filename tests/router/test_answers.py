@@ -23,6 +23,13 @@ from router.answers import agree, normalize_answer
         ("0.0", "num:0"),
         ("-3", "num:-3"),
         ("```python\ndef f(x):\n    return  x\n```", "code:def f(x): return x"),
+        # Unfenced, as MBPP's prompt asks for it: the code, up to its closing marker.
+        ("[BEGIN]\ndef f(x):\n    return  x + 1\n[Done]", "code:def f(x): return x + 1"),
+        (
+            "Here it is:\nimport math\ndef f(x): return math.pi",
+            "code:import math def f(x): return math.pi",
+        ),
+        ("It is 3 km from here.", "num:3"),
         ("Paris, of course!", "text:paris of course"),
         ("...", ""),
         ("", ""),
@@ -44,6 +51,11 @@ def test_the_final_answer_is_kept(text: str, key: str) -> None:
         ("The answer is a rose.", "The answer is a tulip."),
         # Punctuation alone is no answer.
         ("...", "!!!"),
+        # Two programs are not the same answer for ending in the same number.
+        (
+            "[BEGIN]\ndef f(l):\n    n = 0\n    n += 1\n[Done]",
+            "[BEGIN]\ndef g(l):\n    return len(set(l)) + 1\n[Done]",
+        ),
     ],
 )
 def test_different_answers_do_not_agree(a: str, b: str) -> None:
