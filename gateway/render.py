@@ -40,6 +40,10 @@ def id_headers(request_id: str) -> dict[str, str]:
     return {"x-xrouter-request-id": request_id, "x-request-id": request_id}
 
 
+# A relayed stream hands the event loop a turn at least this often (chunks).
+_YIELD_EVERY = 32
+
+
 def xrouter_meta(request_id: str, policy: str, result: RouteResult | None) -> dict[str, Any]:
     meta: dict[str, Any] = {"request_id": request_id, "policy": policy}
     if result is None:
@@ -170,8 +174,16 @@ class Renderer:
         async def body() -> AsyncIterator[bytes]:
             rlog.status = 499  # until the stream completes: the client may go away
             chunks = aiter(stream.chunks)
+            relayed = 0
             try:
                 while True:
+                    relayed += 1
+                    if relayed % _YIELD_EVERY == 0:
+                        # An upstream that sends faster than it is relayed never makes this
+                        # loop wait, and a loop that never waits starves the event loop: the
+                        # client's hang-up would go unseen (the whole answer read and paid
+                        # for) and every other request on the worker would stall meanwhile.
+                        await asyncio.sleep(0)
                     # The timeout is entered and left around each chunk's await, never held
                     # across a yield: between chunks this generator is suspended and its
                     # task runs the server's code, which a firing timeout would cancel.

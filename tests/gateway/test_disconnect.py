@@ -4,16 +4,19 @@ at once, with the call it made, and the upstream call is not waited out."""
 
 from __future__ import annotations
 
+import json
 import secrets
 import sqlite3
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.gateway.conftest import Upstream
-from tests.support.gateway import Gateway
+from tests.support.gateway import Gateway, gateway_config, start_gateway
+from tests.support.replay import replay_root, start_replay_upstream, stop_replay_upstream
 
 MODEL = "llama-3.2-3b-instruct"
 PROMPT = "Name three primary colours."
@@ -76,3 +79,52 @@ def test_a_client_that_waits_is_answered_as_before(gateway: Gateway, upstream: U
         )
         assert r.status_code == 200 and (r.text.endswith("[DONE]\n\n") if stream else r.json())
         assert row_for(gateway, user)[0] == 200
+
+
+@pytest.fixture(scope="module")
+def flood(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, str]]:
+    """A gateway in front of an upstream that streams a very long recorded answer as fast
+    as it can (no delay between chunks): relaying never has to wait for the upstream."""
+    tmp = tmp_path_factory.mktemp("flood")
+    answer = "word " * 150_000
+    table = tmp / "table.jsonl"
+    record = {"id": "long", "prompt": LONG_PROMPT,
+              "outcomes": {MODEL: {"score": 1.0, "cost_usd": 0.05, "prompt_tokens": 10,
+                                   "completion_tokens": 150_000, "response": answer}}}  # fmt: skip
+    table.write_text(json.dumps(record) + "\n")
+    proc, base_url = start_replay_upstream(tmp, "--table", str(table))
+    cfg = gateway_config(tmp, base_url)
+    cfg["pool"] = [m for m in cfg["pool"] if m["name"] == MODEL]
+    cfg["router"] = {**cfg["router"], "default_policy": f"fixed:{MODEL}"}
+    gw = start_gateway(tmp, cfg)
+    yield gw, replay_root(base_url)
+    gw.stop()
+    stop_replay_upstream(proc)
+
+
+LONG_PROMPT = "Say one word, many times."
+
+
+def test_a_hang_up_mid_stream_is_seen_though_the_upstream_never_pauses(
+    flood: tuple[Gateway, str],
+) -> None:
+    gw, _ = flood
+    user = f"flood-{secrets.token_hex(4)}"
+    body = {"model": MODEL, "stream": True, "user": user,
+            "messages": [{"role": "user", "content": LONG_PROMPT}]}  # fmt: skip
+    with httpx.stream("POST", f"{gw.url}/v1/chat/completions", json=body, timeout=30) as r:
+        assert r.status_code == 200
+        for i, _line in enumerate(r.iter_lines()):
+            if i > 200:
+                break
+    status, _, _ = row_for(gw, user)
+    assert status == 499
+    db = gw.config_path.parent / "ledger.db"
+    with sqlite3.connect(db) as conn:
+        (tokens,) = conn.execute(
+            "SELECT c.completion_tokens FROM calls c JOIN requests r USING (request_id) "
+            "WHERE r.end_user = ?",
+            (user,),
+        ).fetchone()
+    # Cut when the client left, not read (and charged) to its end.
+    assert tokens < 150_000 / 2, tokens
