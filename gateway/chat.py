@@ -20,7 +20,13 @@ from gateway.cache import AnswerCache, CachedAnswer
 from gateway.chat_request import parse_request, validate_request
 from gateway.chat_routing import Resolved, build_context, resolve, route_pool
 from gateway.disconnect import ClientGone, ClientWatch
-from gateway.errors import APIError, from_provider_error, internal_error, upstream_error
+from gateway.errors import (
+    APIError,
+    from_provider_error,
+    internal_error,
+    shutting_down,
+    upstream_error,
+)
 from gateway.hooks import KeyBudgetGuard, RequestHooks, RequestLog
 from gateway.ledger.records import end_user
 from gateway.principal import Principal
@@ -81,6 +87,8 @@ class ChatService:
         hang-up stops the routing (:mod:`gateway.disconnect`)."""
         t0 = time.perf_counter()
         request_id = secrets.token_hex(16)
+        if watch is not None:
+            watch.request_id = request_id
         rt: Runtime = self._runtime()
         rlog = RequestLog(
             request_id=request_id, created_at=time.time(), principal=who, t0=t0, api=api
@@ -154,9 +162,11 @@ class ChatService:
             await self.hooks.finish(rlog, None)
             return Response(status_code=499, headers=id_headers(request_id))
         except asyncio.CancelledError:
-            # The server gave up on the request (a shutdown past its grace period): no one
-            # reads the answer, but the calls already made were paid for.
-            rlog.status = 499
+            # The server gave up on the request (a shutdown past its grace period; a client
+            # that left is ClientGone): the client gets a 503 (gateway.errors), which the
+            # row says, with the calls already made, which were paid for.
+            failure = shutting_down()
+            rlog.status, rlog.error_type = failure.status, failure.code
             await self.hooks.finish(rlog, None)
             raise
         except Exception:

@@ -148,6 +148,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log.error("cannot start: %s", problem)
         return 2
     try:
+        # Where rows wait while the database is down: made now, so a path that cannot be a
+        # directory is this line and not a traceback from every worker's startup.
+        Path(settings.ledger.spill_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        log.error(
+            "cannot start: ledger.spill_dir %s is not usable: %s", settings.ledger.spill_dir, exc
+        )
+        return 2
+    try:
         # The pool, prices and checkpoint (the deployed one, if any) must be usable: say so
         # here, in one line, rather than as a traceback from inside the server's startup
         # (and once, not per worker). One worker serves the runtime built here; several

@@ -36,6 +36,9 @@ class ClientWatch:
     def __init__(self) -> None:
         self.gone = False
         self._routing: asyncio.Future[Any] | None = None
+        # The request's id once it has one: an answer made outside the route (the 503 of a
+        # shutdown that cut it short) carries it too.
+        self.request_id: str | None = None
 
     def left(self) -> None:
         self.gone = True

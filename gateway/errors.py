@@ -147,6 +147,23 @@ def shutting_down() -> APIError:
     )
 
 
+def _shutdown_answer(scope: Any) -> Response:
+    """The 503 for a request a shutdown cut short: with the id its ledger row has (as every
+    answer carries one), in Anthropic's shape on the Messages API's paths."""
+    from gateway.disconnect import client_watch
+    from gateway.render import id_headers
+
+    watch = client_watch(scope)
+    request_id = watch.request_id if watch is not None else None
+    err = shutting_down()
+    path = scope.get("path", "")
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        from gateway import messages
+
+        return messages.anthropic_error(err, messages.request_id_headers(request_id))
+    return err.response(id_headers(request_id or secrets.token_hex(16)))
+
+
 class CatchUnexpected:
     """Answers an unexpected exception with the OpenAI-shaped 500 *inside* Starlette's
     ServerErrorMiddleware, which would send the same answer and then re-raise, so that
@@ -186,7 +203,7 @@ class CatchUnexpected:
                 scope.get("path"),
             )
             if not started:
-                await shutting_down().response()(scope, receive, send)
+                await _shutdown_answer(scope)(scope, receive, send)
         except Exception:
             if started:
                 raise

@@ -12,10 +12,11 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -132,9 +133,20 @@ class LedgerSettings(_Section):
     retention_interval_s: float = Field(default=3600.0, gt=0)
 
 
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def _redis_url(value: str | None) -> str | None:
+    # Checked here, so a URL redis-py cannot use is one line at startup rather than a
+    # traceback from inside the server's lifespan.
+    if value is not None and not value.startswith(_REDIS_SCHEMES):
+        raise ValueError(f"a Redis URL starts with {', '.join(_REDIS_SCHEMES)}")
+    return value
+
+
 class LimitsSettings(_Section):
     backend: Literal["memory", "redis"] = "memory"
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: Annotated[str, AfterValidator(_redis_url)] = "redis://127.0.0.1:6379/0"
     # What to do when Redis can't be reached: refuse requests (closed) or let them through
     # unmetered (open). Closed is the safe default for budgets.
     on_store_error: Literal["closed", "open"] = "closed"
@@ -151,7 +163,7 @@ class CacheSettings(_Section):
     enabled: bool = False
     backend: Literal["memory", "redis"] = "memory"
     # Redis for the shared cache; None: the limit store's (limits.redis_url).
-    redis_url: str | None = None
+    redis_url: Annotated[str | None, AfterValidator(_redis_url)] = None
     key_prefix: str = "xrouter:cache"
     ttl_s: float = Field(default=3600.0, gt=0, le=30 * 86400)
     # Whose requests share answers: each API key its own ("key"), or everyone ("global").

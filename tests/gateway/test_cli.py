@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from tests.gateway.conftest import Upstream, ledger_rows
 from tests.support.gateway import gateway_config, start_gateway
@@ -63,6 +64,17 @@ def test_a_config_that_is_not_a_file_is_one_line_of_error(tmp_path: Path) -> Non
         proc = run_cli(*args, cwd=tmp_path)
         assert proc.returncode == 2, (args, proc.stderr)
         assert says in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr)
+
+
+def test_a_spill_dir_that_cannot_be_a_directory_is_one_line_of_error(tmp_path: Path) -> None:
+    cfg = gateway_config(tmp_path, "http://127.0.0.1:9/v1")
+    (tmp_path / "a-file").write_text("")
+    cfg["ledger"]["spill_dir"] = str(tmp_path / "a-file")
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = run_cli("serve", "--config", str(path), "--port", "0", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "ledger.spill_dir" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 def test_an_export_that_cannot_be_put_in_place_says_why(tmp_path: Path) -> None:
@@ -268,31 +280,47 @@ def test_requests_cut_by_the_graceful_shutdown_timeout_get_an_error_not_a_traceb
     upstream: Upstream, tmp_path: Path
 ) -> None:
     # A request still waiting on its upstream when uvicorn's graceful shutdown gives up (30 s)
-    # is cancelled: it must be answered as every error is (a 503 an SDK retries elsewhere),
-    # not with uvicorn's bare text 500 and a traceback, and its ledger row still lands.
+    # is cancelled: it must be answered as every error is (a 503 an SDK retries elsewhere,
+    # in its API's own shape, with its request id), not with uvicorn's bare text 500 and a
+    # traceback, and its ledger row still lands, saying what the client got.
     cfg = gateway_config(tmp_path, upstream.base_url)
     for m in cfg["pool"]:
         m["timeout_s"] = 120
     gw = start_gateway(tmp_path, cfg)
     try:
-        upstream.fault("gemma-2-9b-it", "timeout=100")
+        upstream.fault("gemma-2-9b-it", "timeout=100", count=2)
         got: dict[str, httpx.Response] = {}
-        body = {"model": "gemma-2-9b-it", "messages": [{"role": "user", "content": "hi"}]}
-        waiting = threading.Thread(
-            target=lambda: got.setdefault(
-                "r", httpx.post(f"{gw.base_url}/chat/completions", json=body, timeout=90)
+        message = [{"role": "user", "content": "hi"}]
+        sent = {
+            "chat/completions": {"model": "gemma-2-9b-it", "messages": message},
+            "messages": {"model": "gemma-2-9b-it", "max_tokens": 10, "messages": message},
+        }
+        waiting = [
+            threading.Thread(
+                target=lambda p=path, b=body: got.setdefault(
+                    p, httpx.post(f"{gw.base_url}/{p}", json=b, timeout=90)
+                )
             )
-        )
-        waiting.start()
+            for path, body in sent.items()
+        ]
+        for t in waiting:
+            t.start()
         time.sleep(1)
         gw.proc.send_signal(signal.SIGTERM)
         gw.proc.wait(60)
-        waiting.join(30)
-        r = got["r"]
-        assert r.status_code == 503, r.text
-        assert r.json()["error"]["code"] == "shutting_down"
+        for t in waiting:
+            t.join(30)
+        chat, anthropic = got["chat/completions"], got["messages"]
+        assert chat.status_code == anthropic.status_code == 503, (chat.text, anthropic.text)
+        assert chat.json()["error"]["code"] == "shutting_down"
+        assert anthropic.json()["type"] == "error" and anthropic.headers["request-id"]
         assert "Traceback" not in gw.log(), gw.log()
         with sqlite3.connect(tmp_path / "ledger.db") as db:
-            assert db.execute("SELECT count(*) FROM requests").fetchone() == (1,)
+            rows = dict(db.execute("SELECT request_id, status || ' ' || error_type FROM requests"))
+        # The rows say what the clients got, under the ids their answers carry.
+        assert rows == {
+            chat.headers["x-request-id"]: "503 shutting_down",
+            anthropic.headers["request-id"]: "503 shutting_down",
+        }
     finally:
         gw.stop()

@@ -63,6 +63,9 @@ def test_env_default_syntax(tmp_path: Path) -> None:
         ("pool: [{name: a, model: openai/a, price: 0, fallbacks: [nope]}]", "unknown models"),
         ("pool: [{name: xrouter, model: openai/a, price: 0}]", "xrouter"),
         ("cache: {backend: disk}", "cache.backend"),
+        # A URL redis-py cannot use: one line at startup, not a traceback from the lifespan.
+        ("limits: {backend: redis, redis_url: notaurl}", "limits.redis_url"),
+        ("cache: {redis_url: 'http://127.0.0.1:6379'}", "cache.redis_url"),
         ("cache: {ttl_s: 0}", "cache.ttl_s"),
         ("cache: {scope: team}", "cache.scope"),
         ("cache: {max_bytes: 4096, max_entry_bytes: 8192}", "max_entry_bytes"),
