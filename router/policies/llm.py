@@ -277,7 +277,6 @@ class LLMRouterPolicy(Policy):
                     self._on_query_copy()
             temperature = _num(args.get("temperature"), 0.0, MAX_TEMPERATURE)
             max_tokens = _int(args.get("max_tokens"), 1, ctx.pool[model].max_output_tokens)
-            state.decision.record(model, self._propensity)
             calls.append(
                 ToolCall(
                     id=tc_id,
@@ -287,6 +286,10 @@ class LLMRouterPolicy(Policy):
                     max_tokens=max_tokens,
                 )
             )
+        # Recorded once they are made: a select_response later in the same message ends the
+        # loop, and calls listed before it are never made (no action of the decision).
+        for call in calls:
+            state.decision.record(call.model, self._propensity)
         return Call(tuple(calls))
 
     @staticmethod

@@ -240,6 +240,20 @@ async def test_single_call_then_select(setup: Any, scripted_router: ScriptedRout
     assert_costs_add_up(p, r)
 
 
+async def test_a_call_listed_before_a_select_is_no_action(
+    setup: Any, scripted_router: ScriptedRouter
+) -> None:
+    # The select ends the loop: the call beside it is never made, so the decision (which
+    # off-policy learning reads) must not say it was chosen.
+    p, orch, policy, _ = setup
+    scripted_router.script(
+        {"tool_calls": [call(CHEAP, "t1")]}, {"tool_calls": [call(DEAR, "t2"), select("t1")]}
+    )
+    r = await orch.run(policy, ctx(p))
+    assert r.final_model == CHEAP and [o.model for o in r.outcomes] == [CHEAP]
+    assert r.decision.actions == [CHEAP, f"select:{CHEAP}"]
+
+
 async def test_a_sampling_router_logs_its_propensities_as_unknown(
     setup: Any, scripted_router: ScriptedRouter
 ) -> None:
