@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 
 ROUTER_MODEL = "xrouter"
 POLICY_PREFIX = "xrouter/"
+# Every policy a runtime may serve; compact and llm only when configured (a checkpoint, a
+# router model), the others always.
+_KNOWN_POLICIES = frozenset({"cheapest", "random", "cascade", "compact", "llm"})
 
 
 def build_catalog(settings: Settings) -> PriceCatalog:
@@ -216,6 +219,13 @@ def build_runtime(
     default = settings.router.default_policy
     fixed = default.startswith("fixed:") and default[6:] in pool
     if default not in policies and not fixed:
+        if default not in _KNOWN_POLICIES:
+            # A name no configuration could serve (a typo, fixed: with a model not in the
+            # pool): the config is wrong, and serving another policy would hide it.
+            raise ValueError(
+                f"router.default_policy {default!r} is no policy: choose from "
+                f"{', '.join(sorted(_KNOWN_POLICIES))} or fixed:<pool model>"
+            )
         # Not an error: `llm` without a router server configured yet, say, still serves.
         log.warning("default policy %r is not available; using 'cascade'", default)
         default = "cascade"

@@ -77,6 +77,20 @@ def test_a_spill_dir_that_cannot_be_a_directory_is_one_line_of_error(tmp_path: P
     assert "ledger.spill_dir" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("policy", ["nonsense", "fixed:no-such-model"])
+def test_a_default_policy_that_is_no_policy_is_one_line_of_error(
+    tmp_path: Path, policy: str
+) -> None:
+    # Not served as cascade with a warning: a typo would change what `xrouter` means.
+    cfg = gateway_config(tmp_path, "http://127.0.0.1:9/v1")
+    cfg["router"]["default_policy"] = policy
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = run_cli("serve", "--config", str(path), "--port", "0", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "router.default_policy" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_an_export_that_cannot_be_put_in_place_says_why(tmp_path: Path) -> None:
     (tmp_path / "out").mkdir()
     (tmp_path / "ledger.db").touch()

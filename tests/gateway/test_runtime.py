@@ -68,8 +68,7 @@ def _runtime(tmp_path: Path, router: str) -> Any:
     ("configured", "serving"),
     [
         ("fixed:large", "fixed:large"),  # one pool model, routed to always
-        ("fixed:missing", "cascade"),  # not in the pool: the warning's fallback
-        ("llm", "cascade"),  # no router server configured
+        ("llm", "cascade"),  # no router server configured yet: the warning's fallback
         ("cheapest", "cheapest"),
     ],
 )
@@ -78,6 +77,14 @@ def test_the_default_policy_is_any_policy_the_runtime_can_resolve(
 ) -> None:
     rt = _runtime(tmp_path, f"default_policy: '{configured}'")
     assert rt.default_policy == serving and rt.policy(serving) is not None
+
+
+@pytest.mark.parametrize("configured", ["fixed:missing", "cheapst"])
+def test_a_default_policy_that_is_no_policy_is_refused(tmp_path: Path, configured: str) -> None:
+    # A model not in the pool, a typo: no configuration could serve it, so the config is
+    # refused (at startup; a reload keeps what serves) rather than served as cascade.
+    with pytest.raises(ValueError, match=r"router\.default_policy"):
+        _runtime(tmp_path, f"default_policy: '{configured}'")
 
 
 def test_the_router_models_output_cap_is_configured(tmp_path: Path) -> None:
