@@ -69,17 +69,7 @@ class ProviderExecutor:
         try:
             r = await self.client.complete(call.model, body, allowed=ctx.pool)
         except ProviderError as err:
-            # How long its attempts took, so a request's overhead is not charged with them.
-            return CallOutcome(
-                call=call,
-                turn=turn,
-                ok=False,
-                model=call.model,
-                latency_ms=(time.perf_counter() - started) * 1000.0,
-                error=err.message,
-                error_kind=err.kind,
-                attempts=err.attempts,
-            )
+            return CallOutcome.failed(call, turn, started, err.message, err.kind, err.attempts)
         return CallOutcome(
             call=call,
             turn=turn,

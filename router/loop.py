@@ -106,14 +106,8 @@ def _refused(call: ToolCall, turn: int, reason: str, role: str = "downstream") -
 def _abandoned(call: ToolCall, turn: int, started: float) -> CallOutcome:
     """A call the request stopped waiting for (its client left, its deadline passed): in
     the row all the same, with how long it ran, for no cost — its usage never came."""
-    return CallOutcome(
-        call=call,
-        turn=turn,
-        ok=False,
-        model=call.model,
-        latency_ms=(time.perf_counter() - started) * 1000.0,
-        error="the request ended before the call answered",
-        error_kind=CANCELLED,
+    return CallOutcome.failed(
+        call, turn, started, "the request ended before the call answered", CANCELLED
     )
 
 
@@ -371,16 +365,7 @@ class Orchestrator:
             # A failed call, as ``execute`` reports one: in the state (so the ledger row has
             # it), and the policy's to answer on its next step (another model, or no answer).
             state.outcomes.append(
-                CallOutcome(
-                    call=call,
-                    turn=state.turn,
-                    ok=False,
-                    model=call.model,
-                    latency_ms=(time.perf_counter() - started) * 1000.0,
-                    error=exc.message,
-                    error_kind=exc.kind,
-                    attempts=exc.attempts,
-                )
+                CallOutcome.failed(call, state.turn, started, exc.message, exc.kind, exc.attempts)
             )
             return None
         held = reserved.pop(call.id)

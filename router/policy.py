@@ -16,6 +16,7 @@ probability the policy gave it), because off-policy learning from logged traffic
 from __future__ import annotations
 
 import abc
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +94,29 @@ class CallOutcome:
     attempts: int = 1
     fallback_from: str | None = None
     deployment: str | None = None  # the model's deployment that answered, if it has several
+
+    @classmethod
+    def failed(
+        cls,
+        call: ToolCall,
+        turn: int,
+        started: float,
+        error: str,
+        error_kind: str,
+        attempts: int = 1,
+    ) -> CallOutcome:
+        """A call that ended without an answer, with how long it ran since ``started``
+        (``time.perf_counter()``): its time is the call's, not the request's overhead."""
+        return cls(
+            call=call,
+            turn=turn,
+            ok=False,
+            model=call.model,
+            latency_ms=(time.perf_counter() - started) * 1000.0,
+            error=error,
+            error_kind=error_kind,
+            attempts=attempts,
+        )
 
     @property
     def text(self) -> str:
