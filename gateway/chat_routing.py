@@ -56,12 +56,12 @@ def resolve(rt: Runtime, req: ChatCompletionRequest, who: Principal) -> Resolved
             raise not_found(
                 f"unknown router policy {policy_name!r}; available: {', '.join(rt.policy_names)}"
             )
-        if not who.may_use_policy(policy_name):
-            if who.allowed_policies is None or policy_name in who.allowed_policies:
-                # fixed:<model>, allowed as a policy, names a model the key may not use.
-                model = policy_name[len(FIXED_PREFIX) :]
-                raise forbidden(f"this key may not use model {model!r}", "model_not_allowed")
+        if who.allowed_policies is not None and policy_name not in who.allowed_policies:
             raise forbidden(f"this key may not use policy {policy_name!r}", "policy_not_allowed")
+        if not who.may_use_policy(policy_name):
+            # fixed:<model>, allowed as a policy, names a model the key may not use.
+            model = policy_name[len(FIXED_PREFIX) :]
+            raise forbidden(f"this key may not use model {model!r}", "model_not_allowed")
         return Resolved(policy, policy_name, passthrough=False)
     if name not in rt.pool:
         raise not_found(
