@@ -5,13 +5,12 @@ provider's 400 for it would reach the client as a 502."""
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 
 import orjson
 from pydantic import ValidationError
 
-from gateway.errors import APIError, bad_request, loc_to_param
+from gateway.errors import bad_request, validation_error
 from gateway.schemas import OPENAI_PART_TYPES, ChatCompletionRequest
 
 log = logging.getLogger(__name__)
@@ -91,38 +90,16 @@ def validate_request(data: Any) -> tuple[dict[str, Any], ChatCompletionRequest]:
     try:
         req = ChatCompletionRequest.model_validate(data)
     except ValidationError as exc:
-        raise _schema_error(exc) from None
+        raise validation_error(exc.errors()) from None
     unknown = data.keys() - _KNOWN_FIELDS
     if unknown:
         log.debug("tolerating unknown request fields: %s", sorted(unknown)[:10])
     _check_messages(req)
     if not req.tools:
         data = _without_tool_settings(data, req)
+    else:
+        _check_named_tool(req)
     return data, req
-
-
-def _schema_error(exc: ValidationError) -> APIError:
-    """The 400 for the most specific error: a content list's bad part, not the ``str``
-    member of the union that the list also failed to be. A value that is none of a union's
-    members (``content: 5``) gets what each member wanted: "a valid string or a valid list"."""
-    errors = exc.errors()
-    deepest = max(len(e["loc"]) for e in errors)
-    err = next(e for e in errors if len(e["loc"]) == deepest)
-    param = loc_to_param(err["loc"])
-    members = [
-        e["msg"].removeprefix("Input should be ")
-        for e in errors
-        if len(e["loc"]) == deepest and loc_to_param(e["loc"]) == param
-    ]
-    msg = err["msg"]
-    if len(members) > 1 and msg.startswith("Input should be "):
-        msg = "Input should be " + " or ".join(dict.fromkeys(members))
-    # Strict models say "a valid dictionary or instance of ImageURL": the class is ours.
-    msg = _INSTANCE_OF.sub("", msg)
-    return bad_request(f"{param}: {msg}" if param else msg, param=param)
-
-
-_INSTANCE_OF = re.compile(r" or instance of \w+")
 
 
 # Roles whose message is nothing without its content (an assistant's may be only tool calls
@@ -174,6 +151,27 @@ def _check_messages(req: ChatCompletionRequest) -> None:
                 param=f"messages[{i}].tool_call_id",
             )
         called.update(c.id for c in m.tool_calls or ())
+
+
+def _check_named_tool(req: ChatCompletionRequest) -> None:
+    """A ``tool_choice`` that names a function must name one of the request's tools, as
+    OpenAI requires (a provider's 400 for it would reach the client as a 502, and some
+    providers answer as if no tool were forced)."""
+    choice = req.tool_choice
+    if not isinstance(choice, dict) or choice.get("type") != "function":
+        return
+    fn = choice.get("function")
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if not isinstance(name, str):
+        raise bad_request(
+            "tool_choice.function.name: a named tool choice needs the function's name",
+            param="tool_choice.function.name",
+        )
+    if name not in {t.function.name for t in req.tools or ()}:
+        raise bad_request(
+            f"tool_choice.function.name: no tool named {name!r} is in the request's tools",
+            param="tool_choice.function.name",
+        )
 
 
 def _without_tool_settings(data: dict[str, Any], req: ChatCompletionRequest) -> dict[str, Any]:

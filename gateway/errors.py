@@ -134,6 +134,32 @@ def loc_to_param(loc: Sequence[int | str]) -> str | None:
     return out
 
 
+def validation_error(errors: Sequence[Mapping[str, Any]], code: str | None = None) -> APIError:
+    """The 400 for a body that failed its pydantic model, naming the most specific error: a
+    content list's bad part, not the ``str`` member of the union that the list also failed
+    to be. A value that is none of a union's members (``content: 5``) gets what each member
+    wanted: "a valid string or a valid list"."""
+    if not errors:
+        return bad_request("invalid request", code=code)
+    deepest = max(len(e["loc"]) for e in errors)
+    err = next(e for e in errors if len(e["loc"]) == deepest)
+    param = loc_to_param(err["loc"])
+    members = [
+        str(e["msg"]).removeprefix("Input should be ")
+        for e in errors
+        if len(e["loc"]) == deepest and loc_to_param(e["loc"]) == param
+    ]
+    msg = str(err["msg"])
+    if len(members) > 1 and msg.startswith("Input should be "):
+        msg = "Input should be " + " or ".join(dict.fromkeys(members))
+    # Strict models say "a valid dictionary or instance of ImageURL": the class is ours.
+    msg = _INSTANCE_OF.sub("", msg)
+    return bad_request(f"{param}: {msg}" if param else msg, param=param, code=code)
+
+
+_INSTANCE_OF = re.compile(r" or instance of \w+")
+
+
 def internal_error() -> APIError:
     return APIError(500, "internal error", type="server_error", code="internal_error")
 
@@ -236,10 +262,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        return bad_request(
-            str(first.get("msg")), loc_to_param(tuple(first.get("loc", ())))
-        ).response()
+        return validation_error(exc.errors()).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from gateway.errors import bad_request
 from gateway.principal import Principal
 from gateway.runtime import POLICY_PREFIX, ROUTER_MODEL, Runtime
 from router.pool import PoolModel
@@ -96,12 +97,52 @@ def anthropic_entry(entry: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def anthropic_list(data: list[dict[str, Any]]) -> dict[str, Any]:
-    """A model list as Anthropic's ``GET /v1/models`` answers: one page holds them all."""
-    entries = [anthropic_entry(e) for e in data]
+def anthropic_list(
+    data: list[dict[str, Any]],
+    limit: str | None = None,
+    after_id: str | None = None,
+    before_id: str | None = None,
+) -> dict[str, Any]:
+    """A model list as Anthropic's ``GET /v1/models`` answers: a page of ``limit`` entries
+    (1 to 1000, 20 if not given, as Anthropic's) after ``after_id`` or before ``before_id``,
+    with ``has_more`` saying whether entries lie beyond it in that direction."""
+    size = _page_size(limit)
+    ids = [e["id"] for e in data]
+    start, end = 0, len(data)
+    if after_id is not None and before_id is not None:
+        raise bad_request("give after_id or before_id, not both", param="before_id")
+    if after_id is not None:
+        start = _position(ids, after_id, "after_id") + 1
+        end = min(len(data), start + size)
+        has_more = end < len(data)
+    elif before_id is not None:
+        end = _position(ids, before_id, "before_id")
+        start = max(0, end - size)
+        has_more = start > 0
+    else:
+        end = min(len(data), size)
+        has_more = end < len(data)
+    entries = [anthropic_entry(e) for e in data[start:end]]
     return {
         "data": entries,
-        "has_more": False,
+        "has_more": has_more,
         "first_id": entries[0]["id"] if entries else None,
         "last_id": entries[-1]["id"] if entries else None,
     }
+
+
+def _page_size(limit: str | None) -> int:
+    if limit is None:
+        return 20
+    if not limit.isdigit() or not 1 <= int(limit) <= 1000:
+        raise bad_request("limit: a whole number from 1 to 1000", param="limit")
+    return int(limit)
+
+
+def _position(ids: list[str], model_id: str, param: str) -> int:
+    try:
+        return ids.index(model_id)
+    except ValueError:
+        raise bad_request(
+            f"{param}: the model {model_id!r} is not in the list", param=param
+        ) from None

@@ -18,7 +18,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
-from gateway.errors import APIError, bad_request
+from gateway.errors import APIError, validation_error
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -156,8 +156,6 @@ async def read_model(request: Request, model: type[M], limit: int = 64 * 1024) -
     try:
         return model.model_validate_json(raw or b"{}")
     except ValidationError as exc:
-        err = exc.errors()[0]
-        param = ".".join(str(p) for p in err["loc"]) or None
-        code = "invalid_json" if err["type"] in ("json_invalid", "model_type") else None
-        message = f"{param}: {err['msg']}" if param else err["msg"]
-        raise bad_request(message, param=param, code=code) from None
+        errors = exc.errors()
+        code = "invalid_json" if errors[0]["type"] in ("json_invalid", "model_type") else None
+        raise validation_error(errors, code=code) from None

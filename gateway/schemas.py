@@ -140,6 +140,9 @@ class Message(_Open):
     tool_call_id: str | None = None
 
 
+# OpenAI's chat API takes at most this many ``stop`` sequences.
+MAX_STOP_SEQUENCES = 4
+
 # OpenAI's rule for a function's name (its 400: "does not match pattern").
 FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 
@@ -269,8 +272,8 @@ class ChatCompletionRequest(_Open):
     @field_validator("stop")
     @classmethod
     def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(v, list) and len(v) > 4:
-            raise ValueError("at most 4 stop sequences")
+        if isinstance(v, list) and len(v) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
         return v
 
     @field_validator("tools")

@@ -16,7 +16,7 @@ import orjson
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
-from gateway.errors import APIError, bad_request
+from gateway.errors import APIError, bad_request, validation_error
 
 log = logging.getLogger(__name__)
 
@@ -51,20 +51,7 @@ def parse_body(kind: type[M], data: Any) -> M:
     try:
         return kind.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        param = field_path(err["loc"])
-        raise bad_request(f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
-
-
-def field_path(loc: tuple[int | str, ...] | list[int | str]) -> str | None:
-    """A validation error's location as the API names fields: ``input[0].content``."""
-    out: str | None = None
-    for p in loc:
-        if isinstance(p, int) or str(p).isdigit():
-            out = f"{out}[{p}]"
-        else:
-            out = str(p) if out is None else f"{out}.{p}"
-    return out
+        raise validation_error(exc.errors()) from None
 
 
 _PARAM = re.compile(r"([^.\[]*)(?:\[(\d+)\])?(.*)", re.DOTALL)

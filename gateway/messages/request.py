@@ -22,6 +22,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.errors import APIError, bad_request
+from gateway.schemas import MAX_STOP_SEQUENCES
 from gateway.translation import Origin, parse_body, retranslated_param, split_param
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,9 @@ log = logging.getLogger(__name__)
 
 class MessagesRequest(BaseModel):
     # Unknown fields are tolerated (Anthropic adds fields often) but not forwarded.
-    model_config = ConfigDict(extra="allow")
+    # Known ones are checked strictly, as Anthropic checks them and as the chat endpoint does:
+    # "stream": "yes" is a 400, not a stream.
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str = Field(min_length=1)
     max_tokens: int = Field(ge=1)
@@ -94,6 +97,15 @@ def to_chat(req: MessagesRequest) -> dict[str, Any]:
     if req.tool_choice is not None:
         _tool_choice(chat, req.tool_choice, {t["function"]["name"] for t in tools})
     if req.stop_sequences:
+        if len(req.stop_sequences) > MAX_STOP_SEQUENCES:
+            # Anthropic's API takes more, but the chat APIs this request is routed to take
+            # four (OpenAI's limit, which OpenAI-compatible servers copy): dropping the rest
+            # would let an answer run past a stop the client set.
+            raise bad_request(
+                f"stop_sequences: at most {MAX_STOP_SEQUENCES} stop sequences (the limit of "
+                "the chat APIs this gateway routes to)",
+                param="stop_sequences",
+            )
         chat["stop"] = req.stop_sequences
     for field in ("temperature", "top_p", "xrouter"):
         value = getattr(req, field)

@@ -25,10 +25,12 @@ _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"
 
 def usage(chat_usage: dict[str, Any] | None) -> dict[str, Any]:
     u = chat_usage or {}
+    prompt_details = u.get("prompt_tokens_details") or {}
     out = {
         "input_tokens": u.get("prompt_tokens", 0),
         "input_tokens_details": {
-            "cached_tokens": (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+            "cached_tokens": prompt_details.get("cached_tokens") or 0,
+            "cache_write_tokens": prompt_details.get("cache_write_tokens") or 0,
         },
         "output_tokens": u.get("completion_tokens", 0),
         "output_tokens_details": {
@@ -41,6 +43,22 @@ def usage(chat_usage: dict[str, Any] | None) -> dict[str, Any]:
     if "cost" in u:
         out["cost"] = u["cost"]
     return out
+
+
+# A failed response's ``error.code`` is one of the codes OpenAI defines (its SDK refuses
+# others); of those, what a gateway's failure can be. The gateway's own code (which model
+# pool was unavailable, what it sent back) stays in the message.
+_RATE_LIMITED = frozenset({"upstream_rate_limited", "rate_limited", "rate_limit_exceeded"})
+
+
+def response_error(code: str | None, message: str) -> dict[str, str]:
+    if code in _RATE_LIMITED:
+        kind = "rate_limit_exceeded"
+    else:
+        kind = "server_error"
+    if code and code != kind:
+        message = f"{message} ({code})" if message else code
+    return {"code": kind, "message": message}
 
 
 def message_item(
@@ -228,7 +246,8 @@ class EventStream(StreamTranslation):
     def _next_index(self) -> int:
         return (self._text_index is not None) + len(self._calls)
 
-    def _on_text(self, kind: str, text: str) -> bytes:
+    def _open_part(self, kind: str) -> tuple[bytes, list[str]]:
+        """The message item's ``kind`` part (opened, with its events, if it is not yet)."""
         out = self._announce_held()
         if self._text_index is None:
             self._text_index = self._next_index()
@@ -237,18 +256,22 @@ class EventStream(StreamTranslation):
                 output_index=self._text_index,
                 item=message_item(self.request_id, [], "in_progress"),
             )
-        item_id = f"msg_{self.request_id}"
         part = self._parts.get(kind)
         if part is None:
             part = self._parts[kind] = []
             out += self._event(
                 "response.content_part.added",
-                item_id=item_id,
+                item_id=f"msg_{self.request_id}",
                 output_index=self._text_index,
                 content_index=len(self._parts) - 1,
                 part=content_part(kind, ""),
             )
+        return out, part
+
+    def _on_text(self, kind: str, text: str) -> bytes:
+        out, part = self._open_part(kind)
         part.append(text)
+        item_id = f"msg_{self.request_id}"
         index = 0 if len(self._parts) == 1 else list(self._parts).index(kind)
         # Two calls rather than one with a kwargs dict built per delta: this runs per chunk.
         if kind == "refusal":
@@ -356,9 +379,13 @@ class EventStream(StreamTranslation):
         return out, [item for _, item in items]
 
     def _complete(self, final: dict[str, Any]) -> bytes:
+        opened = b""
+        if self._text_index is None and not self._calls:
+            # An empty answer is still a message (as the non-streamed response has it), and
+            # a client building the output from the events must have seen it opened.
+            opened, _ = self._open_part("output_text")
         out, output = self._close_items()
-        if not output:  # an empty answer is still a message
-            output = [message_item(self.request_id, message_parts(None, None))]
+        out = opened + out
         r = self._response(
             "completed",
             output=output,
@@ -375,7 +402,5 @@ class EventStream(StreamTranslation):
         self.done = True
         out = self._announce_held()
         output = [item for _, item in self._items("incomplete")]
-        r = self._response(
-            "failed", output=output, error={"code": code or "server_error", "message": message}
-        )
+        r = self._response("failed", output=output, error=response_error(code, message))
         return out + self._event("response.failed", response=r)

@@ -31,7 +31,9 @@ log = logging.getLogger(__name__)
 class ResponsesRequest(BaseModel):
     # Unknown fields are tolerated (OpenAI adds fields often) but not forwarded: they are
     # Responses fields, which a chat provider would refuse.
-    model_config = ConfigDict(extra="allow")
+    # Known ones are checked strictly, as OpenAI checks them and as the chat endpoint does:
+    # "stream": "yes" is a 400, not a stream.
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str = Field(min_length=1)
     input: str | list[dict[str, Any]]

@@ -144,13 +144,21 @@ async def list_models(request: Request) -> Response:
     s = services(request)
     assert s.auth is not None
     anthropic = _anthropic_client(request)
+    # An id on every answer, as both providers' APIs send one (no ledger row has it).
+    headers = messages.request_id_headers()
     try:
         who = await s.auth.principal(authorization(request))
+        data = model_list.list_models(s.current(), who)
+        if anthropic:
+            q = request.query_params
+            body = model_list.anthropic_list(
+                data, q.get("limit"), q.get("after_id"), q.get("before_id")
+            )
+        else:
+            body = {"object": "list", "data": data}
     except APIError as err:
-        return messages.anthropic_error(err) if anthropic else err.response()
-    data = model_list.list_models(s.current(), who)
-    body = model_list.anthropic_list(data) if anthropic else {"object": "list", "data": data}
-    return Response(orjson.dumps(body), media_type="application/json")
+        return messages.anthropic_error(err, headers) if anthropic else err.response(headers)
+    return Response(orjson.dumps(body), media_type="application/json", headers=headers)
 
 
 # ``:path`` because router names have a slash in them (``xrouter/cascade``).
@@ -159,6 +167,7 @@ async def retrieve_model(request: Request, model_id: str) -> Response:
     s = services(request)
     assert s.auth is not None
     anthropic = _anthropic_client(request)
+    headers = messages.request_id_headers()
     try:
         who = await s.auth.principal(authorization(request))
         entry = model_list.find_model(s.current(), who, model_id)
@@ -167,6 +176,6 @@ async def retrieve_model(request: Request, model_id: str) -> Response:
                 f"the model {model_id!r} does not exist; GET /v1/models lists the available ones"
             )
     except APIError as err:
-        return messages.anthropic_error(err) if anthropic else err.response()
+        return messages.anthropic_error(err, headers) if anthropic else err.response(headers)
     body = model_list.anthropic_entry(entry) if anthropic else entry
-    return Response(orjson.dumps(body), media_type="application/json")
+    return Response(orjson.dumps(body), media_type="application/json", headers=headers)

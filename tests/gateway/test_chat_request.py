@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gateway.chat_request import decode_json
+from gateway.chat_request import decode_json, validate_request
 from gateway.errors import APIError
 
 MODEL = "mistral-small-24b-instruct-2501-bf16"
@@ -37,3 +37,38 @@ def test_the_depth_check_is_the_same_whichever_way_it_is_made(padding: int, tool
         with pytest.raises(APIError) as exc:
             decode_json(body(depth))
         assert exc.value.status == 400 and exc.value.code == "invalid_json"
+
+
+WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
+USER = [{"role": "user", "content": "x"}]
+
+
+@pytest.mark.parametrize(
+    ("choice", "param"),
+    [
+        ({"type": "function", "function": {"name": "time"}}, "tool_choice.function.name"),
+        ({"type": "function", "function": {}}, "tool_choice.function.name"),
+        ({"type": "function"}, "tool_choice.function.name"),
+    ],
+)
+def test_a_named_tool_choice_must_name_an_offered_tool(choice: dict, param: str) -> None:
+    with pytest.raises(APIError) as exc:
+        validate_request(
+            {"model": "m", "messages": USER, "tools": [WEATHER], "tool_choice": choice}
+        )
+    assert exc.value.status == 400 and exc.value.param == param
+
+
+def test_a_named_tool_choice_of_an_offered_tool_is_forwarded_as_sent() -> None:
+    choice = {"type": "function", "function": {"name": "weather"}}
+    data, _ = validate_request(
+        {"model": "m", "messages": USER, "tools": [WEATHER], "tool_choice": choice}
+    )
+    assert data["tool_choice"] == choice
+
+
+def test_a_value_that_is_no_member_of_a_union_names_every_member() -> None:
+    with pytest.raises(APIError) as exc:
+        validate_request({"model": "m", "messages": [{"role": "user", "content": 5}]})
+    assert exc.value.param == "messages[0].content"
+    assert exc.value.message.startswith("messages[0].content: Input should be a valid string or")

@@ -432,6 +432,25 @@ def test_models_in_anthropic_s_shape_for_anthropic_s_clients(gateway: Gateway) -
     assert openai_shape["object"] == "list" and openai_shape["data"][0]["object"] == "model"
 
 
+def test_anthropic_s_model_list_pages(gateway: Gateway) -> None:
+    c = client(gateway)
+    every = [m.id for m in c.models.list(limit=1000).data]
+    assert len(every) > 3
+    first = c.models.list(limit=2)
+    assert [m.id for m in first.data] == every[:2] and first.has_more
+    assert first.first_id == every[0] and first.last_id == every[1]
+    after = c.models.list(limit=2, after_id=every[1])
+    assert [m.id for m in after.data] == every[2:4]
+    before = c.models.list(limit=2, before_id=every[3])
+    assert [m.id for m in before.data] == every[1:3] and before.has_more
+    # The SDK's auto-pagination walks every page and sees each model once.
+    assert [m.id for m in c.models.list(limit=2)] == every
+    for bad in ({"limit": 0}, {"after_id": "no-such-model"}):
+        with pytest.raises(anthropic.BadRequestError) as err:
+            c.models.list(**bad)
+        assert err.value.request_id  # every answer carries an id
+
+
 def test_count_tokens(gateway: Gateway) -> None:
     c = client(gateway)
     short = c.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "hi"}])

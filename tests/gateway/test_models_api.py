@@ -77,6 +77,7 @@ def test_an_unknown_model_is_an_openai_not_found(gw: Gateway) -> None:
             c.models.retrieve(name)
         body = info.value.response.json()["error"]
         assert body["code"] == "model_not_found" and repr(name) in body["message"]
+        assert info.value.request_id  # as OpenAI's API, an id on every answer
 
 
 def test_a_restricted_key_sees_only_what_it_may_use(gw: Gateway) -> None:

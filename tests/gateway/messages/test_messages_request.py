@@ -183,12 +183,25 @@ def test_count_tokens_requests_need_no_max_tokens() -> None:
         ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"},
           {"role": "assistant", "content": "y"}, {"role": "user", "content": []}]},
          "messages[2].content", None),
+        # Known fields are checked strictly, as Anthropic checks them.
+        ({"max_tokens": "10", "messages": [{"role": "user", "content": "x"}]}, "max_tokens", None),
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "stream": "true"},
+         "stream", None),
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "temperature": "0.5"},
+         "temperature", None),
+        # Neither a string nor a list of blocks: the field, not pydantic's union member.
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "system": 5},
+         "system", None),
+        # Four at most: the limit of the chat APIs the request is routed to.
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+          "stop_sequences": list("abcde")}, "stop_sequences", None),
     ],
 )  # fmt: skip
 def test_refusals_name_the_field(body: dict[str, Any], param: str, code: str | None) -> None:
     with pytest.raises(APIError) as err:
         to_chat(parse_request({"model": "m", **body}))
-    assert err.value.status == 400 and err.value.param == param and err.value.message
+    assert err.value.status == 400 and err.value.param == param
+    assert err.value.message.startswith(f"{param}: ")
     assert err.value.code == code
 
 

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
+from openai.types.responses import Response, ResponseFailedEvent
 
 from gateway.responses.output import EventStream, from_chat_completion
 from gateway.responses.request import parse_request
@@ -121,15 +122,45 @@ async def test_a_cut_answer_is_incomplete() -> None:
              {"error": {"message": "upstream reset", "type": "upstream_error",
                         "code": "upstream_error", "param": None}}), "upstream_error"),
         # A chat stream that stops without its final usage chunk.
-        (sse(delta({"content": "partial"}), done=False), "server_error"),
+        (sse(delta({"content": "partial"}), done=False), None),
+        # A rate-limited upstream keeps OpenAI's code for it.
+        (sse(delta({"content": "partial"}),
+             {"error": {"message": "slow down", "type": "server_error",
+                        "code": "upstream_rate_limited", "param": None}}), "upstream_rate_limited"),
     ],
 )  # fmt: skip
-async def test_a_stream_that_fails_ends_with_response_failed(body: bytes, code: str) -> None:
+async def test_a_stream_that_fails_ends_with_response_failed(body: bytes, code: str | None) -> None:
     got = await events(body)
     assert got[-1]["type"] == "response.failed"
     failed = got[-1]["response"]
-    assert failed["status"] == "failed" and failed["error"]["code"] == code
+    # The code is one OpenAI's SDK knows; the gateway's own code stays in the message.
+    event = ResponseFailedEvent.model_validate(got[-1])
+    want = "rate_limit_exceeded" if code == "upstream_rate_limited" else "server_error"
+    assert failed["status"] == "failed" and event.response.error is not None
+    assert event.response.error.code == want
+    assert code is None or f"({code})" in event.response.error.message
     assert failed["output"][0]["content"][0]["text"] == "partial"
+
+
+async def test_an_empty_streamed_answer_opens_and_closes_its_message() -> None:
+    """A client that builds the output from the events must end with what
+    ``response.completed`` holds: the empty message is announced, not only in the end."""
+    got = await events(sse(delta({"role": "assistant"}), delta({}, "stop"), FINAL))
+    kinds = [e["type"] for e in got]
+    assert kinds == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    final = Response.model_validate(got[-1]["response"])
+    assert final.output_text == "" and final.output[0].id == got[2]["item"]["id"]
+    assert got[-2]["item"] == got[-1]["response"]["output"][0]
+    assert final.usage is not None and final.usage.input_tokens_details.cache_write_tokens == 0
 
 
 def test_an_empty_completion_is_still_a_message() -> None:
@@ -142,6 +173,7 @@ def test_an_empty_completion_is_still_a_message() -> None:
         "usage": FINAL["usage"],
     }
     out = from_chat_completion(req, chat)
+    Response.model_validate(out)  # every field OpenAI's SDK requires, usage's included
     assert out["id"] == f"resp_{RID}" and out["status"] == "completed"
     assert out["output"][0]["content"][0]["text"] == ""
     assert out["completed_at"] >= out["created_at"] and out["user"] is None

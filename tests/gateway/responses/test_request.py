@@ -206,6 +206,11 @@ def test_namespaced_and_hosted_tools() -> None:
             {"type": "namespace", "name": "a", "tools": [{"type": "function", "name": "b__c"}]}]},
          "tools[1].tools[0].name"),
         ({"input": "x", "temperature": 3}, "temperature"),
+        # Known fields are checked strictly, as OpenAI checks them.
+        ({"input": "x", "stream": "yes"}, "stream"),
+        ({"input": "x", "max_output_tokens": "10"}, "max_output_tokens"),
+        # Neither member of the union: named as the field, not as pydantic's member.
+        ({"input": "x", "tool_choice": 5}, "tool_choice"),
     ],
 )  # fmt: skip
 def test_what_cannot_be_translated_is_a_400_naming_the_field(
@@ -214,6 +219,7 @@ def test_what_cannot_be_translated_is_a_400_naming_the_field(
     with pytest.raises(APIError) as exc:
         chat(body)
     assert exc.value.status == 400 and exc.value.param == param
+    assert exc.value.message.startswith(f"{param}: ")
 
 
 def field_at(body: Any, param: str) -> Any:
