@@ -6,18 +6,27 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import logging
 import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from gateway.errors import APIError
+from gateway.errors import DATABASE_OUTAGES, APIError, database_unavailable
+from gateway.ledger.store import describe_error
 from gateway.principal import Principal
 from pricing import usd_to_micros
 
 if TYPE_CHECKING:
     from gateway.ledger.keys import KeyRepository
 
+log = logging.getLogger(__name__)
+
 CACHE_TTL_S = 5.0
+# How long past its TTL a known key is still taken while the ledger database does not
+# answer its lookup: an outage must not stop traffic the keys in hand already serve (rows
+# wait in the spill directory meanwhile), but a key revoked before it began is only
+# unseen for so long.
+STALE_IF_ERROR_S = 600.0
 _CACHE_MAX = 10_000
 
 
@@ -75,16 +84,21 @@ class Authenticator:
         enabled: bool,
         admin_key: str | None,
         cache_size: int = _CACHE_MAX,
+        ttl_s: float = CACHE_TTL_S,
+        stale_if_error_s: float = STALE_IF_ERROR_S,
     ) -> None:
         self.repo = repo
         self.enabled = enabled
         self._admin_digest = hashlib.sha256(admin_key.encode()).digest() if admin_key else None
         self._cache_size = cache_size
+        self._ttl_s = ttl_s
+        self._stale_if_error_s = stale_if_error_s
         # Known keys and refused tokens are cached apart: anyone can send random tokens, and
         # a flood of them must not push the real keys out (every request of every key would
         # then go to the database).
         self._cache: dict[bytes, tuple[float, Principal]] = {}
         self._refused: dict[bytes, float] = {}
+        self._stale = False  # serving keys as last read (logged once per outage)
 
     def invalidate(self) -> None:
         self._cache.clear()
@@ -104,12 +118,30 @@ class Authenticator:
         elif self._refused.get(digest, 0.0) > now:
             raise unauthorized()
         else:
-            found = await self._lookup(token)
+            try:
+                found = await self._lookup(token)
+            except DATABASE_OUTAGES as exc:
+                if hit is None or now - hit[0] > self._stale_if_error_s:
+                    log.warning("key lookup failed, the ledger database: %s", describe_error(exc))
+                    raise database_unavailable() from None
+                found = hit[1]  # the key as it was: taken until the database answers again
+                if not self._stale:
+                    log.warning(
+                        "ledger database unavailable: taking known keys as last read (%s)",
+                        describe_error(exc),
+                    )
+                self._stale = True
+                return self._unexpired(found)
+            self._stale = False
             if found is None:
-                self._remember(self._refused, digest, now + CACHE_TTL_S)
+                self._remember(self._refused, digest, now + self._ttl_s)
                 raise unauthorized()
             who = found
-            self._remember(self._cache, digest, (now + CACHE_TTL_S, who))
+            self._remember(self._cache, digest, (now + self._ttl_s, who))
+        return self._unexpired(who)
+
+    @staticmethod
+    def _unexpired(who: Principal) -> Principal:
         # Checked on every request, not only at lookup: a cached key expires on time.
         if who.expires_at is not None and time.time() >= who.expires_at:
             when = datetime.fromtimestamp(who.expires_at, UTC).isoformat()

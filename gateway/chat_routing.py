@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import APIError, bad_request, forbidden, not_found
@@ -17,25 +17,20 @@ from pricing import usd_to_micros
 from router.context_window import fits, likely_prompt_tokens, tokens_needed
 from router.estimate import requested_max_tokens
 from router.modalities import request_modalities, requested_outputs
-from router.policy import Call, LoopState, Policy, RouteContext, Select, Step, ToolCall
+from router.policies.baselines import FixedPolicy
+from router.policy import Policy, RouteContext
 
 # Fields that shape routing or the gateway's response, never forwarded as model parameters.
 _NOT_PARAMS = frozenset({"model", "messages", "tools", "stream", "stream_options", "xrouter"})
 
 
-class PassThrough(Policy):
-    """``model: <pool model>``: call exactly that model (with its configured fallbacks)."""
+class PassThrough(FixedPolicy):
+    """``model: <pool model>``: call exactly that model (with its configured fallbacks),
+    reported as the ``passthrough`` policy."""
 
     def __init__(self, model: str) -> None:
-        self.model = model
+        super().__init__(model)
         self.name = "passthrough"
-
-    async def step(self, ctx: RouteContext, state: LoopState) -> Step:
-        if state.turn == 0:
-            state.decision.record(self.model, 1.0)
-            return Call((ToolCall(id="call_0", model=self.model),), final=True)
-        ok = state.successful()
-        return Select(ok[0].call.id) if ok else Call(())
 
 
 @dataclass(slots=True)
@@ -43,7 +38,8 @@ class Resolved:
     policy: Policy
     policy_name: str
     passthrough: bool
-    pool_names: list[str] = field(default_factory=list)
+    # The one model a pass-through or a fixed:<model> policy calls; None for the routers.
+    pinned: str | None = None
 
 
 def resolve(rt: Runtime, req: ChatCompletionRequest, who: Principal) -> Resolved:
@@ -62,14 +58,15 @@ def resolve(rt: Runtime, req: ChatCompletionRequest, who: Principal) -> Resolved
             # fixed:<model>, allowed as a policy, names a model the key may not use.
             model = policy_name[len(FIXED_PREFIX) :]
             raise forbidden(f"this key may not use model {model!r}", "model_not_allowed")
-        return Resolved(policy, policy_name, passthrough=False)
+        pinned = policy.model if isinstance(policy, FixedPolicy) else None
+        return Resolved(policy, policy_name, passthrough=False, pinned=pinned)
     if name not in rt.pool:
         raise not_found(
             f"the model {name!r} does not exist; GET /v1/models lists the available ones"
         )
     if not who.may_use_model(name):
         raise forbidden(f"this key may not use model {name!r}", "model_not_allowed")
-    return Resolved(PassThrough(name), "passthrough", passthrough=True, pool_names=[name])
+    return Resolved(PassThrough(name), "passthrough", passthrough=True, pinned=name)
 
 
 def route_pool(
@@ -79,10 +76,11 @@ def route_pool(
     resolved: Resolved,
     data: dict[str, Any],
 ) -> list[str]:
-    """The pool models ``data`` (the decoded request) may be routed to. A pass-through's
-    are its model and the model's configured fallbacks, each held to the same limits."""
-    if resolved.passthrough:
-        (model,) = resolved.pool_names
+    """The pool models ``data`` (the decoded request) may be routed to. A pass-through's,
+    and a fixed:<model> policy's, are its model and the model's configured fallbacks, each
+    held to the same limits."""
+    if resolved.pinned is not None:
+        model = resolved.pinned
         names = _allowed(rt, req, who, [model, *rt.pool[model].fallbacks])
         if model not in names:
             raise forbidden(

@@ -55,6 +55,12 @@ class APIError(Exception):
 
     def response(self, extra_headers: Mapping[str, str] | None = None) -> Response:
         headers = {**self.headers, **(extra_headers or {})}
+        if "x-request-id" not in headers:
+            # Every error carries an id, as OpenAI's API does (the SDKs read it into the
+            # error's ``request_id``): one refused before it had a request id (a bad key, a
+            # body too large, an admin call) gets one of its own, which no ledger row has.
+            request_id = secrets.token_hex(16)
+            headers["x-request-id"] = headers.setdefault("x-xrouter-request-id", request_id)
         return Response(
             orjson.dumps(self.body()),
             status_code=self.status,
@@ -252,7 +258,13 @@ def _allowed_methods(request: Request) -> str:
 
 # What a database that is down, unreachable or overloaded raises through SQLAlchemy: the
 # driver's errors, a pool with no connection to give, a connection lost.
-_OUTAGES = (sa_exc.DBAPIError, sa_exc.TimeoutError, sa_exc.DisconnectionError)
+DATABASE_OUTAGES = (sa_exc.DBAPIError, sa_exc.TimeoutError, sa_exc.DisconnectionError)
+
+
+def database_unavailable() -> APIError:
+    return APIError(
+        503, "the ledger database is unavailable", type="server_error", code="database_unavailable"
+    )
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -289,10 +301,7 @@ def install_error_handlers(app: FastAPI) -> None:
             from gateway.messages import anthropic_error
 
             return anthropic_error(err)
-        from gateway.render import id_headers
-
-        # An id of its own, as every other answer has (which no ledger row has).
-        return err.response(id_headers(secrets.token_hex(16)))
+        return err.response()  # with an id of its own, which no ledger row has
 
     @app.exception_handler(sa_exc.SQLAlchemyError)
     async def _database(request: Request, exc: sa_exc.SQLAlchemyError) -> Response:
@@ -307,7 +316,7 @@ def install_error_handlers(app: FastAPI) -> None:
                 "the request holds a value the database cannot store or compare "
                 "(for example a NUL character or a number out of range)"
             ).response()
-        if not isinstance(exc, _OUTAGES):
+        if not isinstance(exc, DATABASE_OUTAGES):
             # A statement built wrong (SQLAlchemy refused it before the database saw it)
             # fails on every retry: a bug to show as one, not a database to wait for.
             log.error(
@@ -318,12 +327,7 @@ def install_error_handlers(app: FastAPI) -> None:
         log.warning(
             "database error on %s %s: %s", request.method, request.url.path, describe_error(exc)
         )
-        return APIError(
-            503,
-            "the ledger database is unavailable",
-            type="server_error",
-            code="database_unavailable",
-        ).response()
+        return database_unavailable().response()
 
     app.add_middleware(CatchUnexpected)
 

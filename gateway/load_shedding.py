@@ -25,7 +25,6 @@ to N times it.
 
 from __future__ import annotations
 
-import secrets
 from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -84,7 +83,5 @@ class LoadShedding:
 
             err = APIError(529, message, type="server_error", code="overloaded", headers=headers)
             return anthropic_error(err)
-        from gateway.render import id_headers
-
         err = APIError(503, message, type="server_error", code="overloaded", headers=headers)
-        return err.response(id_headers(secrets.token_hex(16)))
+        return err.response()

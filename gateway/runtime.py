@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway.principal import FIXED_PREFIX
 from gateway.settings import Settings
 from pricing import ModelPrice, PriceCatalog, load_default_catalog
 from router.executors import ProviderExecutor
@@ -82,8 +83,11 @@ class Runtime:
     def reported_names(self) -> tuple[list[str], list[str]]:
         """The model and policy names this runtime's requests are reported under in metrics:
         its pool ("router": an answer the router gave itself) and its policies (with
-        "passthrough": a pool model asked for by name)."""
-        return [*self.pool.names, "router"], [*self.policy_names, "passthrough"]
+        "passthrough": a pool model asked for by name, and ``fixed:<model>`` for each pool
+        model: named by the config as surely as the pool is, and what a gateway whose
+        default policy is one reports all its traffic under)."""
+        fixed = [f"{FIXED_PREFIX}{m}" for m in self.pool.names]
+        return [*self.pool.names, "router"], [*self.policy_names, "passthrough", *fixed]
 
     def take_over(self) -> None:
         """Apply this snapshot's circuit breaker and deployment cooldown settings to the

@@ -3,16 +3,19 @@
 Precedence: defaults < YAML file < environment. ``${VAR}`` and ``${VAR:-default}`` in the
 YAML are expanded from the environment before validation, so secrets never need to be in
 the file. Any setting can also be overridden by ``XROUTER_<SECTION>__<KEY>`` (double
-underscore between levels), e.g. ``XROUTER_LEDGER__URL=postgresql+asyncpg://...``.
+underscore between levels), e.g. ``XROUTER_LEDGER__URL=postgresql+asyncpg://...``: the
+value of a text setting (a key, a URL, a name) is taken as written, any other's is read as
+YAML (``2``, ``true``, ``[a, b]``).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import types
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from pathlib import Path, PurePath
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -25,6 +28,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import MultiHostUrl, Url
 
 from pricing import ModelPrice
 from router.pool import DEFAULT_KEEP_ALIVE_S, PoolModelConfig
@@ -346,6 +350,74 @@ def expand_env(value: Any, env: Mapping[str, str]) -> Any:
     return value
 
 
+# Types whose value is text: an environment value for one of them is taken as written.
+_TEXT_TYPES: tuple[type, ...] = (str, SecretStr, PurePath, Url, MultiHostUrl)
+# pydantic's URL, DSN, e-mail and IP address types (AnyUrl, PostgresDsn, ...), written as
+# text too; its multi-host DSNs share no public base class, hence the module.
+_TEXT_TYPES_MODULE = "pydantic.networks"
+
+
+def _members(tp: Any) -> list[Any]:
+    """The members of a type, ``Annotated`` unwrapped and ``None`` dropped."""
+    if get_origin(tp) is Annotated:
+        return _members(get_args(tp)[0])
+    if get_origin(tp) in (Union, types.UnionType):
+        return [m for arg in get_args(tp) for m in _members(arg)]
+    return [] if tp is type(None) else [tp]
+
+
+def _is_text(tp: Any) -> bool:
+    """Whether a setting of type ``tp`` is written as text (``None`` allowed besides)."""
+    members = _members(tp)
+    if not members:
+        return False
+    for m in members:
+        if get_origin(m) is Literal:
+            if not all(isinstance(v, str) for v in get_args(m)):
+                return False
+        elif not (
+            isinstance(m, type)
+            and (issubclass(m, _TEXT_TYPES) or m.__module__ == _TEXT_TYPES_MODULE)
+        ):
+            return False
+    return True
+
+
+def _field_type(path: list[str]) -> Any:
+    """The annotation of the setting at ``path`` (field names, or a mapping's keys), or
+    ``None`` when the path names no setting (validation then says so)."""
+    tp: Any = Settings
+    for part in path:
+        members = _members(tp)
+        if len(members) != 1:
+            return None
+        (tp,) = members
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            field = tp.model_fields.get(part)
+            if field is None:
+                return None
+            tp = field.annotation
+        elif get_origin(tp) is dict:
+            tp = get_args(tp)[1]
+        else:
+            return None
+    return tp
+
+
+def _env_value(path: list[str], raw: str) -> Any:
+    # A text setting takes the value as written: through YAML, "key #2026" lost its
+    # " #2026" as a comment, and an all-digit key or "yes" became a number or a boolean
+    # that no string field accepts.
+    if raw == "" or _is_text(_field_type(path)):
+        return raw
+    # Others are YAML-parsed so "true", "8", "[a, b]" get their natural types; one that is
+    # not YAML ("[abc", "*") is the string it is.
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+
+
 def _apply_env_overrides(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
     for key, raw in env.items():
         if not key.startswith(ENV_PREFIX) or "__" not in key:
@@ -358,12 +430,7 @@ def _apply_env_overrides(data: dict[str, Any], env: Mapping[str, str]) -> dict[s
                 nxt = {}
                 node[part] = nxt
             node = nxt
-        # YAML-parse the value so "true", "8", "[a, b]" get their natural types; one that
-        # is not YAML ("[abc", a secret's punctuation) is the string it is.
-        try:
-            node[path[-1]] = yaml.safe_load(raw) if raw != "" else ""
-        except yaml.YAMLError:
-            node[path[-1]] = raw
+        node[path[-1]] = _env_value(path, raw)
     return data
 
 

@@ -42,7 +42,7 @@ async def chat_completions(request: Request) -> Response:
     except APIError as err:
         # A bad key, a body too large: refused before it was a request the ledger keeps,
         # with a request id all the same, as every other answer has.
-        return err.response(id_headers(secrets.token_hex(16)))
+        return err.response()
     return await s.chat.handle(raw, who, watch=client_watch(request.scope))
 
 
@@ -61,7 +61,7 @@ async def create_response(request: Request) -> Response:
     except APIError as err:
         # A bad key, a body too large: refused before it was a request the ledger keeps (as
         # chat's are), with a request id all the same.
-        return err.response(id_headers(secrets.token_hex(16)))
+        return err.response()
     try:
         req = responses.parse_request(decode_json(raw))
         chat_request = responses.to_chat(req)
@@ -110,18 +110,17 @@ async def stored_response(request: Request, response_id: str, rest: str) -> Resp
         raise HTTPException(404)
     s = services(request)
     assert s.auth is not None
-    ids = id_headers(secrets.token_hex(16))
     try:
         await s.auth.principal(request.headers.get("authorization"))
     except APIError as err:
-        return err.response(ids)
+        return err.response()
     return APIError(
         404,
         f"no response {response_id!r}: xrouter stores no responses (each is answered with "
         "store: false); keep what you need from the response itself",
         param="response_id",
         code="response_not_found",
-    ).response(ids)
+    ).response()
 
 
 def authorization(request: Request) -> str | None:

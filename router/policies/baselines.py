@@ -39,16 +39,23 @@ class _SingleCall(Policy):
         return Call(())
 
 
-class FixedPolicy(_SingleCall):
+class FixedPolicy(Policy):
+    """Calls exactly one model, with the fallbacks its pool entry configures (which the
+    client applies), as a pass-through does: never another model standing in for it, so
+    what is reported under this policy's name — its answers, costs and failures — is that
+    model's. A model the request may not use is no answer (the gateway refuses such a
+    request before routing it)."""
+
     def __init__(self, model: str) -> None:
         self.model = model
         self.name = f"fixed:{model}"
 
-    def choose(self, ctx: RouteContext) -> tuple[str, float, dict[str, float] | None]:
-        if self.model in ctx.pool:
-            return self.model, 1.0, None
-        # The request's allow-list excludes our model: the cheapest allowed one stands in.
-        return _by_price(ctx.pool)[0], 1.0, None
+    async def step(self, ctx: RouteContext, state: LoopState) -> Step:
+        if state.turn == 0 and self.model in ctx.pool:
+            state.decision.record(self.model, 1.0)
+            return Call((ToolCall(id="call_0", model=self.model),), final=True)
+        ok = state.successful()
+        return Select(ok[0].call.id) if ok else Call(())
 
 
 class CheapestPolicy(_SingleCall):

@@ -3,18 +3,25 @@ the scrape token in front of /metrics."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
+import sqlite3
+import time
 from pathlib import Path
 
+import anthropic
 import httpx
+import openai
 import pytest
 
-from gateway.auth import Authenticator
+from gateway.auth import CACHE_TTL_S, Authenticator
 from gateway.errors import APIError
 from gateway.ledger.keys import KeyRepository
 from gateway.ledger.store import open_ledger_engine
 from tests.gateway.conftest import Upstream
-from tests.support.gateway import gateway_config, start_gateway
+from tests.support.gateway import ADMIN_KEY, gateway_config, start_gateway
+
+MODEL = "gemma-2-9b-it"
 
 
 async def test_a_flood_of_bad_tokens_does_not_evict_the_real_keys(tmp_path: Path) -> None:
@@ -40,6 +47,98 @@ async def test_a_flood_of_bad_tokens_does_not_evict_the_real_keys(tmp_path: Path
         await engine.dispose()
 
 
+async def test_known_keys_are_taken_as_last_read_while_the_database_is_down(
+    tmp_path: Path,
+) -> None:
+    engine = await open_ledger_engine(f"sqlite+aiosqlite:///{tmp_path}/ledger.db")
+    try:
+        repo = KeyRepository(engine)
+        info, secret = await repo.create("app")
+        auth = Authenticator(repo, enabled=True, admin_key=None, ttl_s=0.01, stale_if_error_s=0.5)
+        assert (await auth.principal(f"Bearer {secret}")).key_id == info.key_id
+        # The key table goes away, as with a database that stopped answering.
+        async with engine.begin() as conn:
+            await conn.exec_driver_sql("ALTER TABLE api_keys RENAME TO api_keys_away")
+        await asyncio.sleep(0.05)  # past the cache's TTL: every lookup now fails
+        assert (await auth.principal(f"Bearer {secret}")).key_id == info.key_id
+        # A key never read is not guessed at: the outage, said as one (not a 401).
+        with pytest.raises(APIError) as exc:
+            await auth.principal(f"Bearer xr-{secrets.token_urlsafe(32)}")
+        assert (exc.value.status, exc.value.code) == (503, "database_unavailable")
+        # Taken as last read for so long only.
+        await asyncio.sleep(0.6)
+        with pytest.raises(APIError) as exc:
+            await auth.principal(f"Bearer {secret}")
+        assert exc.value.status == 503
+        async with engine.begin() as conn:
+            await conn.exec_driver_sql("ALTER TABLE api_keys_away RENAME TO api_keys")
+        await repo.revoke(info.key_id)  # the database answers again, and is believed
+        with pytest.raises(APIError) as exc:
+            await auth.principal(f"Bearer {secret}")
+        assert exc.value.status == 401
+    finally:
+        await engine.dispose()
+
+
+def test_an_outage_of_the_key_table_does_not_stop_traffic(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    """With auth on, a ledger outage does not stop a running gateway (the README's promise):
+    the keys in hand go on being served, on all three APIs, and their rows land once the
+    database is back; a key the gateway never read is a 503 with a request id."""
+    cfg = gateway_config(tmp_path, upstream.base_url, auth={"enabled": True})
+    gw = start_gateway(tmp_path, cfg)
+    db = sqlite3.connect(tmp_path / "ledger.db")
+    try:
+        admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        r = httpx.post(f"{gw.url}/admin/keys", json={"alias": "app"}, headers=admin)
+        assert r.status_code == 201, r.text
+        key = r.json()["key"]
+        oai = openai.OpenAI(base_url=gw.base_url, api_key=key, max_retries=0)
+        ant = anthropic.Anthropic(base_url=gw.url, api_key=key, max_retries=0)
+        messages = [{"role": "user", "content": "hi"}]
+        oai.chat.completions.create(model=MODEL, messages=messages)  # type: ignore[arg-type]
+        db.execute("ALTER TABLE api_keys RENAME TO api_keys_away")
+        db.commit()
+        time.sleep(CACHE_TTL_S + 0.5)
+        ids = [
+            oai.chat.completions.create(model=MODEL, messages=messages).id,  # type: ignore[arg-type]
+            oai.responses.create(model=MODEL, input="hi").id,
+            ant.messages.create(model=MODEL, max_tokens=64, messages=messages).id,  # type: ignore[arg-type]
+        ]
+        stranger = "xr-" + secrets.token_urlsafe(32)
+        with pytest.raises(openai.InternalServerError) as oerr:
+            openai.OpenAI(base_url=gw.base_url, api_key=stranger, max_retries=0).responses.create(
+                model=MODEL, input="hi"
+            )
+        assert oerr.value.status_code == 503 and oerr.value.request_id
+        with pytest.raises(anthropic.InternalServerError) as aerr:
+            anthropic.Anthropic(base_url=gw.url, api_key=stranger, max_retries=0).messages.create(
+                model=MODEL,
+                max_tokens=64,
+                messages=messages,  # type: ignore[arg-type]
+            )
+        assert aerr.value.status_code == 503 and aerr.value.request_id
+        assert "Traceback" not in gw.log()
+        db.execute("ALTER TABLE api_keys_away RENAME TO api_keys")
+        db.commit()
+        rids = [i.split("_", 1)[1] if "_" in i else i.removeprefix("chatcmpl-") for i in ids]
+        deadline = time.monotonic() + 10
+        while True:
+            rows = {
+                rid
+                for rid in rids
+                if db.execute("SELECT 1 FROM requests WHERE request_id = ?", (rid,)).fetchone()
+            }
+            if len(rows) == len(rids) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert rows == set(rids)
+    finally:
+        db.close()
+        gw.stop()
+
+
 def test_metrics_behind_a_scrape_token(upstream: Upstream, tmp_path: Path) -> None:
     token = secrets.token_urlsafe(24)
     cfg = gateway_config(tmp_path, upstream.base_url, metrics={"bearer_token": token})
@@ -49,12 +148,13 @@ def test_metrics_behind_a_scrape_token(upstream: Upstream, tmp_path: Path) -> No
             r = httpx.get(f"{gw.url}/metrics", headers=headers)
             assert r.status_code == 401, (headers, r.text)
             assert r.json()["error"]["code"] == "invalid_api_key"
+            assert len(r.headers["x-request-id"]) == 32  # as every error carries one
         r = httpx.get(f"{gw.url}/metrics", headers={"Authorization": f"Bearer {token}"})
         assert r.status_code == 200 and "xrouter_requests_total" in r.text
         # The token opens nothing else, and health checks stay open.
         assert httpx.get(f"{gw.url}/healthz").status_code == 200
         r = httpx.get(f"{gw.url}/admin/keys", headers={"Authorization": f"Bearer {token}"})
-        assert r.status_code in (401, 403)
+        assert r.status_code in (401, 403) and r.headers["x-request-id"]
         assert token not in gw.log()
     finally:
         gw.stop()

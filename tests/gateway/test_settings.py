@@ -3,6 +3,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from gateway.settings import SettingsError, load_settings
@@ -228,3 +229,91 @@ def test_the_readmes_configuration_reference_loads(tmp_path: Path) -> None:
     assert s.auth.admin_key.get_secret_value() == env["XROUTER_ADMIN_KEY"]
     assert [m.name for m in s.pool][:2] == ["gpt-4o-mini", "claude-haiku"]
     assert s.router.llm.max_output_tokens == 4096 and s.router.default_policy == "compact"
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "s3cret-admin #2026-rotation",  # YAML read " #2026-rotation" as a comment
+        "123456789012345678",  # YAML read it as an int: "Input should be a valid string"
+        "yes",  # ... as a boolean
+        "on",
+        "0777",  # ... as an octal int (511)
+        "null",  # ... as None: no admin key at all
+        "'quoted'",  # ... as the string without its quotes
+    ],
+)
+def test_a_text_setting_from_the_environment_is_taken_as_written(tmp_path: Path, key: str) -> None:
+    env = {"SMALL_KEY": "k", "XROUTER_AUTH__ADMIN_KEY": key}
+    s = load_settings(write(tmp_path, POOL), env=env)
+    assert s.auth.admin_key is not None
+    assert s.auth.admin_key.get_secret_value() == key
+
+
+def test_text_settings_of_every_kind_are_taken_as_written(tmp_path: Path) -> None:
+    url = "postgresql+asyncpg://xrouter:pa #ss#w0rd@127.0.0.1:5432/xrouter"
+    env = {
+        "SMALL_KEY": "k",
+        "XROUTER_LEDGER__URL": url,  # str
+        "XROUTER_METRICS__BEARER_TOKEN": "1234567890123456789",  # SecretStr | None
+        "XROUTER_METRICS__REFERENCE_MODEL": "1.5",  # str | None
+        "XROUTER_ROUTER__LLM__API_KEY": "12345 #x",  # a nested section's
+        "XROUTER_CACHE__REDIS_URL": "redis://:p%40ss #1@127.0.0.1:6379/0",  # Annotated
+        "XROUTER_LEDGER__LOG_CONTENT": "hash",  # Literal of strings
+    }
+    s = load_settings(write(tmp_path, POOL), env=env)
+    assert s.ledger.url == url
+    assert s.metrics.bearer_token is not None
+    assert s.metrics.bearer_token.get_secret_value() == "1234567890123456789"
+    assert s.metrics.reference_model == "1.5"
+    assert s.router.llm.api_key is not None
+    assert s.router.llm.api_key.get_secret_value() == "12345 #x"
+    assert s.cache.redis_url == "redis://:p%40ss #1@127.0.0.1:6379/0"
+    assert s.ledger.log_content == "hash"
+
+
+def test_other_settings_from_the_environment_are_still_read_as_yaml(tmp_path: Path) -> None:
+    env = {
+        "SMALL_KEY": "k",
+        "XROUTER_SERVER__WORKERS": "2",
+        "XROUTER_SERVER__PORT": "0x1F90",  # YAML's hex: 8080
+        "XROUTER_SERVER__MAX_IN_FLIGHT": "512",
+        "XROUTER_SERVER__FORWARD_TRACE_CONTEXT": "no",
+        "XROUTER_AUTH__ENABLED": "false",
+        "XROUTER_ROUTER__COST_WEIGHT": "0.25",
+        "XROUTER_ROUTER__LLM__MAX_TURNS": "3",
+        "XROUTER_ROUTER__CASCADE_ORDER": "[small, big]",
+        "XROUTER_SERVER__CORS_ALLOW_ORIGINS": "*",  # not YAML: the string, split on commas
+        "XROUTER_PRICING__OVERRIDES": "{small: {input: 1, output: 2}}",
+    }
+    s = load_settings(write(tmp_path, POOL), env=env)
+    assert (s.server.workers, s.server.port, s.server.max_in_flight) == (2, 8080, 512)
+    assert s.server.forward_trace_context is False and s.auth.enabled is False
+    assert s.router.cost_weight == 0.25 and s.router.llm.max_turns == 3
+    assert s.router.cascade_order == ["small", "big"]
+    assert s.server.cors_allow_origins == ["*"]
+    assert str(s.pricing.overrides["small"].output) == "2"
+    # A number where a number belongs is still checked as one.
+    with pytest.raises(SettingsError, match=r"server\.workers"):
+        load_settings(write(tmp_path, POOL), env={**env, "XROUTER_SERVER__WORKERS": "two"})
+
+
+def test_serve_takes_an_admin_key_from_the_environment_as_written(tmp_path: Path) -> None:
+    # End to end: the key an operator exported is the one the admin API accepts. Read as
+    # YAML, this one was the int 123456789012345678 (its " #..." a comment), and startup
+    # failed with "auth.admin_key: Input should be a valid string".
+    from tests.support.gateway import gateway_config, start_gateway
+
+    key = "123456789012345678 #2026-rotation"
+    pool = [{"name": "m", "model": "openai/m", "api_base": "http://127.0.0.1:1/v1", "price": 0}]
+    config = gateway_config(tmp_path, "unused", pool=pool, auth={"enabled": True})
+    del config["auth"]["admin_key"]
+    gw = start_gateway(tmp_path, config, env={"XROUTER_AUTH__ADMIN_KEY": key})
+    try:
+        url = f"{gw.url}/admin/router"
+        ok = httpx.get(url, headers={"Authorization": f"Bearer {key}"}, timeout=10)
+        assert ok.status_code == 200, ok.text
+        cut = httpx.get(url, headers={"Authorization": "Bearer 123456789012345678"}, timeout=10)
+        assert cut.status_code == 401, cut.text
+    finally:
+        gw.stop()

@@ -257,8 +257,8 @@ def _policy(spec: str, ctx: LoadContext) -> LoopRouter | None:
         model = name.removeprefix("fixed:")
         if not model:
             raise RouterSpecError(f"{spec!r}: fixed:<model> needs a model name")
-        # FixedPolicy falls back to the cheapest model for one not in the pool: that
-        # model's figures would be reported under this name.
+        # FixedPolicy answers nothing for a model not in the pool: say so before a run
+        # that would report a router that never answered.
         check_table_model(spec, model, ctx)
         return LoopRouter(spec, lambda pool: FixedPolicy(model))
     if name not in factories:
