@@ -97,7 +97,8 @@ class Services:
                 info.key_id, 0
             )
             if spent is None or logged > spent:
-                spent, remaining = logged, info.budget_micros - logged
+                # Clamped as the limit store's figure is: a key over budget has none left.
+                spent, remaining = logged, max(0, info.budget_micros - logged)
         assert remaining is not None  # the key has a budget
         return micros_to_usd(spent), micros_to_usd(remaining)
 

@@ -41,6 +41,11 @@ class KeyNotFoundError(KeyRepositoryError):
     pass
 
 
+class RotateConflictError(KeyRepositoryError):
+    """Another rotation of the same key committed first: this one changed nothing, so its
+    secret was never valid. The caller may retry (and get a secret that is)."""
+
+
 def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()
 
@@ -388,17 +393,36 @@ class KeyRepository:
     async def rotate(self, key_id: str) -> tuple[KeyInfo, str]:
         """Give a live key a new secret; the old one stops matching at once. The key keeps
         its id, so its budget, spend and ledger history carry over. Raises
-        ``KeyNotFoundError`` for an unknown or revoked key."""
+        ``KeyNotFoundError`` for an unknown or revoked key, ``RotateConflictError`` when
+        another rotation of the key committed between this one's read and its write."""
+        c = api_keys.c
+        # Read the current hash outside the write transaction: on SQLite a read snapshot
+        # upgraded to a write fails at once ("database is locked") when another writer
+        # committed meanwhile; the conditional UPDATE below is what makes this safe.
+        async with self._engine.connect() as conn:
+            current = (
+                await conn.execute(
+                    sa.select(c.key_hash).where(c.key_id == key_id, c.revoked_at.is_(None))
+                )
+            ).scalar()
+        if current is None:
+            raise KeyNotFoundError(key_id)
         secret = new_secret()
+        # Compare-and-set on the hash read: of concurrent rotations exactly one matches (on
+        # PostgreSQL the others wait on the row lock, then re-check the WHERE against the
+        # committed row; SQLite runs writes one at a time), so no caller is handed a secret
+        # that a later write has already replaced.
         async with self._engine.begin() as conn:
             result = await conn.execute(
                 api_keys.update()
-                .where(api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None))
+                .where(c.key_id == key_id, c.revoked_at.is_(None), c.key_hash == current)
                 .values(key_hash=hash_secret(secret))
             )
-        info = await self.get(key_id) if result.rowcount else None
-        if info is None:
-            raise KeyNotFoundError(key_id)
+        info = await self.get(key_id)
+        if info is None or info.revoked:
+            raise KeyNotFoundError(key_id)  # revoked meanwhile (or just now: same answer)
+        if result.rowcount == 0:
+            raise RotateConflictError(f"key {key_id!r} was rotated concurrently; retry")
         return info, secret
 
     async def revoke(self, key_id: str) -> KeyInfo:

@@ -14,7 +14,12 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from gateway.errors import APIError, bad_request
-from gateway.ledger.keys import DuplicateAliasError, KeyInfo, KeyNotFoundError
+from gateway.ledger.keys import (
+    DuplicateAliasError,
+    KeyInfo,
+    KeyNotFoundError,
+    RotateConflictError,
+)
 from gateway.openapi import Param, json_body, query
 from gateway.principal import Principal
 from gateway.request_body import read_model
@@ -287,13 +292,24 @@ def _no_live_key(key_id: str) -> APIError:
 async def rotate_key(key_id: str, request: Request) -> Response:
     """A new secret for a key (as LiteLLM's /key/regenerate): the old one is refused from
     now on (on other workers and replicas within the 5 s lookup cache); budget, spend,
-    limits and history stay with the key id."""
+    limits and history stay with the key id. Of concurrent rotations one wins; the others
+    are 409 ``rotate_conflict`` and hand out no secret."""
     s = await admin_services(request)
     try:
         info, secret = await s.key_repository().rotate(key_id)
     except KeyNotFoundError:
         raise APIError(
             404, f"no live key {key_id!r}", param="key_id", code="key_not_found"
+        ) from None
+    except RotateConflictError:
+        # A concurrent rotation won: this one's secret was never stored, so it must not be
+        # handed out. Nothing changed; a retry rotates again and returns a live secret.
+        raise APIError(
+            409,
+            f"key {key_id!r} was rotated by a concurrent request; this rotation changed "
+            "nothing: retry to get a new secret",
+            param="key_id",
+            code="rotate_conflict",
         ) from None
     assert s.auth is not None
     s.auth.invalidate()

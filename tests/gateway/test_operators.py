@@ -1311,3 +1311,50 @@ def test_spend_per_tag(gw: Gateway) -> None:
         bad = chat(gw, k["key"], xrouter={"tags": tags})
         assert bad.status_code == 400, (tags, bad.text)
         assert bad.json()["error"]["param"].startswith("xrouter.tags"), bad.text
+
+
+def test_concurrent_rotations_hand_out_one_live_secret_and_409_the_rest(
+    gw: Gateway, stack: Stack
+) -> None:
+    # Every secret a rotation answers 200 with must be one the key answers to: of rotations
+    # that contend for the same write, one wins and the rest are told to retry.
+    k = create_key(gw, budget_usd=1.0)
+    url = f"{gw.url}/admin/keys/{k['key_id']}/rotate"
+
+    async def contend() -> list[httpx.Response]:
+        engine = await open_ledger_engine(stack.ledger_url, run_migrations=False)
+        try:
+            async with httpx.AsyncClient(headers=ADMIN, timeout=30) as ac:
+                # Holding the key's row (SQLite: the write lock) makes all ten read the same
+                # hash before any writes; they wait for it well inside SQLite's 5 s timeout.
+                async with engine.begin() as holder:
+                    await holder.execute(
+                        text("UPDATE api_keys SET alias = alias WHERE key_id = :k"),
+                        {"k": k["key_id"]},
+                    )
+                    calls = [asyncio.create_task(ac.post(url)) for _ in range(10)]
+                    await asyncio.sleep(1.0)
+                return list(await asyncio.gather(*calls))
+        finally:
+            await engine.dispose()
+
+    rs = _run(contend())
+    ok = [r for r in rs if r.status_code == 200]
+    conflicts = [r for r in rs if r.status_code == 409]
+    assert (len(ok), len(conflicts)) == (1, 9), [(r.status_code, r.text) for r in rs]
+    for r in conflicts:
+        error = r.json()["error"]
+        assert (error["code"], error["param"], error["type"]) == (
+            "rotate_conflict",
+            "key_id",
+            "invalid_request_error",
+        )
+        assert "retry" in error["message"] and "key" not in r.json()  # no secret in it
+    live = ok[0].json()["key"]
+    assert httpx.get(f"{gw.base_url}/key", headers={"Authorization": f"Bearer {live}"}).is_success
+    old = httpx.get(f"{gw.base_url}/key", headers={"Authorization": f"Bearer {k['key']}"})
+    assert old.status_code == 401
+    retried = httpx.post(url, headers=ADMIN)  # what a loser does: it gets a live secret
+    assert retried.status_code == 200, retried.text
+    fresh = {"Authorization": f"Bearer {retried.json()['key']}"}
+    assert httpx.get(f"{gw.base_url}/key", headers=fresh).is_success
