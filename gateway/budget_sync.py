@@ -17,7 +17,11 @@ key's counter for its current period to what the ledger says the key spent in it
   daily budget has spent today what the ledger says, not nothing);
 * once more, ``in_flight_s`` after a loss (the longest a request runs, plus the ledger's
   flush interval): requests in flight when the store lost its counters, or settled between
-  the loss and the check that found it, are in the ledger by then.
+  the loss and the check that found it, are in the ledger by then;
+* at the next check after this process gave up sending a settle (``spend_writes_lost``: the
+  store stayed unreachable past the settle's deadline, or too many were waiting), and again
+  ``in_flight_s`` later: that spend is in the ledger, not in the counter. A settle that only
+  failed for a moment is not lost: the limit store's fail policy sends it again.
 
 Counters are only ever raised (``LimitStore.restore_spent``): the ledger lags them (a request's
 row is written after its calls settle), so in steady state a restore changes nothing, and any
@@ -83,6 +87,8 @@ class BudgetSync:
         # loss has settled and reached the ledger. None: nothing pending.
         self._in_flight_s = in_flight_s
         self._recount_at: float | None = None
+        # The store's count of settles given up (``spend_writes_lost``) at the last restore.
+        self._lost_writes_seen = 0
         self._outage = OutageLog(
             log,
             "budgets: restoring spend counters from the ledger failed",
@@ -106,12 +112,16 @@ class BudgetSync:
     async def check(self) -> bool:
         """Restore every budgeted key if the store lost its counters (or this process
         replayed a stopped one's journal and has not restored since); True if it did."""
+        lost_writes = self.store.spend_writes_lost()
         try:
             if not self._must_restore and await self.store.spend_restored():
                 # Restored already (a restart on a persistent Redis, or another worker
                 # first): if the marker goes later, the store lost it.
                 self._restored_once = True
                 self._outage.recovered()
+                if lost_writes > self._lost_writes_seen:
+                    await self._recount_lost_writes(lost_writes)
+                    return True
                 await self._recount_in_flight()
                 return False
             trigger = "store_lost" if self._restored_once else "startup"
@@ -134,10 +144,27 @@ class BudgetSync:
             log.info("budgets: restored %d key(s)' spend from the ledger", restored)
         self._restored_once = True
         self._must_restore = False
+        self._lost_writes_seen = max(self._lost_writes_seen, lost_writes)
         if trigger == "store_lost" and self._in_flight_s > 0:
             self._recount_at = self._clock() + self._in_flight_s
         self._count(trigger)
         return True
+
+    async def _recount_lost_writes(self, lost_writes: int) -> None:
+        """Raise the counters to the ledger's figures because this process gave up settles
+        (their spend is in the ledger only), and once more ``in_flight_s`` later for a
+        request whose row was not yet written. Not a loss of the store (not counted)."""
+        await self._flush_ledger()  # the requests whose settles were given up count
+        restored = await self.restore_all()
+        log.warning(
+            "budgets: %d settle(s) could not reach the limit store; restored %d key(s) from "
+            "the ledger",
+            lost_writes - self._lost_writes_seen,
+            restored,
+        )
+        self._lost_writes_seen = lost_writes
+        if self._in_flight_s > 0:
+            self._recount_at = self._clock() + self._in_flight_s
 
     async def _recount_in_flight(self) -> None:
         """The second restore after a loss, once its time has come: not a loss of its own

@@ -30,14 +30,24 @@ Parallel requests. ``acquire_slot`` admits a request only while fewer than the k
 ``max_parallel`` hold a slot; ``release_slot`` frees it when the request has ended. Slots
 expire ``hold_ttl_s`` after they are taken, as holds do, so a worker that dies mid-request
 does not keep its key's slots taken for good.
+
+Bookkeeping that fails is sent again. A settle, release or slot release that the backend did
+not confirm (unreachable, restarting, reply lost) is reported with a ``PendingWrite`` that
+sends exactly the same write once more; ``FailPolicyStore`` keeps those in a bounded queue
+and retries them, oldest first, with backoff until the store answers. A resent write must be
+idempotent (the first attempt may have run and only its reply been lost): the Redis store
+marks each settle applied, so a settle never counts twice.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -52,8 +62,29 @@ FailMode = Literal["closed", "open"]
 STORE_UNAVAILABLE = "store_unavailable"
 
 
+@dataclass(frozen=True, slots=True)
+class PendingWrite:
+    """A bookkeeping write the backend did not confirm, and how to send it again.
+
+    ``resend`` sends the very same write (awaiting its reply) and must be idempotent: the
+    first attempt may have run with only its reply lost. ``deadline`` (``time.monotonic()``)
+    is when resending stops being safe or useful (the store forgets that it applied the write,
+    or what it releases has expired by itself). ``spend``: giving up on it leaves recorded
+    spend out of the counters (``LimitStore.spend_writes_lost``)."""
+
+    op: str
+    resend: Callable[[], Awaitable[object]]
+    deadline: float
+    spend: bool
+
+
 class LimitStoreUnavailable(RuntimeError):
-    """The backend could not be reached or did not answer in time."""
+    """The backend could not be reached or did not answer in time. ``pending`` is set when
+    the failed operation was a bookkeeping write that can be sent again."""
+
+    def __init__(self, message: str, pending: PendingWrite | None = None) -> None:
+        super().__init__(message)
+        self.pending = pending
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +327,12 @@ class LimitStore(ABC):
     async def ping(self) -> bool:
         """True if the backend answers; never raises."""
 
+    def spend_writes_lost(self) -> int:
+        """How many settles this process gave up sending (the store stayed unreachable too
+        long, or too many were waiting): their spend is in the ledger but not in the
+        counters until ``gateway.budget_sync`` raises them again. Only ever grows."""
+        return 0
+
     def set_error_listener(self, listener: Callable[[LimitStoreUnavailable], None]) -> None:
         """Stores that apply bookkeeping (settle, add_tokens) write-behind report a failure
         found after the call returned to ``listener``. Stores that finish it inline ignore
@@ -312,6 +349,99 @@ def validate_amount(name: str, value: int) -> None:
         raise ValueError(f"{name} must be >= 0, got {value}")
 
 
+class _RetryQueue:
+    """Bookkeeping writes the store did not confirm, sent again in order until it answers.
+
+    Bounded (``max_writes``): past it, or past a write's deadline, a write is given up and
+    handed to ``on_give_up`` rather than kept forever in memory. One task drains the queue,
+    waiting ``first_delay_s`` and doubling up to ``max_delay_s`` while the store refuses, so
+    an outage costs a connection attempt every few seconds, not one per queued write."""
+
+    def __init__(
+        self,
+        on_give_up: Callable[[PendingWrite, str], None],
+        *,
+        max_writes: int = 10_000,
+        first_delay_s: float = 0.2,
+        max_delay_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._on_give_up = on_give_up
+        self._max_writes = max_writes
+        self._first_delay_s = first_delay_s
+        self._max_delay_s = max_delay_s
+        self._clock = clock
+        self._writes: deque[PendingWrite] = deque()
+        self._task: asyncio.Task[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._writes)
+
+    def add(self, write: PendingWrite) -> None:
+        if len(self._writes) >= self._max_writes:
+            self._on_give_up(self._writes.popleft(), "the retry queue is full")
+        self._writes.append(write)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name="xrouter-limit-store-retry"
+            )
+
+    async def _run(self) -> None:
+        delay = self._first_delay_s
+        while self._writes:
+            await asyncio.sleep(delay)
+            if await self.drain():
+                delay = self._first_delay_s
+            else:
+                delay = min(delay * 2, self._max_delay_s)
+
+    async def drain(self) -> bool:
+        """Send the queued writes, oldest first; False at the first one the store refuses
+        (it stays at the head, so later writes of the same request never overtake it)."""
+        sent = 0
+        while self._writes:
+            write = self._writes[0]
+            if self._clock() > write.deadline:
+                self._writes.popleft()
+                self._on_give_up(write, "the limit store stayed unavailable past its deadline")
+                continue
+            try:
+                await write.resend()
+            except LimitStoreUnavailable as exc:
+                logger.debug("limit store retry of %s failed: %s", write.op, exc)
+                return False
+            except Exception as exc:  # a bug must not spin the queue forever
+                logger.exception("limit store retry of %s failed unexpectedly", write.op)
+                self._discard(write)
+                self._on_give_up(write, f"{type(exc).__name__}: {exc}")
+                continue
+            # A full queue may have given the head up while it was being sent.
+            self._discard(write)
+            sent += 1
+        if sent:
+            logger.info("limit store answers again: applied %d delayed bookkeeping write(s)", sent)
+        return True
+
+    def _discard(self, write: PendingWrite) -> None:
+        if self._writes and self._writes[0] is write:
+            self._writes.popleft()
+
+    async def aclose(self, timeout_s: float) -> None:
+        """Stop retrying after one last attempt of at most ``timeout_s``; what is left is
+        given up."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        if self._writes:
+            try:
+                await asyncio.wait_for(self.drain(), timeout_s)
+            except TimeoutError:
+                pass
+        while self._writes:
+            self._on_give_up(self._writes.popleft(), "the gateway is shutting down")
+
+
 class FailPolicyStore(LimitStore):
     """Applies ``limits.on_store_error`` to another store.
 
@@ -321,8 +451,12 @@ class FailPolicyStore(LimitStore):
 
     Bookkeeping after the call (``add_tokens``, ``settle``, ``release``, ``release_slot``)
     never raises in either mode: the upstream has already answered and been paid for, so
-    refusing the response would only lose it. The failure is logged and counted; an unsettled hold frees
-    itself when its TTL runs out, and the ledger still has the cost.
+    refusing the response would only lose it. The failure is logged and counted, and a failed
+    settle, release or slot release is queued and sent again (``_RetryQueue``) until the store
+    answers, so a blip neither loses spend nor keeps a slot or hold taken until its TTL. A write
+    given up (queue full, store down past the write's deadline, shutdown) is logged; a lost
+    settle counts in ``spend_writes_lost`` so ``BudgetSync`` recounts from the ledger. Token
+    corrections are not retried: the rate windows forget them within a minute anyway.
 
     ``on_event("store_unavailable")`` is called on every backend failure in either mode, so
     the caller's metric counts them (label it with the mode; don't count them again).
@@ -339,7 +473,35 @@ class FailPolicyStore(LimitStore):
         self.inner = inner
         self.on_error: FailMode = on_error
         self._on_event = on_event
-        inner.set_error_listener(lambda exc: self._report(exc, "write-behind bookkeeping"))
+        self._retries = _RetryQueue(self._give_up)
+        self._spend_writes_lost = 0
+        inner.set_error_listener(
+            lambda exc: self._bookkeeping_failed(exc, "write-behind bookkeeping")
+        )
+
+    def _bookkeeping_failed(self, exc: LimitStoreUnavailable, op: str) -> None:
+        """Report the failure and queue the write to be sent again, if it can be."""
+        self._report(exc, op)
+        if exc.pending is not None:
+            self._retries.add(exc.pending)
+
+    def _give_up(self, write: PendingWrite, reason: str) -> None:
+        if write.spend:
+            self._spend_writes_lost += 1
+        logger.warning(
+            "limit store: gave up %s (%s)%s",
+            write.op,
+            reason,
+            "; the key's spend counter is recounted from the ledger" if write.spend else "",
+        )
+
+    def spend_writes_lost(self) -> int:
+        return self._spend_writes_lost
+
+    @property
+    def pending_writes(self) -> int:
+        """Bookkeeping writes waiting for the store to answer again."""
+        return len(self._retries)
 
     def _report(self, exc: LimitStoreUnavailable, op: str) -> None:
         if self._on_event is not None:
@@ -390,7 +552,7 @@ class FailPolicyStore(LimitStore):
         try:
             await self.inner.release_slot(limits, request_id)
         except LimitStoreUnavailable as exc:
-            self._report(exc, "release_slot")
+            self._bookkeeping_failed(exc, "release_slot")
 
     async def reserve(
         self,
@@ -419,7 +581,7 @@ class FailPolicyStore(LimitStore):
         try:
             await self.inner.settle(limits, reservation_id, reserved_micros, actual_micros, now)
         except LimitStoreUnavailable as exc:
-            self._report(exc, "settle")
+            self._bookkeeping_failed(exc, "settle")
 
     async def release(
         self,
@@ -431,7 +593,7 @@ class FailPolicyStore(LimitStore):
         try:
             await self.inner.release(limits, reservation_id, reserved_micros, now)
         except LimitStoreUnavailable as exc:
-            self._report(exc, "release")
+            self._bookkeeping_failed(exc, "release")
 
     async def spent(self, limits: KeyLimits, now: float | None = None) -> BudgetState:
         return await self.inner.spent(limits, now)
@@ -451,4 +613,6 @@ class FailPolicyStore(LimitStore):
         return await self.inner.ping()
 
     async def aclose(self) -> None:
+        # One last attempt (bounded) at what is still queued, while the connection is open.
+        await self._retries.aclose(timeout_s=2.0)
         await self.inner.aclose()

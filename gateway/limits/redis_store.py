@@ -12,6 +12,8 @@ API key's state lives in one Redis Cluster slot and a script never spans slots:
     <prefix>:{<key>}:b:reserved      int    sum of held
     <prefix>:{<key>}:b:spent:<period> int   micro-USD spent in a period (d2025-01-31, ...)
     <prefix>:{<key>}:b:req:<id>      int    spend of one capped request
+    <prefix>:{<key>}:b:done:<id>     string a settle applied (kept one hold TTL: a resent
+                                            settle that finds it does nothing)
     <prefix>:budgets-restored        string set once the counters include the ledger's spend
 
 Requests without a key that carry a per-request cap use ``<prefix>:{%anon:<id>}`` (the ``%``
@@ -26,6 +28,7 @@ breaks the atomicity of a check.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -40,6 +43,7 @@ from gateway.limits.base import (
     KeyLimits,
     LimitStore,
     LimitStoreUnavailable,
+    PendingWrite,
     RateCounts,
     RateLimitName,
     RateResult,
@@ -71,6 +75,21 @@ logger = logging.getLogger(__name__)
 _RATE_REASONS: dict[int, RateLimitName | None] = {0: None, 1: "rpm", 2: "tpm"}
 # Rate logs only need to outlive the window; a second of slack absorbs clock jitter.
 _RATE_KEY_TTL_MS = str(int(RATE_WINDOW_S * 1000) + 1000)
+
+# Settle, made idempotent: a settle may be sent again (``PendingWrite``) after its first
+# attempt ran but its reply was lost, so each one carries an id and leaves a marker (KEYS[6],
+# kept ARGV[8] ms) that makes a second run a no-op. The marker is set first, in the same
+# atomic script, so it exists exactly when the settle's writes do (an AOF or a replica has
+# both or neither). Returns 0 when the settle had been applied already.
+_IDEMPOTENT_SETTLE_LUA = (
+    """
+if not redis.call('SET', KEYS[6], '1', 'NX', 'PX', ARGV[8]) then return 0 end
+"""
+    + SETTLE_LUA
+)
+# How much of a resent write's useful life (the hold TTL) the retries may use: the rest is
+# margin for a resend in flight when the settle's marker expires.
+_RESEND_WINDOW = 0.9
 
 
 def _escape_tag(key_id: str) -> str:
@@ -111,7 +130,7 @@ class RedisLimitStore(LimitStore):
         self._rate = Script(self._client, RATE_LUA)
         self._add_tokens = Script(self._client, ADD_TOKENS_LUA)
         self._reserve = Script(self._client, RESERVE_LUA)
-        self._settle = Script(self._client, SETTLE_LUA)
+        self._settle = Script(self._client, _IDEMPOTENT_SETTLE_LUA)
         self._state = Script(self._client, STATE_LUA)
         self._restore = Script(self._client, RESTORE_SPENT_LUA)
         self._acquire_slot = Script(self._client, ACQUIRE_SLOT_LUA)
@@ -122,6 +141,8 @@ class RedisLimitStore(LimitStore):
         # Unique, cheap log-entry ids: a random per-instance prefix plus a counter.
         self._instance = os.urandom(6).hex()
         self._seq = count()
+        # Scripts this store has loaded for write-behind use (see ``_run_deferred``).
+        self._deferred_loaded: set[str] = set()
 
     # -- keys --------------------------------------------------------------------------------
 
@@ -153,24 +174,69 @@ class RedisLimitStore(LimitStore):
         except (RespError, RespConnectionError, OSError) as exc:
             self._unavailable(exc)
 
-    async def _run_deferred(self, script: Script, keys: Sequence[str], args: Sequence[str]) -> None:
+    async def _run_deferred(
+        self,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[str],
+        op: str | None = None,
+        *,
+        spend: bool = False,
+    ) -> None:
         """Run a bookkeeping script write-behind: queued behind this connection's earlier
         commands and ahead of its later ones (so the same request's next reserve sees it),
-        sent with the next round trip anyone makes. Nobody waits for the reply."""
+        sent with the next round trip anyone makes. Nobody waits for the reply.
+
+        With ``op`` the write is idempotent and can be resent: a failure, now or when the
+        reply comes, carries a ``PendingWrite`` that runs the same script with the same
+        arguments (so the fail policy retries it). Without it (token corrections) it is
+        sent once, as ``Script.send_deferred`` does."""
+        if op is None:
+            try:
+                await script.send_deferred(keys, args)
+            except (RespError, RespConnectionError, OSError) as exc:
+                self._unavailable(exc)
+            return
+        pending = PendingWrite(
+            op=op,
+            resend=lambda: self._run(script, keys, args),
+            deadline=time.monotonic() + self.hold_ttl_s * _RESEND_WINDOW,
+            spend=spend,
+        )
+        command = ("EVALSHA", script.sha, str(len(keys)), *keys, *args)
         try:
-            await script.send_deferred(keys, args)
+            if script.sha not in self._deferred_loaded:
+                # Load in the foreground on first use, so the common case keeps the
+                # write-behind order instead of taking the NOSCRIPT resend below.
+                await script.load()
+                self._deferred_loaded.add(script.sha)
+            await self._client.send_deferred(
+                *command, on_error=lambda exc: self._deferred_failed(exc, pending)
+            )
         except (RespError, RespConnectionError, OSError) as exc:
-            self._unavailable(exc)
+            raise LimitStoreUnavailable(f"redis: {type(exc).__name__}: {exc}", pending) from exc
 
     def set_error_listener(self, listener: Callable[[LimitStoreUnavailable], None]) -> None:
         self._error_listener = listener
 
-    def _deferred_failed(self, exc: Exception) -> None:
-        error = LimitStoreUnavailable(f"redis: {type(exc).__name__}: {exc}")
+    def _deferred_failed(self, exc: Exception, pending: PendingWrite | None = None) -> None:
+        if pending is not None and isinstance(exc, RespError) and str(exc).startswith("NOSCRIPT"):
+            # Redis restarted and forgot the script, so it did not run: send it again at
+            # once (the awaited call loads it), not after the retry queue's backoff.
+            task = asyncio.get_running_loop().create_task(self._resend_now(pending))
+            self._client.track(task)
+            return
+        error = LimitStoreUnavailable(f"redis: {type(exc).__name__}: {exc}", pending)
         if self._error_listener is not None:
             self._error_listener(error)
         else:
             logger.warning("limit store write-behind failed: %s", error)
+
+    async def _resend_now(self, pending: PendingWrite) -> None:
+        try:
+            await pending.resend()
+        except LimitStoreUnavailable as exc:
+            self._deferred_failed(exc, pending)
 
     @staticmethod
     def _unavailable(exc: BaseException) -> NoReturn:
@@ -201,8 +267,11 @@ class RedisLimitStore(LimitStore):
         return SlotResult(ok=bool(taken), in_flight=int(held))
 
     async def release_slot(self, limits: KeyLimits, request_id: str) -> None:
-        # Write-behind, as settle: nobody waits on a request that has ended.
-        await self._run_deferred(self._release_slot, [self._slots_key(limits)], [request_id])
+        # Write-behind, as settle: nobody waits on a request that has ended. ZREM is
+        # idempotent, so a failed release can simply be sent again.
+        await self._run_deferred(
+            self._release_slot, [self._slots_key(limits)], [request_id], "release_slot"
+        )
 
     # -- rate limits -------------------------------------------------------------------------
 
@@ -307,7 +376,10 @@ class RedisLimitStore(LimitStore):
         now = time.time() if now is None else now
         period = self._periods.window(None if limits is None else limits.budget_period, now)
         counter_ttl = period.counter_ttl_s(now)
-        keys = self._budget_keys(self._base(limits, reservation_id), period.id, reservation_id)
+        base = self._base(limits, reservation_id)
+        keys = self._budget_keys(base, period.id, reservation_id)
+        # One id per settle (a request may settle several parts under one reservation id).
+        keys.append(f"{base}:b:done:{self._member()}")
         await self._run_deferred(
             self._settle,
             keys,
@@ -319,7 +391,10 @@ class RedisLimitStore(LimitStore):
                 "-1" if counter_ttl is None else str(int(counter_ttl * 1000)),
                 self._hold_ttl_ms,
                 "0" if limits is None else "1",
+                self._hold_ttl_ms,
             ],
+            "settle" if actual_micros else "release",
+            spend=limits is not None and actual_micros > 0,
         )
 
     async def release(

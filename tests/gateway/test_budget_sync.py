@@ -3,6 +3,7 @@ ledger and both limit stores (Redis on 127.0.0.1:6379)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import uuid
@@ -20,11 +21,12 @@ from gateway.budget_sync import BudgetSync
 from gateway.ledger.keys import KeyInfo, KeyRepository
 from gateway.ledger.store import open_ledger_engine
 from gateway.ledger.writer import LedgerWriter
-from gateway.limits import LimitStore, MemoryLimitStore
+from gateway.limits import FailPolicyStore, LimitStore, MemoryLimitStore
 from gateway.limits.redis_store import RedisLimitStore
 from gateway.metrics import GatewayMetrics
 from gateway.settings import LedgerSettings
 from tests.gateway.ledger.factories import make_request
+from tests.support.redis_server import PrivateRedis
 from tests.support.services import REDIS_URL, need_redis
 
 NOW = datetime(2025, 3, 12, 10, 0, tzinfo=UTC).timestamp()
@@ -306,6 +308,49 @@ async def test_what_was_in_flight_at_a_loss_is_restored_once_it_reaches_the_ledg
         await budgets.aclose()
         await store.aclose()
         await _purge(prefix)
+
+
+@pytest.mark.redis
+async def test_a_settle_the_limit_store_gave_up_on_is_recounted_from_the_ledger(
+    ledger: Ledger, metrics: GatewayMetrics, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis stays down past a settle's deadline (the hold TTL), then comes back from its AOF
+    with the "restored" marker: nothing says the counters lost anything but the store's
+    count of settles given up, and the next check restores the key from the ledger."""
+    (tmp_path / "redis").mkdir()
+    server = PrivateRedis(tmp_path / "redis")
+    prefix = f"xrtest-{uuid.uuid4().hex[:12]}"
+    store = FailPolicyStore(
+        RedisLimitStore(server.url, key_prefix=prefix, hold_ttl_s=0.5), "closed"
+    )
+    key, _ = await ledger.keys.create("k", budget_usd=1)
+    ledgered = spend(ledger, key, NOW - HOUR, 250)
+    budgets = sync(store, ledger, metrics)
+    try:
+        await budgets.start()
+        assert await spent(store, key) == ledgered
+        assert (await store.reserve(key.limits(), None, 2_000, "late", now=NOW)).ok
+        server.kill()
+        await store.settle(key.limits(), "late", 2_000, 1_399, now=NOW)
+        late = spend(ledger, key, NOW - 60, 400)  # its row, written behind its response
+        for _ in range(300):
+            if store.spend_writes_lost():
+                break
+            await asyncio.sleep(0.05)
+        assert store.spend_writes_lost() == 1
+        server.start()
+        assert await store.spend_restored()  # the marker survived: no loss to find
+        assert await spent(store, key) == ledgered
+        with caplog.at_level(logging.WARNING, logger="gateway.budget_sync"):
+            assert await budgets.check()
+        assert await spent(store, key) == ledgered + late
+        assert "could not reach the limit store" in caplog.text
+        assert restores(metrics, "store_lost") == 0  # the store lost nothing
+        assert not await budgets.check()  # once
+    finally:
+        await budgets.aclose()
+        await store.aclose()
+        server.kill()
 
 
 @pytest.mark.redis
