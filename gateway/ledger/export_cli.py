@@ -30,7 +30,8 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
         "--format",
         choices=("jsonl", "parquet"),
         default=None,
-        help="output format (default: from the file extension, else jsonl)",
+        help="output format (default: from the file extension, else jsonl); it must "
+        "agree with the extension, which is how train and eval read the file",
     )
     parser.add_argument(
         "--since",
@@ -171,7 +172,18 @@ def _write_cursor(path: Path, value: datetime, scored: bool = False) -> None:
 
 async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
     """Run ``xrouter export``; return the process exit code."""
-    fmt: ExportFormat = args.format or ("parquet" if args.out.endswith(".parquet") else "jsonl")
+    named: ExportFormat = "parquet" if args.out.endswith(".parquet") else "jsonl"
+    fmt: ExportFormat = args.format or named
+    if fmt != named:
+        # The readers (train, eval, convert) know a table's format by its extension: a
+        # Parquet file named .jsonl would be read as broken JSON lines, and the reverse.
+        want = ".parquet" if fmt == "parquet" else ".jsonl"
+        print(
+            f"error: --format {fmt} writes a {want} file, but --out {args.out!r} is named "
+            f"as {named}: name it with {want}",
+            file=sys.stderr,
+        )
+        return 2
     try:
         db_file = sqlite_file(make_url(ledger_url))
         since, until = _parse_bound(args.since), _parse_bound(args.until)

@@ -5,6 +5,7 @@ to the key that made it."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -25,6 +26,11 @@ from gateway.services import Services
 from pricing import micros_to_usd
 
 router = APIRouter()
+
+# How long past another process's flush interval a request's row may take to be written
+# (a batch's commit), and how often to look for it meanwhile.
+_GRACE_S = 0.5
+_POLL_S = 0.05
 
 
 def _not_found(request_id: str, param: str) -> APIError:
@@ -49,6 +55,14 @@ async def logged_request(
         await s.hooks.bookkeeping.wait_current()
         await s.ledger_writer().flush()
         row = await get_request(s.ledger_engine(), request_id)
+    if row is None:
+        # Another worker or replica may have answered it, its row still in that process's
+        # queue: written within its flush interval, so look again until then (this only
+        # delays a 404, never an answer).
+        deadline = time.monotonic() + s.settings.ledger.flush_interval_ms / 1000 + _GRACE_S
+        while row is None and time.monotonic() < deadline:
+            await asyncio.sleep(_POLL_S)
+            row = await get_request(s.ledger_engine(), request_id)
     if row is None or (s.settings.auth.enabled and row.get("key_id") != who.key_id):
         raise _not_found(request_id, param)
     return row

@@ -102,6 +102,21 @@ def test_an_export_that_cannot_be_put_in_place_says_why(tmp_path: Path) -> None:
     assert "closed file" not in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize(("out", "fmt"), [("x.jsonl", "parquet"), ("x.parquet", "jsonl")])
+def test_an_export_whose_format_disagrees_with_its_name_is_refused(
+    tmp_path: Path, out: str, fmt: str
+) -> None:
+    # train and eval read a table by its extension: a Parquet file named .jsonl would be
+    # read as broken JSON lines.
+    (tmp_path / "ledger.db").touch()
+    proc = run_cli(
+        "export", "--ledger", f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}", "--out", out,
+        "--format", fmt, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "--format" in proc.stderr, proc.stderr
+    assert not (tmp_path / out).exists()
+
+
 class _NotAGateway(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = b"<html>hello</html>"
