@@ -39,13 +39,19 @@ class ModelOutcome(BaseModel):
     latency_ms: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
 
 
+MIN_PROPENSITY = 1e-12
+
+
 class LoggedAction(BaseModel):
     """How a logged request was routed: needed for off-policy learning."""
 
     model_config = ConfigDict(extra="allow")
 
     action: str
-    propensity: float = Field(gt=0.0, le=1.0)
+    # Not merely positive: an action taken with a probability below MIN_PROPENSITY would
+    # carry an importance weight past 1e12 (and underflow to 0 in the trainer's float32,
+    # its weight infinite), which no estimate survives — a logging bug, not traffic.
+    propensity: float = Field(ge=MIN_PROPENSITY, le=1.0)
     cost_weight: float | None = None
     policy: str | None = None
     # Every model called, in order, when the policy made more than one call (a cascade's
@@ -87,6 +93,14 @@ class OutcomeRecord(BaseModel):
         if self.prompt is not None:
             return self.prompt
         return conversation_text(self.messages or [])
+
+    @property
+    def partial_feedback(self) -> bool:
+        """Logged traffic: the outcome of the action the logging policy took, and no other
+        (what ``xrouter export`` writes). A table of such records needs off-policy
+        estimates, however few models it holds: one model's column of them is not that
+        model's outcome on every prompt a router would see, but on the prompts sent to it."""
+        return self.logged is not None and self.outcomes.keys() <= {self.logged.action}
 
     @property
     def has_prompt(self) -> bool:

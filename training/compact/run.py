@@ -278,13 +278,14 @@ def _pool_and_records(
         models = pool_of(kept, full_information=not cfg.offpolicy)
         if not cfg.offpolicy:
             logged = sum(r.logged is not None for r in kept)
-            if not models and logged:
+            if logged and (not models or any(r.partial_feedback for r in kept)):
                 # An export trained without --offpolicy: "pass --pool" (after a warning
-                # per model) would point the wrong way.
+                # per model) would point the wrong way, and an export of one model's traffic
+                # would pass for that model's outcome on every prompt.
                 raise ValueError(
-                    f"{logged} of the {len(kept)} records are logged traffic (`logged`: one "
-                    "model's outcome per prompt, as `xrouter export` writes them), so no "
-                    "model has an outcome on every record: train on them with --offpolicy "
+                    f"{logged} of the {len(kept)} records are logged traffic (`logged`: the "
+                    "outcome of the one model the gateway chose per prompt, as `xrouter "
+                    "export` writes them): train on them with --offpolicy "
                     "(the policy network, or --knn; --cascade needs every model's recorded "
                     "outcomes)"
                 )

@@ -399,7 +399,8 @@ def off_policy(
     bandit = by_quantity["score"]
     # A record logged with propensity 1 (a request that named its model, or a greedy
     # router) gave every other model probability 0: a target choosing another model there
-    # has no data, so IPS and SNIPS count it as 0 and DR relies on its reward model alone.
+    # has no data, so IPS counts it as 0, SNIPS leaves it out and DR relies on its reward
+    # model alone.
     deterministic = bandit.propensities >= 1.0 - 1e-9
     singles = [Entry(SingleModelRouter(m), "single", [0.0]) for m in models]
     named = {e.router.name for e in singles}
@@ -438,8 +439,8 @@ def off_policy(
             f"off-policy support: on some of the {len(bandit)} logged records these routers "
             f"choose a model the logging policy could not have taken there (at most: {listed}; "
             "logged with propensity 1 for another model: a request that named its model, or "
-            "a greedy router). IPS and SNIPS count those records as 0, so those estimates "
-            "are biased; DR rests on its reward model there. Log with exploration "
+            "a greedy router). IPS counts those records as 0 and SNIPS leaves them out, so "
+            "both estimates are biased; DR rests on its reward model there. Log with exploration "
             "(router.epsilon) for unbiased estimates"
         )
     return rows, notes

@@ -161,10 +161,17 @@ def _finish(
     alpha: float,
     n_boot: int,
     seed: int,
+    *,
+    unsupported: bool = False,
 ) -> Estimate:
-    """``estimator(idx)`` returns (value, normal-approximation stderr) on rows ``idx``."""
+    """``estimator(idx)`` returns (value, normal-approximation stderr) on rows ``idx``.
+    ``unsupported``: the data hold too little of what the target policy does to say how
+    far the estimate may be off (see the callers); its interval is the full range."""
     n = len(data)
     value, stderr = estimator(np.arange(n))
+    low, high = data.bounds
+    if unsupported:
+        return Estimate(name, value, float("inf"), low, high, n)
     if ci == "normal" or n < 2:
         # One record says nothing about the spread: its resamples are all that record, and
         # a bootstrap would give a zero-width interval. The normal approximation's infinite
@@ -178,7 +185,6 @@ def _finish(
         boots = np.array([estimator(rng.integers(0, n, n))[0] for _ in range(n_boot)])
         lo, hi = (float(q) for q in np.quantile(boots, [alpha / 2.0, 1.0 - alpha / 2.0]))
         stderr = float(boots.std(ddof=1))
-    low, high = data.bounds
     return Estimate(name, value, stderr, min(max(lo, low), high), min(max(hi, low), high), n)
 
 
@@ -231,7 +237,11 @@ def snips(
         _, se = _mean_and_se(wi * (ri - value) / wi.mean())
         return value, se
 
-    return _finish("snips", estimate, data, ci, alpha, n_boot, seed)
+    # One record the target policy would also have chosen is the whole estimate: its
+    # influence term is 0 (its reward is the estimate), so the delta method, and every
+    # bootstrap resample holding it, would claim certainty from one observation.
+    unsupported = int(np.count_nonzero(w)) < 2
+    return _finish("snips", estimate, data, ci, alpha, n_boot, seed, unsupported=unsupported)
 
 
 def mean_reward_model(data: LoggedBandit) -> np.ndarray:
@@ -264,7 +274,27 @@ def doubly_robust(
     w = _weights(data, probs)
     logged_hat = r_hat[np.arange(len(data)), data.actions]
     terms = (probs * r_hat).sum(axis=1) + w * (data.rewards - logged_hat)
-    return _finish("dr", lambda idx: _mean_and_se(terms[idx]), data, ci, alpha, n_boot, seed)
+    # The default reward model is each action's mean logged reward, fitted on these same
+    # records: an action the target takes that was logged once has that one reward as its
+    # model on every record, and the terms come out constant — no spread to measure.
+    unsupported = reward_model is None and _thin_support(data, probs)
+    return _finish(
+        "dr",
+        lambda idx: _mean_and_se(terms[idx]),
+        data,
+        ci,
+        alpha,
+        n_boot,
+        seed,
+        unsupported=unsupported,
+    )
+
+
+def _thin_support(data: LoggedBandit, probs: np.ndarray) -> bool:
+    """Whether an action the target policy ever takes was logged fewer than twice."""
+    taken = np.flatnonzero(probs.max(axis=0) > 0)
+    logged = np.bincount(data.actions, minlength=len(data.models))
+    return bool(np.any(logged[taken] < 2))
 
 
 def all_estimates(

@@ -136,8 +136,9 @@ def _off_policy_md(rows: list[OffPolicyRow]) -> list[str]:
     lines += [
         "",
         "'No support': logged records where the router chooses a model the logging policy "
-        "gave probability 0 (logged with propensity 1 for another model); IPS and SNIPS "
-        "count them as 0, so a router with many is underestimated.",
+        "gave probability 0 (logged with propensity 1 for another model); IPS counts them "
+        "as 0, so a router with many is underestimated, and SNIPS leaves them out, so it "
+        "estimates the router on the records where it agrees with the logging policy.",
     ]
     return [*lines, ""]
 

@@ -223,8 +223,9 @@ def table_models(records: Sequence[OutcomeRecord]) -> list[str]:
 
 def is_full_information(records: Sequence[OutcomeRecord]) -> bool:
     """True when every record has an outcome for every model of the table (research data),
-    False for partial feedback (logged traffic), which needs off-policy estimates."""
-    if not records:
+    False for partial feedback (logged traffic), which needs off-policy estimates — also
+    when it holds one model only (an export of a gateway that served one)."""
+    if not records or any(r.partial_feedback for r in records):
         return False
     union: set[str] = set()
     for r in records:

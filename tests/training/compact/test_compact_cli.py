@@ -154,6 +154,13 @@ def test_errors_are_reported_not_raised(
         err = capsys.readouterr().err
         assert "60 of the 60 records are logged traffic" in err, err
         assert "train on them with --offpolicy" in err and "pass --pool" not in err, err
+    # So is an export of one model's traffic, which holds that model's outcome on every
+    # record but only on the prompts sent to it.
+    one = tmp_path / "one.jsonl"
+    action = logged[0].logged.action  # type: ignore[union-attr]
+    write_outcome_table([r for r in logged if r.logged.action == action][:30], one)  # type: ignore[union-attr]
+    assert main(["--table", str(one), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    assert "train on them with --offpolicy" in capsys.readouterr().err
     # A run directory that cannot be made (here: under a file) is one line, not a traceback.
     assert main(["--table", str(table), "--out", str(table / "run"), "--no-progress"]) == 2
     assert "xrouter train:" in capsys.readouterr().err

@@ -380,10 +380,13 @@ def test_ledger_errors(tmp_path: Path) -> None:
     broken.write_text(ledger_line("a", cost_usd=0.1) + "\n{oops\n")
     with pytest.raises(ConversionError, match=r"c\.jsonl:2: not valid JSON"):
         load_converted("ledger", [broken])
-    bad_prop = tmp_path / "d.jsonl"
-    bad_prop.write_text(ledger_line("a", cost_usd=0.1).replace("0.25", "0") + "\n")
-    with pytest.raises(ConversionError, match=r"d\.jsonl:1: logged\.propensity"):
-        load_converted("ledger", [bad_prop])
+    # 0, and a probability so small its importance weight (past 1e12) would overflow the
+    # trainer's float32 into non-finite weights.
+    for value in ("0", "1e-46"):
+        bad_prop = tmp_path / "d.jsonl"
+        bad_prop.write_text(ledger_line("a", cost_usd=0.1).replace("0.25", value) + "\n")
+        with pytest.raises(ConversionError, match=r"d\.jsonl:1: logged\.propensity"):
+            load_converted("ledger", [bad_prop])
 
 
 # -- entry points ------------------------------------------------------------------------------

@@ -310,6 +310,35 @@ def test_a_router_that_must_be_fitted_on_full_outcomes_is_refused_on_logged_traf
     assert "Traceback" not in err
 
 
+def test_an_export_of_one_model_s_traffic_is_evaluated_off_policy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Every record holds the one model's outcome, as a full table would, but only because
+    # the gateway sent every prompt there: the estimates are off-policy, not a sweep that
+    # scores a router as if it had had every model's outcome.
+    rows = [
+        OutcomeRecord.model_validate(
+            {
+                "id": f"k{i}",
+                "prompt": f"q {i}",
+                "outcomes": {"a": {"score": float(i % 2), "cost_usd": 0.001}},
+                "logged": {"action": "a", "propensity": 1.0, "policy": "passthrough"},
+            }
+        )
+        for i in range(60)
+    ]
+    path = tmp_path / "one.jsonl"
+    write_outcome_table(rows, path)
+    out = tmp_path / "o"
+    assert main(["--table", str(path), "--policy", "single:a", "--bootstrap", "0",
+                 "--split", "all", "--out", str(out)]) == 0  # fmt: skip
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["comparison"] is None  # no sweep over outcomes the table does not hold
+    estimates = {(r["router"], r["param"]): r["estimates"] for r in metrics["off_policy"]}
+    (ips,) = [e["score"]["ips"] for (name, _), e in estimates.items() if name == "single:a"]
+    assert ips["value"] == pytest.approx(0.5) and ips["n"] == 60
+
+
 def test_bad_policies_and_cost_weights_are_refused_in_one_line(
     table: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

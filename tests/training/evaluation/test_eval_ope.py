@@ -209,6 +209,28 @@ def test_one_logged_record_gives_the_whole_range_as_its_interval(ci: CIMethod) -
     assert ips(data, target, ci=ci).value == pytest.approx(2.0)  # 1 / 0.5, unclipped
 
 
+@pytest.mark.parametrize("ci", ["normal", "bootstrap"])
+def test_one_supporting_record_among_many_gives_the_whole_range(ci: CIMethod) -> None:
+    """Many records, one of them logged with the action the target takes: SNIPS and the
+    default DR rest on that one reward (SNIPS's influence terms and DR's terms come out
+    constant), so neither may claim a narrow interval from it."""
+    n = 40
+    actions = np.array([2] + [0] * (n - 1))  # "strong" logged once, "cheap" on the rest
+    rewards = np.array([1.0] + [0.0, 1.0] * ((n - 1) // 2) + [0.0] * ((n - 1) % 2))
+    data = LoggedBandit(
+        [f"r{i}" for i in range(n)], MODELS, actions, np.full(n, 0.25), rewards, (0.0, 1.0)
+    )
+    target = deterministic_probs(["strong"] * n, MODELS)
+    est = all_estimates(data, target, ci=ci)
+    for name in ("snips", "dr"):
+        assert (est[name].ci_low, est[name].ci_high) == (0.0, 1.0), (name, est[name])
+        assert est[name].value == pytest.approx(1.0)
+    # With enough support the intervals are real ones again.
+    data2, target2, _ = synthetic(200, 1)
+    for name, e in all_estimates(data2, target2, ci=ci).items():
+        assert e.ci_high - e.ci_low < 0.5, name
+
+
 def test_a_bootstrap_interval_needs_two_resamples() -> None:
     data, target, _ = synthetic(50, 3)
     with pytest.raises(OPEError, match="at least 2 resamples"):
