@@ -110,8 +110,9 @@ class _ProviderStream:
     def finish(self) -> CallOutcome:
         st = self.sc.stats
         # Finished: the upstream sent its usage, or at least a finish_reason (a server that
-        # ignores stream_options.include_usage); anything else was cut off mid-answer.
-        complete = st.usage is not None or st.finish_reason is not None
+        # ignores stream_options.include_usage), and did not fail after it (a bad usage
+        # chunk fails the request); anything else was cut off mid-answer.
+        complete = (st.usage is not None or st.finish_reason is not None) and not st.error_kind
         return CallOutcome(
             call=self.call,
             turn=self.turn,
@@ -129,7 +130,7 @@ class _ProviderStream:
             error=None
             if complete
             else "stream ended before it finished; usage estimated from what was generated",
-            error_kind=None if complete else "connection",
+            error_kind=None if complete else (st.error_kind or "connection"),
         )
 
 

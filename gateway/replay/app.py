@@ -19,7 +19,14 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from gateway.replay.faults import Fault, FaultQueue, FaultSyntaxError, ReplayStats, split_marker
-from gateway.replay.render import CONTENT, ENDING, IdFactory, completion_body, stream_events
+from gateway.replay.render import (
+    CONTENT,
+    ENDING,
+    USAGE,
+    IdFactory,
+    completion_body,
+    stream_events,
+)
 from gateway.replay.schema import ChatRequest, FaultRequest, error_body, validation_message
 from gateway.replay.synth import ReplayRequestError, synthesize
 from gateway.replay.table import ReplayTable
@@ -130,13 +137,18 @@ class ReplayService:
         meta = self._ids.meta(req.model)
         usage = fault is None or fault.kind != "no-usage"
         bad = int(fault.value) if fault is not None and fault.kind == "bad-event" else None
+        bad_usage = fault is not None and fault.kind == "bad-usage"
         if not req.stream:
-            if bad is not None:
+            if bad is not None or bad_usage:
                 return _json(BAD_EVENT)
             return _json(completion_body(completion, req.n, meta, usage=usage))
         cut = int(fault.value) if fault is not None and fault.kind == "cut-stream" else None
         return await self._stream(
-            request, stream_events(completion, req.n, meta, req.include_usage and usage), cut, bad
+            request,
+            stream_events(completion, req.n, meta, req.include_usage and usage),
+            cut,
+            bad,
+            bad_usage,
         )
 
     async def _fail(
@@ -166,16 +178,24 @@ class ReplayService:
         events: Iterator[tuple[bytes, int]],
         cut: int | None,
         bad: int | None = None,
+        bad_usage: bool = False,
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers=_SSE_HEADERS)
         await resp.prepare(request)
         sent = 0
         try:
             for event, kind in events:
-                if cut is not None and (kind == ENDING or (kind == CONTENT and sent >= cut)):
+                if bad_usage and kind == USAGE:
+                    # The answer is complete (its finish_reason went out), its usage is not.
+                    event = b"data: " + BAD_EVENT + b"\n\n"
+                if cut is not None and (
+                    kind in (ENDING, USAGE) or (kind == CONTENT and sent >= cut)
+                ):
                     _hang_up(request)  # cut-stream: no finish_reason, no [DONE]
                     return resp
-                if bad is not None and (kind == ENDING or (kind == CONTENT and sent >= bad)):
+                if bad is not None and (
+                    kind in (ENDING, USAGE) or (kind == CONTENT and sent >= bad)
+                ):
                     await resp.write(b"data: " + BAD_EVENT + b"\n\n")
                     bad = None
                 await resp.write(event)  # one write per event: never buffer the stream

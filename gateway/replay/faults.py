@@ -14,6 +14,8 @@ message):
 ``bad-event=<n>``     a malformed answer: a stream sends n content events, then an event
                       that is JSON but not a chunk (``{"choices": [null]}``); a plain
                       request gets that as its body, with a 200
+``bad-usage``         a stream complete to its finish_reason whose usage chunk is that
+                      malformed event (a plain request: as bad-event)
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Literal
 
-FaultKind = Literal["status", "timeout", "cut-stream", "drop", "latency", "no-usage", "bad-event"]
+FaultKind = Literal[
+    "status", "timeout", "cut-stream", "drop", "latency", "no-usage", "bad-event", "bad-usage"
+]
 
 DEFAULT_TIMEOUT_S = 300.0
 ANY_MODEL = "*"
@@ -52,6 +56,8 @@ class Fault:
                 return cls("drop")
             if name == "no-usage" and not sep:
                 return cls("no-usage")
+            if name == "bad-usage" and not sep:
+                return cls("bad-usage")
             if name == "timeout":
                 seconds = float(arg) if sep else DEFAULT_TIMEOUT_S
                 if not 0 < seconds < math.inf:

@@ -123,8 +123,9 @@ class ChunkEncoder:
 
 
 # Event kinds: a content delta (text or tool arguments), a preamble event (role, tool-call
-# header) and an ending event (finish_reason, usage, [DONE]).
-CONTENT, PREAMBLE, ENDING = 0, 1, 2
+# header), an ending event (finish_reason, [DONE]) and the usage chunk (which ends a stream
+# too, told apart for the bad-usage fault).
+CONTENT, PREAMBLE, ENDING, USAGE = 0, 1, 2, 3
 
 
 def stream_events(
@@ -158,5 +159,5 @@ def stream_events(
                 yield enc.content(i, piece), CONTENT
         yield enc.delta(i, {}, c.finish_reason), ENDING
     if include_usage:
-        yield enc.usage(_usage(c, n)), ENDING
+        yield enc.usage(_usage(c, n)), USAGE
     yield DONE_EVENT, ENDING

@@ -84,6 +84,10 @@ class StreamStats:
     # usage estimate when a stream ends before its usage chunk.
     generated_parts: int = 0
     generated_chars: int = 0
+    # How the stream failed after it opened (an ``ErrorKind``: cut, timed out, a bad
+    # event), None when it ended cleanly or was given up on by the caller. A stream can
+    # fail after its finish_reason (a bad usage chunk), so that alone is no success.
+    error_kind: str | None = None
 
     @property
     def text(self) -> str:

@@ -385,6 +385,8 @@ class DownstreamClient:
         One read to the end without a usage chunk comes from an upstream that reports none,
         said once per model as for plain calls."""
         self._deployment_done(target, err)
+        if err is not None:
+            stats.error_kind = err.kind
         if err is None:
             self.breakers.record_success(model.name)
             if exhausted and stats.usage is None:

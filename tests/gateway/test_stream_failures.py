@@ -64,6 +64,27 @@ def test_a_malformed_chunk_mid_stream_ends_in_an_error_event(
     assert "Traceback" not in gateway.log()
 
 
+def test_a_stream_whose_usage_chunk_is_malformed_books_its_call_as_failed(
+    gateway: Gateway, upstream: Upstream
+) -> None:
+    """The answer came to its finish_reason, then the upstream's usage chunk was malformed:
+    the request fails (502), and its call is booked as the failure it was, not as ok."""
+    upstream.fault(MODEL, "bad-usage")
+    body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "stream": True}
+    with httpx.stream("POST", f"{gateway.base_url}/chat/completions", json=body) as r:
+        request_id = r.headers["x-request-id"]
+        events = [
+            json.loads(line[6:])
+            for line in r.iter_lines()
+            if line.startswith("data: ") and line != "data: [DONE]"
+        ]
+    finished = [c["choices"][0]["finish_reason"] for c in events if c.get("choices")]
+    assert "stop" in finished and "invalid stream event" in events[-1]["error"]["message"]
+    (status, _, _), calls = ledger_rows(gateway, request_id)
+    assert status == 502
+    assert [(c[0], c[4]) for c in calls] == [(MODEL, "bad_response")]
+
+
 def test_a_malformed_answer_is_a_clean_502(gateway: Gateway, upstream: Upstream) -> None:
     # Not streamed: a body that is JSON but not a completion is the upstream's fault,
     # said in the OpenAI shape and logged with the call.

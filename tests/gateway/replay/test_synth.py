@@ -12,6 +12,7 @@ from gateway.replay.faults import Fault, FaultQueue, FaultSyntaxError, split_mar
 from gateway.replay.render import (
     CONTENT,
     ENDING,
+    USAGE,
     ChunkEncoder,
     IdFactory,
     split_pieces,
@@ -163,7 +164,7 @@ def test_stream_events_order() -> None:
     completion = synthesize(table, req, "q")
     events = list(stream_events(completion, 1, IdFactory().meta("m"), include_usage=True))
     kinds = [k for _, k in events]
-    assert kinds[-3:] == [ENDING] * 3 and events[-1][0] == b"data: [DONE]\n\n"
+    assert kinds[-3:] == [ENDING, USAGE, ENDING] and events[-1][0] == b"data: [DONE]\n\n"
     chunks = [orjson.loads(e[len(b"data: ") :]) for e, _ in events[:-1]]
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     text = "".join(
