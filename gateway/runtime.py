@@ -166,6 +166,26 @@ def _router_model(settings: Settings) -> PoolModel | None:
     )
 
 
+def reference_price(
+    settings: Settings, pool: ModelPool, catalog: PriceCatalog
+) -> ModelPrice | None:
+    """The price savings are measured against (``metrics.reference_model``): the pool's
+    entry for it — its configured ``price:`` — else the catalog's. A name with neither is
+    refused (a ValueError), not reported as no savings at all."""
+    name = settings.metrics.reference_model
+    if not name:
+        return None
+    if name in pool:
+        return pool[name].price
+    price = catalog.get(name)
+    if price is None:
+        raise ValueError(
+            f"metrics.reference_model {name!r} has no price: name a pool model or one in "
+            "the price catalog (GET /admin/pricing lists them)"
+        )
+    return price
+
+
 def build_runtime(
     settings: Settings,
     *,
@@ -220,6 +240,7 @@ def build_runtime(
             system_prompt=settings.router.llm.system_prompt,
             cost_weight_in_prompt=settings.router.llm.cost_weight_in_prompt,
         )
+    reference_price(settings, pool, catalog)  # a name with no price: refused here
     default = settings.router.default_policy
     fixed = default.startswith("fixed:") and default[6:] in pool
     if default not in policies and not fixed:

@@ -15,7 +15,7 @@ from gateway.auth import Authenticator
 from gateway.chat import ChatService
 from gateway.hooks import RequestHooks
 from gateway.reload import Reloader
-from gateway.runtime import Runtime
+from gateway.runtime import Runtime, reference_price
 from gateway.settings import Settings
 
 if TYPE_CHECKING:  # built lazily in start(), by what the settings turn on
@@ -200,11 +200,7 @@ class Services:
         self.circuits = self._shared_circuits()
         admin = s.auth.admin_key.get_secret_value() if s.auth.admin_key else None
         self.auth = Authenticator(self.keys, enabled=s.auth.enabled, admin_key=admin)
-        ref = (
-            self.runtime.catalog.get(s.metrics.reference_model)
-            if s.metrics.reference_model
-            else None
-        )
+        ref = reference_price(s, self.runtime.pool, self.runtime.catalog)
         if s.auth.enabled and self.metrics is not None and s.metrics.budget_gauge_keys > 0:
             from gateway.budget_gauges import BudgetGauges
 

@@ -50,13 +50,13 @@ def test_litellm_is_imported_with_the_runtime_only_when_the_pool_needs_it(
     assert out.stdout.strip().splitlines()[-1] == str(imported), out.stderr
 
 
-def _runtime(tmp_path: Path, router: str) -> Any:
+def _runtime(tmp_path: Path, router: str, extra: str = "") -> Any:
     from gateway.runtime import build_runtime
     from gateway.settings import load_settings
 
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(
-        f"router: {{watch_files: false, {router}}}\n"
+        extra + f"router: {{watch_files: false, {router}}}\n"
         "pool:\n"
         "  - {name: small, model: hosted_vllm/small, api_base: 'http://127.0.0.1:9/v1', price: 0}\n"
         "  - {name: large, model: hosted_vllm/large, api_base: 'http://127.0.0.1:9/v1', price: {input: 1, output: 2}}\n"
@@ -94,3 +94,18 @@ def test_the_router_models_output_cap_is_configured(tmp_path: Path) -> None:
     assert (
         _runtime(tmp_path, f"llm: {{{url}}}").policies["llm"].router_model.max_output_tokens == 4096
     )
+
+
+def test_the_reference_model_is_priced_as_the_pool_prices_it(tmp_path: Path) -> None:
+    from gateway.runtime import reference_price
+
+    # "large" has no catalog price, only its pool entry's: savings are measured against it.
+    rt = _runtime(tmp_path, "default_policy: cheapest", "metrics: {reference_model: large}\n")
+    price = reference_price(rt.settings, rt.pool, rt.catalog)
+    assert price is not None and price == rt.pool["large"].price
+    # A catalog model outside the pool keeps its catalog price.
+    rt = _runtime(tmp_path, "default_policy: cheapest", "metrics: {reference_model: gpt-4o}\n")
+    assert reference_price(rt.settings, rt.pool, rt.catalog) == rt.catalog.get("gpt-4o")
+    # A name with no price at all is refused, not reported as no savings.
+    with pytest.raises(ValueError, match=r"metrics\.reference_model 'gtp-4o' has no price"):
+        _runtime(tmp_path, "default_policy: cheapest", "metrics: {reference_model: gtp-4o}\n")
