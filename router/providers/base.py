@@ -98,7 +98,11 @@ class StreamStats:
         self.chunks += 1
         usage = chunk.get("usage")
         if usage:
-            self.usage = TokenUsage.from_openai(usage)
+            parsed = TokenUsage.from_openai(usage)
+            # A usage chunk with no count to charge by (a total alone) reports nothing: the
+            # stream is estimated as one without usage is, not booked as free.
+            if parsed.prompt_tokens or parsed.completion_tokens:
+                self.usage = parsed
         for choice in chunk.get("choices") or ():
             first = choice.get("index", 0) == 0
             delta = choice.get("delta") or {}

@@ -18,7 +18,11 @@ def reported_or_estimated(
     """The response's usage and True, or, when it reports none, an estimate and False."""
     usage = response.get("usage")
     if usage:
-        return TokenUsage.from_openai(usage), True
+        parsed = TokenUsage.from_openai(usage)
+        if parsed.prompt_tokens or parsed.completion_tokens:
+            return parsed, True
+        # No count it can be charged by (only a total, or only zeros and junk): no call
+        # reads no prompt, so this reports nothing, and the call is estimated, not free.
     return estimate_usage(request, response), False
 
 

@@ -41,3 +41,12 @@ def test_usage_chunk_is_the_providers_count() -> None:
     st.observe(chunk({"index": 0, "delta": {"content": "Hi"}, "finish_reason": "stop"}))
     st.observe(chunk(usage={"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}))
     assert st.usage == TokenUsage(7, 2) and st.finish_reason == "stop"
+
+
+def test_a_usage_chunk_with_only_a_total_reports_nothing() -> None:
+    # No prompt or completion count to charge by: the stream is estimated as one without
+    # usage is (``usage`` stays None), not booked as free.
+    st = StreamStats()
+    st.observe(chunk({"index": 0, "delta": {"content": "Hi"}, "finish_reason": "stop"}))
+    st.observe(chunk(usage={"total_tokens": 9}))
+    assert st.usage is None
