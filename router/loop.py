@@ -64,8 +64,10 @@ def worst_case_micros(ctx: RouteContext, call: ToolCall) -> int:
         model = ctx.pool.get(name)
         if model is None:
             continue
-        max_out = call.max_tokens or asked or model.max_output_tokens
-        max_out = min(int(max_out), model.max_output_tokens)
+        # What the call is sent with (``downstream_request``): the router's cap and the
+        # client's, the smaller when both are set, within the model's output limit.
+        caps = [int(c) for c in (call.max_tokens, asked) if c]
+        max_out = min([*caps, model.max_output_tokens])
         worst = max(worst, model.price.worst_case_micros(prompt, max_out * n))
     return worst
 
@@ -307,9 +309,13 @@ class Orchestrator:
                 if guard is not None:
                     charged = await _settle_router_calls(state, charged, guard, hold)
             if isinstance(step, Answer):
+                message: dict[str, Any] = {"role": "assistant", "content": step.text}
+                if step.refusal:
+                    message.update(content=step.text or None, refusal=step.refusal)
                 return RouteResult(
                     state,
-                    message={"role": "assistant", "content": step.text},
+                    message=message,
+                    finish_reason=step.finish_reason,
                     extras={"synthesized": step.synthesized},
                 )
             if isinstance(step, Select):

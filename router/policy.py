@@ -39,6 +39,10 @@ class ToolCall:
 class Answer:
     text: str
     synthesized: bool = False
+    # Why the answer ended ("length": the writer's token cap cut it) and a refusal in place
+    # of (or beside) text, as an OpenAI assistant message carries one.
+    finish_reason: str = "stop"
+    refusal: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import orjson
@@ -16,6 +17,7 @@ import orjson
 from pricing import ModelPrice
 from router.outcomes import conversation_text
 from router.policy import (
+    CANCELLED,
     Answer,
     Call,
     CallOutcome,
@@ -85,8 +87,13 @@ class LLMRouterPolicy(Policy):
         system_prompt: str | None = None,
         cost_weight_in_prompt: bool = False,
         on_query_copy: Any = None,
+        empty_answer_falls_back: bool = True,
     ) -> None:
         self.provider = provider
+        # Serving: an empty answer from the router is replaced by the best answer bought
+        # (or the cheapest model's), since a client asked for one. Training: it must earn
+        # nothing, or a router that learns to say nothing is paid the fallback's reward.
+        self.empty_answer_falls_back = empty_answer_falls_back
         self.router_model = router_model
         self.temperature = temperature
         # Greedy decoding picks its tools deterministically: each choice has probability 1.
@@ -146,7 +153,11 @@ class LLMRouterPolicy(Policy):
         worst = self.price.worst_case_micros(prompt, self.router_model.max_output_tokens)
         return self._router_tool_call(state), worst
 
-    async def _call_router(self, ctx: RouteContext, state: LoopState) -> dict[str, Any] | None:
+    async def _call_router(
+        self, ctx: RouteContext, state: LoopState
+    ) -> tuple[dict[str, Any], str] | None:
+        """The router model's message this turn (its content as text) and why it ended;
+        None when the router failed (recorded in ``state.router_calls`` either way)."""
         body = {
             "model": self.router_model.upstream_model,
             "messages": state.transcript,
@@ -157,6 +168,14 @@ class LLMRouterPolicy(Policy):
             "max_tokens": self.router_model.max_output_tokens,
         }
         call = self._router_tool_call(state)
+        started = time.perf_counter()
+
+        def failed(error: str, kind: str, attempts: int) -> None:
+            # With how long it ran, as a failed downstream call has.
+            outcome = CallOutcome.failed(call, state.turn, started, error, kind, attempts)
+            outcome.role, outcome.model = "router", self.router_model.name
+            state.router_calls.append(outcome)
+
         # The router model's transient failures (a reset connection, a 503 while vLLM
         # restarts, a 429) are retried as a pool model's are, up to its max_retries: each
         # turn it fails on ends the routing (see step(): the last answer, or the cheapest).
@@ -169,21 +188,44 @@ class LLMRouterPolicy(Policy):
                 if err.retryable and attempt < retries:
                     await asyncio.sleep(retry_delay(attempt, err))
                     continue
-                state.router_calls.append(
-                    CallOutcome(
-                        call=call,
-                        turn=state.turn,
-                        ok=False,
-                        role="router",
-                        model=self.router_model.name,
-                        error=err.message,
-                        error_kind=err.kind,
-                        attempts=attempt + 1,
-                    )
-                )
+                failed(err.message, err.kind, attempt + 1)
                 return None
+            except asyncio.CancelledError:
+                # The request ended (client gone, deadline) with the router's turn in
+                # flight: it was made, so it is in the row all the same.
+                failed("the request ended before the call answered", CANCELLED, attempt + 1)
+                raise
         cost = self.price.cost_micros(resp.usage)
-        msg = (resp.body.get("choices") or [{}])[0].get("message") or {}
+        choices = resp.body.get("choices")
+        first = choices[0] if isinstance(choices, list) and choices else None
+        msg = first.get("message") if isinstance(first, dict) else None
+        if not isinstance(msg, dict) or not _well_formed(msg):
+            # Paid for, but no message a turn can be read from (no choices, content that is
+            # neither text nor text parts): the router failed this turn.
+            outcome = CallOutcome(
+                call=call,
+                turn=state.turn,
+                ok=False,
+                role="router",
+                model=self.router_model.name,
+                response=resp.body,
+                usage=resp.usage,
+                cost_micros=cost,
+                latency_ms=resp.latency_ms,
+                attempts=attempt + 1,
+                error="the router model's answer holds no usable message",
+                error_kind="bad_response",
+            )
+            state.router_calls.append(outcome)
+            state.spent_micros += cost
+            return None
+        msg = dict(msg, content=_text(msg.get("content")))
+        # Cut by its token cap: said as OpenAI says it, if this turn's text is the answer.
+        finish = (
+            "length"
+            if isinstance(first, dict) and first.get("finish_reason") == "length"
+            else "stop"
+        )
         state.router_calls.append(
             CallOutcome(
                 call=call,
@@ -200,32 +242,47 @@ class LLMRouterPolicy(Policy):
             )
         )
         state.spent_micros += cost
-        return msg
+        return msg, finish
 
     async def step(self, ctx: RouteContext, state: LoopState) -> Step:
         self._start_transcript(ctx, state)
         self._report_results(state)
-        msg = await self._call_router(ctx, state)
-        if msg is None:
-            # The router itself failed: fall back to the best answer so far (the loop does
-            # that when no step is left), or route to the cheapest model.
-            ok = state.successful()
-            if ok:
-                return Select(ok[-1].call.id)
-            cheapest = ctx.pool.cheapest().name
-            state.decision.record(cheapest, 1.0)
-            return Call((ToolCall(id=f"fallback_{state.turn}", model=cheapest),), final=True)
-        tool_calls = _unique_ids(state, msg.get("tool_calls") or [])
+        turn = await self._call_router(ctx, state)
+        if turn is None:
+            return self._fallback(ctx, state)
+        msg, finish = turn
+        raw_calls = msg.get("tool_calls")
+        tool_calls = _unique_ids(state, raw_calls if isinstance(raw_calls, list) else [])
+        text: str = msg["content"]
+        refusal = msg.get("refusal") if isinstance(msg.get("refusal"), str) else None
+        if not tool_calls and not text.strip() and not refusal and self.empty_answer_falls_back:
+            # An empty answer answers nothing: the best answer bought so far, else the
+            # cheapest model, as when the router fails.
+            return self._fallback(ctx, state)
         state.transcript.append(
-            {k: v for k, v in msg.items() if k in ("role", "content")}
+            {"role": "assistant", "content": text}
             | ({"tool_calls": tool_calls} if tool_calls else {})
-            | {"role": "assistant"}
         )
         if not tool_calls:
-            text = msg.get("content") or ""
             state.decision.record("router", self._propensity)
-            return Answer(text, synthesized=bool(state.outcomes))
+            return Answer(
+                text,
+                synthesized=bool(state.outcomes),
+                finish_reason=finish,
+                refusal=refusal,
+            )
         return self._parse_tool_calls(ctx, state, tool_calls)
+
+    @staticmethod
+    def _fallback(ctx: RouteContext, state: LoopState) -> Step:
+        """The router failed (or gave nothing): the best answer so far, else the cheapest
+        model's."""
+        ok = state.successful()
+        if ok:
+            return Select(ok[-1].call.id)
+        cheapest = ctx.pool.cheapest().name
+        state.decision.record(cheapest, 1.0)
+        return Call((ToolCall(id=f"fallback_{state.turn}", model=cheapest),), final=True)
 
     def _parse_tool_calls(
         self, ctx: RouteContext, state: LoopState, tool_calls: list[dict[str, Any]]
@@ -234,10 +291,20 @@ class LLMRouterPolicy(Policy):
         calls: list[ToolCall] = []
         query = conversation_text(ctx.messages).strip()
         for tc in tool_calls:
-            fn = tc.get("function") or {}
-            name, tc_id = fn.get("name", ""), tc.get("id") or f"tc_{state.turn}_{len(calls)}"
+            tc_id = tc.get("id") or f"tc_{state.turn}_{len(calls)}"
+            fn = tc.get("function")
+            name = fn.get("name") if isinstance(fn, dict) else None
+            if not isinstance(name, str):
+                self._tool_error(
+                    state, tc_id, "invalid_tool_call", "a tool call needs function.name (a string)"
+                )
+                continue
+            assert isinstance(fn, dict)
+            raw = fn.get("arguments") or "{}"
             try:
-                args = orjson.loads(fn.get("arguments") or "{}")
+                if not isinstance(raw, str):
+                    raise ValueError
+                args = orjson.loads(raw)
                 if not isinstance(args, dict):
                     raise ValueError
             except (orjson.JSONDecodeError, ValueError):
@@ -303,6 +370,27 @@ class LLMRouterPolicy(Policy):
             }
         )
         state.notes.setdefault("tool_errors", []).append(kind)
+
+
+def _text(content: Any) -> str:
+    """An assistant message's content as text: a string, or the text of its parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
+    return ""
+
+
+def _well_formed(msg: dict[str, Any]) -> bool:
+    """Whether a router message can be read: its content text, text parts or nothing."""
+    content = msg.get("content")
+    if content is None or isinstance(content, str):
+        return True
+    return isinstance(content, list) and all(
+        isinstance(p, dict) and isinstance(p.get("text"), str) for p in content
+    )
 
 
 def _unique_ids(state: LoopState, tool_calls: list[Any]) -> list[dict[str, Any]]:

@@ -130,12 +130,12 @@ async def test_worst_case_bounds_output_by_the_requests_limit(setup: Any) -> Non
     price, cap = p[DEAR].price, p[DEAR].max_output_tokens
     prompt = estimate_prompt_tokens(USER, None)
 
-    def worst(**params: Any) -> int:
+    def worst(router_cap: int | None = None, **params: Any) -> int:
         return worst_case_micros(
             RouteContext(
                 request_id="r", messages=USER, pool=p, cost_weight=0, request_params=params
             ),
-            ToolCall(id="c", model=DEAR),
+            ToolCall(id="c", model=DEAR, max_tokens=router_cap),
         )
 
     assert worst() == price.worst_case_micros(prompt, cap)
@@ -146,6 +146,10 @@ async def test_worst_case_bounds_output_by_the_requests_limit(setup: Any) -> Non
     # Both limits set: servers honour max_completion_tokens, so the hold covers the larger.
     assert worst(max_tokens=1, max_completion_tokens=400) == price.worst_case_micros(prompt, 400)
     assert worst(max_tokens=400, max_completion_tokens=1) == price.worst_case_micros(prompt, 400)
+    # A router's cap and the client's: the call is sent with the smaller, so held for it.
+    assert worst(100_000, max_tokens=10) == price.worst_case_micros(prompt, 10)
+    assert worst(20, max_tokens=400) == price.worst_case_micros(prompt, 20)
+    assert worst(10**9) == price.worst_case_micros(prompt, cap)
 
 
 async def test_worst_case_counts_the_tool_schemas_offered(setup: Any) -> None:
@@ -333,6 +337,97 @@ async def test_invalid_tool_and_missing_argument_become_tool_errors(
         "unknown_tool" in tool_msgs[0]["content"] and "missing_argument" in tool_msgs[1]["content"]
     )
     assert_costs_add_up(p, r)
+
+
+async def test_malformed_tool_calls_become_tool_errors(
+    setup: Any, scripted_router: ScriptedRouter
+) -> None:
+    # Shapes a small router model emits that the parser once crashed on (a 500): a function
+    # that is a string, a name that is no string, arguments that are an object.
+    p, orch, policy, _ = setup
+    calls = [
+        {"id": "f1", "type": "function", "function": "call_x"},
+        {"id": "f2", "type": "function", "function": {"name": ["a"], "arguments": "{}"}},
+        {"id": "f3", "type": "function",
+         "function": {"name": tool_name(CHEAP), "arguments": {"system_prompt": "x"}}},
+    ]  # fmt: skip
+    message = {"role": "assistant", "content": None, "tool_calls": calls}
+    scripted_router.script(
+        {"raw_choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]},
+        {"content": "I'll answer myself: 100 °C."},
+    )
+    r = await orch.run(policy, ctx(p))
+    assert r.message is not None and r.message["content"].startswith("I'll answer")
+    assert r.state.notes["tool_errors"] == [
+        "invalid_tool_call",
+        "invalid_tool_call",
+        "invalid_arguments",
+    ]
+
+
+async def test_the_routers_own_answer_keeps_its_finish_reason_and_refusal(
+    setup: Any, scripted_router: ScriptedRouter
+) -> None:
+    p, orch, policy, _ = setup
+    scripted_router.script({"content": "Once upon a", "finish_reason": "length"})
+    r = await orch.run(policy, ctx(p))
+    assert r.finish_reason == "length" and r.message == {
+        "role": "assistant",
+        "content": "Once upon a",
+    }
+    scripted_router.script({"content": None, "refusal": "I can't help with that."})
+    r = await orch.run(policy, ctx(p))
+    assert r.finish_reason == "stop" and r.message == {
+        "role": "assistant",
+        "content": None,
+        "refusal": "I can't help with that.",
+    }
+    # Content as text parts is its text.
+    parts = [{"type": "text", "text": "100 "}, {"type": "text", "text": "°C."}]
+    scripted_router.script({"content": parts})
+    r = await orch.run(policy, ctx(p))
+    assert r.message is not None and r.message["content"] == "100 °C."
+
+
+@pytest.mark.parametrize(
+    "turn",
+    [
+        {"raw_choices": []},  # no choices
+        {"content": 5},  # content that is no text
+        {"content": "  "},  # nothing said
+    ],
+)
+async def test_a_router_turn_with_no_usable_answer_falls_back(
+    setup: Any, scripted_router: ScriptedRouter, turn: dict[str, Any]
+) -> None:
+    p, orch, policy, _ = setup
+    # After buying an answer: that answer, not the router's nothing.
+    scripted_router.script({"tool_calls": [call(MID, "a")]}, turn)
+    r = await orch.run(policy, ctx(p))
+    assert r.final_model == MID and r.message is not None and r.message["content"]
+    # With none bought: the cheapest model, as when the router fails.
+    scripted_router.script(turn)
+    r = await orch.run(policy, ctx(p))
+    assert r.final_model == CHEAP
+    # Its tokens were paid for all the same.
+    assert r.state.router_calls[0].cost_micros > 0
+    assert_costs_add_up(p, r)
+
+
+async def test_a_router_turn_cut_short_is_in_the_state_with_its_time(
+    setup: Any, scripted_router: ScriptedRouter
+) -> None:
+    p, orch, policy, _ = setup
+    scripted_router.script({"content": "late", "delay_s": 5})
+    with pytest.raises(RequestTimeout) as exc:
+        await orch.run(policy, ctx(p), timeout_s=0.3)
+    (turn,) = exc.value.state.router_calls
+    assert (turn.ok, turn.role, turn.error_kind) == (False, "router", "cancelled")
+    assert turn.latency_ms >= 250
+    # A failed turn has its time too.
+    scripted_router.script({"error_status": 500})
+    r = await orch.run(policy, ctx(p))
+    assert r.state.router_calls[0].latency_ms > 0
 
 
 async def test_budget_exhausted_mid_loop(setup: Any, scripted_router: ScriptedRouter) -> None:

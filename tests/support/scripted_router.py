@@ -4,12 +4,16 @@ tool calls (``tool_calls`` with JSON-string ``arguments``, finish_reason ``tool_
 
     python -m tests.support.scripted_router --port-file F
     POST /_script   {"turns": [<assistant message>, ...], "usage": {"prompt_tokens": .., "completion_tokens": ..}}
-                    ("usage": false: report no usage, as some servers do)
+                    ("usage": false: report no usage, as some servers do). A turn may also
+                    carry "finish_reason" (sent instead of the one its content implies),
+                    "delay_s" (answer that much later) or "raw_choices" (the response's
+                    choices, sent as given: malformed ones a real model may emit)
     GET  /_requests  every request body received since the last /_script
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from typing import Any
@@ -63,6 +67,11 @@ async def chat(request: web.Request) -> web.Response:
             500,
         )
     msg = dict(s.turns.pop(0))
+    delay = msg.pop("delay_s", None)
+    if delay:
+        await asyncio.sleep(float(delay))
+    finish_override = msg.pop("finish_reason", None)
+    raw_choices = msg.pop("raw_choices", None)
     if msg.get("error_status"):
         return _json(
             {
@@ -99,8 +108,10 @@ async def chat(request: web.Request) -> web.Response:
         "object": "chat.completion",
         "created": int(time.time()),
         "model": body.get("model"),
-        "choices": [{"index": 0, "message": msg, "finish_reason": finish}],
+        "choices": [{"index": 0, "message": msg, "finish_reason": finish_override or finish}],
     }
+    if raw_choices is not None:
+        out["choices"] = raw_choices
     if u is not None:
         out["usage"] = {**u, "total_tokens": u["prompt_tokens"] + u["completion_tokens"]}
     return _json(out)

@@ -166,7 +166,11 @@ class XRouterAgentLoop(AgentLoopBase):
         )
         provider = VerlRouterProvider(self, sampling_params)
         policy = LLMRouterPolicy(
-            provider, replay_model("router", router_price), cost_weight_in_prompt=True
+            provider,
+            replay_model("router", router_price),
+            cost_weight_in_prompt=True,
+            # Saying nothing (or running out of room) ends the trajectory with nothing.
+            empty_answer_falls_back=False,
         )
         result: RouteResult | None
         try:
