@@ -11,6 +11,21 @@ from typing import Protocol
 
 from gateway.limits.resp import RespClient, RespConnectionError, RespError
 
+# An answer's key is the prefix and ``cache_key``'s SHA-256 hex digest.
+_DIGEST_CHARS = 64
+_HEX = frozenset(b"0123456789abcdef")
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` as a Redis MATCH pattern that matches only itself."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def _is_digest(tail: bytes | str) -> bool:
+    raw = tail.encode() if isinstance(tail, str) else tail
+    return len(raw) == _DIGEST_CHARS and _HEX.issuperset(raw)
+
+
 __all__ = ["CacheBackend", "CacheUnavailable", "MemoryBackend", "RedisBackend"]
 
 
@@ -133,14 +148,19 @@ class RedisBackend:
         return False  # queuing the SET may have to (re)connect first
 
     async def clear(self) -> int:
-        """Every key under the prefix, found with SCAN (never KEYS, which blocks Redis) and
-        unlinked (freed in the background) a page at a time."""
+        """Every answer under the prefix, found with SCAN (never KEYS, which blocks Redis)
+        and unlinked (freed in the background) a page at a time. The prefix is matched as
+        written (its glob characters escaped) and followed by a digest only: another
+        deployment whose prefix merely starts with this one keeps its answers."""
+        pattern = _glob_escape(self.prefix) + "?" * _DIGEST_CHARS
+        start = len(self.prefix.encode())
         deleted, cursor = 0, b"0"
         try:
             while True:
-                cursor, keys = await self._client.execute(
-                    "SCAN", cursor, "MATCH", self.prefix + "*", "COUNT", 1000
+                cursor, found = await self._client.execute(
+                    "SCAN", cursor, "MATCH", pattern, "COUNT", 1000
                 )
+                keys = [k for k in found if _is_digest(k[start:])]
                 if keys:
                     deleted += int(await self._client.execute("UNLINK", *keys))
                 if cursor in (b"0", "0"):

@@ -37,9 +37,14 @@ def cache_key(
     cache with different defaults must not share answers."""
     keyed = {k: v for k, v in data.items() if k not in _NOT_KEYED}
     controls = keyed.get("xrouter")
-    if isinstance(controls, dict) and _NOT_KEYED_CONTROLS.intersection(controls):
+    if isinstance(controls, dict):
         # The cache's own controls and the caller's filing tags do not change the answer.
-        keyed["xrouter"] = {k: v for k, v in controls.items() if k not in _NOT_KEYED_CONTROLS}
+        rest = {k: v for k, v in controls.items() if k not in _NOT_KEYED_CONTROLS}
+        if rest:
+            keyed["xrouter"] = rest
+        else:
+            # Nothing left that shapes the answer: keyed as a request without the object.
+            del keyed["xrouter"]
     material = {
         "v": FORMAT_VERSION,
         "scope": scope,

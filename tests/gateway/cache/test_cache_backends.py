@@ -4,6 +4,7 @@ server on 127.0.0.1:6379; a closed port; a server that never answers)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -81,18 +82,34 @@ async def test_clearing_drops_every_answer_and_nothing_else(redis_prefix: str) -
     assert await m.clear() == 3 and len(m) == 0 and m.size_bytes == 0 and await m.get("a") is None
 
     need_redis()
-    backend = RedisBackend(REDIS_URL, prefix=redis_prefix, timeout_s=0.5)
+    # A prefix with glob characters in it is matched as written, not as a pattern.
+    prefix = f"{redis_prefix}[ab]*"
+    backend = RedisBackend(REDIS_URL, prefix=prefix, timeout_s=0.5)
     client = aredis.Redis.from_url(REDIS_URL)
+
+    def digest(i: int) -> str:  # answers are keyed by cache_key's SHA-256 hex digest
+        return hashlib.sha256(f"k{i}".encode()).hexdigest()
+
+    neighbours = [
+        f"{redis_prefix}-other",  # a neighbour's key
+        f"{redis_prefix}a*:{digest(0)}",  # what the prefix would match as a pattern
+        f"{prefix}:eu:{digest(0)}",  # a deployment whose prefix starts with ours
+    ]
     try:
         for i in range(1500):  # more than one SCAN page
-            await backend.put(f"k{i}", b"v", ttl_s=60)
-        await client.set(f"{redis_prefix}-other", b"not ours", ex=60)  # a neighbour's key
-        assert await backend.get("k1499") == b"v"
+            await backend.put(digest(i), b"v", ttl_s=60)
+        for name in neighbours:
+            await client.set(name, b"not ours", ex=60)
+        assert await backend.get(digest(1499)) == b"v"
         assert await backend.clear() == 1500
-        assert await backend.get("k0") is None
-        assert await client.get(f"{redis_prefix}-other") == b"not ours"
+        assert await backend.get(digest(0)) is None
+        for name in neighbours:
+            assert await client.get(name) == b"not ours", name
     finally:
-        await client.delete(f"{redis_prefix}-other")
+        await client.delete(*neighbours)
+        keys = [k async for k in client.scan_iter(match=f"{redis_prefix}*")]
+        if keys:
+            await client.delete(*keys)
         await client.aclose()
         await backend.aclose()
 

@@ -29,6 +29,15 @@ def test_transport_fields_and_cache_controls_do_not_change_the_question() -> Non
         {**BASE, "xrouter": {"cost_weight": 0.5, "tags": ["feature-x"]}},  # filing, not asking
     ]
     assert {key(d) for d in same} == {key(BASE)}
+    # An xrouter object holding only those is the plain request's question too.
+    plain = {k: v for k, v in BASE.items() if k != "xrouter"}
+    only_controls = [
+        plain,
+        {**plain, "xrouter": {"cache": {"max_age_s": 3600}}},
+        {**plain, "xrouter": {"cache": {"no_cache": True}, "tags": ["t"]}},
+        {**plain, "xrouter": {}},
+    ]
+    assert len({key(d) for d in only_controls}) == 1
 
 
 def test_everything_that_can_change_the_answer_changes_the_key() -> None:
