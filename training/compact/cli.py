@@ -243,7 +243,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def run_train(args: argparse.Namespace) -> int:
     try:
-        from training.compact.run import claim_run_dir
+        from training.compact.run import claimed_run_dir
         from training.compact.trainer import train
     except ImportError as exc:
         print(f"xrouter train needs the 'train' extra (torch, tqdm): {exc}", file=sys.stderr)
@@ -275,24 +275,24 @@ def run_train(args: argparse.Namespace) -> int:
         if max_cheap is not None and not getattr(args, "cascade", None):
             # It shapes only a cascade's plans: anything else would silently ignore it.
             raise ValueError("--max-cheap applies to --cascade checkpoints only")
-        claim_run_dir(Path(args.out), overwrite=getattr(args, "overwrite", False))
-        if getattr(args, "knn", None):
-            from training.compact.knn import build_knn
+        with claimed_run_dir(Path(args.out), overwrite=getattr(args, "overwrite", False)):
+            if getattr(args, "knn", None):
+                from training.compact.knn import build_knn
 
-            result = build_knn(records, cfg, args.out, args.knn, **common)
-        elif getattr(args, "cascade", None):
-            from training.compact.cascade import DEFAULT_MAX_CHEAP, build_cascade
+                result = build_knn(records, cfg, args.out, args.knn, **common)
+            elif getattr(args, "cascade", None):
+                from training.compact.cascade import DEFAULT_MAX_CHEAP, build_cascade
 
-            result = build_cascade(
-                records,
-                cfg,
-                args.out,
-                args.cascade,
-                max_cheap=DEFAULT_MAX_CHEAP if max_cheap is None else max_cheap,
-                **common,
-            )
-        else:
-            result = train(records, cfg, args.out, **common)
+                result = build_cascade(
+                    records,
+                    cfg,
+                    args.out,
+                    args.cascade,
+                    max_cheap=DEFAULT_MAX_CHEAP if max_cheap is None else max_cheap,
+                    **common,
+                )
+            else:
+                result = train(records, cfg, args.out, **common)
     except (ValueError, OSError) as exc:  # bad settings or table; a run directory not writable
         print(f"xrouter train: {exc}", file=sys.stderr)
         return 2

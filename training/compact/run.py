@@ -9,13 +9,15 @@ write what a run directory and its checkpoint say about themselves.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
 import json
 import logging
+import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -335,28 +337,50 @@ def _warn_partial_models(records: Sequence[OutcomeRecord], pool: Sequence[str]) 
 RUN_OUTPUTS = ("checkpoint", "checkpoints", "config.json", "metrics.jsonl", "summary.json")
 
 
-def claim_run_dir(out: Path, *, overwrite: bool) -> None:
-    """Make ``out`` ready for a new run, refusing to mix it into an earlier one's files.
+@contextlib.contextmanager
+def claimed_run_dir(out: Path, *, overwrite: bool) -> Iterator[None]:
+    """Make ``out`` ready for a new run for as long as the run lasts, refusing to mix it
+    into an earlier one's files.
 
     Without ``overwrite`` a directory that already holds a run is an error: the new run
     would replace its checkpoint (which a gateway may serve or the registry list) and leave
-    step checkpoints of the old one beside its own. With it, the earlier run's outputs go.
-    """
+    step checkpoints of the old one beside its own. With it, the earlier run's outputs are
+    set aside and deleted only once the new run has succeeded: a run that fails (a typo in
+    its settings, a table it cannot use) leaves the earlier one as it was. Either way a run
+    that fails leaves none of its own outputs behind (its feature cache stays)."""
     present = [name for name in RUN_OUTPUTS if (out / name).exists()]
-    if not present:
-        return
-    if not overwrite:
+    if present and not overwrite:
         raise ValueError(
             f"{out} already holds a training run ({', '.join(present)}): pass --overwrite "
             "to replace it (its feature cache is kept), or choose another --out"
         )
-    for name in present:
+    aside = out / f".replaced-{os.getpid()}" if present else None
+    if aside is not None:
+        aside.mkdir()
+        for name in present:
+            (out / name).rename(aside / name)
+    try:
+        yield
+    except BaseException:
+        _remove_outputs(out)
+        if aside is not None:
+            for name in present:
+                (aside / name).rename(out / name)
+            aside.rmdir()
+            logger.info("the run failed: the earlier run in %s is kept", out)
+        raise
+    if aside is not None:
+        shutil.rmtree(aside)
+        logger.info("replaced the training run in %s (%s)", out, ", ".join(present))
+
+
+def _remove_outputs(out: Path) -> None:
+    for name in RUN_OUTPUTS:
         path = out / name
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
-        else:
+        elif path.exists() or path.is_symlink():
             path.unlink()
-    logger.info("replacing the training run in %s (%s)", out, ", ".join(present))
 
 
 def write_config(

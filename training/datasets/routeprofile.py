@@ -33,12 +33,18 @@ def _performance(raw: Any, where: str) -> dict[str, Any]:
     if isinstance(raw, str):
         try:
             raw = ast.literal_eval(raw)
-        except (ValueError, SyntaxError) as exc:
+        # TypeError: a literal that cannot be built ("{[1]: 2}", an unhashable key).
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as exc:
             raise ConversionError(
                 f"{where}: model_performance is not a Python literal ({exc})"
             ) from None
     if not isinstance(raw, dict) or not raw:
         raise ConversionError(f"{where}: model_performance must be a non-empty mapping")
+    bad = [k for k in raw if not isinstance(k, str) or not k]
+    if bad:
+        raise ConversionError(
+            f"{where}: model_performance's keys must be model names (strings), got {bad[0]!r}"
+        )
     return raw
 
 

@@ -10,6 +10,7 @@ format). Every outcome says so with ``cost_estimated: true``.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from training.datasets.common import (
     text_id,
 )
 from training.datasets.prices import call_cost_usd, require_prices
+
+logger = logging.getLogger(__name__)
 
 # Assumed completion length when the source records none: a short worked answer.
 DEFAULT_COMPLETION_TOKENS = 256
@@ -49,6 +52,7 @@ def convert_routerdc(
 ) -> Iterator[OutcomeRecord]:
     ids = UniqueIds()
     for path in paths:
+        repeated = 0
         for index, item in enumerate(load_json_items(path)):
             where = f"{path}: item {index}"
             if not isinstance(item, dict):
@@ -76,8 +80,17 @@ def convert_routerdc(
                     "cost_estimated": True,
                 }
             record_id = text_id("dc", question)
+            if record_id in ids:
+                # The same question again (the id is its hash): one prompt, kept once, as
+                # the README promises for every converter whose ids hash the prompt.
+                repeated += 1
+                continue
             ids.check(record_id, where)
             data: dict[str, Any] = {"id": record_id, "prompt": question, "outcomes": outcomes}
             if item.get("cluster_id") is not None:
                 data["task"] = f"cluster-{item['cluster_id']}"
             yield build_record(data, where)
+        if repeated:
+            logger.info(
+                "%s: dropped %d repeated question(s) (kept the first occurrence)", path, repeated
+            )

@@ -77,7 +77,10 @@ class RandomMixRouter:
         share = min(1.0, max(0.0, cost_weight))
         key = tuple(r.id for r in records)
         if key != self._units_key:
-            self._units = [hash_unit(r.id, self.seed) for r in records]
+            # Salted apart from the split's hash (``split_of``, the same function): with
+            # the same seed, the test part is exactly the ids hashed past 0.8, and every
+            # share up to 0.8 sent none of them to the strong model.
+            self._units = [hash_unit(r.id, f"random-mix:{self.seed}") for r in records]
             self._units_key = key
         strong, weak = self.strong, self.weak
         return [strong if u < share else weak for u in self._units]

@@ -38,7 +38,7 @@ def trajectory_reward(
 
     final = result.final_model if result is not None else None
     score = record.outcomes[final].score if final is not None else 0.0
-    downstream = result.downstream_cost_micros / 1e6 if result is not None else 0.0
+    downstream = _downstream_cost_usd(result, record)
     router = result.router_cost_micros / 1e6 if result is not None else 0.0
     terms = compute_reward(score, downstream + router, cost_weight, cfg, reference_cost)
     # What the best single call would have earned at this λ: the trajectory's regret.
@@ -62,3 +62,19 @@ def trajectory_reward(
         "own_answer": 1.0 if result is not None and final is None else 0.0,
         "best_single_call_reward": best,
     }
+
+
+def _downstream_cost_usd(result: RouteResult | None, record: OutcomeRecord) -> float:
+    """What the trajectory's calls cost, each at the table's exact ``cost_usd`` (as
+    ``xrouter eval`` scores them), not the whole micro-dollars the replay books: at the cheap
+    models' costs (a few micro-dollars a prompt) that rounding moved costs by up to 14%."""
+    if result is None:
+        return 0.0
+    total = 0.0
+    for o in result.outcomes:
+        recorded = record.outcomes.get(o.model or o.call.model)
+        if o.ok and recorded is not None and recorded.cost_usd is not None:
+            total += recorded.cost_usd
+        else:
+            total += o.cost_micros / 1e6
+    return total

@@ -99,6 +99,14 @@ def test_a_run_directory_is_not_reused_without_overwrite(
     err = capsys.readouterr().err
     assert "already holds a training run" in err and "--overwrite" in err, err
     assert load_checkpoint(out / "checkpoint").metadata.name == "first"
+    # An --overwrite run that fails (a typo in its pool, a kNN of no neighbours) replaces
+    # nothing: the first run is as it was, and nothing of the failed one is left.
+    before = sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
+    for bad in (["--pool", "cheap,typo-model"], ["--knn", "0"]):
+        assert main([*args, "--name", "broken", "--overwrite", *bad]) == 2
+        assert "xrouter train:" in capsys.readouterr().err
+        assert load_checkpoint(out / "checkpoint").metadata.name == "first"
+        assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == before
     # With --overwrite the old outputs go (its step checkpoints too), the feature cache stays.
     cached = sorted(p.name for p in (out / "cache").iterdir())
     assert cached
@@ -106,6 +114,10 @@ def test_a_run_directory_is_not_reused_without_overwrite(
     assert load_checkpoint(out / "checkpoint").metadata.name == "second"
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000003"]
     assert sorted(p.name for p in (out / "cache").iterdir()) == cached
+    # A run that fails in a new directory leaves none of its outputs behind.
+    fresh = tmp_path / "fresh"
+    assert main(["--table", str(table), "--out", str(fresh), "--knn", "0", "--no-progress"]) == 2
+    assert not any((fresh / name).exists() for name in ("checkpoint", "config.json"))
     # An empty directory, or one holding only a cache, is free to use.
     empty = tmp_path / "empty"
     empty.mkdir()

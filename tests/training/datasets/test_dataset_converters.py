@@ -175,6 +175,23 @@ def test_routerdc_needs_prices_for_every_model(tmp_path: Path) -> None:
         load_converted("routerdc", [bad], write_json(tmp_path / "p2.json", PRICES))
 
 
+def test_routerdc_keeps_a_repeated_question_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Its id is a hash of the question: the repeat is the same prompt, kept once (the first).
+    items = [
+        {"question": "What is 2+2?", "scores": {"small": 1, "large": 1}},
+        {"question": "What is 3+3?", "scores": {"small": 0, "large": 1}},
+        {"question": "What is 2+2?", "scores": {"small": 0, "large": 0}},
+    ]
+    data = write_json(tmp_path / "dc.json", items)
+    with caplog.at_level("INFO"):
+        records = load_converted("routerdc", [data], write_json(tmp_path / "p.json", PRICES))
+    assert [r.prompt for r in records] == ["What is 2+2?", "What is 3+3?"]
+    assert records[0].outcomes["small"].score == 1
+    assert "dropped 1 repeated question(s)" in caplog.text
+
+
 @needs_shared_data("llmrouter_dcrouter")
 def test_routerdc_real_rows(tmp_path: Path) -> None:
     items = json.loads((SHARED / "llmrouter_dcrouter" / "train.json").read_text())[:25]
@@ -303,6 +320,23 @@ def test_routeprofile_refuses_a_non_finite_score(tmp_path: Path, value: float) -
         tmp_path / "rp.json", [{"task_name": "t", "query": "q", "model_performance": perf}]
     )
     with pytest.raises(ConversionError, match=r"item 0: model_performance\.small: .*not a finite"):
+        load_converted("routeprofile", [data], write_json(tmp_path / "p.json", PRICES))
+
+
+@pytest.mark.parametrize(
+    ("perf", "match"),
+    [
+        ("{[1]: 2}", "not a Python literal"),  # an unhashable key
+        ("{'small': {}, 1: {}}", "keys must be model names"),
+    ],
+)
+def test_routeprofile_malformed_performance_is_one_line(
+    tmp_path: Path, perf: str, match: str
+) -> None:
+    data = write_json(
+        tmp_path / "rp.json", [{"task_name": "t", "query": "q", "model_performance": perf}]
+    )
+    with pytest.raises(ConversionError, match=rf"item 0: model_performance.*{match}"):
         load_converted("routeprofile", [data], write_json(tmp_path / "p.json", PRICES))
 
 

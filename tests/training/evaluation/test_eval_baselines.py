@@ -121,6 +121,14 @@ def test_single_and_random_mix(table_factory) -> None:
     # Nested: every prompt sent to the strong model at 30% also goes there at 60%.
     assert all(h == "strong" for lo, h in zip(low, high, strict=True) if lo == "strong")
     assert router.route(records[::-1], 0.3) == low[::-1]  # order-independent
+    # On a split's part made with the same seed, the shares are still the shares asked for
+    # (its hash once was the split's: the test part lies past 0.8, and every share up to
+    # 0.8 sent it nothing).
+    test = split_records(records, (0.6, 0.2, 0.2), seed=0).test
+    mix = RandomMixRouter(seed=0).fit(records)
+    for share in (0.3, 0.5, 0.7):
+        sent = mix.route(test, share).count("strong") / len(test)
+        assert abs(sent - share) < 0.15, (share, sent)
 
 
 def _aiqs(router, train, test) -> tuple[float, float]:

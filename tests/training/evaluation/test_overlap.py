@@ -80,3 +80,23 @@ def test_eval_notes_a_checkpoint_evaluated_on_its_own_training_prompts(
     assert "were in its training or validation part" in capsys.readouterr().out
     meta = json.loads((ckpt / "checkpoint.json").read_text())
     assert meta["training"]["table"]["ids_sha256"] == ids_fingerprint(load_outcome_table(table))
+
+
+@pytest.mark.parametrize("name", ["demo", "demo-rl"])
+def test_the_packaged_checkpoints_know_their_training_prompts_in_any_file(
+    tmp_path: Path, name: str
+) -> None:
+    """The demo table converted again (RouteProfile's file through ``xrouter convert``, the
+    README's example) is the packaged checkpoints' training table under another name: an
+    eval on it must say which prompts they were trained on."""
+    from router.checkpoint import load_checkpoint, packaged_checkpoint_path
+
+    records = load_outcome_table(Path(__file__).parents[3] / "router/assets/demo_outcomes.jsonl")
+    copy = tmp_path / "again.jsonl"
+    write_outcome_table(list(reversed(records)), copy)  # another file, another order
+    again = load_outcome_table(copy)
+    training = load_checkpoint(packaged_checkpoint_path(name)).metadata.training
+    seen = seen_in_training(training, again, "not-the-same-file", ids_fingerprint(again))
+    split = training["config"]["split_seed"]
+    expected = sum(split_of(r.id, seed=split) in ("train", "validation") for r in again)
+    assert seen == expected == 354 + 135
