@@ -67,11 +67,19 @@ def _from_cache(rlog: RequestLog, ctx: RouteContext, hit: CachedAnswer) -> Route
 
 class ChatService:
     def __init__(
-        self, get_runtime: Any, hooks: RequestHooks, cache: AnswerCache | None = None
+        self,
+        get_runtime: Any,
+        hooks: RequestHooks,
+        cache: AnswerCache | None = None,
+        request_timeout_s: float = 600.0,
     ) -> None:
         self._runtime = get_runtime
         self.hooks = hooks
         self.cache = cache
+        # Fixed at start, as the server section is read: the budget holds and parallel slots
+        # expire request_timeout_s + 60 s after they are taken, so a reload that lengthened
+        # it would let a request outlive its own slot.
+        self.request_timeout_s = request_timeout_s
         self.render = Renderer(hooks, self._remember)
 
     async def handle(
@@ -108,7 +116,7 @@ class ChatService:
             # from t0 too): time spent waiting for an identical request's answer is taken
             # from what the routing has left, else a follower would route afresh after the
             # wait and outlast its timeout (its stream cut at the deadline, the call paid).
-            timeout_s = rt.settings.server.request_timeout_s
+            timeout_s = self.request_timeout_s
             if self.cache is not None and not (req.stream and req.n > 1):
                 left_s = timeout_s - (time.perf_counter() - t0)
                 # Guarded as the routing is: a request waiting for an identical one's answer
@@ -177,7 +185,7 @@ class ChatService:
             return failure.response(id_headers(request_id))
         rlog.result = result
         if result.stream is not None:
-            return self.render.stream(req, rlog, result, rt.settings.server.request_timeout_s)
+            return self.render.stream(req, rlog, result, self.request_timeout_s)
         if req.stream:
             return self.render.text_stream(req, rlog, result)
         return await self.render.json(rlog, result)

@@ -143,6 +143,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log.error("%s", exc)
         return 2
     srv = settings.server
+    if srv.workers > 1 and not settings.router.watch_files:
+        # POST /admin/reload reloads the worker that answers it; the others take a config
+        # change up through their file watchers, which are off.
+        log.warning(
+            "%d workers with router.watch_files off: POST /admin/reload reloads only the "
+            "worker that answers it; turn the watcher on for every worker to follow a config "
+            "change (checkpoints deployed with xrouter deploy reach every worker either way)",
+            srv.workers,
+        )
     problem, deployment = asyncio.run(_check_ledger(settings.ledger.url))
     if problem is not None:
         log.error("cannot start: %s", problem)

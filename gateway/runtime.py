@@ -95,6 +95,7 @@ class Runtime:
         swapped in."""
         cb = self.settings.router.circuit_breaker
         self.client.breakers.config = BreakerConfig(cb.failures, cb.cooldown_s)
+        self.client.breakers.forget(self.pool.names)
         self.client.balancer.cooldown_s = self.settings.router.deployment_cooldown_s
 
 

@@ -220,7 +220,9 @@ class Services:
         # Built once: a reload keeps the cached answers (a new router checkpoint has keys
         # of its own); the cache section's own settings take effect at restart.
         self.cache = build_answer_cache(s.cache, s.limits, self.metrics)
-        self.chat = ChatService(self.current, self.hooks, self.cache)
+        self.chat = ChatService(
+            self.current, self.hooks, self.cache, request_timeout_s=s.server.request_timeout_s
+        )
         self.ready = True
 
     def _limit_store(self) -> FailPolicyStore:

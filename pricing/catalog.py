@@ -123,8 +123,11 @@ class PriceCatalog:
     def from_mapping(cls, data: Mapping[str, Any]) -> PriceCatalog:
         if not isinstance(data, Mapping) or "models" not in data:
             raise CatalogError("a price catalog needs a top-level `models:` mapping")
+        models = data.get("models") or {}
+        if not isinstance(models, Mapping):
+            raise CatalogError("a price catalog's `models:` must map model names to prices")
         prices: dict[str, ModelPrice] = {}
-        for name, entry in (data.get("models") or {}).items():
+        for name, entry in models.items():
             try:
                 prices[str(name)] = ModelPrice.model_validate(entry)
             except ValueError as exc:
@@ -133,7 +136,11 @@ class PriceCatalog:
 
     @classmethod
     def from_yaml(cls, text: str) -> PriceCatalog:
-        return cls.from_mapping(yaml.safe_load(text) or {})
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise CatalogError(f"a price catalog that is not YAML: {exc}") from None
+        return cls.from_mapping(data or {})
 
 
 def load_default_catalog() -> PriceCatalog:

@@ -151,6 +151,16 @@ class CircuitBreakers:
             )
             self._notify(model, "open")
 
+    def forget(self, keep: Iterable[str]) -> None:
+        """Drop the circuits of models not in ``keep`` (the pool a reload left): a model no
+        longer served is no longer open, so neither its metric nor ``/admin/router`` (nor
+        an alert on them) goes on saying it is. An open one is reported closed."""
+        kept = set(keep)
+        for model in [m for m in self._circuits if m not in kept]:
+            if self._circuits[model].opened_at is not None:
+                self._close(model)
+            del self._circuits[model]
+
     def adopt_open(self, model: str, opened_ago_s: float) -> bool:
         """Open ``model``'s circuit because another process saw it fail, ``opened_ago_s``
         seconds ago, so that the cooldown ends when theirs does. Only a closed circuit is

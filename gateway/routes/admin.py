@@ -415,6 +415,9 @@ async def reload(request: Request) -> Response:
     return json_response(
         {
             "status": "reloaded",
+            # A reload is this worker's (a deployment is every worker's): with several, the
+            # others take a config change up through their file watchers.
+            "pid": os.getpid(),
             "pool": rt.pool.names,
             "policies": rt.policy_names,
             "checkpoint": rt.checkpoint_info,

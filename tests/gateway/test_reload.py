@@ -469,3 +469,82 @@ def test_a_reload_that_fails_half_way_changes_nothing(upstream: Upstream, tmp_pa
         assert router["circuits"] == {"gemma-2-9b-it": "open"}
     finally:
         gw.stop()
+
+
+def test_a_reload_prices_savings_anew_and_refuses_a_broken_catalog(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    model, reference = "gemma-2-9b-it", "llama-3.3-70b-instruct"
+    cfg = gateway_config(tmp_path, upstream.base_url, metrics={"reference_model": reference})
+    gw = start_gateway(tmp_path, cfg)
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+
+    def savings_of_one_request() -> float:
+        def total() -> float:
+            text = httpx.get(f"{gw.url}/metrics", timeout=10).text
+            return sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith("xrouter_savings_usd_total{")
+            )
+
+        before = total()
+        r = httpx.post(f"{gw.base_url}/chat/completions", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        return total() - before
+
+    try:
+        cheap = savings_of_one_request()
+        # The reference model's price goes up 1000-fold: the same request saves far more.
+        cfg["pricing"] = {"overrides": {reference: {"input": 1000, "output": 1000}}}
+        gw.config_path.write_text(yaml.safe_dump(cfg))
+        r = httpx.post(f"{gw.url}/admin/reload", headers=ADMIN, timeout=30)
+        assert r.status_code == 200 and r.json()["pid"] > 0, r.text
+        assert savings_of_one_request() > 100 * cheap > 0
+        # A catalog that is not YAML, or holds no mapping of models: a 400 that says why,
+        # and the config before it keeps serving.
+        for text in ("models: [\n  - {", "models: [1, 2]\n"):
+            (tmp_path / "catalog.yaml").write_text(text)
+            cfg["pricing"] = {"catalog": str(tmp_path / "catalog.yaml")}
+            gw.config_path.write_text(yaml.safe_dump(cfg))
+            r = httpx.post(f"{gw.url}/admin/reload", headers=ADMIN, timeout=30)
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["code"] == "reload_failed" and "catalog" in r.text
+        assert "Traceback" not in gw.log()
+    finally:
+        gw.stop()
+
+
+def test_a_reload_that_turns_auth_off_keeps_requests_to_their_keys(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    # The auth section is read at start: keys are still asked for after such a reload, and
+    # one key still may not read another's requests.
+    cfg = gateway_config(tmp_path, upstream.base_url, auth={"enabled": True})
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        keys = [
+            httpx.post(f"{gw.url}/admin/keys", json={"alias": a}, headers=ADMIN).json()["key"]
+            for a in ("a", "b")
+        ]
+        body = {"model": "gemma-2-9b-it", "messages": [{"role": "user", "content": "hi"}]}
+        r = httpx.post(
+            f"{gw.base_url}/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {keys[0]}"},
+            timeout=30,
+        )
+        rid = r.headers["x-request-id"]
+        cfg["auth"] = {**cfg["auth"], "enabled": False}
+        gw.config_path.write_text(yaml.safe_dump(cfg))
+        assert httpx.post(f"{gw.url}/admin/reload", headers=ADMIN, timeout=30).status_code == 200
+        for key, status in ((keys[1], 404), (keys[0], 200)):
+            got = httpx.get(
+                f"{gw.base_url}/generation",
+                params={"id": rid},
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=10,
+            )
+            assert got.status_code == status, got.text
+    finally:
+        gw.stop()

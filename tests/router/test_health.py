@@ -137,3 +137,13 @@ def test_a_probe_answered_with_a_client_error_closes_the_circuit() -> None:
     b.record_failure("m", "timeout")
     b.record_failure("m", "upstream_4xx")
     assert b.state("m") == "open" and not b.allow("m")
+
+
+def test_a_model_that_left_the_pool_is_no_longer_open() -> None:
+    b, _, changes = breakers(failures=1)
+    b.record_failure("gone", "timeout")
+    b.record_failure("kept", "timeout")
+    b.forget(["kept", "new"])
+    assert b.open_models() == ["kept"] and b.state("gone") == "closed"
+    # Reported closed, so its metric (and an alert on it) stops saying it is open.
+    assert changes[-1] == ("gone", "closed")
