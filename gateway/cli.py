@@ -192,18 +192,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
         srv.workers,
         "s" * (srv.workers > 1),
     )
+    given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if given:
+        # Set by the operator, it puts one worker in multiprocess mode too: either way its
+        # previous run's files must go, or their counts add to this run's.
+        _empty_metrics_dir(Path(given))
     if srv.workers == 1:
         uvicorn.run(app, **common)
         return 0
     # Several workers: each builds its own app from the same config; metrics aggregate
-    # through prometheus_client's multiprocess mode.
-    os.environ[CONFIG_ENV] = str(Path(path).resolve())
+    # through prometheus_client's multiprocess mode. The config's path is made absolute
+    # without following symlinks: a Kubernetes ConfigMap is a symlink into a dated
+    # directory that an update replaces, so a resolved path would name a file that is gone
+    # (reloads, and workers restarted after a crash, would fail on it).
+    os.environ[CONFIG_ENV] = os.path.abspath(path)
     os.environ[SUPERVISOR_ENV] = str(os.getpid())
     for key, value in (("HOST", srv.host), ("PORT", srv.port)):
         os.environ[f"XROUTER_SERVER__{key}"] = str(value)
-    given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if given:
-        _empty_metrics_dir(Path(given))
         metrics_dir = None
     else:
         metrics_dir = tempfile.mkdtemp(prefix="xrouter-prom-")

@@ -252,7 +252,7 @@ class RouterState(_Answer):
 
 class Reloaded(_Answer):
     status: Literal["reloaded"]
-    pid: int  # the worker that reloaded (a reload is one worker's; a deployment, every one's)
+    worker: int  # the pid of the worker that reloaded (a reload is one worker's; a deployment, every one's)
     pool: list[str]
     policies: list[str]
     checkpoint: dict[str, Any] | None

@@ -417,7 +417,7 @@ async def reload(request: Request) -> Response:
             "status": "reloaded",
             # A reload is this worker's (a deployment is every worker's): with several, the
             # others take a config change up through their file watchers.
-            "pid": os.getpid(),
+            "worker": os.getpid(),
             "pool": rt.pool.names,
             "policies": rt.policy_names,
             "checkpoint": rt.checkpoint_info,

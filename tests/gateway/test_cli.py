@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -13,13 +14,14 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import yaml
 
 from tests.gateway.conftest import Upstream, ledger_rows
-from tests.support.gateway import gateway_config, start_gateway
+from tests.support.gateway import ADMIN_KEY, gateway_config, start_gateway
 from tests.support.replay import REPO_ROOT
 
 COMMANDS = [
@@ -187,12 +189,14 @@ def test_workers_log_as_the_supervisor_does(upstream: Upstream, tmp_path: Path) 
         gw.stop()
 
 
+@pytest.mark.parametrize("workers", [2, 1])
 def test_several_workers_start_from_clean_metrics_and_leave_none_behind(
-    upstream: Upstream, tmp_path: Path
+    upstream: Upstream, tmp_path: Path, workers: int
 ) -> None:
     """prometheus_client's multiprocess directory must be emptied between runs: an
     operator's (PROMETHEUS_MULTIPROC_DIR) is emptied at start — a previous run's counts were
-    added to this one's — and the one `serve` makes itself is removed when it stops."""
+    added to this one's, also with one worker, which the variable puts in multiprocess mode
+    too — and the one `serve` makes itself is removed when it stops."""
     # An operator's directory, with a previous run's requests counted in it.
     given = tmp_path / "prom"
     given.mkdir()
@@ -200,7 +204,7 @@ def test_several_workers_start_from_clean_metrics_and_leave_none_behind(
     gw = start_gateway(
         stale,
         gateway_config(stale, upstream.base_url),
-        workers=2,
+        workers=workers,
         env={"PROMETHEUS_MULTIPROC_DIR": str(given)},
     )
     body = {"model": "gemma-2-9b-it", "messages": [{"role": "user", "content": "hi"}]}
@@ -212,7 +216,7 @@ def test_several_workers_start_from_clean_metrics_and_leave_none_behind(
     gw = start_gateway(
         again,
         gateway_config(again, upstream.base_url),
-        workers=2,
+        workers=workers,
         env={"PROMETHEUS_MULTIPROC_DIR": str(given)},
     )
     try:
@@ -224,6 +228,8 @@ def test_several_workers_start_from_clean_metrics_and_leave_none_behind(
         ), "the first run's requests were counted again"
     finally:
         gw.stop()
+    if workers == 1:
+        return  # one worker without the variable keeps its metrics in memory
     # Without one, `serve` makes its own and removes it when it stops.
     before = set(Path(tempfile.gettempdir()).glob("xrouter-prom-*"))
     own = tmp_path / "third"
@@ -351,5 +357,48 @@ def test_requests_cut_by_the_graceful_shutdown_timeout_get_an_error_not_a_traceb
             chat.headers["x-request-id"]: "503 shutting_down",
             anthropic.headers["request-id"]: "503 shutting_down",
         }
+    finally:
+        gw.stop()
+
+
+def test_several_workers_follow_a_config_mounted_as_kubernetes_mounts_a_configmap(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    """A ConfigMap's file is a symlink through ``..data`` into a dated directory, which an
+    update replaces (and deletes): the workers must keep the path they were given, or the
+    change, a reload and a worker restarted after a crash would all look for a file that is
+    gone."""
+    mount = tmp_path / "cm"
+    mount.mkdir()
+
+    def publish(stamp: str, cfg: dict[str, Any]) -> None:
+        (mount / stamp).mkdir()
+        (mount / stamp / "config.yaml").write_text(yaml.safe_dump(cfg))
+        (mount / "..data_tmp").symlink_to(stamp)
+        os.replace(mount / "..data_tmp", mount / "..data")  # atomic, as the kubelet swaps it
+
+    cfg = gateway_config(tmp_path, upstream.base_url)
+    cfg["router"] = {**cfg["router"], "watch_files": True, "default_policy": "cascade"}
+    cfg["auth"] = {**cfg["auth"], "admin_key": ADMIN_KEY}
+    publish("..2026_01_01_a", cfg)
+    (mount / "config.yaml").symlink_to("..data/config.yaml")
+    gw = start_gateway(tmp_path, cfg, workers=2, config_path=mount / "config.yaml")
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    try:
+        cfg["router"] = {**cfg["router"], "default_policy": "cheapest"}
+        publish("..2026_01_01_b", cfg)
+        shutil.rmtree(mount / "..2026_01_01_a")
+        deadline = time.monotonic() + 20
+        seen: dict[int, str] = {}
+        while time.monotonic() < deadline:
+            r = httpx.get(f"{gw.url}/admin/router", headers=admin, timeout=10).json()
+            seen[r["worker"]] = r["default_policy"]
+            if len(seen) == 2 and set(seen.values()) == {"cheapest"}:
+                break
+            time.sleep(0.2)
+        assert set(seen.values()) == {"cheapest"} and len(seen) == 2, seen
+        r = httpx.post(f"{gw.url}/admin/reload", headers=admin, timeout=30)
+        assert r.status_code == 200, r.text
+        assert "config file not found" not in gw.log()
     finally:
         gw.stop()

@@ -499,7 +499,7 @@ def test_a_reload_prices_savings_anew_and_refuses_a_broken_catalog(
         cfg["pricing"] = {"overrides": {reference: {"input": 1000, "output": 1000}}}
         gw.config_path.write_text(yaml.safe_dump(cfg))
         r = httpx.post(f"{gw.url}/admin/reload", headers=ADMIN, timeout=30)
-        assert r.status_code == 200 and r.json()["pid"] > 0, r.text
+        assert r.status_code == 200 and r.json()["worker"] > 0, r.text
         assert savings_of_one_request() > 100 * cheap > 0
         # A catalog that is not YAML, or holds no mapping of models: a 400 that says why,
         # and the config before it keeps serving.

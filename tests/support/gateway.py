@@ -101,12 +101,15 @@ def start_gateway(
     env: dict[str, str] | None = None,
     name: str = "gateway",
     wait_ready: bool = True,
+    config_path: Path | None = None,
 ) -> Gateway:
     """Start ``xrouter serve``; unless ``wait_ready`` is False, return once it answers
-    /readyz (with several workers: once one of them does)."""
+    /readyz (with several workers: once one of them does). ``config_path``: serve the
+    config file the caller laid out there (``config`` is then not written)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
-    cfg_path = tmp_path / f"{name}.yaml"
-    cfg_path.write_text(yaml.safe_dump(config))
+    cfg_path = config_path or tmp_path / f"{name}.yaml"
+    if config_path is None:
+        cfg_path.write_text(yaml.safe_dump(config))
     port = free_port()
     log_path = tmp_path / f"{name}.log"
     full_env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
