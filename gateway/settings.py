@@ -206,10 +206,15 @@ class MetricsSettings(_Section):
     @field_validator("bearer_token")
     @classmethod
     def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return None
+        # Stripped as the admin key is: a token read from a file often ends with a newline,
+        # which no Authorization header can carry (the scrape would be refused for good).
+        token = value.get_secret_value().strip()
         # An empty ${VAR:-} would otherwise be a token that every scraper "knows".
-        if value is not None and len(value.get_secret_value()) < 16:
+        if len(token) < 16:
             raise ValueError("at least 16 characters (or null for an open /metrics)")
-        return value
+        return SecretStr(token)
 
 
 class LLMRouterSettings(_Section):

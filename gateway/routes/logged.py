@@ -49,12 +49,24 @@ async def logged_request(
     find it still queued or, for a stream whose bookkeeping runs after its last chunk, not
     yet submitted. Only then is the batch forced, so calls at a steady rate do not defeat
     the batching."""
-    row = await get_request(s.ledger_engine(), request_id)
+    # Whether keys are checked is the authenticator's (built at start, as the whole auth
+    # section is read): a reload that turned auth.enabled off must not open every
+    # request's record to every key while keys are still asked for.
+    assert s.auth is not None
+    checked = s.auth.enabled
+
+    async def mine() -> dict[str, Any] | None:
+        # Another key's request is looked for exactly as an unknown one is, so that not
+        # even the time of the 404 says it exists.
+        row = await get_request(s.ledger_engine(), request_id)
+        return row if row is not None and (not checked or row.get("key_id") == who.key_id) else None
+
+    row = await mine()
     if row is None:
         assert s.hooks is not None
         await s.hooks.bookkeeping.wait_current()
         await s.ledger_writer().flush()
-        row = await get_request(s.ledger_engine(), request_id)
+        row = await mine()
     if row is None:
         # Another worker or replica may have answered it, its row still in that process's
         # queue: written within its flush interval, so look again until then (this only
@@ -62,12 +74,8 @@ async def logged_request(
         deadline = time.monotonic() + s.settings.ledger.flush_interval_ms / 1000 + _GRACE_S
         while row is None and time.monotonic() < deadline:
             await asyncio.sleep(_POLL_S)
-            row = await get_request(s.ledger_engine(), request_id)
-    # Whether keys are checked is the authenticator's (built at start, as the whole auth
-    # section is read): a reload that turned auth.enabled off must not open every
-    # request's record to every key while keys are still asked for.
-    assert s.auth is not None
-    if row is None or (s.auth.enabled and row.get("key_id") != who.key_id):
+            row = await mine()
+    if row is None:
         raise _not_found(request_id, param)
     return row
 

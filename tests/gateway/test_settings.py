@@ -128,6 +128,14 @@ def test_an_admin_key_read_from_a_file_loses_its_newline(tmp_path: Path) -> None
     assert s.auth.admin_key.get_secret_value() == "sk-admin-from-a-file"
     blank = load_settings(write(tmp_path, POOL), env={**env, "XROUTER_AUTH__ADMIN_KEY": " \n"})
     assert not blank.auth.admin_key  # no admin key, not one made of whitespace
+    # The scrape token too: with its newline no Authorization header could ever match it.
+    token = load_settings(
+        write(tmp_path, POOL),
+        env={**env, "XROUTER_METRICS__BEARER_TOKEN": "metrics-token-0123456789\n"},
+    ).metrics.bearer_token
+    assert token is not None and token.get_secret_value() == "metrics-token-0123456789"
+    with pytest.raises(SettingsError, match="bearer_token"):
+        load_settings(write(tmp_path, POOL), env={**env, "XROUTER_METRICS__BEARER_TOKEN": " " * 16})
 
 
 def test_pool_prices_from_catalog_explicit_or_free(tmp_path: Path) -> None:

@@ -147,5 +147,5 @@ def test_knn_refuses_a_logged_table_without_offpolicy_and_bad_k(
     argv = ["--table", str(table), "--out", str(tmp_path / "o"), "--knn", "5"]
     # Without --offpolicy, a kNN checkpoint takes every model's outcome as known.
     assert main(argv) == 2
-    assert "no model has an outcome on every record" in capsys.readouterr().err
+    assert "train on them with --offpolicy" in capsys.readouterr().err
     assert main([*argv[:-1], "0", "--offpolicy"]) == 2
