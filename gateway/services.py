@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # built lazily in start(), by what the settings turn on
     from gateway.ledger.keys import KeyInfo, KeyRepository
     from gateway.ledger.retention import LedgerRetention
     from gateway.ledger.writer import LedgerWriter
-    from gateway.limits.base import FailPolicyStore
+    from gateway.limits.fail_policy import FailPolicyStore
     from gateway.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 from gateway.limits.base import (
     STORE_UNAVAILABLE,
     BudgetState,
-    FailPolicyStore,
     KeyLimits,
     LimitStore,
     LimitStoreUnavailable,
@@ -21,6 +20,7 @@ from gateway.limits.base import (
     ReserveResult,
     SlotResult,
 )
+from gateway.limits.fail_policy import FailPolicyStore
 from gateway.limits.memory import DEFAULT_HOLD_TTL_S, MemoryLimitStore
 from gateway.limits.windows import BUDGET_PERIODS, RATE_WINDOW_S, BudgetPeriod, period_window
 
