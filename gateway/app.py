@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
@@ -43,7 +44,12 @@ def create_app(
 ) -> FastAPI:
     """``supervisor``: the pid of the process that started this worker; once it is gone,
     the worker shuts down (gracefully) too."""
+    config_seen = None
     if settings is None:
+        from gateway.watch import fingerprint
+
+        # Taken before the read, so that a change made while this worker starts is seen.
+        config_seen = fingerprint([Path(config_path)]) if config_path else None
         settings = load_settings(config_path)
     services = Services(settings=settings, registry=registry or CollectorRegistry())
 
@@ -54,7 +60,7 @@ def create_app(
         if settings.router.watch_files:
             from gateway.watch import FileWatcher
 
-            watcher = FileWatcher(services, config_path)
+            watcher = FileWatcher(services, config_path, config_seen=config_seen)
             watcher.start()
         orphan_watch = (
             asyncio.create_task(_exit_with(supervisor), name="xrouter-supervisor-watch")

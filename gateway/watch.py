@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _fingerprint(paths: list[Path]) -> tuple[tuple[str, float, int], ...]:
+def fingerprint(paths: list[Path]) -> tuple[tuple[str, float, int], ...]:
     out = []
     for named in paths:
         # A checkpoint named by its run directory or checkpoint.json: watch the checkpoint
@@ -44,10 +44,15 @@ class FileWatcher:
         services: Services,
         config_path: str | os.PathLike[str] | None,
         interval_s: float = 2.0,
+        config_seen: tuple[tuple[str, float, int], ...] | None = None,
     ) -> None:
         self.services = services
         self.config_path = Path(config_path) if config_path else None
         self.interval_s = interval_s
+        # The config file's fingerprint from before its settings were read, if the caller
+        # took one: a change made between that read and this watcher's first look (while
+        # the worker started: opening the ledger, building the runtime) is one to load.
+        self._config_seen = config_seen
         self._task: asyncio.Task[None] | None = None
 
     def _paths(self) -> list[Path]:
@@ -65,12 +70,14 @@ class FileWatcher:
         from gateway.settings import load_settings
 
         paths = self._paths()
-        last = await asyncio.to_thread(_fingerprint, paths)
-        pending = False  # a change seen, waiting for the files to settle
+        last = await asyncio.to_thread(fingerprint, paths)
+        # A change seen, waiting for the files to settle (the config's entries come first).
+        seen = self._config_seen
+        pending = seen is not None and last[: len(seen)] != seen
         while True:
             await asyncio.sleep(self.interval_s)
             watched, paths = paths, self._paths()
-            current = await asyncio.to_thread(_fingerprint, paths)
+            current = await asyncio.to_thread(fingerprint, paths)
             if paths != watched:
                 # A reload or deploy switched checkpoints and has loaded the new one already:
                 # watch it from here on without reloading for it, but a file watched before
