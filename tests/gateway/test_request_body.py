@@ -268,7 +268,12 @@ def test_a_body_that_does_not_arrive_in_time_is_a_408_and_frees_its_place(
     # long as it liked, and every other model request would be shed.
     port = int(impatient.base_url.rsplit(":", 1)[1].split("/")[0])
     with _trickle_head(port, 400) as sock:
-        answer = sock.recv(65536).decode()  # blocks until the gateway answers
+        # The answer may come in several segments (head, then body); the connection is
+        # closed after it, so read to the end.
+        chunks = []
+        while chunk := sock.recv(65536):  # blocks until the gateway answers
+            chunks.append(chunk)
+        answer = b"".join(chunks).decode()
     head, _, body = answer.partition("\r\n\r\n")
     assert head.startswith("HTTP/1.1 408") and "connection: close" in head.lower()
     assert json.loads(body)["error"]["code"] == "request_timeout"
