@@ -71,7 +71,8 @@ class ChatService:
         get_runtime: Any,
         hooks: RequestHooks,
         cache: AnswerCache | None = None,
-        request_timeout_s: float = 600.0,
+        *,
+        request_timeout_s: float,
     ) -> None:
         self._runtime = get_runtime
         self.hooks = hooks

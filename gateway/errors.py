@@ -193,7 +193,8 @@ def _shutdown_answer(scope: Any) -> Response:
         from gateway import messages
 
         return messages.anthropic_error(err, messages.request_id_headers(request_id))
-    return err.response(id_headers(request_id or secrets.token_hex(16)))
+    # Without the request's own id, ``response`` gives it one.
+    return err.response(id_headers(request_id) if request_id else None)
 
 
 class CatchUnexpected:

@@ -108,19 +108,15 @@ def anthropic_list(
     with ``has_more`` saying whether entries lie beyond it in that direction."""
     size = _page_size(limit)
     ids = [e["id"] for e in data]
-    start, end = 0, len(data)
     if after_id is not None and before_id is not None:
         raise bad_request("give after_id or before_id, not both", param="before_id")
-    if after_id is not None:
-        start = _position(ids, after_id, "after_id") + 1
-        end = min(len(data), start + size)
-        has_more = end < len(data)
-    elif before_id is not None:
+    if before_id is not None:
         end = _position(ids, before_id, "before_id")
         start = max(0, end - size)
         has_more = start > 0
     else:
-        end = min(len(data), size)
+        start = 0 if after_id is None else _position(ids, after_id, "after_id") + 1
+        end = min(len(data), start + size)
         has_more = end < len(data)
     entries = [anthropic_entry(e) for e in data[start:end]]
     return {

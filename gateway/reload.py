@@ -13,7 +13,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from gateway.runtime import Runtime, build_runtime, reference_price
+from gateway.runtime import Runtime, build_runtime
 
 if TYPE_CHECKING:
     from gateway.ledger.deployments import Deployment, DeploymentRepository
@@ -83,8 +83,7 @@ class Reloader:
             s.metrics.add_known(models=models, policies=policies)
         if s.hooks is not None and s.runtime is not None:
             # Savings are measured at the price the config now gives the reference model.
-            rt = s.runtime
-            s.hooks.reference_price = reference_price(rt.settings, rt.pool, rt.catalog)
+            s.hooks.reference_price = s.runtime.reference_price
 
     def prepare(self, deployment: Deployment | None = None) -> None:
         """Build the runtime snapshot unless built.

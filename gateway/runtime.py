@@ -53,6 +53,8 @@ class Runtime:
     policies: dict[str, Policy]
     default_policy: str
     checkpoint_info: dict[str, Any] = field(default_factory=dict)
+    # What savings are measured against (``reference_price``), priced as this config prices it.
+    reference_price: ModelPrice | None = None
     # When this pool and these policies came to be served: the model list's ``created``,
     # the same on every call (a client caching the list sees no change where there is none).
     created: int = field(default_factory=lambda: int(time.time()))
@@ -241,7 +243,7 @@ def build_runtime(
             system_prompt=settings.router.llm.system_prompt,
             cost_weight_in_prompt=settings.router.llm.cost_weight_in_prompt,
         )
-    reference_price(settings, pool, catalog)  # a name with no price: refused here
+    reference = reference_price(settings, pool, catalog)  # a name with no price: refused
     default = settings.router.default_policy
     fixed = default.startswith("fixed:") and default[6:] in pool
     if default not in policies and not fixed:
@@ -261,4 +263,6 @@ def build_runtime(
         ",".join(sorted(policies)),
         default,
     )
-    return Runtime(settings, catalog, pool, client, orchestrator, policies, default, info)
+    return Runtime(
+        settings, catalog, pool, client, orchestrator, policies, default, info, reference
+    )

@@ -15,7 +15,7 @@ from gateway.auth import Authenticator
 from gateway.chat import ChatService
 from gateway.hooks import RequestHooks
 from gateway.reload import Reloader
-from gateway.runtime import Runtime, reference_price
+from gateway.runtime import Runtime
 from gateway.settings import Settings
 
 if TYPE_CHECKING:  # built lazily in start(), by what the settings turn on
@@ -200,7 +200,7 @@ class Services:
         self.circuits = self._shared_circuits()
         admin = s.auth.admin_key.get_secret_value() if s.auth.admin_key else None
         self.auth = Authenticator(self.keys, enabled=s.auth.enabled, admin_key=admin)
-        ref = reference_price(s, self.runtime.pool, self.runtime.catalog)
+        ref = self.runtime.reference_price
         if s.auth.enabled and self.metrics is not None and s.metrics.budget_gauge_keys > 0:
             from gateway.budget_gauges import BudgetGauges
 

@@ -108,6 +108,7 @@ class CallOutcome:
         error: str,
         error_kind: str,
         attempts: int = 1,
+        role: str = "downstream",
     ) -> CallOutcome:
         """A call that ended without an answer, with how long it ran since ``started``
         (``time.perf_counter()``): its time is the call's, not the request's overhead."""
@@ -115,6 +116,7 @@ class CallOutcome:
             call=call,
             turn=turn,
             ok=False,
+            role=role,
             model=call.model,
             latency_ms=(time.perf_counter() - started) * 1000.0,
             error=error,

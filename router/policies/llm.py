@@ -172,9 +172,9 @@ class LLMRouterPolicy(Policy):
 
         def failed(error: str, kind: str, attempts: int) -> None:
             # With how long it ran, as a failed downstream call has.
-            outcome = CallOutcome.failed(call, state.turn, started, error, kind, attempts)
-            outcome.role, outcome.model = "router", self.router_model.name
-            state.router_calls.append(outcome)
+            state.router_calls.append(
+                CallOutcome.failed(call, state.turn, started, error, kind, attempts, "router")
+            )
 
         # The router model's transient failures (a reset connection, a 503 while vLLM
         # restarts, a 429) are retried as a pool model's are, up to its max_retries: each
@@ -199,50 +199,38 @@ class LLMRouterPolicy(Policy):
         choices = resp.body.get("choices")
         first = choices[0] if isinstance(choices, list) and choices else None
         msg = first.get("message") if isinstance(first, dict) else None
-        if not isinstance(msg, dict) or not _well_formed(msg):
-            # Paid for, but no message a turn can be read from (no choices, content that is
-            # neither text nor text parts): the router failed this turn.
-            outcome = CallOutcome(
-                call=call,
-                turn=state.turn,
-                ok=False,
-                role="router",
-                model=self.router_model.name,
-                response=resp.body,
-                usage=resp.usage,
-                cost_micros=cost,
-                latency_ms=resp.latency_ms,
-                attempts=attempt + 1,
-                error="the router model's answer holds no usable message",
-                error_kind="bad_response",
-            )
-            state.router_calls.append(outcome)
-            state.spent_micros += cost
-            return None
-        msg = dict(msg, content=_text(msg.get("content")))
-        # Cut by its token cap: said as OpenAI says it, if this turn's text is the answer.
-        finish = (
-            "length"
-            if isinstance(first, dict) and first.get("finish_reason") == "length"
-            else "stop"
+        # Paid for either way; without a message a turn can be read from (no choices,
+        # content that is neither text nor text parts) the router failed this turn.
+        message = (
+            dict(msg, content=_text(msg.get("content")))
+            if isinstance(msg, dict) and _well_formed(msg)
+            else None
         )
+        usable = message is not None
         state.router_calls.append(
             CallOutcome(
                 call=call,
                 turn=state.turn,
-                ok=True,
+                ok=usable,
                 role="router",
                 model=self.router_model.name,
-                message=msg,
+                message=message,
                 response=resp.body,
                 usage=resp.usage,
                 cost_micros=cost,
                 latency_ms=resp.latency_ms,
                 attempts=attempt + 1,
+                error=None if usable else "the router model's answer holds no usable message",
+                error_kind=None if usable else "bad_response",
             )
         )
         state.spent_micros += cost
-        return msg, finish
+        if message is None:
+            return None
+        assert isinstance(first, dict)  # a message came from it
+        # Cut by its token cap: said as OpenAI says it, if this turn's text is the answer.
+        finish = "length" if first.get("finish_reason") == "length" else "stop"
+        return message, finish
 
     async def step(self, ctx: RouteContext, state: LoopState) -> Step:
         self._start_transcript(ctx, state)
