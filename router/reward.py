@@ -61,9 +61,16 @@ class RewardTerms:
 def normalized_cost(
     cost_usd: float, config: RewardConfig, reference_cost_usd: float | None = None
 ) -> float:
-    if reference_cost_usd is not None and reference_cost_usd > 0:
-        return cost_usd / reference_cost_usd
-    return cost_usd / config.cost_scale
+    if reference_cost_usd is None:
+        return cost_usd / config.cost_scale
+    # A free reference makes C / reference undefined; falling back to the fixed scale for
+    # that prompt alone would score it in other units than the rest, silently.
+    if not (math.isfinite(reference_cost_usd) and reference_cost_usd > 0):
+        raise ValueError(
+            f"a reference cost must be a positive number of USD, got {reference_cost_usd}: "
+            "cost cannot be normalized by a free reference model"
+        )
+    return cost_usd / reference_cost_usd
 
 
 def compute_reward(

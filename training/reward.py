@@ -5,7 +5,10 @@ flags that set it, the same for ``xrouter train`` and ``xrouter verl-data``."""
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Sequence
 
+from router.outcomes import OutcomeRecord
 from router.reward import (
     RewardConfig,
     RewardForm,
@@ -20,6 +23,7 @@ __all__ = [
     "RewardForm",
     "RewardTerms",
     "add_reward_arguments",
+    "check_reference_costs",
     "compute_reward",
     "expected_reward",
     "normalized_cost",
@@ -63,3 +67,22 @@ def reward_config_from_args(args: argparse.Namespace) -> RewardConfig:
     """The reward the flags of ``add_reward_arguments`` ask for (``--reference-model`` is
     the caller's: it changes how costs are normalized, not the reward's terms)."""
     return RewardConfig(form=args.reward, K=args.K, c_max=args.c_max, cost_scale=args.cost_scale)
+
+
+def check_reference_costs(records: Sequence[OutcomeRecord], model: str) -> None:
+    """Refuse a reference model that cannot normalize every record's cost: C̃ = C / its
+    cost on the same prompt needs that cost, and a positive one."""
+    bad = [
+        r.id
+        for r in records
+        if (o := r.outcomes.get(model)) is None
+        or o.cost_usd is None
+        or not (math.isfinite(o.cost_usd) and o.cost_usd > 0)
+    ]
+    if bad:
+        raise ValueError(
+            f"reference model {model!r} has no positive cost on {len(bad)} of {len(records)} "
+            f"records (first: {bad[0]!r}): cost is normalized by it on every prompt; pick a "
+            "reference model priced on every record, or drop --reference-model to normalize "
+            "by --cost-scale"
+        )

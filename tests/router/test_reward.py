@@ -78,9 +78,15 @@ def test_worked_examples(
     )
 
 
-def test_a_reference_cost_of_zero_falls_back_to_the_fixed_scale() -> None:
-    # A free reference (a self-hosted model) cannot normalize: the fixed scale does.
-    assert compute_reward(1.0, 0.002, 0.25, RewardConfig(), 0.0).normalized_cost == 2.0
+@pytest.mark.parametrize("reference", [0.0, -0.001, float("nan"), float("inf")])
+def test_a_reference_cost_that_cannot_normalize_is_refused(reference: float) -> None:
+    """A free reference (a self-hosted model) cannot normalize. It used to fall back to the
+    fixed scale for that prompt alone: C̃ = 2 for it beside C̃ = 0.002 / 1e-4 = 20 for a
+    prompt whose reference cost $0.0001, two units in one table and no word of it."""
+    with pytest.raises(ValueError, match="free reference model"):
+        compute_reward(1.0, 0.002, 0.25, RewardConfig(), reference)
+    # No reference at all is the fixed scale, as documented.
+    assert compute_reward(1.0, 0.002, 0.25, RewardConfig(), None).normalized_cost == 2.0
 
 
 @pytest.mark.parametrize(

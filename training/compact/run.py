@@ -40,7 +40,7 @@ from training.compact.data import (
 )
 from training.datasets.splits import split_of
 from training.evaluation.overlap import ids_fingerprint
-from training.reward import RewardConfig
+from training.reward import RewardConfig, check_reference_costs
 
 logger = logging.getLogger(__name__)
 
@@ -200,6 +200,8 @@ def prepare_table(
         raise ValueError(f"reference model {cfg.reference_model!r} is not in the pool")
     if cfg.offpolicy and cfg.reference_model is not None:
         raise ValueError("off-policy training needs a fixed cost scale (no reference model)")
+    if cfg.reference_model is not None:
+        check_reference_costs(kept, cfg.reference_model)
     catalog, prices = resolve_prices(models, prices_path)
     arrays = TableArrays.from_records(kept, models, catalog)
     splits = split_rows(arrays.ids, cfg)

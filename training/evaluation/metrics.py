@@ -28,7 +28,10 @@ PGR (RouteLLM, Ong et al. 2024) is for two-model tables: ``(q - q_weak) / (q_str
 q_weak)`` as a function of the share of calls to the strong model. APGR is the area under it
 over shares 0..1 (trapezoid over the sweep, with the end points "all weak" = (0, 0) and "all
 strong" = (1, 1) that every threshold router reaches); a random router's PGR is its share, so
-its APGR is 0.5. CPT(x) is the smallest share of strong calls that reaches PGR >= x.
+its APGR is 0.5. CPT(x) is the smallest share of strong calls that reaches PGR >= x. A
+router that calls the strong model more than once per prompt on average (a multi-call
+router that asks it twice) is placed at share 1, where always-strong is and the axis ends;
+the bootstrap's resamples are clipped the same way.
 """
 
 from __future__ import annotations
@@ -69,11 +72,14 @@ def frontier(points: Iterable[CurvePoint]) -> list[CurvePoint]:
     the upper hull to the first point with the highest score. Costs strictly increase and
     scores strictly increase along it, with decreasing slopes."""
     pts = sorted(points, key=lambda p: (p.cost, -p.score))
-    # At equal cost only the best score can be on the hull.
+    # At equal cost only the best score can be on the hull. Equal means equal up to float
+    # rounding (0.1 + 0.2 against 0.3): the point sorted second there may be the better one.
     unique: list[CurvePoint] = []
     for p in pts:
         if not unique or p.cost > unique[-1].cost + _EPS:
             unique.append(p)
+        elif p.score > unique[-1].score:
+            unique[-1] = p
     hull: list[CurvePoint] = []
     for p in unique:
         while len(hull) >= 2:
@@ -165,8 +171,8 @@ def _pgr_curve(
     """PGR against the share of strong calls, sorted, end points added, ties averaged."""
     by_share: dict[float, list[float]] = {0.0: [0.0], 1.0: [1.0]}
     for share, score in shares_and_scores:
-        if not -_EPS <= share <= 1.0 + _EPS:
-            raise ValueError(f"share of strong calls {share} is outside [0, 1]")
+        if not share >= -_EPS:  # NaN too
+            raise ValueError(f"share of strong calls {share} is negative")
         key = round(min(1.0, max(0.0, share)), 12)
         by_share.setdefault(key, []).append(pgr(score, q_weak, q_strong))
     xs = np.array(sorted(by_share))

@@ -17,6 +17,20 @@ normal approximation (the estimators are means of per-record terms; SNIPS via it
 linearization) or from a seeded bootstrap. The interval is intersected with the range the
 reward can take (a score in [0, 1], a cost ≥ 0: the true value lies in it, so coverage is
 unchanged); the point estimate is not clipped, since that would bias IPS and DR.
+
+Both intervals measure spread from the records the target policy would have chosen, and a
+handful of them that happen to agree (four explored calls that all scored 1) have none: the
+interval shrank to a point while an exact binomial one for 4 of 4 starts at 0.40. So where
+the reward is bounded and the support is too thin for the normal approximation — by the
+textbook rule for a proportion, fewer than 10 effective "successes" or "failures",
+``n_eff·p̂`` or ``n_eff·(1 − p̂)`` below 10 with ``p̂`` the estimate rescaled to [0, 1] and
+``n_eff = (Σw)² / Σw²`` (Kish's effective sample size: the number of equally weighted
+records the weights are worth) — an interval is never narrower than the Wilson score
+interval of the estimate at ``n_eff``. That bound is conservative (a quantity in [lo, hi]
+with mean p has variance at most (p − lo)(hi − p)), which is why it is not applied where
+the support is ample: there the estimators' own intervals are right and may be narrower.
+DR with a reward model of the caller's is left to its own interval: a good model
+legitimately explains most of the spread.
 """
 
 from __future__ import annotations
@@ -32,6 +46,8 @@ import numpy as np
 from router.outcomes import ModelOutcome, OutcomeRecord
 
 CIMethod = Literal["normal", "bootstrap"]
+# Effective successes and failures each at least this many: the normal approximation holds.
+_NORMAL_ENOUGH = 10.0
 # What is being estimated from each logged outcome (its score by default).
 RewardFn = Callable[[ModelOutcome], float]
 
@@ -163,10 +179,13 @@ def _finish(
     seed: int,
     *,
     unsupported: bool = False,
+    weights: np.ndarray | None = None,
 ) -> Estimate:
     """``estimator(idx)`` returns (value, normal-approximation stderr) on rows ``idx``.
     ``unsupported``: the data hold too little of what the target policy does to say how
-    far the estimate may be off (see the callers); its interval is the full range."""
+    far the estimate may be off (see the callers); its interval is the full range.
+    ``weights``: the importance weights, whose effective sample size bounds how narrow the
+    interval may be (see the module's docstring)."""
     n = len(data)
     value, stderr = estimator(np.arange(n))
     low, high = data.bounds
@@ -185,7 +204,36 @@ def _finish(
         boots = np.array([estimator(rng.integers(0, n, n))[0] for _ in range(n_boot)])
         lo, hi = (float(q) for q in np.quantile(boots, [alpha / 2.0, 1.0 - alpha / 2.0]))
         stderr = float(boots.std(ddof=1))
+    if weights is not None:
+        floor = _wilson(value, _effective_size(weights), data.bounds, alpha)
+        if floor is not None:
+            lo, hi = min(lo, floor[0]), max(hi, floor[1])
     return Estimate(name, value, stderr, min(max(lo, low), high), min(max(hi, low), high), n)
+
+
+def _effective_size(weights: np.ndarray) -> float:
+    """Kish's effective sample size of importance weights (0 when every weight is 0)."""
+    square = float(np.square(weights).sum())
+    return float(weights.sum()) ** 2 / square if square > 0 else 0.0
+
+
+def _wilson(
+    value: float, n_eff: float, bounds: tuple[float, float], alpha: float
+) -> tuple[float, float] | None:
+    """The Wilson score interval of ``value`` from ``n_eff`` observations of a quantity
+    bounded by ``bounds`` (rescaled to [0, 1] and back); None when the range is unbounded,
+    there is no observation to scale by, or the normal approximation needs no floor."""
+    low, high = bounds
+    if not (math.isfinite(low) and math.isfinite(high) and high > low) or n_eff <= 0:
+        return None
+    p = min(max((value - low) / (high - low), 0.0), 1.0)
+    if min(p, 1.0 - p) * n_eff >= _NORMAL_ENOUGH:
+        return None
+    z = NormalDist().inv_cdf(1.0 - alpha / 2.0)
+    shrink = 1.0 + z * z / n_eff
+    center = (p + z * z / (2.0 * n_eff)) / shrink
+    half = z * math.sqrt(p * (1.0 - p) / n_eff + z * z / (4.0 * n_eff * n_eff)) / shrink
+    return low + (center - half) * (high - low), low + (center + half) * (high - low)
 
 
 def _mean_and_se(terms: np.ndarray) -> tuple[float, float]:
@@ -212,7 +260,19 @@ def ips(
         w = np.minimum(w, max_weight)
     terms = w * data.rewards
     name = "ips" if max_weight is None else "clipped_ips"
-    return _finish(name, lambda idx: _mean_and_se(terms[idx]), data, ci, alpha, n_boot, seed)
+    # No record the target policy would have chosen: the estimate is 0 whatever the target
+    # is worth, and its terms (all 0) have no spread to say so.
+    return _finish(
+        name,
+        lambda idx: _mean_and_se(terms[idx]),
+        data,
+        ci,
+        alpha,
+        n_boot,
+        seed,
+        unsupported=not np.any(w > 0),
+        weights=w,
+    )
 
 
 def snips(
@@ -241,7 +301,9 @@ def snips(
     # influence term is 0 (its reward is the estimate), so the delta method, and every
     # bootstrap resample holding it, would claim certainty from one observation.
     unsupported = int(np.count_nonzero(w)) < 2
-    return _finish("snips", estimate, data, ci, alpha, n_boot, seed, unsupported=unsupported)
+    return _finish(
+        "snips", estimate, data, ci, alpha, n_boot, seed, unsupported=unsupported, weights=w
+    )
 
 
 def mean_reward_model(data: LoggedBandit) -> np.ndarray:
@@ -287,6 +349,7 @@ def doubly_robust(
         n_boot,
         seed,
         unsupported=unsupported,
+        weights=w if reward_model is None else None,
     )
 
 

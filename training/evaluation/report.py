@@ -268,7 +268,8 @@ def _plot_pgr(ax: Any, comp: Comparison, curves: list[RouterCurve]) -> None:
         if c.kind == "single" or c.apgr is None or comp.strong is None:
             continue
         pts = sorted(
-            (p.calls.get(comp.strong, 0.0), pgr(p.score, q_weak, q_strong)) for p in c.points
+            (min(1.0, p.calls.get(comp.strong, 0.0)), pgr(p.score, q_weak, q_strong))
+            for p in c.points
         )
         ax.plot(
             [x for x, _ in pts],

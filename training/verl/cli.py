@@ -7,7 +7,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from training.reward import add_reward_arguments, reward_config_from_args
+from training.reward import (
+    add_reward_arguments,
+    check_reference_costs,
+    reward_config_from_args,
+)
 from training.verl.data import DEFAULT_LAMBDAS, VerlDataConfig, write_verl_dataset
 from training.verl.launch import GrpoRun
 
@@ -82,8 +86,8 @@ def run_verl_data(args: argparse.Namespace) -> int:
             seed=args.seed,
             router_price=args.router_price,
         )
-        if args.reference_model and not any(args.reference_model in r.outcomes for r in records):
-            raise ValueError(f"no record has an outcome for {args.reference_model!r}")
+        if args.reference_model:
+            check_reference_costs(records, args.reference_model)
         run = GrpoRun(
             model=args.model,
             gpus_per_node=args.gpus_per_node,

@@ -285,3 +285,29 @@ def test_a_model_left_out_of_the_default_pool_is_named(
                      "--eval-every", "1", "--pool", "cheap,poet", "--no-progress"])  # fmt: skip
     assert code == 0
     assert f"record {rows[7].id!r} has none for 'poet'" in caplog.text
+
+
+def test_a_reference_model_normalizes_cost_and_must_be_priced_on_every_record(
+    tables: tuple[list[OutcomeRecord], list[OutcomeRecord]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    full, _ = tables
+    table = tmp_path / "table.jsonl"
+    write_outcome_table(full[:120], table)
+    base = ["--table", str(table), "--steps", "4", "--eval-every", "2", "--no-progress"]
+    assert main([*base, "--out", str(tmp_path / "ok"), "--reference-model", "math-pro"]) == 0
+    training = load_checkpoint(tmp_path / "ok" / "checkpoint").metadata.training
+    assert training["reward"]["cost_normalization"] == "reference", training["reward"]
+    assert training["reward"]["reference_model"] == "math-pro"
+    capsys.readouterr()
+    # One prompt where the reference was free: C / 0 is undefined there, and normalizing
+    # that prompt alone by --cost-scale (as the reward did) mixes two units in one table.
+    free = [r.model_copy(deep=True) for r in full[:120]]
+    free[7].outcomes["math-pro"].cost_usd = 0.0
+    write_outcome_table(free, table)
+    assert main([*base, "--out", str(tmp_path / "free"), "--reference-model", "math-pro"]) == 2
+    err = capsys.readouterr().err
+    assert "reference model 'math-pro' has no positive cost on 1 of 120 records" in err, err
+    assert "'s7'" in err and "Traceback" not in err
+    assert not (tmp_path / "free" / "checkpoint").exists()

@@ -43,6 +43,15 @@ def test_frontier_keeps_concave_points_and_best_at_equal_cost() -> None:
     assert coords(frontier(points)) == [(1, 0.6), (2, 0.8), (4, 0.9)]
 
 
+def test_frontier_keeps_the_best_of_costs_equal_up_to_rounding() -> None:
+    """0.1 + 0.2 sorts after 0.3 and was dropped as the same cost, better score or not: the
+    hull lost its 0.9 point, AIQ over [0, 1] was 0.6125 instead of 0.8125."""
+    points = [P(0.1 + 0.2, 0.9), P(0.3, 0.5), P(0, 0.2), P(1, 0.95)]
+    assert coords(frontier(points)) == [(0, 0.2), (0.1 + 0.2, 0.9), (1, 0.95)]
+    assert aiq(points, 0.0, 1.0) == pytest.approx(0.8125)
+    assert cost_to_reach(points, 0.9) == pytest.approx(0.3)
+
+
 def test_frontier_of_a_cheap_best_point_is_that_point() -> None:
     assert coords(frontier([P(1, 0.9), P(2, 0.5), P(3, 0.7)])) == [(1, 0.9)]
     assert frontier([]) == []
@@ -127,9 +136,20 @@ def test_apgr_of_the_diagonal_and_of_a_perfect_router() -> None:
     assert cpt(diagonal, 0.6, 0.8, 0.8) == pytest.approx(0.8)
 
 
-def test_apgr_rejects_shares_outside_unit_interval() -> None:
-    with pytest.raises(ValueError):
-        apgr([(1.5, 0.7)], 0.6, 0.8)
+def test_apgr_rejects_negative_shares() -> None:
+    for share in (-0.5, math.nan):
+        with pytest.raises(ValueError, match="negative"):
+            apgr([(share, 0.7)], 0.6, 0.8)
+
+
+def test_a_router_calling_the_strong_model_twice_a_prompt_sits_at_share_one() -> None:
+    """A multi-call router that asks the strong model twice on every prompt made the whole
+    evaluation fail (`share of strong calls 2.0 is outside [0, 1]`), every router's AIQ
+    lost with it; the bootstrap already clipped the share to 1, where always-strong is."""
+    # Averaged with the (1, 1) end point, PGR 0.5 at share 1: the trapezoid from (0, 0).
+    assert apgr([(2.0, 0.6)], 0.6, 0.8) == pytest.approx(apgr([(1.0, 0.6)], 0.6, 0.8))
+    assert apgr([(2.0, 0.6)], 0.6, 0.8) == pytest.approx(0.25)
+    assert cpt([(1.5, 0.8)], 0.6, 0.8, 0.8) == pytest.approx(0.8)
 
 
 def test_random_router_apgr_is_one_half(table_factory) -> None:

@@ -235,3 +235,80 @@ def test_a_bootstrap_interval_needs_two_resamples() -> None:
     data, target, _ = synthetic(50, 3)
     with pytest.raises(OPEError, match="at least 2 resamples"):
         ips(data, target, ci="bootstrap", n_boot=1)
+
+
+@pytest.mark.parametrize("ci", ["normal", "bootstrap"])
+@pytest.mark.parametrize("reward", [1.0, 0.0])
+def test_a_few_agreeing_records_do_not_give_a_point_interval(ci: CIMethod, reward: float) -> None:
+    """40 logged prompts, the target's model explored on 4 of them (propensity 0.1), all
+    four scoring the same: SNIPS's and the default DR's influence terms are then all 0, and
+    IPS's too when they scored 0, so their intervals were the single point [1, 1] (or
+    [0, 0]) where an exact binomial interval for 4 of 4 starts at 0.40. Each is now at least
+    the Wilson interval at the records' effective sample size (4 here)."""
+    n = 40
+    actions = np.array([2] * 4 + [0] * (n - 4))
+    props = np.where(actions == 2, 0.1, 0.9)
+    rewards = np.where(actions == 2, reward, np.resize([0.0, 1.0], n))
+    data = LoggedBandit([f"r{i}" for i in range(n)], MODELS, actions, props, rewards, (0.0, 1.0))
+    target = deterministic_probs(["strong"] * n, MODELS)
+    wilson_far_end = 0.5102  # Wilson 95% for 4 of 4: [0.5101, 1]; for 0 of 4: [0, 0.4899]
+    for name, est in all_estimates(data, target, ci=ci).items():
+        assert 0.0 <= est.ci_low <= est.ci_high <= 1.0, (name, est)
+        if reward == 1.0:
+            assert est.ci_low <= wilson_far_end, (name, est)
+        else:
+            assert est.ci_high >= 1.0 - wilson_far_end, (name, est)
+    if reward == 1.0:
+        assert snips(data, target, ci=ci).value == pytest.approx(1.0)
+        assert snips(data, target, ci=ci).ci_low == pytest.approx(0.5101, abs=1e-3)
+
+
+@pytest.mark.parametrize("ci", ["normal", "bootstrap"])
+def test_ips_with_no_record_of_the_targets_model_gives_the_whole_range(ci: CIMethod) -> None:
+    """IPS is 0 when the target's model was never logged, whatever that model is worth: its
+    interval was [0, 0]; SNIPS and DR already said the whole range."""
+    n = 30
+    data = LoggedBandit(
+        [f"r{i}" for i in range(n)], MODELS, np.zeros(n, int), np.full(n, 0.5), np.ones(n),
+        (0.0, 1.0),
+    )  # fmt: skip
+    target = deterministic_probs(["strong"] * n, MODELS)
+    for name in ("ips", "clipped_ips"):
+        est = all_estimates(data, target, ci=ci)[name]
+        assert est.value == 0.0 and (est.ci_low, est.ci_high) == (0.0, 1.0), est
+
+
+def test_the_small_sample_floor_gives_way_to_the_normal_interval_with_support() -> None:
+    """With 2,000 records the normal interval is wider than the Wilson floor: bounding the
+    reward changes nothing but the clipping to [0, 1]."""
+    data, target, _ = synthetic(2_000, 5)
+    bounded = LoggedBandit(
+        data.ids, data.models, data.actions, data.propensities, data.rewards, (0.0, 1.0)
+    )
+    for name, est in all_estimates(bounded, target).items():
+        free = all_estimates(data, target)[name]
+        assert (est.ci_low, est.ci_high) == pytest.approx(
+            (max(free.ci_low, 0.0), min(free.ci_high, 1.0))
+        ), name
+
+
+def test_thin_support_intervals_cover_the_truth() -> None:
+    """40 logged prompts, the target's model explored 10% of the time and worth 0.8: SNIPS's
+    nominal 95% interval covered the truth in 60% of runs (zero-width in 38%). Seeded, 300
+    runs."""
+    rng = np.random.default_rng(0)
+    n, runs = 40, 300
+    covered = dict.fromkeys(("ips", "clipped_ips", "snips", "dr"), 0)
+    target = deterministic_probs(["strong"] * n, MODELS)
+    for _ in range(runs):
+        explored = rng.random(n) < 0.1
+        actions = np.where(explored, 2, 0)
+        rewards = (rng.random(n) < np.where(explored, 0.8, 0.5)).astype(float)
+        data = LoggedBandit(
+            [f"r{i}" for i in range(n)], MODELS, actions, np.where(explored, 0.1, 0.9),
+            rewards, (0.0, 1.0),
+        )  # fmt: skip
+        for name, est in all_estimates(data, target).items():
+            covered[name] += est.ci_low <= 0.8 <= est.ci_high
+    for name, hits in covered.items():
+        assert hits / runs >= 0.92, (name, hits / runs)

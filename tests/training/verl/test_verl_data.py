@@ -148,7 +148,17 @@ def test_the_cli_names_what_is_wrong(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "cannot read" in capsys.readouterr().err
     args = ["verl-data", "--table", str(table), "--out", out, "--reference-model", "gpt-9"]
     assert xrouter(args) == 2
-    assert "no record has an outcome for 'gpt-9'" in capsys.readouterr().err
+    assert "reference model 'gpt-9' has no positive cost on" in capsys.readouterr().err
+    # A reference free on one prompt: its reward there would be in --cost-scale's units.
+    free = small_table()
+    model = next(iter(free[0].outcomes))
+    free[0].outcomes[model].cost_usd = 0.0
+    write_outcome_table(free, table)
+    args = ["verl-data", "--table", str(table), "--out", out, "--reference-model", model]
+    assert xrouter(args) == 2
+    err = capsys.readouterr().err
+    assert f"reference model {model!r} has no positive cost on 1 of {len(free)} records" in err
+    write_outcome_table(small_table(), table)
     assert xrouter(["verl-data", "--table", str(table), "--out", out, "--lambdas", "-1"]) == 2
     assert "non-negative" in capsys.readouterr().err
     assert xrouter(["verl-data", "--table", str(table), "--out", out, "--router-price", "1"]) == 2
