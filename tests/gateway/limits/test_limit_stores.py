@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+import tracemalloc
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 import pytest
 
 from gateway.limits import KeyLimits, LimitStore, period_window
+from gateway.limits.memory import MemoryLimitStore
 
 StoreFactory = Callable[..., Awaitable[LimitStore]]  # the make_store fixture (conftest.py)
 
@@ -176,6 +178,29 @@ async def test_reserving_again_extends_the_hold(make_store: StoreFactory) -> Non
     # the first part would have expired at T0+30, but the request is still alive
     assert (await store.spent(key, now=T0 + 35)).reserved == 200
     assert (await store.spent(key, now=T0 + 50)).reserved == 0
+
+
+async def test_settled_holds_leave_no_memory_behind_in_the_memory_store() -> None:
+    """Each settled hold left an entry in the key's expiry heap until its deadline (11
+    minutes by default): 17.6 MB after 100,000 calls, whatever was still in flight."""
+    store = MemoryLimitStore()
+    key = KeyLimits("busy", budget_micros=10**12, budget_period="total")
+    tracemalloc.start()
+    try:
+        for i in range(200):  # warm up: the dicts and heaps reach their working size
+            assert (await store.reserve(key, None, 100, f"w{i}", now=T0)).ok
+            await store.settle(key, f"w{i}", 100, 90, now=T0)
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(20_000):
+            assert (await store.reserve(key, None, 100, f"r{i}", now=T0 + i / 1000)).ok
+            await store.settle(key, f"r{i}", 100, 90, now=T0 + i / 1000)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    # Before: ~3.5 MB for the 20,000 dead heap entries.
+    assert grown < 200_000, grown
+    state = await store.spent(key, now=T0 + 21)
+    assert (state.spent, state.reserved) == (90 * 20_200, 0)
 
 
 async def test_spend_is_tracked_without_a_budget(store: LimitStore) -> None:
