@@ -150,10 +150,17 @@ class KeyBudgetGuard:
     async def reserve(self, call: ToolCall, worst_case_micros: int) -> str | None:
         if self.unavailable is not None:
             return self.unavailable
+        taking = asyncio.get_running_loop().create_task(
+            self.store.reserve(self.limits, None, worst_case_micros, f"{self.request_id}:{call.id}")
+        )
         try:
-            res = await self.store.reserve(
-                self.limits, None, worst_case_micros, f"{self.request_id}:{call.id}"
-            )
+            res = await asyncio.shield(taking)
+        except asyncio.CancelledError:
+            # The request ended (its client left, its deadline passed) while the store took
+            # the hold: the loop never learns it was taken, so nothing would settle it and it
+            # would hold the key's budget until it expired (request_timeout_s + 60 s).
+            self.bookkeeping.spawn(self._release_when_taken(taking, call, worst_case_micros))
+            raise
         except LimitStoreUnavailable:
             # Refused like a call over budget, so the loop settles what it holds, ends the
             # request and keeps the turns already paid for; not raised, which would skip all
@@ -171,6 +178,16 @@ class KeyBudgetGuard:
             export[0].refused(export[1])
             self._refresh_gauge(*export)
         return f"{KEY_BUDGET}: a call to {call.model} may cost up to {worst_case_micros} µUSD, {res.remaining_micros} µUSD remain"
+
+    async def _release_when_taken(
+        self, taking: asyncio.Task[ReserveResult], call: ToolCall, worst_case_micros: int
+    ) -> None:
+        try:
+            res = await taking
+        except LimitStoreUnavailable:
+            return  # nothing was held
+        if res.ok:
+            await self._settle(call, worst_case_micros, 0)
 
     async def settle(self, call: ToolCall, reserved_micros: int, actual_micros: int) -> None:
         # Called from the loop's `finally` blocks, often while the request is being cancelled.

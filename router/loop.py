@@ -18,7 +18,6 @@ from typing import Any, Protocol
 
 from router.estimate import estimate_prompt_tokens, requested_max_tokens
 from router.policy import (
-    CANCELLED,
     Answer,
     Call,
     CallOutcome,
@@ -105,12 +104,11 @@ def _refused(call: ToolCall, turn: int, reason: str, role: str = "downstream") -
     )
 
 
-def _abandoned(call: ToolCall, turn: int, started: float) -> CallOutcome:
+def _abandoned(call: ToolCall, state: LoopState, started: float) -> CallOutcome:
     """A call the request stopped waiting for (its client left, its deadline passed): in
     the row all the same, with how long it ran, for no cost — its usage never came."""
-    return CallOutcome.failed(
-        call, turn, started, "the request ended before the call answered", CANCELLED
-    )
+    error, kind = state.abandoned()
+    return CallOutcome.failed(call, state.turn, started, error, kind)
 
 
 def _best_successful(state: LoopState, ctx: RouteContext) -> CallOutcome | None:
@@ -184,20 +182,31 @@ class Orchestrator:
         reserved: dict[str, int],
         guard: BudgetGuard | None,
     ) -> CallOutcome:
-        actual = 0
+        # Taken over before the first await: a hold still in ``reserved`` belongs to a call
+        # that never started (see ``_calls``).
+        held = reserved.pop(call.id, None)
+        outcome: CallOutcome | None = None
         started = time.perf_counter()
         try:
             outcome = await self.executor.execute(ctx, call, state.turn)
-            actual = outcome.cost_micros
             return outcome
         except asyncio.CancelledError:
-            state.outcomes.append(_abandoned(call, state.turn, started))
+            if outcome is None:
+                state.outcomes.append(_abandoned(call, state, started))
             raise
         finally:
             # Settle even when cancelled (client gone): the hold must never outlive the call.
-            held = reserved.pop(call.id, None)
             if held is not None and guard is not None:
-                await guard.settle(call, held, actual)
+                actual = outcome.cost_micros if outcome is not None else 0
+                try:
+                    await guard.settle(call, held, actual)
+                except asyncio.CancelledError:
+                    # The request ended while the hold was settled (the settle runs on to
+                    # completion, shielded): the call answered and its cost is on the key's
+                    # budget, so it goes in the row, which would otherwise lose that cost.
+                    if outcome is not None:
+                        state.outcomes.append(outcome)
+                    raise
 
     async def _calls(
         self,
@@ -230,9 +239,17 @@ class Orchestrator:
         except BaseException:
             await self._release(calls, reserved, guard)
             raise
-        results = await asyncio.gather(
-            *(self._run_call(ctx, state, c, reserved, guard) for c in runnable)
-        )
+        try:
+            results = await asyncio.gather(
+                *(self._run_call(ctx, state, c, reserved, guard) for c in runnable)
+            )
+        except asyncio.CancelledError:
+            # Cancelled before every call's task took its first step (a client that left as
+            # the turn began): a coroutine cancelled before it starts runs no `finally`, so
+            # the holds of the calls that never started are released here. Once the gather
+            # is cancelled every call has ended, so what is left in ``reserved`` is theirs.
+            await self._release(calls, reserved, guard)
+            raise
         ran = iter(results)
         return [outcomes[i] if i in outcomes else next(ran) for i in range(len(calls))]
 
@@ -268,10 +285,13 @@ class Orchestrator:
         if timeout_s is None:
             return await self._run(policy, ctx, state, stream, guard)
         try:
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout(timeout_s) as state.deadline:
                 return await self._run(policy, ctx, state, stream, guard)
         except TimeoutError:
             raise RequestTimeout(timeout_s, state) from None
+        finally:
+            # Past the routing the deadline is the caller's (an opened stream's).
+            state.deadline = None
 
     @staticmethod
     def new_state(policy: Policy, ctx: RouteContext) -> LoopState:
@@ -363,7 +383,7 @@ class Orchestrator:
             # never outlive the call.
             held = reserved.pop(call.id)
             if isinstance(exc, asyncio.CancelledError):
-                state.outcomes.append(_abandoned(call, state.turn, started))
+                state.outcomes.append(_abandoned(call, state, started))
             if guard is not None:
                 await guard.settle(call, held, 0)
             if not isinstance(exc, ProviderError):

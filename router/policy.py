@@ -16,6 +16,7 @@ probability the policy gave it), because off-policy learning from logged traffic
 from __future__ import annotations
 
 import abc
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,9 +74,12 @@ class RouteContext:
     request_params: dict[str, Any] = field(default_factory=dict)
 
 
-# The error kind of a call the request stopped waiting for (its client left, its deadline
-# passed): the call neither failed nor answered, so it says nothing about the model.
+# The error kind of a call the request stopped waiting for because its client left: the
+# call neither failed nor answered, so it says nothing about the model.
 CANCELLED = "cancelled"
+# A call the request's own deadline cut (``server.request_timeout_s``): the model did not
+# answer in the time the request had left, which is what a per-model timeout books too.
+TIMEOUT = "timeout"
 
 
 @dataclass(slots=True)
@@ -195,6 +199,15 @@ class LoopState:
     transcript: list[dict[str, Any]] = field(default_factory=list)
     spent_micros: int = 0
     notes: dict[str, Any] = field(default_factory=dict)
+    # The request's deadline while the routing runs under one (``Orchestrator.route``).
+    deadline: asyncio.Timeout | None = None
+
+    def abandoned(self) -> tuple[str, str]:
+        """Why a call in flight was given up on (error text, kind) when the request is
+        cancelled: its deadline passed, or its client left."""
+        if self.deadline is not None and self.deadline.expired():
+            return "the request's deadline passed before the call answered", TIMEOUT
+        return "the client left before the call answered", CANCELLED
 
     def outcome(self, tool_call_id: str) -> CallOutcome | None:
         for o in self.outcomes:

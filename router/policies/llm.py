@@ -17,7 +17,6 @@ import orjson
 from pricing import ModelPrice
 from router.outcomes import conversation_text
 from router.policy import (
-    CANCELLED,
     Answer,
     Call,
     CallOutcome,
@@ -193,7 +192,7 @@ class LLMRouterPolicy(Policy):
             except asyncio.CancelledError:
                 # The request ended (client gone, deadline) with the router's turn in
                 # flight: it was made, so it is in the row all the same.
-                failed("the request ended before the call answered", CANCELLED, attempt + 1)
+                failed(*state.abandoned(), attempt + 1)
                 raise
         cost = self.price.cost_micros(resp.usage)
         choices = resp.body.get("choices")

@@ -831,8 +831,11 @@ def test_request_deadline_cuts_a_slow_call_with_504(
     assert r.status_code == 504
     assert r.json()["error"]["code"] == "upstream_timeout"
     assert "did not finish within 1 s" in r.json()["error"]["message"]
-    request, _ = ledger_rows(deadline_gateway, r.headers["x-xrouter-request-id"])
+    request, calls = ledger_rows(deadline_gateway, r.headers["x-xrouter-request-id"])
     assert request[0] == 504
+    # The call the deadline cut is a timeout (the model did not answer in time), not a
+    # client's hang-up, which an export for training leaves out.
+    assert [(c[0], c[4]) for c in calls] == [(MODEL, "timeout")]
 
 
 def test_request_deadline_ends_a_long_stream_with_an_error_event(

@@ -7,7 +7,12 @@ import asyncio
 
 import pytest
 
-from gateway.hooks import Bookkeeping
+from gateway.hooks import Bookkeeping, KeyBudgetGuard
+from gateway.limits import KeyLimits
+from gateway.limits.memory import MemoryLimitStore
+from gateway.limits.redis_store import RedisLimitStore
+from router.policy import ToolCall
+from tests.support.services import REDIS_URL, need_redis
 
 
 async def test_a_step_completes_when_its_caller_is_cancelled() -> None:
@@ -60,3 +65,35 @@ async def test_drain_waits_for_every_started_step_and_errors_reach_their_caller(
     # The caller that awaited the failing step sees its error; drain itself does not raise.
     with pytest.raises(RuntimeError, match="store down"):
         await broken
+
+
+@pytest.mark.parametrize("backend", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def test_a_hold_taken_while_its_request_is_cancelled_is_released(backend: str) -> None:
+    """The client leaves while the store takes a call's hold: the loop never learns the hold
+    was taken, so it settled nothing and the hold kept the key's budget until it expired
+    (request_timeout_s + 60 s) — a key with budget to spare refused with 429s meanwhile."""
+    if backend == "redis":
+        need_redis()
+        store: MemoryLimitStore | RedisLimitStore = RedisLimitStore(
+            REDIS_URL, key_prefix=f"xrtest-hold-{id(object())}"
+        )
+    else:
+        store = MemoryLimitStore()
+    limits = KeyLimits("k", budget_micros=100_000)
+    book = Bookkeeping()
+    guard = KeyBudgetGuard(store, limits, "req", bookkeeping=book)
+    try:
+        # Connected before the race, so the reserve's command goes out at its first step.
+        assert await guard.reserve(ToolCall("warm", "m"), 1) is None
+        await guard.settle(ToolCall("warm", "m"), 1, 0)
+        for i in range(5):
+            task = asyncio.create_task(guard.reserve(ToolCall(f"c{i}", "m"), 30_000))
+            await asyncio.sleep(0)  # the reserve is under way
+            task.cancel()  # the client went away
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        await book.drain()
+        state = await store.spent(limits)
+        assert (state.spent, state.reserved) == (0, 0)
+    finally:
+        await store.aclose()

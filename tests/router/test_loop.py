@@ -4,6 +4,7 @@ of the result is exactly the sum of its calls, each priced from its real usage."
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 from decimal import Decimal
@@ -422,8 +423,23 @@ async def test_a_router_turn_cut_short_is_in_the_state_with_its_time(
     with pytest.raises(RequestTimeout) as exc:
         await orch.run(policy, ctx(p), timeout_s=0.3)
     (turn,) = exc.value.state.router_calls
-    assert (turn.ok, turn.role, turn.error_kind) == (False, "router", "cancelled")
+    # The request's deadline cut it: a timeout, as a per-model timeout books one.
+    assert (turn.ok, turn.role, turn.error_kind) == (False, "router", "timeout")
+    assert turn.error == "the request's deadline passed before the call answered"
     assert turn.latency_ms >= 250
+    # A client that leaves is no timeout: cancelled, which says nothing about the model.
+    scripted_router.script({"content": "late", "delay_s": 5})
+    state = orch.new_state(policy, ctx(p))
+    task = asyncio.create_task(orch.run(policy, ctx(p), timeout_s=30, state=state))
+    await asyncio.sleep(0.3)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    (turn,) = state.router_calls
+    assert (turn.error_kind, turn.error) == (
+        "cancelled",
+        "the client left before the call answered",
+    )
     # A failed turn has its time too.
     scripted_router.script({"error_status": 500})
     r = await orch.run(policy, ctx(p))
@@ -756,10 +772,14 @@ async def test_a_timeout_while_a_stream_opens_releases_its_hold(
     p, orch, _, _ = setup
     downstream.fault(CHEAP, "latency=3000")
     guard, store, limits = key_guard(1_000_000)
-    with pytest.raises(RequestTimeout):
+    with pytest.raises(RequestTimeout) as exc:
         await orch.run(FixedPolicy(CHEAP), ctx(p), stream=True, guard=guard, timeout_s=0.3)
     state = await store.spent(limits)
     assert (state.spent, state.reserved) == (0, 0)
+    # Booked as what it was: the call did not answer in the time the request had (it was
+    # booked `cancelled`, as a client hang-up, and left out of training exports).
+    [outcome] = exc.value.state.outcomes
+    assert (outcome.ok, outcome.error_kind, outcome.cost_micros) == (False, "timeout", 0)
 
 
 async def test_a_stream_closed_before_it_is_read_is_settled_and_recorded(setup: Any) -> None:
@@ -779,3 +799,70 @@ async def test_a_stream_closed_before_it_is_read_is_settled_and_recorded(setup: 
     state = await store.spent(limits)
     assert (state.spent, state.reserved) == (outcome.cost_micros, 0)
     assert r.cost_micros == outcome.cost_micros
+
+
+class ClientLeavesAt:
+    """A key's budget guard (the real one, delegated to) whose client hangs up at a chosen
+    moment: the request's task is cancelled right after a reserve of ``call_id`` returns,
+    or as its settle begins — what the ASGI server does on a disconnect."""
+
+    def __init__(self, inner: KeyBudgetGuard, when: str, call_id: str) -> None:
+        self.inner, self.when, self.call_id = inner, when, call_id
+        self.request: asyncio.Task[Any] | None = None
+
+    def _leave(self, when: str, call: ToolCall) -> None:
+        if self.when == when and call.id == self.call_id and self.request is not None:
+            self.request.cancel()
+
+    async def reserve(self, call: ToolCall, worst_case_micros: int) -> str | None:
+        reason = await self.inner.reserve(call, worst_case_micros)
+        self._leave("reserved", call)
+        return reason
+
+    async def settle(self, call: ToolCall, reserved_micros: int, actual_micros: int) -> None:
+        self._leave("settling", call)
+        await self.inner.settle(call, reserved_micros, actual_micros)
+
+
+async def _leave_during(
+    orch: Orchestrator, policy: Any, c: RouteContext, guard: ClientLeavesAt
+) -> LoopState:
+    state = orch.new_state(policy, c)
+    guard.request = asyncio.create_task(orch.run(policy, c, guard=guard, state=state))
+    with pytest.raises(asyncio.CancelledError):
+        await guard.request
+    await guard.inner.bookkeeping.drain()
+    return state
+
+
+async def test_a_client_leaving_as_parallel_calls_start_releases_their_holds(
+    setup: Any, scripted_router: ScriptedRouter
+) -> None:
+    """Cancelled after the turn's holds were taken but before its calls' tasks ran: a
+    coroutine cancelled before it starts runs no `finally`, so neither call settled its
+    hold, and both held the key's budget until they expired."""
+    p, orch, policy, _ = setup
+    scripted_router.script({"tool_calls": [call(CHEAP, "a"), call(MID, "b")]})
+    inner, store, limits = key_guard(1_000_000)
+    state = await _leave_during(orch, policy, ctx(p), ClientLeavesAt(inner, "reserved", "b"))
+    assert not state.outcomes  # neither call was made
+    budget = await store.spent(limits)
+    assert budget.reserved == 0
+    assert budget.spent == sum(o.cost_micros for o in state.router_calls)
+
+
+async def test_a_client_leaving_while_a_call_is_settled_keeps_the_call_in_the_row(
+    setup: Any, scripted_router: ScriptedRouter
+) -> None:
+    """The call answered and its settle charged the key (run to completion, shielded), but
+    the cancellation raised out of the settle threw the outcome away: the ledger row had no
+    call, and the key's spent exceeded the ledger's total for good."""
+    p, orch, policy, _ = setup
+    scripted_router.script({"tool_calls": [call(CHEAP, "a")]})
+    inner, store, limits = key_guard(1_000_000)
+    state = await _leave_during(orch, policy, ctx(p), ClientLeavesAt(inner, "settling", "a"))
+    [made] = state.outcomes
+    assert made.ok and made.model == CHEAP and made.cost_micros > 0
+    budget = await store.spent(limits)
+    assert budget.reserved == 0
+    assert budget.spent == made.cost_micros + sum(o.cost_micros for o in state.router_calls)

@@ -297,9 +297,8 @@ def test_a_reference_model_normalizes_cost_and_must_be_priced_on_every_record(
     write_outcome_table(full[:120], table)
     base = ["--table", str(table), "--steps", "4", "--eval-every", "2", "--no-progress"]
     assert main([*base, "--out", str(tmp_path / "ok"), "--reference-model", "math-pro"]) == 0
-    training = load_checkpoint(tmp_path / "ok" / "checkpoint").metadata.training
-    assert training["reward"]["cost_normalization"] == "reference", training["reward"]
-    assert training["reward"]["reference_model"] == "math-pro"
+    reward = load_checkpoint(tmp_path / "ok" / "checkpoint").metadata.reward
+    assert (reward["cost_normalization"], reward["reference_model"]) == ("reference", "math-pro")
     capsys.readouterr()
     # One prompt where the reference was free: C / 0 is undefined there, and normalizing
     # that prompt alone by --cost-scale (as the reward did) mixes two units in one table.
