@@ -46,6 +46,9 @@ OVERHEAD_BUCKETS: tuple[float, ...] = (
 # Downstream calls per request: 0 (answered by the router, or refused), 1, and a cascade's
 # rounds (plans call at most five models; the llm router up to its max_turns).
 CALL_COUNT_BUCKETS: tuple[float, ...] = (0, 1, 2, 3, 4, 5, 8, 16)
+# Feedback scores are in [0, 1], and so is the logged reward with the default K = 1 (a
+# larger K lands above 1 in +Inf).
+SCORE_BUCKETS: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 TOKEN_KINDS = ("prompt", "completion", "cached", "reasoning")
 # Rate-limit refusals: the key's requests or tokens a minute, or its requests in flight.
@@ -170,6 +173,23 @@ class GatewayMetrics:
             "xrouter_overhead_seconds",
             "Request time spent in the gateway itself (total minus upstream and router calls).",
             buckets=OVERHEAD_BUCKETS,
+            registry=r,
+        )
+        # Quality as clients report it (POST /v1/feedback) and the reward the gateway logs
+        # with it: what the routers are retrained on, per policy, as it comes in.
+        self._feedback_score = Histogram(
+            "xrouter_feedback_score",
+            "Feedback scores (0-1) given to answered requests, by the policy that answered.",
+            ["policy"],
+            buckets=SCORE_BUCKETS,
+            registry=r,
+        )
+        self._feedback_reward = Histogram(
+            "xrouter_feedback_reward",
+            "The logged reward (router.reward: the score net of the cost penalty at the "
+            "request's cost weight) of each feedback score, by policy.",
+            ["policy"],
+            buckets=SCORE_BUCKETS,
             registry=r,
         )
 
@@ -515,6 +535,11 @@ class GatewayMetrics:
     def cache_store(self, result: str) -> None:
         known = ("stored", "too_large", "error")
         self._child(self._cache_stores, result if result in known else OTHER).inc()
+
+    def feedback(self, policy: str, score: float, reward: float) -> None:
+        p = self._policy(policy)
+        self._child(self._feedback_score, p).observe(score)
+        self._child(self._feedback_reward, p).observe(reward)
 
     def cache_saved(self, policy: str, micros: int) -> None:
         self._child(self._cache_saved, self._policy(policy)).inc(_usd(micros))

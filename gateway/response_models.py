@@ -150,10 +150,24 @@ class ModelList(_Answer):
     data: list[dict[str, Any]]
 
 
+class LoggedReward(_Answer):
+    """The reward logged with a feedback score (``router.reward``), every term."""
+
+    reward: float
+    score: float
+    cost_usd: float = Field(description="the request's whole cost, router tokens included")
+    normalized_cost: float = Field(description="cost_usd / router.reward.cost_scale")
+    penalty: float = Field(
+        description="cost_weight · normalized_cost, capped at c_max in the gated form"
+    )
+    cost_weight: float = Field(description="the λ the request was routed with")
+
+
 class FeedbackRecorded(_Answer):
     status: Literal["recorded"]
     request_id: str
     feedback_id: str
+    reward: LoggedReward
 
 
 class Generation(_Answer):

@@ -32,6 +32,7 @@ from pydantic_core import MultiHostUrl, Url
 
 from pricing import ModelPrice
 from router.pool import DEFAULT_KEEP_ALIVE_S, PoolModelConfig
+from router.reward import RewardConfig
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 ENV_PREFIX = "XROUTER_"
@@ -253,6 +254,21 @@ class CircuitBreakerSettings(_Section):
     sync_interval_s: float = Field(default=1.0, gt=0)
 
 
+class RewardSettings(_Section):
+    """The reward the gateway logs with each feedback score (``router.reward``, the one
+    definition training and evaluation use): the defaults are ``xrouter train``'s, so a
+    logged reward is what the trainer's default reward makes of the same request."""
+
+    form: Literal["gated", "additive"] = "gated"
+    K: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    c_max: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    # USD that counts as one unit of normalized cost.
+    cost_scale: float = Field(default=0.001, gt=0, allow_inf_nan=False)
+
+    def config(self) -> RewardConfig:
+        return RewardConfig(form=self.form, K=self.K, c_max=self.c_max, cost_scale=self.cost_scale)
+
+
 class RouterSettings(_Section):
     default_policy: str = "compact"
     cost_weight: float = Field(default=0.5, ge=0, le=1e6)  # as a request's own may be
@@ -271,6 +287,7 @@ class RouterSettings(_Section):
     cascade_check: Literal["nonempty", "agreement"] = "agreement"
     llm: LLMRouterSettings = LLMRouterSettings()
     circuit_breaker: CircuitBreakerSettings = CircuitBreakerSettings()
+    reward: RewardSettings = RewardSettings()
     # A deployment (pool entry `deployments:`) whose call failed is passed over for this long
     # while the model's other deployments can take its calls.
     deployment_cooldown_s: float = Field(default=5.0, gt=0, le=3600)

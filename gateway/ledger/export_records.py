@@ -213,11 +213,23 @@ def build_record(
                 "comment": f["comment"],
                 "created_at": f["created_at"].isoformat(),
                 "request_id": f["request_id"],
+                # The reward the gateway logged with the score, every term (absent for
+                # feedback from before it did).
+                **_reward_terms(f),
             }
             for f in feedback_rows
         ],
     )
     return record
+
+
+_REWARD_TERMS = ("reward", "cost_usd", "cost_weight", "normalized_cost", "penalty")
+
+
+def _reward_terms(row: dict[str, Any]) -> dict[str, float]:
+    if row.get("reward") is None:
+        return {}
+    return {t: float(row[t]) for t in _REWARD_TERMS if row.get(t) is not None}
 
 
 def _prompt_fields(content: dict[str, Any] | None) -> dict[str, Any]:

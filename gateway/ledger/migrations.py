@@ -290,6 +290,14 @@ def _v13_feedback_logged_at(conn: sa.Connection) -> None:
     )
 
 
+def _v15_feedback_reward(conn: sa.Connection) -> None:
+    """feedback.reward and its terms (cost_usd, cost_weight, normalized_cost, penalty):
+    the logged reward of each score (frozen). Existing rows keep NULL."""
+    column_type = sa.Float().compile(dialect=conn.dialect)
+    for column in ("reward", "cost_usd", "cost_weight", "normalized_cost", "penalty"):
+        conn.execute(sa.text(f"ALTER TABLE feedback ADD COLUMN {column} {column_type}"))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: requests, calls, feedback, api_keys", _v1_baseline),
     Migration(2, "router_deployments", _v2_router_deployments),
@@ -305,6 +313,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(12, "api_keys.alias unique among live keys", _v12_key_alias_among_live_keys),
     Migration(13, "feedback.logged_at", _v13_feedback_logged_at),
     Migration(14, "api_keys.max_parallel", _v14_key_max_parallel),
+    Migration(15, "feedback.reward and its terms", _v15_feedback_reward),
 )
 
 

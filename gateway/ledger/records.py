@@ -184,6 +184,14 @@ class FeedbackRecord:
     comment: str | None
     created_at: float  # epoch seconds, UTC
     feedback_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # The logged reward (``router.reward``) of the score at the request's cost and cost
+    # weight, every term: see ``gateway.routes.logged.feedback``. None in records journaled
+    # before the gateway logged it.
+    reward: float | None = None
+    cost_usd: float | None = None
+    cost_weight: float | None = None
+    normalized_cost: float | None = None
+    penalty: float | None = None
 
     def __post_init__(self) -> None:
         # Reject bad scores where they are made (the endpoint), not in the background writer
@@ -304,6 +312,11 @@ def build_rows(records: Sequence[LedgerRecord], mode: ContentMode) -> tuple[Rows
                     "source": record.source,
                     "comment": record.comment,
                     "created_at": _utc(record.created_at),
+                    "reward": record.reward,
+                    "cost_usd": record.cost_usd,
+                    "cost_weight": record.cost_weight,
+                    "normalized_cost": record.normalized_cost,
+                    "penalty": record.penalty,
                 }
             )
             continue

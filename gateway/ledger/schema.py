@@ -212,6 +212,13 @@ feedback = sa.Table(
     # is written late too, and `xrouter export` says how much of it came after the window
     # its request was exported in. NULL before migration 13: logged at its ``created_at``.
     sa.Column("logged_at", UTCDateTime(), nullable=True),
+    # The logged reward of the score and each of its terms (router.reward), at the request's
+    # cost (router tokens included) and cost weight. NULL before migration 15.
+    sa.Column("reward", sa.Float(), nullable=True),
+    sa.Column("cost_usd", sa.Float(), nullable=True),
+    sa.Column("cost_weight", sa.Float(), nullable=True),
+    sa.Column("normalized_cost", sa.Float(), nullable=True),
+    sa.Column("penalty", sa.Float(), nullable=True),
     sa.UniqueConstraint("feedback_id", name="uq_feedback_feedback_id"),
     sa.Index("ix_feedback_request_id", "request_id"),
     sa.Index(

@@ -24,6 +24,7 @@ from gateway.routes.openai import authorization, services
 from gateway.schemas import FeedbackRequest, request_id_from
 from gateway.services import Services
 from pricing import micros_to_usd
+from router.reward import RewardConfig, RewardTerms, compute_reward
 
 router = APIRouter()
 
@@ -88,21 +89,39 @@ async def feedback(request: Request) -> Response:
     assert s.auth is not None
     who = await s.auth.principal(authorization(request))
     fb = await read_model(request, FeedbackRequest)
-    await logged_request(s, who, fb.request_id)
+    row = await logged_request(s, who, fb.request_id)
+    terms = logged_reward(row, fb.score, s.settings.router.reward.config())
     record = FeedbackRecord(
         request_id=fb.request_id,
         score=fb.score,
         source=fb.source,
         comment=fb.comment,
         created_at=time.time(),
+        reward=terms.reward,
+        cost_usd=terms.cost_usd,
+        cost_weight=terms.cost_weight,
+        normalized_cost=terms.normalized_cost,
+        penalty=terms.penalty,
     )
     await s.ledger_writer().submit_durable(record)
-    return Response(
-        orjson.dumps(
-            {"status": "recorded", "request_id": fb.request_id, "feedback_id": record.feedback_id}
-        ),
-        media_type="application/json",
-    )
+    if s.metrics is not None:
+        s.metrics.feedback(row["policy"], fb.score, terms.reward)
+    body = {
+        "status": "recorded",
+        "request_id": fb.request_id,
+        "feedback_id": record.feedback_id,
+        "reward": terms.as_dict(),
+    }
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
+def logged_reward(row: dict[str, Any], score: float, config: RewardConfig) -> RewardTerms:
+    """The reward training and evaluation would give this request's trajectory for
+    ``score``: its whole cost (router tokens included), at the cost weight it was routed
+    with (0 for one that never reached routing — refused before it — and so has none)."""
+    cost_usd = micros_to_usd(row["total_cost_micros"])
+    cost_weight = row["cost_weight"] if row["cost_weight"] is not None else 0.0
+    return compute_reward(score, float(cost_usd), float(cost_weight), config)
 
 
 @router.get(

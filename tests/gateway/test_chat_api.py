@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import sqlite3
 import time
 from collections.abc import Iterator
 from decimal import Decimal
@@ -132,6 +133,64 @@ def test_feedback_names_a_request_by_its_completion_id_or_its_request_id(
     for score in ("1", True):
         r = httpx.post(f"{gateway.base_url}/feedback", json={"request_id": rid, "score": score})
         assert r.status_code == 400 and r.json()["error"]["param"] == "score", r.text
+
+
+def _feedback_rows(gw: Gateway, request_id: str) -> list[tuple[float, ...]]:
+    with sqlite3.connect(gw.config_path.parent / "ledger.db") as conn:
+        return conn.execute(
+            "SELECT score, reward, cost_usd, cost_weight, normalized_cost, penalty "
+            "FROM feedback WHERE request_id = ? ORDER BY id",
+            (request_id,),
+        ).fetchall()
+
+
+def _metric(gw: Gateway, name: str, policy: str) -> float:
+    for line in httpx.get(f"{gw.url}/metrics").text.splitlines():
+        if line.startswith(f'{name}{{policy="{policy}"}}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_feedback_logs_the_reward_of_its_score_with_every_term(gateway: Gateway) -> None:
+    """DESIGN: the reward is one definition used in training, evaluation and the gateway's
+    logged reward, every term logged. The gated form with the trainer's defaults (K = 1,
+    c_max = 1, cost scale $0.001), at the request's whole cost and its cost weight."""
+    count_before = _metric(gateway, "xrouter_feedback_reward_count", "passthrough")
+    resp = client(gateway).chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Name a prime number."}],
+        extra_body={"xrouter": {"cost_weight": 20.0}},
+    )
+    rid = extra(resp)["xrouter"]["request_id"]
+    cost = extra(resp.usage)["cost"]
+    r = httpx.post(f"{gateway.base_url}/feedback", json={"request_id": rid, "score": 0.75})
+    assert r.status_code == 200, r.text
+    normalized = cost / 0.001
+    penalty = min(20.0 * normalized, 1.0)
+    terms = r.json()["reward"]
+    assert terms == pytest.approx(
+        {
+            "reward": 0.75 * (1.0 - penalty),
+            "score": 0.75,
+            "cost_usd": cost,
+            "cost_weight": 20.0,
+            "normalized_cost": normalized,
+            "penalty": penalty,
+        }
+    )
+    assert 0 < penalty < 1, "the case should exercise the penalty, not its cap"
+    # In the ledger, every term in its column (the export carries them with the score).
+    deadline = time.monotonic() + 5
+    while not (rows := _feedback_rows(gateway, rid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rows == [
+        pytest.approx(
+            (0.75, terms["reward"], cost, 20.0, terms["normalized_cost"], terms["penalty"])
+        )
+    ]
+    # And for operators, per policy, as it comes in.
+    assert _metric(gateway, "xrouter_feedback_reward_count", "passthrough") == count_before + 1
+    assert _metric(gateway, "xrouter_feedback_score_sum", "passthrough") >= 0.75
 
 
 def test_streaming_relays_chunks_in_order_and_ends_with_usage_and_cost(

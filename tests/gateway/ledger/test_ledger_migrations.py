@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -65,6 +68,30 @@ def _expected() -> dict[str, object]:
             "pk": [c.name for c in table.primary_key.columns],
         }
     return out
+
+
+# Feedback columns and the migration that added each (the rest are the baseline's).
+_FEEDBACK_ADDED = {
+    "logged_at": 13,
+    **dict.fromkeys(("reward", "cost_usd", "cost_weight", "normalized_cost", "penalty"), 15),
+}
+
+
+def _feedback_as_of(version: int) -> sa.Table:
+    """The feedback table as a release at schema ``version`` writes it."""
+    return sa.Table(
+        "feedback",
+        sa.MetaData(),
+        *(
+            sa.Column(c.name, c.type, primary_key=c.primary_key)
+            for c in schema.feedback.columns
+            if _FEEDBACK_ADDED.get(c.name, 1) <= version
+        ),
+    )
+
+
+def _only(rows: list[dict[str, Any]], table: sa.Table) -> list[dict[str, Any]]:
+    return [{k: v for k, v in row.items() if k in table.c} for row in rows]
 
 
 async def test_upgrading_an_empty_database_gives_the_current_schema(ledger_url: str) -> None:
@@ -324,13 +351,14 @@ async def test_a_ledger_from_before_logged_at_gains_it_and_still_exports(
         sa.MetaData(),
         *(sa.Column(c.name, c.type) for c in schema.requests.columns if c.name != "logged_at"),
     )
+    old_feedback = _feedback_as_of(10)
 
     async def write_as_an_older_release(*records: LedgerRecord) -> None:
         req_rows, call_rows, fb_rows, _ = build_rows(records, "none")
         async with engine.begin() as conn:
             await conn.execute(sa.insert(old), req_rows)
             await conn.execute(sa.insert(schema.calls), call_rows)
-            await conn.execute(sa.insert(schema.feedback), fb_rows)
+            await conn.execute(sa.insert(old_feedback), _only(fb_rows, old_feedback))
 
     def scored(rid: str, created_at: float) -> tuple[LedgerRecord, LedgerRecord]:
         return make_request(rid, created_at=created_at), make_feedback(rid, 1.0, t0 + 1000)
@@ -363,5 +391,45 @@ async def test_a_ledger_from_before_logged_at_gains_it_and_still_exports(
         assert await exported(logged_since=t0 + 60) == ["old1", "rolled-back", "new"]
         assert "logged_at" not in read_export(out)[0].model_dump()
         assert read_export(out)[2].model_dump()["logged_at"] == logged["new"].isoformat()
+    finally:
+        await engine.dispose()
+
+
+async def test_feedback_from_before_the_logged_reward_exports_without_it(
+    ledger_url: str, tmp_path: Path
+) -> None:
+    """Migration 15 adds the logged reward's columns to a ledger at version 14: its feedback
+    keeps NULL and exports with its score alone; feedback written since carries every term."""
+    t0 = 1_750_000_000.0
+    engine = await _engine(ledger_url)
+    try:
+        assert await migrate(engine, MIGRATIONS[:14]) == 14
+        old_feedback = _feedback_as_of(14)
+        req_rows, call_rows, fb_rows, _ = build_rows(
+            [make_request("old", created_at=t0), make_feedback("old", 0.5, t0 + 10)], "none"
+        )
+        async with engine.begin() as conn:
+            await conn.execute(sa.insert(schema.requests), req_rows)
+            await conn.execute(sa.insert(schema.calls), call_rows)
+            await conn.execute(sa.insert(old_feedback), _only(fb_rows, old_feedback))
+        assert await migrate(engine) == latest_version()
+        async with engine.connect() as conn:
+            assert (await conn.run_sync(_describe))["feedback"] == _expected()["feedback"]
+        new = make_feedback("old", 1.0, t0 + 20)
+        new = dataclasses.replace(
+            new, reward=0.9, cost_usd=0.0001, cost_weight=1.0, normalized_cost=0.1, penalty=0.1
+        )
+        assert await BatchInserter(engine, "none", 10).insert([new]) == []
+        out = tmp_path / "x.jsonl"
+        await export_ledger(engine, out)
+        [record] = [json.loads(line) for line in out.read_text().splitlines()]
+        first, second = record["feedback"]
+        assert first["score"] == 0.5 and "reward" not in first
+        assert {k: second[k] for k in ("score", "reward", "cost_weight", "penalty")} == {
+            "score": 1.0,
+            "reward": 0.9,
+            "cost_weight": 1.0,
+            "penalty": 0.1,
+        }
     finally:
         await engine.dispose()
