@@ -357,9 +357,18 @@ def _checkpoint_path(spec: str) -> str | None:
 def _bare(spec: str, ctx: LoadContext) -> LoopRouter | None:
     """Specs without a prefix: a checkpoint path or ``packaged:<name>`` (as ``compact:``),
     and the gateway's policy names as a client would put them in ``model``
-    (``compact``: the default checkpoint; ``cheapest``; ``fixed:<model>``)."""
+    (``compact``: the default checkpoint; ``cheapest``; ``fixed:<model>``), with or without
+    the ``xrouter/`` of DESIGN's model names (``xrouter/cascade`` and ``xrouter/random`` are
+    the gateway's policies, not the eval's baselines of those names; ``xrouter`` alone is the
+    default configuration's default policy, ``compact``)."""
     from router.checkpoint import PACKAGED_PREFIX, default_checkpoint_path
 
+    if spec == "xrouter":
+        spec = "compact"
+    elif spec.startswith("xrouter/"):
+        spec = spec.removeprefix("xrouter/")
+        if spec in ("cascade", "random"):
+            return _policy(f"policy:{spec}", ctx)
     if spec.startswith(PACKAGED_PREFIX):
         return _compact(f"compact:{spec}", ctx)
     if spec == "compact":

@@ -238,3 +238,22 @@ def test_a_multi_call_policy_is_refused_on_logged_traffic(records: list[OutcomeR
     router = default_registry().load("policy:cascade", LoadContext(train=records))
     with pytest.raises(RoutingError, match="multi-call"):
         router.route(logged, 0.0)
+
+
+def test_gateway_model_names_name_the_gateways_policies(records: list[OutcomeRecord]) -> None:
+    """DESIGN's model names (`xrouter`, `xrouter/<policy>`) are what a reader of the HTTP
+    contract writes after `--policy`; they were refused as unknown policies."""
+    ctx = LoadContext(train=records)
+    registry = default_registry()
+
+    def choices(spec: str) -> list[tuple[str, ...]]:
+        return [r.models_called for r in trajectories(registry.load(spec, ctx).route(records, 0.5))]
+
+    assert choices("xrouter/fixed:gemma-2-9b-it") == [("gemma-2-9b-it",)] * len(records)
+    assert choices("xrouter") == choices("xrouter/compact") == choices("compact")
+    assert choices("xrouter/cheapest") == choices("cheapest")
+    # The gateway's cascade (the agreement check), not the eval's fitted cascade baseline.
+    assert choices("xrouter/cascade") == choices("policy:cascade")
+    assert registry.load("xrouter/random", ctx).name == "policy:random"
+    with pytest.raises(ValueError, match="evaluated over HTTP"):
+        registry.load("xrouter/llm", ctx)
