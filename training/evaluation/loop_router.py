@@ -55,10 +55,17 @@ def pool_for(records: Sequence[OutcomeRecord]) -> ModelPool:
                 costs.setdefault(m, []).append(o.cost_usd)
     models = []
     for m in sorted({m for r in records for m in r.outcomes}):
-        per_token = Decimal(str(statistics.fmean(costs.get(m) or [0.0]))) * 1000
-        price = catalog.get(m) or ModelPrice(
-            input=per_token, output=per_token, source="recorded mean cost"
-        )
+        price = catalog.get(m)
+        if price is None:
+            if not costs.get(m):
+                # A price of 0 would make it free to every policy that reads prices (the
+                # cheapest first, an RL rollout's pool): refuse rather than guess.
+                raise ValueError(
+                    f"model {m!r} has no recorded cost_usd and no price in the packaged "
+                    "catalog: price its outcomes first (xrouter eval and verl-data --prices)"
+                )
+            per_token = Decimal(str(statistics.fmean(costs[m]))) * 1000
+            price = ModelPrice(input=per_token, output=per_token, source="recorded mean cost")
         models.append(replay_model(m, price))
     return ModelPool(models)
 

@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from training.evaluation.cli import with_costs
 from training.reward import (
     add_reward_arguments,
     check_reference_costs,
@@ -65,6 +66,11 @@ def add_verl_data_arguments(parser: argparse.ArgumentParser) -> None:
         help="the router's own tokens, USD per 1M input and output tokens, IN,OUT or IN/OUT "
         "(default free)",
     )
+    parser.add_argument(
+        "--prices",
+        help="a price table (YAML/JSON, USD per 1M tokens) for outcomes that record tokens "
+        "but no cost_usd, as xrouter eval and train take (default: the packaged catalog)",
+    )
     parser.add_argument("--split-seed", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0, help="seed of the per-prompt λ draw")
 
@@ -78,6 +84,9 @@ def run_verl_data(args: argparse.Namespace) -> int:
         print(f"cannot read {args.table}: {exc}", file=sys.stderr)
         return 2
     try:
+        # Outcomes that record only their tokens are priced as xrouter eval and train
+        # price them, so a rollout's reward and its regret use the same costs.
+        records = with_costs(records, Path(args.prices) if args.prices else None)
         config = VerlDataConfig(
             lambdas=args.lambdas,
             reward=reward_config_from_args(args),
@@ -95,7 +104,7 @@ def run_verl_data(args: argparse.Namespace) -> int:
             group_size=args.group_size,
         )
         out = write_verl_dataset(records, Path(args.out), config, run)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError) as exc:  # RoutingError (an unpriced outcome) included
         print(f"xrouter verl-data: {exc}", file=sys.stderr)
         return 2
     rows = ", ".join(f"{k} {v}" for k, v in out.rows.items())

@@ -180,16 +180,29 @@ def write_verl_dataset(
             "outcome on each prompt; train the compact router on logged traffic with "
             "`xrouter train --offpolicy`"
         )
+    splits = split_records(records, cfg.fractions, seed=cfg.split_seed)
+    rows = {
+        split: [verl_row(r, split, i, cfg) for i, r in enumerate(splits.get(split))]
+        for split in SPLIT_NAMES
+    }
+    counts = {split: len(split_rows) for split, split_rows in rows.items()}
+    if not counts["train"] or not counts["validation"]:
+        # train_grpo.sh hands verl both files: without one it would fail on the GPUs, or
+        # read a file an earlier run left in the directory.
+        raise ValueError(
+            f"the {len(records)} records split into {counts} rows (by id hash, "
+            "--split-seed): verl needs training and validation rows"
+        )
+    pool = pool_for(records)
     out_dir.mkdir(parents=True, exist_ok=True)
     out_dir = out_dir.resolve()
-    splits = split_records(records, cfg.fractions, seed=cfg.split_seed)
-    counts: dict[str, int] = {}
-    for split in SPLIT_NAMES:
-        rows = [verl_row(r, split, i, cfg) for i, r in enumerate(splits.get(split))]
-        counts[split] = len(rows)
-        if rows:
-            pq.write_table(pa.Table.from_pylist(rows), out_dir / f"{split}.parquet")
-    pool = pool_for(records)
+    for split, split_rows in rows.items():
+        path = out_dir / f"{split}.parquet"
+        if split_rows:
+            pq.write_table(pa.Table.from_pylist(split_rows), path)
+        else:
+            # Not another table's rows from an earlier run into the same directory.
+            path.unlink(missing_ok=True)
     (out_dir / "pool.json").write_bytes(
         orjson.dumps(pool_to_json(pool), option=orjson.OPT_INDENT_2)
     )

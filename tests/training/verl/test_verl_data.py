@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
 from gateway.cli import main as xrouter
-from router.outcomes import OutcomeRecord, write_outcome_table
+from router.outcomes import ModelOutcome, OutcomeRecord, write_outcome_table
 from tests.support.verl import hermes_tokenizer
 from training.datasets.splits import split_of
 from training.evaluation.loop_router import pool_for
@@ -190,3 +190,65 @@ def test_logged_traffic_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture
     err = capsys.readouterr().err
     assert "are logged traffic" in err and "xrouter train --offpolicy" in err
     assert not out.exists()
+
+
+def test_outcomes_with_tokens_only_are_priced_as_eval_prices_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A model with tokens but no cost_usd (the table format allows it) and no catalog price
+    was written into pool.json at price 0 — free to every rollout — while xrouter eval and
+    train refused the table; and a tokens-only outcome's cost counted 0 in the regret."""
+    records = small_table()
+    for r in records:
+        r.outcomes["local"] = ModelOutcome(
+            score=1.0, prompt_tokens=1000, completion_tokens=500, response="B"
+        )
+    table = tmp_path / "table.jsonl"
+    write_outcome_table(records, table)
+    out = tmp_path / "o"
+    assert xrouter(["verl-data", "--table", str(table), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "model 'local' has no cost_usd and no price in the packaged price catalog" in err
+    assert not out.exists()
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("local: {input: 0.1, output: 0.4}\n")
+    args = ["verl-data", "--table", str(table), "--out", str(out), "--prices", str(prices)]
+    assert xrouter(args) == 0, capsys.readouterr().err
+    exact = (1000 * 0.1 + 500 * 0.4) / 1e6  # $0.0003, not rounded to micro-dollars
+    for row in all_rows(out):
+        record = OutcomeRecord.model_validate_json(row["extra_info"]["record"])
+        assert record.outcomes["local"].cost_usd == pytest.approx(exact, rel=1e-12)
+    pool = pool_from_json(orjson.loads((out / "pool.json").read_bytes()))
+    assert float(pool["local"].price.output) > 0
+
+
+def test_a_run_into_an_earlier_runs_directory_leaves_none_of_its_splits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A table with no test rows, written where another table's run was: its test.parquet
+    stayed, and a table with no validation rows left train_grpo.sh pointing at a file
+    that was not there (or was another table's)."""
+    out = tmp_path / "o"
+    table = tmp_path / "table.jsonl"
+    write_outcome_table(small_table(), table)
+    assert xrouter(["verl-data", "--table", str(table), "--out", str(out)]) == 0
+    assert (out / "test.parquet").is_file()
+    no_test = [r for r in small_table() if split_of(r.id) != "test"]
+    write_outcome_table(no_test, table)
+    assert xrouter(["verl-data", "--table", str(table), "--out", str(out)]) == 0
+    assert not (out / "test.parquet").exists()
+    assert len(all_rows_present(out)) == len(no_test)
+    train_only = [r for r in small_table() if split_of(r.id) == "train"]
+    write_outcome_table(train_only, table)
+    assert xrouter(["verl-data", "--table", str(table), "--out", str(tmp_path / "t")]) == 2
+    assert "verl needs training and validation rows" in capsys.readouterr().err
+    assert not (tmp_path / "t").exists()
+
+
+def all_rows_present(verl_dir: Path) -> list[dict]:
+    return [
+        r
+        for s in ("train", "validation", "test")
+        if (verl_dir / f"{s}.parquet").exists()
+        for r in rows(verl_dir, s)
+    ]
