@@ -15,10 +15,11 @@ import asyncio
 import zlib
 from typing import TypeVar
 
+import orjson
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
-from gateway.errors import APIError, validation_error
+from gateway.errors import APIError, bad_request, validation_error
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -152,9 +153,15 @@ async def read_model(request: Request, model: type[M], limit: int = 64 * 1024) -
     """A small JSON body (the admin API's, feedback's) as ``model``: an empty body is ``{}``;
     a 400 naming the first field that is wrong, and ``invalid_json`` for a body that is not
     JSON or not an object, as on every other JSON endpoint (the README's error table)."""
-    raw = await read_body(request, limit)
+    raw = await read_body(request, limit) or b"{}"
     try:
-        return model.model_validate_json(raw or b"{}")
+        # Parsed as the chat API parses (orjson) first: pydantic takes 1e400 as infinity,
+        # which a key's metadata then stored as null; here, as there, it is invalid JSON.
+        orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    try:
+        return model.model_validate_json(raw)
     except ValidationError as exc:
         errors = exc.errors()
         code = "invalid_json" if errors[0]["type"] in ("json_invalid", "model_type") else None

@@ -422,6 +422,16 @@ def test_values_the_database_cannot_take_are_client_errors(gw: Gateway) -> None:
         )
         assert r.status_code == 400, r.text
         assert r.json()["error"]["param"] == "xrouter.max_cost_usd", r.text
+        # A number JSON can write but no float holds: a key's metadata took 1e400 as
+        # infinity and stored null; the chat API refuses it as invalid JSON, and so does
+        # every other JSON endpoint now.
+        r = c.post(
+            "/admin/keys",
+            content=b'{"alias": "inf", "metadata": {"n": 1e400}}',
+            headers={**ADMIN, "content-type": "application/json"},
+        )
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["code"] == "invalid_json", r.text
         # Same connection, still served.
         assert c.get("/admin/keys", headers=ADMIN).status_code == 200
 
