@@ -11,10 +11,86 @@ import http.client
 import json
 import logging
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import IO, Any
 
 log = logging.getLogger(__name__)
+
+# Statuses of a server that has no ``POST /admin/reload`` at that URL (most often a ``--url``
+# that ends in ``/v1``): the gateway itself answers a checkpoint it refuses with 400.
+_NOT_THE_ADMIN_API = frozenset({404, 405, 501})
+_DETAIL_CHARS = 200
+
+
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """Never follow a redirect: the request carries the admin key, and urllib would send it
+    on to whatever host the Location names (turning the POST into a GET, too). Declining
+    (None) makes urllib raise the 3xx as an ``HTTPError``, which ``run_deploy`` reports."""
+
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: IO[bytes],
+        code: int,
+        msg: str,
+        headers: Any,
+        newurl: str,
+    ) -> None:
+        return None
+
+
+def _split_userinfo(url: str) -> tuple[str, str, str | None, str] | None:
+    """``url`` as (scheme://, user, password, rest after the ``@``), or None without a
+    userinfo. Parsed on the text, not with urlsplit: a malformed URL (a bad port, an
+    unbalanced bracket) is still masked."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return None
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    userinfo, at, host = rest[:end].rpartition("@")
+    if not at:
+        return None
+    user, colon, password = userinfo.partition(":")
+    return f"{scheme}://", user, password if colon else None, host + rest[end:]
+
+
+def _mask_url(url: str) -> str:
+    """``url`` with the password of its userinfo as ``***`` (``http://admin:***@host``), as
+    ``xrouter serve`` shows a ledger URL."""
+    parts = _split_userinfo(url)
+    if parts is None or parts[2] is None:
+        return url
+    scheme, user, _, rest = parts
+    return f"{scheme}{user}:***@{rest}"
+
+
+def _redact(text: str, url: str) -> str:
+    """``text`` with the password of ``url`` masked as ``***``, as ``xrouter serve`` masks a
+    ledger URL's: an error message goes to logs and terminals that others read."""
+    parts = _split_userinfo(url)
+    password = parts[2] if parts is not None else None
+    if not password:
+        return text
+    # As written and percent-decoded (an error may quote either); the longer first, so
+    # neither leaves part of the other behind.
+    for secret in sorted({password, urllib.parse.unquote(password)}, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+def _one_line(body: bytes) -> str:
+    """A response body as one short line: the gateway's error as its code and message (the
+    code first, so cutting a long message keeps it); anything else — an HTML error page is
+    dozens of lines that bury the message, an unknown server's body may be anything — cut."""
+    try:
+        error = json.loads(body)["error"]
+        text = f"{error['code']}: {error['message']}" if error.get("code") else error["message"]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        text = body.decode(errors="replace")
+    text = " ".join(str(text).split())
+    return text if len(text) <= _DETAIL_CHARS else text[: _DETAIL_CHARS - 3] + "..."
 
 
 def run_deploy(args: argparse.Namespace) -> int:
@@ -34,6 +110,9 @@ def run_deploy(args: argparse.Namespace) -> int:
     if not args.admin_key:
         log.error("an admin key is needed: --admin-key or XROUTER_ADMIN_KEY")
         return 2
+    url = _mask_url(args.url)  # as messages show it
+    # No redirects: see _RefuseRedirects. Proxies from the environment still apply.
+    opener = urllib.request.build_opener(_RefuseRedirects)
     try:
         req = urllib.request.Request(
             f"{args.url.rstrip('/')}/admin/reload",
@@ -44,28 +123,51 @@ def run_deploy(args: argparse.Namespace) -> int:
             },
             method="POST",
         )
-        with urllib.request.urlopen(req, timeout=60) as resp:
+        with opener.open(req, timeout=60) as resp:
             body = json.loads(resp.read())
         if not isinstance(body, dict):
             raise ValueError("not a JSON object")
     except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace")
-        if exc.code == 401:
+        try:
+            detail = _redact(_one_line(exc.read()), args.url)
+        except (OSError, http.client.HTTPException):
+            detail = ""  # the body was cut short: the status says enough
+        if 300 <= exc.code < 400:
+            where = exc.headers.get("Location") if exc.headers is not None else None
+            log.error(
+                "the gateway URL %s redirected (%d) to %s; not following it, so as not to send "
+                "the admin key there: give --url as the gateway's own address",
+                url,
+                exc.code,
+                _redact(str(where), args.url) if where else "(no Location)",
+            )
+        elif exc.code == 401:
             log.error("the gateway refused the admin key (401): %s", detail)
         elif exc.code == 403:
             # Not the checkpoint's fault: the admin API is off (no auth.admin_key).
             log.error("the gateway refused the admin call (403): %s", detail)
+        elif exc.code in _NOT_THE_ADMIN_API:
+            log.error(
+                "%s does not serve POST /admin/reload (%d): --url is the gateway's base URL, "
+                "without /v1 (e.g. http://127.0.0.1:8000)",
+                url,
+                exc.code,
+            )
         else:
             log.error("the gateway refused the checkpoint (%s): %s", exc.code, detail)
         return 1
     except urllib.error.URLError as exc:
-        log.error("cannot reach the gateway at %s: %s", args.url, exc.reason)
+        log.error("cannot reach the gateway at %s: %s", url, _redact(str(exc.reason), args.url))
         return 1
     except (TimeoutError, OSError, http.client.HTTPException) as exc:
-        log.error("no answer from the gateway at %s: %s", args.url, exc or type(exc).__name__)
+        log.error(
+            "no answer from the gateway at %s: %s",
+            url,
+            _redact(str(exc) or type(exc).__name__, args.url),
+        )
         return 1
     except ValueError as exc:  # a malformed --url, or an answer that is not the gateway's
-        log.error("%s did not answer as an xrouter gateway: %s", args.url, exc)
+        log.error("%s did not answer as an xrouter gateway: %s", url, _redact(str(exc), args.url))
         return 1
     # The gateway's answer names its own pool ("pool"); the checkpoint's, what it was
     # trained on, is said apart rather than overwritten by it.

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from tests.gateway.conftest import Upstream, ledger_rows
-from tests.support.gateway import ADMIN_KEY, gateway_config, start_gateway
+from tests.support.gateway import ADMIN_KEY, free_port, gateway_config, start_gateway
 from tests.support.replay import REPO_ROOT
 
 COMMANDS = [
@@ -119,6 +119,33 @@ def test_an_export_whose_format_disagrees_with_its_name_is_refused(
     assert not (tmp_path / out).exists()
 
 
+def test_ctrl_c_in_a_long_command_is_one_line_and_exit_130(tmp_path: Path) -> None:
+    # Was a full traceback ending in KeyboardInterrupt (main caught only BrokenPipeError).
+    out = tmp_path / "eval"
+    table = REPO_ROOT / "router" / "assets" / "demo_outcomes.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "eval", "--table", str(table),
+         "--bootstrap", "20000", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )  # fmt: skip
+    try:
+        time.sleep(1.5)
+        assert proc.poll() is None, "eval ended before it could be interrupted"
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and stderr.rstrip().endswith("interrupted"), stderr
+    assert not out.exists() or not any(out.iterdir()), list(out.iterdir())
+
+
 class _NotAGateway(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = b"<html>hello</html>"
@@ -145,6 +172,152 @@ def test_deploy_to_something_that_is_not_a_gateway_fails_cleanly() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    """A loopback server whose answer a test sets (``answer``) and that records the
+    Authorization header of every request it gets (``seen``), whatever the method."""
+
+    answer: tuple[int, dict[str, str], bytes] = (200, {}, b"{}")
+    seen: list[tuple[str, str | None]]
+
+    def _handle(self) -> None:
+        type(self).seen.append((self.command, self.headers.get("Authorization")))
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        status, headers, body = type(self).answer
+        self.send_response(status)
+        for name, value in {**headers, "Content-Length": str(len(body))}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = _handle
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def _recorder(
+    status: int, headers: dict[str, str], body: bytes
+) -> tuple[ThreadingHTTPServer, type[_Recorder]]:
+    handler = type("Handler", (_Recorder,), {"answer": (status, headers, body), "seen": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, handler
+
+
+def _close(*servers: ThreadingHTTPServer) -> None:
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_deploy_does_not_follow_a_redirect_nor_send_the_admin_key_on(status: int) -> None:
+    # The admin key went to whatever host a redirect named (as a GET, after a 301/302), and
+    # the deploy was reported done.
+    target, seen_by_target = _recorder(200, {"Content-Type": "application/json"}, b"{}")
+    elsewhere = f"http://127.0.0.1:{target.server_address[1]}/admin/reload"
+    gateway, seen_by_gateway = _recorder(status, {"Location": elsewhere}, b"moved")
+    try:
+        url = f"http://127.0.0.1:{gateway.server_address[1]}"
+        proc = run_cli("deploy", "packaged:demo", "--url", url, "--admin-key", "SECRET")
+    finally:
+        _close(gateway, target)
+    assert proc.returncode == 1, proc.stderr
+    assert seen_by_gateway.seen == [("POST", "Bearer SECRET")]
+    assert seen_by_target.seen == []
+    assert "redirected" in proc.stderr and elsewhere in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_deploy_never_shows_a_password_given_in_the_url() -> None:
+    gateway, _ = _recorder(500, {}, b"boom")
+    port = gateway.server_address[1]
+    try:
+        for url in (
+            f"http://admin:SECRETPW@127.0.0.1:{port}",  # urllib takes it for a bad port
+            "http://admin:SECRETPW@127.0.0.1:9",  # nothing listens there
+            "http://admin:SECRETPW@[::1",  # malformed
+            f"http://admin:SECRET%50W@127.0.0.1:{port}",  # percent-encoded
+        ):
+            proc = run_cli("deploy", "packaged:demo", "--url", url, "--admin-key", "k")
+            assert proc.returncode == 1, (url, proc.stderr)
+            assert "SECRET" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+            assert "admin:***@" in proc.stderr, proc.stderr
+    finally:
+        _close(gateway)
+
+
+@pytest.mark.parametrize("status", [404, 405, 501])
+def test_deploy_to_a_url_without_the_admin_api_says_what_url_to_give(status: int) -> None:
+    # Reported as "the gateway refused the checkpoint (404): <the whole HTML page>".
+    page = (
+        b"<html>\n<head><title>Not Found</title></head>\n<body>"
+        + b"x" * 5000
+        + b"</body>\n</html>\n"
+    )
+    gateway, _ = _recorder(status, {"Content-Type": "text/html"}, page)
+    try:
+        url = f"http://127.0.0.1:{gateway.server_address[1]}/v1"
+        proc = run_cli("deploy", "packaged:demo", "--url", url, "--admin-key", "k")
+    finally:
+        _close(gateway)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "does not serve POST /admin/reload" in lines[0] and "without /v1" in lines[0]
+    assert "refused the checkpoint" not in lines[0] and "xxxx" not in lines[0]
+
+
+def test_deploy_quotes_a_refusal_s_body_as_one_short_line() -> None:
+    page = b"<html>\n<body>\n" + b"y" * 5000 + b"\n</body>\n</html>\n"
+    gateway, _ = _recorder(400, {"Content-Type": "text/html"}, page)
+    try:
+        url = f"http://127.0.0.1:{gateway.server_address[1]}"
+        proc = run_cli("deploy", "packaged:demo", "--url", url, "--admin-key", "k")
+    finally:
+        _close(gateway)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "refused the checkpoint (400): <html> <body> yyy" in lines[0]
+    assert len(lines[0]) < 400, lines[0]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_serve_log_level_error_silences_xrouter_s_own_info_lines(
+    tmp_path: Path, workers: int
+) -> None:
+    # --log-level reached uvicorn only: the ledger, runtime and listening lines still came.
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(gateway_config(tmp_path, "http://127.0.0.1:9/v1")))
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port",
+         str(port), "--workers", str(workers), "--log-level", "error"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        ready = False
+        while not ready and proc.poll() is None and time.monotonic() < deadline:
+            try:
+                ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).is_success
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        assert ready, "the gateway did not become ready"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        output, _ = proc.communicate(timeout=30)
+    # xrouter's lines (" INFO ") and uvicorn's ("INFO:"), the supervisor's and the workers'.
+    assert " INFO " not in output and "INFO:" not in output, output
 
 
 # -- xrouter serve with several workers ---------------------------------------------------
