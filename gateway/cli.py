@@ -31,9 +31,11 @@ def demo_config_path() -> str:
 
 
 def start_replay_upstream(
-    host: str = "127.0.0.1", table: str | None = None
+    host: str = "127.0.0.1", table: str | None = None, log_level: str | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """Start the replay upstream as a child process on a free port and wait until it listens."""
+    """Start the replay upstream as a child process on a free port and wait until it listens.
+    ``log_level``: the gateway's ``--log-level``, which the child's lines share a terminal
+    with."""
     port_file = Path(tempfile.mkdtemp(prefix="xrouter-replay-")) / "port"
     cmd = [
         sys.executable,
@@ -50,6 +52,8 @@ def start_replay_upstream(
     ]
     if table:
         cmd += ["--table", table]
+    if log_level:
+        cmd += ["--log-level", log_level]
     # A process group of its own: Ctrl-C in a terminal signals the foreground group, and
     # the replay upstream must keep answering while the gateway's graceful shutdown lets
     # its in-flight requests finish; the gateway stops it afterwards (``_stop``), or it
@@ -127,13 +131,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from gateway.app import CONFIG_ENV, SUPERVISOR_ENV, create_app
     from gateway.settings import SettingsError, load_settings
 
+    if args.log_level:  # now: the lines before the config is read obey it too
+        set_log_level(args.log_level)
     path = args.config or demo_config_path()
     if not Path(path).exists():
         log.error("config file not found: %s", path)
         return 2
     wants_replay, table = _wants_replay(path)
     if wants_replay and not os.environ.get("XROUTER_REPLAY_URL"):
-        _, url = start_replay_upstream(table=table)
+        _, url = start_replay_upstream(table=table, log_level=args.log_level)
         os.environ["XROUTER_REPLAY_URL"] = url
         log.info("demo: replay upstream at %s", url)
     overrides = {"server.host": args.host, "server.port": args.port, "server.workers": args.workers}
@@ -143,6 +149,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log.error("%s", exc)
         return 2
     srv = settings.server
+    # One level for every line (else the config's): uvicorn's log_level alone left
+    # xrouter's own INFO lines on.
+    level = args.log_level or srv.log_level
+    set_log_level(level)
+    os.environ[LOG_LEVEL_ENV] = level  # for the workers (configure_logging)
     if srv.workers > 1 and not settings.router.watch_files:
         # POST /admin/reload reloads the worker that answers it; the others take a config
         # change up through their file watchers, which are off.
@@ -178,7 +189,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     common: dict[str, Any] = dict(
         host=srv.host,
         port=srv.port,
-        log_level=args.log_level or srv.log_level,
+        log_level=level,
         access_log=False,
         loop="uvloop",
         http="httptools",
@@ -299,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="bind address (default from config: 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default from config: 8000)")
     p.add_argument("--workers", type=int, help="worker processes (default from config: 1)")
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    add_log_level_argument(p)  # default: the config's server.log_level
     p.set_defaults(func=cmd_serve)
 
     from gateway.replay.server import add_arguments as replay_args
@@ -378,13 +389,51 @@ def _lazy_arguments(p: argparse.ArgumentParser, module: str, fn: str) -> None:
         p.description = f"unavailable: {exc}"
 
 
+# ``--log-level`` of serve and replay-upstream; given in any case (ERROR, error).
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+# The level ``serve --log-level`` chose, for its workers: spawned interpreters that configure
+# their logging afresh (``configure_logging`` from the app factory).
+LOG_LEVEL_ENV = "XROUTER_LOG_LEVEL"
+
+
+def log_level_arg(text: str) -> str:
+    """argparse ``type`` of ``--log-level``: case-insensitive, checked against LOG_LEVELS
+    (``choices``) after lowering."""
+    return text.lower()
+
+
+def add_log_level_argument(p: argparse.ArgumentParser, default: str | None = None) -> None:
+    p.add_argument(
+        "--log-level",
+        type=log_level_arg,
+        choices=LOG_LEVELS,
+        default=default,
+        help="the level of every log line, xrouter's and the server's"
+        + (" (default %(default)s)" if default else ""),
+    )
+
+
+def set_log_level(level: str) -> None:
+    """Apply a ``--log-level`` to the root logger, which xrouter's loggers and aiohttp's
+    follow, and to uvicorn's, which have levels of their own (set again by uvicorn from its
+    ``log_level``; set here too for the lines before it starts)."""
+    value = getattr(logging, level.upper())
+    logging.getLogger().setLevel(value)
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logging.getLogger(name).setLevel(value)
+
+
 def configure_logging() -> None:
     """Our log lines' format and level, for the ``xrouter`` process and (called from the app
     factory) for each worker of ``serve --workers N``: those are spawned interpreters that
-    inherit no logging configuration."""
+    inherit no logging configuration, so the level ``serve --log-level`` chose reaches them
+    through the environment (LOG_LEVEL_ENV)."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    level = os.environ.get(LOG_LEVEL_ENV, "").lower()
+    if level in LOG_LEVELS:
+        set_log_level(level)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -400,6 +449,12 @@ def main(argv: list[str] | None = None) -> int:
         # interpreter's final flush cannot raise again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, what a shell reports for a tool killed by it
+    except KeyboardInterrupt:
+        # Ctrl-C in a long eval, train or export: the user asked for it, so one line and
+        # not a traceback. The commands' own cleanup (temporary outputs, a replaced run
+        # directory put back) has run on the way up. 130 = 128 + SIGINT, as a shell says.
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

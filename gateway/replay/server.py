@@ -20,6 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.cli import add_log_level_argument, configure_logging, set_log_level
 from gateway.replay.app import create_app
 from gateway.replay.table import ReplayTable
 
@@ -135,13 +136,25 @@ def serve(
     _run(_serve_app(app, host, port, ready_fd_or_file, exit_with_parent))
 
 
+def _port(text: str) -> int:
+    """argparse ``type`` of ``--port``: a TCP port, as ``xrouter serve`` checks its own;
+    beyond it the OS wrapped the number (70000 listened on 4464) or refused it late."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port: 0..65535 (0 = a free one)")
+    return port
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--host", default=DEFAULT_HOST, help=f"bind address (default {DEFAULT_HOST})"
     )
     parser.add_argument(
         "--port",
-        type=int,
+        type=_port,
         default=DEFAULT_PORT,
         help=f"port, 0 = a free one (default {DEFAULT_PORT})",
     )
@@ -175,13 +188,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="shut down when the parent process (PID, default: the one that started this) "
         "exits (how `xrouter serve` starts it)",
     )
-    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    add_log_level_argument(parser, default="info")
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=str(args.log_level).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    # configure_logging, then the level on the root logger: under `xrouter replay-upstream`
+    # the root logger is configured already, and basicConfig(level=...) alone left it at INFO.
+    configure_logging()
+    set_log_level(args.log_level)
     for name in ("latency_ms", "stream_chunk_delay_ms"):
         if getattr(args, name) < 0:
             log.error("--%s must be >= 0", name.replace("_", "-"))

@@ -243,3 +243,61 @@ def test_a_parent_named_by_pid_that_is_already_gone_stops_it(tmp_path: Path) -> 
     )
     assert proc.returncode == 0, proc.stderr
     assert f"parent process {gone.pid} is gone" in proc.stderr
+
+
+def _xrouter_replay(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "replay-upstream", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+
+
+@pytest.mark.parametrize("level", ["ERROR", "warning"])
+def test_xrouter_replay_upstream_obeys_its_log_level(tmp_path: Path, level: str) -> None:
+    # Under `xrouter` the root logger was configured (INFO) before the option was read, so
+    # the option changed nothing: the listening and shutting-down lines still came.
+    port_file = tmp_path / "port"
+    proc = _xrouter_replay(
+        tmp_path, "--port", "0", "--port-file", str(port_file), "--log-level", level
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not port_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert port_file.exists(), "the replay upstream did not start"
+        port = int(port_file.read_text())
+        assert httpx.get(f"http://127.0.0.1:{port}/health").json() == {"status": "ok"}
+    finally:
+        proc.terminate()
+        output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, output
+    assert " INFO " not in output, output
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--log-level", "bogus"), "invalid choice: 'bogus'"),
+        (("--port", "70000"), "70000 is not a port"),
+        (("--port", "-5"), "-5 is not a port"),
+        (("--port", "eighty"), "not a port number"),
+    ],
+)
+def test_xrouter_replay_upstream_refuses_a_bad_level_or_port(
+    tmp_path: Path, args: tuple[str, ...], says: str
+) -> None:
+    # Accepted before: a bogus level as INFO, 70000 as the wrapped port 4464, -5 as a
+    # socket error after startup.
+    proc = _xrouter_replay(tmp_path, *args)
+    try:
+        output, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 2, output
+    assert says in output and "Traceback" not in output, output
