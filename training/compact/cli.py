@@ -14,16 +14,58 @@ is given. Also runnable as ``python -m training.compact.cli``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import shlex
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from training.compact.config import TrainConfig
 from training.reward import add_reward_arguments
+
+logger = logging.getLogger(__name__)
+
+# Signals that end a run from outside (``timeout``, ``kill``, a closed terminal, a container
+# stopped) and whose default action kills the process on the spot.
+_ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """While the run lasts, SIGTERM and SIGHUP raise ``SystemExit(128 + signal)`` instead of
+    killing the process: ``claimed_run_dir`` then runs its cleanup (the earlier run put back
+    from ``.replaced-<pid>``, this run's partial outputs removed), which the default action
+    skipped, and the exit code is still the one a shell reports for the signal. A second
+    signal while that cleanup runs is ignored, so it cannot cut the cleanup short (SIGKILL
+    still ends it). The previous handlers are restored afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # handlers can only be set from the main thread: a caller embedding us
+        return
+    raised = False
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        nonlocal raised
+        if raised:
+            logger.warning("%s ignored: cleaning up", signal.Signals(signum).name)
+            return
+        raised = True
+        logger.warning("%s: stopping the run", signal.Signals(signum).name)
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in _ENDING_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            # None: a handler not set from Python, which cannot be set back; the default
+            # is what such a process had.
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -275,7 +317,10 @@ def run_train(args: argparse.Namespace) -> int:
         if max_cheap is not None and not getattr(args, "cascade", None):
             # It shapes only a cascade's plans: anything else would silently ignore it.
             raise ValueError("--max-cheap applies to --cascade checkpoints only")
-        with claimed_run_dir(Path(args.out), overwrite=getattr(args, "overwrite", False)):
+        with (
+            _signals_raise(),
+            claimed_run_dir(Path(args.out), overwrite=getattr(args, "overwrite", False)),
+        ):
             if getattr(args, "knn", None):
                 from training.compact.knn import build_knn
 
