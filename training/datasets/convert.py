@@ -83,10 +83,20 @@ def convert(
 ) -> int:
     """Convert ``inputs`` of format ``fmt`` to the outcome table ``out``; returns the number
     of records written. Nothing is written if any input row is invalid."""
+    out_path = Path(out)
+    # Refused before any work: the table is JSON lines, and its readers (train, eval) know a
+    # table's format by its extension, so JSON lines named .parquet would be refused there
+    # as "not a ledger export in Parquet" (the way `xrouter export` refuses such a name).
+    # An existing directory is another mistake, which writing it reports ("Is a directory").
+    if out_path.suffix.lower() != ".jsonl" and not out_path.is_dir():
+        named = f"as {out_path.suffix[1:]}" if out_path.suffix else "without an extension"
+        raise ConversionError(
+            f"convert writes a .jsonl file, but --out {str(out)!r} is named {named}: "
+            "name it with .jsonl"
+        )
     records = load_converted(fmt, inputs, prices, completion_tokens)
     if not records:
         raise ConversionError(f"no records converted from {', '.join(map(str, inputs))}")
-    out_path = Path(out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     return write_outcome_table(records, out_path)
 
@@ -94,7 +104,12 @@ def convert(
 def add_convert_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("format", choices=FORMATS)
     ap.add_argument("inputs", nargs="+", type=Path, help="source file(s)")
-    ap.add_argument("--out", type=Path, required=True, help="outcome table to write (JSONL)")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="outcome table to write (JSON lines; its name must end in .jsonl)",
+    )
     ap.add_argument("--prices", type=Path, help="price table (JSON/YAML, USD per 1M tokens)")
     ap.add_argument(
         "--completion-tokens",
