@@ -922,19 +922,31 @@ def test_request_deadline_ends_a_long_stream_with_an_error_event(
     assert request[0] == 504 and calls[0][1] > 0 and calls[0][3] >= 1
 
 
+def _ttft_count(gw: Gateway, model: str) -> float:
+    """The time-to-first-token histogram's observation count for ``model`` (0 if none)."""
+    for line in httpx.get(f"{gw.url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("xrouter_time_to_first_token_seconds_count") and (
+            f'model="{model}"' in line
+        ):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def test_streamed_calls_record_time_to_first_token(gateway: Gateway) -> None:
-    list(
+    # The module's gateway is shared (other tests stream, and fail, through it): count what
+    # this one successful stream adds, which must be exactly one observation.
+    before = _ttft_count(gateway, MODEL)
+    chunks = list(
         client(gateway).chat.completions.create(
             model=MODEL, stream=True, messages=[{"role": "user", "content": "ttft"}]
         )
     )
-    metrics = httpx.get(f"{gateway.url}/metrics").text
-    count = [
-        line
-        for line in metrics.splitlines()
-        if line.startswith("xrouter_time_to_first_token_seconds_count") and MODEL in line
-    ]
-    assert count and float(count[0].rsplit(" ", 1)[1]) >= 1
+    assert chunks and chunks[-1].usage is not None  # the stream completed
+    # The call is accounted for as the stream closes: wait for it, not for a time.
+    deadline = time.monotonic() + 5
+    while _ttft_count(gateway, MODEL) == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _ttft_count(gateway, MODEL) - before == 1
 
 
 def _healthz_on(sock: socket.socket) -> bytes:
@@ -1026,3 +1038,20 @@ def test_tool_settings_without_tools_are_not_forwarded(
         c.chat.completions.create(model="recorder", messages=messages, tool_choice="required")
     assert isinstance(ei.value.body, dict) and ei.value.body["param"] == "tool_choice"
     assert scripted_router.requests() == []
+
+
+def test_overhead_excludes_the_time_spent_waiting_on_the_model(
+    gateway: Gateway, demo_table: list[OutcomeRecord]
+) -> None:
+    # `x-xrouter-overhead-ms` is what the gateway itself adds: the request's wall time less
+    # its calls'. With an upstream 400 ms slow, the request takes that long, and the
+    # overhead must stay far below it (counting the call's time in would make it exceed it).
+    prompt, out = recorded(demo_table, MODEL)
+    started = time.monotonic()
+    raw = client(gateway).chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": f"[[replay:latency=400]]{prompt}"}]
+    )
+    elapsed_ms = (time.monotonic() - started) * 1000
+    assert raw.parse().choices[0].message.content == out["response"]
+    assert elapsed_ms >= 400
+    assert 0 <= float(raw.headers["x-xrouter-overhead-ms"]) < 200

@@ -7,14 +7,22 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
+from pricing import load_default_catalog
 from tests.gateway.conftest import Upstream
-from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
+from tests.support.gateway import (
+    ADMIN_KEY,
+    DEMO_MODELS,
+    Gateway,
+    gateway_config,
+    start_gateway,
+)
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 MODEL = "gemma-2-9b-it"
@@ -52,6 +60,25 @@ def test_every_listed_model_is_retrievable_by_its_id(gw: Gateway) -> None:
     }
     extra = c.models.retrieve(MODEL).model_extra
     assert extra is not None and float(extra["xrouter"]["price"]["input_per_mtok"]) > 0
+
+
+def test_each_pool_model_lists_its_own_input_and_output_prices(gw: Gateway) -> None:
+    # Clients budget from these prices; output tokens often cost more than input ones, so
+    # each must be the catalog's own price, not the other one repeated.
+    catalog = load_default_catalog()
+    pool = {
+        m.id: (m.model_extra or {})["xrouter"]["price"]
+        for m in client(gw).models.list()
+        if (m.model_extra or {})["xrouter"]["kind"] == "pool"
+    }
+    assert set(pool) == set(DEMO_MODELS)
+    for name, price in pool.items():
+        want = catalog.require(name)
+        got = (Decimal(price["input_per_mtok"]), Decimal(price["output_per_mtok"]))
+        assert got == (want.input, want.output), name
+    # At least one pool model prices its output apart from its input (0.1 vs 0.3 per Mtok).
+    mistral = pool["mistral-small-24b-instruct-2501-bf16"]
+    assert (mistral["input_per_mtok"], mistral["output_per_mtok"]) == ("0.1", "0.3")
 
 
 def test_the_listed_models_do_not_change_from_call_to_call(gw: Gateway) -> None:

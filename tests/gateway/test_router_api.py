@@ -151,6 +151,29 @@ def test_baseline_policies_by_model_name(gateway: Gateway, policy: str) -> None:
         assert resp.model == "gemma-2-9b-it"
 
 
+def test_random_policy_spreads_traffic_and_logs_its_uniform_propensity(gateway: Gateway) -> None:
+    # The random baseline is the logging policy for off-policy evaluation: its answers must
+    # really vary, and each logged decision must carry the exact propensity 1/|pool| and the
+    # whole uniform distribution, or estimates built on the log are wrong.
+    pool = httpx.get(f"{gateway.base_url}/models").json()["data"]
+    names = {m["id"] for m in pool if m["xrouter"]["kind"] == "pool"}
+    p = 1.0 / len(names)
+    answered: set[str] = set()
+    for i in range(30):
+        resp = client(gateway).chat.completions.create(
+            model="xrouter/random", messages=[{"role": "user", "content": f"Say {i}."}]
+        )
+        answered.add(resp.model)
+        logged = httpx.get(f"{gateway.base_url}/generation", params={"id": resp.id}, timeout=30)
+        assert logged.status_code == 200, logged.text
+        d = logged.json()["data"]["decision"]
+        assert d["policy"] == "random" and d["actions"] == [resp.model]
+        assert d["propensities"] == [pytest.approx(p)] and d["propensity"] == pytest.approx(p)
+        assert d["distribution"] == pytest.approx(dict.fromkeys(names, p))
+    # 30 uniform draws over 8 models all land on one with probability 8 * (1/8)**30.
+    assert len(answered) > 1 and answered <= names
+
+
 # ---------------------------------------------------------------- llm policy through the gateway
 
 
