@@ -252,14 +252,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from gateway.ledger.export_cli import run_export
-    from gateway.settings import SettingsError, load_settings
+    from gateway.settings import SettingsError, load_ledger_settings
 
-    try:
-        settings = load_settings(args.config) if args.config else None
-    except SettingsError as exc:
-        log.error("%s", exc)
-        return 2
-    url = args.ledger or (settings.ledger.url if settings else "sqlite+aiosqlite:///./xrouter.db")
+    url = args.ledger
+    if url is None:
+        try:
+            # The ledger section alone: an export (a cron job) needs none of the gateway's
+            # other settings, nor the environment variables they name (provider keys).
+            url = load_ledger_settings(args.config).url
+        except SettingsError as exc:
+            log.error("%s", exc)
+            return 2
     return asyncio.run(run_export(args, url))
 
 

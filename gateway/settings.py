@@ -473,6 +473,47 @@ def _format_validation_error(exc: ValidationError) -> str:
     return "invalid configuration: " + "; ".join(parts)
 
 
+def _read_config(p: Path) -> dict[str, Any]:
+    """A config file's YAML mapping, as written (``${VAR}``s not expanded)."""
+    try:
+        loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise SettingsError(f"config file not found: {p}") from exc
+    except IsADirectoryError as exc:
+        raise SettingsError(f"config file {p} is a directory") from exc
+    except OSError as exc:
+        raise SettingsError(f"cannot read config file {p}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise SettingsError(f"config file {p} is not UTF-8 text") from exc
+    except yaml.YAMLError as exc:
+        # Not ``{exc}``: PyYAML quotes the offending line, which may hold a secret, and
+        # this message reaches logs and a reload's 400.
+        raise SettingsError(f"config file {p} is not valid YAML: {_yaml_problem(exc)}") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise SettingsError(f"config file {p} must hold a mapping at the top level")
+    return loaded or {}
+
+
+def load_ledger_settings(
+    path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+) -> LedgerSettings:
+    """The config's ``ledger`` section alone, with its environment overrides: what `xrouter
+    export` needs. The ``${VAR}``s of the other sections (a provider's API key, the replay
+    upstream's URL) need not be set where an export runs — a cron job — nor the rest of the
+    config be valid there."""
+    env = os.environ if env is None else env
+    data: dict[str, Any] = {}
+    if path is not None:
+        section = _read_config(Path(path)).get("ledger")
+        if section is not None:
+            data["ledger"] = expand_env(section, env)
+    ledger = _apply_env_overrides(data, env).get("ledger") or {}
+    try:
+        return LedgerSettings.model_validate(ledger)
+    except ValidationError as exc:
+        raise SettingsError(_format_validation_error(exc).replace(": ", ": ledger.", 1)) from None
+
+
 def load_settings(
     path: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
@@ -483,26 +524,7 @@ def load_settings(
     env = os.environ if env is None else env
     data: dict[str, Any] = {}
     if path is not None:
-        p = Path(path)
-        try:
-            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
-        except FileNotFoundError as exc:
-            raise SettingsError(f"config file not found: {p}") from exc
-        except IsADirectoryError as exc:
-            raise SettingsError(f"config file {p} is a directory") from exc
-        except OSError as exc:
-            raise SettingsError(f"cannot read config file {p}: {exc.strerror or exc}") from exc
-        except UnicodeDecodeError as exc:
-            raise SettingsError(f"config file {p} is not UTF-8 text") from exc
-        except yaml.YAMLError as exc:
-            # Not ``{exc}``: PyYAML quotes the offending line, which may hold a secret, and
-            # this message reaches logs and a reload's 400.
-            raise SettingsError(
-                f"config file {p} is not valid YAML: {_yaml_problem(exc)}"
-            ) from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise SettingsError(f"config file {p} must hold a mapping at the top level")
-        data = expand_env(loaded or {}, env)
+        data = expand_env(_read_config(Path(path)), env)
     data = _apply_env_overrides(data, env)
     for dotted, value in (overrides or {}).items():
         if value is None:

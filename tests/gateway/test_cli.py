@@ -119,6 +119,34 @@ def test_an_export_whose_format_disagrees_with_its_name_is_refused(
     assert not (tmp_path / out).exists()
 
 
+def test_an_export_reads_only_the_configs_ledger_section(tmp_path: Path) -> None:
+    """The README's cron recipe (`xrouter export --config gateway.yaml ...`) failed where the
+    gateway's secrets are not set: every ${VAR} of the config had to be, a provider's API key
+    included, even with --ledger given."""
+    cfg = gateway_config(tmp_path, "http://127.0.0.1:9/v1")
+    cfg["pool"][0]["api_key"] = "${XROUTER_TEST_NEVER_SET_KEY}"
+    cfg["ledger"]["url"] = f"sqlite+aiosqlite:///{tmp_path / 'from-config.db'}"
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    for db in ("from-config.db", "flag.db"):
+        (tmp_path / db).touch()
+    proc = run_cli("export", "--config", str(path), "--out", "a.jsonl", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "a.jsonl").is_file()
+    # The ledger section's own references are still expanded, and must be set.
+    cfg["ledger"]["url"] = "${XROUTER_TEST_NEVER_SET_URL}"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = run_cli("export", "--config", str(path), "--out", "b.jsonl", cwd=tmp_path)
+    assert proc.returncode == 2 and "XROUTER_TEST_NEVER_SET_URL" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    # --ledger needs no config at all, broken or not.
+    url = f"sqlite+aiosqlite:///{tmp_path / 'flag.db'}"
+    proc = run_cli(
+        "export", "--config", str(path), "--ledger", url, "--out", "c.jsonl", cwd=tmp_path
+    )
+    assert proc.returncode == 0 and (tmp_path / "c.jsonl").is_file(), proc.stderr
+
+
 def test_ctrl_c_in_a_long_command_is_one_line_and_exit_130(tmp_path: Path) -> None:
     # Was a full traceback ending in KeyboardInterrupt (main caught only BrokenPipeError).
     out = tmp_path / "eval"
