@@ -239,15 +239,22 @@ class Orchestrator:
         except BaseException:
             await self._release(calls, reserved, guard)
             raise
+        running = [
+            asyncio.ensure_future(self._run_call(ctx, state, c, reserved, guard)) for c in runnable
+        ]
         try:
-            results = await asyncio.gather(
-                *(self._run_call(ctx, state, c, reserved, guard) for c in runnable)
-            )
+            results = await asyncio.gather(*running)
         except asyncio.CancelledError:
-            # Cancelled before every call's task took its first step (a client that left as
-            # the turn began): a coroutine cancelled before it starts runs no `finally`, so
-            # the holds of the calls that never started are released here. Once the gather
-            # is cancelled every call has ended, so what is left in ``reserved`` is theirs.
+            # The request ended with calls of this turn in flight. Those that had already
+            # answered are settled (their cost is on the key's budget): they go in the row,
+            # which the gather's cancellation would otherwise lose with their results. (A
+            # call cancelled in its settle recorded itself, and counts as cancelled here.)
+            state.outcomes.extend(
+                t.result() for t in running if t.done() and not t.cancelled() and not t.exception()
+            )
+            # And a coroutine cancelled before its first step runs no `finally`: the holds
+            # of the calls that never started are released here. Once the gather is
+            # cancelled every call has ended, so what is left in ``reserved`` is theirs.
             await self._release(calls, reserved, guard)
             raise
         ran = iter(results)

@@ -866,3 +866,34 @@ async def test_a_client_leaving_while_a_call_is_settled_keeps_the_call_in_the_ro
     budget = await store.spent(limits)
     assert budget.reserved == 0
     assert budget.spent == made.cost_micros + sum(o.cost_micros for o in state.router_calls)
+
+
+@pytest.mark.parametrize("ended_by", ["client", "deadline"])
+async def test_a_call_that_answered_stays_in_the_row_when_its_sibling_is_cut_off(
+    setup: Any, scripted_router: ScriptedRouter, downstream: Downstream, ended_by: str
+) -> None:
+    """Two parallel calls; the first answers (and is settled on the key's budget) while the
+    second is still running when the request ends. The gather's cancellation threw the
+    first one's result away: the key had paid for a call the ledger row did not hold."""
+    p, orch, policy, _ = setup
+    downstream.fault(MID, "latency=3000")
+    scripted_router.script({"tool_calls": [call(CHEAP, "a"), call(MID, "b")]})
+    guard, store, limits = key_guard(1_000_000)
+    c = ctx(p)
+    state = orch.new_state(policy, c)
+    if ended_by == "client":
+        task = asyncio.create_task(orch.run(policy, c, guard=guard, state=state))
+        await asyncio.sleep(0.8)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    else:
+        with pytest.raises(RequestTimeout):
+            await orch.run(policy, c, guard=guard, state=state, timeout_s=0.8)
+    await guard.bookkeeping.drain()
+    kinds = {o.call.id: (o.ok, o.error_kind) for o in state.outcomes}
+    cut = "cancelled" if ended_by == "client" else "timeout"
+    assert kinds == {"a": (True, None), "b": (False, cut)}
+    budget = await store.spent(limits)
+    row_total = sum(o.cost_micros for o in [*state.outcomes, *state.router_calls])
+    assert budget.reserved == 0 and budget.spent == row_total > 0
