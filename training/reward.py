@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping
 
-from router.outcomes import OutcomeRecord
 from router.reward import (
     RewardConfig,
     RewardForm,
@@ -69,19 +68,16 @@ def reward_config_from_args(args: argparse.Namespace) -> RewardConfig:
     return RewardConfig(form=args.reward, K=args.K, c_max=args.c_max, cost_scale=args.cost_scale)
 
 
-def check_reference_costs(records: Sequence[OutcomeRecord], model: str) -> None:
+def check_reference_costs(model: str, costs: Mapping[str, float | None]) -> None:
     """Refuse a reference model that cannot normalize every record's cost: C̃ = C / its
-    cost on the same prompt needs that cost, and a positive one."""
+    cost on the same prompt needs that cost, and a positive one. ``costs``: record id ->
+    the model's cost there once priced (None or NaN where it has none)."""
     bad = [
-        r.id
-        for r in records
-        if (o := r.outcomes.get(model)) is None
-        or o.cost_usd is None
-        or not (math.isfinite(o.cost_usd) and o.cost_usd > 0)
+        rid for rid, cost in costs.items() if cost is None or not (math.isfinite(cost) and cost > 0)
     ]
     if bad:
         raise ValueError(
-            f"reference model {model!r} has no positive cost on {len(bad)} of {len(records)} "
+            f"reference model {model!r} has no positive cost on {len(bad)} of {len(costs)} "
             f"records (first: {bad[0]!r}): cost is normalized by it on every prompt; pick a "
             "reference model priced on every record, or drop --reference-model to normalize "
             "by --cost-scale"

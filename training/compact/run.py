@@ -200,10 +200,14 @@ def prepare_table(
         raise ValueError(f"reference model {cfg.reference_model!r} is not in the pool")
     if cfg.offpolicy and cfg.reference_model is not None:
         raise ValueError("off-policy training needs a fixed cost scale (no reference model)")
-    if cfg.reference_model is not None:
-        check_reference_costs(kept, cfg.reference_model)
     catalog, prices = resolve_prices(models, prices_path)
     arrays = TableArrays.from_records(kept, models, catalog)
+    if cfg.reference_model is not None:
+        # Once priced: an outcome that records only its tokens has its cost from here on.
+        column = arrays.cost[:, models.index(cfg.reference_model)]
+        check_reference_costs(
+            cfg.reference_model, dict(zip(arrays.ids, map(float, column), strict=True))
+        )
     splits = split_rows(arrays.ids, cfg)
     sizes = ", ".join(f"{k} {len(v)}" for k, v in splits.items())
     if len(splits["train"]) == 0 or len(splits["validation"]) == 0:

@@ -96,7 +96,11 @@ def run_verl_data(args: argparse.Namespace) -> int:
             router_price=args.router_price,
         )
         if args.reference_model:
-            check_reference_costs(records, args.reference_model)
+            model = args.reference_model
+            check_reference_costs(
+                model,
+                {r.id: (o.cost_usd if (o := r.outcomes.get(model)) else None) for r in records},
+            )
         run = GrpoRun(
             model=args.model,
             gpus_per_node=args.gpus_per_node,

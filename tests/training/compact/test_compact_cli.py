@@ -310,6 +310,18 @@ def test_a_reference_model_normalizes_cost_and_must_be_priced_on_every_record(
     assert "reference model 'math-pro' has no positive cost on 1 of 120 records" in err, err
     assert "'s7'" in err and "Traceback" not in err
     assert not (tmp_path / "free" / "checkpoint").exists()
+    # A reference whose outcomes record tokens but no cost is priced first, as every model
+    # is (it was refused as having no cost).
+    tokens_only = [r.model_copy(deep=True) for r in full[:120]]
+    for r in tokens_only:
+        r.outcomes["math-pro"] = r.outcomes["math-pro"].model_copy(
+            update={"cost_usd": None, "prompt_tokens": 500, "completion_tokens": 200}
+        )
+    write_outcome_table(tokens_only, table)
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("math-pro: {input: 10, output: 25}\n")
+    args = [*base, "--out", str(tmp_path / "priced"), "--reference-model", "math-pro"]
+    assert main([*args, "--prices", str(prices)]) == 0, capsys.readouterr().err
 
 
 # -- a run ended from outside, and what such a run left behind ----------------------------
