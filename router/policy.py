@@ -199,7 +199,7 @@ class LoopState:
     transcript: list[dict[str, Any]] = field(default_factory=list)
     spent_micros: int = 0
     notes: dict[str, Any] = field(default_factory=dict)
-    # The request's deadline while the routing runs under one (``Orchestrator.route``).
+    # The request's deadline while the routing runs under one (``Orchestrator.run``).
     deadline: asyncio.Timeout | None = None
 
     def abandoned(self) -> tuple[str, str]:
