@@ -361,6 +361,7 @@ def claimed_run_dir(out: Path, *, overwrite: bool) -> Iterator[None]:
     run set aside by a process that died without putting it back is dealt with first
     (``_recover_stale_asides``)."""
     _recover_stale_asides(out)
+    existed = out.exists()
     present = [name for name in RUN_OUTPUTS if (out / name).exists()]
     if present and not overwrite:
         raise ValueError(
@@ -384,6 +385,8 @@ def claimed_run_dir(out: Path, *, overwrite: bool) -> Iterator[None]:
         if aside is not None and aside.is_dir():
             _put_back(aside, out)
             logger.info("the run failed: the earlier run in %s is kept", out)
+        if not existed and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # made for this run, and nothing (no feature cache) worth keeping
         raise
     if aside is not None:
         shutil.rmtree(aside)
