@@ -198,7 +198,10 @@ async def dashboard(request: Request) -> Response:
     s.auth.require_dashboard(request.headers.get("authorization"))
     rt = s.current()
     now = dt.datetime.now(dt.UTC)
-    since = now - dt.timedelta(days=14)
+    # Whole UTC days, today and the 13 before it: a window of 14 × 24 h from now began
+    # within the oldest day, whose row then counted only its later part under its whole
+    # date (and /admin/spend?group_by=day said otherwise for the same day).
+    since = dt.datetime.combine(now.date() - dt.timedelta(days=13), dt.time(), dt.UTC)
     # Bounded, as every section is: the page refreshes every 30 s, and an all-time
     # aggregate would re-read the whole ledger each time (200 ms per 100,000 requests on
     # PostgreSQL, bench/ledger_export.py's ledger). All time is GET /admin/spend's.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime as dt
 import time
 from pathlib import Path
 
@@ -147,3 +148,34 @@ def test_past_a_hundred_keys_it_shows_the_oldest_and_says_where_the_rest_are(
         assert "The oldest 100 of 101 keys; every key: GET /admin/keys" in page
     finally:
         gw.stop()
+
+
+def test_spend_by_day_shows_fourteen_whole_utc_days(gateway: Gateway) -> None:
+    """The window was 14 × 24 h back from now: the oldest date shown counted only its part
+    after the current time of day, under that date's whole label. Now it is today and the
+    13 days before, each whole, as GET /admin/spend?group_by=day gives them."""
+    url = yaml.safe_load(gateway.config_path.read_text())["ledger"]["url"]
+    today = dt.datetime.now(dt.UTC).date()
+    oldest = dt.datetime.combine(today - dt.timedelta(days=13), dt.time(), dt.UTC)
+    rows = [
+        # The oldest day's first minute (was outside the window unless it ran at midnight).
+        make_request("day-early", created_at=oldest.timestamp() + 60, call_costs=(7000,)),
+        # The day before it: not shown, whatever the time of day.
+        make_request("day-before", created_at=oldest.timestamp() - 60, call_costs=(3000,)),
+    ]
+
+    async def write() -> None:
+        engine = await open_ledger_engine(url)
+        try:
+            await BatchInserter(engine, "none", timeout_s=10).insert(rows)
+        finally:
+            await engine.dispose()
+
+    asyncio.run(write())
+    page = httpx.get(f"{gateway.url}/dashboard").text
+    by_day = page[page.index("Spend by day") :].split("</table>")[0]
+    day = oldest.date().isoformat()
+    assert f"<td>{day}</td>" in by_day, by_day
+    row = by_day[by_day.index(f"<td>{day}</td>") :].split("</tr>")[0]
+    assert "$0.007000" in row, row
+    assert (oldest.date() - dt.timedelta(days=1)).isoformat() not in by_day
