@@ -60,10 +60,15 @@ async def key_info(request: Request) -> Response:
             "authentication is off: requests carry no key, so there is nothing to report",
             code="key_not_found",
         )
-    try:
-        state = await s.limits.spent(info.limits()) if s.limits is not None else None
-    except LimitStoreUnavailable:
-        state = await _from_ledger(s, info)
+    if info.budget_usd is None:
+        # The limit store counts a key's spend only against a budget (no budget, no holds
+        # to settle), so it would say $0: the ledger has what the key spent, all time.
+        state: BudgetState | None = await _from_ledger(s, info)
+    else:
+        try:
+            state = await s.limits.spent(info.limits()) if s.limits is not None else None
+        except LimitStoreUnavailable:
+            state = await _from_ledger(s, info)
     spent = micros_to_usd(state.spent) if state is not None else None
     remaining = (
         micros_to_usd(state.remaining)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import openai
 import pytest
@@ -56,6 +58,39 @@ def test_a_key_reads_its_budget_and_spend(secured: Gateway) -> None:
     listed = httpx.get(f"{secured.url}/admin/keys", headers=ADMIN).json()["data"]
     mine = next(k for k in listed if k["key_id"] == made["key_id"])
     assert mine["spent_usd"] == data["spent_usd"]
+
+
+def test_a_key_without_a_budget_reads_what_it_spent(secured: Gateway) -> None:
+    """A key with limits but no budget was told it had spent $0 (`usage` 0, as OpenRouter
+    clients read it): the limit store counts spend only against a budget. It is the ledger's
+    figure, all time, once the request's row is written."""
+    made = httpx.post(
+        f"{secured.url}/admin/keys", json={"alias": "no-budget", "rpm": 100}, headers=ADMIN
+    ).json()
+    key = made["key"]
+    c = openai.OpenAI(base_url=secured.base_url, api_key=key, max_retries=0)
+    costs = [
+        extra(
+            c.chat.completions.create(
+                model="gemma-2-9b-it", messages=[{"role": "user", "content": f"What is {n} + 2?"}]
+            ).usage
+        )["cost"]
+        for n in range(2)
+    ]
+    deadline = time.monotonic() + 10
+    while True:
+        r = httpx.get(f"{secured.base_url}/key", headers={"Authorization": f"Bearer {key}"})
+        data = r.json()["data"]
+        if data["spent_usd"] == pytest.approx(sum(costs)) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert sum(costs) > 0 and data["spent_usd"] == pytest.approx(sum(costs)), data
+    assert data["usage"] == data["spent_usd"]
+    assert (data["budget_usd"], data["remaining_usd"], data["limit_remaining"]) == (
+        None,
+        None,
+        None,
+    )
 
 
 def test_no_key_no_report(secured: Gateway, gateway: Gateway) -> None:
