@@ -90,6 +90,11 @@ async def feedback(request: Request) -> Response:
     who = await s.auth.principal(authorization(request))
     fb = await read_model(request, FeedbackRequest)
     row = await logged_request(s, who, fb.request_id)
+    if row["cached_from"] is not None:
+        # A cache hit's answer is the request's it reused, which the export files this score
+        # under: its reward is that trajectory's (its cost and cost weight), not the hit's
+        # own free one at no cost weight.
+        row = await get_request(s.ledger_engine(), row["cached_from"]) or row
     terms = logged_reward(row, fb.score, s.settings.router.reward.config())
     record = FeedbackRecord(
         request_id=fb.request_id,

@@ -118,6 +118,11 @@ def test_a_repeated_request_is_answered_from_the_cache_for_nothing(
     # Feedback on the hit is accepted (it is a request of this key) ...
     fb = httpx.post(f"{cached.base_url}/feedback", json={"request_id": hit_id, "score": 1})
     assert fb.status_code == 200
+    # ... and its logged reward is the paid request's, whose answer it scores and which the
+    # export files it under (it was the hit's own: cost 0, cost weight 0, reward 1).
+    reward = fb.json()["reward"]
+    assert reward["cost_usd"] == pytest.approx(first_cost) and reward["cost_weight"] == 0.5
+    assert reward["reward"] == pytest.approx(1.0 - min(0.5 * first_cost / 0.001, 1.0))
 
 
 def test_streamed_and_plain_requests_share_answers(
