@@ -354,8 +354,33 @@ def run_train(args: argparse.Namespace) -> int:
             for k, v in result.validation.items()
         },
     }
+    _warn_thin_support(result.validation)
     print(json.dumps(summary, indent=2))
     return 0
+
+
+# Fewer validation records than this logged with the chosen actions, and an off-policy
+# estimate (SNIPS above all) says more about the propensities it was fitted to than about
+# the router: on 72 validation prompts of a demo gateway's traffic, SNIPS reported 0.887
+# for a router that scored 0.565 (5 supporting records); DR reported 0.652 for one that
+# scored 0.650.
+THIN_SUPPORT = 30
+
+
+def _warn_thin_support(validation: dict[str, dict[str, Any]]) -> None:
+    thin = {
+        lam: row["supporting_records"]
+        for lam, row in validation.items()
+        if row.get("supporting_records", THIN_SUPPORT) < THIN_SUPPORT
+    }
+    if thin:
+        logger.warning(
+            "the validation estimates rest on few records logged with the router's own "
+            "choices (%s at λ = %s): off-policy estimates this thin overrate the router, SNIPS "
+            "most; prefer --estimator dr, and evaluate it on traffic it did not train on",
+            ", ".join(str(v) for v in thin.values()),
+            ", ".join(thin),
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

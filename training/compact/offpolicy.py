@@ -323,6 +323,8 @@ def evaluate_logged(
             "snips": snips_estimate(p_logged, prop, r, clip),
             "logging_policy_reward": float(r.mean()),
             "match_rate": float(p_logged.mean()),
+            # The records the estimate rests on: those logged with the action it takes.
+            "supporting_records": int(p_logged.sum()),
         }
         if reward_model is not None:
             rhat = reward_model.reward_hat(x[rows], lam_vec, config)

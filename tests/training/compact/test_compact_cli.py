@@ -442,3 +442,29 @@ def test_an_earlier_run_left_aside_by_a_dead_process_is_put_back_or_removed(
     live.mkdir()
     assert main([*base, "--name", "second"]) == 2
     assert live.is_dir()
+
+
+def test_an_offpolicy_run_on_thin_support_says_its_estimates_overrate_it(
+    tables: tuple[list[OutcomeRecord], list[OutcomeRecord]],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A demo gateway's traffic: SNIPS reported 0.887 for a router that scored 0.565 on the
+    same validation prompts, its estimate resting on 5 records — and nothing said so."""
+    _, logged = tables
+    table = tmp_path / "logged.jsonl"
+    write_outcome_table(logged[:150], table)
+    args = ["--table", str(table), "--offpolicy", "--steps", "4", "--eval-every", "2",
+            "--cost-scale", "0.01", "--no-progress"]  # fmt: skip
+    with caplog.at_level("WARNING", logger="training.compact.cli"):
+        assert main([*args, "--out", str(tmp_path / "o")]) == 0
+    warned = [r.getMessage() for r in caplog.records if "rest on few records" in r.getMessage()]
+    assert len(warned) == 1 and "--estimator dr" in warned[0], caplog.text
+    # A full-information table needs no such warning.
+    full, _ = tables
+    write_outcome_table(full[:150], table)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="training.compact.cli"):
+        assert main(["--table", str(table), "--steps", "4", "--eval-every", "2",
+                     "--cost-scale", "0.01", "--no-progress", "--out", str(tmp_path / "f")]) == 0  # fmt: skip
+    assert "rest on few records" not in caplog.text
