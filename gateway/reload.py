@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from gateway.services import Services
     from gateway.settings import Settings
 
+# The sections whose services are built once, at start (see Reloader._kept_from_start).
+START_ONLY_SECTIONS = ("server", "auth", "ledger", "limits", "cache")
+
 log = logging.getLogger(__name__)
 
 
@@ -136,7 +139,7 @@ class Reloader:
             # take up a newer one while the build runs, and what is served and recorded
             # must be what was built.
             deployment = following if following is not None else self.deployment
-            serving = self._effective(file_settings, deployment)
+            serving = self._kept_from_start(self._effective(file_settings, deployment))
             runtime = await self._build(serving)
             if following is not None:
                 check_deployed_version(runtime, following)
@@ -149,6 +152,29 @@ class Reloader:
             self._observe_runtime()
             log.info("reloaded: pool=%s policies=%s", runtime.pool.names, runtime.policy_names)
             return runtime
+
+    def _kept_from_start(self, new: Settings) -> Settings:
+        """``new`` with the sections read at start as they were then: the services built from
+        them (the server, auth, the ledger writer and its retention, the limit store, the
+        answer cache) do not change under a running gateway, so ``settings`` must not say
+        otherwise — a reload once took the file's `server.max_body_bytes` and reported the
+        file's cache backend, while a changed `ledger.log_content` went on logging as
+        before, silently. A change to them is logged: it takes a restart."""
+        running = self._s.settings
+        changed = [
+            name for name in START_ONLY_SECTIONS if getattr(new, name) != getattr(running, name)
+        ]
+        if not changed:
+            return new
+        log.warning(
+            "reload: the %s section%s read at start: %s change%s take%s a restart",
+            ", ".join(changed),
+            "s are" if len(changed) > 1 else " is",
+            "their" if len(changed) > 1 else "its",
+            "s" if len(changed) > 1 else "",
+            "" if len(changed) > 1 else "s",
+        )
+        return new.model_copy(update={name: getattr(running, name) for name in changed})
 
     async def _record_rewritten_deployment(
         self, runtime: Runtime, d: Deployment | None

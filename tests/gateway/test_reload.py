@@ -548,3 +548,34 @@ def test_a_reload_that_turns_auth_off_keeps_requests_to_their_keys(
             assert got.status_code == status, got.text
     finally:
         gw.stop()
+
+
+def test_sections_read_at_start_stay_as_started_and_a_reload_says_so(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    """A reload took the file's `server.max_body_bytes` (a section the README says is read
+    at start) and reported the file's values for the others, while a changed
+    `ledger.log_content` went on logging prompts as before without a word. Now the running
+    services' sections stay as they started, and the reload logs which changes need a
+    restart."""
+    cfg = gateway_config(tmp_path, upstream.base_url, router={"watch_files": False})
+    cfg["server"] = {**cfg.get("server", {}), "max_body_bytes": 65536}
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        cfg["server"]["max_body_bytes"] = 2048
+        cfg["ledger"]["log_content"] = (
+            "none" if cfg["ledger"].get("log_content") == "full" else "full"
+        )
+        gw.config_path.write_text(yaml.safe_dump(cfg))
+        r = httpx.post(f"{gw.url}/admin/reload", headers=ADMIN, timeout=30)
+        assert r.status_code == 200, r.text
+        body = {"model": "gemma-2-9b-it", "messages": [{"role": "user", "content": "x" * 5000}]}
+        assert (
+            httpx.post(f"{gw.base_url}/chat/completions", json=body, timeout=30).status_code == 200
+        )
+        deadline = time.monotonic() + 5
+        while "take a restart" not in gw.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "the server, ledger sections are read at start" in gw.log(), gw.log()[-2000:]
+    finally:
+        gw.stop()
