@@ -265,6 +265,15 @@ class RewardSettings(_Section):
     # USD that counts as one unit of normalized cost.
     cost_scale: float = Field(default=0.001, gt=0, allow_inf_nan=False)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _lower_case_k(cls, data: Any) -> Any:
+        # An environment override's path is lower-cased (XROUTER_ROUTER__REWARD__K arrives as
+        # `k`); it overrides the file's `K`, as every environment override does.
+        if isinstance(data, dict) and "k" in data:
+            data = {**{n: v for n, v in data.items() if n != "k"}, "K": data["k"]}
+        return data
+
     def config(self) -> RewardConfig:
         return RewardConfig(form=self.form, K=self.K, c_max=self.c_max, cost_scale=self.cost_scale)
 
@@ -356,10 +365,12 @@ def expand_env(value: Any, env: Mapping[str, str]) -> Any:
 
         def sub(m: re.Match[str]) -> str:
             name, default = m.group(1), m.group(2)
+            # As the shell and docker compose read ``:-``: the default when the variable is
+            # unset or empty (Kubernetes and compose files often define variables as empty).
+            if default is not None and not env.get(name):
+                return default
             if name in env:
                 return env[name]
-            if default is not None:
-                return default
             raise SettingsError(
                 f"environment variable {name} is referenced in the config but not set"
             )
@@ -473,10 +484,30 @@ def _format_validation_error(exc: ValidationError) -> str:
     return "invalid configuration: " + "; ".join(parts)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping: PyYAML keeps the last,
+    so a second `ledger:` section dropped the first one's `url` without a word (spend
+    written to a local SQLite file instead of the PostgreSQL the first one named)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<:` merge keys may repeat
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                mark = key_node.start_mark
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice", mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_config(p: Path) -> dict[str, Any]:
     """A config file's YAML mapping, as written (``${VAR}``s not expanded)."""
     try:
-        loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+        loaded = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except FileNotFoundError as exc:
         raise SettingsError(f"config file not found: {p}") from exc
     except IsADirectoryError as exc:
@@ -509,9 +540,9 @@ def load_ledger_settings(
             data["ledger"] = expand_env(section, env)
     ledger = _apply_env_overrides(data, env).get("ledger") or {}
     try:
-        return LedgerSettings.model_validate(ledger)
-    except ValidationError as exc:
-        raise SettingsError(_format_validation_error(exc).replace(": ", ": ledger.", 1)) from None
+        return Settings.model_validate({"ledger": ledger}).ledger
+    except ValidationError as exc:  # named as load_settings names them: ledger.<field>
+        raise SettingsError(_format_validation_error(exc)) from None
 
 
 def load_settings(

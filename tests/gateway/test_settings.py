@@ -6,7 +6,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.settings import SettingsError, load_settings
+from gateway.settings import SettingsError, load_ledger_settings, load_settings
 from pricing import CatalogError, load_default_catalog
 from router.pool import ModelPool
 
@@ -325,3 +325,53 @@ def test_serve_takes_an_admin_key_from_the_environment_as_written(tmp_path: Path
         assert cut.status_code == 401, cut.text
     finally:
         gw.stop()
+
+
+def test_a_key_given_twice_is_refused_not_overwritten(tmp_path: Path) -> None:
+    """PyYAML keeps a repeated key's last value: a second `ledger:` dropped the first one's
+    `url`, and the gateway would have written its spend to a local SQLite file."""
+    text = (
+        "ledger: {url: 'postgresql+asyncpg://postgres@db/x'}\n"
+        "router: {cost_weight: 1}\n"
+        "ledger: {log_content: none}\n" + POOL.replace("${SMALL_KEY}", "k")
+    )
+    with pytest.raises(SettingsError, match=r"key 'ledger' is given twice at line 3"):
+        load_settings(write(tmp_path, text), env={})
+    with pytest.raises(SettingsError, match="given twice"):
+        load_ledger_settings(write(tmp_path, text), env={})
+    # Anchors and merge keys still load.
+    merged = "server: &s {port: 9001}\nmetrics: {enabled: true}\n" + POOL.replace(
+        "${SMALL_KEY}", "k"
+    )
+    assert load_settings(write(tmp_path, merged), env={}).server.port == 9001
+
+
+def test_an_empty_variable_takes_the_default_as_the_shell_does(tmp_path: Path) -> None:
+    """`${VAR:-default}` with VAR set but empty gave the empty string (compose and Kubernetes
+    often define variables as empty): the ledger URL became '' and the gateway could not
+    start, naming no field."""
+    text = POOL.replace("${SMALL_KEY}", "${SMALL_KEY:-fallback}")
+    s = load_settings(write(tmp_path, text), env={"SMALL_KEY": ""})
+    assert s.pool[0].api_key is not None and s.pool[0].api_key.get_secret_value() == "fallback"
+    # Without a default an empty variable is its value, as before.
+    s = load_settings(write(tmp_path, POOL), env={"SMALL_KEY": ""})
+    assert s.pool[0].api_key is None or s.pool[0].api_key.get_secret_value() == ""
+
+
+def test_every_reward_setting_can_come_from_the_environment(tmp_path: Path) -> None:
+    """Environment paths are lower-cased: XROUTER_ROUTER__REWARD__K was refused as an unknown
+    `router.reward.k`."""
+    env = {"SMALL_KEY": "k", "XROUTER_ROUTER__REWARD__K": "2", "XROUTER_ROUTER__REWARD__C_MAX": "3"}
+    s = load_settings(write(tmp_path, POOL), env=env)
+    assert (s.router.reward.K, s.router.reward.c_max) == (2.0, 3.0)
+    assert (
+        load_settings(write(tmp_path, POOL + "router: {reward: {K: 4}}\n"), env=env).router.reward.K
+        == 2.0
+    )
+
+
+def test_the_ledger_section_alone_names_every_bad_field_as_serve_does(tmp_path: Path) -> None:
+    text = "ledger: {flush_rows: 0, log_content: all}\npool: ${NOT_SET}\n"
+    with pytest.raises(SettingsError) as exc:
+        load_ledger_settings(write(tmp_path, text), env={})
+    assert "ledger.flush_rows" in str(exc.value) and "ledger.log_content" in str(exc.value)
