@@ -98,8 +98,6 @@ class RewardModel(nn.Module):
 
     input_mean: torch.Tensor
     input_std: torch.Tensor
-    log_cost_lo: torch.Tensor
-    log_cost_hi: torch.Tensor
 
     def __init__(
         self, input_dim: int, n_actions: int, mean: np.ndarray, std: np.ndarray, hidden: int = 64
@@ -107,10 +105,6 @@ class RewardModel(nn.Module):
         super().__init__()
         self.register_buffer("input_mean", torch.as_tensor(mean, dtype=torch.float32))
         self.register_buffer("input_std", torch.as_tensor(std, dtype=torch.float32))
-        # Each model's predicted log-cost is kept within what its logged calls cost (set by
-        # fit_reward_model; unbounded until then).
-        self.register_buffer("log_cost_lo", torch.full((n_actions,), -torch.inf))
-        self.register_buffer("log_cost_hi", torch.full((n_actions,), torch.inf))
         self.body = nn.Sequential(nn.Linear(input_dim, hidden), nn.GELU(approximate="tanh"))
         self.score = nn.Linear(hidden, n_actions)
         self.log_cost = nn.Linear(hidden, n_actions)
@@ -123,7 +117,6 @@ class RewardModel(nn.Module):
     def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(score in [0, 1], cost in USD), each ``(n, n_actions)``."""
         s, c = self(torch.as_tensor(x, dtype=torch.float32))
-        c = torch.minimum(torch.maximum(c, self.log_cost_lo), self.log_cost_hi)
         return torch.sigmoid(s).numpy().astype(float), torch.exp(c).numpy().astype(float)
 
     def reward_hat(self, x: np.ndarray, lam: np.ndarray, config: RewardConfig) -> np.ndarray:
@@ -153,17 +146,6 @@ def fit_reward_model(
             arrays.cost[rows, arrays.logged_action[rows]], dtype=torch.float32
         ).clamp_min(1e-12)
     )
-    # A model logged a handful of times (exploration at a few percent) has its log-cost fitted
-    # on those calls alone and extrapolated through exp elsewhere: the cheapest model of a
-    # logged pool came out priced at 70 times its real cost on the other prompts, and the
-    # routers trained on those estimates never chose it. Its calls' range bounds it, and a
-    # model never logged is bounded by every logged call's.
-    with torch.no_grad():
-        for j in range(len(arrays.models)):
-            own = logc[a == j]
-            pool = own if len(own) else logc
-            if len(pool):
-                model.log_cost_lo[j], model.log_cost_hi[j] = pool.min(), pool.max()
     idx = torch.arange(len(rows))
     for _ in range(steps):
         s_logit, c_hat = model(xt)
