@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 # The sections whose services are built once, at start (see Reloader._kept_from_start).
 START_ONLY_SECTIONS = ("server", "auth", "ledger", "limits", "cache")
+# The server settings `xrouter serve`'s flags override.
+_SERVE_FLAGS = ("host", "port", "workers", "log_level")
 
 log = logging.getLogger(__name__)
 
@@ -161,11 +163,21 @@ class Reloader:
         file's cache backend, while a changed `ledger.log_content` went on logging as
         before, silently. A change to them is logged: it takes a restart."""
         running = self._s.settings
+        # serve's --host, --port, --workers and --log-level set what runs, not the file: the
+        # file's values for them are no change of the file's.
+        as_run = new.model_copy(
+            update={
+                "server": new.server.model_copy(
+                    update={f: getattr(running.server, f) for f in _SERVE_FLAGS}
+                )
+            }
+        )
         changed = [
-            name for name in START_ONLY_SECTIONS if getattr(new, name) != getattr(running, name)
+            name for name in START_ONLY_SECTIONS if getattr(as_run, name) != getattr(running, name)
         ]
+        kept = new.model_copy(update={name: getattr(running, name) for name in START_ONLY_SECTIONS})
         if not changed:
-            return new
+            return kept
         log.warning(
             "reload: the %s section%s read at start: %s change%s take%s a restart",
             ", ".join(changed),
@@ -174,7 +186,7 @@ class Reloader:
             "s" if len(changed) > 1 else "",
             "" if len(changed) > 1 else "s",
         )
-        return new.model_copy(update={name: getattr(running, name) for name in changed})
+        return kept
 
     async def _record_rewritten_deployment(
         self, runtime: Runtime, d: Deployment | None

@@ -495,6 +495,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue  # `<<:` merge keys may repeat
             key = self.construct_object(key_node, deep=deep)
+            try:
+                hash(key)
+            except TypeError:
+                continue  # the base class refuses an unhashable key, with its mark
             if key in seen:
                 mark = key_node.start_mark
                 raise yaml.constructor.ConstructorError(
