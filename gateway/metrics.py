@@ -313,7 +313,10 @@ class GatewayMetrics:
             "xrouter_ledger_write_errors", "Failed ledger writes.", ["kind"], registry=r
         )
         self._ledger_rows = Counter(
-            "xrouter_ledger_rows", "Rows written to the ledger database.", registry=r
+            "xrouter_ledger_rows",
+            "Records (request and feedback rows) newly written to the ledger database, each "
+            "once: a replayed or resubmitted record already there is not counted again.",
+            registry=r,
         )
         self._ledger_content_dropped = Counter(
             "xrouter_ledger_content_dropped",

@@ -3,7 +3,9 @@
 The key is a SHA-256 of the request as the chat service validated it, minus what does not
 change the answer (``stream``, ``stream_options``, the cache's own controls), together with
 who may share it (the scope), the policy that would route it and the checkpoint that policy
-would decide with — so a deployed router never answers from its predecessor's choices.
+would decide with — so a deployed router never answers from its predecessor's choices — and,
+for a routed request, the prices of the models it could be routed to, so a reload that
+changes them does not serve answers routed under the old ones either.
 Responses API requests are translated to chat requests first, so both APIs share entries.
 """
 
@@ -11,11 +13,15 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-__all__ = ["CachedAnswer", "cache_key"]
+if TYPE_CHECKING:
+    from pricing import ModelPrice
+
+__all__ = ["CachedAnswer", "cache_key", "price_tag"]
 
 FORMAT_VERSION = 1
 # Transport fields: the same answer whether it is streamed or not.
@@ -55,6 +61,18 @@ def cache_key(
     }
     # Sorted keys: two clients that order their JSON differently ask the same question.
     return hashlib.sha256(orjson.dumps(material, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def price_tag(price: ModelPrice) -> str:
+    """A model's price as a routing policy reads it, the same however the config spells it
+    (``0.1`` and ``0.10``): input, output, cached input and reasoning per 1M tokens."""
+
+    def num(d: Decimal | None) -> str:
+        return "-" if d is None else format(d.normalize(), "f")
+
+    return "/".join(
+        num(d) for d in (price.input, price.output, price.cached_input, price.reasoning)
+    )
 
 
 @dataclass(slots=True, frozen=True)

@@ -64,7 +64,8 @@ class LedgerMetricsSink(Protocol):
         """``kind``: db (database unreachable/failing) | data (record rejected) | spill."""
 
     def flushed(self, n: int) -> None:
-        """``n`` records committed to the database (live batches and replays)."""
+        """``n`` records newly committed to the database (live batches and replays). A
+        record that was in already (a replay, a resubmission) is not counted again."""
 
 
 class LedgerUnavailableError(RuntimeError):
@@ -279,13 +280,13 @@ class LedgerWriter:
     async def _write_batch(self, batch: list[_Item], force: bool) -> bool:
         if force or self._db.ready():
             try:
-                await self._insert([r for r, _, _ in batch])
+                written = await self._insert([r for r, _, _ in batch])
             except Exception as exc:
                 self._db_failed(exc)
                 reason = "db_error"
             else:
                 self._db.ok()
-                self._metric("flushed", len(batch))
+                self._metric("flushed", written)
                 self._resolve(batch, None)
                 self._wal_retire(self._wal.settle((seq for _, _, seq in batch), committed=True))
                 return True
@@ -304,14 +305,17 @@ class LedgerWriter:
         self._metric("spilled", len(batch), reason)
         return True
 
-    async def _insert(self, records: Sequence[LedgerRecord]) -> None:
+    async def _insert(self, records: Sequence[LedgerRecord]) -> int:
         """Insert in one transaction, setting aside the records the database refuses as
-        invalid. Raises when the database is unavailable (the caller spills or stops the
-        replay)."""
-        for record, reason in await self._inserter.insert(records):
+        invalid; return how many records the database newly stored (a record already in —
+        committed before a crash, or by the batch whose segment is replayed — counts 0).
+        Raises when the database is unavailable (the caller spills or stops the replay)."""
+        result = await self._inserter.write(records)
+        for record, reason in result.refused:
             logger.error("ledger refused %s: %s", _record_id(record), reason)
             self._metric("write_error", "data")
             await self._in_journal(self._journal.reject, [record], reason)
+        return result.written
 
     # -- replay -----------------------------------------------------------------------
 
@@ -346,13 +350,16 @@ class LedgerWriter:
                     return
                 chunk = records[i : i + step]
                 try:
-                    await self._insert(chunk)
+                    written = await self._insert(chunk)
                 except Exception as exc:
                     # The segment stays; chunks already in are skipped by ON CONFLICT later.
                     self._db_failed(exc)
                     return
                 self._db.ok()
-                self._metric("flushed", len(chunk))
+                # A replayed segment holds records that did reach the database (a WAL
+                # segment's committed ones, a lost acknowledgement, a crash mid-replay):
+                # only the ones stored now are counted.
+                self._metric("flushed", written)
                 if self._pending:
                     # Live traffic goes before the backlog.
                     await self._drain(force=False)

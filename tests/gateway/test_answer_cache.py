@@ -19,6 +19,7 @@ import httpx
 import openai
 import pytest
 import redis
+import yaml
 from anthropic.types import TextBlock
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -763,6 +764,60 @@ def test_a_deployed_router_does_not_answer_with_its_predecessor_s_choices(
             f"{cached.url}/admin/reload", headers=admin, json={"checkpoint": serving["path"]}
         )
         assert r.status_code == 200, r.text
+
+
+def test_a_price_reload_does_not_serve_answers_routed_under_the_old_prices(
+    upstream: Upstream, tmp_path: Path, table_iter: Iterator[OutcomeRecord]
+) -> None:
+    """The prices of the models a request could be routed to are part of a routed answer's
+    key: after a reload that changes them, the cost-aware policy routes afresh (the answer
+    bought for the cheapest model is not served once that model is the dearest), while a
+    pass-through's answer, and a reload that changes no price, keep their hits."""
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    cfg = gateway_config(tmp_path, upstream.base_url, cache={"enabled": True})
+    gw = start_gateway(tmp_path, cfg)
+    routed, direct = next(table_iter), next(table_iter)
+
+    def reload(pricing: dict[str, Any] | None) -> None:
+        if pricing is None:
+            cfg.pop("pricing", None)
+        else:
+            cfg["pricing"] = pricing
+        gw.config_path.write_text(yaml.safe_dump(cfg))
+        r = httpx.post(f"{gw.url}/admin/reload", headers=admin, timeout=30)
+        assert r.status_code == 200, r.text
+
+    try:
+        first = ask(gw, routed.text, model="xrouter/cheapest")
+        assert first.headers["x-xrouter-cache"] == "miss"
+        cheapest = first.parse().model
+        assert ask(gw, routed.text, model="xrouter/cheapest").headers["x-xrouter-cache"] == "hit"
+        assert ask(gw, direct.text).headers["x-xrouter-cache"] == "miss"
+
+        reload(None)  # the same prices, in a new snapshot: the answers stay
+        assert ask(gw, routed.text, model="xrouter/cheapest").headers["x-xrouter-cache"] == "hit"
+
+        # The cheapest model becomes the dearest.
+        reload({"overrides": {cheapest: {"input": 1000, "output": 1000}}})
+        r = ask(gw, routed.text, model="xrouter/cheapest")
+        assert r.headers["x-xrouter-cache"] == "miss"
+        again = r.parse()
+        assert again.model != cheapest
+        hit = ask(gw, routed.text, model="xrouter/cheapest")
+        assert hit.headers["x-xrouter-cache"] == "hit" and hit.parse().model == again.model
+        # What the hit saved is what its answer cost at the prices in force.
+        assert extra(hit.parse())["xrouter"]["cache"]["saved_usd"] == pytest.approx(
+            extra(again.usage)["cost"]
+        )
+        # A model asked for by name answers the same whatever it costs.
+        assert ask(gw, direct.text).headers["x-xrouter-cache"] == "hit"
+
+        # Back to the old prices: the answer routed under them is served again.
+        reload(None)
+        back = ask(gw, routed.text, model="xrouter/cheapest")
+        assert back.headers["x-xrouter-cache"] == "hit" and back.parse().model == cheapest
+    finally:
+        gw.stop()
 
 
 def test_tool_calls_come_back_from_the_cache_streamed_or_not(cached: Gateway) -> None:

@@ -356,3 +356,46 @@ async def test_a_coalesced_answer_the_caller_rejects_is_a_miss() -> None:
     cache.store(leader, answer())
     assert await waiting is None and follower.result == "miss"
     await cache.aclose()
+
+
+def _runtime(tmp_path: Any, large_price: str) -> Any:
+    from gateway.runtime import build_runtime
+    from gateway.settings import load_settings
+
+    cfg = tmp_path / f"cfg-{len(list(tmp_path.iterdir()))}.yaml"
+    cfg.write_text(
+        "router: {watch_files: false, default_policy: cheapest}\n"
+        "pool:\n"
+        "  - {name: small, model: hosted_vllm/small, api_base: 'http://127.0.0.1:9/v1',"
+        " price: {input: 0.1, output: 0.2}}\n"
+        "  - {name: large, model: hosted_vllm/large, api_base: 'http://127.0.0.1:9/v1',"
+        f" price: {large_price}}}\n"
+    )
+    return build_runtime(load_settings(cfg, env={}))
+
+
+def test_a_routed_answer_is_keyed_by_the_prices_of_the_models_it_could_be_routed_to(
+    tmp_path: Any,
+) -> None:
+    serving = [_runtime(tmp_path, "{input: 1, output: 2}")]
+    s = CacheSettings(enabled=True)
+    cache = AnswerCache(s, MemoryBackend(s.max_entries, s.max_bytes), runtime=lambda: serving[0])
+
+    def key(policy: str, pool: list[str]) -> str:
+        routing = {"cost_weight": 0.5, "max_cost_micros": None, "pool": pool}
+        t = cache.ticket(
+            DATA, key_id="k", policy=policy, checkpoint=None, controls=None, routing=routing
+        )
+        return str(t.key)
+
+    before = (key("cheapest", ["small", "large"]), key("cheapest", ["small"]))
+    direct = key("passthrough", ["large"])
+    # A reload that changes no price (spelled otherwise) builds a new snapshot, same keys.
+    serving[0] = _runtime(tmp_path, "{input: 1.0, output: 2.00}")
+    assert (key("cheapest", ["small", "large"]), key("cheapest", ["small"])) == before
+    # The large model becomes 10 times dearer: a request that could be routed to it is
+    # another question; one whose routing could not choose it, or that names it, is not.
+    serving[0] = _runtime(tmp_path, "{input: 10, output: 20}")
+    assert key("cheapest", ["small", "large"]) != before[0]
+    assert key("cheapest", ["small"]) == before[1]
+    assert key("passthrough", ["large"]) == direct
