@@ -70,11 +70,33 @@ def expiry(expires_at: dt.datetime | None, duration: str | None) -> dt.datetime 
     return to_utc(expires_at)
 
 
+_DATE_ONLY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+def _iso_time(value: Any) -> Any:
+    """An ISO 8601 time, or a date alone — that day's start (UTC, as any time without an
+    offset), as ``GET /admin/spend?since=`` reads one; pydantic's datetime refuses a date
+    ("invalid datetime separator"). Parsed here for both, since a value a validator has
+    seen first is checked in Python mode, where a strict datetime takes no string."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if _DATE_ONLY.match(text):
+        text += "T00:00:00"
+    try:
+        return dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            "must be an ISO 8601 time (2031-01-31T12:00:00Z) or date (2031-01-31)"
+        ) from None
+
+
 class _Expiry(BaseModel):
     expires_at: dt.datetime | None = None
     duration: str | None = None
 
     _duration = field_validator("duration")(_duration)
+    _iso = field_validator("expires_at", mode="before")(_iso_time)
     # In UTC from the start, so a time outside what UTC can hold is refused here (400).
     _expires_at = field_validator("expires_at")(to_utc)
 

@@ -470,6 +470,8 @@ def _dashboard_cache(gw: Gateway) -> tuple[int, float]:
     page = httpx.get(f"{gw.url}/dashboard", timeout=10).text
     assert "<h2>Answer cache</h2>" in page
     section = page.split("<h2>Answer cache</h2>")[1].split("<h2>")[0]
+    # Bounded, as every aggregate on the page: no all-time scan on each refresh.
+    assert "all time" not in section and "last 14 days" in section
     cells = [c.split(">")[-1] for c in section.split("</td>")]
     return int(cells[1]), float(cells[2].lstrip("$"))
 

@@ -957,6 +957,10 @@ def test_keys_expire_on_time_even_while_cached(gw: Gateway) -> None:
     r = httpx.patch(url, json={"expires_at": None}, headers=ADMIN)
     assert r.status_code == 200 and r.json()["expires_at"] is None
     assert ask(short).choices
+    # A date alone is that day's start in UTC, as /admin/spend's `since` reads one.
+    r = httpx.patch(url, json={"expires_at": " 2099-03-04 "}, headers=ADMIN)
+    assert r.status_code == 200, r.text
+    assert datetime.fromisoformat(r.json()["expires_at"]) == datetime(2099, 3, 4, tzinfo=UTC)
     # What the admin API refuses, and why.
     for body, param in [
         ({"duration": "3 fortnights"}, "duration"),
@@ -964,6 +968,8 @@ def test_keys_expire_on_time_even_while_cached(gw: Gateway) -> None:
         ({"expires_at": "2020-01-01T00:00:00Z"}, "expires_at"),
         ({"expires_at": "2031-01-01T00:00:00Z", "duration": "1d"}, None),
         ({"expires_at": "soon"}, "expires_at"),
+        ({"expires_at": "2020-01-01"}, "expires_at"),
+        ({"expires_at": "2031-02-30"}, "expires_at"),
         # Valid ISO times whose UTC time is past year 9999: refused, not an overflow (500).
         ({"expires_at": "9999-12-31T23:00:00-05:00"}, "expires_at"),
     ]:
