@@ -196,10 +196,7 @@ async def list_keys(request: Request) -> Response:
     has_more, keys = len(keys) > limit, keys[:limit]
     out = []
     for k in keys:
-        view = _key_view(k)
-        if k.budget_micros is not None and s.limits is not None:
-            view["spent_usd"], view["remaining_usd"] = await s.key_spend(k)
-        out.append(view)
+        out.append(await _key_view_with_spend(s, k))
     return json_response(
         {
             "object": "list",
@@ -219,10 +216,7 @@ async def get_key(key_id: str, request: Request) -> Response:
     info = await s.key_repository().get(key_id)
     if info is None:
         raise APIError(404, f"no key {key_id!r}", param="key_id", code="key_not_found")
-    view = _key_view(info)
-    if info.budget_micros is not None and s.limits is not None:
-        view["spent_usd"], view["remaining_usd"] = await s.key_spend(info)
-    return json_response(view)
+    return json_response(await _key_view_with_spend(s, info))
 
 
 @router.patch(
@@ -281,7 +275,17 @@ async def update_key(key_id: str, request: Request) -> Response:
             s.metrics.key_budgets.forget(current.alias)
         if budget_changed:
             s.metrics.key_budgets.forget(info.alias)
-    return json_response(_key_view(info))
+    # As GET answers it: a changed budget or period is read against the spend it now has.
+    return json_response(await _key_view_with_spend(s, info))
+
+
+async def _key_view_with_spend(s: Services, info: KeyInfo) -> dict[str, Any]:
+    """A key's view with its spend and what remains when it has a budget (as the list, the
+    lookup and a change answer it)."""
+    view = _key_view(info)
+    if info.budget_micros is not None and s.limits is not None:
+        view["spent_usd"], view["remaining_usd"] = await s.key_spend(info)
+    return view
 
 
 def _no_live_key(key_id: str) -> APIError:
