@@ -163,19 +163,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "change (checkpoints deployed with xrouter deploy reach every worker either way)",
             srv.workers,
         )
-    problem, deployment = asyncio.run(_check_ledger(settings.ledger.url))
+    # Checked before anything is made: a port in use is one line, not a start that opens the
+    # ledger and then fails.
+    problem = _cannot_listen(srv.host, srv.port, srv.workers)
     if problem is not None:
         log.error("cannot start: %s", problem)
         return 2
-    try:
-        # Where rows wait while the database is down: made now, so a path that cannot be a
-        # directory is this line and not a traceback from every worker's startup.
-        Path(settings.ledger.spill_dir).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        log.error(
-            "cannot start: ledger.spill_dir %s is not usable: %s", settings.ledger.spill_dir, exc
-        )
-        return 2
+    # A start that fails leaves nothing it made behind (the demo's ./xrouter.db and
+    # ./xrouter-spill in the working directory): a SQLite ledger that does not exist yet is
+    # made only once the config has proved usable (it holds no deployment to check it with).
+    new_ledger = _new_sqlite_ledger(settings.ledger.url)
+    deployment = None
+    if new_ledger is None:
+        problem, deployment = asyncio.run(_check_ledger(settings.ledger.url))
+        if problem is not None:
+            log.error("cannot start: %s", problem)
+            return 2
     try:
         # The pool, prices and checkpoint (the deployed one, if any) must be usable: say so
         # here, in one line, rather than as a traceback from inside the server's startup
@@ -186,6 +189,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except Exception as exc:
         log.error("cannot start: %s", exc)
         return 2
+    spill_dir = Path(settings.ledger.spill_dir)
+    made = _missing_dirs(spill_dir)
+    try:
+        # Where rows wait while the database is down: made now, so a path that cannot be a
+        # directory is this line and not a traceback from every worker's startup.
+        spill_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _remove_empty_dirs(made)
+        log.error("cannot start: ledger.spill_dir %s is not usable: %s", spill_dir, exc)
+        return 2
+    if new_ledger is not None:
+        made += _missing_dirs(new_ledger.parent)
+        problem, _ = asyncio.run(_check_ledger(settings.ledger.url))
+        if problem is not None:
+            # Only the directories: a database file, once made, may already be another
+            # start's (two started together on the same config).
+            _remove_empty_dirs(made)
+            log.error("cannot start: %s", problem)
+            return 2
     common: dict[str, Any] = dict(
         host=srv.host,
         port=srv.port,
@@ -196,8 +218,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=30,
         timeout_keep_alive=srv.keep_alive_s,
     )
+    # Not "listening" yet: uvicorn binds the port after this (and says so, "Uvicorn running
+    # on ...", once it has); one worker runs the app's startup first.
     log.info(
-        "xrouter listening on http://%s:%d (%d worker%s)",
+        "xrouter starting on http://%s:%d (%d worker%s)",
         srv.host,
         srv.port,
         srv.workers,
@@ -231,6 +255,81 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if metrics_dir is not None:  # ours: nothing reads it once the workers are gone
             shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
+
+
+def _cannot_listen(host: str, port: int, workers: int) -> str | None:
+    """Why the server cannot listen on ``host:port`` (one line), or None. Bound as uvicorn
+    binds (address reuse on): one worker, every address of the host (asyncio's
+    ``create_server``, which skips an address family the machine lacks); several, one socket
+    whose family the host's spelling says. A process that takes the port between this check
+    and uvicorn's bind still makes the start fail, in uvicorn's own line (exit 3)."""
+    import errno
+    import socket
+
+    if workers > 1:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    else:
+        family = socket.AF_UNSPEC
+    try:
+        infos = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+    except OSError as exc:  # socket.gaierror: a host name that does not resolve
+        return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    refused: OSError | None = None
+    bound = 0
+    for fam, kind, proto, _, addr in infos:
+        with socket.socket(fam, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if fam == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(addr)
+                bound += 1
+            except OSError as exc:
+                if workers > 1 or exc.errno != errno.EADDRNOTAVAIL:
+                    refused = exc
+                    break
+                refused = refused or exc
+    if refused is None or (bound and refused.errno == errno.EADDRNOTAVAIL):
+        return None
+    if refused.errno == errno.EADDRINUSE:
+        return (
+            f"port {port} on {host} is in use (another server listens there): stop it, or "
+            "give another --port"
+        )
+    return f"cannot listen on {host}:{port}: {refused.strerror or refused}"
+
+
+def _new_sqlite_ledger(url: str) -> Path | None:
+    """The file of a SQLite ledger that does not exist yet (this start would make it), else
+    None (another database, or a URL that ``_check_ledger`` reports on)."""
+    from gateway.ledger.store import ledger_url, sqlite_file
+
+    try:
+        path = sqlite_file(ledger_url(url))
+    except Exception:  # malformed: _check_ledger says what is wrong with it
+        return None
+    return path if path is not None and not os.path.lexists(path) else None
+
+
+def _missing_dirs(path: Path) -> list[Path]:
+    """``path`` and its parents that do not exist yet, deepest first: the directories a
+    ``mkdir(parents=True)`` of it makes."""
+    missing: list[Path] = []
+    path = Path(os.path.abspath(path))
+    while not os.path.lexists(path) and path.parent != path:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+def _remove_empty_dirs(dirs: list[Path]) -> None:
+    """Remove the directories a failed start made (``_missing_dirs``), deepest first; one
+    that is not empty (something else put a file there since) stays, as do its parents."""
+    for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
+        try:
+            d.rmdir()
+        except OSError:
+            pass
 
 
 def _empty_metrics_dir(path: Path) -> None:

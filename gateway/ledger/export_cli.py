@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import math
 import os
+import sqlite3
 import sys
 from dataclasses import dataclass
 from datetime import datetime
@@ -191,9 +192,13 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
     except (ValueError, sa.exc.ArgumentError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if db_file is not None and not await asyncio.to_thread(db_file.exists):
-        print(f"error: no ledger database at {db_file}", file=sys.stderr)
-        return 2
+    if db_file is not None:
+        missing = await asyncio.to_thread(_no_ledger_in, db_file)
+        if missing is not None:
+            # Opening it would make it a ledger (the schema written into the file, or a new
+            # file): an export reads a ledger, it never makes one.
+            print(f"error: no ledger database at {db_file}{missing}", file=sys.stderr)
+            return 2
     settle = float(args.settle_seconds)
     unsettled = False
     late = 0
@@ -267,6 +272,33 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
             file=sys.stderr,
         )
     return await _report_window(window)
+
+
+def _no_ledger_in(db_file: Path) -> str | None:
+    """Why the SQLite file ``db_file`` holds no ledger (a suffix for the error line: empty
+    when there is no file), or None when it may hold one. SQLite takes an empty file, or a
+    database without tables, for a new database, which the migrations would turn into an
+    empty ledger. Read-only, and anything inconclusive (a locked database, one SQLite cannot
+    read) is left to the export itself, whose errors say so."""
+    try:
+        size = db_file.stat().st_size
+    except FileNotFoundError:
+        return ""
+    except OSError:
+        return None
+    if db_file.is_dir():
+        return " (a directory)"
+    if size == 0:
+        return " (an empty file)"
+    try:
+        conn = sqlite3.connect(f"{db_file.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
+        try:
+            (tables,) = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+    return " (an empty SQLite database)" if tables == 0 else None
 
 
 def _summary(n: int, out: str, stats: ExportStats) -> str:

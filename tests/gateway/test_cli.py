@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -93,9 +95,22 @@ def test_a_default_policy_that_is_no_policy_is_one_line_of_error(
     assert "router.default_policy" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def empty_ledger(path: Path) -> str:
+    """A ledger with its schema and no rows at ``path``; its URL."""
+    from gateway.ledger.store import open_ledger_engine
+
+    url = f"sqlite+aiosqlite:///{path}"
+
+    async def make() -> None:
+        await (await open_ledger_engine(url)).dispose()
+
+    asyncio.run(make())
+    return url
+
+
 def test_an_export_that_cannot_be_put_in_place_says_why(tmp_path: Path) -> None:
     (tmp_path / "out").mkdir()
-    (tmp_path / "ledger.db").touch()
+    empty_ledger(tmp_path / "ledger.db")
     proc = run_cli(
         "export", "--ledger", f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}", "--out", "out",
         cwd=tmp_path,
@@ -110,7 +125,7 @@ def test_an_export_whose_format_disagrees_with_its_name_is_refused(
 ) -> None:
     # train and eval read a table by its extension: a Parquet file named .jsonl would be
     # read as broken JSON lines.
-    (tmp_path / "ledger.db").touch()
+    empty_ledger(tmp_path / "ledger.db")
     proc = run_cli(
         "export", "--ledger", f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}", "--out", out,
         "--format", fmt, cwd=tmp_path,
@@ -129,7 +144,7 @@ def test_an_export_reads_only_the_configs_ledger_section(tmp_path: Path) -> None
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     for db in ("from-config.db", "flag.db"):
-        (tmp_path / db).touch()
+        empty_ledger(tmp_path / db)
     proc = run_cli("export", "--config", str(path), "--out", "a.jsonl", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "a.jsonl").is_file()
@@ -145,6 +160,31 @@ def test_an_export_reads_only_the_configs_ledger_section(tmp_path: Path) -> None
         "export", "--config", str(path), "--ledger", url, "--out", "c.jsonl", cwd=tmp_path
     )
     assert proc.returncode == 0 and (tmp_path / "c.jsonl").is_file(), proc.stderr
+
+
+def test_an_export_from_no_ledger_makes_none(tmp_path: Path) -> None:
+    # SQLite takes a missing file, an empty one or a database without tables for a new
+    # database: the export made it a ledger (the schema written into it, 112 KiB) and
+    # exported nothing, exit 0, from a path with a typo.
+    (tmp_path / "empty.db").touch()
+    sqlite3.connect(tmp_path / "blank.db").execute("PRAGMA user_version = 1").connection.close()
+    (tmp_path / "dir.db").mkdir()
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    for name, says in (
+        ("none/ledger.db", ""),
+        ("empty.db", " (an empty file)"),
+        ("blank.db", " (an empty SQLite database)"),
+        ("dir.db", " (a directory)"),
+    ):
+        db = tmp_path / name
+        proc = run_cli(
+            "export", "--ledger", f"sqlite+aiosqlite:///{db}", "--out", "x.jsonl", cwd=tmp_path
+        )
+        assert proc.returncode == 2, (name, proc.stderr)
+        assert proc.stderr.strip().splitlines() == [f"error: no ledger database at {db}{says}"]
+    assert not (tmp_path / "none").exists() and not (tmp_path / "x.jsonl").exists()
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+    assert not list((tmp_path / "dir.db").iterdir())
 
 
 def test_ctrl_c_in_a_long_command_is_one_line_and_exit_130(tmp_path: Path) -> None:
@@ -346,6 +386,122 @@ def test_serve_log_level_error_silences_xrouter_s_own_info_lines(
         output, _ = proc.communicate(timeout=30)
     # xrouter's lines (" INFO ") and uvicorn's ("INFO:"), the supervisor's and the workers'.
     assert " INFO " not in output and "INFO:" not in output, output
+
+
+def test_serve_says_it_listens_only_once_it_does(tmp_path: Path) -> None:
+    # "xrouter listening on" came before uvicorn bound the port: a port in use read as
+    # listening, then failed. Now xrouter says it is starting; uvicorn says "running on"
+    # once it has bound.
+    gw = start_gateway(tmp_path, gateway_config(tmp_path, "http://127.0.0.1:9/v1"))
+    try:
+        log = gw.log()
+    finally:
+        gw.stop()
+    assert "xrouter listening" not in log, log
+    port = gw.url.rsplit(":", 1)[1]
+    starting = log.index(f"xrouter starting on http://127.0.0.1:{port} (1 worker)")
+    assert log.index(f"Uvicorn running on http://127.0.0.1:{port}") > starting, log
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_port_in_use_is_one_line_and_leaves_nothing_behind(tmp_path: Path, workers: int) -> None:
+    # Was: "xrouter listening on ...", the ledger and spill directory made, the app started,
+    # then uvicorn's bind error and exit 3.
+    work = tmp_path / "work"
+    work.mkdir()
+    cfg = gateway_config(tmp_path, "http://127.0.0.1:9/v1")
+    del cfg["ledger"]  # the defaults: ./xrouter.db and ./xrouter-spill
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = run_cli(
+            "serve", "--config", str(path), "--port", str(port), "--workers", str(workers),
+            cwd=work,
+        )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and f"port {port} on 127.0.0.1 is in use" in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr and "listening" not in proc.stderr, proc.stderr
+    assert not list(work.iterdir())
+
+
+def _unpriced(cfg: dict[str, Any], tmp_path: Path) -> None:
+    cfg["pool"].append(
+        {"name": "unpriced", "model": "openai/no-such-priced-model", "api_base": "http://x/v1"}
+    )
+
+
+def _missing_checkpoint(cfg: dict[str, Any], tmp_path: Path) -> None:
+    cfg["router"]["checkpoint"] = str(tmp_path / "no-such-checkpoint")
+
+
+@pytest.mark.parametrize(
+    ("break_config", "says"), [(_unpriced, "has no price"), (_missing_checkpoint, "no such")]
+)
+def test_a_start_that_fails_leaves_nothing_it_made_behind(
+    tmp_path: Path, break_config: Any, says: str
+) -> None:
+    # A config refused at startup left ./xrouter.db (a new ledger) and ./xrouter-spill in
+    # the working directory; what was there before stays.
+    cfg = gateway_config(tmp_path, "http://127.0.0.1:9/v1")
+    break_config(cfg, tmp_path)
+    work = tmp_path / "work"
+    for ledger in (
+        {},  # the defaults, in the working directory
+        {"url": f"sqlite+aiosqlite:///{work}/a/b/ledger.db", "spill_dir": f"{work}/c/d"},
+        {"url": f"sqlite+aiosqlite:///{work}/kept/ledger.db", "spill_dir": f"{work}/kept/s"},
+    ):
+        work.mkdir()
+        (work / "kept").mkdir()
+        cfg["ledger"] = ledger
+        path = tmp_path / "cfg.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        proc = run_cli("serve", "--config", str(path), "--port", "0", cwd=work)
+        assert proc.returncode == 2 and "cannot start" in proc.stderr, proc.stderr
+        assert says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert [p.name for p in work.rglob("*")] == ["kept"], ledger
+        shutil.rmtree(work)
+
+
+def test_a_spill_dir_that_cannot_be_made_leaves_no_new_ledger(tmp_path: Path) -> None:
+    # The ledger was made (and migrated) before the spill directory was tried.
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "a-file").write_text("")
+    cfg = gateway_config(tmp_path, "http://127.0.0.1:9/v1")
+    cfg["ledger"] = {
+        "url": f"sqlite+aiosqlite:///{work}/new/ledger.db",
+        "spill_dir": str(work / "a-file" / "spill"),
+    }
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = run_cli("serve", "--config", str(path), "--port", "0", cwd=work)
+    assert proc.returncode == 2 and "ledger.spill_dir" in proc.stderr, proc.stderr
+    assert [p.name for p in work.rglob("*")] == ["a-file"]
+
+
+def test_a_new_ledger_that_cannot_be_made_takes_the_spill_dir_made_for_it_away(
+    tmp_path: Path,
+) -> None:
+    # A new SQLite ledger is made last, after the spill directory: when it fails, the
+    # directories this start made go too (those that were there stay).
+    work = tmp_path / "work"
+    (work / "kept").mkdir(parents=True)
+    (work / "a-file").write_text("")
+    cfg = gateway_config(tmp_path, "http://127.0.0.1:9/v1")
+    cfg["ledger"] = {
+        "url": f"sqlite+aiosqlite:///{work}/a-file/ledger.db",
+        "spill_dir": str(work / "kept" / "new" / "spill"),
+    }
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = run_cli("serve", "--config", str(path), "--port", "0", cwd=work)
+    assert proc.returncode == 2 and "is not usable" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert sorted(p.name for p in work.rglob("*")) == ["a-file", "kept"]
 
 
 # -- xrouter serve with several workers ---------------------------------------------------

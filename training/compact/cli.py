@@ -76,6 +76,18 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(v) for v in text.split(",") if v.strip())
 
 
+def _positive_int(text: str) -> int:
+    """argparse ``type`` of a count that must be at least 1 (``--threads``: torch takes no
+    0 or negative thread count, and 0 was silently trained with 1)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     d = TrainConfig()
     parser.add_argument(
@@ -223,7 +235,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--name", default="", help="checkpoint name (metadata)")
     parser.add_argument("--description", default="")
-    parser.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads")
+    parser.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=d.threads,
+        help=f"torch CPU threads, at least 1 ({d.threads})",
+    )
     parser.add_argument("--no-progress", action="store_true")
 
 

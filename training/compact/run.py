@@ -125,14 +125,42 @@ def run_metadata(
     if table_path is not None:
         table_info["path"] = str(table_path)
         table_info["sha256"] = hashlib.sha256(Path(table_path).read_bytes()).hexdigest()
-    training_meta = {
+    config, unused = config_used(cfg, arch.kind)
+    training_meta: dict[str, Any] = {
         "mode": mode,
         "command": command,
-        "config": cfg.to_dict(),
+        "config": config,
         "table": table_info,
         "torch": torch.__version__,
     }
+    if unused:
+        training_meta["config_not_used"] = unused
     return base_meta, training_meta
+
+
+# What a checkpoint that stores its training prompts (kind knn or cascade: no gradient
+# steps) never reads of the configuration: the network's optimization, its schedule and the
+# torch/progress plumbing. Recorded, they would read as settings that shaped it.
+_NETWORK_ONLY = (
+    "steps", "batch_size", "group_size", "ppo_epochs", "lr", "weight_decay", "grad_clip",
+    "clip_eps", "entropy_coef", "explore_epsilon", "advantage_std_floor", "hidden", "dropout",
+    "activation", "lambda_zero_prob", "eval_every", "checkpoint_every", "offpolicy_lambdas",
+    "offpolicy_entropy_coef", "threads", "progress",
+)  # fmt: skip
+# ... and, built from a full-information table, the off-policy knobs: the reward model the
+# kNN fits to logged traffic (its steps and seed), its estimator and clipping.
+_LOGGED_ONLY = ("estimator", "ips_clip", "reward_model_steps", "seed")
+
+
+def config_used(cfg: TrainConfig, kind: str) -> tuple[dict[str, Any], list[str]]:
+    """The run's configuration as the builder of a ``kind`` checkpoint used it, and the
+    names of the fields it left unused (empty for the policy network, which uses them
+    all)."""
+    config = cfg.to_dict()
+    if kind not in ("knn", "cascade"):
+        return config, []
+    unused = [*_NETWORK_ONLY, *(() if cfg.offpolicy else _LOGGED_ONLY)]
+    return {k: v for k, v in config.items() if k not in unused}, unused
 
 
 def mean_reward(metrics: dict[str, dict[str, Any]]) -> float:

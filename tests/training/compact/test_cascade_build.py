@@ -109,6 +109,14 @@ def test_builds_a_cascade_checkpoint_with_k_picked_on_validation(built: Path) ->
     )
 
 
+def test_records_only_the_config_it_used(built: Path) -> None:
+    # The network's settings (steps, learning rate, ...) shape no cascade.
+    config = json.loads((built / "config.json").read_text())
+    assert not {"steps", "lr", "ppo_epochs", "seed", "ips_clip"} & set(config["config"])
+    assert {"steps", "lr", "ppo_epochs", "seed", "ips_clip"} <= set(config["config_not_used"])
+    assert config["config"]["cost_scale"] == 0.01 and config["config"]["report_test"] is True
+
+
 def test_the_served_plan_follows_the_prompt_and_the_cost_weight(
     built: Path, table: list[OutcomeRecord]
 ) -> None:

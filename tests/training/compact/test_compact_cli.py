@@ -48,6 +48,44 @@ def test_options_that_would_not_shape_the_run_are_refused(extra: list[str], mess
         config_from_args(args)
 
 
+@pytest.mark.parametrize("threads", ["0", "-2"])
+def test_threads_below_one_are_refused_by_the_arguments(
+    threads: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Was accepted, trained with one thread (torch takes no fewer) and recorded as given.
+    parser = argparse.ArgumentParser(prog="xrouter train")
+    add_train_arguments(parser)
+    with pytest.raises(SystemExit) as exc:
+        parser.parse_args(["--table", "t.jsonl", "--out", "o", "--threads", threads])
+    assert exc.value.code == 2
+    assert f"argument --threads: must be at least 1, got {threads}" in capsys.readouterr().err
+    assert parser.parse_args(["--table", "t", "--out", "o", "--threads", "3"]).threads == 3
+
+
+def test_a_knn_run_records_only_the_config_it_used(
+    tables: tuple[list[OutcomeRecord], list[OutcomeRecord]], tmp_path: Path
+) -> None:
+    # Its config.json recorded --steps, --lr and the rest of the network's settings, which a
+    # kNN never reads, as if they had shaped it.
+    full, _ = tables
+    table = tmp_path / "table.jsonl"
+    write_outcome_table(full[:120], table)
+    out = tmp_path / "run"
+    assert main(["--table", str(table), "--out", str(out), "--knn", "3,15", "--steps", "7",
+                 "--lr", "0.5", "--split-seed", "3", "--cost-scale", "0.01",
+                 "--no-progress"]) == 0  # fmt: skip
+    written = json.loads((out / "config.json").read_text())
+    stored = load_checkpoint(out / "checkpoint").metadata.training
+    for training in (written, stored):
+        config = training["config"]
+        assert not {"steps", "lr", "hidden", "threads", "seed", "estimator"} & set(config)
+        assert {"steps", "lr", "hidden", "threads", "seed", "estimator"} <= set(
+            training["config_not_used"]
+        )
+        assert (config["split_seed"], config["cost_scale"]) == (3, 0.01)
+        assert config["offpolicy"] is False and config["fractions"] == [0.6, 0.2, 0.2]
+
+
 def test_train_writes_a_loadable_checkpoint(
     tables: tuple[list[OutcomeRecord], list[OutcomeRecord]],
     tmp_path: Path,
@@ -74,6 +112,9 @@ def test_train_writes_a_loadable_checkpoint(
         and len(ckpt.metadata.training["table"]["sha256"]) == 64
     )
     assert (out / "summary.json").is_file() and (out / "config.json").is_file()
+    # The network uses every setting: all are recorded.
+    assert ckpt.metadata.training["config"]["steps"] == 20
+    assert "config_not_used" not in ckpt.metadata.training
 
 
 def test_a_run_directory_is_not_reused_without_overwrite(
