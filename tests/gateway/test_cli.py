@@ -201,7 +201,15 @@ def test_ctrl_c_in_a_long_command_is_one_line_and_exit_130(tmp_path: Path) -> No
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
     )  # fmt: skip
     try:
-        time.sleep(1.5)
+        # Interrupted once it is evaluating, not while the interpreter still imports the
+        # CLI (a fixed sleep was that, on a loaded machine): numpy is mapped into the
+        # process only once eval runs (the CLI module does not import it).
+        maps = Path(f"/proc/{proc.pid}/maps")
+        deadline = time.monotonic() + 60
+        while "numpy" not in maps.read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, "eval ended before it could be interrupted"
+            time.sleep(0.05)
+        time.sleep(0.5)
         assert proc.poll() is None, "eval ended before it could be interrupted"
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=60)
