@@ -111,6 +111,15 @@ def run_deploy(args: argparse.Namespace) -> int:
         log.error("an admin key is needed: --admin-key or XROUTER_ADMIN_KEY")
         return 2
     url = _mask_url(args.url)  # as messages show it
+    if _split_userinfo(args.url) is not None:
+        # urllib would take "user:pw@host" for the host name (and say "Name or service not
+        # known"); and the admin key is the one credential this request carries.
+        log.error(
+            "--url %s names a user: the admin key is what authenticates a deploy "
+            "(Authorization: Bearer); give the gateway's URL without 'user:password@'",
+            url,
+        )
+        return 2
     # No redirects: see _RefuseRedirects. Proxies from the environment still apply.
     opener = urllib.request.build_opener(_RefuseRedirects)
     try:
