@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import math
 import os
 import sqlite3
@@ -182,6 +183,14 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
         print(
             f"error: --format {fmt} writes a {want} file, but --out {args.out!r} is named "
             f"as {named}: name it with {want}",
+            file=sys.stderr,
+        )
+        return 2
+    if fmt == "parquet" and importlib.util.find_spec("pyarrow") is None:
+        # Said before the ledger is read, not as a ModuleNotFoundError after it.
+        print(
+            "error: writing Parquet needs pyarrow, which the gateway's own install leaves "
+            "out: pip install 'xrouter[export]' (or write .jsonl)",
             file=sys.stderr,
         )
         return 2

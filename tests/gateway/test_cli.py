@@ -187,6 +187,32 @@ def test_an_export_from_no_ledger_makes_none(tmp_path: Path) -> None:
     assert not list((tmp_path / "dir.db").iterdir())
 
 
+def test_a_parquet_export_without_pyarrow_says_which_extra_before_reading(
+    tmp_path: Path,
+) -> None:
+    # On the gateway's own install (make serve, the Docker image) it read the ledger and then
+    # failed with "ModuleNotFoundError: No module named 'pyarrow'". An interpreter where
+    # pyarrow cannot be imported: None in sys.modules makes any import of it fail.
+    code = (
+        "import sys; sys.modules['pyarrow'] = None; from gateway.cli import main; "
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    db = tmp_path / "nowhere.db"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "export", "--ledger", f"sqlite+aiosqlite:///{db}",
+         "--out", "t.parquet"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    # Said before the ledger is looked at (this one does not exist: that error would follow).
+    assert proc.stderr.strip().splitlines() == [
+        "error: writing Parquet needs pyarrow, which the gateway's own install leaves out: "
+        "pip install 'xrouter[export]' (or write .jsonl)"
+    ]
+    assert not (tmp_path / "t.parquet").exists()
+
+
 def test_ctrl_c_in_a_long_command_is_one_line_and_exit_130(tmp_path: Path) -> None:
     # Was a full traceback ending in KeyboardInterrupt (main caught only BrokenPipeError).
     out = tmp_path / "eval"
