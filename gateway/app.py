@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -33,6 +33,9 @@ CONFIG_ENV = "XROUTER_CONFIG"
 # The supervisor's pid, set by ``serve --workers N`` for its workers: a worker's parent at
 # the time it builds its app is not necessarily its supervisor (see create_app_from_env).
 SUPERVISOR_ENV = "XROUTER_SUPERVISOR_PID"
+# The server settings `xrouter serve`'s command line set for its workers (comma-separated):
+# a reload keeps them as running rather than report the file's value as a change.
+SERVE_FLAGS_ENV = "XROUTER_SERVE_FLAGS"
 
 
 def create_app(
@@ -41,9 +44,11 @@ def create_app(
     config_path: str | None = None,
     registry: CollectorRegistry | None = None,
     supervisor: int | None = None,
+    serve_flags: Collection[str] = (),
 ) -> FastAPI:
     """``supervisor``: the pid of the process that started this worker; once it is gone,
-    the worker shuts down (gracefully) too."""
+    the worker shuts down (gracefully) too. ``serve_flags``: the server settings the
+    command line set (``host``, ``port``, ``workers``, ``log_level``), not the file."""
     config_seen = None
     if settings is None:
         from gateway.watch import fingerprint
@@ -51,7 +56,11 @@ def create_app(
         # Taken before the read, so that a change made while this worker starts is seen.
         config_seen = fingerprint([Path(config_path)]) if config_path else None
         settings = load_settings(config_path)
-    services = Services(settings=settings, registry=registry or CollectorRegistry())
+    services = Services(
+        settings=settings,
+        registry=registry or CollectorRegistry(),
+        serve_flags=frozenset(serve_flags),
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -126,7 +135,8 @@ def create_app_from_env() -> FastAPI:
     # ``_exit_with``'s first look sees it gone.
     supervisor = int(os.environ.get(SUPERVISOR_ENV) or os.getppid())
     _term_with_parent()
-    return create_app(config_path=path, supervisor=supervisor)
+    flags = [f for f in os.environ.get(SERVE_FLAGS_ENV, "").split(",") if f]
+    return create_app(config_path=path, supervisor=supervisor, serve_flags=flags)
 
 
 def _term_with_parent() -> None:

@@ -128,7 +128,7 @@ async def _check_ledger(url: str) -> tuple[str | None, Any]:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from gateway.app import CONFIG_ENV, SUPERVISOR_ENV, create_app
+    from gateway.app import CONFIG_ENV, SERVE_FLAGS_ENV, SUPERVISOR_ENV, create_app
     from gateway.settings import SettingsError, load_settings
 
     if args.log_level:  # now: the lines before the config is read obey it too
@@ -143,6 +143,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.environ["XROUTER_REPLAY_URL"] = url
         log.info("demo: replay upstream at %s", url)
     overrides = {"server.host": args.host, "server.port": args.port, "server.workers": args.workers}
+    # The server settings the command line sets, not the file: a reload does not report the
+    # file's values for them as changes.
+    flags = [
+        f
+        for f, v in (
+            ("host", args.host),
+            ("port", args.port),
+            ("workers", args.workers),
+            ("log_level", args.log_level),
+        )
+        if v is not None
+    ]
     try:
         settings = load_settings(path, overrides=overrides)
     except SettingsError as exc:
@@ -184,7 +196,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # here, in one line, rather than as a traceback from inside the server's startup
         # (and once, not per worker). One worker serves the runtime built here; several
         # build their own.
-        app = create_app(settings, config_path=path)
+        app = create_app(settings, config_path=path, serve_flags=flags)
         app.state.services.prepare(deployment)
     except Exception as exc:
         log.error("cannot start: %s", exc)
@@ -242,6 +254,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # (reloads, and workers restarted after a crash, would fail on it).
     os.environ[CONFIG_ENV] = os.path.abspath(path)
     os.environ[SUPERVISOR_ENV] = str(os.getpid())
+    os.environ[SERVE_FLAGS_ENV] = ",".join(flags)
     for key, value in (("HOST", srv.host), ("PORT", srv.port)):
         os.environ[f"XROUTER_SERVER__{key}"] = str(value)
     if given:

@@ -22,8 +22,6 @@ if TYPE_CHECKING:
 
 # The sections whose services are built once, at start (see Reloader._kept_from_start).
 START_ONLY_SECTIONS = ("server", "auth", "ledger", "limits", "cache")
-# The server settings `xrouter serve`'s flags override.
-_SERVE_FLAGS = ("host", "port", "workers", "log_level")
 
 log = logging.getLogger(__name__)
 
@@ -163,12 +161,13 @@ class Reloader:
         file's cache backend, while a changed `ledger.log_content` went on logging as
         before, silently. A change to them is logged: it takes a restart."""
         running = self._s.settings
-        # serve's --host, --port, --workers and --log-level set what runs, not the file: the
-        # file's values for them are no change of the file's.
+        # What serve's --host, --port, --workers or --log-level set runs, not the file's
+        # value: that is no change of the file's. (Only what the command line did set: a
+        # port changed in a file that set it is a change that takes a restart.)
         as_run = new.model_copy(
             update={
                 "server": new.server.model_copy(
-                    update={f: getattr(running.server, f) for f in _SERVE_FLAGS}
+                    update={f: getattr(running.server, f) for f in self._s.serve_flags}
                 )
             }
         )

@@ -59,6 +59,8 @@ class Services:
     # What the config says; ``settings`` is what serves: the same, except for a deployed
     # router checkpoint (``xrouter deploy``), which holds until the config's own changes.
     file_settings: Settings | None = None
+    # The server settings serve's command line set, not the file (see Reloader).
+    serve_flags: frozenset[str] = frozenset()
     # Builds and swaps ``runtime`` and ``settings``; follows the router deployments.
     reloader: Reloader = field(init=False)
 
