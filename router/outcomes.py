@@ -40,6 +40,8 @@ class ModelOutcome(BaseModel):
 
 
 MIN_PROPENSITY = 1e-12
+# The largest cost weight (λ) a request may ask for: the gateway's bound.
+MAX_COST_WEIGHT = 1e6
 
 
 class LoggedAction(BaseModel):
@@ -52,7 +54,10 @@ class LoggedAction(BaseModel):
     # carry an importance weight past 1e12 (and underflow to 0 in the trainer's float32,
     # its weight infinite), which no estimate survives — a logging bug, not traffic.
     propensity: float = Field(ge=MIN_PROPENSITY, le=1.0)
-    cost_weight: float | None = None
+    # The request's λ, bounded as the gateway bounds it (``gateway.schemas``): a negative,
+    # huge or non-finite one is no traffic the gateway could have logged, and would
+    # otherwise fail late in evaluation with no line to point at.
+    cost_weight: float | None = Field(default=None, ge=0.0, le=MAX_COST_WEIGHT, allow_inf_nan=False)
     policy: str | None = None
     # Every model called, in order, when the policy made more than one call (a cascade's
     # plan). The outcome is then the whole trajectory's, not ``action``'s alone.

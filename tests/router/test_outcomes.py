@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -49,3 +50,31 @@ def test_a_non_finite_outcome_number_is_refused(field: str, value: float) -> Non
     outcome = {"score": 0.5, field: value}
     with pytest.raises(OutcomeTableError, match=rf"outcomes\.m\.{field}"):
         validate_record({"id": "a", "prompt": "p", "outcomes": {"m": outcome}})
+
+
+@pytest.mark.parametrize("cost_weight", [-0.5, 1e7, math.inf, math.nan])
+def test_a_logged_cost_weight_the_gateway_would_refuse_is_refused_at_its_line(
+    tmp_path: Path, cost_weight: float
+) -> None:
+    """A negative, huge or non-finite λ used to pass and fail late in `xrouter eval`, with
+    no line to point at; it is bounded as the gateway bounds a request's (0 to 1e6)."""
+
+    def record(rid: str, value: float) -> dict[str, object]:
+        return {
+            "id": rid,
+            "prompt": "p",
+            "outcomes": {"m": {"score": 1, "cost_usd": 0.1}},
+            "logged": {"action": "m", "propensity": 0.5, "cost_weight": value},
+        }
+
+    with pytest.raises(OutcomeTableError, match=r"t\.jsonl: row 2: logged\.cost_weight"):
+        validate_record(record("b", cost_weight), "t.jsonl: row 2")
+    if math.isfinite(cost_weight):  # JSON has no inf or NaN
+        path = tmp_path / "t.jsonl"
+        lines = [json.dumps(record("a", 1e6)), json.dumps(record("b", cost_weight))]
+        path.write_text("\n".join(lines) + "\n")
+        with pytest.raises(OutcomeTableError, match=r"t\.jsonl:2: logged\.cost_weight"):
+            load_outcome_table(path)
+    for bound in (0.0, 1e6):
+        logged = validate_record(record("a", bound)).logged
+        assert logged is not None and logged.cost_weight == bound

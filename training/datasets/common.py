@@ -6,8 +6,9 @@ from __future__ import annotations
 import ast
 import csv
 import hashlib
+import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,11 @@ from pydantic import ValidationError
 
 from router import outcomes
 from router.outcomes import OutcomeRecord
+
+# How source text files are read: UTF-8, with the byte order mark that Excel and Windows
+# tools put at the start of a file skipped (read as UTF-8, it would be part of the first
+# column's name: "\ufeffsample_id", and that column "missing").
+ENCODING = "utf-8-sig"
 
 
 class ConversionError(ValueError):
@@ -35,6 +41,8 @@ def reading(path: Path) -> Iterator[None]:
 
 _TRUE = frozenset({"1", "1.0", "true", "t", "yes", "y"})
 _FALSE = frozenset({"0", "0.0", "false", "f", "no", "n"})
+# Cells that mean "no score" (the row lacks this model's outcome).
+_MISSING = frozenset({"", "nan", "none", "null"})
 
 
 def parse_score(value: Any, where: str) -> float | None:
@@ -48,7 +56,7 @@ def parse_score(value: Any, where: str) -> float | None:
         x = float(value)
     else:
         text = str(value).strip()
-        if not text or text.lower() in {"nan", "none", "null"}:
+        if text.lower() in _MISSING:
             return None
         low = text.lower()
         if low in _TRUE:
@@ -69,14 +77,46 @@ def parse_score(value: Any, where: str) -> float | None:
 
 
 def looks_boolean(value: str) -> bool:
-    """True for the cell values a correctness column holds (used to find model columns)."""
+    """True for the cell values a correctness column holds (used to find model columns):
+    what ``parse_score`` reads as a score or as a missing one."""
     text = value.strip().lower()
-    if not text or text in _TRUE or text in _FALSE or text in {"nan", "none"}:
+    if text in _MISSING or text in _TRUE or text in _FALSE:
         return True
     try:
         return 0.0 <= float(text) <= 1.0
     except ValueError:
         return False
+
+
+class ColumnTally:
+    """What one CSV column's cells look like, to tell a model's scores from other columns
+    (text, notes) when the header does not say: a column whose every non-empty cell is a
+    score is a model's; one most of whose cells are scores is a model's too, and its other
+    cells are errors — not a reason to leave the model out of the table."""
+
+    def __init__(self) -> None:
+        self.scores = 0
+        self.others = 0
+        self.first_other: tuple[int, str] | None = None
+
+    def add(self, line: int, cell: str) -> None:
+        text = cell.strip()
+        if text.lower() in _MISSING:
+            return
+        if looks_boolean(text):
+            self.scores += 1
+            return
+        self.others += 1
+        if self.first_other is None:
+            self.first_other = (line, text)
+
+    @property
+    def all_scores(self) -> bool:
+        return self.scores > 0 and self.others == 0
+
+    @property
+    def mostly_scores(self) -> bool:
+        return self.scores > self.others
 
 
 def unwrap_literal_text(text: str) -> str:
@@ -112,6 +152,46 @@ def build_record(data: dict[str, Any], where: str) -> OutcomeRecord:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"]) or "(record)"
         raise ConversionError(f"{where}: {loc}: {first['msg']}") from None
+
+
+def models_of_most_items(items: list[tuple[str, Collection[str]]]) -> list[str]:
+    """The models a JSON source's items (``(where, models with an outcome)``, over all its
+    files) are converted over: those with an outcome in most of them, in order of first
+    appearance. An item lacking one of them is then dropped (and counted), as the CSV
+    converters drop a row with a missing score: every record of a table must hold every
+    model's outcome, or evaluation refuses the table and training drops the model. A
+    model with outcomes in only some items (half or fewer) is an error naming it and the
+    first item that has it, rather than a model silently left out."""
+    counts: dict[str, int] = {}
+    first: dict[str, str] = {}
+    for where, models in items:
+        for model in models:
+            counts[model] = counts.get(model, 0) + 1
+            first.setdefault(model, where)
+    total = len(items)
+    for model, n in counts.items():
+        if 2 * n <= total:
+            raise ConversionError(
+                f"{first[model]}: model {model!r} has an outcome in only {n} of {total} "
+                "items: every record needs every model's outcome; complete or remove that "
+                "model's outcomes, or convert the items that have it on their own"
+            )
+    return list(counts)
+
+
+def log_incomplete(
+    logger: logging.Logger, path: Path | str, missing: dict[str, int], dropped: int, what: str
+) -> None:
+    """Log the items dropped for lacking some model's outcome, with how many lacked each."""
+    if dropped:
+        per_model = ", ".join(f"{m!r}: {n}" for m, n in missing.items())
+        logger.info(
+            "%s: dropped %d %s(s) with a missing model outcome (missing %s)",
+            path,
+            dropped,
+            what,
+            per_model,
+        )
 
 
 class UniqueIds(outcomes.UniqueIds):

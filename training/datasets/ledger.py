@@ -10,6 +10,7 @@ table (marked ``cost_estimated: false``: tokens are real, only the arithmetic is
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,6 +60,9 @@ def _records(path: Path) -> Iterator[tuple[str, OutcomeRecord]]:
             return
         with reading(path), path.open("rb") as fh:
             for lineno, line in enumerate(fh, 1):
+                if lineno == 1:
+                    # A byte order mark (a file saved by a Windows tool) is not JSON.
+                    line = line.removeprefix(codecs.BOM_UTF8)
                 if line.strip():
                     where = f"{path}:{lineno}"
                     yield where, parse_record(line, where)

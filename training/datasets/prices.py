@@ -27,7 +27,7 @@ from pricing import (
     PriceCatalog,
     TokenUsage,
 )
-from training.datasets.common import ConversionError
+from training.datasets.common import ENCODING, ConversionError
 
 
 def _one_line(exc: Exception) -> str:
@@ -72,7 +72,7 @@ def price_catalog_from_mapping(data: Any, where: str = "<prices>") -> PriceCatal
 def load_price_table(path: str | Path) -> PriceCatalog:
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding=ENCODING)
     except (OSError, UnicodeDecodeError) as exc:  # missing, a directory, not text
         raise ConversionError(f"{p}: cannot read the price table: {exc}") from None
     try:

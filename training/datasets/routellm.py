@@ -6,7 +6,10 @@ liberal in what we read: any column other than the prompt, an id (``id``, ``samp
 ``idx``, ``question_id``) or a task (``task``, ``eval_name``, ``category``, ``subject``)
 whose every non-empty cell is boolean-like is a model column, unless ``models`` names them
 explicitly; a column of numbers some of which lie outside [0, 1] is refused (scores must be
-rescaled), not skipped like a text column. Costs come from a price table with token counts estimated from the prompt
+rescaled), not skipped like a text column, and so is a column most of whose cells are scores
+(or one the price table names as a model) with a cell that is not one (``N/A``): the model
+would otherwise be left out of the table. An empty cell (or ``nan``, ``none``, ``null``) is
+a missing score: the row is dropped and counted in the log. Costs come from a price table with token counts estimated from the prompt
 length and an assumed completion length (``cost_estimated: true``). Without an id column
 a record's id is a hash of its prompt, so a prompt repeated (within or across files) is
 kept once, at its first occurrence.
@@ -24,6 +27,8 @@ from typing import Any
 from pricing import PriceCatalog, estimate_tokens
 from router.outcomes import OutcomeRecord
 from training.datasets.common import (
+    ENCODING,
+    ColumnTally,
     ConversionError,
     UniqueIds,
     build_record,
@@ -54,14 +59,21 @@ def _number(cell: str) -> float | None:
 
 
 def _detect_models(
-    path: Path, header: list[str], rows: list[tuple[int, dict[str, str]]], reserved: set[str]
+    path: Path,
+    header: list[str],
+    rows: list[tuple[int, dict[str, str]]],
+    reserved: set[str],
+    prices: PriceCatalog | None = None,
 ) -> list[str]:
     models = []
     for col in header:
         if col in reserved or not col.strip() or col.lower().startswith("unnamed"):
             continue
         cells = [(line, row.get(col) or "") for line, row in rows]
-        if any(c.strip() for _, c in cells) and all(looks_boolean(c) for _, c in cells):
+        tally = ColumnTally()
+        for line, cell in cells:
+            tally.add(line, cell)
+        if tally.all_scores:
             models.append(col)
             continue
         # Text columns (notes, answers) are skipped by design; but a column of scores and
@@ -76,6 +88,21 @@ def _detect_models(
                 f"{cell.strip()[:40]!r}): scores must be in [0, 1]; rescale the column, or "
                 "remove it if it is not a model's scores"
             )
+        # A model's column with a stray cell that is not a score ("N/A", "error"): an
+        # error at that cell, as in a column known to be a model's, not a model dropped.
+        priced = prices is not None and col in prices
+        if tally.first_other is not None and (tally.mostly_scores or (priced and tally.scores)):
+            line, cell = tally.first_other
+            why = (
+                "most of its cells are scores"
+                if tally.mostly_scores
+                else "the price table names it as a model"
+            )
+            raise ConversionError(
+                f"{path}:{line}: column {col!r}: score {cell[:40]!r} is not a number or "
+                f"boolean (the column is a model's: {why}): leave a missing score empty, "
+                "or remove the column if it is not a model's"
+            )
         logger.debug("column %r is not a correctness column: ignored", col)
     return models
 
@@ -89,7 +116,7 @@ def convert_routellm(
     csv.field_size_limit(sys.maxsize)
     ids = UniqueIds()
     for path in paths:
-        with reading(path), path.open(newline="", encoding="utf-8") as fh:
+        with reading(path), path.open(newline="", encoding=ENCODING) as fh:
             reader = csv.DictReader(fh)
             header = list(reader.fieldnames or [])
             # Keep each row's physical line number for error messages.
@@ -108,7 +135,7 @@ def convert_routellm(
                 raise ConversionError(f"{path}:1: no column for model(s) {', '.join(absent)}")
             cols = list(models)
         else:
-            cols = _detect_models(path, header, rows, reserved)
+            cols = _detect_models(path, header, rows, reserved, prices)
         if not cols:
             raise ConversionError(f"{path}:1: no model correctness columns found")
         catalog = require_prices(prices, cols, str(path))

@@ -6,13 +6,17 @@ file stores ``model_performance`` as a Python-literal string in some versions an
 object in others, so both are read. Score = ``task_performance`` clipped to [0, 1] (a failed
 call with no score earns 0); cost = the recorded tokens x ``candidate_models.json`` prices.
 Ids match ``scripts/build_demo_table.py`` (``rp-<task>-<sha256(query)[:10]>``), so the
-packaged demo table and a converted one split identically.
+packaged demo table and a converted one split identically; a query repeated within a task is
+kept once, its first occurrence, and the repeats counted in the log. The models are those
+most items hold (over all the files): an item without one of them is dropped and counted in
+the log, and a model only some items hold is an error.
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
+import logging
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +24,17 @@ from typing import Any
 
 from pricing import PriceCatalog
 from router.outcomes import OutcomeRecord
-from training.datasets.common import ConversionError, UniqueIds, build_record
+from training.datasets.common import (
+    ConversionError,
+    UniqueIds,
+    build_record,
+    log_incomplete,
+    models_of_most_items,
+)
 from training.datasets.prices import call_cost_usd, require_prices
 from training.datasets.routerdc import load_json_items
+
+logger = logging.getLogger(__name__)
 
 
 def routeprofile_id(task: str, query: str) -> str:
@@ -56,8 +68,11 @@ def _tokens(result: dict[str, Any], key: str, where: str) -> int:
 
 
 def convert_routeprofile(paths: list[Path], prices: PriceCatalog | None) -> Iterator[OutcomeRecord]:
-    ids = UniqueIds()
+    # First every item is read and checked, to know the models (those most items hold).
+    files: list[tuple[Path, list[tuple[str, str, str, dict[str, dict[str, Any]]]]]] = []
     for path in paths:
+        items: list[tuple[str, str, str, dict[str, dict[str, Any]]]] = []
+        files.append((path, items))
         for index, item in enumerate(load_json_items(path)):
             where = f"{path}: item {index}"
             if not isinstance(item, dict):
@@ -66,7 +81,6 @@ def convert_routeprofile(paths: list[Path], prices: PriceCatalog | None) -> Iter
             if not isinstance(task, str) or not isinstance(query, str) or not query:
                 raise ConversionError(f"{where}: needs string `task_name` and non-empty `query`")
             perf = _performance(item.get("model_performance"), where)
-            catalog = require_prices(prices, list(perf), where)
             outcomes: dict[str, dict[str, Any]] = {}
             for model, result in perf.items():
                 at = f"{where}: model_performance.{model}"
@@ -82,20 +96,48 @@ def convert_routeprofile(paths: list[Path], prices: PriceCatalog | None) -> Iter
                     raise ConversionError(
                         f"{at}: task_performance {raw_score!r} is not a finite number"
                     )
-                pt = _tokens(result, "prompt_tokens", at)
-                ct = _tokens(result, "completion_tokens", at)
                 out: dict[str, Any] = {
                     "score": min(1.0, max(0.0, float(raw_score))),
-                    "cost_usd": call_cost_usd(catalog, str(model), pt, ct, at),
-                    "prompt_tokens": pt,
-                    "completion_tokens": ct,
+                    "prompt_tokens": _tokens(result, "prompt_tokens", at),
+                    "completion_tokens": _tokens(result, "completion_tokens", at),
                     "response": str(result.get("response") or ""),
                 }
                 if "success" in result:
                     out["success"] = bool(result["success"])
                 outcomes[str(model)] = out
+            items.append((where, task, query, outcomes))
+    models = models_of_most_items([(i[0], i[3]) for _, items in files for i in items])
+    ids = UniqueIds()
+    for path, items in files:
+        dropped = repeated = 0
+        missing: dict[str, int] = {}
+        for where, task, query, outcomes in items:
+            absent = [m for m in models if m not in outcomes]
+            if absent:
+                # Like a CSV row with a missing score: the record would lack that model's
+                # outcome, which eval refuses and training answers by dropping the model.
+                dropped += 1
+                for m in absent:
+                    missing[m] = missing.get(m, 0) + 1
+                continue
             record_id = routeprofile_id(task, query)
+            if record_id in ids:
+                # The same query of the same task again (the id is its hash): one prompt,
+                # kept once (its first occurrence), as RouterDC's repeated questions are.
+                repeated += 1
+                continue
+            catalog = require_prices(prices, list(outcomes), where)
+            for model, out in outcomes.items():
+                at = f"{where}: model_performance.{model}"
+                out["cost_usd"] = call_cost_usd(
+                    catalog, model, out["prompt_tokens"], out["completion_tokens"], at
+                )
             ids.check(record_id, where)
             yield build_record(
                 {"id": record_id, "task": task, "prompt": query, "outcomes": outcomes}, where
+            )
+        log_incomplete(logger, path, missing, dropped, "item")
+        if repeated:
+            logger.info(
+                "%s: dropped %d repeated prompt(s) (kept the first occurrence)", path, repeated
             )

@@ -6,7 +6,8 @@ actually charged) and ``<model>|model_response``. Other columns (the unnamed ind
 ``oracle_model_to_route_to``) are ignored. Prompts and responses are stored as the ``repr``
 of a one-element Python list and are unwrapped. Rows where any model lacks a score or a cost
 are dropped (RouterBench has a few: partially failed runs) and counted in the log. A model
-with a score column but no cost column (or the reverse) is an error, not a dropped model.
+with a score column but no cost column (or the reverse) is an error, not a dropped model. A
+model's name may hold ``|``: it is whatever precedes the ``|total_cost`` of its cost column.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from typing import Any
 
 from router.outcomes import OutcomeRecord
 from training.datasets.common import (
+    ENCODING,
+    ColumnTally,
     ConversionError,
     UniqueIds,
     build_record,
-    looks_boolean,
     parse_score,
     reading,
     unwrap_literal_text,
@@ -41,9 +43,10 @@ _NOT_MODELS = frozenset({"", ID_COLUMN, PROMPT_COLUMN, TASK_COLUMN, "oracle_mode
 
 
 def model_columns(header: list[str]) -> list[str]:
-    """Models are the columns that have a matching ``<model>|total_cost`` column."""
+    """Models are the columns that have a matching ``<model>|total_cost`` column (a name
+    with a ``|`` in it too: ``org|model`` and ``org|model|total_cost`` are a model)."""
     names = set(header)
-    return [c for c in header if c not in _NOT_MODELS and "|" not in c and c + COST_SUFFIX in names]
+    return [c for c in header if c not in _NOT_MODELS and c + COST_SUFFIX in names]
 
 
 def _incomplete_model(header: list[str]) -> str | None:
@@ -71,7 +74,7 @@ def _looks_like_scores(header: list[str]) -> list[str]:
         c
         for c in header
         if c not in _NOT_MODELS
-        and "|" not in c
+        and not c.endswith((COST_SUFFIX, RESPONSE_SUFFIX))
         and c + COST_SUFFIX not in names
         and not c.lower().startswith("unnamed")
     ]
@@ -101,7 +104,7 @@ def iter_routerbench_csv(
     # Responses can be long: lift the csv module's 128 KiB field cap.
     csv.field_size_limit(sys.maxsize)
     dropped = 0
-    with reading(p), p.open(newline="", encoding="utf-8") as fh:
+    with reading(p), p.open(newline="", encoding=ENCODING) as fh:
         reader = csv.DictReader(fh)
         header = list(reader.fieldnames or [])
         for required in (ID_COLUMN, PROMPT_COLUMN):
@@ -115,17 +118,14 @@ def iter_routerbench_csv(
             raise ConversionError(
                 f"{p}:1: no model columns (need `<model>` and `<model>|total_cost`)"
             )
-        # Other columns stay candidates for a model without a cost column while every
-        # non-empty cell is a score.
-        suspects = dict.fromkeys(_looks_like_scores(header), False)
+        # Other columns are a model without a cost column if most of their non-empty
+        # cells are scores (all of them, or all but a stray one: the model is no less
+        # missing from the table for a cell that is not a score).
+        suspects = {col: ColumnTally() for col in _looks_like_scores(header)}
         for row in reader:
             where = f"{p}:{reader.line_num}"
-            for col in list(suspects):
-                cell = row.get(col) or ""
-                if not looks_boolean(cell):
-                    del suspects[col]
-                elif cell.strip():
-                    suspects[col] = True
+            for col, tally in suspects.items():
+                tally.add(reader.line_num, row.get(col) or "")
             outcomes: dict[str, dict[str, Any]] = {}
             for m in models:
                 score = parse_score(row.get(m), f"{where}: column {m!r}")
@@ -154,12 +154,17 @@ def iter_routerbench_csv(
             if row.get(TASK_COLUMN):
                 data["task"] = row[TASK_COLUMN]
             yield build_record(data, where)
-    scores_only = [col for col, seen in suspects.items() if seen]
+    scores_only = [(col, tally) for col, tally in suspects.items() if tally.mostly_scores]
     if scores_only:
-        col = scores_only[0]
+        col, tally = scores_only[0]
+        stray = ""
+        if tally.first_other is not None:
+            line, cell = tally.first_other
+            stray = f" (all but {cell[:40]!r} at line {line})"
         raise ConversionError(
-            f"{p}:1: column {col!r} holds 0/1 scores but there is no {col + COST_SUFFIX!r} "
-            "column: add the model's costs, or remove the column if it is not a model's"
+            f"{p}:1: column {col!r} holds 0/1 scores{stray} but there is no "
+            f"{col + COST_SUFFIX!r} column: add the model's costs, or remove the column if "
+            "it is not a model's"
         )
     if dropped:
         logger.info("%s: dropped %d row(s) with a missing score or cost", p, dropped)

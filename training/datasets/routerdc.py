@@ -4,7 +4,9 @@ Source items (LLMRouter's preprocessed DC-Router data): ``{"question": str, "sco
 {model: 0..1}, "cluster_id": int?}``. The source has no token counts and no responses, so
 each call's cost is *estimated*: prompt tokens from the question length (``ceil(chars/4)``)
 and a fixed assumed completion length, priced with a price table (``default_llm.json``
-format). Every outcome says so with ``cost_estimated: true``.
+format). Every outcome says so with ``cost_estimated: true``. The models are those most items
+score (over all the files); an item without a score for one of them (absent, null or NaN)
+is dropped and counted in the log, and a model only some items score is an error.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from typing import Any
 from pricing import PriceCatalog, estimate_tokens
 from router.outcomes import OutcomeRecord
 from training.datasets.common import (
+    ENCODING,
     ConversionError,
     UniqueIds,
     build_record,
+    log_incomplete,
+    models_of_most_items,
     parse_score,
     reading,
     text_id,
@@ -35,7 +40,7 @@ DEFAULT_COMPLETION_TOKENS = 256
 
 def load_json_items(path: Path) -> list[Any]:
     with reading(path):
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding=ENCODING)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -50,9 +55,11 @@ def convert_routerdc(
     prices: PriceCatalog | None,
     completion_tokens: int = DEFAULT_COMPLETION_TOKENS,
 ) -> Iterator[OutcomeRecord]:
-    ids = UniqueIds()
+    # First every item is read and checked, to know the models (those most items score).
+    files: list[tuple[Path, list[tuple[str, str, dict[str, float], Any]]]] = []
     for path in paths:
-        repeated = 0
+        items: list[tuple[str, str, dict[str, float], Any]] = []
+        files.append((path, items))
         for index, item in enumerate(load_json_items(path)):
             where = f"{path}: item {index}"
             if not isinstance(item, dict):
@@ -63,14 +70,37 @@ def convert_routerdc(
                 raise ConversionError(f"{where}: `question` must be a non-empty string")
             if not isinstance(scores, dict) or not scores:
                 raise ConversionError(f"{where}: `scores` must be a non-empty object")
-            catalog = require_prices(prices, list(scores), where)
-            prompt_tokens = estimate_tokens(question)
-            outcomes: dict[str, dict[str, Any]] = {}
+            parsed: dict[str, float] = {}
             for model, raw in scores.items():
                 score = parse_score(raw, f"{where}: scores.{model}")
-                if score is None:
-                    raise ConversionError(f"{where}: scores.{model} is missing")
-                outcomes[model] = {
+                # A null (or NaN) score is a missing one, like an empty CSV cell.
+                if score is not None:
+                    parsed[str(model)] = score
+            items.append((where, question, parsed, item.get("cluster_id")))
+    models = models_of_most_items([(i[0], i[2]) for _, items in files for i in items])
+    ids = UniqueIds()
+    for path, items in files:
+        dropped = repeated = 0
+        missing: dict[str, int] = {}
+        for where, question, scores, cluster in items:
+            absent = [m for m in models if m not in scores]
+            if absent:
+                # Like a CSV row with a missing score: the record would lack that model's
+                # outcome, which eval refuses and training answers by dropping the model.
+                dropped += 1
+                for m in absent:
+                    missing[m] = missing.get(m, 0) + 1
+                continue
+            record_id = text_id("dc", question)
+            if record_id in ids:
+                # The same question again (the id is its hash): one prompt, kept once, as
+                # the README promises for every converter whose ids hash the prompt.
+                repeated += 1
+                continue
+            catalog = require_prices(prices, list(scores), where)
+            prompt_tokens = estimate_tokens(question)
+            outcomes = {
+                model: {
                     "score": score,
                     "cost_usd": call_cost_usd(
                         catalog, model, prompt_tokens, completion_tokens, where
@@ -79,17 +109,14 @@ def convert_routerdc(
                     "completion_tokens": completion_tokens,
                     "cost_estimated": True,
                 }
-            record_id = text_id("dc", question)
-            if record_id in ids:
-                # The same question again (the id is its hash): one prompt, kept once, as
-                # the README promises for every converter whose ids hash the prompt.
-                repeated += 1
-                continue
+                for model, score in scores.items()
+            }
             ids.check(record_id, where)
             data: dict[str, Any] = {"id": record_id, "prompt": question, "outcomes": outcomes}
-            if item.get("cluster_id") is not None:
-                data["task"] = f"cluster-{item['cluster_id']}"
+            if cluster is not None:
+                data["task"] = f"cluster-{cluster}"
             yield build_record(data, where)
+        log_incomplete(logger, path, missing, dropped, "item")
         if repeated:
             logger.info(
                 "%s: dropped %d repeated question(s) (kept the first occurrence)", path, repeated

@@ -119,6 +119,54 @@ def test_routerbench_refuses_a_model_without_its_cost_column(tmp_path: Path) -> 
     assert not (tmp_path / "t.jsonl").exists()
 
 
+def test_routerbench_model_names_may_hold_a_bar(tmp_path: Path) -> None:
+    # `org|model` (with `org|model|total_cost`) used to be left out of the table unsaid.
+    src = tmp_path / "rb.csv"
+    src.write_text(
+        "sample_id,prompt,org|m,org|m|total_cost,org|m|model_response,b,b|total_cost\n"
+        "t.1,q1,1,0.1,yes,0,0.01\n"
+        "t.2,q2,0,0.1,no,1,0.01\n",
+        encoding="utf-8",
+    )
+    records = load_converted("routerbench", [src])
+    assert [list(r.outcomes) for r in records] == [["org|m", "b"], ["org|m", "b"]]
+    assert records[0].outcomes["org|m"].cost_usd == 0.1
+    assert records[1].outcomes["org|m"].response == "no"
+    # A bar-named score column with no cost column is refused like any other.
+    bare = tmp_path / "bare.csv"
+    bare.write_text("sample_id,prompt,org|x,b,b|total_cost\nt.1,q1,1,0,0.01\n", encoding="utf-8")
+    with pytest.raises(ConversionError, match=r"bare\.csv:1: column 'org\|x' holds 0/1 scores"):
+        load_converted("routerbench", [bare])
+
+
+def test_routerbench_a_stray_cell_does_not_hide_a_model_without_costs(tmp_path: Path) -> None:
+    # A score column without its cost column, one of whose cells is not a score, used to
+    # be skipped as "not a model" (and the model left out) instead of refused.
+    src = tmp_path / "rb.csv"
+    src.write_text(
+        "sample_id,prompt,a,a|total_cost,b,notes\n"
+        "t.1,q1,1,0.1,1,free text\n"
+        "t.2,q2,0,0.1,N/A,yes\n"
+        "t.3,q3,1,0.1,0,more text\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(
+        ConversionError,
+        match=r"rb\.csv:1: column 'b' holds 0/1 scores \(all but 'N/A' at line 3\) but there "
+        r"is no 'b\|total_cost' column",
+    ):
+        load_converted("routerbench", [src])
+    # A text column (`notes`: mostly not scores) is still not a model.
+    src.write_text(
+        "sample_id,prompt,a,a|total_cost,notes\n"
+        "t.1,q1,1,0.1,free text\n"
+        "t.2,q2,0,0.1,yes\n"
+        "t.3,q3,1,0.1,more text\n",
+        encoding="utf-8",
+    )
+    assert len(load_converted("routerbench", [src])) == 3
+
+
 @pytest.mark.parametrize("cost", ["inf", "-inf", "1e999"])
 def test_routerbench_refuses_a_non_finite_cost(tmp_path: Path, cost: str) -> None:
     # Written out, orjson would turn it into "cost_usd": null.
@@ -190,6 +238,38 @@ def test_routerdc_keeps_a_repeated_question_once(
     assert [r.prompt for r in records] == ["What is 2+2?", "What is 3+3?"]
     assert records[0].outcomes["small"].score == 1
     assert "dropped 1 repeated question(s)" in caplog.text
+
+
+def test_routerdc_drops_and_counts_items_missing_a_model(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An item without one model's score used to become a record without that model's
+    outcome: a table `xrouter eval` refuses and `xrouter train` narrows (dropping the model
+    for every prompt). It is dropped and counted, as the CSV converters drop a row with a
+    missing score."""
+    items = [
+        {"question": "q1", "scores": {"small": 1, "large": 1}},
+        {"question": "q2", "scores": {"small": 0}},
+        {"question": "q3", "scores": {"small": 0, "large": None}},  # null: missing
+        {"question": "q4", "scores": {"large": 1, "small": 1}},
+        {"question": "q5", "scores": {"small": 1, "large": 0}},
+    ]
+    data = write_json(tmp_path / "dc.json", items)
+    prices = write_json(tmp_path / "p.json", PRICES)
+    with caplog.at_level("INFO"):
+        records = load_converted("routerdc", [data], prices)
+    assert [r.prompt for r in records] == ["q1", "q4", "q5"]
+    assert all(set(r.outcomes) == {"small", "large"} for r in records)
+    assert "dc.json: dropped 2 item(s) with a missing model outcome (missing 'large': 2)" in (
+        caplog.text
+    )
+    # A model only some items score is an error naming it, not a model left out.
+    items.append({"question": "q6", "scores": {"small": 1, "large": 0, "other": 1}})
+    extra = write_json(tmp_path / "extra.json", items)
+    with pytest.raises(
+        ConversionError, match=r"extra\.json: item 5: model 'other' has an outcome in only 1 of 6"
+    ):
+        load_converted("routerdc", [extra], prices)
 
 
 @needs_shared_data("llmrouter_dcrouter")
@@ -264,6 +344,34 @@ def test_routellm_refuses_a_numeric_column_outside_0_1(tmp_path: Path) -> None:
     prices = write_json(tmp_path / "p.json", PRICES)
     with pytest.raises(ConversionError, match=r"eval\.csv:2: column 'large' holds numbers outside"):
         load_converted("routellm", [path], prices)
+
+
+def test_routellm_refuses_a_stray_cell_in_a_model_column(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One 'N/A' in gpt-4's column used to drop gpt-4 from the table without a word: it is
+    an error at its line, as a bad cell in a RouterBench model column is."""
+    path = tmp_path / "eval.csv"
+    path.write_text("prompt,gpt-4,mixtral\nq1,1,0\nq2,0,1\nq3,N/A,1\nq4,1,1\n")
+    prices = write_json(
+        tmp_path / "p.json",
+        {m: {"input_price": 1.0, "output_price": 2.0} for m in ("gpt-4", "mixtral")},
+    )
+    with pytest.raises(
+        ConversionError, match=r"eval\.csv:4: column 'gpt-4': score 'N/A' is not a number"
+    ):
+        load_converted("routellm", [path], prices)
+    # Half scores, half not: a model's column all the same when the price table names it.
+    path.write_text("prompt,gpt-4,mixtral\nq1,1,0\nq2,error,1\n")
+    with pytest.raises(ConversionError, match=r"eval\.csv:3: column 'gpt-4': score 'error'"):
+        load_converted("routellm", [path], prices)
+    # Text columns are still skipped; a missing score (empty, null) drops its row.
+    path.write_text("prompt,gpt-4,mixtral,notes\nq1,1,0,yes\nq2,null,1,free text\nq3,0,,x\n")
+    with caplog.at_level("INFO"):
+        records = load_converted("routellm", [path], prices)
+    assert [r.prompt for r in records] == ["q1"]
+    assert set(records[0].outcomes) == {"gpt-4", "mixtral"}
+    assert "eval.csv: dropped 2 row(s) with a missing score" in caplog.text
 
 
 def test_routellm_without_prompt_column(tmp_path: Path) -> None:
@@ -349,6 +457,58 @@ def test_routeprofile_bad_tokens(tmp_path: Path) -> None:
         load_converted("routeprofile", [data], write_json(tmp_path / "p.json", PRICES))
 
 
+def rp_perf(*models: str) -> dict[str, dict[str, object]]:
+    return {
+        m: {"response": "A", "prompt_tokens": 10, "completion_tokens": 2, "task_performance": 1}
+        for m in models
+    }
+
+
+def test_routeprofile_drops_and_counts_items_missing_a_model(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Kept, such an item made a table `xrouter eval` refuses and `xrouter train` narrows.
+    items: list[dict[str, object]] = [
+        {"task_name": "t", "query": "q1", "model_performance": rp_perf("small", "large")},
+        {"task_name": "t", "query": "q2", "model_performance": rp_perf("small")},
+        {"task_name": "t", "query": "q3", "model_performance": repr(rp_perf("large", "small"))},
+    ]
+    data = write_json(tmp_path / "rp.json", items)
+    prices = write_json(tmp_path / "p.json", PRICES)
+    with caplog.at_level("INFO"):
+        records = load_converted("routeprofile", [data], prices)
+    assert [r.prompt for r in records] == ["q1", "q3"]
+    assert all(set(r.outcomes) == {"small", "large"} for r in records)
+    assert "rp.json: dropped 1 item(s) with a missing model outcome (missing 'large': 1)" in (
+        caplog.text
+    )
+    items[1]["model_performance"] = rp_perf("small", "large", "other")
+    extra = write_json(tmp_path / "extra.json", items)
+    with pytest.raises(
+        ConversionError, match=r"extra\.json: item 1: model 'other' has an outcome in only 1 of 3"
+    ):
+        load_converted("routeprofile", [extra], prices)
+
+
+def test_routeprofile_keeps_a_repeated_query_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Its id hashes the task and query: the repeat used to be a "duplicate id" error.
+    perf = rp_perf("small", "large")
+    items = [
+        {"task_name": "t", "query": "q1", "model_performance": perf},
+        {"task_name": "t", "query": "q2", "model_performance": perf},
+        {"task_name": "t", "query": "q1", "model_performance": rp_perf("large", "small")},
+        {"task_name": "u", "query": "q1", "model_performance": perf},  # another task's
+    ]
+    data = write_json(tmp_path / "rp.json", items)
+    with caplog.at_level("INFO"):
+        records = load_converted("routeprofile", [data], write_json(tmp_path / "p.json", PRICES))
+    assert [(r.task, r.prompt) for r in records] == [("t", "q1"), ("t", "q2"), ("u", "q1")]
+    assert list(records[0].outcomes) == ["small", "large"]  # the first occurrence's
+    assert "rp.json: dropped 1 repeated prompt(s) (kept the first occurrence)" in caplog.text
+
+
 @needs_shared_data("routeprofile")
 def test_routeprofile_real_rows(tmp_path: Path) -> None:
     items = json.loads((SHARED / "routeprofile" / "routing_test_data.json").read_text())[::50]
@@ -423,6 +583,18 @@ def test_ledger_errors(tmp_path: Path) -> None:
             load_converted("ledger", [bad_prop])
 
 
+def test_ledger_refuses_a_cost_weight_the_gateway_would_refuse(tmp_path: Path) -> None:
+    # A negative λ used to pass here and fail late in `xrouter eval`, with no line.
+    for value in ("-0.5", "1e7"):
+        path = tmp_path / "e.jsonl"
+        bad = ledger_line("b", cost_usd=0.1).replace(
+            '"cost_weight": 0.1', f'"cost_weight": {value}'
+        )
+        path.write_text(ledger_line("a", cost_usd=0.1) + "\n" + bad + "\n")
+        with pytest.raises(ConversionError, match=r"e\.jsonl:2: logged\.cost_weight"):
+            load_converted("ledger", [path])
+
+
 # -- entry points ------------------------------------------------------------------------------
 
 
@@ -495,3 +667,36 @@ def test_a_bad_price_is_a_one_line_error(tmp_path: Path, capsys) -> None:
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.endswith(f"/{needle}\n"), err
         assert err.count("\n") == 1, err
+
+
+def test_a_byte_order_mark_is_skipped(tmp_path: Path) -> None:
+    """Files saved by Excel or a Windows tool start with a UTF-8 byte order mark: read as
+    part of the first column's name it made `sample_id` (or `prompt`) "missing", and a
+    JSON file "not valid JSON"."""
+    bom = "\ufeff"
+
+    def with_bom(path: Path) -> Path:
+        path.write_text(bom + path.read_text(encoding="utf-8"), encoding="utf-8")
+        return path
+
+    prices = with_bom(write_json(tmp_path / "p.json", PRICES))
+    rb = with_bom(write_routerbench(tmp_path / "rb.csv", [rb_row("t.1"), rb_row("t.2")]))
+    assert [r.id for r in load_converted("routerbench", [rb])] == ["t.1", "t.2"]
+    rl = tmp_path / "rl.csv"
+    rl.write_text(f"{bom}prompt,small,large\nq1,1,0\nq2,0,1\n", encoding="utf-8")
+    assert [r.prompt for r in load_converted("routellm", [rl], prices)] == ["q1", "q2"]
+    rl.write_text(f"{bom}small,prompt,large\n1,q1,0\n", encoding="utf-8")  # a model first
+    [r] = load_converted("routellm", [rl], prices)
+    assert set(r.outcomes) == {"small", "large"}
+    dc = with_bom(write_json(tmp_path / "dc.json", [{"question": "q", "scores": {"small": 1}}]))
+    assert len(load_converted("routerdc", [dc], prices)) == 1
+    rp = with_bom(
+        write_json(
+            tmp_path / "rp.json",
+            [{"task_name": "t", "query": "q", "model_performance": rp_perf("small")}],
+        )
+    )
+    assert len(load_converted("routeprofile", [rp], prices)) == 1
+    ledger = tmp_path / "export.jsonl"
+    ledger.write_text(bom + ledger_line("a", cost_usd=0.01) + "\n", encoding="utf-8")
+    assert [r.id for r in load_converted("ledger", [ledger])] == ["a"]
