@@ -12,7 +12,7 @@ from typing import Any
 from pricing import TokenUsage, usd_to_micros
 from router.outcomes import OutcomeRecord
 from router.policy import CallOutcome, RouteContext, ToolCall
-from router.providers.base import StreamStats
+from router.providers.base import InFlight, StreamStats
 from router.providers.client import DownstreamClient, StreamCall
 from router.providers.errors import ProviderError
 
@@ -63,11 +63,13 @@ class ProviderExecutor:
     def __init__(self, client: DownstreamClient) -> None:
         self.client = client
 
-    async def execute(self, ctx: RouteContext, call: ToolCall, turn: int) -> CallOutcome:
+    async def execute(
+        self, ctx: RouteContext, call: ToolCall, turn: int, in_flight: InFlight | None = None
+    ) -> CallOutcome:
         body = downstream_request(ctx, call)
         started = time.perf_counter()
         try:
-            r = await self.client.complete(call.model, body, allowed=ctx.pool)
+            r = await self.client.complete(call.model, body, allowed=ctx.pool, in_flight=in_flight)
         except ProviderError as err:
             return CallOutcome.failed(call, turn, started, err.message, err.kind, err.attempts)
         return CallOutcome(
@@ -85,9 +87,11 @@ class ProviderExecutor:
             deployment=r.deployment,
         )
 
-    async def open_stream(self, ctx: RouteContext, call: ToolCall, turn: int) -> _ProviderStream:
+    async def open_stream(
+        self, ctx: RouteContext, call: ToolCall, turn: int, in_flight: InFlight | None = None
+    ) -> _ProviderStream:
         sc = await self.client.open_stream(
-            call.model, downstream_request(ctx, call), allowed=ctx.pool
+            call.model, downstream_request(ctx, call), allowed=ctx.pool, in_flight=in_flight
         )
         return _ProviderStream(sc, call, turn)
 
@@ -179,10 +183,15 @@ class OutcomeExecutor:
             latency_ms=(time.perf_counter() - start) * 1000,
         )
 
-    async def execute(self, ctx: RouteContext, call: ToolCall, turn: int) -> CallOutcome:
+    async def execute(
+        self, ctx: RouteContext, call: ToolCall, turn: int, in_flight: InFlight | None = None
+    ) -> CallOutcome:
+        # A recorded outcome is read at once: nothing is ever in flight.
         return self._outcome(ctx, call, turn)
 
-    async def open_stream(self, ctx: RouteContext, call: ToolCall, turn: int) -> _RecordedStream:
+    async def open_stream(
+        self, ctx: RouteContext, call: ToolCall, turn: int, in_flight: InFlight | None = None
+    ) -> _RecordedStream:
         outcome = self._outcome(ctx, call, turn)
         if not outcome.ok:
             raise ProviderError(

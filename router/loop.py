@@ -28,6 +28,7 @@ from router.policy import (
     Select,
     ToolCall,
 )
+from router.providers.base import InFlight
 from router.providers.errors import ProviderError
 from router.route_result import NoAnswer, RequestTimeout, RouteResult, StreamingCall
 
@@ -35,9 +36,17 @@ log = logging.getLogger(__name__)
 
 
 class CallExecutor(Protocol):
-    async def execute(self, ctx: RouteContext, call: ToolCall, turn: int) -> CallOutcome: ...
+    """Performs calls. ``in_flight``, when given, is set while the call's request is with an
+    upstream (an executor that calls none leaves it alone): a call the request stops
+    waiting for is then charged the prompt the upstream read (see ``_abandoned``)."""
 
-    async def open_stream(self, ctx: RouteContext, call: ToolCall, turn: int) -> StreamingCall: ...
+    async def execute(
+        self, ctx: RouteContext, call: ToolCall, turn: int, in_flight: InFlight | None = None
+    ) -> CallOutcome: ...
+
+    async def open_stream(
+        self, ctx: RouteContext, call: ToolCall, turn: int, in_flight: InFlight | None = None
+    ) -> StreamingCall: ...
 
 
 class BudgetGuard(Protocol):
@@ -104,11 +113,30 @@ def _refused(call: ToolCall, turn: int, reason: str, role: str = "downstream") -
     )
 
 
-def _abandoned(call: ToolCall, state: LoopState, started: float) -> CallOutcome:
+def _abandoned(
+    call: ToolCall, state: LoopState, started: float, in_flight: InFlight, held: int | None
+) -> CallOutcome:
     """A call the request stopped waiting for (its client left, its deadline passed): in
-    the row all the same, with how long it ran, for no cost — its usage never came."""
+    the row all the same, with how long it ran. Its usage never came. One whose request was
+    with an upstream (``in_flight``) is charged its prompt, estimated as a stream's cut
+    before its usage is (the upstream read it, and bills it; what it generated is unknown),
+    within the call's hold (``held``, when one was taken); one that never reached an
+    upstream (waiting for a concurrency slot, between attempts) costs nothing."""
     error, kind = state.abandoned()
-    return CallOutcome.failed(call, state.turn, started, error, kind)
+    outcome = CallOutcome.failed(call, state.turn, started, error, kind)
+    model = in_flight.model
+    if model is None:
+        return outcome
+    usage = in_flight.prompt_usage()
+    cost = model.price.cost_micros(usage)
+    outcome.model = model.name
+    outcome.usage = usage
+    outcome.cost_micros = min(cost, held) if held else cost
+    outcome.error = f"{error}; usage estimated from the prompt sent"
+    outcome.attempts = in_flight.attempts
+    outcome.fallback_from = call.model if model.name != call.model else None
+    outcome.deployment = in_flight.deployment
+    return outcome
 
 
 def _best_successful(state: LoopState, ctx: RouteContext) -> CallOutcome | None:
@@ -186,18 +214,23 @@ class Orchestrator:
         # that never started (see ``_calls``).
         held = reserved.pop(call.id, None)
         outcome: CallOutcome | None = None
+        cut: CallOutcome | None = None
+        in_flight = InFlight()
         started = time.perf_counter()
         try:
-            outcome = await self.executor.execute(ctx, call, state.turn)
+            outcome = await self.executor.execute(ctx, call, state.turn, in_flight)
             return outcome
         except asyncio.CancelledError:
             if outcome is None:
-                state.outcomes.append(_abandoned(call, state, started))
+                cut = _abandoned(call, state, started, in_flight, held)
+                state.outcomes.append(cut)
             raise
         finally:
             # Settle even when cancelled (client gone): the hold must never outlive the call.
+            # A call cut off is settled at what its row says it cost (see ``_abandoned``).
             if held is not None and guard is not None:
-                actual = outcome.cost_micros if outcome is not None else 0
+                ended = outcome if outcome is not None else cut
+                actual = ended.cost_micros if ended is not None else 0
                 try:
                     await guard.settle(call, held, actual)
                 except asyncio.CancelledError:
@@ -383,16 +416,21 @@ class Orchestrator:
             state.outcomes.append(_refused(call, state.turn, reason))
             return None
         started = time.perf_counter()
+        in_flight = InFlight()
         try:
-            sc = await self.executor.open_stream(ctx, call, state.turn)
+            sc = await self.executor.open_stream(ctx, call, state.turn, in_flight)
         except BaseException as exc:
             # Also when cancelled (the request timed out, the client left): the hold must
-            # never outlive the call.
+            # never outlive the call. One cut off while its upstream had the request is
+            # settled at its prompt's estimate, as its row says (see ``_abandoned``).
             held = reserved.pop(call.id)
+            actual = 0
             if isinstance(exc, asyncio.CancelledError):
-                state.outcomes.append(_abandoned(call, state, started))
+                cut = _abandoned(call, state, started, in_flight, held)
+                state.outcomes.append(cut)
+                actual = cut.cost_micros
             if guard is not None:
-                await guard.settle(call, held, 0)
+                await guard.settle(call, held, actual)
             if not isinstance(exc, ProviderError):
                 raise
             # A failed call, as ``execute`` reports one: in the state (so the ledger row has

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pricing import TokenUsage
 from router.pool import PoolModel
-from router.providers.usage import reported_or_estimated
+from router.providers.usage import prompt_tokens_estimate, reported_or_estimated
 
 
 @dataclass(slots=True)
@@ -27,6 +27,38 @@ class ProviderResponse:
     ) -> ProviderResponse:
         usage, reported = reported_or_estimated(request, body)
         return cls(body, usage, latency_ms, reported)
+
+
+@dataclass(slots=True)
+class InFlight:
+    """Whether a call's request is with an upstream now, and which. ``DownstreamClient``
+    sets it as it hands an attempt to the provider (the model's concurrency slot taken,
+    its circuit passed) and clears it when that attempt fails. A caller that stops waiting
+    for the call (its client left, its deadline passed) reads it: an upstream that has the
+    request has read its prompt, and bills it, even if the answer never comes."""
+
+    model: PoolModel | None = None  # the pool model called: a fallback's, after one
+    deployment: str | None = None
+    request: Mapping[str, Any] | None = None  # the body sent upstream
+    attempts: int = 0
+
+    def sent(
+        self, model: PoolModel, target: PoolModel, request: Mapping[str, Any], attempts: int
+    ) -> None:
+        self.model, self.deployment, self.request = model, target.deployment, request
+        self.attempts = attempts
+
+    def failed(self) -> None:
+        """The attempt ended without an answer (a failed attempt is not charged)."""
+        self.model = self.request = None
+
+    def prompt_usage(self) -> TokenUsage:
+        """What an upstream that got the request and never answered is known to have used:
+        its prompt, estimated as a stream cut before its usage is (no completion is known).
+        Nothing when no request is with an upstream."""
+        if self.request is None:
+            return TokenUsage()
+        return TokenUsage(prompt_tokens=prompt_tokens_estimate(self.request))
 
 
 def chunk_problem(chunk: Any) -> str | None:

@@ -15,7 +15,7 @@ from pricing import TokenUsage, tokens_for_chars
 from router.health import BreakerConfig, CircuitBreakers
 from router.pool import ModelPool, PoolModel
 from router.providers.balance import DeploymentBalancer
-from router.providers.base import Provider, StreamStats
+from router.providers.base import InFlight, Provider, StreamStats
 from router.providers.errors import ProviderError, retry_delay
 from router.providers.litellm_provider import LiteLLMProvider
 from router.providers.native import NativeOpenAIProvider
@@ -270,10 +270,15 @@ class DownstreamClient:
         self._failed(t.model, err, errors)
 
     async def complete(
-        self, name: str, body: dict[str, Any], allowed: Container[str] | None = None
+        self,
+        name: str,
+        body: dict[str, Any],
+        allowed: Container[str] | None = None,
+        in_flight: InFlight | None = None,
     ) -> CallResult:
         """Call ``name``, retrying retryable failures, then each fallback in turn (those in
-        ``allowed``, when given)."""
+        ``allowed``, when given). ``in_flight``, when given, says while an attempt's request
+        is with its upstream (for a caller that may stop waiting)."""
         errors: list[ProviderError] = []
         async with aclosing(self._tries(name, allowed, errors)) as tries:
             async for t in tries:
@@ -282,8 +287,12 @@ class DownstreamClient:
                 self.balancer.started(target)
                 try:
                     async with self._sem[(target.name, target.deployment)]:
+                        if in_flight is not None:
+                            in_flight.sent(model, target, req, t.number)
                         resp = await t.provider.complete(target, req)
                 except ProviderError as err:
+                    if in_flight is not None:
+                        in_flight.failed()
                     self._attempt_failed(t, err, errors)
                     continue
                 finally:
@@ -306,11 +315,16 @@ class DownstreamClient:
         raise _gave_up(errors)
 
     async def open_stream(
-        self, name: str, body: dict[str, Any], allowed: Container[str] | None = None
+        self,
+        name: str,
+        body: dict[str, Any],
+        allowed: Container[str] | None = None,
+        in_flight: InFlight | None = None,
     ) -> StreamCall:
         """Open a stream and wait for its first chunk. Retries and fallbacks (those in
         ``allowed``, when given) apply only until the first chunk: once tokens have reached
-        the client, a failure can't be hidden."""
+        the client, a failure can't be hidden. ``in_flight`` as for :meth:`complete`, until
+        the stream is open (then the stream charges for itself: ``StreamCall.usage``)."""
         errors: list[ProviderError] = []
         async with aclosing(self._tries(name, allowed, errors)) as tries:
             async for t in tries:
@@ -326,6 +340,8 @@ class DownstreamClient:
                 sem = self._sem[(target.name, target.deployment)]
                 await sem.acquire()
                 self.balancer.started(target)
+                if in_flight is not None:
+                    in_flight.sent(model, target, req, t.number)
                 gen = t.provider.stream(target, req, stats)
                 try:
                     first = await gen.__anext__()
@@ -364,6 +380,8 @@ class DownstreamClient:
                         errors=errors,
                         request=req,
                     )
+                if in_flight is not None:
+                    in_flight.failed()
                 self._attempt_failed(t, err, errors)
         raise _gave_up(errors)
 

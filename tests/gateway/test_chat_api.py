@@ -895,6 +895,10 @@ def test_request_deadline_cuts_a_slow_call_with_504(
     # The call the deadline cut is a timeout (the model did not answer in time), not a
     # client's hang-up, which an export for training leaves out.
     assert [(c[0], c[4]) for c in calls] == [(MODEL, "timeout")]
+    # Its upstream had read the prompt: charged that, estimated, on the call and the row.
+    ((_, cost, prompt_tokens, completion_tokens, _),) = calls
+    assert cost > 0 and prompt_tokens > 0 and completion_tokens == 0
+    assert request[2] == cost
 
 
 def test_request_deadline_ends_a_long_stream_with_an_error_event(

@@ -5,6 +5,7 @@ of the result is exactly the sum of its calls, each priced from its real usage."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
 from decimal import Decimal
@@ -37,7 +38,7 @@ from router.policy import (
 )
 from router.pool import ModelPool, PoolModelConfig
 from router.providers.client import DownstreamClient
-from router.providers.usage import estimate_usage
+from router.providers.usage import estimate_usage, prompt_tokens_estimate
 from router.route_result import NoAnswer, RequestTimeout, RouteResult
 from router.tools import tool_name
 from tests.conftest import ScriptedRouter
@@ -768,18 +769,19 @@ async def test_a_timeout_while_a_stream_opens_releases_its_hold(
     setup: Any, downstream: Downstream
 ) -> None:
     # The request's timeout cancels the run while the final call's stream is still being
-    # opened: the hold on the key's budget goes with it, not an hour of TTL later.
+    # opened: the hold on the key's budget goes with it, not an hour of TTL later (settled
+    # at the prompt the upstream was sent, as the call's row says it cost).
     p, orch, _, _ = setup
     downstream.fault(CHEAP, "latency=3000")
     guard, store, limits = key_guard(1_000_000)
     with pytest.raises(RequestTimeout) as exc:
         await orch.run(FixedPolicy(CHEAP), ctx(p), stream=True, guard=guard, timeout_s=0.3)
-    state = await store.spent(limits)
-    assert (state.spent, state.reserved) == (0, 0)
     # Booked as what it was: the call did not answer in the time the request had (it was
     # booked `cancelled`, as a client hang-up, and left out of training exports).
     [outcome] = exc.value.state.outcomes
-    assert (outcome.ok, outcome.error_kind, outcome.cost_micros) == (False, "timeout", 0)
+    assert (outcome.ok, outcome.error_kind) == (False, "timeout") and outcome.cost_micros > 0
+    state = await store.spent(limits)
+    assert (state.spent, state.reserved) == (outcome.cost_micros, 0)
 
 
 async def test_a_stream_closed_before_it_is_read_is_settled_and_recorded(setup: Any) -> None:
@@ -897,3 +899,154 @@ async def test_a_call_that_answered_stays_in_the_row_when_its_sibling_is_cut_off
     budget = await store.spent(limits)
     row_total = sum(o.cost_micros for o in [*state.outcomes, *state.router_calls])
     assert budget.reserved == 0 and budget.spent == row_total > 0
+
+
+# -- calls the request stops waiting for: what their upstream was sent is paid for ---------
+
+
+# A prompt whose estimate costs more than rounding could make of it: ~1,000 tokens.
+LONG_PROMPT = [{"role": "user", "content": "Summarise this log line by line. " + "ok " * 1300}]
+
+
+def long_ctx(p: ModelPool) -> RouteContext:
+    return RouteContext(request_id="r1", messages=LONG_PROMPT, pool=p, cost_weight=0.5)
+
+
+def _prompt_cost(p: ModelPool, model: str, c: RouteContext) -> tuple[int, int]:
+    """(estimated prompt tokens, their cost at ``model``'s price) of what a FixedPolicy's
+    call sends: the estimate a stream cut before its usage is charged."""
+    body = downstream_request(c, ToolCall(id="call_0", model=model))
+    tokens = prompt_tokens_estimate(body)
+    return tokens, p[model].price.cost_micros(TokenUsage(prompt_tokens=tokens))
+
+
+async def _end_request(
+    orch: Orchestrator,
+    policy: Policy,
+    c: RouteContext,
+    guard: KeyBudgetGuard,
+    ended_by: str,
+    *,
+    stream: bool = False,
+) -> LoopState:
+    """Run ``policy`` until the client leaves (its task cancelled) or the request's deadline
+    passes, 0.4 s in; the state as the gateway books it."""
+    state = orch.new_state(policy, c)
+    if ended_by == "client":
+        task = asyncio.create_task(orch.run(policy, c, guard=guard, state=state, stream=stream))
+        await asyncio.sleep(0.4)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    else:
+        with pytest.raises(RequestTimeout):
+            await orch.run(policy, c, guard=guard, state=state, stream=stream, timeout_s=0.4)
+    await guard.bookkeeping.drain()
+    return state
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("ended_by", ["client", "deadline"])
+async def test_a_call_cut_off_after_its_request_was_sent_is_charged_its_prompt(
+    setup: Any, downstream: Downstream, ended_by: str, stream: bool
+) -> None:
+    """The upstream had the request (and bills its prompt) when the request stopped waiting
+    for the answer: booked at no cost, a client could spend upstream money without its
+    key's budget seeing any by hanging up before each answer came."""
+    p, orch, _, _ = setup
+    downstream.fault(CHEAP, "latency=3000")
+    guard, store, limits = key_guard(1_000_000)
+    c = long_ctx(p)
+    state = await _end_request(orch, FixedPolicy(CHEAP), c, guard, ended_by, stream=stream)
+    [cut] = state.outcomes
+    tokens, cost = _prompt_cost(p, CHEAP, c)
+    assert tokens > 900 and cost > 50
+    # Its error kind is what it was; the row says the prompt it was sent, and that the
+    # usage is an estimate (no completion is known), at the model's input price.
+    kind = "cancelled" if ended_by == "client" else "timeout"
+    assert (cut.ok, cut.model, cut.error_kind) == (False, CHEAP, kind)
+    assert cut.error is not None
+    assert cut.error.endswith("before the call answered; usage estimated from the prompt sent")
+    assert (cut.usage.prompt_tokens, cut.usage.completion_tokens) == (tokens, 0)
+    assert cut.cost_micros == cost and cut.latency_ms >= 350
+    # The key paid what the row says, within the hold, and holds nothing more.
+    budget = await store.spent(limits)
+    assert (budget.spent, budget.reserved) == (cost, 0)
+    assert cost <= worst_case_micros(c, ToolCall(id="call_0", model=CHEAP))
+
+
+async def test_a_fallback_cut_off_in_flight_is_charged_at_its_own_price(
+    setup: Any, downstream: Downstream
+) -> None:
+    p, orch, _, _ = setup
+    downstream.fault(MID, "status=500", count=1)  # no retries: MID falls back to DEAR
+    downstream.fault(DEAR, "latency=3000")
+    guard, store, limits = key_guard(1_000_000)
+    c = long_ctx(p)
+    state = await _end_request(orch, FixedPolicy(MID), c, guard, "deadline")
+    [cut] = state.outcomes
+    _, cost = _prompt_cost(p, DEAR, c)
+    assert (cut.model, cut.fallback_from, cut.attempts, cut.error_kind) == (
+        DEAR,
+        MID,
+        2,
+        "timeout",
+    )
+    assert cut.cost_micros == cost > _prompt_cost(p, MID, c)[1]
+    assert (await store.spent(limits)).spent == cost
+
+
+def _one_slot_pool(base: str, retries: int) -> ModelPool:
+    cfg = PoolModelConfig(
+        name=CHEAP,
+        model=f"openai/{CHEAP}",
+        api_base=base,
+        timeout_s=5,
+        max_retries=retries,
+        max_concurrency=1,
+    )
+    return ModelPool.from_configs([cfg], load_default_catalog())
+
+
+@pytest.mark.parametrize("waiting_for", ["slot", "backoff"])
+async def test_a_call_cut_off_before_its_request_was_sent_costs_nothing(
+    downstream: Downstream, waiting_for: str
+) -> None:
+    """Cut while it waited for its model's concurrency slot, or between a failed attempt and
+    its retry: no upstream has its request, so nothing is charged (a failed attempt never
+    is)."""
+    downstream.control.delete("/_replay/faults")
+    p = _one_slot_pool(downstream.base_url, retries=1)
+
+    async def long_backoff(_: float) -> None:
+        await asyncio.sleep(30)
+
+    client = DownstreamClient(p, sleep=long_backoff)
+    busy: asyncio.Task[Any] | None = None
+    try:
+        if waiting_for == "slot":
+            # Another call holds the model's only slot for 3 s.
+            downstream.fault(CHEAP, "latency=3000")
+            busy = asyncio.create_task(client.complete(CHEAP, {"messages": USER}))
+            await asyncio.sleep(0.2)
+        else:
+            downstream.fault(CHEAP, "status=500", count=1)
+        guard, store, limits = key_guard(1_000_000)
+        orch = Orchestrator(ProviderExecutor(client))
+        state = await _end_request(orch, FixedPolicy(CHEAP), long_ctx(p), guard, "deadline")
+        [cut] = state.outcomes
+        assert (cut.ok, cut.error_kind, cut.error) == (
+            False,
+            "timeout",
+            "the request's deadline passed before the call answered",
+        )
+        assert (cut.cost_micros, cut.usage) == (0, TokenUsage())
+        budget = await store.spent(limits)
+        assert (budget.spent, budget.reserved) == (0, 0)
+    finally:
+        if busy is not None:
+            busy.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await busy
+        downstream.control.delete("/_replay/faults")
+        await client.aclose()
