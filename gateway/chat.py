@@ -16,7 +16,7 @@ from typing import Any
 
 from starlette.responses import Response
 
-from gateway.cache import AnswerCache, CachedAnswer
+from gateway.cache import AnswerCache, CachedAnswer, price_tag
 from gateway.chat_request import parse_request, validate_request
 from gateway.chat_routing import Resolved, build_context, resolve, route_pool
 from gateway.disconnect import ClientGone, ClientWatch
@@ -248,6 +248,13 @@ class ChatService:
                 # circuits open right now. An answer routed around a failing model must not
                 # outlive its recovery, nor one routed for a narrower key reach a wider one.
                 "pool": ctx.pool.names,
+                # And, for a router, their prices in this request's snapshot: a cost-aware
+                # policy decides by them, so once a reload changes them an answer routed
+                # under the old ones is not served (as one routed by a checkpoint is not
+                # once another is deployed). A pinned model answers the same at any price.
+                "prices": None
+                if resolved.pinned is not None
+                else [price_tag(m.price) for m in ctx.pool],
             },
         )
 

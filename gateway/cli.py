@@ -292,7 +292,9 @@ def _cannot_listen(host: str, port: int, workers: int) -> str | None:
     for fam, kind, proto, _, addr in infos:
         with socket.socket(fam, kind, proto) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if fam == socket.AF_INET6:
+            if fam == socket.AF_INET6 and workers == 1:
+                # As asyncio's create_server binds each family apart; uvicorn's one socket
+                # for several workers is dual-stack, so "::" there also takes 0.0.0.0's port.
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             try:
                 sock.bind(addr)

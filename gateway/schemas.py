@@ -20,6 +20,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from pricing.money import MAX_USD
+from router.outcomes import MAX_COST_WEIGHT
 
 
 class _Open(BaseModel):
@@ -205,7 +206,7 @@ class XRouterControls(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    cost_weight: float | None = Field(default=None, ge=0, le=1e6)
+    cost_weight: float | None = Field(default=None, ge=0, le=MAX_COST_WEIGHT)
     max_cost_usd: float | None = Field(default=None, gt=0, le=MAX_USD, allow_inf_nan=False)
     models: list[str] | None = Field(default=None, min_length=1)
     cache: CacheControls | None = None

@@ -220,9 +220,9 @@ class Services:
         from gateway.cache import build_answer_cache
 
         # Built once: a reload keeps the cached answers (a new router checkpoint, or new
-        # prices for a routed request's models, has keys of its own); the cache section's
-        # own settings take effect at restart.
-        self.cache = build_answer_cache(s.cache, s.limits, self.metrics, self.current)
+        # prices for a routed request's models, has keys of its own: see ChatService); the
+        # cache section's own settings take effect at restart.
+        self.cache = build_answer_cache(s.cache, s.limits, self.metrics)
         self.chat = ChatService(
             self.current, self.hooks, self.cache, request_timeout_s=s.server.request_timeout_s
         )

@@ -31,6 +31,7 @@ from pydantic import (
 from pydantic_core import MultiHostUrl, Url
 
 from pricing import ModelPrice
+from router.outcomes import MAX_COST_WEIGHT
 from router.pool import DEFAULT_KEEP_ALIVE_S, PoolModelConfig
 from router.reward import RewardConfig
 
@@ -280,7 +281,7 @@ class RewardSettings(_Section):
 
 class RouterSettings(_Section):
     default_policy: str = "compact"
-    cost_weight: float = Field(default=0.5, ge=0, le=1e6)  # as a request's own may be
+    cost_weight: float = Field(default=0.5, ge=0, le=MAX_COST_WEIGHT)  # as a request's own may be
     max_turns: int = Field(default=4, ge=1, le=16)
     checkpoint: str | None = None
     watch_files: bool = True

@@ -4,7 +4,7 @@ Off by default; ``cache.backend`` is per-worker memory or Redis shared by every 
 replica."""
 
 from gateway.cache.backends import CacheUnavailable, MemoryBackend, RedisBackend
-from gateway.cache.entry import CachedAnswer, cache_key
+from gateway.cache.entry import CachedAnswer, cache_key, price_tag
 from gateway.cache.service import AnswerCache, CacheTicket, build_answer_cache
 
 __all__ = [
@@ -16,4 +16,5 @@ __all__ = [
     "RedisBackend",
     "build_answer_cache",
     "cache_key",
+    "price_tag",
 ]

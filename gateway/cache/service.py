@@ -23,11 +23,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gateway.cache.backends import CacheBackend, CacheUnavailable, MemoryBackend, RedisBackend
-from gateway.cache.entry import CachedAnswer, cache_key, price_tag
+from gateway.cache.entry import CachedAnswer, cache_key
 
 if TYPE_CHECKING:
     from gateway.metrics import GatewayMetrics
-    from gateway.runtime import Runtime
     from gateway.schemas import CacheControls
     from gateway.settings import CacheSettings, LimitsSettings
 
@@ -36,8 +35,6 @@ log = logging.getLogger(__name__)
 __all__ = ["AnswerCache", "CacheTicket", "build_answer_cache"]
 
 _BACKOFF_S = 5.0
-# The policy a request naming a pool model is reported under (gateway.chat_routing).
-PASSTHROUGH = "passthrough"
 
 
 class _Flight:
@@ -109,15 +106,10 @@ class AnswerCache:
         settings: CacheSettings,
         backend: CacheBackend,
         metrics: GatewayMetrics | None = None,
-        runtime: Callable[[], Runtime] | None = None,
     ) -> None:
         self.settings = settings
         self.backend = backend
         self.metrics = metrics
-        # The serving snapshot (pool and prices), which a reload swaps: a routed answer is
-        # keyed by the prices it was routed under.
-        self._runtime = runtime
-        self._priced: tuple[Runtime | None, dict[str, str]] = (None, {})
         self._down_until = 0.0  # monotonic: the backend is skipped until then
         self._pending: set[asyncio.Task[None]] = set()
         self._flights: dict[str, _Flight] = {}
@@ -133,29 +125,8 @@ class AnswerCache:
         routing: dict[str, Any] | None = None,
     ) -> CacheTicket:
         scope = "*" if self.settings.scope == "global" else f"key:{key_id or '-'}"
-        if policy != PASSTHROUGH and routing is not None:
-            # A cost-aware policy decides by price: an answer routed under prices a reload
-            # has since changed (a model became dearer, or cheaper) is not served once they
-            # changed, as one routed by a checkpoint is not once another is deployed. A
-            # model asked for by name gives the same answer whatever it costs.
-            prices = self._prices_of(routing.get("pool"))
-            if prices is not None:
-                routing = {**routing, "prices": prices}
         key = cache_key(data, scope=scope, policy=policy, checkpoint=checkpoint, routing=routing)
         return CacheTicket(key, controls)
-
-    def _prices_of(self, names: Any) -> list[str | None] | None:
-        """The serving prices of the pool models ``names`` (the ones the routing could
-        choose from), or None without a runtime to read them from."""
-        if self._runtime is None or not isinstance(names, list | tuple):
-            return None
-        rt = self._runtime()
-        seen, tags = self._priced
-        if seen is not rt:
-            # Once per snapshot: every request of a runtime reads the same prices.
-            tags = {m.name: price_tag(m.price) for m in rt.pool}
-            self._priced = (rt, tags)
-        return [tags.get(str(n)) for n in names]
 
     async def lookup(
         self,
@@ -321,13 +292,9 @@ class AnswerCache:
 
 
 def build_answer_cache(
-    settings: CacheSettings,
-    limits: LimitsSettings,
-    metrics: GatewayMetrics | None = None,
-    runtime: Callable[[], Runtime] | None = None,
+    settings: CacheSettings, limits: LimitsSettings, metrics: GatewayMetrics | None = None
 ) -> AnswerCache | None:
-    """The configured cache, or None when it is off. ``runtime``: the serving snapshot, whose
-    prices key routed answers."""
+    """The configured cache, or None when it is off."""
     if not settings.enabled:
         return None
     backend: CacheBackend
@@ -339,4 +306,4 @@ def build_answer_cache(
         )
     else:
         backend = MemoryBackend(settings.max_entries, settings.max_bytes)
-    return AnswerCache(settings, backend, metrics, runtime)
+    return AnswerCache(settings, backend, metrics)

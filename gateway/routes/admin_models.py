@@ -7,12 +7,22 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from gateway.ledger.spend import to_utc
 from pricing.money import MAX_USD
+from router.outcomes import MAX_COST_WEIGHT
 
 Period = Literal["daily", "weekly", "monthly", "total"]
 
@@ -70,29 +80,41 @@ def expiry(expires_at: dt.datetime | None, duration: str | None) -> dt.datetime 
     return to_utc(expires_at)
 
 
-_DATE_ONLY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+# pydantic's own datetime parsing of a string, as it reads one from JSON, which also takes a
+# date alone (that day's start).
+_DATETIME: TypeAdapter[dt.datetime] = TypeAdapter(dt.datetime)
 
 
 def _iso_time(value: Any) -> Any:
-    """An ISO 8601 time, or a date alone — that day's start (UTC, as any time without an
-    offset), as ``GET /admin/spend?since=`` reads one; pydantic's datetime refuses a date
-    ("invalid datetime separator"). Parsed here for both, since a value a validator has
-    seen first is checked in Python mode, where a strict datetime takes no string."""
+    """An ISO 8601 time as pydantic reads one from JSON, or a date alone — that day's start
+    (UTC, as any time without an offset), as ``GET /admin/spend?since=`` reads one; the
+    strict JSON parsing refuses a date ("invalid datetime separator"). Parsed here for
+    both, since a value a validator has seen first is checked in Python mode, where a strict
+    datetime takes no string."""
     if not isinstance(value, str):
         return value
-    text = value.strip()
-    if _DATE_ONLY.match(text):
-        text += "T00:00:00"
     try:
-        return dt.datetime.fromisoformat(text)
-    except ValueError:
+        return _DATETIME.validate_strings(value.strip())
+    except ValidationError:
         raise ValueError(
             "must be an ISO 8601 time (2031-01-31T12:00:00Z) or date (2031-01-31)"
         ) from None
 
 
+# What the API document says expires_at takes: what ``_iso_time`` reads.
+_TIME_OR_DATE = WithJsonSchema(
+    {
+        "anyOf": [
+            {"type": "string", "format": "date-time"},
+            {"type": "string", "format": "date"},
+            {"type": "null"},
+        ]
+    }
+)
+
+
 class _Expiry(BaseModel):
-    expires_at: dt.datetime | None = None
+    expires_at: Annotated[dt.datetime | None, _TIME_OR_DATE] = None
     duration: str | None = None
 
     _duration = field_validator("duration")(_duration)
@@ -115,7 +137,7 @@ class KeyRouting(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     default_policy: str | None = Field(default=None, min_length=1, max_length=64)
-    cost_weight: float | None = Field(default=None, ge=0, le=1e6)
+    cost_weight: float | None = Field(default=None, ge=0, le=MAX_COST_WEIGHT)
     max_cost_usd: float | None = Field(default=None, gt=0, le=MAX_USD, allow_inf_nan=False)
 
 

@@ -484,18 +484,19 @@ def test_budget_holds_under_100_parallel_requests(gw: Gateway, stack: Stack) -> 
     listed = httpx.get(f"{gw.url}/admin/keys", headers=ADMIN).json()["data"]
     mine = next(x for x in listed if x["key_id"] == k["key_id"])
     assert round(mine["spent_usd"] * 1e6) == spent  # the store's counter matches the ledger
-    # A change answers as the lookup does: with the spend, read against the new budget.
-    url = f"{gw.url}/admin/keys/{k['key_id']}"
-    changed = httpx.patch(url, json={"budget_usd": 1.0}, headers=ADMIN).json()
-    looked_up = httpx.get(url, headers=ADMIN).json()
-    assert round(changed["spent_usd"] * 1e6) == spent == round(looked_up["spent_usd"] * 1e6)
-    assert changed["remaining_usd"] == looked_up["remaining_usd"] == pytest.approx(1 - spent / 1e6)
     gauge = _metric(
         httpx.get(f"{gw.url}/metrics").text,
         "xrouter_key_budget_remaining_usd",
         key_alias=k["alias"],
     )
     assert 0 <= gauge <= budget_micros / 1e6
+    # (After the gauge: a budget change drops the key's series until it is read again.)
+    # A change answers as the lookup does: with the spend, read against the new budget.
+    url = f"{gw.url}/admin/keys/{k['key_id']}"
+    changed = httpx.patch(url, json={"budget_usd": 1.0}, headers=ADMIN).json()
+    looked_up = httpx.get(url, headers=ADMIN).json()
+    assert round(changed["spent_usd"] * 1e6) == spent == round(looked_up["spent_usd"] * 1e6)
+    assert changed["remaining_usd"] == looked_up["remaining_usd"] == pytest.approx(1 - spent / 1e6)
 
 
 def test_request_budget_cap(gw: Gateway) -> None:

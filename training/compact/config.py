@@ -15,7 +15,8 @@ _REWARD = RewardConfig()
 
 @dataclass(slots=True)
 class TrainConfig:
-    """Every knob of a training run; stored in the run's config.json and the checkpoint."""
+    """Every knob of a training run; stored in the run's config.json and the checkpoint (a
+    kNN or cascade build stores the ones it used and names the rest, ``config_not_used``)."""
 
     steps: int = 1500
     batch_size: int = 64
