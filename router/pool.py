@@ -40,6 +40,14 @@ OPENAI_COMPATIBLE = frozenset(
 DEFAULT_KEEP_ALIVE_S = 4.0
 
 
+def _has_userinfo(url: str) -> bool:
+    """Whether ``url`` names a user (and password) before its host: user:secret@host."""
+    try:
+        return urlsplit(url).username is not None
+    except ValueError:
+        return False
+
+
 class DeploymentConfig(BaseModel):
     """One place a pool model is served (a vLLM replica, a second provider account, another
     region). The router picks the model; the gateway picks among its deployments."""
@@ -120,6 +128,25 @@ class PoolModelConfig(BaseModel):
         labels = [d.label for d in self.deployments]
         if len(set(labels)) != len(labels):
             raise ValueError(f"deployment names must differ (set `name:`): {labels}")
+        return self
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> PoolModelConfig:
+        # Credentials in an api_base (http://user:secret@host/v1) are sent as HTTP Basic
+        # auth, an api_key as a bearer token: both would be two Authorization headers, which
+        # the HTTP clients refuse on every call. Said here, by name, rather than per request.
+        targets = [(self.api_base, self.api_key, None)] + [
+            (d.api_base, d.api_key or self.api_key, d.label) for d in self.deployments or ()
+        ]
+        for api_base, api_key, deployment in targets:
+            # An empty key (an unset ${VAR}) is none: no bearer token is sent for it.
+            if api_key and api_key.get_secret_value() and api_base and _has_userinfo(api_base):
+                where = f" (deployment {deployment!r})" if deployment else ""
+                raise ValueError(
+                    f"pool model {self.name!r}{where}: its api_base carries credentials "
+                    "(user:password@) and it has an api_key too; an upstream takes one "
+                    "Authorization header: keep one of them"
+                )
         return self
 
     @field_validator("input_modalities")

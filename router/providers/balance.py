@@ -7,9 +7,12 @@ with a cooldown:
 * the deployment with the fewest calls in flight relative to its ``max_concurrency`` goes
   first; ties rotate, so an idle pool spreads its calls evenly;
 * a deployment whose call failed in a way another deployment might not (a timeout, a reset
-  connection, a 429 or a 5xx) cools down for ``cooldown_s``: it is passed over while any
-  other is available, and tried again once the time is up;
-* within one call, each retry goes to a deployment not tried yet while there is one.
+  connection, a 429 or a 5xx; a 401, 403 or 404 of its own account) cools down for
+  ``cooldown_s`` (or as long as its ``retry-after`` asked, if longer): it is passed over
+  while any other is available, and tried again once the time is up;
+* within one call, each retry goes to a deployment not tried yet while there is one, and
+  never to one the call gave up on (``skip``: it refused the gateway, or asked for a longer
+  wait than the call retries after).
 
 A model with one deployment never reaches this code's bookkeeping. State is per process (a
 deployment's calls in flight are this worker's); cooldowns are short, so each worker finds a
@@ -52,13 +55,19 @@ class DeploymentBalancer:
             state = self._state[key] = _State()
         return state
 
-    def pick(self, model: PoolModel, tried: Collection[str | None] = ()) -> PoolModel:
+    def pick(
+        self,
+        model: PoolModel,
+        tried: Collection[str | None] = (),
+        skip: Collection[str | None] = (),
+    ) -> PoolModel:
         """Where the next call to ``model`` goes (``tried``: deployments this call already
-        failed on)."""
+        failed on; ``skip``: those of them it must not call again, unless that is all)."""
         targets = model.targets
         if len(targets) == 1:
             return targets[0]
-        fresh = [t for t in targets if t.deployment not in tried] or list(targets)
+        usable = [t for t in targets if t.deployment not in skip] or list(targets)
+        fresh = [t for t in usable if t.deployment not in tried] or usable
         now = self._clock()
         ready = [t for t in fresh if self._of(t).cool_until <= now]
         if not ready:
@@ -82,10 +91,12 @@ class DeploymentBalancer:
         if target.deployment is not None:
             self._of(target).in_flight -= 1
 
-    def failed(self, target: PoolModel) -> None:
-        """A failure another deployment might not share: cool this one down."""
+    def failed(self, target: PoolModel, wait_s: float | None = None) -> None:
+        """A failure another deployment might not share: cool this one down, for at least
+        ``wait_s`` when given (the upstream's ``retry-after``)."""
         if target.deployment is not None:
-            self._of(target).cool_until = self._clock() + self.cooldown_s
+            cooldown = max(self.cooldown_s, wait_s or 0.0)
+            self._of(target).cool_until = self._clock() + cooldown
 
     def succeeded(self, target: PoolModel) -> None:
         if target.deployment is not None:

@@ -64,8 +64,9 @@ class InFlight:
 def chunk_problem(chunk: Any) -> str | None:
     """What makes a parsed stream event something other than a ``chat.completion.chunk``
     the gateway can relay, or None. Checked once per event, before anything reads it: an
-    upstream that sends ``[]`` or a choice of ``null`` is a bad response (retried, counted
-    against the model), not an AttributeError deep in the relay."""
+    upstream that sends ``[]`` or a choice of ``null`` is a bad response (the call falls
+    back; not retried on that model, nor counted by its circuit), not an AttributeError deep
+    in the relay."""
     if not isinstance(chunk, dict):
         return "an event is not a JSON object"
     usage = chunk.get("usage")

@@ -16,7 +16,7 @@ from router.health import BreakerConfig, CircuitBreakers
 from router.pool import ModelPool, PoolModel
 from router.providers.balance import DeploymentBalancer
 from router.providers.base import InFlight, Provider, StreamStats
-from router.providers.errors import ProviderError, retry_delay
+from router.providers.errors import DEPLOYMENT_LOCAL, ProviderError, retry_after_s, retry_delay
 from router.providers.litellm_provider import LiteLLMProvider
 from router.providers.native import NativeOpenAIProvider
 from router.providers.usage import prompt_tokens_estimate
@@ -207,31 +207,21 @@ class DownstreamClient:
         self.events.on_upstream_error(model.name, "circuit_open")
         return True
 
-    def _failed(self, model: PoolModel, err: ProviderError, errors: list[ProviderError]) -> None:
-        errors.append(err)
-        self.events.on_upstream_error(model.name, err.kind)
-        self.breakers.record_failure(model.name, err.kind)
-
     def _delay(self, attempt: int, err: ProviderError) -> float:
         return retry_delay(attempt, err, self._backoff_base, self._backoff_max)
 
     def _deployment_done(self, target: PoolModel, err: ProviderError | None) -> None:
-        """Book a deployment's call: a retryable failure (another deployment may not share
-        it) cools it down, a success ends its cooldown."""
+        """Book a deployment's call: a failure another deployment may not share (the
+        upstream's trouble, or a refusal of this deployment's account: 401, 403, 404) cools
+        it down — for as long as its ``retry-after`` asked, if longer — a success ends its
+        cooldown."""
         if target.deployment is None:
             return
         if err is None:
             self.balancer.succeeded(target)
-        elif err.retryable:
-            self.balancer.failed(target)
+        elif err.retryable or err.kind in DEPLOYMENT_LOCAL:
+            self.balancer.failed(target, retry_after_s(err))
         self.events.on_deployment(target.name, target.deployment, err is None)
-
-    async def _retry_pause(
-        self, model: PoolModel, tried: set[str | None], attempt: int, err: ProviderError
-    ) -> None:
-        # Another deployment not tried yet is called at once; the same one after a backoff.
-        if not any(t.deployment not in tried for t in model.targets):
-            await self._sleep(self._delay(attempt, err))
 
     async def _tries(
         self, name: str, allowed: Container[str] | None, errors: list[ProviderError]
@@ -242,7 +232,18 @@ class DownstreamClient:
         asks for the next, which comes after the backoff that failure calls for, or not at
         all when it was not retryable or the model's tries are spent (then the next model
         in the chain). A success it returns. One loop for plain calls and streams, so that
-        they retry, fall back and back off alike."""
+        they retry, fall back and back off alike.
+
+        A model with several deployments is tried on each of them before the call gives up
+        on it: a failure that leaves a deployment untried (the upstream's trouble, or a
+        refusal of that deployment's account: 401, 403, 404) goes on to it at once. Such a
+        failure is the deployment's (it cools down), not the model's: the circuit breaker
+        is not told of it, nor asked again before the next deployment — so a half-open
+        circuit's probe, too, goes on through every deployment, and the model's circuit
+        counts a call only once every deployment has failed it. A deployment that refused
+        the gateway, or asked (``retry-after``) for a longer wait than the backoff's cap, is
+        not called again in this call; once none is left the call moves on to the fallback.
+        """
         attempts = 0
         for i, model in enumerate(self._chain(name, allowed)):
             if i > 0:
@@ -250,24 +251,43 @@ class DownstreamClient:
                 log.info("falling back from %s to %s", name, model.name)
             provider = self._providers[model.transport]
             tried: set[str | None] = set()
+            # Deployments this call gives up on (a refusal, a wait longer than we retry after).
+            skip: set[str | None] = set()
             tries = _attempts(model)
+            admitted = False  # the circuit let this call through, nothing booked since
             for attempt in range(tries):
-                if self._short_circuit(model, errors):
+                if not admitted and self._short_circuit(model, errors):
                     break
+                admitted = False
                 attempts += 1
-                target = self.balancer.pick(model, tried)
+                target = self.balancer.pick(model, tried, skip)
                 tried.add(target.deployment)
                 yield _Try(model, target, provider, attempts)
                 # Back here only when the attempt failed: the caller booked its error.
                 err = errors[-1]
-                if not err.retryable or attempt == tries - 1:
+                local = err.kind in DEPLOYMENT_LOCAL and len(model.targets) > 1
+                wait_s = retry_after_s(err)
+                if local or (wait_s is not None and wait_s > self._backoff_max):
+                    skip.add(target.deployment)
+                untried = any(t.deployment not in tried for t in model.targets)
+                if (err.retryable or local) and untried and attempt < tries - 1:
+                    # Another deployment may not share it: on to it at once.
+                    self.events.on_retry(model.name, err.kind)
+                    admitted = True
+                    continue
+                self.breakers.record_failure(model.name, err.kind)
+                usable = any(t.deployment not in skip for t in model.targets)
+                if not err.retryable or attempt == tries - 1 or not usable:
                     break
                 self.events.on_retry(model.name, err.kind)
-                await self._retry_pause(model, tried, attempt, err)
+                await self._sleep(self._delay(attempt, err))
 
     def _attempt_failed(self, t: _Try, err: ProviderError, errors: list[ProviderError]) -> None:
+        """Book a failed attempt's error (the circuit breaker's share is ``_tries``')."""
+        err.deployment = t.target.deployment
         self._deployment_done(t.target, err)
-        self._failed(t.model, err, errors)
+        errors.append(err)
+        self.events.on_upstream_error(t.model.name, err.kind)
 
     async def complete(
         self,
@@ -404,6 +424,7 @@ class DownstreamClient:
         said once per model as for plain calls."""
         self._deployment_done(target, err)
         if err is not None:
+            err.deployment = target.deployment
             stats.error_kind = err.kind
         if err is None:
             self.breakers.record_success(model.name)

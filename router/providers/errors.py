@@ -28,6 +28,12 @@ UPSTREAM_TROUBLE: frozenset[str] = frozenset(
     {"timeout", "rate_limited", "upstream_5xx", "connection"}
 )
 
+# Refusals of the gateway's own setup at one upstream (401, 403, 409: a revoked key, an
+# account without the model; 404: a model the upstream does not serve): not worth a retry
+# of the same upstream, but another deployment of the model (another account, region or
+# replica) may well answer. A 400 is the request's own fault, the same everywhere.
+DEPLOYMENT_LOCAL: frozenset[str] = frozenset({"upstream_4xx", "not_found"})
+
 # Things that must never reach a client or a log line from an upstream error: API keys and
 # bearer tokens, URLs (internal hostnames, signed URLs), and IP addresses.
 _SECRET_PATTERNS = (
@@ -84,6 +90,8 @@ class ProviderError(Exception):
         self.model = model
         self.status = status
         self.retry_after = retry_after
+        # Which of the model's deployments failed (models with several), set by the client.
+        self.deployment: str | None = None
         # The upstream attempts the call made (retries, fallbacks), set by the client when
         # it gives up: 0 when every model's circuit was open and none was called.
         self.attempts = 0
@@ -121,13 +129,19 @@ class ProviderCancelled(Exception):
     """The caller went away (client disconnect); not an upstream failure."""
 
 
+def retry_after_s(err: ProviderError) -> float | None:
+    """The wait the upstream asked for, in seconds, if it gave a usable one."""
+    return parse_retry_after(err.retry_after)
+
+
 def retry_delay(attempt: int, err: ProviderError, base_s: float = 0.1, max_s: float = 2.0) -> float:
     """Seconds to wait before retry ``attempt + 1``: the upstream's ``retry-after`` if it
     gave one, else exponential backoff with full jitter, which spreads the retries of many
-    concurrent callers; never more than ``max_s``."""
+    concurrent callers; never more than ``max_s`` (the client does not retry an upstream
+    that asked for a longer wait: it moves on, see ``DownstreamClient``)."""
     # Checked again here: a ProviderError may be built anywhere, and a bad value must not
     # reach the sleep.
-    retry_after = parse_retry_after(err.retry_after)
+    retry_after = retry_after_s(err)
     if retry_after is not None:
         return min(retry_after, max_s)
     return random.uniform(0, min(max_s, base_s * (2**attempt)))

@@ -5,11 +5,16 @@ pool of OpenAI-compatible models never needs it."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import aiohttp
+from aiohttp.http_exceptions import HttpProcessingError
 
 from router.pool import PoolModel
 from router.providers.base import Provider, ProviderResponse, StreamStats
@@ -80,28 +85,99 @@ def _retry_after(exc: Exception) -> float | None:
     return parse_retry_after(getter("retry-after")) if callable(getter) else None
 
 
+def _links(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions behind it, outermost first (a bounded walk: chains can be
+    cyclic). LiteLLM wraps what went wrong a few links down its own exceptions."""
+    out: list[BaseException] = []
+    link: BaseException | None = exc
+    while link is not None and len(out) < 8:
+        out.append(link)
+        link = link.__cause__ or link.__context__
+    return out
+
+
+def _from_openai_sdk(link: BaseException) -> bool:
+    # LiteLLM's exceptions subclass the OpenAI SDK's: only the SDK's own stand for what
+    # happened on the wire.
+    return type(link).__module__.split(".")[0] == "openai"
+
+
 def _lost_connection(exc: BaseException) -> bool:
     """Whether ``exc`` comes from a connection that failed before any HTTP answer. LiteLLM
     reports one (the OpenAI SDK's ``APIConnectionError``) as an ``InternalServerError`` with
     status 500 and the original a few links down its exception chain."""
     import openai  # LiteLLM's own dependency, loaded with it
 
-    seen = 0
-    link: BaseException | None = exc
-    while link is not None and seen < 8:  # a bounded walk: chains can be cyclic
+    for link in _links(exc):
         if isinstance(link, openai.APIConnectionError):
             return True
         if isinstance(link, openai.APIStatusError) and link is not exc:
             return False  # an upstream did answer, with an error status
-        link = link.__cause__ or link.__context__
-        seen += 1
     return False
 
 
-def _map_exception(exc: Exception, model: PoolModel) -> ProviderError:
+# What Python raises when code meets data it did not expect: at the bottom of a LiteLLM
+# error, a response or stream event it could not read (``'NoneType' object has no
+# attribute 'delta'``, a JSONDecodeError), or a request it could not build.
+_UNEXPECTED = (ValueError, TypeError, AttributeError, KeyError, IndexError)
+
+
+def _on_the_wire(links: list[BaseException]) -> bool:
+    """Whether the network or an upstream's HTTP status is behind the failure: then it is
+    what the status or the connection says, whatever else the chain holds (an error body
+    that was not JSON leaves a JSONDecodeError in the chain of a real 502)."""
+    import httpx  # the OpenAI SDK's, loaded with LiteLLM
+    import openai
+
+    wire = (httpx.TransportError, httpx.HTTPStatusError, aiohttp.ClientError, OSError)
+    for link in links:
+        if isinstance(link, wire) or isinstance(link, HttpProcessingError):
+            return True
+        if isinstance(link, openai.APIStatusError | openai.APIConnectionError) and (
+            _from_openai_sdk(link)
+        ):
+            return True
+    return False
+
+
+def _unreadable(links: list[BaseException], reading: bool) -> bool:
+    """Whether LiteLLM failed on what the upstream sent: a body that is not JSON, an answer
+    that is not a completion (LiteLLM's "Invalid response object"), or — while a stream is
+    read — an event it could not take apart. LiteLLM calls these a 500, or a connection
+    error in a stream; the native transport, and this one now, a ``bad_response``."""
+    if _on_the_wire(links):
+        return False
+    for link in links:
+        if isinstance(link, json.JSONDecodeError):
+            return True
+        if str(link).startswith("Invalid response object"):
+            return True
+    return reading and isinstance(links[-1], _UNEXPECTED)
+
+
+def _refused_locally(links: list[BaseException]) -> BaseException | None:
+    """The exception at the bottom of a failure that happened before any request went out,
+    or None: the OpenAI SDK's own ``OpenAIError`` (missing credentials), or an error
+    raised while the request was being built (aiohttp refusing an Authorization header
+    beside credentials in the api_base). LiteLLM reports these as 500s."""
+    import openai
+
+    if _on_the_wire(links):
+        return None
+    root = links[-1]
+    if type(root) is openai.OpenAIError or isinstance(root, _UNEXPECTED):
+        return root
+    return None
+
+
+def _map_exception(exc: Exception, model: PoolModel, *, reading: bool = False) -> ProviderError:
     """The ProviderError of a LiteLLM failure, of the kind the native path gives the same
     failure: 408 a timeout, a connection lost (before or after the first chunk) a
-    ``connection`` failure, the upstream's ``retry-after`` kept."""
+    ``connection`` failure, an answer or stream event LiteLLM could not read a
+    ``bad_response``, a call refused before it went out (missing credentials) an
+    ``upstream_4xx`` (the gateway's setup: neither retried nor counted by the circuit
+    breaker), the upstream's ``retry-after`` kept. ``reading``: the failure came while a
+    stream was being read."""
     inner = getattr(exc, "original_exception", None)
     if type(exc).__name__ == "MidStreamFallbackError" and isinstance(inner, Exception):
         # A stream's failure comes wrapped as a 500-ish "fallback" error: what happened is
@@ -110,8 +186,6 @@ def _map_exception(exc: Exception, model: PoolModel) -> ProviderError:
     status = getattr(exc, "status_code", None)
     name = type(exc).__name__
     retry_after = _retry_after(exc)
-    detail = sanitize(str(getattr(exc, "message", "") or exc), model.api_key)
-    msg = f"upstream {model.name} failed ({name}): {detail}"
     if "Timeout" in name or status == 408:
         return ProviderError(
             "timeout",
@@ -119,6 +193,26 @@ def _map_exception(exc: Exception, model: PoolModel) -> ProviderError:
             model=model.name,
             retry_after=retry_after,
         )
+    links = _links(exc)
+    # LiteLLM's own failures carry its default status, 500 (or none); any other status is
+    # the upstream's answer.
+    if status in (None, 500) and _unreadable(links, reading):
+        # Only what failed, not the parser's words for it ("Expecting property name…").
+        what = "stream event" if reading else "response"
+        return ProviderError(
+            "bad_response", f"upstream {model.name} sent an invalid {what}", model=model.name
+        )
+    if status in (None, 500) and (root := _refused_locally(links)) is not None:
+        password = urlsplit(model.api_base or "").password
+        detail = sanitize(str(root), model.api_key, password, unquote(password or ""))
+        log.warning("calling upstream %s failed: %s: %s", model.name, type(root).__name__, detail)
+        return ProviderError(
+            "upstream_4xx",
+            f"upstream {model.name} could not be called ({type(root).__name__}): {detail}",
+            model=model.name,
+        )
+    detail = sanitize(str(getattr(exc, "message", "") or exc), model.api_key)
+    msg = f"upstream {model.name} failed ({name}): {detail}"
     if "Connection" in name or _lost_connection(exc):
         # LiteLLM gives its connection errors a status of 500; nothing answered with one.
         return ProviderError("connection", msg, model=model.name)
@@ -225,12 +319,14 @@ class LiteLLMProvider(Provider):
         # read timeout restarts with every SSE comment), then the gaps between chunks.
         first_by: float | None = asyncio.get_running_loop().time() + model.timeout_s
         resp: Any = None
+        reading = False  # True once the stream is open: a failure now is in its events
         try:
             async with asyncio.timeout_at(first_by):
                 resp = await litellm.acompletion(**kwargs)
             if resp is None:
                 raise _no_answer(model)
             chunks = aiter(resp)
+            reading = True
             while True:
                 if first_by is None:
                     chunk = await anext(chunks, None)
@@ -268,9 +364,9 @@ class LiteLLMProvider(Provider):
                     f"upstream {model.name} sent no data within {model.timeout_s:g}s",
                     model=model.name,
                 ) from None
-            raise _map_exception(exc, model) from None
+            raise _map_exception(exc, model, reading=reading) from None
         except Exception as exc:
-            raise _map_exception(exc, model) from None
+            raise _map_exception(exc, model, reading=reading) from None
         finally:
             stats.latency_ms = (time.perf_counter() - start) * 1000
             # Closing LiteLLM's stream closes its HTTP response now (a client that left, a

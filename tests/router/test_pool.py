@@ -78,3 +78,41 @@ def test_a_deployments_default_label_is_its_host_and_port(api_base: str, label: 
 def test_bad_deployments_are_refused_by_name(entry: dict[str, object], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         PoolModelConfig.model_validate({"name": MODEL, "model": f"openai/{MODEL}", **entry})
+
+
+@pytest.mark.parametrize(
+    ("entry", "where"),
+    [
+        ({"api_base": "http://bot:hunter2@a:8000/v1", "api_key": "sk-entry"}, ""),
+        # A deployment's own key, or the one it inherits from its entry.
+        ({"deployments": [{"api_base": "http://bot:hunter2@a/v1", "api_key": "sk-a"}]},
+         " (deployment 'a')"),
+        ({"api_key": "sk-entry", "deployments": [
+            {"api_base": "http://b/v1"}, {"api_base": "https://bot:hunter2@eu/v1", "name": "eu"},
+        ]}, " (deployment 'eu')"),
+    ],
+)  # fmt: skip
+def test_credentials_in_an_api_base_and_an_api_key_are_refused_by_name(
+    entry: dict[str, object], where: str
+) -> None:
+    # Two Authorization headers (Basic from the URL, Bearer from the key), which the HTTP
+    # clients refuse on every call: each request was a 500 with no call booked.
+    with pytest.raises(ValidationError) as exc:
+        PoolModelConfig.model_validate({"name": MODEL, "model": f"openai/{MODEL}", **entry})
+    [err] = exc.value.errors()
+    assert f"pool model {MODEL!r}{where}: its api_base carries credentials" in err["msg"]
+    assert "hunter2" not in err["msg"] and "sk-" not in err["msg"]
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"api_base": "http://bot:hunter2@a:8000/v1"},  # sent as HTTP Basic auth
+        {"api_base": "http://bot:hunter2@a:8000/v1", "api_key": ""},  # an unset ${VAR}
+        {"api_base": "http://a:8000/v1", "api_key": "sk-entry"},
+        {"api_key": "sk-entry", "deployments": [{"api_base": "http://a/v1"}]},
+    ],
+)
+def test_one_credential_per_upstream_is_accepted(entry: dict[str, object]) -> None:
+    m = resolve(**entry)[MODEL]
+    assert m.transport == "native"

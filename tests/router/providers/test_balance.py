@@ -87,3 +87,35 @@ def test_a_single_deployment_model_is_called_as_itself() -> None:
     assert b.pick(m) is m and b.pick(m, tried={None}) is m
     b.failed(m)  # nothing to cool down: the model's circuit breaker handles it
     assert b.cooling() == {}
+
+
+def test_a_deployment_the_call_gave_up_on_is_not_picked_again() -> None:
+    clock = Clock()
+    b = DeploymentBalancer(cooldown_s=5.0, clock=clock)
+    m = model("a", "b")
+    a, bb = m.targets
+    b.failed(a)
+    clock.now += 1
+    b.failed(bb)
+    # Both tried and cooling: "a"'s cooldown ends first, but the call gave up on it (its key
+    # was refused), so the retry goes to "b".
+    assert b.pick(m, tried={"a", "b"}).deployment == "a"
+    assert b.pick(m, tried={"a", "b"}, skip={"a"}).deployment == "b"
+    assert b.pick(m, tried={"a"}, skip={"a"}).deployment == "b"
+    # Given up on every one: any of them (the caller stops before asking).
+    assert b.pick(m, tried={"a", "b"}, skip={"a", "b"}).deployment in {"a", "b"}
+
+
+def test_a_deployment_cools_down_as_long_as_its_retry_after_asked() -> None:
+    clock = Clock()
+    b = DeploymentBalancer(cooldown_s=5.0, clock=clock)
+    m = model("a", "b")
+    a = m.targets[0]
+    b.failed(a, wait_s=30.0)
+    clock.now += 20
+    assert b.cooling() == {MODEL: ["a"]}
+    clock.now += 10
+    assert b.cooling() == {}
+    b.failed(a, wait_s=1.0)  # never shorter than the cooldown
+    clock.now += 4
+    assert b.cooling() == {MODEL: ["a"]}

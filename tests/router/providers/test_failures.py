@@ -6,21 +6,26 @@ and nothing else, an event of megabytes."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from decimal import Decimal
 from typing import Literal
 
+import httpx
 import pytest
+from aiohttp import web
 
 from pricing import ModelPrice
+from router.health import BreakerConfig, CircuitBreakers
 from router.pool import ModelPool, PoolModel
 from router.providers import native
 from router.providers.client import DownstreamClient
 from router.providers.errors import ProviderError, parse_retry_after, retry_delay
 from tests.support.fault_upstream import FaultUpstream, Reply, chunk, event, fault_upstream
+from tests.support.replay import replay_root, start_replay_upstream, stop_replay_upstream
 
 Transport = Literal["native", "litellm"]
 BOTH = pytest.mark.parametrize("transport", ["native", "litellm"])
@@ -122,14 +127,17 @@ async def test_both_transports_map_408_and_keep_retry_after(
     assert exc.value.kind == "timeout" and exc.value.retryable
     assert exc.value.retry_after == 1.5  # LiteLLM's errors dropped it
     await c.aclose()
-    # Retried after the upstream's retry-after (capped by the backoff's maximum as always).
+    # Retried after the upstream's retry-after, when it is within the backoff's maximum.
     up.script(Reply(status=429, headers={"retry-after": "1.5"}))
     c, rec = client(model(up.base_url, transport=transport, retries=1))
     r = await c.complete("m", dict(BODY))
     assert r.attempts == 2 and rec.sleeps == [1.5]
+    # A longer wait is not cut short: the call moves on at once (to another deployment or a
+    # fallback; here there is none), with the upstream's retry-after on its error.
     up.script(Reply(status=503, headers={"retry-after": "60"}))
-    r = await c.complete("m", dict(BODY))
-    assert r.attempts == 2 and rec.sleeps == [1.5, 2.0]
+    with pytest.raises(ProviderError) as exc:
+        await c.complete("m", dict(BODY))
+    assert exc.value.attempts == 1 and exc.value.retry_after == 60 and rec.sleeps == [1.5]
     await c.aclose()
 
 
@@ -296,3 +304,176 @@ async def test_a_connection_dropped_before_any_answer_is_a_connection_failure(
     assert rec.retries == ["connection"] and up.calls == 2  # retried as one
     assert "sk-test-key-should-not-leak" not in str(exc.value)
     await c.aclose()
+
+
+# Malformed answers, alike on both transports: a bad response (a 502
+# ``upstream_bad_response``), not retried on the model that sent it (it would send it
+# again), not counted by its circuit breaker, and the call falls back. LiteLLM reported
+# its own parse failures as an upstream 500 or a lost connection: retried, counted, and
+# said with the parser's words ("Expecting property name enclosed in double quotes").
+
+
+@pytest.fixture(scope="module")
+def replay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, httpx.Client]]:
+    """The replay upstream, for its malformed-answer faults (``bad-event``, ``bad-usage``);
+    pool models call its ``REPLAYED`` model."""
+    proc, base = start_replay_upstream(tmp_path_factory.mktemp("replay"))
+    with httpx.Client(base_url=replay_root(base), timeout=10) as ctl:
+        yield base, ctl
+    stop_replay_upstream(proc)
+
+
+REPLAYED = "llama-3.2-3b-instruct"
+
+
+def replayed(base: str, transport: Transport) -> PoolModel:
+    return dataclasses.replace(model(base, transport=transport, retries=2), upstream_model=REPLAYED)
+
+
+def with_fallback(pm: PoolModel) -> tuple[DownstreamClient, Recorder, CircuitBreakers]:
+    """A client for ``pm`` (falling back to ``f``, the same upstream) whose circuit
+    breaker opens at the first failure it counts."""
+    rec = Recorder()
+    breakers = CircuitBreakers(BreakerConfig(failures=1, cooldown_s=60))
+    pool = ModelPool([dataclasses.replace(pm, fallbacks=("f",)), dataclasses.replace(pm, name="f")])
+    c = DownstreamClient(pool, events=rec, sleep=rec.sleep, breakers=breakers)
+    return c, rec, breakers
+
+
+async def fails_then_falls_back(c: DownstreamClient, stream: bool) -> tuple[ProviderError, str]:
+    """The first attempt's error and the text the fallback answered with."""
+    if stream:
+        sc = await c.open_stream("m", dict(BODY))
+        _ = [ch async for ch in sc.chunks]
+        assert sc.model.name == "f"
+        errors, text = sc.errors, sc.stats.text
+    else:
+        r = await c.complete("m", dict(BODY))
+        assert r.model == "f"
+        errors, text = r.errors, r.body["choices"][0]["message"]["content"]
+    assert [e.model for e in errors] == ["m"]
+    return errors[0], text
+
+
+@BOTH
+async def test_both_transports_call_an_answer_that_is_not_a_completion_a_bad_response(
+    replay: tuple[str, httpx.Client], transport: Transport
+) -> None:
+    base, ctl = replay
+    ctl.delete("/_replay/faults")
+    ctl.post("/_replay/faults", json={"model": REPLAYED, "fault": "bad-event=0", "count": 1})
+    c, rec, breakers = with_fallback(replayed(base, transport))
+    err, text = await fails_then_falls_back(c, stream=False)
+    assert (err.kind, err.status, err.retryable) == ("bad_response", None, False)
+    # Not LiteLLM's "Invalid response object Traceback … 'NoneType' object is not subscriptable".
+    assert err.message == "upstream m sent an invalid response"
+    assert rec.retries == [] and text  # not retried on m: the fallback answered
+    assert breakers.state("m") == "closed"  # not counted by the circuit
+    await c.aclose()
+
+
+@BOTH
+@pytest.mark.parametrize("fault", ["bad-event=0", "bad-event=1", "bad-usage"])
+async def test_both_transports_end_a_stream_on_a_malformed_event_with_a_bad_response(
+    replay: tuple[str, httpx.Client], transport: Transport, fault: str
+) -> None:
+    # After its first chunk a stream is no longer retried: it ends with the error, which
+    # names the event, not LiteLLM's "'NoneType' object has no attribute 'delta'".
+    base, ctl = replay
+    ctl.delete("/_replay/faults")
+    ctl.post("/_replay/faults", json={"model": REPLAYED, "fault": fault, "count": 1})
+    c, _, breakers = with_fallback(replayed(base, transport))
+    sc = await c.open_stream("m", dict(BODY))
+    with pytest.raises(ProviderError) as exc:
+        async for _ in sc.chunks:
+            pass
+    assert (exc.value.kind, exc.value.status) == ("bad_response", None)
+    assert exc.value.message.startswith("upstream m sent an invalid stream event")
+    assert "NoneType" not in exc.value.message
+    # Opened (bad-event=0: on its role chunk, before any text), then ended by the bad event.
+    assert sc.stats.chunks >= 1 and sc.stats.error_kind == "bad_response"
+    assert bool(sc.stats.text) == (fault != "bad-event=0")
+    if fault == "bad-usage":
+        assert sc.stats.finish_reason == "stop"  # the answer was whole; its usage was not
+    assert breakers.state("m") == "closed"
+    await c.aclose()
+
+
+@BOTH
+@pytest.mark.parametrize(
+    ("reply", "stream", "what"),
+    [
+        # "Expecting property name enclosed in double quotes", said LiteLLM, as a 500.
+        (Reply(events=[b"{not json"], headers={"Content-Type": "application/json"}), False,
+         "response"),
+        # A stream whose first event is not a chunk: nothing reached the client yet.
+        (Reply(events=[event(b'{"choices": [null]}'), b"data: [DONE]\n\n"]), True,
+         "stream event"),
+        (Reply(events=[b"data: {not json\n\n", b"data: [DONE]\n\n"]), True, "stream event"),
+    ],
+)  # fmt: skip
+async def test_both_transports_fall_back_from_an_answer_they_cannot_read(
+    up: FaultUpstream, transport: Transport, reply: Reply, stream: bool, what: str
+) -> None:
+    up.script(reply)
+    c, rec, breakers = with_fallback(model(up.base_url, transport=transport, retries=2))
+    err, text = await fails_then_falls_back(c, stream)
+    assert (err.kind, err.status) == ("bad_response", None)
+    assert err.message.startswith(f"upstream m sent an invalid {what}")
+    assert "Expecting" not in err.message and "NoneType" not in err.message
+    assert rec.retries == [] and up.calls == 2 and text == "Hello there."
+    assert breakers.state("m") == "closed"
+    await c.aclose()
+
+
+@BOTH
+async def test_an_error_status_whose_body_is_not_json_is_still_that_status(
+    transport: Transport,
+) -> None:
+    # A proxy's HTML 502: the upstream's trouble (retried, counted), not a bad response,
+    # though its body does not parse either.
+    async def bad_gateway(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(status=502, text="<html>bad gateway</html>", content_type="text/html")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", bad_gateway)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    base = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+    c, rec = client(model(base, transport=transport, retries=1))
+    try:
+        with pytest.raises(ProviderError) as exc:
+            await c.complete("m", dict(BODY))
+    finally:
+        await c.aclose()
+        await runner.cleanup()
+    assert (exc.value.kind, exc.value.status) == ("upstream_5xx", 502)
+    assert rec.retries == ["upstream_5xx"]
+
+
+async def test_a_litellm_call_refused_before_it_went_out_is_not_the_upstreams_trouble(
+    up: FaultUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An openai/ model without an api_key: LiteLLM refuses it ("Missing credentials")
+    # before sending anything, and called that an upstream 500 — retried, counted by the
+    # circuit breaker. It is the gateway's setup, as an upstream's 401 would be.
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    keyless = dataclasses.replace(model(up.base_url, transport="litellm", retries=2), api_key=None)
+    for stream in (False, True):
+        rec = Recorder()
+        breakers = CircuitBreakers(BreakerConfig(failures=1, cooldown_s=60))
+        c = DownstreamClient(ModelPool([keyless]), events=rec, sleep=rec.sleep, breakers=breakers)
+        with pytest.raises(ProviderError) as exc:
+            if stream:
+                await c.open_stream("m", dict(BODY))
+            else:
+                await c.complete("m", dict(BODY))
+        assert (exc.value.kind, exc.value.status, exc.value.retryable) == (
+            "upstream_4xx", None, False,
+        )  # fmt: skip
+        assert "Missing credentials" in exc.value.message
+        assert rec.retries == [] and breakers.state("m") == "closed"
+        await c.aclose()
+    assert up.calls == 0  # nothing went out

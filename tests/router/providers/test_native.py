@@ -1,6 +1,7 @@
 """The native transport's connection reuse: idle upstream connections are kept for the pool
 model's ``keep_alive_s`` and no longer, so the gateway stops reusing a connection before an
-upstream with a short idle timeout (vLLM: 5 s) closes it under a call."""
+upstream with a short idle timeout (vLLM: 5 s) closes it under a call. And its credentials:
+those in an api_base go as HTTP Basic auth; a call that cannot be made is a failed call."""
 
 from __future__ import annotations
 
@@ -8,13 +9,17 @@ import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 from decimal import Decimal
+from urllib.parse import urlsplit
 
 import pytest
 from aiohttp import web
 
 from pricing import ModelPrice
-from router.pool import DEFAULT_KEEP_ALIVE_S, PoolModel, PoolModelConfig
+from router.pool import DEFAULT_KEEP_ALIVE_S, ModelPool, PoolModel, PoolModelConfig
+from router.providers.client import DownstreamClient
+from router.providers.errors import ProviderError
 from router.providers.native import NativeOpenAIProvider
+from tests.support.fault_upstream import FaultUpstream, fault_upstream
 
 _ANSWER = {
     "id": "chatcmpl-1",
@@ -114,3 +119,78 @@ def test_the_default_keep_alive_is_below_uvicorn_servers_idle_timeout() -> None:
     assert cfg.keep_alive_s == DEFAULT_KEEP_ALIVE_S < 5
     with pytest.raises(ValueError, match="keep_alive_s"):
         PoolModelConfig(name="m", model="openai/m", keep_alive_s=0)
+
+
+@pytest.fixture
+async def seen_auth() -> AsyncIterator[tuple[str, list[tuple[str | None, str]]]]:
+    """An upstream on loopback that records each call's Authorization header and URL."""
+    seen: list[tuple[str | None, str]] = []
+
+    async def chat(request: web.Request) -> web.Response:
+        await request.read()
+        seen.append((request.headers.get("Authorization"), str(request.url)))
+        return web.json_response(_ANSWER)
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"127.0.0.1:{runner.addresses[0][1]}", seen
+    finally:
+        await runner.cleanup()
+
+
+async def test_credentials_in_the_api_base_are_sent_as_basic_auth(
+    seen_auth: tuple[str, list[tuple[str | None, str]]],
+) -> None:
+    # Percent-encoded as a URL needs them (p@ss:w/rd), sent decoded, and not in the URL.
+    host, seen = seen_auth
+    provider = NativeOpenAIProvider()
+    try:
+        await provider.complete(_model(f"http://bot:p%40ss%3Aw%2Frd@{host}/v1", 4), _BODY)
+    finally:
+        await provider.aclose()
+    assert seen == [("Basic Ym90OnBAc3M6dy9yZA==", f"http://{host}/v1/chat/completions")]
+
+
+@pytest.fixture
+async def up() -> AsyncIterator[FaultUpstream]:
+    async with fault_upstream() as u:
+        yield u
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_call_the_transport_cannot_make_is_a_failed_call_that_falls_back(
+    up: FaultUpstream, stream: bool
+) -> None:
+    # Credentials in the api_base and an api_key: aiohttp refuses to send both (a
+    # ValueError, neither a ClientError nor a ProviderError), which escaped as a raw 500
+    # with no call booked and no fallback. The pool refuses the pair when it is loaded;
+    # a model built otherwise (the router model) fails its call, without a secret in it.
+    base = urlsplit(up.base_url)
+    both = dataclasses.replace(
+        _model(f"http://bot:hunter2hunter2@{base.netloc}{base.path}", 4),
+        api_key="sk-test-key-should-not-leak",
+        fallbacks=("ok",),
+    )
+    ok = dataclasses.replace(_model(up.base_url, 4), name="ok")
+    c = DownstreamClient(ModelPool([both, ok]))
+    try:
+        if stream:
+            sc = await c.open_stream("m", dict(_BODY))
+            _ = [ch async for ch in sc.chunks]
+            answered, errors = sc.model.name, sc.errors
+        else:
+            r = await c.complete("m", dict(_BODY))
+            answered, errors = r.model, r.errors
+    finally:
+        await c.aclose()
+    assert answered == "ok" and up.calls == 1  # the fallback's call; m's never went out
+    [err] = errors
+    assert isinstance(err, ProviderError) and err.model == "m"
+    assert (err.kind, err.retryable) == ("upstream_4xx", False)
+    assert "could not be called (ValueError)" in err.message
+    for secret in ("hunter2", "sk-test-key", "bot:"):
+        assert secret not in err.message
