@@ -274,3 +274,28 @@ async def test_a_long_retry_after_moves_on_to_the_next_deployment_and_cools_it_t
     assert r.model == "fb" and rec.sleeps == []
     assert (slow.calls, good.calls, fb.calls) == (2, 2, 1)
     await c.aclose()
+
+
+async def test_a_failed_stream_says_which_deployment_failed_it(
+    ups: tuple[FaultUpstream, FaultUpstream, FaultUpstream],
+) -> None:
+    """A streamed call that never opened is booked by the loop, not the executor: its row
+    names the deployment too."""
+    from router.loop import Orchestrator
+    from router.policies.baselines import FixedPolicy
+    from router.route_result import NoAnswer
+
+    bad, good, _ = ups
+    pm = deployed(("bad", bad), ("good", good))
+    c, _, _ = client(pm, clock=Clock())
+    bad.script(Reply(status=401))
+    good.script(Reply(status=401))
+    ctx = RouteContext(request_id="r", messages=BODY["messages"], pool=c.pool, cost_weight=0.0)
+    try:
+        with pytest.raises(NoAnswer) as no_answer:
+            await Orchestrator(ProviderExecutor(c)).run(FixedPolicy("m"), ctx, stream=True)
+    finally:
+        await c.aclose()
+    (out,) = no_answer.value.state.outcomes
+    assert not out.ok and out.error_kind == "upstream_4xx" and out.attempts == 2
+    assert out.deployment == "good"  # the last one called
