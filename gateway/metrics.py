@@ -248,7 +248,9 @@ class GatewayMetrics:
         )
         self._circuit_open = Gauge(
             "xrouter_circuit_open",
-            "1 while a model's circuit breaker keeps calls away from it (router.health).",
+            "1 while a model's circuit breaker keeps calls away from it: open, or half-open "
+            "with its probe out (router.health); 0 once the cooldown has run out with no "
+            "probe out, or closed.",
             ["model"],
             registry=r,
             multiprocess_mode="livemax",

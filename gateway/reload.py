@@ -48,8 +48,10 @@ class _MetricEvents:
             self._s.metrics.deployment_call(model, deployment, ok)
 
     def on_circuit(self, model: str, state: str) -> None:
+        # The gauge says whether calls are kept away (router.health: open, or probing); a
+        # half-open circuit with no probe out, reported when its cooldown ends, is not.
         if self._s.metrics is not None:
-            self._s.metrics.circuit(model, state != "closed")
+            self._s.metrics.circuit(model, state in ("open", "probing"))
         if self._s.circuits is not None:
             self._s.circuits.on_change(model, state)
 

@@ -20,11 +20,23 @@ health and don't count. State lives in the process and survives config reloads (
 model name); with a shared store, workers and replicas tell each other when a circuit opens
 (``adopt_open``; the gateway shares them through Redis, ``gateway/circuits.py``), as
 LiteLLM's router shares cooldowns through its Redis cache, so a dead model costs
-``failures`` calls in all, not per worker. Each process still probes for itself.
+``failures`` calls in all, not per worker. Each process still probes for itself, and
+closings are shared too (``adopt_closed``): a circuit that opened before another process saw
+the model answer again closes.
+
+What a change hook is told (``on_change(model, change)``): ``open`` (an opening, a failed
+probe's reopening, an adopted opening), ``probing`` (half-open with the probe out: the
+other calls are still kept away), ``half_open`` (the cooldown, or an unanswered probe's,
+has run out with no probe out: the next call goes through) and ``closed``. ``half_open`` is
+reported when the cooldown ends, from a timer on the running event loop (``refresh``), not
+when the next call happens to look: a model that gets no more traffic is not reported
+open for ever. So "calls are kept away" (``keeps_away``: open, or probing) is exactly
+``open`` or ``probing`` as last reported.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -36,6 +48,8 @@ from router.providers.errors import UPSTREAM_TROUBLE
 log = logging.getLogger(__name__)
 
 State = Literal["closed", "open", "half_open"]
+# What the change hook is told: a state, or "probing" (half-open with its probe out).
+Change = Literal["closed", "open", "half_open", "probing"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +71,8 @@ class _Circuit:
     failures: int = 0
     opened_at: float | None = None  # None: closed
     probe_at: float | None = None  # when the half-open probe was let through
+    shown: Change = "closed"  # what the change hook was last told
+    timer: asyncio.TimerHandle | None = None  # reports the end of the cooldown (or probe's)
 
 
 class CircuitBreakers:
@@ -67,7 +83,7 @@ class CircuitBreakers:
         config: BreakerConfig | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
-        on_change: Callable[[str, State], None] | None = None,
+        on_change: Callable[[str, Change], None] | None = None,
     ) -> None:
         self.config = config or BreakerConfig()
         self._clock = clock
@@ -79,6 +95,26 @@ class CircuitBreakers:
         if c is None or c.opened_at is None:
             return "closed"
         return "half_open" if self._clock() - c.opened_at >= self.config.cooldown_s else "open"
+
+    def keeps_away(self, model: str) -> bool:
+        """Whether calls to ``model`` are being kept away now: its circuit is open, or
+        half-open with its probe out (and not yet presumed lost). A half-open circuit with no
+        probe out does not: the next call goes through."""
+        c = self._circuits.get(model)
+        if c is None or c.opened_at is None:
+            return False
+        return self._deadline(c) is not None
+
+    def _deadline(self, c: _Circuit) -> float | None:
+        """When an open or probing circuit stops keeping calls away (None: it does not)."""
+        if c.opened_at is None:
+            return None
+        now, cooldown = self._clock(), self.config.cooldown_s
+        if now - c.opened_at < cooldown:
+            return c.opened_at + cooldown
+        if c.probe_at is not None and now - c.probe_at < cooldown:
+            return c.probe_at + cooldown
+        return None
 
     def available(self, models: Iterable[str]) -> list[str]:
         """The models a policy may choose from: those whose circuit is not open (half-open
@@ -100,6 +136,7 @@ class CircuitBreakers:
         if c.probe_at is not None and now - c.probe_at < self.config.cooldown_s:
             return False  # a probe is in flight
         c.probe_at = now
+        self._notify(model, "probing")
         return True
 
     def record_success(self, model: str) -> None:
@@ -119,6 +156,9 @@ class CircuitBreakers:
         c = self._circuits[model]
         was_open = c.opened_at is not None
         c.failures, c.opened_at, c.probe_at = 0, None, None
+        if c.timer is not None:
+            c.timer.cancel()
+            c.timer = None
         if was_open:
             self._notify(model, "closed")
 
@@ -151,6 +191,34 @@ class CircuitBreakers:
             )
             self._notify(model, "open")
 
+    def refresh(self, models: Iterable[str] | None = None) -> None:
+        """Report the circuits (of ``models``; default all) whose cooldown, or unanswered
+        probe's, has run out since they were reported open or probing: ``half_open``. Runs
+        from a timer at that moment; callable at any time (it only reports changes)."""
+        for model in list(self._circuits if models is None else models):
+            c = self._circuits.get(model)
+            if c is None or c.opened_at is None:
+                continue
+            if self._deadline(c) is not None:
+                self._arm(model, c)  # the timer fired a hair early: look again then
+            elif c.shown != "half_open":
+                self._notify(model, "half_open")
+
+    def _arm(self, model: str, c: _Circuit) -> None:
+        """Have ``refresh`` look at ``model`` when it stops keeping calls away. Without a
+        running event loop (the breakers driven by hand), ``refresh`` is the caller's."""
+        deadline = self._deadline(c)
+        if deadline is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if c.timer is not None:
+            c.timer.cancel()
+        # A timer of the loop's clock; the breaker's is time.monotonic, as the loop's.
+        c.timer = loop.call_later(max(0.0, deadline - self._clock()), self.refresh, [model])
+
     def forget(self, keep: Iterable[str]) -> None:
         """Drop the circuits of models not in ``keep`` (the pool a reload left): a model no
         longer served is no longer open, so neither its metric nor ``/admin/router`` (nor
@@ -177,9 +245,28 @@ class CircuitBreakers:
         self._notify(model, "open")
         return True
 
+    def adopt_closed(self, model: str, closed_ago_s: float) -> bool:
+        """Close ``model``'s circuit because another process saw the model answer (its
+        probe, or any call) ``closed_ago_s`` seconds ago, if this circuit opened before that
+        (an opening of its own or an adopted one: either way older news). A circuit that
+        opened since, here or by adoption, stays open. Returns whether it closed."""
+        c = self._circuits.get(model)
+        if c is None or c.opened_at is None:
+            return False
+        if self._clock() - c.opened_at <= max(0.0, closed_ago_s):
+            return False
+        log.info("circuit for %s closed: another worker saw it answer", model)
+        self._close(model)
+        return True
+
     def open_models(self) -> list[str]:
         return sorted(m for m in self._circuits if self.state(m) != "closed")
 
-    def _notify(self, model: str, state: State) -> None:
+    def _notify(self, model: str, change: Change) -> None:
+        c = self._circuits.get(model)
+        if c is not None:
+            c.shown = change
+            if change in ("open", "probing"):
+                self._arm(model, c)
         if self._on_change is not None:
-            self._on_change(model, state)
+            self._on_change(model, change)

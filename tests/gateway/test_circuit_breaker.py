@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -18,6 +19,7 @@ from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gate
 from tests.support.redis_server import PrivateRedis
 
 CHEAPEST = "llama-3.2-3b-instruct"  # the demo pool's cheapest model
+REDIS_DB14 = "redis://127.0.0.1:6379/14"
 
 
 @pytest.fixture
@@ -43,6 +45,33 @@ def circuit_gauge(gw: Gateway, model: str) -> float | None:
         if line.startswith(f'xrouter_circuit_open{{model="{model}"}}'):
             return float(line.rsplit(" ", 1)[1])
     return None
+
+
+def circuits(gw: Gateway) -> tuple[int, dict[str, str]]:
+    """The answering worker's pid and the circuits it has not closed."""
+    state = httpx.get(f"{gw.url}/admin/router", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    return state.json()["worker"], state.json()["circuits"]
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def shared_config(
+    path: Path, upstream: Upstream, prefix: str, cooldown_s: float = 1.0
+) -> dict[str, Any]:
+    """Circuits shared through Redis (the tests' database 14, keys under ``prefix``)."""
+    return gateway_config(
+        path,
+        upstream.base_url,
+        router={
+            "circuit_breaker": {"failures": 2, "cooldown_s": cooldown_s, "sync_interval_s": 0.1}
+        },
+        limits={"backend": "redis", "redis_url": REDIS_DB14, "key_prefix": prefix},
+    )
 
 
 def test_a_failing_model_is_routed_around_until_a_probe_finds_it_healthy(
@@ -135,6 +164,91 @@ def test_replicas_share_an_opening_through_redis(upstream: Upstream, tmp_path: P
         for gw in gateways:
             gw.stop()
         redis.Redis().delete(f"{prefix}:circuit:{CHEAPEST}")
+
+
+def test_a_circuit_whose_cooldown_ran_out_unasked_is_not_reported_open(
+    gateway: Gateway, upstream: Upstream
+) -> None:
+    """xrouter_circuit_open says whether calls are kept away from a model. Once the cooldown
+    has run out the next call goes through (the probe), so a model no request has named
+    since reads 0, not 1 until some request happens by (an alert on the gauge used to fire
+    on a model nothing kept away, or that had recovered). Still failing, it is kept away
+    again as soon as a request probes it."""
+    upstream.fault(CHEAPEST, "status=500", count=1000)
+    assert ask(gateway).status_code == 200
+    assert circuit_gauge(gateway, CHEAPEST) == 1.0
+    wait_for("the gauge still says open", lambda: circuit_gauge(gateway, CHEAPEST) == 0.0)
+    assert circuits(gateway)[1] == {CHEAPEST: "half_open"}
+    calls_before = upstream.stats()["requests"][CHEAPEST]
+    r = ask(gateway)  # the probe fails, a fallback answers
+    assert r.status_code == 200 and r.json()["model"] != CHEAPEST
+    assert upstream.stats()["requests"][CHEAPEST] > calls_before
+    assert circuit_gauge(gateway, CHEAPEST) == 1.0
+    assert circuits(gateway)[1] == {CHEAPEST: "open"}
+
+
+@pytest.mark.redis
+def test_a_probe_answered_in_one_replica_closes_the_circuit_in_the_other(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    """b opens the circuit, a adopts it; after the cooldown b's probe is answered. a, which
+    has not called the model since, closes too within a sync: it used to keep the model
+    half-open (one call at a time let through) and open on its gauge until a request of its
+    own probed it, since the opening's key had expired with the cooldown before the probe."""
+    prefix = f"xrtest-h11-circuits-{uuid.uuid4().hex[:8]}"
+    key = f"{prefix}:circuit:{CHEAPEST}"
+    gateways = []
+    try:
+        for name in ("a", "b"):
+            (tmp_path / name).mkdir()
+            gateways.append(
+                start_gateway(tmp_path / name, shared_config(tmp_path / name, upstream, prefix))
+            )
+        a, b = gateways
+        upstream.fault(CHEAPEST, "status=500", count=2)  # the two attempts that open it
+        assert ask(b).status_code == 200
+        wait_for("a never adopted b's opening", lambda: circuits(a)[1] == {CHEAPEST: "open"})
+        assert circuit_gauge(a, CHEAPEST) == 1.0
+        time.sleep(1.1)  # the cooldown is over in both
+        probe = ask(b)
+        assert probe.status_code == 200 and probe.json()["model"] == CHEAPEST
+        assert circuits(b)[1] == {}
+        wait_for("a never heard of b's closing", lambda: circuits(a)[1] == {})
+        assert circuit_gauge(a, CHEAPEST) == 0.0
+        shared = redis.Redis.from_url(REDIS_DB14).get(key)  # the closing, for late readers
+        assert isinstance(shared, bytes) and shared.startswith(b"closed:")
+        calls = upstream.stats()["requests"][CHEAPEST]
+        assert ask(a).json()["model"] == CHEAPEST
+        assert upstream.stats()["requests"][CHEAPEST] == calls + 1
+    finally:
+        for gw in gateways:
+            gw.stop()
+        redis.Redis.from_url(REDIS_DB14).delete(key)
+
+
+@pytest.mark.redis
+def test_with_several_workers_the_gauge_clears_in_every_worker(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    """Two workers, the circuit open in both (one opened it, the other adopted it): the
+    gauge is the max over the live workers, so each must report the end of the cooldown
+    on its own, traffic or not."""
+    prefix = f"xrtest-h11-circuits-{uuid.uuid4().hex[:8]}"
+    cfg = shared_config(tmp_path, upstream, prefix, cooldown_s=3.0)
+    gw = start_gateway(tmp_path, cfg, workers=2)
+    try:
+        wait_for("a worker never started", lambda: gw.log().count("startup complete") == 2)
+        upstream.fault(CHEAPEST, "status=500", count=1000)
+        assert ask(gw).status_code == 200
+        wait_for(
+            "the other worker never adopted the opening",
+            lambda: "opened: another worker saw it failing" in gw.log(),
+        )
+        assert circuit_gauge(gw, CHEAPEST) == 1.0
+        wait_for("the gauge still says open", lambda: circuit_gauge(gw, CHEAPEST) == 0.0)
+    finally:
+        gw.stop()
+        redis.Redis.from_url(REDIS_DB14).delete(f"{prefix}:circuit:{CHEAPEST}")
 
 
 @pytest.mark.redis

@@ -3,6 +3,8 @@ the cooldown → closed on success or open again on failure."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from router.health import BreakerConfig, CircuitBreakers
@@ -64,7 +66,13 @@ def test_one_probe_after_the_cooldown_closes_or_reopens() -> None:
     assert b.allow("m")
     b.record_success("m")
     assert b.state("m") == "closed" and b.allow("m") and b.allow("m")
-    assert changes == [("m", "open"), ("m", "open"), ("m", "closed")]
+    assert changes == [
+        ("m", "open"),
+        ("m", "probing"),
+        ("m", "open"),
+        ("m", "probing"),
+        ("m", "closed"),
+    ]
 
 
 def test_a_probe_that_never_reports_is_replaced_after_a_cooldown() -> None:
@@ -120,7 +128,7 @@ def test_a_failed_probe_reports_the_reopening() -> None:
     clock.now += 10
     assert b.allow("m")
     b.record_failure("m", "timeout")
-    assert b.state("m") == "open" and changes == [("m", "open"), ("m", "open")]
+    assert b.state("m") == "open" and changes == [("m", "open"), ("m", "probing"), ("m", "open")]
 
 
 def test_a_probe_answered_with_a_client_error_closes_the_circuit() -> None:
@@ -132,7 +140,7 @@ def test_a_probe_answered_with_a_client_error_closes_the_circuit() -> None:
     assert b.allow("m")  # the probe
     b.record_failure("m", "upstream_4xx")
     assert b.state("m") == "closed" and b.allow("m")
-    assert changes == [("m", "open"), ("m", "closed")]
+    assert changes == [("m", "open"), ("m", "probing"), ("m", "closed")]
     # Outside a probe a client error still changes nothing: an open circuit stays open.
     b.record_failure("m", "timeout")
     b.record_failure("m", "upstream_4xx")
@@ -147,3 +155,59 @@ def test_a_model_that_left_the_pool_is_no_longer_open() -> None:
     assert b.open_models() == ["kept"] and b.state("gone") == "closed"
     # Reported closed, so its metric (and an alert on it) stops saying it is open.
     assert changes[-1] == ("gone", "closed")
+
+
+def test_the_end_of_a_cooldown_is_reported_once_when_refreshed() -> None:
+    """Driven by hand (no event loop), ``refresh`` reports what the timers would: a circuit
+    whose cooldown ran out with no probe out is half-open, and no longer keeps calls away."""
+    b, clock, changes = breakers(failures=1, cooldown_s=10.0)
+    b.record_failure("m", "timeout")
+    clock.now += 9.9
+    b.refresh()
+    assert b.keeps_away("m") and changes == [("m", "open")]
+    clock.now += 0.1
+    b.refresh()
+    b.refresh()  # only changes are reported
+    assert b.state("m") == "half_open" and not b.keeps_away("m")
+    assert changes == [("m", "open"), ("m", "half_open")]
+    assert b.allow("m") and b.keeps_away("m")  # the probe is out: the rest are kept away
+    clock.now += 10  # and is presumed lost
+    b.refresh()
+    assert not b.keeps_away("m") and changes[-2:] == [("m", "probing"), ("m", "half_open")]
+
+
+async def test_a_cooldown_that_runs_out_with_no_call_is_reported() -> None:
+    """A model that gets no traffic after its cooldown: nothing looks at its circuit, yet
+    its end is reported (so xrouter_circuit_open stops saying the model is kept away), as
+    is that of a probe that never reported. The opening's report alone said "open" for
+    as long as the model got no call."""
+    changes: list[tuple[str, str]] = []
+    b = CircuitBreakers(BreakerConfig(1, 0.2), on_change=lambda m, s: changes.append((m, s)))
+    b.record_failure("m", "timeout")
+    await asyncio.sleep(0.1)
+    assert changes == [("m", "open")] and b.keeps_away("m")
+    await asyncio.sleep(0.2)
+    assert changes == [("m", "open"), ("m", "half_open")] and not b.keeps_away("m")
+    assert b.allow("m")  # a probe that is then cancelled: no success, no failure
+    await asyncio.sleep(0.3)
+    assert changes[-2:] == [("m", "probing"), ("m", "half_open")]
+    b.record_failure("m", "timeout")  # a failed probe: kept away for a full cooldown again
+    b.record_success("m")  # and closed before it ends: nothing more to report
+    await asyncio.sleep(0.3)
+    assert changes[-2:] == [("m", "open"), ("m", "closed")]
+
+
+def test_a_closing_another_process_saw_closes_circuits_opened_before_it() -> None:
+    b, clock, changes = breakers(failures=1, cooldown_s=10.0)
+    assert b.adopt_open("adopted", 2.0)
+    b.record_failure("own", "timeout")
+    clock.now += 10  # half-open in both: each would probe for itself
+    b.record_failure("newer", "timeout")
+    clock.now += 0.2
+    # Another process's probe answered 0.5 s ago: the circuits opened before that close,
+    # the one opened since (news newer than the closing) stays open.
+    closed = [m for m in ("adopted", "own", "newer") if b.adopt_closed(m, 0.5)]
+    assert closed == ["adopted", "own"] and b.open_models() == ["newer"]
+    assert changes[-2:] == [("adopted", "closed"), ("own", "closed")]
+    assert b.adopt_closed("newer", 0.1) and b.state("newer") == "closed"
+    assert not b.adopt_closed("never", 0.0) and b.state("never") == "closed"
