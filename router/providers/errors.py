@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import re
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+from urllib.parse import unquote, urlsplit
+
+if TYPE_CHECKING:
+    from router.pool import PoolModel
 
 ErrorKind = Literal[
     "timeout",
@@ -127,6 +132,27 @@ def parse_retry_after(value: object) -> float | None:
 
 class ProviderCancelled(Exception):
     """The caller went away (client disconnect); not an upstream failure."""
+
+
+def could_not_call(model: PoolModel, exc: BaseException) -> ProviderError:
+    """A call the gateway could not make or read, for a reason no handler expects (LiteLLM's
+    "Missing credentials", aiohttp refusing an Authorization header beside credentials in
+    the api_base, a bug): an ``upstream_4xx`` — the gateway's setup, neither the request's
+    fault nor the upstream's trouble, so not retried nor counted by the circuit breaker, and
+    the next fallback is tried — rather than a raw 500 that loses the call's row. The
+    message is the exception's type and text with the model's secrets and every URL taken
+    out; it is logged once as a warning."""
+    password = urlsplit(model.api_base or "").password
+    detail = sanitize(str(exc), model.api_key, password, unquote(password or ""))
+    kind = type(exc).__name__
+    logging.getLogger(__name__).warning(
+        "calling upstream %s failed: %s: %s", model.name, kind, detail
+    )
+    return ProviderError(
+        "upstream_4xx",
+        f"upstream {model.name} could not be called ({kind}): {detail}",
+        model=model.name,
+    )
 
 
 def retry_after_s(err: ProviderError) -> float | None:

@@ -11,7 +11,6 @@ import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import aiohttp
 from aiohttp.http_exceptions import HttpProcessingError
@@ -22,6 +21,7 @@ from router.providers.errors import (
     ErrorKind,
     ProviderError,
     client_error_kind,
+    could_not_call,
     parse_retry_after,
     sanitize,
 )
@@ -203,14 +203,7 @@ def _map_exception(exc: Exception, model: PoolModel, *, reading: bool = False) -
             "bad_response", f"upstream {model.name} sent an invalid {what}", model=model.name
         )
     if status in (None, 500) and (root := _refused_locally(links)) is not None:
-        password = urlsplit(model.api_base or "").password
-        detail = sanitize(str(root), model.api_key, password, unquote(password or ""))
-        log.warning("calling upstream %s failed: %s: %s", model.name, type(root).__name__, detail)
-        return ProviderError(
-            "upstream_4xx",
-            f"upstream {model.name} could not be called ({type(root).__name__}): {detail}",
-            model=model.name,
-        )
+        return could_not_call(model, root)
     detail = sanitize(str(getattr(exc, "message", "") or exc), model.api_key)
     msg = f"upstream {model.name} failed ({name}): {detail}"
     if "Connection" in name or _lost_connection(exc):

@@ -7,11 +7,9 @@ A plain pooled aiohttp forward costs well under a millisecond of CPU per call, a
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import aiohttp
 import orjson
@@ -23,12 +21,11 @@ from router.providers.errors import (
     ErrorKind,
     ProviderError,
     client_error_kind,
+    could_not_call,
     parse_retry_after,
     sanitize,
 )
 from router.providers.trace_context import forwarded_headers
-
-log = logging.getLogger(__name__)
 
 _JSON = {"Content-Type": "application/json"}
 
@@ -138,24 +135,6 @@ def _unreachable(model: PoolModel, exc: BaseException) -> ProviderError:
     )
 
 
-def _failed_locally(model: PoolModel, exc: Exception) -> ProviderError:
-    """An exception none of the handlers above expect: the gateway could not make or read
-    the call (aiohttp refusing an Authorization header beside credentials in the api_base,
-    a header it cannot encode, a bug). Without this it escaped the provider as a raw 500,
-    with no call in the ledger, no fallback and nothing for the circuit. An ``upstream_4xx``:
-    the gateway's setup, not the request's fault nor the upstream's trouble (not retried,
-    not counted by the breaker, the next fallback tried). The message is the exception's
-    type and its text with every secret the model holds and every URL taken out."""
-    password = urlsplit(model.api_base or "").password
-    detail = sanitize(str(exc), model.api_key, password, unquote(password or ""))
-    log.warning("calling upstream %s failed: %s: %s", model.name, type(exc).__name__, detail)
-    return ProviderError(
-        "upstream_4xx",
-        f"upstream {model.name} could not be called ({type(exc).__name__}): {detail}",
-        model=model.name,
-    )
-
-
 class NativeOpenAIProvider(Provider):
     def __init__(self) -> None:
         # One pooled session per idle timeout: every pool model shares one unless it sets its
@@ -213,7 +192,7 @@ class NativeOpenAIProvider(Provider):
         except HttpProcessingError as exc:
             raise _malformed(model, exc) from None
         except Exception as exc:
-            raise _failed_locally(model, exc) from None
+            raise could_not_call(model, exc) from None
         try:
             data = orjson.loads(raw)
             if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
@@ -299,7 +278,7 @@ class NativeOpenAIProvider(Provider):
         except ProviderError:
             raise
         except Exception as exc:
-            raise _failed_locally(model, exc) from None
+            raise could_not_call(model, exc) from None
         finally:
             stats.latency_ms = (time.perf_counter() - start) * 1000
 
