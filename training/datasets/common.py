@@ -179,19 +179,36 @@ def models_of_most_items(items: list[tuple[str, Collection[str]]]) -> list[str]:
     return list(counts)
 
 
-def log_incomplete(
-    logger: logging.Logger, path: Path | str, missing: dict[str, int], dropped: int, what: str
-) -> None:
-    """Log the items dropped for lacking some model's outcome, with how many lacked each."""
-    if dropped:
-        per_model = ", ".join(f"{m!r}: {n}" for m, n in missing.items())
-        logger.info(
-            "%s: dropped %d %s(s) with a missing model outcome (missing %s)",
-            path,
-            dropped,
-            what,
-            per_model,
-        )
+class Incomplete:
+    """The items of one file dropped for lacking some of ``models``' outcomes, like a CSV row
+    with a missing score: such a record would lack that model's outcome, which eval refuses
+    and training answers by dropping the model."""
+
+    def __init__(self, models: Collection[str]) -> None:
+        self.models = models
+        self.dropped = 0
+        self.missing: dict[str, int] = {}  # model -> items that lacked it
+
+    def lacks(self, outcomes: Collection[str]) -> bool:
+        """Whether an item with outcomes for ``outcomes`` lacks one (it is then counted)."""
+        absent = [m for m in self.models if m not in outcomes]
+        if absent:
+            self.dropped += 1
+            for m in absent:
+                self.missing[m] = self.missing.get(m, 0) + 1
+        return bool(absent)
+
+    def log(self, logger: logging.Logger, path: Path | str, what: str) -> None:
+        """Log the items dropped, with how many lacked each model."""
+        if self.dropped:
+            per_model = ", ".join(f"{m!r}: {n}" for m, n in self.missing.items())
+            logger.info(
+                "%s: dropped %d %s(s) with a missing model outcome (missing %s)",
+                path,
+                self.dropped,
+                what,
+                per_model,
+            )
 
 
 class UniqueIds(outcomes.UniqueIds):

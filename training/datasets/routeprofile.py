@@ -26,9 +26,9 @@ from pricing import PriceCatalog
 from router.outcomes import OutcomeRecord
 from training.datasets.common import (
     ConversionError,
+    Incomplete,
     UniqueIds,
     build_record,
-    log_incomplete,
     models_of_most_items,
 )
 from training.datasets.prices import call_cost_usd, require_prices
@@ -109,16 +109,10 @@ def convert_routeprofile(paths: list[Path], prices: PriceCatalog | None) -> Iter
     models = models_of_most_items([(i[0], i[3]) for _, items in files for i in items])
     ids = UniqueIds()
     for path, items in files:
-        dropped = repeated = 0
-        missing: dict[str, int] = {}
+        repeated = 0
+        incomplete = Incomplete(models)
         for where, task, query, outcomes in items:
-            absent = [m for m in models if m not in outcomes]
-            if absent:
-                # Like a CSV row with a missing score: the record would lack that model's
-                # outcome, which eval refuses and training answers by dropping the model.
-                dropped += 1
-                for m in absent:
-                    missing[m] = missing.get(m, 0) + 1
+            if incomplete.lacks(outcomes):
                 continue
             record_id = routeprofile_id(task, query)
             if record_id in ids:
@@ -136,7 +130,7 @@ def convert_routeprofile(paths: list[Path], prices: PriceCatalog | None) -> Iter
             yield build_record(
                 {"id": record_id, "task": task, "prompt": query, "outcomes": outcomes}, where
             )
-        log_incomplete(logger, path, missing, dropped, "item")
+        incomplete.log(logger, path, "item")
         if repeated:
             logger.info(
                 "%s: dropped %d repeated prompt(s) (kept the first occurrence)", path, repeated

@@ -22,9 +22,9 @@ from router.outcomes import OutcomeRecord
 from training.datasets.common import (
     ENCODING,
     ConversionError,
+    Incomplete,
     UniqueIds,
     build_record,
-    log_incomplete,
     models_of_most_items,
     parse_score,
     reading,
@@ -80,16 +80,10 @@ def convert_routerdc(
     models = models_of_most_items([(i[0], i[2]) for _, items in files for i in items])
     ids = UniqueIds()
     for path, items in files:
-        dropped = repeated = 0
-        missing: dict[str, int] = {}
+        repeated = 0
+        incomplete = Incomplete(models)
         for where, question, scores, cluster in items:
-            absent = [m for m in models if m not in scores]
-            if absent:
-                # Like a CSV row with a missing score: the record would lack that model's
-                # outcome, which eval refuses and training answers by dropping the model.
-                dropped += 1
-                for m in absent:
-                    missing[m] = missing.get(m, 0) + 1
+            if incomplete.lacks(scores):
                 continue
             record_id = text_id("dc", question)
             if record_id in ids:
@@ -116,7 +110,7 @@ def convert_routerdc(
             if cluster is not None:
                 data["task"] = f"cluster-{cluster}"
             yield build_record(data, where)
-        log_incomplete(logger, path, missing, dropped, "item")
+        incomplete.log(logger, path, "item")
         if repeated:
             logger.info(
                 "%s: dropped %d repeated question(s) (kept the first occurrence)", path, repeated
