@@ -199,25 +199,30 @@ class CircuitBreakers:
             c = self._circuits.get(model)
             if c is None or c.opened_at is None:
                 continue
-            if self._deadline(c) is not None:
-                self._arm(model, c)  # the timer fired a hair early: look again then
+            # One reading of the clock decides: read twice, a deadline passing between the
+            # reads left the circuit neither re-armed nor reported, "open" for good.
+            deadline = self._deadline(c)
+            if deadline is not None:
+                self._arm(model, c, deadline)  # the timer fired a hair early: look again then
             elif c.shown != "half_open":
                 self._notify(model, "half_open")
 
-    def _arm(self, model: str, c: _Circuit) -> None:
-        """Have ``refresh`` look at ``model`` when it stops keeping calls away. Without a
-        running event loop (the breakers driven by hand), ``refresh`` is the caller's."""
-        deadline = self._deadline(c)
-        if deadline is None:
-            return
+    def _arm(self, model: str, c: _Circuit, deadline: float | None) -> None:
+        """Have ``refresh`` look at ``model`` at ``deadline``, when it stops keeping calls
+        away (at once if that has passed: a report of "open" or "probing" is always
+        followed by a look). Without a running event loop (the breakers driven by hand),
+        ``refresh`` is the caller's."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
         if c.timer is not None:
             c.timer.cancel()
-        # A timer of the loop's clock; the breaker's is time.monotonic, as the loop's.
-        c.timer = loop.call_later(max(0.0, deadline - self._clock()), self.refresh, [model])
+        # A timer of the loop's clock; the breaker's is time.monotonic, as the loop's. The
+        # loop's timers may fire a little early (uvloop's clock is cached, in ms): refresh
+        # then arms again for what is left.
+        delay = 0.0 if deadline is None else max(0.0, deadline - self._clock())
+        c.timer = loop.call_later(delay, self.refresh, [model])
 
     def forget(self, keep: Iterable[str]) -> None:
         """Drop the circuits of models not in ``keep`` (the pool a reload left): a model no
@@ -267,6 +272,6 @@ class CircuitBreakers:
         if c is not None:
             c.shown = change
             if change in ("open", "probing"):
-                self._arm(model, c)
+                self._arm(model, c, self._deadline(c))
         if self._on_change is not None:
             self._on_change(model, change)

@@ -211,3 +211,34 @@ def test_a_closing_another_process_saw_closes_circuits_opened_before_it() -> Non
     assert changes[-2:] == [("adopted", "closed"), ("own", "closed")]
     assert b.adopt_closed("newer", 0.1) and b.state("newer") == "closed"
     assert not b.adopt_closed("never", 0.0) and b.state("never") == "closed"
+
+
+class TickingClock(Clock):
+    """Moves on by ``step`` at each reading, as a real clock does between two reads."""
+
+    def __init__(self, step: float) -> None:
+        super().__init__()
+        self.step = step
+
+    def __call__(self) -> float:
+        now = self.now
+        self.now += self.step
+        return now
+
+
+async def test_a_cooldown_that_ends_between_two_reads_of_the_clock_is_still_reported() -> None:
+    """The look at the end of a cooldown (a timer fires it, a little early on uvloop's
+    ms clock) read the clock twice: "not yet" at the first read, "passed" at the second,
+    and the circuit was neither re-armed nor reported — xrouter_circuit_open said 1 for a
+    model nobody was keeping away (a multi-worker test caught it, about 1 run in 10 under
+    load)."""
+    clock, changes = TickingClock(step=0.0), []
+    b = CircuitBreakers(
+        BreakerConfig(1, 10.0), clock=clock, on_change=lambda m, s: changes.append((m, s))
+    )
+    b.record_failure("m", "timeout")  # opened at 1000: its timer is 10 real seconds away
+    clock.now, clock.step = 1010.0 - 0.0005, 0.001  # the deadline falls after the 1st read
+    b.refresh(["m"])
+    await asyncio.sleep(0.05)
+    assert changes == [("m", "open"), ("m", "half_open")]
+    assert not b.keeps_away("m")
