@@ -30,7 +30,7 @@ router = APIRouter()
 
 # How long past another process's flush interval a request's row may take to be written
 # (a batch's commit), and how often to look for it meanwhile.
-_GRACE_S = 0.5
+_GRACE_S = 1.5  # a loaded process commits late; this only delays a 404
 _POLL_S = 0.05
 
 

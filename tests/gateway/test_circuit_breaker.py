@@ -24,8 +24,10 @@ REDIS_DB14 = "redis://127.0.0.1:6379/14"
 
 @pytest.fixture
 def gateway(upstream: Upstream, tmp_path: Path) -> Iterator[Gateway]:
+    # The cooldown outlasts what a test checks while the circuit is open, on a loaded machine
+    # too (at 1 s a slow run saw it run out mid-test, and its asks probed the model).
     cfg = gateway_config(
-        tmp_path, upstream.base_url, router={"circuit_breaker": {"failures": 2, "cooldown_s": 1.0}}
+        tmp_path, upstream.base_url, router={"circuit_breaker": {"failures": 2, "cooldown_s": 4.0}}
     )
     gw = start_gateway(tmp_path, cfg)
     yield gw
@@ -114,7 +116,7 @@ def test_a_failing_model_is_routed_around_until_a_probe_finds_it_healthy(
     assert f"<td>{CHEAPEST}</td>" in page and "<td>open</td>" in page
     # It recovers; after the cooldown one request probes it, and it is back in the pool.
     upstream.reset()
-    time.sleep(1.1)
+    wait_for("the cooldown never ran out", lambda: circuits(gateway)[1] == {CHEAPEST: "half_open"})
     probe = ask(gateway)
     assert probe.status_code == 200 and probe.json()["model"] == CHEAPEST
     assert circuit_gauge(gateway, CHEAPEST) == 0.0
@@ -202,14 +204,19 @@ def test_a_probe_answered_in_one_replica_closes_the_circuit_in_the_other(
         for name in ("a", "b"):
             (tmp_path / name).mkdir()
             gateways.append(
-                start_gateway(tmp_path / name, shared_config(tmp_path / name, upstream, prefix))
+                start_gateway(
+                    tmp_path / name,
+                    shared_config(tmp_path / name, upstream, prefix, cooldown_s=3.0),
+                )
             )
         a, b = gateways
         upstream.fault(CHEAPEST, "status=500", count=2)  # the two attempts that open it
         assert ask(b).status_code == 200
         wait_for("a never adopted b's opening", lambda: circuits(a)[1] == {CHEAPEST: "open"})
         assert circuit_gauge(a, CHEAPEST) == 1.0
-        time.sleep(1.1)  # the cooldown is over in both
+        half_open = {CHEAPEST: "half_open"}  # the cooldown is over in both
+        wait_for("a's cooldown never ran out", lambda: circuits(a)[1] == half_open)
+        wait_for("b's cooldown never ran out", lambda: circuits(b)[1] == half_open)
         probe = ask(b)
         assert probe.status_code == 200 and probe.json()["model"] == CHEAPEST
         assert circuits(b)[1] == {}

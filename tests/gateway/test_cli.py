@@ -734,7 +734,12 @@ def test_requests_cut_by_the_graceful_shutdown_timeout_get_an_error_not_a_traceb
         ]
         for t in waiting:
             t.start()
-        time.sleep(1)
+        # Both are with the upstream (it counts a request as it arrives) before the signal:
+        # one not yet accepted would be refused, not cut.
+        deadline = time.monotonic() + 30
+        while upstream.stats()["requests"].get("gemma-2-9b-it", 0) < 2:
+            assert time.monotonic() < deadline, upstream.stats()
+            time.sleep(0.05)
         gw.proc.send_signal(signal.SIGTERM)
         gw.proc.wait(60)
         for t in waiting:

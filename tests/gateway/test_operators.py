@@ -941,7 +941,9 @@ def test_keys_expire_on_time_even_while_cached(gw: Gateway) -> None:
     assert abs((expires - datetime.now(UTC)).total_seconds() - 12 * 3600) < 60
     assert not k["expired"] and ask(k).choices
     # A key about to expire: its lookup is cached (5 s), its expiry is still on time.
-    soon = datetime.now(UTC) + timedelta(seconds=1.5)
+    # 3 s: its creation and first call must come before (on a slow run too), and it must
+    # expire well inside the lookup's 5 s cache.
+    soon = datetime.now(UTC) + timedelta(seconds=3)
     short = create_key(gw, expires_at=soon.isoformat())
     assert ask(short).choices
     time.sleep(max(0.0, (soon - datetime.now(UTC)).total_seconds()) + 0.1)

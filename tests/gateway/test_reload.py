@@ -388,7 +388,11 @@ def test_a_ledger_database_outage_is_logged_once_by_the_deployment_poller(
         # every poll fails (about 30 polls below).
         db.execute("ALTER TABLE router_deployments RENAME TO router_deployments_away")
         db.commit()
-        time.sleep(1.5)
+        deadline = time.monotonic() + 10
+        while "reading router deployments failed" not in gw.log():
+            assert time.monotonic() < deadline, gw.log()
+            time.sleep(0.05)
+        time.sleep(1.0)  # about 20 more failed polls, none of them logged
         assert gw.log().count("reading router deployments failed") == 1, gw.log()
         # A deploy that cannot be recorded changes nothing, and says why.
         r = _deploy(gw.url, "packaged:demo-rl")

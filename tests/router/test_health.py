@@ -182,18 +182,19 @@ async def test_a_cooldown_that_runs_out_with_no_call_is_reported() -> None:
     is that of a probe that never reported. The opening's report alone said "open" for
     as long as the model got no call."""
     changes: list[tuple[str, str]] = []
-    b = CircuitBreakers(BreakerConfig(1, 0.2), on_change=lambda m, s: changes.append((m, s)))
+    # A cooldown of 1 s, looked at 0.1 s in: a loaded machine's stall stays well short of it.
+    b = CircuitBreakers(BreakerConfig(1, 1.0), on_change=lambda m, s: changes.append((m, s)))
     b.record_failure("m", "timeout")
     await asyncio.sleep(0.1)
     assert changes == [("m", "open")] and b.keeps_away("m")
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(1.0)
     assert changes == [("m", "open"), ("m", "half_open")] and not b.keeps_away("m")
     assert b.allow("m")  # a probe that is then cancelled: no success, no failure
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(1.1)
     assert changes[-2:] == [("m", "probing"), ("m", "half_open")]
     b.record_failure("m", "timeout")  # a failed probe: kept away for a full cooldown again
     b.record_success("m")  # and closed before it ends: nothing more to report
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(1.1)
     assert changes[-2:] == [("m", "open"), ("m", "closed")]
 
 

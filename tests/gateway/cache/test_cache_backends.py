@@ -19,10 +19,10 @@ from tests.support.services import REDIS_URL, need_redis
 
 async def test_memory_entries_expire_after_their_ttl() -> None:
     m = MemoryBackend(max_entries=10, max_bytes=1 << 20)
-    await m.put("short", b"a", ttl_s=0.05)
+    await m.put("short", b"a", ttl_s=0.5)
     await m.put("long", b"b", ttl_s=60)
     assert await m.get("short") == b"a"
-    await asyncio.sleep(0.08)
+    await asyncio.sleep(0.6)
     assert await m.get("short") is None and await m.get("long") == b"b"
     assert len(m) == 1 and m.size_bytes == 1  # an expired entry read is gone
 

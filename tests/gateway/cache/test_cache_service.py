@@ -95,17 +95,19 @@ async def test_the_request_s_controls() -> None:
 
 
 async def test_a_client_ttl_shortens_the_configured_one_never_lengthens_it() -> None:
-    cache, _ = make(ttl_s=0.05)
+    # TTLs of tenths of a second, not hundredths: a loaded machine's stall must not age
+    # the entry out before the first lookup.
+    cache, _ = make(ttl_s=0.5)
     cache.store(ticket(cache, CacheControls(ttl_s=3600)), answer())
     await settle()
     assert await cache.lookup(ticket(cache)) is not None
-    await asyncio.sleep(0.06)
+    await asyncio.sleep(0.6)
     assert await cache.lookup(ticket(cache)) is None
 
     cache, _ = make(ttl_s=60)
-    cache.store(ticket(cache, CacheControls(ttl_s=0.03)), answer())
+    cache.store(ticket(cache, CacheControls(ttl_s=0.3)), answer())
     await settle()
-    await asyncio.sleep(0.04)
+    await asyncio.sleep(0.4)
     assert await cache.lookup(ticket(cache)) is None
 
 
@@ -121,11 +123,13 @@ async def test_a_failing_backend_is_backed_off(
     monkeypatch: pytest.MonkeyPatch, silent_redis_url: str
 ) -> None:
     """One lookup pays the timeout; the next ones skip the backend until the backoff ends."""
-    monkeypatch.setattr(service, "_BACKOFF_S", 0.3)
+    # A timeout of half a second, so that "not asked" (well under it) and "asked" (all of
+    # it) stay apart through a loaded machine's stalls.
+    monkeypatch.setattr(service, "_BACKOFF_S", 1.5)
     registry = CollectorRegistry()
     metrics = GatewayMetrics(registry, models=["m"], policies=["passthrough"])
-    s = CacheSettings(enabled=True, backend="redis", timeout_ms=100)
-    backend = RedisBackend(silent_redis_url, prefix="x", timeout_s=0.1)
+    s = CacheSettings(enabled=True, backend="redis", timeout_ms=500)
+    backend = RedisBackend(silent_redis_url, prefix="x", timeout_s=0.5)
     cache = AnswerCache(s, backend, metrics)
     try:
 
@@ -137,12 +141,12 @@ async def test_a_failing_backend_is_backed_off(
             t.end()  # the request is over (else the next one would wait for its answer)
             return elapsed
 
-        assert await timed() >= 0.09
-        assert await timed() < 0.02  # backed off: the backend is not asked
+        assert await timed() >= 0.45
+        assert await timed() < 0.3  # backed off: the backend is not asked
         cache.store(ticket(cache), answer())  # nor for stores
         assert registry.get_sample_value("xrouter_cache_stores_total", {"result": "error"}) == 1
-        await asyncio.sleep(0.35)
-        assert await timed() >= 0.09  # the backoff is over: asked (and failing) again
+        await asyncio.sleep(1.6)
+        assert await timed() >= 0.45  # the backoff is over: asked (and failing) again
         assert lookups(registry, "error") == 3
     finally:
         await cache.aclose()
@@ -273,30 +277,30 @@ async def test_a_hand_off_never_stretches_a_follower_s_wait() -> None:
     t0 = time.monotonic()
     patient = ticket(cache)
     waiting = asyncio.create_task(cache.lookup(patient, max_wait_s=0.3))
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.2)  # a wait stretched by the hand-off would end at 0.5 s
     leader.end(client_left=True)
     assert await inheriting is None and heir.flight is not None
     # ``patient`` now waits for the heir's answer, until 0.3 s after it arrived — not 0.3 s
     # after the hand-off, nor the heir's own 10 s.
     assert await waiting is None and patient.result == "miss"
-    assert 0.29 <= time.monotonic() - t0 < 0.39
+    assert 0.29 <= time.monotonic() - t0 < 0.45
     heir.end()
     await cache.aclose()
 
 
 async def test_a_follower_waits_at_most_coalesce_wait_s_and_a_stale_leader_is_replaced() -> None:
-    cache, _ = make(coalesce_wait_s=0.05)
+    cache, _ = make(coalesce_wait_s=0.3)
     stuck = ticket(cache)
     await cache.lookup(stuck)  # leads, and never ends
     t0 = time.monotonic()
     follower = ticket(cache)
     assert await cache.lookup(follower) is None and follower.result == "miss"
-    assert 0.04 <= time.monotonic() - t0 < 1.0
+    assert 0.29 <= time.monotonic() - t0 < 2.0
     # Past the wait, the stuck leader no longer holds anyone up: a new request leads.
     nxt = ticket(cache)
     t0 = time.monotonic()
     assert await cache.lookup(nxt) is None and nxt.flight is not None
-    assert time.monotonic() - t0 < 0.04
+    assert time.monotonic() - t0 < 0.2  # not another 0.3 s wait
     stuck.end()  # the old flight ending does not end the new one
     waiting = asyncio.create_task(cache.lookup(ticket(cache)))
     await asyncio.sleep(0.01)

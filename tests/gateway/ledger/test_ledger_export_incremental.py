@@ -341,8 +341,9 @@ async def test_a_write_in_flight_when_a_window_closes_is_in_the_next_one(
         await asyncio.sleep(0.3)
         assert not writing.done()
         # Both windows close while the write is in flight: one at the database's clock,
-        # one a settle time behind it.
-        for name, settle in (("now", "0"), ("settled", "1")):
+        # one a settle time behind it (3 s: the write began less than that ago, on a
+        # loaded machine too).
+        for name, settle in (("now", "0"), ("settled", "3")):
             argv = ("--cursor", str(tmp_path / name), "--settle-seconds", settle)
             assert await export(ledger_url, "--out", str(tmp_path / "x"), *argv) == 0
             assert ids(tmp_path / "x") == []
@@ -359,8 +360,8 @@ async def test_a_write_in_flight_when_a_window_closes_is_in_the_next_one(
     assert await export(ledger_url, "--out", str(tmp_path / "a"), *argv) == 0
     assert ids(tmp_path / "a") == []
     # The settled one did not, once the clock is a settle time past the row.
-    await asyncio.sleep((stamp - await safe_logged_until(engine, 1.0)).total_seconds() + 0.05)
-    argv = ("--cursor", str(tmp_path / "settled"), "--settle-seconds", "1")
+    await asyncio.sleep((stamp - await safe_logged_until(engine, 3.0)).total_seconds() + 0.05)
+    argv = ("--cursor", str(tmp_path / "settled"), "--settle-seconds", "3")
     assert await export(ledger_url, "--out", str(tmp_path / "b"), *argv) == 0
     assert ids(tmp_path / "b") == ["slow"]
 
