@@ -11,7 +11,8 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.conftest import Upstream, ledger_rows
+from router.outcomes import OutcomeRecord
+from tests.gateway.conftest import Upstream, hang_up_at, ledger_rows, longest_answer
 from tests.support.gateway import Gateway
 
 MODEL = "llama-3.2-3b-instruct"
@@ -109,27 +110,27 @@ def test_a_stream_that_cannot_open_keeps_its_failed_call_in_the_ledger(
 
 
 @pytest.mark.parametrize(
-    ("path", "body", "text_event"),
-    [
-        ("/v1/responses", {"input": PROMPT}, "response.output_text.delta"),
-        (
-            "/v1/messages",
-            {"max_tokens": 200, "messages": [{"role": "user", "content": PROMPT}]},
-            "content_block_delta",
-        ),
-    ],
+    ("path", "text_event"),
+    [("/v1/responses", "response.output_text.delta"), ("/v1/messages", "content_block_delta")],
 )
 def test_a_translated_stream_abandoned_mid_way_keeps_its_call(
-    gateway: Gateway, upstream: Upstream, path: str, body: dict[str, Any], text_event: str
+    gateway: Gateway,
+    upstream: Upstream,
+    demo_table: list[OutcomeRecord],
+    path: str,
+    text_event: str,
 ) -> None:
     # The client hangs up after the first piece of text: the call it was reading is in the
-    # row (the relay closes before the row is built), charged for what was generated.
-    body = {"model": MODEL, "stream": True, **body}
-    with httpx.stream("POST", f"{gateway.url}{path}", json=body, timeout=30) as r:
-        request_id = r.headers["x-xrouter-request-id"]
-        for line in r.iter_lines():
-            if line == f"event: {text_event}":
-                break
+    # row (the relay closes before the row is built), charged for what was generated. The
+    # model's longest recorded answer, so that the stream is still going when the hang-up
+    # lands (a short one could be all sent by then on a loaded machine: a 200, not a 499).
+    prompt = longest_answer(demo_table, MODEL).text
+    body: dict[str, Any] = {"model": MODEL, "stream": True}
+    if path == "/v1/responses":
+        body["input"] = prompt
+    else:
+        body |= {"max_tokens": 4096, "messages": [{"role": "user", "content": prompt}]}
+    request_id = hang_up_at(gateway.url, path, body, text_event)
     (status, _, cost), calls = ledger_rows(gateway, request_id)
     assert status == 499 and cost > 0
     assert [c[0] for c in calls] == [MODEL] and calls[0][1] == cost
