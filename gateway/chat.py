@@ -155,7 +155,10 @@ class ChatService:
                         rlog, last.error or "budget exceeded", guard
                     ) from None
                 raise upstream_error(
-                    exc.error_kind, last.error if last and last.error else str(exc)
+                    exc.error_kind,
+                    last.error if last and last.error else str(exc),
+                    transient=exc.transient,
+                    retry_after_s=exc.retry_after_s,
                 ) from None
             except ProviderError as err:
                 raise from_provider_error(err) from None

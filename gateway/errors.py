@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import secrets
 from collections.abc import Mapping, Sequence
@@ -17,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.routing import Match
 
-from router.providers.errors import ProviderError
+from router.providers.errors import ProviderError, retry_after_s
 
 log = logging.getLogger(__name__)
 
@@ -109,14 +110,40 @@ UPSTREAM_CODE_STATUS = {code: status for status, code in _UPSTREAM_STATUS.values
 _NOT_RETRYABLE = frozenset({"bad_request", "upstream_4xx", "not_found"})
 
 
-def upstream_error(kind: str | None, message: str) -> APIError:
+def retry_after_headers(seconds: float) -> dict[str, str]:
+    """``retry-after`` (whole seconds, as HTTP has it) and ``retry-after-ms``, which the
+    OpenAI SDKs' backoff honours in place of its own (up to a minute)."""
+    return {
+        "retry-after": str(max(1, math.ceil(seconds))),
+        "retry-after-ms": str(max(1, math.ceil(seconds * 1000))),
+    }
+
+
+def upstream_error(
+    kind: str | None,
+    message: str,
+    *,
+    transient: bool = False,
+    retry_after_s: float | None = None,
+) -> APIError:
+    """The answer to a request whose upstream calls failed, ``kind`` being the failure
+    reported. ``transient``: some call failed on something that passes (a 503 on one
+    deployment before a 401 on the other), so a refusal does not forbid a retry.
+    ``retry_after_s``: the upstream's ``retry-after`` on that failure, passed on so the
+    client waits as long as the provider asked rather than retrying into its limit."""
     status, code = _UPSTREAM_STATUS.get(kind or "", (502, "upstream_error"))
-    headers = {"x-should-retry": "false"} if kind in _NOT_RETRYABLE else None
+    headers: dict[str, str] | None = None
+    if kind in _NOT_RETRYABLE and not transient:
+        headers = {"x-should-retry": "false"}
+    elif retry_after_s is not None:
+        headers = retry_after_headers(retry_after_s)
     return APIError(status, message, type="upstream_error", code=code, headers=headers)
 
 
 def from_provider_error(err: ProviderError) -> APIError:
-    return upstream_error(err.kind, err.message)
+    return upstream_error(
+        err.kind, err.message, transient=err.transient, retry_after_s=retry_after_s(err)
+    )
 
 
 # What pydantic puts in an error's location for the member of a union it tried (``str``,

@@ -71,12 +71,7 @@ class ProviderExecutor:
         try:
             r = await self.client.complete(call.model, body, allowed=ctx.pool, in_flight=in_flight)
         except ProviderError as err:
-            out = CallOutcome.failed(call, turn, started, err.message, err.kind, err.attempts)
-            if err.model == out.model:
-                # The deployment that failed last (the row's model is the one called; a
-                # fallback's deployment would be another model's).
-                out.deployment = err.deployment
-            return out
+            return CallOutcome.provider_failed(call, turn, started, err)
         return CallOutcome(
             call=call,
             turn=turn,

@@ -435,12 +435,7 @@ class Orchestrator:
                 raise
             # A failed call, as ``execute`` reports one: in the state (so the ledger row has
             # it), and the policy's to answer on its next step (another model, or no answer).
-            failed = CallOutcome.failed(
-                call, state.turn, started, exc.message, exc.kind, exc.attempts
-            )
-            if exc.model == failed.model:
-                failed.deployment = exc.deployment  # as ``execute`` books one (the last)
-            state.outcomes.append(failed)
+            state.outcomes.append(CallOutcome.provider_failed(call, state.turn, started, exc))
             return None
         held = reserved.pop(call.id)
         result = RouteResult(state, final_model=call.model)

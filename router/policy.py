@@ -23,6 +23,7 @@ from typing import Any
 
 from pricing import TokenUsage
 from router.pool import ModelPool
+from router.providers.errors import ProviderError, retry_after_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +103,11 @@ class CallOutcome:
     attempts: int = 1
     fallback_from: str | None = None
     deployment: str | None = None  # the model's deployment that answered, if it has several
+    # A failed call's: whether asking again later may succeed (``ProviderError.transient``)
+    # and how long its upstream asked to be left alone (``retry-after``), which the
+    # gateway passes on to a client it answers with the failure.
+    transient: bool = False
+    retry_after_s: float | None = None
 
     @classmethod
     def failed(
@@ -127,6 +133,21 @@ class CallOutcome:
             error_kind=error_kind,
             attempts=attempts,
         )
+
+    @classmethod
+    def provider_failed(
+        cls, call: ToolCall, turn: int, started: float, err: ProviderError
+    ) -> CallOutcome:
+        """A call the provider layer gave up on (``err``, from ``DownstreamClient``), as
+        :meth:`failed` books one, with what the error says of retrying it."""
+        out = cls.failed(call, turn, started, err.message, err.kind, err.attempts)
+        if err.model == out.model:
+            # The deployment that failed last (the row's model is the one called; a
+            # fallback's deployment would be another model's).
+            out.deployment = err.deployment
+        out.transient = err.transient
+        out.retry_after_s = retry_after_s(err)
+        return out
 
     @property
     def text(self) -> str:

@@ -19,8 +19,13 @@ class NoAnswer(Exception):
     def __init__(self, message: str, state: LoopState) -> None:
         super().__init__(message)
         self.state = state
-        self.last_failure = _last_failure(state)
-        self.error_kind = self.last_failure.error_kind if self.last_failure else None
+        self.last_failure = last = _last_failure(state)
+        self.error_kind = last.error_kind if last else None
+        # What the client is told of retrying: a refusal ends the run, but another call's
+        # failure that passes (a 503 before it) leaves asking again worth it; and the wait
+        # the failure reported asked for, if its upstream named one.
+        self.transient = any(o.transient for o in state.outcomes if not o.ok)
+        self.retry_after_s = last.retry_after_s if last else None
 
 
 def _last_failure(state: LoopState) -> CallOutcome | None:

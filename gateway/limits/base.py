@@ -42,12 +42,12 @@ marks each settle applied, so a settle never counts twice.
 from __future__ import annotations
 
 import logging
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from gateway.errors import retry_after_headers
 from gateway.limits.windows import BudgetPeriod, PeriodWindow
 
 logger = logging.getLogger(__name__)
@@ -147,8 +147,7 @@ class RateResult:
             h["x-ratelimit-remaining-tokens"] = str(self.remaining_tokens or 0)
             h["x-ratelimit-reset-tokens"] = _duration(self.reset_tokens_s or 0.0)
         if not self.allowed and self.retry_after_s is not None:
-            h["retry-after"] = str(max(1, math.ceil(self.retry_after_s)))
-            h["retry-after-ms"] = str(max(1, math.ceil(self.retry_after_s * 1000)))
+            h.update(retry_after_headers(self.retry_after_s))
         elif not self.allowed:
             # Never fits (more tokens than the key's tpm): waiting cannot help, so the
             # OpenAI SDKs are told not to retry it, as for a budget.

@@ -162,6 +162,12 @@ class ReplayService:
                 f"Replay fault: injected HTTP {code} (upstream {FAKE_SECRET})",
                 f"replay_{code}",
             )
+        if fault.kind == "rate-limit":
+            limited = _error(
+                429, "Replay fault: rate limit reached, retry later", "rate_limit_exceeded"
+            )
+            limited.headers["retry-after"] = f"{fault.value:g}"
+            return limited
         if fault.kind == "timeout":
             # Outlives any sane client timeout; the server runs with handler cancellation,
             # so the sleep ends as soon as the client gives up and disconnects.

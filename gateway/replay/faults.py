@@ -6,6 +6,7 @@ the ``/_replay/faults`` control API, and a ``[[replay:<fault>]]`` marker in the 
 message):
 
 ``status=<code>``     answer with an OpenAI-shaped error and that HTTP status (400-599)
+``rate-limit=<s>``    answer 429 with ``retry-after: <s>``, as a provider's rate limit does
 ``timeout[=<s>]``     hold the request far longer than any client timeout (default 300 s)
 ``cut-stream=<n>``    stream n content events, then close the connection without [DONE]
 ``drop``              close the connection without sending a response
@@ -27,7 +28,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 FaultKind = Literal[
-    "status", "timeout", "cut-stream", "drop", "latency", "no-usage", "bad-event", "bad-usage"
+    "status",
+    "rate-limit",
+    "timeout",
+    "cut-stream",
+    "drop",
+    "latency",
+    "no-usage",
+    "bad-event",
+    "bad-usage",
 ]
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -43,7 +52,8 @@ class FaultSyntaxError(ValueError):
 @dataclass(frozen=True, slots=True)
 class Fault:
     kind: FaultKind
-    # status code (status), seconds (timeout), event count (cut-stream), milliseconds (latency)
+    # status code (status), seconds (timeout, rate-limit), event count (cut-stream),
+    # milliseconds (latency)
     value: float = 0.0
 
     @classmethod
@@ -63,6 +73,11 @@ class Fault:
                 if not 0 < seconds < math.inf:
                     raise FaultSyntaxError("timeout must be a positive number of seconds")
                 return cls("timeout", seconds)
+            if name == "rate-limit" and sep:
+                seconds = float(arg)
+                if not 0 <= seconds < math.inf:
+                    raise FaultSyntaxError("rate-limit needs a finite retry-after >= 0")
+                return cls("rate-limit", seconds)
             if name == "status" and sep:
                 code = int(arg)
                 if not 400 <= code <= 599:
@@ -83,12 +98,12 @@ class Fault:
                 raise
             raise FaultSyntaxError(f"bad fault argument in {text!r}") from None
         raise FaultSyntaxError(
-            f"unknown fault {text!r}; expected status=<code>, timeout[=<s>], cut-stream=<n>, "
-            "drop, latency=<ms>, no-usage or bad-event=<n>"
+            f"unknown fault {text!r}; expected status=<code>, rate-limit=<s>, timeout[=<s>], "
+            "cut-stream=<n>, drop, latency=<ms>, no-usage, bad-event=<n> or bad-usage"
         )
 
     def __str__(self) -> str:
-        if self.kind in ("drop", "no-usage"):
+        if self.kind in ("drop", "no-usage", "bad-usage"):
             return self.kind
         if self.kind in ("status", "cut-stream"):
             return f"{self.kind}={int(self.value)}"

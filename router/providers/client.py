@@ -453,10 +453,16 @@ class _Try:
 def _gave_up(errors: list[ProviderError]) -> ProviderError:
     """The error a call ends with, once every model in its chain failed or was skipped: the
     last attempt that reached an upstream — a circuit that opened after it, or a fallback
-    skipped for one, says less about why — with how many attempts there were."""
+    skipped for one, says less about why — with how many attempts there were, and whether
+    any of them failed on something that passes (``transient``)."""
     made = [e for e in errors if e.kind != "circuit_open"]
     err = made[-1] if made else errors[-1]
     err.attempts = len(made)
+    # Asking again may help if any upstream tried failed last on trouble that passes (a
+    # deployment's 503 before the other's 401; not a 503 the same deployment followed with
+    # a 401, its latest word) or any model was skipped for an open circuit, which closes.
+    latest = {(e.model, e.deployment): e for e in made}
+    err.transient = any(e.retryable for e in latest.values()) or len(made) < len(errors)
     return err
 
 

@@ -100,6 +100,11 @@ class ProviderError(Exception):
         # The upstream attempts the call made (retries, fallbacks), set by the client when
         # it gives up: 0 when every model's circuit was open and none was called.
         self.attempts = 0
+        # Whether asking again later may succeed: this failure is the upstream's trouble, or
+        # (set by the client when it gives up) any attempt of the call failed on trouble —
+        # a 503 on one deployment and a 401 on the other ends on the 401, yet the first
+        # deployment may answer once it recovers.
+        self.transient = self.retryable
 
     @property
     def retryable(self) -> bool:

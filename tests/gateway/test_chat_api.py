@@ -767,6 +767,32 @@ def test_the_sdk_does_not_send_a_refused_request_again(
     assert upstream.stats()["requests"][MODEL] == 1  # not 3: the SDK did not retry
 
 
+# Bug: an upstream's retry-after was dropped, so the SDK retried at once into the limit.
+def test_an_upstream_rate_limit_passes_its_wait_on(gateway: Gateway, upstream: Upstream) -> None:
+    # 30 s is past the gateway's backoff cap: it does not wait itself, it says so.
+    upstream.fault(MODEL, "rate-limit=30", count=1)
+    r = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]},
+    )
+    assert r.status_code == 503 and error(r)["code"] == "upstream_rate_limited"
+    assert (r.headers["retry-after"], r.headers["retry-after-ms"]) == ("30", "30000")
+    assert "x-should-retry" not in r.headers
+    assert upstream.stats()["requests"][MODEL] == 1
+
+
+def test_the_sdk_waits_as_long_as_the_upstream_asked(gateway: Gateway, upstream: Upstream) -> None:
+    # 1 s is within the cap: the gateway waits and tries once more, then gives up and
+    # passes the wait on; the SDK waits that long (not its own ~0.5 s) before its retry.
+    upstream.fault(MODEL, "rate-limit=1", count=2)
+    sdk = openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=1)
+    started = time.monotonic()
+    r = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
+    assert r.choices[0].message.content
+    assert time.monotonic() - started >= 2.0
+    assert upstream.stats()["requests"][MODEL] == 3
+
+
 def test_retry_recovers_from_one_transient_failure(gateway: Gateway, upstream: Upstream) -> None:
     upstream.fault(MODEL, "status=503", count=1)
     resp = client(gateway).chat.completions.create(

@@ -116,3 +116,28 @@ def test_a_failing_deployment_is_retried_elsewhere_and_left_alone(
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert text and chunks[-1].usage is not None
     assert served(replicas) == {"a": 1, "b": 12 + 1}  # a was reset; b dropped one
+
+
+# Bug: a 503 on one deployment then a 401 on the other was answered with x-should-retry:
+# false, the 401's, so the SDKs never asked again though the first deployment may recover.
+# (Last in the module: it leaves both deployments cooling down.)
+def test_a_refusal_after_another_deployments_trouble_may_be_retried(
+    gw: Gateway, replicas: dict[str, Upstream]
+) -> None:
+    messages = []
+    # Which deployment is called first is the balancer's; the second request calls them in
+    # the same order (the first one tried cooled down first), so one of the two ends on
+    # the refusal, after the other deployment's 503.
+    for refusing, failing in (("a", "b"), ("b", "a")):
+        replicas[refusing].fault(MODEL, "status=401", count=1)
+        replicas[failing].fault(MODEL, "status=503", count=1)
+        r = httpx.post(
+            f"{gw.base_url}/chat/completions",
+            json={"model": MODEL, "messages": QUESTION},
+            timeout=30,
+        )
+        assert r.status_code == 502, r.text
+        assert "x-should-retry" not in r.headers
+        messages.append(r.json()["error"]["message"])
+    assert served(replicas) == {"a": 2, "b": 2}
+    assert sum("401" in m for m in messages) == 1 and sum("503" in m for m in messages) == 1

@@ -78,6 +78,25 @@ def test_status_fault(
 
 
 @CHANNELS
+def test_rate_limit_fault_names_its_wait(
+    client: openai.OpenAI, replay: ReplayServer, channel: Channel
+) -> None:
+    with pytest.raises(openai.RateLimitError) as exc:
+        client.chat.completions.create(model=MODEL, **channel("rate-limit=2.5", replay))
+    assert exc.value.response.headers["retry-after"] == "2.5"
+    assert exc.value.code == "rate_limit_exceeded"
+    assert replay.http.get("/_replay/stats").json()["faults"] == {"rate-limit": 1}
+
+
+def test_queued_faults_are_listed_as_written(replay: ReplayServer) -> None:
+    for fault in ("rate-limit=30", "bad-usage", "no-usage", "timeout=2"):
+        replay.http.post("/_replay/faults", json={"model": MODEL, "fault": fault})
+    assert replay.http.get("/_replay/faults").json() == {
+        "queued": {MODEL: ["rate-limit=30", "bad-usage", "no-usage", "timeout=2"]}
+    }
+
+
+@CHANNELS
 def test_timeout_fault(client: openai.OpenAI, replay: ReplayServer, channel: Channel) -> None:
     started = time.monotonic()
     with pytest.raises(openai.APITimeoutError):
@@ -205,6 +224,8 @@ def test_control_api_queue_semantics(client: openai.OpenAI, replay: ReplayServer
     [
         ({"model": MODEL, "fault": "explode"}, 400),
         ({"model": MODEL, "fault": "status=200"}, 400),
+        ({"model": MODEL, "fault": "rate-limit=-1"}, 400),
+        ({"model": MODEL, "fault": "rate-limit"}, 400),
         ({"model": MODEL, "fault": "drop", "count": 0}, 400),
         ({"model": "no-such-model", "fault": "drop"}, 404),
     ],

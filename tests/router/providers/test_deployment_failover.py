@@ -299,3 +299,61 @@ async def test_a_failed_stream_says_which_deployment_failed_it(
     (out,) = no_answer.value.state.outcomes
     assert not out.ok and out.error_kind == "upstream_4xx" and out.attempts == 2
     assert out.deployment == "good"  # the last one called
+
+
+# Bug: a 503 on one deployment and a 401 on the other ended the call on the 401, which the
+# gateway answered with x-should-retry: false — though the first deployment may answer once
+# it recovers. Whether asking again may help is now the call's, not its last attempt's.
+@pytest.mark.parametrize(
+    ("bad_says", "good_says", "transient"),
+    [
+        ([503], [401], True),  # one deployment in trouble, the other refusing
+        ([401], [401], False),  # both refusing: asking again gets the same
+        ([503, 401], [], False),  # one deployment's latest word is its refusal
+    ],
+)
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_call_says_whether_asking_again_may_help(
+    ups: tuple[FaultUpstream, FaultUpstream, FaultUpstream],
+    bad_says: list[int],
+    good_says: list[int],
+    transient: bool,
+    stream: bool,
+) -> None:
+    from router.loop import Orchestrator
+    from router.policies.baselines import FixedPolicy
+    from router.route_result import NoAnswer
+
+    bad, good, _ = ups
+    if good_says:
+        pm = deployed(("bad", bad), ("good", good))
+    else:  # one deployment, retried once
+        pm = dataclasses.replace(entry("m", bad.base_url, retries=1), deployment="bad")
+        pm = dataclasses.replace(pm, deployments=(pm,))
+    bad.script(*[Reply(status=s) for s in bad_says])
+    good.script(*[Reply(status=s) for s in good_says])
+    c, _, _ = client(pm, clock=Clock())
+    ctx = RouteContext(request_id="r", messages=BODY["messages"], pool=c.pool, cost_weight=0.0)
+    try:
+        with pytest.raises(NoAnswer) as no_answer:
+            await Orchestrator(ProviderExecutor(c)).run(FixedPolicy("m"), ctx, stream=stream)
+    finally:
+        await c.aclose()
+    (out,) = no_answer.value.state.outcomes
+    assert out.error_kind == "upstream_4xx" and out.attempts == 2  # a refusal, last
+    assert out.transient is transient and no_answer.value.transient is transient
+    assert no_answer.value.retry_after_s is None
+
+
+async def test_a_rate_limited_call_keeps_the_wait_its_upstream_asked_for(
+    ups: tuple[FaultUpstream, FaultUpstream, FaultUpstream],
+) -> None:
+    slow, _, _ = ups
+    c, _, rec = client(entry("m", slow.base_url, retries=2), clock=Clock())
+    slow.script(Reply(status=429, headers={"retry-after": "30"}))
+    ctx = RouteContext(request_id="r", messages=BODY["messages"], pool=c.pool, cost_weight=0.0)
+    out = await ProviderExecutor(c).execute(ctx, ToolCall(id="c1", model="m"), 0)
+    await c.aclose()
+    # Longer than the backoff's cap: not waited for here, but kept for the client.
+    assert out.error_kind == "rate_limited" and slow.calls == 1 and rec.sleeps == []
+    assert out.retry_after_s == 30 and out.transient
