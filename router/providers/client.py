@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Container, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -341,9 +342,9 @@ class DownstreamClient:
         allowed: Container[str] | None = None,
         in_flight: InFlight | None = None,
     ) -> StreamCall:
-        """Open a stream and wait for its first chunk. Retries and fallbacks (those in
-        ``allowed``, when given) apply only until the first chunk: once tokens have reached
-        the client, a failure can't be hidden. ``in_flight`` as for :meth:`complete`, until
+        """Open a stream and wait for its first chunk that says something (see
+        :func:`_read_head`). Retries and fallbacks (those in ``allowed``, when given) apply
+        only until then: once tokens have reached the client, a failure can't be hidden. ``in_flight`` as for :meth:`complete`, until
         the stream is open (then the stream charges for itself: ``StreamCall.usage``)."""
         errors: list[ProviderError] = []
         async with aclosing(self._tries(name, allowed, errors)) as tries:
@@ -364,7 +365,7 @@ class DownstreamClient:
                     in_flight.sent(model, target, req, t.number)
                 gen = t.provider.stream(target, req, stats)
                 try:
-                    first = await gen.__anext__()
+                    head, ended = await _read_head(gen)
                 except StopAsyncIteration:
                     sem.release()
                     self.balancer.finished(target)
@@ -389,10 +390,11 @@ class DownstreamClient:
                     return StreamCall(
                         model=target,
                         chunks=_StreamChunks(
-                            first,
+                            head,
                             gen,
+                            ended=ended,
                             release=partial(self._stream_released, sem, target),
-                            ended=partial(self._stream_ended, model, target, stats),
+                            booked=partial(self._stream_ended, model, target, stats),
                         ),
                         stats=stats,
                         attempts=t.number,
@@ -471,9 +473,47 @@ def _attempts(model: PoolModel) -> int:
     return max(model.max_retries + 1, len(model.deployments))
 
 
+# Chunks read ahead, at most, while a stream says nothing: past them it is open anyway.
+_MAX_HEAD = 16
+
+
+def _says_nothing(chunk: dict[str, Any]) -> bool:
+    """A chunk the client could be sent again from another attempt without telling: no
+    usage, no finish, and deltas that hold at most a role (OpenAI opens every stream with
+    ``{"role": "assistant", "content": ""}``)."""
+    if chunk.get("usage"):
+        return False
+    for choice in chunk.get("choices") or ():
+        if choice.get("finish_reason"):
+            return False
+        delta = choice.get("delta") or {}
+        if any(v for k, v in delta.items() if k != "role"):
+            return False
+    return True
+
+
+async def _read_head(gen: AsyncIterator[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
+    """A new stream's first chunks, up to the first that says something, and whether the
+    upstream ended it meanwhile. Nothing has reached the client yet, so a failure here is
+    retried and falls back like one before the first chunk: an upstream that sends its
+    role and then breaks off (an overload, a dropped connection) is asked again, not
+    relayed as a cut answer. Raises StopAsyncIteration for a stream without a chunk."""
+    head: list[dict[str, Any]] = []
+    while True:
+        try:
+            chunk = await anext(gen)
+        except StopAsyncIteration:
+            if not head:
+                raise
+            return head, True  # relayed as it came, as before
+        head.append(chunk)
+        if not _says_nothing(chunk) or len(head) >= _MAX_HEAD:
+            return head, False
+
+
 class _StreamChunks:
-    """An opened stream's chunks: the first (already read), then the rest as the upstream
-    sends them. Holds the stream's concurrency slot, its count in flight and the upstream
+    """An opened stream's chunks: its head (already read, see :func:`_read_head`), then the
+    rest as the upstream sends them. Holds the stream's concurrency slot, its count in flight and the upstream
     response until the stream ends — exhausted, failed, or closed — and books its outcome
     then. Unlike an async generator, whose ``finally`` never runs if it was never started,
     closing it before the first read (a client that left before the stream began) gives
@@ -481,16 +521,18 @@ class _StreamChunks:
 
     def __init__(
         self,
-        first: dict[str, Any],
+        head: list[dict[str, Any]],
         gen: AsyncIterator[dict[str, Any]],
         *,
+        ended: bool = False,
         release: Callable[[], None],
-        ended: Callable[[ProviderError | None, bool], None],
+        booked: Callable[[ProviderError | None, bool], None],
     ) -> None:
-        self._first: dict[str, Any] | None = first
+        self._head = deque(head)
         self._gen = gen
+        self._exhausted = ended  # the upstream ended the stream while its head was read
         self._release = release
-        self._ended = ended
+        self._booked = booked
         self._open = True
 
     def __aiter__(self) -> _StreamChunks:
@@ -499,10 +541,11 @@ class _StreamChunks:
     async def __anext__(self) -> dict[str, Any]:
         if not self._open:
             raise StopAsyncIteration
-        if self._first is not None:
-            first, self._first = self._first, None
-            return first
+        if self._head:
+            return self._head.popleft()
         try:
+            if self._exhausted:
+                raise StopAsyncIteration
             return await anext(self._gen)
         except StopAsyncIteration:
             await self._end(None, exhausted=True)
@@ -523,9 +566,9 @@ class _StreamChunks:
         if not self._open:
             return
         self._open = False
-        self._first = None
+        self._head.clear()
         self._release()
-        self._ended(err, exhausted)
+        self._booked(err, exhausted)
         # Closing the upstream generator closes the HTTP response: a client that disconnects
         # cancels the upstream call instead of letting it run to the end.
         await _close(self._gen)

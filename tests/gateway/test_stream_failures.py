@@ -109,6 +109,24 @@ def test_a_stream_that_cannot_open_keeps_its_failed_call_in_the_ledger(
     assert [(c[0], c[4]) for c in calls] == [(MODEL, "upstream_5xx")]
 
 
+# Bug: an upstream stream that sent its role chunk and broke off was relayed as a failed
+# answer: the stream counted as open at that chunk, though the client had seen nothing.
+def test_a_stream_that_breaks_off_before_its_first_word_is_retried(
+    gateway: Gateway, upstream: Upstream
+) -> None:
+    client = openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
+    messages: Any = [{"role": "user", "content": PROMPT}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages)
+    upstream.reset()
+    upstream.fault(MODEL, "cut-stream=0")  # the role chunk, then the connection closes
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content and chunks[-1].usage is not None
+    assert upstream.stats()["requests"][MODEL] == 2
+    (status, _, _), calls = ledger_rows(gateway, chunks[0].id.removeprefix("chatcmpl-"))
+    assert status == 200 and [(c[0], c[4]) for c in calls] == [(MODEL, None)]
+
+
 @pytest.mark.parametrize(
     ("path", "text_event"),
     [("/v1/responses", "response.output_text.delta"), ("/v1/messages", "content_block_delta")],

@@ -22,9 +22,9 @@ from pricing import ModelPrice
 from router.health import BreakerConfig, CircuitBreakers
 from router.pool import ModelPool, PoolModel
 from router.providers import native
-from router.providers.client import DownstreamClient
+from router.providers.client import DownstreamClient, StreamCall
 from router.providers.errors import ProviderError, parse_retry_after, retry_delay
-from tests.support.fault_upstream import FaultUpstream, Reply, chunk, event, fault_upstream
+from tests.support.fault_upstream import USAGE, FaultUpstream, Reply, chunk, event, fault_upstream
 from tests.support.replay import replay_root, start_replay_upstream, stop_replay_upstream
 
 Transport = Literal["native", "litellm"]
@@ -221,6 +221,71 @@ async def test_a_stream_cut_mid_answer_is_a_connection_failure(
     await c.aclose()
 
 
+def role_chunk() -> dict:
+    """The chunk OpenAI opens every stream with: a role, an empty content, nothing else."""
+    c = chunk("")
+    c["choices"][0]["delta"]["role"] = "assistant"
+    return c
+
+
+async def read_text(sc: StreamCall) -> str:
+    return "".join(
+        [
+            (ch["choices"][0]["delta"].get("content") or "")
+            async for ch in sc.chunks
+            if ch["choices"]
+        ]
+    )
+
+
+# Bug: the stream counted as open at its first chunk, the role alone: an upstream that sent
+# it and broke off was relayed as a cut answer, never retried, though the client had seen
+# nothing yet.
+@BOTH
+async def test_a_stream_that_breaks_off_after_its_role_is_retried(
+    up: FaultUpstream, transport: Transport
+) -> None:
+    up.script(Reply(events=[event(role_chunk()), event(role_chunk())]))  # then stops
+    c, rec = client(model(up.base_url, transport=transport))
+    sc = await c.open_stream("m", dict(BODY))
+    assert await read_text(sc) == "Hello there."
+    assert sc.attempts == 2 and rec.retries == ["connection"] and up.calls == 2
+    await c.aclose()
+
+
+@BOTH
+async def test_a_stream_that_said_something_is_not_retried(
+    up: FaultUpstream, transport: Transport
+) -> None:
+    # Its first word reached the caller with the head: a break after it is the answer's.
+    up.script(Reply(events=[event(role_chunk()), event(chunk("a"))]))
+    c, rec = client(model(up.base_url, transport=transport))
+    sc = await c.open_stream("m", dict(BODY))
+    with pytest.raises(ProviderError) as exc:
+        await read_text(sc)
+    assert exc.value.kind == "connection" and sc.stats.text == "a"
+    assert sc.attempts == 1 and rec.retries == [] and up.calls == 1
+    await c.aclose()
+
+
+async def test_a_stream_of_a_role_and_a_finish_is_an_empty_answer(up: FaultUpstream) -> None:
+    up.script(
+        Reply(
+            events=[
+                event(role_chunk()),
+                event(chunk(None, "stop")),
+                event(chunk(usage=USAGE)),
+                b"data: [DONE]\n\n",
+            ]
+        )
+    )
+    c, rec = client(model(up.base_url))
+    sc = await c.open_stream("m", dict(BODY))
+    assert await read_text(sc) == "" and sc.stats.finish_reason == "stop"
+    assert sc.attempts == 1 and rec.retries == []
+    await c.aclose()
+
+
 @BOTH
 async def test_keep_alive_comments_do_not_hold_a_stream_past_its_timeout(
     up: FaultUpstream, transport: Transport
@@ -356,6 +421,23 @@ async def fails_then_falls_back(c: DownstreamClient, stream: bool) -> tuple[Prov
 
 
 @BOTH
+async def test_a_malformed_event_after_the_role_alone_falls_back(
+    replay: tuple[str, httpx.Client], transport: Transport
+) -> None:
+    # bad-event=0: the role chunk, then the bad event. Nothing had reached the caller: the
+    # fallback answers, as for a first event that is not a chunk.
+    base, ctl = replay
+    ctl.delete("/_replay/faults")
+    ctl.post("/_replay/faults", json={"model": REPLAYED, "fault": "bad-event=0", "count": 1})
+    c, rec, breakers = with_fallback(replayed(base, transport))
+    err, text = await fails_then_falls_back(c, stream=True)
+    assert (err.kind, err.status) == ("bad_response", None)
+    assert err.message.startswith("upstream m sent an invalid stream event")
+    assert rec.retries == [] and text and breakers.state("m") == "closed"
+    await c.aclose()
+
+
+@BOTH
 async def test_both_transports_call_an_answer_that_is_not_a_completion_a_bad_response(
     replay: tuple[str, httpx.Client], transport: Transport
 ) -> None:
@@ -373,11 +455,11 @@ async def test_both_transports_call_an_answer_that_is_not_a_completion_a_bad_res
 
 
 @BOTH
-@pytest.mark.parametrize("fault", ["bad-event=0", "bad-event=1", "bad-usage"])
+@pytest.mark.parametrize("fault", ["bad-event=1", "bad-usage"])
 async def test_both_transports_end_a_stream_on_a_malformed_event_with_a_bad_response(
     replay: tuple[str, httpx.Client], transport: Transport, fault: str
 ) -> None:
-    # After its first chunk a stream is no longer retried: it ends with the error, which
+    # After its first word a stream is no longer retried: it ends with the error, which
     # names the event, not LiteLLM's "'NoneType' object has no attribute 'delta'".
     base, ctl = replay
     ctl.delete("/_replay/faults")
@@ -390,9 +472,8 @@ async def test_both_transports_end_a_stream_on_a_malformed_event_with_a_bad_resp
     assert (exc.value.kind, exc.value.status) == ("bad_response", None)
     assert exc.value.message.startswith("upstream m sent an invalid stream event")
     assert "NoneType" not in exc.value.message
-    # Opened (bad-event=0: on its role chunk, before any text), then ended by the bad event.
-    assert sc.stats.chunks >= 1 and sc.stats.error_kind == "bad_response"
-    assert bool(sc.stats.text) == (fault != "bad-event=0")
+    # Opened on its first word, then ended by the bad event.
+    assert sc.stats.chunks >= 2 and sc.stats.error_kind == "bad_response" and sc.stats.text
     if fault == "bad-usage":
         assert sc.stats.finish_reason == "stop"  # the answer was whole; its usage was not
     assert breakers.state("m") == "closed"
