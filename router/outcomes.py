@@ -14,6 +14,7 @@ has no heavy dependencies so the replay upstream (gateway) and the trainers shar
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -147,6 +148,9 @@ def conversation_text(messages: Iterable[dict[str, Any]]) -> str:
 
 
 def parse_record(line: str | bytes, where: str = "<input>") -> OutcomeRecord:
+    # A UTF-8 byte order mark, which editors and pandas' utf-8-sig put at the start of a
+    # file (and ``cat`` then in the middle of one): no JSON, but no reason to refuse it.
+    line = line.removeprefix(codecs.BOM_UTF8) if isinstance(line, bytes) else line.lstrip("\ufeff")
     try:
         data = orjson.loads(line)
     except orjson.JSONDecodeError as exc:

@@ -12,6 +12,8 @@ from urllib.parse import unquote, urlsplit
 if TYPE_CHECKING:
     from router.pool import PoolModel
 
+log = logging.getLogger(__name__)
+
 ErrorKind = Literal[
     "timeout",
     "rate_limited",
@@ -150,9 +152,7 @@ def could_not_call(model: PoolModel, exc: BaseException) -> ProviderError:
     password = urlsplit(model.api_base or "").password
     detail = sanitize(str(exc), model.api_key, password, unquote(password or ""))
     kind = type(exc).__name__
-    logging.getLogger(__name__).warning(
-        "calling upstream %s failed: %s: %s", model.name, kind, detail
-    )
+    log.warning("calling upstream %s failed: %s: %s", model.name, kind, detail)
     return ProviderError(
         "upstream_4xx",
         f"upstream {model.name} could not be called ({kind}): {detail}",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from router.outcomes import OutcomeTableError, load_outcome_table, validate_record
+from router.outcomes import OutcomeTableError, load_outcome_table, parse_record, validate_record
 
 
 def test_a_file_that_is_not_a_ledger_export_in_parquet_is_refused(tmp_path: Path) -> None:
@@ -30,6 +30,24 @@ def test_jsonl_errors_name_the_line(tmp_path: Path) -> None:
     path.write_text('{"id": "a", "prompt": "p", "outcomes": {"m": {"score": 0.5}}}\n{"id": "b"}\n')
     with pytest.raises(OutcomeTableError, match=r"t\.jsonl:2: .*"):
         load_outcome_table(path)
+
+
+# Bug: a table saved with a UTF-8 byte order mark was "not valid JSON" at line 1 for
+# `xrouter train` and `xrouter eval` (and the replay upstream: tests/gateway/replay), though
+# the converters read such files.
+def test_a_byte_order_mark_is_skipped(tmp_path: Path) -> None:
+    line = '{"id": "a", "prompt": "p", "outcomes": {"m": {"score": 0.5}}}\n'
+    bom = b"\xef\xbb\xbf"
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(bom + line.encode())
+    [record] = load_outcome_table(path)
+    assert record.id == "a" and record.outcomes["m"].score == 0.5
+    # Two such files put together (`cat`): the second's mark starts a line.
+    path.write_bytes(bom + line.encode() + bom + line.replace('"a"', '"b"').encode())
+    assert [r.id for r in load_outcome_table(path)] == ["a", "b"]
+    assert parse_record("\ufeff" + line).id == "a"
+    with pytest.raises(OutcomeTableError, match="not valid JSON"):
+        parse_record(bom + bom[:2] + line.encode())  # a broken mark is still refused
 
 
 def test_a_repeated_id_is_refused_naming_both_lines(tmp_path: Path) -> None:

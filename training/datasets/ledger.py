@@ -10,7 +10,6 @@ table (marked ``cost_estimated: false``: tokens are real, only the arithmetic is
 
 from __future__ import annotations
 
-import codecs
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,10 +59,7 @@ def _records(path: Path) -> Iterator[tuple[str, OutcomeRecord]]:
             return
         with reading(path), path.open("rb") as fh:
             for lineno, line in enumerate(fh, 1):
-                if lineno == 1:
-                    # A byte order mark (a file saved by a Windows tool) is not JSON.
-                    line = line.removeprefix(codecs.BOM_UTF8)
-                if line.strip():
+                if line.strip():  # parse_record skips a byte order mark
                     where = f"{path}:{lineno}"
                     yield where, parse_record(line, where)
     except OutcomeTableError as exc:

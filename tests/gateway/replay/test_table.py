@@ -111,6 +111,14 @@ def test_malformed_table_names_the_line(tmp_path: Path) -> None:
         ReplayTable.load(path)
 
 
+def test_a_table_with_a_byte_order_mark_loads(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    record = {"id": "a", "prompt": "p", "outcomes": {"m": {"score": 1, "response": "yes"}}}
+    path.write_bytes(b"\xef\xbb\xbf" + orjson.dumps(record) + b"\n")
+    answer = ReplayTable.load(path).lookup("p", "m")
+    assert answer is not None and answer.response == "yes"
+
+
 def test_normalize_prompt() -> None:
     assert normalize_prompt("  a \n\t b  ") == "a b"
 
