@@ -32,7 +32,7 @@ from pydantic_core import MultiHostUrl, Url
 
 from pricing import ModelPrice
 from router.outcomes import MAX_COST_WEIGHT
-from router.pool import DEFAULT_KEEP_ALIVE_S, PoolModelConfig
+from router.pool import DEFAULT_KEEP_ALIVE_S, PoolModelConfig, has_userinfo
 from router.reward import RewardConfig
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -242,6 +242,19 @@ class LLMRouterSettings(_Section):
     # A λ-conditioned router (trained on verl by training.verl) reads the request's cost
     # weight from its system prompt; prompt-engineered routers don't need it.
     cost_weight_in_prompt: bool = False
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> LLMRouterSettings:
+        # As for a pool model (router.pool): credentials in the base_url and an api_key
+        # would be two Authorization headers, refused on every router turn — every request
+        # would fall back to the cheapest model. Said at load, by name.
+        key = self.api_key.get_secret_value() if self.api_key else ""
+        if key and self.base_url and has_userinfo(self.base_url):
+            raise ValueError(
+                "its base_url carries credentials (user:password@) and it has an api_key "
+                "too; the router model's server takes one Authorization header: keep one"
+            )
+        return self
 
 
 class CircuitBreakerSettings(_Section):

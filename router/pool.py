@@ -40,7 +40,7 @@ OPENAI_COMPATIBLE = frozenset(
 DEFAULT_KEEP_ALIVE_S = 4.0
 
 
-def _has_userinfo(url: str) -> bool:
+def has_userinfo(url: str) -> bool:
     """Whether ``url`` names a user (and password) before its host: user:secret@host."""
     try:
         return urlsplit(url).username is not None
@@ -140,7 +140,7 @@ class PoolModelConfig(BaseModel):
         ]
         for api_base, api_key, deployment in targets:
             # An empty key (an unset ${VAR}) is none: no bearer token is sent for it.
-            if api_key and api_key.get_secret_value() and api_base and _has_userinfo(api_base):
+            if api_key and api_key.get_secret_value() and api_base and has_userinfo(api_base):
                 where = f" (deployment {deployment!r})" if deployment else ""
                 raise ValueError(
                     f"pool model {self.name!r}{where}: its api_base carries credentials "

@@ -81,6 +81,22 @@ def test_invalid_configs_name_the_problem(tmp_path: Path, text: str, needle: str
         load_settings(write(tmp_path, text), env={"SMALL_KEY": "k"})
 
 
+# Bug: the router model's credentials were not checked at load as a pool model's are: both
+# Authorization headers went on every router turn, refused, and every request fell back.
+def test_router_llm_credentials_in_its_url_and_a_key_are_refused(tmp_path: Path) -> None:
+    text = "router: {llm: {base_url: 'http://bot:hunter2@r:8000/v1', api_key: sk-router}}\n"
+    with pytest.raises(SettingsError, match=r"router\.llm.*carries credentials") as exc:
+        load_settings(write(tmp_path, text), env={})
+    assert "hunter2" not in str(exc.value) and "sk-router" not in str(exc.value)
+    # Either alone is fine, and so is a key left empty by an unset ${VAR:-}.
+    for llm in (
+        "{base_url: 'http://bot:hunter2@r:8000/v1'}",
+        "{base_url: 'http://r:8000/v1', api_key: sk-router}",
+        "{base_url: 'http://bot:hunter2@r:8000/v1', api_key: '${ROUTER_KEY:-}'}",
+    ):
+        assert load_settings(write(tmp_path, f"router: {{llm: {llm}}}\n"), env={}).router.llm
+
+
 def test_several_workers_need_shared_limits(tmp_path: Path) -> None:
     text = POOL + "server: {workers: 2}\nauth: {enabled: true}\n"
     with pytest.raises(SettingsError, match=r"limits\.backend: redis"):
