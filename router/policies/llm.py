@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from pricing import ModelPrice
+from pricing import ModelPrice, TokenUsage
 from router.outcomes import conversation_text
 from router.policy import (
     Answer,
@@ -30,6 +30,7 @@ from router.policy import (
 from router.pool import PoolModel
 from router.providers.base import Provider
 from router.providers.errors import ProviderError, retry_delay
+from router.providers.usage import prompt_tokens_estimate
 from router.tools import (
     MAX_TEMPERATURE,
     SELECT_TOOL,
@@ -169,11 +170,11 @@ class LLMRouterPolicy(Policy):
         call = self._router_tool_call(state)
         started = time.perf_counter()
 
-        def failed(error: str, kind: str, attempts: int) -> None:
+        def failed(error: str, kind: str, attempts: int) -> CallOutcome:
             # With how long it ran, as a failed downstream call has.
-            state.router_calls.append(
-                CallOutcome.failed(call, state.turn, started, error, kind, attempts, "router")
-            )
+            out = CallOutcome.failed(call, state.turn, started, error, kind, attempts, "router")
+            state.router_calls.append(out)
+            return out
 
         # The router model's transient failures (a reset connection, a 503 while vLLM
         # restarts, a 429) are retried as a pool model's are, up to its max_retries: each
@@ -184,14 +185,26 @@ class LLMRouterPolicy(Policy):
                 resp = await self.provider.complete(self.router_model, body)
                 break
             except ProviderError as err:
-                if err.retryable and attempt < retries:
-                    await asyncio.sleep(retry_delay(attempt, err))
-                    continue
-                failed(err.message, err.kind, attempt + 1)
-                return None
+                if not (err.retryable and attempt < retries):
+                    failed(err.message, err.kind, attempt + 1)
+                    return None
+                delay = retry_delay(attempt, err)
             except asyncio.CancelledError:
                 # The request ended (client gone, deadline) with the router's turn in
-                # flight: it was made, so it is in the row all the same.
+                # flight: it was made, so it is in the row all the same, and charged its
+                # prompt as a downstream call cut in flight is (router.loop._abandoned):
+                # the router's server read it, and bills it at the router's price.
+                error, kind = state.abandoned()
+                cut = failed(f"{error}; usage estimated from the prompt sent", kind, attempt + 1)
+                cut.usage = TokenUsage(prompt_tokens=prompt_tokens_estimate(body))
+                cut.cost_micros = self.price.cost_micros(cut.usage)
+                state.spent_micros += cut.cost_micros
+                raise
+            try:
+                await asyncio.sleep(delay)
+            except asyncio.CancelledError:
+                # Cut between attempts: nothing was with the server (a failed attempt is
+                # not charged), but the turn was made and its failure is in the row.
                 failed(*state.abandoned(), attempt + 1)
                 raise
         cost = self.price.cost_micros(resp.usage)

@@ -426,8 +426,16 @@ async def test_a_router_turn_cut_short_is_in_the_state_with_its_time(
     (turn,) = exc.value.state.router_calls
     # The request's deadline cut it: a timeout, as a per-model timeout books one.
     assert (turn.ok, turn.role, turn.error_kind) == (False, "router", "timeout")
-    assert turn.error == "the request's deadline passed before the call answered"
+    assert turn.error == (
+        "the request's deadline passed before the call answered; usage estimated from the "
+        "prompt sent"
+    )
     assert turn.latency_ms >= 250
+    # Bug: booked at $0, where a downstream call cut in flight is charged its prompt (the
+    # router's server read it): the prompt's estimate, at the router's price, in the spend.
+    assert turn.usage.prompt_tokens > 0 and turn.usage.completion_tokens == 0
+    assert turn.cost_micros == ROUTER_PRICE.cost_micros(turn.usage) > 0
+    assert exc.value.state.spent_micros == turn.cost_micros
     # A client that leaves is no timeout: cancelled, which says nothing about the model.
     scripted_router.script({"content": "late", "delay_s": 5})
     state = orch.new_state(policy, ctx(p))
@@ -439,8 +447,27 @@ async def test_a_router_turn_cut_short_is_in_the_state_with_its_time(
     (turn,) = state.router_calls
     assert (turn.error_kind, turn.error) == (
         "cancelled",
+        "the client left before the call answered; usage estimated from the prompt sent",
+    )
+    assert turn.cost_micros == ROUTER_PRICE.cost_micros(turn.usage) > 0
+    # Bug: cut while waiting to retry a failed turn, the turn was missing from the row.
+    # Nothing was with the server then: in the row, at $0.
+    retrying = LLMRouterPolicy(
+        policy.provider, dataclasses.replace(policy.router_model, max_retries=1)
+    )
+    scripted_router.script({"error_status": 503, "retry_after": 2}, {"content": "hi"})
+    state = orch.new_state(retrying, ctx(p))
+    task = asyncio.create_task(orch.run(retrying, ctx(p), timeout_s=30, state=state))
+    await asyncio.sleep(0.5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    (turn,) = state.router_calls
+    assert (turn.error_kind, turn.error) == (
+        "cancelled",
         "the client left before the call answered",
     )
+    assert turn.cost_micros == 0 and state.spent_micros == 0
     # A failed turn has its time too.
     scripted_router.script({"error_status": 500})
     r = await orch.run(policy, ctx(p))

@@ -6,8 +6,9 @@ tool calls (``tool_calls`` with JSON-string ``arguments``, finish_reason ``tool_
     POST /_script   {"turns": [<assistant message>, ...], "usage": {"prompt_tokens": .., "completion_tokens": ..}}
                     ("usage": false: report no usage, as some servers do). A turn may also
                     carry "finish_reason" (sent instead of the one its content implies),
-                    "delay_s" (answer that much later) or "raw_choices" (the response's
-                    choices, sent as given: malformed ones a real model may emit)
+                    "delay_s" (answer that much later), "raw_choices" (the response's
+                    choices, sent as given: malformed ones a real model may emit) or, with
+                    "error_status", "retry_after" (sent as its retry-after header)
     GET  /_requests  every request body received since the last /_script
 """
 
@@ -73,7 +74,7 @@ async def chat(request: web.Request) -> web.Response:
     finish_override = msg.pop("finish_reason", None)
     raw_choices = msg.pop("raw_choices", None)
     if msg.get("error_status"):
-        return _json(
+        failure = _json(
             {
                 "error": {
                     "message": "scripted failure",
@@ -84,6 +85,9 @@ async def chat(request: web.Request) -> web.Response:
             },
             int(msg["error_status"]),
         )
+        if "retry_after" in msg:
+            failure.headers["retry-after"] = str(msg["retry_after"])
+        return failure
     msg.setdefault("role", "assistant")
     msg.setdefault("content", None)
     finish = "stop"
