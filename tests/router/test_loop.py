@@ -436,15 +436,20 @@ async def test_a_router_turn_cut_short_is_in_the_state_with_its_time(
     assert turn.usage.prompt_tokens > 0 and turn.usage.completion_tokens == 0
     assert turn.cost_micros == ROUTER_PRICE.cost_micros(turn.usage) > 0
     assert exc.value.state.spent_micros == turn.cost_micros
+
+    async def hang_up(pol: LLMRouterPolicy, after_s: float) -> LoopState:
+        """The run's state once its request is cancelled ``after_s`` in (a client leaving)."""
+        state = orch.new_state(pol, ctx(p))
+        task = asyncio.create_task(orch.run(pol, ctx(p), timeout_s=30, state=state))
+        await asyncio.sleep(after_s)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return state
+
     # A client that leaves is no timeout: cancelled, which says nothing about the model.
     scripted_router.script({"content": "late", "delay_s": 5})
-    state = orch.new_state(policy, ctx(p))
-    task = asyncio.create_task(orch.run(policy, ctx(p), timeout_s=30, state=state))
-    await asyncio.sleep(0.3)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    (turn,) = state.router_calls
+    (turn,) = (await hang_up(policy, 0.3)).router_calls
     assert (turn.error_kind, turn.error) == (
         "cancelled",
         "the client left before the call answered; usage estimated from the prompt sent",
@@ -456,12 +461,7 @@ async def test_a_router_turn_cut_short_is_in_the_state_with_its_time(
         policy.provider, dataclasses.replace(policy.router_model, max_retries=1)
     )
     scripted_router.script({"error_status": 503, "retry_after": 2}, {"content": "hi"})
-    state = orch.new_state(retrying, ctx(p))
-    task = asyncio.create_task(orch.run(retrying, ctx(p), timeout_s=30, state=state))
-    await asyncio.sleep(0.5)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    state = await hang_up(retrying, 0.5)
     (turn,) = state.router_calls
     assert (turn.error_kind, turn.error) == (
         "cancelled",

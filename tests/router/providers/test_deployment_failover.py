@@ -16,11 +16,14 @@ import pytest
 from pricing import ModelPrice
 from router.executors import ProviderExecutor
 from router.health import BreakerConfig, CircuitBreakers
+from router.loop import Orchestrator
+from router.policies.baselines import FixedPolicy
 from router.policy import RouteContext, ToolCall
 from router.pool import ModelPool, PoolModel
 from router.providers.balance import DeploymentBalancer
 from router.providers.client import DownstreamClient
 from router.providers.errors import ProviderError
+from router.route_result import NoAnswer
 from tests.support.fault_upstream import FaultUpstream, Reply, fault_upstream
 
 BODY = {"messages": [{"role": "user", "content": "hi"}]}
@@ -121,6 +124,18 @@ async def call(c: DownstreamClient, stream: bool, name: str = "m") -> str | None
     sc = await c.open_stream(name, dict(BODY))
     assert [ch async for ch in sc.chunks]
     return sc.model.deployment
+
+
+async def routed_to_no_answer(c: DownstreamClient, stream: bool) -> NoAnswer:
+    """Route a request to model m through the routing loop, which ends without an answer;
+    the client is closed after."""
+    ctx = RouteContext(request_id="r", messages=BODY["messages"], pool=c.pool, cost_weight=0.0)
+    try:
+        with pytest.raises(NoAnswer) as no_answer:
+            await Orchestrator(ProviderExecutor(c)).run(FixedPolicy("m"), ctx, stream=stream)
+    finally:
+        await c.aclose()
+    return no_answer.value
 
 
 # Bug: the probe went to one deployment only; its failure reopened the circuit, and the
@@ -281,22 +296,11 @@ async def test_a_failed_stream_says_which_deployment_failed_it(
 ) -> None:
     """A streamed call that never opened is booked by the loop, not the executor: its row
     names the deployment too."""
-    from router.loop import Orchestrator
-    from router.policies.baselines import FixedPolicy
-    from router.route_result import NoAnswer
-
     bad, good, _ = ups
-    pm = deployed(("bad", bad), ("good", good))
-    c, _, _ = client(pm, clock=Clock())
+    c, _, _ = client(deployed(("bad", bad), ("good", good)), clock=Clock())
     bad.script(Reply(status=401))
     good.script(Reply(status=401))
-    ctx = RouteContext(request_id="r", messages=BODY["messages"], pool=c.pool, cost_weight=0.0)
-    try:
-        with pytest.raises(NoAnswer) as no_answer:
-            await Orchestrator(ProviderExecutor(c)).run(FixedPolicy("m"), ctx, stream=True)
-    finally:
-        await c.aclose()
-    (out,) = no_answer.value.state.outcomes
+    (out,) = (await routed_to_no_answer(c, stream=True)).state.outcomes
     assert not out.ok and out.error_kind == "upstream_4xx" and out.attempts == 2
     assert out.deployment == "good"  # the last one called
 
@@ -320,10 +324,6 @@ async def test_a_call_says_whether_asking_again_may_help(
     transient: bool,
     stream: bool,
 ) -> None:
-    from router.loop import Orchestrator
-    from router.policies.baselines import FixedPolicy
-    from router.route_result import NoAnswer
-
     bad, good, _ = ups
     if good_says:
         pm = deployed(("bad", bad), ("good", good))
@@ -333,16 +333,11 @@ async def test_a_call_says_whether_asking_again_may_help(
     bad.script(*[Reply(status=s) for s in bad_says])
     good.script(*[Reply(status=s) for s in good_says])
     c, _, _ = client(pm, clock=Clock())
-    ctx = RouteContext(request_id="r", messages=BODY["messages"], pool=c.pool, cost_weight=0.0)
-    try:
-        with pytest.raises(NoAnswer) as no_answer:
-            await Orchestrator(ProviderExecutor(c)).run(FixedPolicy("m"), ctx, stream=stream)
-    finally:
-        await c.aclose()
-    (out,) = no_answer.value.state.outcomes
+    no_answer = await routed_to_no_answer(c, stream)
+    (out,) = no_answer.state.outcomes
     assert out.error_kind == "upstream_4xx" and out.attempts == 2  # a refusal, last
-    assert out.transient is transient and no_answer.value.transient is transient
-    assert no_answer.value.retry_after_s is None
+    assert out.transient is transient and no_answer.transient is transient
+    assert no_answer.retry_after_s is None
 
 
 async def test_a_rate_limited_call_keeps_the_wait_its_upstream_asked_for(

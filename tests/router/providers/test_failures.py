@@ -421,34 +421,22 @@ async def fails_then_falls_back(c: DownstreamClient, stream: bool) -> tuple[Prov
 
 
 @BOTH
-async def test_a_malformed_event_after_the_role_alone_falls_back(
-    replay: tuple[str, httpx.Client], transport: Transport
-) -> None:
-    # bad-event=0: the role chunk, then the bad event. Nothing had reached the caller: the
-    # fallback answers, as for a first event that is not a chunk.
-    base, ctl = replay
-    ctl.delete("/_replay/faults")
-    ctl.post("/_replay/faults", json={"model": REPLAYED, "fault": "bad-event=0", "count": 1})
-    c, rec, breakers = with_fallback(replayed(base, transport))
-    err, text = await fails_then_falls_back(c, stream=True)
-    assert (err.kind, err.status) == ("bad_response", None)
-    assert err.message.startswith("upstream m sent an invalid stream event")
-    assert rec.retries == [] and text and breakers.state("m") == "closed"
-    await c.aclose()
-
-
-@BOTH
+@pytest.mark.parametrize("stream", [False, True])
 async def test_both_transports_call_an_answer_that_is_not_a_completion_a_bad_response(
-    replay: tuple[str, httpx.Client], transport: Transport
+    replay: tuple[str, httpx.Client], transport: Transport, stream: bool
 ) -> None:
+    # bad-event=0: a body that is no completion or, streamed, the role chunk and then an
+    # event that is no chunk — nothing had reached the caller: the fallback answers.
     base, ctl = replay
     ctl.delete("/_replay/faults")
     ctl.post("/_replay/faults", json={"model": REPLAYED, "fault": "bad-event=0", "count": 1})
     c, rec, breakers = with_fallback(replayed(base, transport))
-    err, text = await fails_then_falls_back(c, stream=False)
+    err, text = await fails_then_falls_back(c, stream=stream)
     assert (err.kind, err.status, err.retryable) == ("bad_response", None, False)
     # Not LiteLLM's "Invalid response object Traceback … 'NoneType' object is not subscriptable".
-    assert err.message == "upstream m sent an invalid response"
+    what = "stream event" if stream else "response"
+    assert err.message.startswith(f"upstream m sent an invalid {what}")
+    assert "NoneType" not in err.message
     assert rec.retries == [] and text  # not retried on m: the fallback answered
     assert breakers.state("m") == "closed"  # not counted by the circuit
     await c.aclose()
