@@ -344,8 +344,9 @@ class DownstreamClient:
     ) -> StreamCall:
         """Open a stream and wait for its first chunk that says something (see
         :func:`_read_head`). Retries and fallbacks (those in ``allowed``, when given) apply
-        only until then: once tokens have reached the client, a failure can't be hidden. ``in_flight`` as for :meth:`complete`, until
-        the stream is open (then the stream charges for itself: ``StreamCall.usage``)."""
+        only until then: once tokens have reached the client, a failure can't be hidden.
+        ``in_flight`` as for :meth:`complete`, until the stream is open (then the stream
+        charges for itself: ``StreamCall.usage``)."""
         errors: list[ProviderError] = []
         async with aclosing(self._tries(name, allowed, errors)) as tries:
             async for t in tries:
@@ -513,11 +514,11 @@ async def _read_head(gen: AsyncIterator[dict[str, Any]]) -> tuple[list[dict[str,
 
 class _StreamChunks:
     """An opened stream's chunks: its head (already read, see :func:`_read_head`), then the
-    rest as the upstream sends them. Holds the stream's concurrency slot, its count in flight and the upstream
-    response until the stream ends — exhausted, failed, or closed — and books its outcome
-    then. Unlike an async generator, whose ``finally`` never runs if it was never started,
-    closing it before the first read (a client that left before the stream began) gives
-    everything back too."""
+    rest as the upstream sends them. Holds the stream's concurrency slot, its count in
+    flight and the upstream response until the stream ends — exhausted, failed, or closed —
+    and books its outcome then. Unlike an async generator, whose ``finally`` never runs if
+    it was never started, closing it before the first read (a client that left before the
+    stream began) gives everything back too."""
 
     def __init__(
         self,
