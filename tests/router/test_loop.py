@@ -438,9 +438,13 @@ async def test_a_router_turn_cut_short_is_in_the_state_with_its_time(
     assert exc.value.state.spent_micros == turn.cost_micros
 
     async def hang_up(pol: LLMRouterPolicy, after_s: float) -> LoopState:
-        """The run's state once its request is cancelled ``after_s`` in (a client leaving)."""
+        """The run's state once its request is cancelled (a client leaving) ``after_s``
+        after the router model received its turn: waited for, not guessed, since a loaded
+        machine may take long to send it."""
         state = orch.new_state(pol, ctx(p))
         task = asyncio.create_task(orch.run(pol, ctx(p), timeout_s=30, state=state))
+        while not await asyncio.to_thread(scripted_router.requests):  # noqa: ASYNC110 - its server is another process
+            await asyncio.sleep(0.02)
         await asyncio.sleep(after_s)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -449,7 +453,7 @@ async def test_a_router_turn_cut_short_is_in_the_state_with_its_time(
 
     # A client that leaves is no timeout: cancelled, which says nothing about the model.
     scripted_router.script({"content": "late", "delay_s": 5})
-    (turn,) = (await hang_up(policy, 0.3)).router_calls
+    (turn,) = (await hang_up(policy, 0.2)).router_calls  # it answers 5 s later
     assert (turn.error_kind, turn.error) == (
         "cancelled",
         "the client left before the call answered; usage estimated from the prompt sent",
@@ -461,7 +465,7 @@ async def test_a_router_turn_cut_short_is_in_the_state_with_its_time(
         policy.provider, dataclasses.replace(policy.router_model, max_retries=1)
     )
     scripted_router.script({"error_status": 503, "retry_after": 2}, {"content": "hi"})
-    state = await hang_up(retrying, 0.5)
+    state = await hang_up(retrying, 1.0)  # it failed at once; the retry is 2 s later
     (turn,) = state.router_calls
     assert (turn.error_kind, turn.error) == (
         "cancelled",
