@@ -27,7 +27,6 @@ from openai.types.chat import ChatCompletionMessageFunctionToolCall, ChatComplet
 
 from router.outcomes import OutcomeRecord
 from tests.gateway.conftest import Upstream, ledger_rows
-from tests.gateway.test_api_fuzz import last_turn, turn
 from tests.support.gateway import (
     ADMIN_KEY,
     DEMO_MODELS,
@@ -38,6 +37,7 @@ from tests.support.gateway import (
 )
 from tests.support.scripted_upstream import scripted_upstream
 from tests.support.sdk import WEATHER_TOOL, extra
+from tests.support.strategies import last_turn, turn
 
 MODEL = "mistral-small-24b-instruct-2501-bf16"
 OTHER = "qwen2.5-7b-instruct"

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.support.gateway import Gateway
+from tests.support.strategies import last_turn, turn
 
 # request id -> the HTTP status the client got, for every chat request that got an id
 ANSWERED: dict[str, int] = {}
@@ -53,9 +54,6 @@ content = (
     )
     | json_value
 )
-turn = st.fixed_dictionaries(
-    {"role": st.sampled_from(["system", "user", "assistant"]), "content": st.text(max_size=120)}
-)
 message = turn | st.fixed_dictionaries(
     {"role": st.sampled_from(["system", "user", "assistant", "tool", "developer", "robot"])},
     optional={
@@ -65,7 +63,6 @@ message = turn | st.fixed_dictionaries(
         "tool_call_id": json_value,
     },
 )
-last_turn = st.fixed_dictionaries({"role": st.just("user"), "content": st.text(min_size=1)})
 # Each parameter: a plausible value, or anything at all.
 params = {
     "temperature": st.floats(0, 2) | json_value,

@@ -12,7 +12,7 @@ import pytest
 
 from router.outcomes import load_outcome_table
 from tests.support.replay import REPO_ROOT
-from tests.training.datasets.test_dataset_converters import rb_row, write_routerbench
+from tests.support.routerbench import rb_row, write_routerbench
 
 
 def _convert(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:

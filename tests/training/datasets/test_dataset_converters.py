@@ -10,6 +10,7 @@ import pytest
 from gateway.cli import main as xrouter_main
 from pricing import estimate_tokens
 from router.outcomes import load_outcome_table
+from tests.support.routerbench import rb_row, write_routerbench
 from tests.support.services import needs_shared_data
 from training.datasets.common import ConversionError, unwrap_literal_text
 from training.datasets.convert import convert, load_converted, main
@@ -34,33 +35,6 @@ def write_json(path: Path, data: object) -> Path:
 
 
 # -- RouterBench -------------------------------------------------------------------------------
-
-
-def write_routerbench(path: Path, rows: list[dict[str, str]]) -> Path:
-    models = ["m/a", "b"]
-    header = ["", "sample_id", "prompt", "eval_name"]
-    header += models + [f"{m}|model_response" for m in models] + [f"{m}|total_cost" for m in models]
-    header += ["oracle_model_to_route_to"]
-    with path.open("w", newline="", encoding="utf-8") as fh:
-        w = csv.DictWriter(fh, fieldnames=header)
-        w.writeheader()
-        for i, row in enumerate(rows):
-            w.writerow({"": str(i), **row})
-    return path
-
-
-def rb_row(sid: str, a: str = "1.0", b: str = "0.0", cost_b: str = "0.002") -> dict[str, str]:
-    return {
-        "sample_id": sid,
-        "prompt": repr(["Which is it?\nA) x\nB) y\nAnswer:"]),
-        "eval_name": "arc",
-        "m/a": a,
-        "b": b,
-        "m/a|model_response": repr(["A\n"]),
-        "b|model_response": "plain text",
-        "m/a|total_cost": "0.0001",
-        "b|total_cost": cost_b,
-    }
 
 
 def test_routerbench_unwraps_literals_and_drops_incomplete_rows(tmp_path: Path) -> None:
