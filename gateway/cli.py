@@ -255,8 +255,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     os.environ[CONFIG_ENV] = os.path.abspath(path)
     os.environ[SUPERVISOR_ENV] = str(os.getpid())
     os.environ[SERVE_FLAGS_ENV] = ",".join(flags)
-    for key, value in (("HOST", srv.host), ("PORT", srv.port)):
-        os.environ[f"XROUTER_SERVER__{key}"] = str(value)
+    # The host and port the command line set, as the workers' settings: passed only then,
+    # since a worker reading the file's value from the environment would not see a reload
+    # change it (and so not warn that the change takes a restart).
+    for flag, value in (("host", srv.host), ("port", srv.port)):
+        if flag in flags:
+            os.environ[f"XROUTER_SERVER__{flag.upper()}"] = str(value)
     if given:
         metrics_dir = None
     else:

@@ -612,3 +612,23 @@ def test_a_reload_warns_of_a_server_setting_the_file_changed_unless_serve_set_it
         assert "the server section is read at start" in gw.log(), gw.log()[-2000:]
     finally:
         gw.stop()
+
+
+# Bug: with several workers the supervisor passed its host and port to the workers in the
+# environment, which overrides the file: a reload never saw the file's host change.
+def test_with_several_workers_a_reload_warns_of_a_host_the_file_changed(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    cfg = gateway_config(tmp_path, upstream.base_url, router={"watch_files": False})
+    cfg["server"] = {**cfg.get("server", {}), "host": "127.0.0.1"}
+    gw = start_gateway(tmp_path, cfg, workers=2)  # with --port and --workers, not --host
+    try:
+        cfg["server"]["host"] = "0.0.0.0"
+        gw.config_path.write_text(yaml.safe_dump(cfg))
+        assert httpx.post(f"{gw.url}/admin/reload", headers=ADMIN, timeout=30).status_code == 200
+        deadline = time.monotonic() + 10
+        while "a restart" not in gw.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "the server section is read at start" in gw.log(), gw.log()[-2000:]
+    finally:
+        gw.stop()
