@@ -251,10 +251,11 @@ def apgr_intervals(
         arrays += [curve.scores, curve.strong_calls]
     means = resampled_means(arrays, samples, seed)
     q_strong, q_weak = means[0][:, 0], means[1][:, 0]
-    if q_strong[0] <= q_weak[0]:
+    if not metrics.has_gap(float(q_weak[0]), float(q_strong[0])):
         raise ValueError("the strong model does not score above the weak one")
-    # Row 0 (the full sample) is always kept, so index 0 stays the point estimate.
-    keep = np.flatnonzero(q_strong > q_weak)
+    # Row 0 (the full sample) is always kept, so index 0 stays the point estimate. A
+    # resample whose two means differ by rounding alone has no gap either.
+    keep = np.flatnonzero([metrics.has_gap(w, s) for w, s in zip(q_weak, q_strong, strict=True)])
     if len(keep) == 1:
         # Every resample left out (a few resamples of a narrow gap): there is no interval
         # to give, which is no reason to fail the evaluation that asked for one.

@@ -244,7 +244,7 @@ def compare(
                 f"strong/weak {strong!r}/{weak!r} are not the table's models {models}"
             )
         q_strong, q_weak = singles[strong].score, singles[weak].score
-        if q_strong <= q_weak:
+        if not metrics.has_gap(q_weak, q_strong):
             notes.append(
                 f"no PGR metrics: {strong} does not score above {weak} ({q_strong:.4f} <= {q_weak:.4f})"
             )

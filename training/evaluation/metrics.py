@@ -155,14 +155,20 @@ def cost_to_reach(points: Iterable[CurvePoint], target_score: float) -> float | 
     return None
 
 
+def has_gap(q_weak: float, q_strong: float) -> bool:
+    """Whether PGR is defined: the strong model scores above the weak one by more than
+    rounding. Means of fractional scores summed in another order can differ in the last
+    bit, so every caller asks this rather than comparing the two exactly."""
+    return q_strong - q_weak > _EPS
+
+
 def pgr(score: float, q_weak: float, q_strong: float) -> float:
     """Performance gap recovered: 0 at the weak model's score, 1 at the strong one's."""
-    gap = q_strong - q_weak
-    if gap <= _EPS:
+    if not has_gap(q_weak, q_strong):
         raise ValueError(
             f"PGR needs the strong model to score above the weak one ({q_strong} <= {q_weak})"
         )
-    return (score - q_weak) / gap
+    return (score - q_weak) / (q_strong - q_weak)
 
 
 def _pgr_curve(

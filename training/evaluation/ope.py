@@ -160,7 +160,8 @@ def _check(data: LoggedBandit, target: np.ndarray) -> np.ndarray:
         raise OPEError(
             f"target probabilities have shape {probs.shape}, expected {(len(data), len(data.models))}"
         )
-    if np.any(probs < -1e-9) or np.any(np.abs(probs.sum(axis=1) - 1.0) > 1e-6):
+    # Written as "not all within" so that a NaN, which fails every comparison, fails it too.
+    if not (np.all(probs >= -1e-9) and np.all(np.abs(probs.sum(axis=1) - 1.0) <= 1e-6)):
         raise OPEError("each row of target probabilities must be a distribution")
     return probs
 

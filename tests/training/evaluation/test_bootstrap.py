@@ -230,3 +230,39 @@ def test_a_slice_whose_gap_vanishes_on_every_resample_gets_no_apgr_interval_not_
     assert curve.apgr is not None and curve.apgr_ci is None
     assert curve.aiq_ci is not None
     assert "APGR intervals: 2 of 2 resamples left out" in " ".join(comp.notes)
+
+
+def _fractional_slice(strong: list[float], weak: list[float]) -> list[OutcomeRecord]:
+    return [
+        OutcomeRecord.model_validate(
+            {
+                "id": f"r{i}",
+                "prompt": f"question {i}",
+                "outcomes": {
+                    "strong": {"score": s, "cost_usd": 1e-3},
+                    "weak": {"score": w, "cost_usd": 1e-4},
+                },
+            }
+        )
+        for i, (s, w) in enumerate(zip(strong, weak, strict=True))
+    ]
+
+
+def test_two_means_equal_but_for_rounding_have_no_pgr_gap() -> None:
+    """Fractional scores with the same mean, summed in another order, differ in the last
+    bit (0.20000000000000004 vs 0.19999999999999998): that is no gap to recover. The
+    comparison used to take it for one, and PGR's own check then failed the evaluation."""
+    records = _fractional_slice([0.1, 0.2, 0.3], [0.3, 0.2, 0.1])
+    comp = compare([Entry(RandomMixRouter("weak", "strong"))], records, strong="strong")
+    assert comp.strong is None and comp.curve("random").apgr is None
+    assert any(n.startswith("no PGR metrics: strong does not score above weak") for n in comp.notes)
+
+
+def test_resamples_whose_gap_is_rounding_are_left_out_not_an_error() -> None:
+    """The strong model wins one prompt outright; resamples that miss it have equal means
+    up to rounding, which must be left out like an exact tie."""
+    records = _fractional_slice([0.1, 0.2, 0.3, 0.7] * 3 + [1.0], [0.3, 0.7, 0.1, 0.2] * 3 + [0.0])
+    comp = compare([Entry(RandomMixRouter("weak", "strong"))], records, bootstrap=200)
+    curve = comp.curve("random")
+    assert comp.strong == "strong" and curve.apgr is not None and curve.apgr_ci is not None
+    assert any(n.startswith("APGR intervals: ") for n in comp.notes)

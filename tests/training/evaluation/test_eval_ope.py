@@ -111,6 +111,8 @@ def test_deterministic_target_and_shape_checks() -> None:
         ips(data, probs[:10])
     with pytest.raises(OPEError, match="distribution"):
         ips(data, probs * 2)
+    with pytest.raises(OPEError, match="distribution"):  # NaN fails every comparison
+        ips(data, np.full_like(probs, np.nan))
 
 
 def test_logged_bandit_from_records() -> None:
