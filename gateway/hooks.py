@@ -164,7 +164,13 @@ class KeyBudgetGuard:
         except LimitStoreUnavailable:
             # Refused like a call over budget, so the loop settles what it holds, ends the
             # request and keeps the turns already paid for; not raised, which would skip all
-            # of that.
+            # of that. A reply that timed out may still have taken the hold (the script ran,
+            # its answer came late), which would hold the key's budget for a call never made
+            # until it expired: release it, as the store allows for a hold never taken, and
+            # the failure policy retries the release while the store is down.
+            self.bookkeeping.spawn(
+                self.store.release(self.limits, f"{self.request_id}:{call.id}", worst_case_micros)
+            )
             self.unavailable = f"{LIMITS_UNAVAILABLE}: the call to {call.model} was not made"
             return self.unavailable
         if res.ok:
@@ -310,6 +316,10 @@ class RequestHooks:
         try:
             slot = await self.limits.acquire_slot(limits, rlog.request_id, rlog.admitted_at)
         except LimitStoreUnavailable:
+            # A reply that timed out may still have taken the slot, which would keep the key
+            # at its bound until the slot's TTL: free it (freeing one never taken does
+            # nothing, and the failure policy retries while the store is down).
+            self.bookkeeping.spawn(self.limits.release_slot(limits, rlog.request_id))
             raise limits_unavailable() from None
         if slot.ok:
             rlog.slot_held = True

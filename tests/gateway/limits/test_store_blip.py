@@ -6,13 +6,24 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from gateway.errors import APIError
+from gateway.hooks import (
+    LIMITS_UNAVAILABLE,
+    Bookkeeping,
+    KeyBudgetGuard,
+    RequestHooks,
+    RequestLog,
+)
 from gateway.limits import STORE_UNAVAILABLE, FailPolicyStore, KeyLimits
 from gateway.limits.redis_store import RedisLimitStore
+from gateway.principal import Principal
+from router.policy import RouteContext, ToolCall
+from router.pool import ModelPool
 from tests.gateway.limits.redis_blips import ReplyCutter
 from tests.support.redis_server import PrivateRedis
 
@@ -132,3 +143,70 @@ async def test_a_write_given_up_is_counted_for_the_budget_sync(server: PrivateRe
         assert store.spend_writes_lost() == 1
     finally:
         await store.aclose()
+
+
+@pytest.fixture
+async def cutter(server: PrivateRedis) -> AsyncIterator[tuple[ReplyCutter, FailPolicyStore]]:
+    proxy = ReplyCutter(server.port)
+    await proxy.start()
+    store = FailPolicyStore(RedisLimitStore(proxy.url, key_prefix="xrtest-blip"), "closed")
+    yield proxy, store
+    await store.aclose()
+    await proxy.aclose()
+
+
+LOST = KeyLimits("blip", budget_micros=500, budget_period="total", max_parallel=1)
+
+
+async def test_a_slot_whose_reply_was_lost_is_given_back(
+    server: PrivateRedis, cutter: tuple[ReplyCutter, FailPolicyStore]
+) -> None:
+    """Redis takes a request's slot, the reply is lost: the request is refused with a 503
+    (``on_store_error: closed``) and the slot it never learnt it had is released. Before, a
+    key at ``max_parallel: 1`` was refused with 429s until the slot's TTL
+    (request_timeout_s + 60 s)."""
+    proxy, store = cutter
+    hooks = RequestHooks(limits=store)
+    ctx = RouteContext("r", [{"role": "user", "content": "hi"}], ModelPool([]), 0.0)
+    who = Principal(key_id="blip", alias="blip", limits=LOST)
+
+    async def admit(request_id: str) -> RequestLog:
+        rlog = RequestLog(request_id, time.time(), who, time.perf_counter())
+        await hooks.admit(rlog, ctx)
+        return rlog
+
+    await admit("warm")  # loads the scripts
+    await store.release_slot(LOST, "warm")
+    proxy.cut = True
+    with pytest.raises(APIError) as refused:
+        await admit("lost")
+    assert refused.value.status == 503 and proxy.replies_cut == 1
+    proxy.cut = False
+
+    await hooks.bookkeeping.drain()
+    await settled(store)
+    assert server.client().zcard("xrtest-blip:{blip}:slots") == 0
+    assert (await admit("next")).slot_held  # not a 429 parallel_limit_exceeded
+
+
+async def test_a_hold_whose_reply_was_lost_is_given_back(
+    server: PrivateRedis, cutter: tuple[ReplyCutter, FailPolicyStore]
+) -> None:
+    """The same for a call's budget hold: the call is not made, and the hold, which kept the
+    key's budget until it expired, is released."""
+    proxy, store = cutter
+    guard = KeyBudgetGuard(store, LOST, "r", bookkeeping=Bookkeeping())
+    assert await guard.reserve(ToolCall("warm", "m"), 1) is None  # loads the script
+    await guard.settle(ToolCall("warm", "m"), 1, 0)
+    proxy.cut = True
+    refusal = await guard.reserve(ToolCall("c1", "m"), 400)
+    assert refusal is not None and refusal.startswith(LIMITS_UNAVAILABLE)
+    assert proxy.replies_cut == 1
+    assert server.client().get("xrtest-blip:{blip}:b:reserved") == "400"  # it was taken
+    proxy.cut = False
+
+    await guard.bookkeeping.drain()
+    await settled(store)
+    state = await store.spent(LOST)
+    assert (state.spent, state.reserved) == (0, 0)
+    assert (await store.reserve(LOST, None, 500, "next")).ok  # the whole budget is free
