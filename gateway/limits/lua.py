@@ -107,21 +107,29 @@ if tpm >= 0 and used + tokens > tpm then
   if reason == 0 then reason = 2 end
   local when = -1
   if tokens <= tpm then
-    -- walk the log from the oldest entry until enough tokens have left the window
+    -- walk the log from the oldest entry until enough tokens have left the window; a
+    -- refund shares its estimate's score and leaves with it, so only whole scores count
+    -- (how members sort within a score must not decide the answer)
     local need = used + tokens - tpm
     local freed = 0
     local start = 0
+    local pending = nil
     while when < 0 do
       local chunk = redis.call('ZRANGE', KEYS[2], start, start + 127, 'WITHSCORES')
       if #chunk == 0 then break end
       for i = 1, #chunk, 2 do
-        freed = freed + weight(chunk[i])
-        if freed >= need then
-          when = math.max(0, tonumber(chunk[i + 1]) + window - now)
+        local score = tonumber(chunk[i + 1])
+        if pending ~= nil and score ~= pending and freed >= need then
+          when = math.max(0, pending + window - now)
           break
         end
+        freed = freed + weight(chunk[i])
+        pending = score
       end
       start = start + 128
+    end
+    if when < 0 and pending ~= nil and freed >= need then
+      when = math.max(0, pending + window - now)
     end
   end
   if when < 0 or retry < 0 then retry = -1 else retry = math.max(retry, when) end

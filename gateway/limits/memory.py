@@ -206,10 +206,14 @@ class MemoryLimitStore(LimitStore):
 
     @staticmethod
     def _tokens_free_in(log: _RateLog, need: int, now: float) -> float | None:
+        # A refund is booked at its request's admission time, beside the estimate it
+        # corrects, and the two leave the window together: only whole timestamps free room
+        # (an estimate counted without its refund promised room that was not there).
         freed = 0
-        for ts, tokens in log.tokens:
+        entries = log.tokens
+        for i, (ts, tokens) in enumerate(entries):
             freed += tokens
-            if freed >= need:
+            if freed >= need and (i + 1 == len(entries) or entries[i + 1][0] != ts):
                 return max(0.0, ts + RATE_WINDOW_S - now)
         return None
 

@@ -339,6 +339,23 @@ async def test_a_correction_leaves_the_tpm_window_with_the_estimate_it_corrects(
     assert not (await store.check_rate(key, 1, now=T0 + 202)).allowed
 
 
+async def test_tpm_retry_after_waits_for_an_estimate_and_its_refund_together(
+    store: LimitStore,
+) -> None:
+    # A (T0) estimated 900 and used 100: its -800 is booked at T0. B (T0+10) holds 800. C
+    # wants 500 of the 1,000: 400 must leave. A's entries leave together at T0+60 and free
+    # 100 net, so C fits when B leaves, at T0+70. Counting A's estimate without its refund
+    # said T0+60, and a client that waited that long was refused again.
+    key = KeyLimits("refund-wait", tpm=1_000)
+    assert (await store.check_rate(key, 900, now=T0)).allowed
+    await store.add_tokens(key, -800, now=T0 + 1, at=T0)
+    assert (await store.check_rate(key, 800, now=T0 + 10)).allowed
+    refused = await store.check_rate(key, 500, now=T0 + 20)
+    assert not refused.allowed and refused.retry_after_s == pytest.approx(50.0)
+    assert not (await store.check_rate(key, 500, now=T0 + 69.5)).allowed
+    assert (await store.check_rate(key, 500, now=T0 + 70.001)).allowed
+
+
 async def test_counted_in_both_windows_or_neither(store: LimitStore) -> None:
     key = KeyLimits("both", rpm=2, tpm=100)
     assert (await store.check_rate(key, 150, now=T0)).limit == "tpm"
