@@ -7,9 +7,9 @@ a string or as items (messages with text and image parts, ``function_call`` and
 ``function_call_output`` items), ``instructions``, function tools and ``tool_choice``,
 ``text.format`` (JSON mode and schemas), ``max_output_tokens``, sampling settings and the
 ``xrouter`` routing controls. What needs state on the server (``previous_response_id``,
-``conversation``, ``background``, item references) is refused with a 400 that says so: the
-gateway stores no responses, so a client sends the whole conversation, as it does with
-``store: false``. Tools OpenAI hosts are left out (``gateway.responses.tools``); forcing one
+``conversation``, ``background``, a stored ``prompt`` template, item references) is refused
+with a 400 that says so: the gateway stores no responses, so a client sends the whole
+conversation, as it does with ``store: false``. Tools OpenAI hosts are left out (``gateway.responses.tools``); forcing one
 with ``tool_choice`` is refused.
 """
 
@@ -50,6 +50,7 @@ class ResponsesRequest(BaseModel):
     previous_response_id: str | None = None
     conversation: str | dict[str, Any] | None = None
     background: bool | None = None
+    prompt: dict[str, Any] | None = None  # a prompt template stored at OpenAI
     metadata: dict[str, str] | None = None
     user: str | None = None
     seed: int | None = None
@@ -86,6 +87,8 @@ _STATEFUL = {
     "previous_response_id": "xrouter stores no responses: send the whole conversation as `input`",
     "conversation": "xrouter stores no conversations: send the whole conversation as `input`",
     "background": "background responses are not supported: stream the response instead",
+    "prompt": "xrouter stores no prompt templates: send the prompt's text as `instructions`"
+    " and `input`",
 }
 _ROLES = {"user", "system", "developer", "assistant"}
 
@@ -93,7 +96,9 @@ _ROLES = {"user", "system", "developer", "assistant"}
 def to_chat(req: ResponsesRequest) -> dict[str, Any]:
     """The chat completions request that asks for what ``req`` asks for."""
     for field, why in _STATEFUL.items():
-        if getattr(req, field):
+        # Present at all (an empty `conversation` too), except `background: false`, which
+        # asks for what is served anyway.
+        if getattr(req, field) not in (None, False):
             raise _unsupported(f"{field}: {why}", field)
     unknown = (req.model_extra or {}).keys()
     if unknown:

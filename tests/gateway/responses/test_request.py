@@ -181,6 +181,8 @@ def test_namespaced_and_hosted_tools() -> None:
         ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
         ({"input": "x", "conversation": "conv_1"}, "conversation"),
         ({"input": "x", "background": True}, "background"),
+        ({"input": "x", "conversation": {}}, "conversation"),
+        ({"input": "x", "prompt": {"id": "pmpt_1", "variables": {"city": "Paris"}}}, "prompt"),
         ({"input": [{"type": "item_reference", "id": "m"}]}, "input[0].type"),
         ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]},
          "input[0].call_id"),
