@@ -297,6 +297,14 @@ class ChatCompletionRequest(_Open):
     def _tool_choice(cls, v: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
         if isinstance(v, str) and v not in ("none", "auto", "required"):
             raise ValueError("tool_choice must be 'none', 'auto', 'required' or a named tool")
+        # Only function tools are served, so an object of another type (`allowed_tools`,
+        # `custom`, none at all) can force nothing here: refused before any model is asked,
+        # not sent to each model in turn to be refused by every one.
+        if isinstance(v, dict) and v.get("type") != "function":
+            raise ValueError(
+                f"tool_choice of type {v.get('type')!r} is not supported: name a function "
+                "tool as {'type': 'function', 'function': {'name': ...}}"
+            )
         return v
 
 

@@ -49,6 +49,11 @@ USER = [{"role": "user", "content": "x"}]
         ({"type": "function", "function": {"name": "time"}}, "tool_choice.function.name"),
         ({"type": "function", "function": {}}, "tool_choice.function.name"),
         ({"type": "function"}, "tool_choice.function.name"),
+        # Only function tools are served: any other object was sent to every model in turn.
+        ({"type": "bogus"}, "tool_choice"),
+        ({}, "tool_choice"),
+        ({"type": "custom", "custom": {"name": "weather"}}, "tool_choice"),
+        ({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": []}}, "tool_choice"),
     ],
 )
 def test_a_named_tool_choice_must_name_an_offered_tool(choice: dict, param: str) -> None:
