@@ -112,7 +112,11 @@ def to_chat(req: MessagesRequest) -> dict[str, Any]:
         if value is not None:
             chat[field] = value
     user = (req.metadata or {}).get("user_id")
-    if isinstance(user, str) and user:
+    if user is not None and not isinstance(user, str):
+        # Checked as Anthropic checks it: a number dropped here lost the request's per-user
+        # spend attribution without a word.
+        raise bad_request("metadata.user_id: a string is required", param="metadata.user_id")
+    if user:
         chat["user"] = user
     return chat
 
@@ -331,6 +335,10 @@ def _assistant(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
         elif kind == "tool_use":
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
                 raise bad_request(f"{at}: tool_use needs an id and a name", param=at)
+            if block.get("input") is not None and not isinstance(block["input"], dict):
+                # A tool's input is an object (Anthropic's check); a string would be sent on
+                # as arguments that are a JSON string, which no tool schema describes.
+                raise bad_request(f"{at}.input: an object is required", param=f"{at}.input")
             calls.append(
                 {
                     "id": block["id"],
@@ -372,8 +380,13 @@ def _chat_tool(tool: dict[str, Any], where: str) -> dict[str, Any]:
             f"{where}.input_schema.type: must be 'object'", param=f"{where}.input_schema.type"
         )
     fn: dict[str, Any] = {"name": name, "parameters": schema}
-    if isinstance(tool.get("description"), str):
-        fn["description"] = tool["description"]
+    description = tool.get("description")
+    if description is not None and not isinstance(description, str):
+        raise bad_request(
+            f"{where}.description: a string is required", param=f"{where}.description"
+        )
+    if description is not None:
+        fn["description"] = description
     return {"type": "function", "function": fn}
 
 
@@ -404,5 +417,11 @@ def _tool_choice(chat: dict[str, Any], choice: dict[str, Any], names: set[str]) 
         raise bad_request(
             "tool_choice.type: must be 'auto', 'any', 'tool' or 'none'", param="tool_choice.type"
         )
-    if choice.get("disable_parallel_tool_use") is True and kind != "none":
+    disable_parallel = choice.get("disable_parallel_tool_use")
+    if disable_parallel is not None and not isinstance(disable_parallel, bool):
+        raise bad_request(
+            "tool_choice.disable_parallel_tool_use: a boolean is required",
+            param="tool_choice.disable_parallel_tool_use",
+        )
+    if disable_parallel and kind != "none":
         chat["parallel_tool_calls"] = False

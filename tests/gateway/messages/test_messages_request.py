@@ -192,6 +192,20 @@ def test_count_tokens_requests_need_no_max_tokens() -> None:
         # Neither a string nor a list of blocks: the field, not pydantic's union member.
         ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "system": 5},
          "system", None),
+        # Dropped or sent on as they came, before: a user id that is not a string (the
+        # request's spend lost its user), a tool's input that is not an object (arguments
+        # that are a JSON string), a description or a parallel-use flag of another type.
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+          "metadata": {"user_id": 5}}, "metadata.user_id", None),
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}, {"role": "assistant",
+          "content": [{"type": "tool_use", "id": "t", "name": "f", "input": "x"}]}]},
+         "messages[1].content[0].input", None),
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tools": [
+          {"name": "f", "description": 3, "input_schema": {"type": "object"}}]},
+         "tools[0].description", None),
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tools": [WEATHER],
+          "tool_choice": {"type": "auto", "disable_parallel_tool_use": "x"}},
+         "tool_choice.disable_parallel_tool_use", None),
         # Four at most: the limit of the chat APIs the request is routed to.
         ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
           "stop_sequences": list("abcde")}, "stop_sequences", None),
