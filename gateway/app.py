@@ -92,6 +92,10 @@ def create_app(
         docs_url=None,
         redoc_url=None,
         openapi_url="/openapi.json",
+        # A path with a trailing slash is a 404 naming it, as OpenAI's API answers, not an
+        # empty 307 to a Location built from the client's Host header: the SDKs do not
+        # follow a redirected POST, and behind a TLS proxy it pointed at http://.
+        redirect_slashes=False,
     )
     app.state.services = services
     app.state.config_path = config_path

@@ -317,6 +317,20 @@ def test_an_endpoint_the_gateway_does_not_serve_is_a_404_naming_it(gateway: Gate
     assert isinstance(err.value.body, dict) and err.value.body["type"] == "not_found_error"
 
 
+@pytest.mark.parametrize(
+    ("path", "shape"),
+    [("/v1/chat/completions/", "openai"), ("/v1/messages/", "anthropic"), ("/healthz/", "openai")],
+)
+def test_a_trailing_slash_is_a_404_naming_the_path_not_a_redirect(
+    gateway: Gateway, path: str, shape: str
+) -> None:
+    r = httpx.post(f"{gateway.url}{path}", json={}, headers={"host": "elsewhere.example"})
+    assert r.status_code == 404 and "location" not in r.headers
+    error = r.json()["error"]
+    assert error["type"] == "not_found_error" and f"POST {path}" in error["message"]
+    assert (r.json().get("type") == "error") == (shape == "anthropic")
+
+
 def test_the_server_answers_as_the_document_says(gateway: Gateway) -> None:
     """schemathesis generates requests from the document — valid ones, and invalid ones
     that must be refused with a 4xx — for every operation, against the live gateway."""
