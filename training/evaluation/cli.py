@@ -25,6 +25,7 @@ from pathlib import Path
 from router.outcomes import OutcomeRecord, OutcomeTableError, load_outcome_table
 from training.datasets.splits import DEFAULT_FRACTIONS, Splits, canonical_split, split_records
 from training.evaluation.compare import Entry, compare, off_policy
+from training.evaluation.loop_router import LoopRouter, pool_for
 from training.evaluation.ope import OPEError
 from training.evaluation.overlap import ids_fingerprint, seen_in_training
 from training.evaluation.registry import (
@@ -262,6 +263,12 @@ def _evaluate_logged(
             "checkpoints (compact:...), single:MODEL, policy:cheapest|random|fixed:MODEL; "
             "train a router on it with `xrouter train --offpolicy`"
         ) from exc
+    pool = pool_for(records)
+    for entry in policies:
+        if isinstance(entry.router, LoopRouter):
+            # Every model of the table, not only those logged in the evaluated part: a
+            # choice no record there supports gets a note, not a policy it never chose.
+            entry.router.pool = pool
     if args.strong or args.weak:
         result.notes.append("--strong/--weak: no APGR on logged traffic (partial feedback)")
     _note_training_overlap(policies, records, evaluated, args.table, split, result.notes)

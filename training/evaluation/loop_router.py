@@ -110,6 +110,10 @@ class LoopRouter:
         self._last_router_error = ""
         # Table models a checkpoint was not trained on: it never chooses them.
         self.untrained: set[str] = set()
+        # The models the policy routes among on logged traffic: the whole table's, set by
+        # ``xrouter eval``. The evaluated part alone lacks the models nobody explored there,
+        # and a checkpoint denied them would be estimated as a policy it is not.
+        self.pool: ModelPool | None = None
 
     @property
     def notes(self) -> list[str]:
@@ -142,7 +146,7 @@ class LoopRouter:
         outcome for would hand every policy the logged action). A policy whose first step is
         not one final call (a cascade's plan, an llm router's turns) has no single action to
         estimate, and is refused."""
-        pool = pool_for(records)
+        pool = self.pool if self.pool is not None else pool_for(records)
         policy = self._make_policy(pool)
         choices: list[str] = []
         try:

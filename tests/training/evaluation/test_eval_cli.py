@@ -629,3 +629,37 @@ def test_the_split_seed_is_a_number_as_train_takes_it(table: Path, tmp_path: Pat
     assert evaluated("01") == evaluated("1") == [1]
     with pytest.raises(SystemExit):
         parse(["--table", str(table), "--split-seed", "one", "--out", str(tmp_path)])
+
+
+def test_a_policy_on_logged_traffic_routes_among_every_model_of_the_table(
+    tmp_path: Path,
+) -> None:
+    """The cheapest model was explored only on prompts of the training part. Evaluated on
+    the test part, the policy still routes among every model of the table, so it picks that
+    model and gets a note that no record there supports it. It used to route among the test
+    part's models alone and was estimated as a policy it is not (here: the next cheapest)."""
+    ids = [f"r{i}" for i in range(300)]
+    parts = split_records([OutcomeRecord.model_validate(
+        {"id": i, "prompt": "x", "outcomes": {"a": {"score": 1.0, "cost_usd": 0.001}}}
+    ) for i in ids])  # fmt: skip
+    train = {r.id for r in parts.train}
+    rows = []
+    for n, i in enumerate(ids):
+        action = "rare" if i in train and n % 4 == 0 else ("a" if n % 2 else "b")
+        cost = {"rare": 0.00001, "a": 0.001, "b": 0.0001}[action]
+        rows.append(OutcomeRecord.model_validate({
+            "id": i, "prompt": f"q {n}",
+            "outcomes": {action: {"score": float(n % 3 == 0), "cost_usd": cost}},
+            "logged": {"action": action, "propensity": 0.25 if action == "rare" else 0.375},
+        }))  # fmt: skip
+    path = tmp_path / "logged.jsonl"
+    write_outcome_table(rows, path)
+    out = tmp_path / "out"
+    argv = ["--table", str(path), "--policy", "policy:cheapest", "--bootstrap", "0"]
+    assert main([*argv, "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert not any(r["router"] == "policy:cheapest" for r in metrics["off_policy"])
+    assert any(
+        n.startswith("policy:cheapest: no off-policy estimate") and "rare" in n
+        for n in metrics["notes"]
+    )
