@@ -45,6 +45,16 @@ _FALSE = frozenset({"0", "0.0", "false", "f", "no", "n"})
 _MISSING = frozenset({"", "nan", "none", "null"})
 
 
+def check_row_width(row: dict[str | None, Any], width: int, where: str) -> None:
+    """A CSV row with more or fewer fields than its header: a truncated or malformed file.
+    ``csv.DictReader`` would fill a short row with ``None`` (read as missing scores, the
+    row dropped as if a model had no outcome) and file extra fields under ``None``."""
+    if None in row or any(v is None for v in row.values()):
+        fields = sum(v is not None for k, v in row.items() if k is not None)
+        fields += len(row.get(None) or ())
+        raise ConversionError(f"{where}: {fields} fields where the header has {width}")
+
+
 def parse_score(value: Any, where: str) -> float | None:
     """A 0..1 score from a CSV cell or JSON value: numbers, ``True``/``False``, "1"/"0",
     "yes"/"no". Empty cells and NaN are ``None`` (missing); anything else is an error."""

@@ -32,6 +32,7 @@ from training.datasets.common import (
     ConversionError,
     UniqueIds,
     build_record,
+    check_row_width,
     looks_boolean,
     parse_score,
     reading,
@@ -142,6 +143,7 @@ def convert_routellm(
         dropped = repeated = 0
         for line, row in rows:
             where = f"{path}:{line}"
+            check_row_width(row, len(header), where)
             prompt = row.get(prompt_col) or ""
             if not prompt.strip():
                 raise ConversionError(f"{where}: empty {prompt_col!r}")

@@ -27,6 +27,7 @@ from training.datasets.common import (
     ConversionError,
     UniqueIds,
     build_record,
+    check_row_width,
     parse_score,
     reading,
     unwrap_literal_text,
@@ -124,6 +125,7 @@ def iter_routerbench_csv(
         suspects = {col: ColumnTally() for col in _looks_like_scores(header)}
         for row in reader:
             where = f"{p}:{reader.line_num}"
+            check_row_width(row, len(header), where)
             for col, tally in suspects.items():
                 tally.add(reader.line_num, row.get(col) or "")
             outcomes: dict[str, dict[str, Any]] = {}
@@ -133,7 +135,9 @@ def iter_routerbench_csv(
                     row.get(m + COST_SUFFIX) or "", f"{where}: column {m + COST_SUFFIX!r}"
                 )
                 if score is None or cost is None:
-                    break
+                    # Missing: the row is dropped below, but only once every cell has been
+                    # read, so that a bad cell after the gap is an error, not a row left out.
+                    continue
                 out: dict[str, Any] = {"score": score, "cost_usd": cost}
                 response = row.get(m + RESPONSE_SUFFIX)
                 if with_responses and response is not None:

@@ -66,6 +66,32 @@ def test_routerbench_errors_name_file_and_line(tmp_path: Path) -> None:
         load_converted("routerbench", [dup])
 
 
+def test_routerbench_a_bad_cell_after_a_missing_one_is_an_error(tmp_path: Path) -> None:
+    # The row's first model has no score, so the row is dropped; its second model's cost
+    # was not read at all, and the row went out with the missing ones.
+    path = write_routerbench(tmp_path / "rb.csv", [rb_row("t.1", a="", cost_b="-1")])
+    with pytest.raises(ConversionError, match=r"rb\.csv:2: .*negative cost"):
+        load_converted("routerbench", [path])
+
+
+@pytest.mark.parametrize("line", ["p2,1", "p2,1,0,1"])
+def test_csv_rows_of_another_width_than_the_header_are_errors(tmp_path: Path, line: str) -> None:
+    # A short row was read as missing scores and dropped; a long one lost its extra cell.
+    path = tmp_path / "eval.csv"
+    path.write_text(f"prompt,small,large\np1,1,0\n{line}\np3,0,1\n")
+    prices = write_json(tmp_path / "p.json", PRICES)
+    width = len(line.split(","))
+    with pytest.raises(
+        ConversionError, match=rf"eval\.csv:3: {width} fields where the header has 3"
+    ):
+        load_converted("routellm", [path], prices)
+    bench = write_routerbench(tmp_path / "rb.csv", [rb_row("t.1")])
+    with bench.open("a") as fh:
+        fh.write("t.2,short\n")
+    with pytest.raises(ConversionError, match=r"rb\.csv:3: 2 fields where the header has"):
+        load_converted("routerbench", [bench])
+
+
 def test_routerbench_refuses_a_model_without_its_cost_column(tmp_path: Path) -> None:
     # Dropping `b|total_cost` used to drop model b from the table without a word.
     src = write_routerbench(tmp_path / "rb.csv", [rb_row("t.1"), rb_row("t.2")])
