@@ -76,6 +76,15 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(v) for v in text.split(",") if v.strip())
 
 
+def _neighbour_counts(text: str) -> tuple[int, ...]:
+    """``--knn``/``--cascade``: at least one count. An empty list used to read as the flag
+    not given at all, and trained a policy network instead."""
+    counts = _ints(text)
+    if not counts:
+        raise argparse.ArgumentTypeError("name at least one neighbour count, e.g. 50,100,200")
+    return counts
+
+
 def _positive_int(text: str) -> int:
     """argparse ``type`` of a count that must be at least 1 (``--threads``: torch takes no
     0 or negative thread count, and 0 was silently trained with 1)."""
@@ -182,7 +191,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--knn",
-        type=_ints,
+        type=_neighbour_counts,
         default=None,
         metavar="K[,K...]",
         help="instead of training a network, store a kNN router over the training prompts "
@@ -191,7 +200,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--cascade",
-        type=_ints,
+        type=_neighbour_counts,
         default=None,
         metavar="K[,K...]",
         help="instead of training a network, store multi-call plans (cheap models first, "
@@ -371,7 +380,7 @@ def run_train(args: argparse.Namespace) -> int:
             for k, v in result.validation.items()
         },
     }
-    _warn_thin_support(result.validation)
+    _warn_thin_support(result.validation, cfg.estimator)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -384,7 +393,7 @@ def run_train(args: argparse.Namespace) -> int:
 THIN_SUPPORT = 30
 
 
-def _warn_thin_support(validation: dict[str, dict[str, Any]]) -> None:
+def _warn_thin_support(validation: dict[str, dict[str, Any]], estimator: str) -> None:
     thin = {
         lam: row["supporting_records"]
         for lam, row in validation.items()
@@ -394,9 +403,10 @@ def _warn_thin_support(validation: dict[str, dict[str, Any]]) -> None:
         logger.warning(
             "the validation estimates rest on few records logged with the router's own "
             "choices (%s at λ = %s): off-policy estimates this thin overrate the router, SNIPS "
-            "most; prefer --estimator dr, and evaluate it on traffic it did not train on",
+            "most; %sevaluate it on traffic it did not train on",
             ", ".join(str(v) for v in thin.values()),
             ", ".join(thin),
+            "" if estimator == "dr" else "prefer --estimator dr, and ",
         )
 
 

@@ -279,6 +279,18 @@ def test_nonsense_training_settings_are_refused(
     assert needle in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", ["--knn", "--cascade"])
+def test_an_empty_list_of_neighbour_counts_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    # It used to read as the flag not given, and trained a policy network instead.
+    with pytest.raises(SystemExit) as exc:
+        main(["--table", str(tmp_path / "t.jsonl"), "--out", str(tmp_path / "r"), flag, ""])
+    assert exc.value.code == 2
+    assert "name at least one neighbour count" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
 def test_a_repeated_pool_model_is_refused(
     tables: tuple[list[OutcomeRecord], list[OutcomeRecord]],
     tmp_path: Path,
@@ -501,6 +513,12 @@ def test_an_offpolicy_run_on_thin_support_says_its_estimates_overrate_it(
         assert main([*args, "--out", str(tmp_path / "o")]) == 0
     warned = [r.getMessage() for r in caplog.records if "rest on few records" in r.getMessage()]
     assert len(warned) == 1 and "--estimator dr" in warned[0], caplog.text
+    # A DR run is warned too, but not told to use what it uses.
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="training.compact.cli"):
+        assert main([*args, "--estimator", "dr", "--out", str(tmp_path / "d")]) == 0
+    warned = [r.getMessage() for r in caplog.records if "rest on few records" in r.getMessage()]
+    assert len(warned) == 1 and "--estimator dr" not in warned[0], caplog.text
     # A full-information table needs no such warning.
     full, _ = tables
     write_outcome_table(full[:150], table)
