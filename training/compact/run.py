@@ -334,6 +334,21 @@ def _pool_and_records(
     unknown = [m for m in models if m not in seen]
     if unknown:
         raise ValueError(f"pool model(s) with no outcome in the table: {', '.join(unknown)}")
+    if cfg.offpolicy and pool:
+        outside = sorted({r.logged.action for r in kept if r.logged is not None} - set(models))
+        if outside:
+            # Those records are left out, where IPS and DR would need them at weight 0 (and
+            # DR their direct term): the estimates lean toward the prompts the pool's own
+            # models were logged on. SNIPS gives them weight 0 anyway, so it is unaffected.
+            n = sum(r.logged is not None and r.logged.action in outside for r in kept)
+            logger.warning(
+                "%d of the %d logged records chose a model outside --pool (%s) and are left "
+                "out: IPS and DR estimates are biased by their absence (SNIPS is not); train "
+                "with the models they chose in the pool, or with --estimator snips",
+                n,
+                len(kept),
+                ", ".join(outside),
+            )
     if not cfg.offpolicy:
         full = [r for r in kept if all(m in r.outcomes for m in models)]
         if len(full) < len(kept):

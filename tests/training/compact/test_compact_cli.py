@@ -527,3 +527,26 @@ def test_an_offpolicy_run_on_thin_support_says_its_estimates_overrate_it(
         assert main(["--table", str(table), "--steps", "4", "--eval-every", "2",
                      "--cost-scale", "0.01", "--no-progress", "--out", str(tmp_path / "f")]) == 0  # fmt: skip
     assert "rest on few records" not in caplog.text
+
+
+def test_an_offpolicy_pool_that_leaves_out_logged_models_says_what_it_costs(
+    tables: tuple[list[OutcomeRecord], list[OutcomeRecord]],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Records logged for a model outside --pool are left out, which biases IPS and DR:
+    the run says so (it said nothing)."""
+    _, logged = tables
+    table = tmp_path / "logged.jsonl"
+    write_outcome_table(logged[:150], table)
+    chosen = sorted({r.logged.action for r in logged[:150] if r.logged is not None})
+    assert len(chosen) > 2
+    args = ["--table", str(table), "--offpolicy", "--steps", "2", "--eval-every", "1",
+            "--cost-scale", "0.01", "--no-progress", "--pool", ",".join(chosen[:-1])]  # fmt: skip
+    with caplog.at_level("WARNING", logger="training.compact.run"):
+        assert main([*args, "--out", str(tmp_path / "o")]) == 0
+    assert f"chose a model outside --pool ({chosen[-1]}) and are left out" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="training.compact.run"):
+        assert main([*args[:-1], ",".join(chosen), "--out", str(tmp_path / "all")]) == 0
+    assert "outside --pool" not in caplog.text
