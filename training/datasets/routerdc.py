@@ -45,6 +45,9 @@ def load_json_items(path: Path) -> list[Any]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConversionError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    except RecursionError:
+        # The parser recurses per level: no dataset nests this deep.
+        raise ConversionError(f"{path}: JSON nested too deeply to read") from None
     if not isinstance(data, list):
         raise ConversionError(f"{path}: expected a JSON list of items, got {type(data).__name__}")
     return data

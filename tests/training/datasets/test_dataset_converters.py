@@ -273,6 +273,15 @@ def test_routerdc_drops_and_counts_items_missing_a_model(
 
 
 @needs_shared_data("llmrouter_dcrouter")
+@pytest.mark.parametrize("fmt", ["routerdc", "routeprofile"])
+def test_json_nested_too_deeply_is_one_line(tmp_path: Path, fmt: str) -> None:
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    prices = write_json(tmp_path / "p.json", PRICES)
+    with pytest.raises(ConversionError, match=r"deep\.json: JSON nested too deeply"):
+        load_converted(fmt, [path], prices)
+
+
 def test_routerdc_real_rows(tmp_path: Path) -> None:
     items = json.loads((SHARED / "llmrouter_dcrouter" / "train.json").read_text())[:25]
     data = write_json(tmp_path / "dc.json", items)
