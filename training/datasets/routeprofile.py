@@ -4,7 +4,8 @@ Source items (``routing_test_data.json``): ``task_name``, ``query`` and ``model_
 {model: {response, prompt_tokens, completion_tokens, success, task_performance}}; the upstream
 file stores ``model_performance`` as a Python-literal string in some versions and as a JSON
 object in others, so both are read. Score = ``task_performance`` clipped to [0, 1] (a failed
-call with no score earns 0); cost = the recorded tokens x ``candidate_models.json`` prices.
+call with no score earns 0; no score for a call that did not fail is a missing outcome);
+cost = the recorded tokens x ``candidate_models.json`` prices.
 Ids match ``scripts/build_demo_table.py`` (``rp-<task>-<sha256(query)[:10]>``), so the
 packaged demo table and a converted one split identically; a query repeated within a task is
 kept once, its first occurrence, and the repeats counted in the log. The models are those
@@ -88,8 +89,12 @@ def convert_routeprofile(paths: list[Path], prices: PriceCatalog | None) -> Iter
                     raise ConversionError(f"{at}: not an object")
                 raw_score = result.get("task_performance")
                 if raw_score is None:
-                    raw_score = 0.0
-                if not isinstance(raw_score, int | float):
+                    if result.get("success") is not False:
+                        # No score for a call that did not fail: missing, not a 0 (the item
+                        # is dropped and counted, as for a model it lacks).
+                        continue
+                    raw_score = 0.0  # a failed call earns nothing
+                if not isinstance(raw_score, int | float) or isinstance(raw_score, bool):
                     raise ConversionError(f"{at}: task_performance {raw_score!r} is not a number")
                 if not math.isfinite(raw_score):
                     # Clipping would make NaN a 0 and Infinity a 1: a made-up score.

@@ -427,6 +427,15 @@ def test_routeprofile_literal_and_object_performance(tmp_path: Path) -> None:
         assert r.outcomes["large"].score == 0.0  # a failed call with no score
         assert r.outcomes["large"].cost_usd == pytest.approx(usd(12, 4, "large"))
         assert r.outcomes["small"].model_extra == {"success": True}
+    # No score for a call that did not fail is missing (the item dropped), not a 0.
+    unscored = {**perf, "large": {**perf["large"], "success": True}}
+    path = write_json(tmp_path / "rp2.json", [
+        {"task_name": "mmlu", "query": "q1", "model_performance": perf},
+        {"task_name": "mmlu", "query": "q2", "model_performance": unscored},
+        {"task_name": "mmlu", "query": "q3", "model_performance": perf},
+    ])  # fmt: skip
+    kept = load_converted("routeprofile", [path], write_json(tmp_path / "p.json", PRICES))
+    assert [r.id for r in kept] == [routeprofile_id("mmlu", q) for q in ("q1", "q3")]
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf])
