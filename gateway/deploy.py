@@ -93,6 +93,11 @@ def _one_line(body: bytes) -> str:
     return text if len(text) <= _DETAIL_CHARS else text[: _DETAIL_CHARS - 3] + "..."
 
 
+def _header_safe(value: str) -> bool:
+    """Whether ``value`` can go in an HTTP header as it is: Latin-1, no control characters."""
+    return all(" " <= c <= "\xff" and c != "\x7f" for c in value)
+
+
 def run_deploy(args: argparse.Namespace) -> int:
     from router.checkpoint import PACKAGED_PREFIX, CheckpointError, load_checkpoint
 
@@ -107,8 +112,18 @@ def run_deploy(args: argparse.Namespace) -> int:
         return 2
     if not packaged and ckpt.path is not None:
         path = ckpt.path  # the checkpoint itself, where a run directory was named
-    if not args.admin_key:
+    # Stripped as the gateway strips its own (``AuthSettings``): a key read from a file or
+    # `$(cat key)` often ends with a newline.
+    admin_key = (args.admin_key or "").strip()
+    if not admin_key:
         log.error("an admin key is needed: --admin-key or XROUTER_ADMIN_KEY")
+        return 2
+    if not _header_safe(admin_key):
+        # http.client would refuse the header with a ValueError that quotes it, key and all.
+        log.error(
+            "the admin key holds a character an HTTP header cannot carry (a control "
+            "character, or one outside Latin-1): check --admin-key or XROUTER_ADMIN_KEY"
+        )
         return 2
     url = _mask_url(args.url)  # as messages show it
     if _split_userinfo(args.url) is not None:
@@ -127,7 +142,7 @@ def run_deploy(args: argparse.Namespace) -> int:
             f"{args.url.rstrip('/')}/admin/reload",
             data=json.dumps({"checkpoint": str(path)}).encode(),
             headers={
-                "Authorization": f"Bearer {args.admin_key}",
+                "Authorization": f"Bearer {admin_key}",
                 "Content-Type": "application/json",
             },
             method="POST",
@@ -176,7 +191,9 @@ def run_deploy(args: argparse.Namespace) -> int:
         )
         return 1
     except ValueError as exc:  # a malformed --url, or an answer that is not the gateway's
-        log.error("%s did not answer as an xrouter gateway: %s", url, _redact(str(exc), args.url))
+        # Whatever the message quotes, never the key (a header error would).
+        detail = _redact(str(exc), args.url).replace(admin_key, "***")
+        log.error("%s did not answer as an xrouter gateway: %s", url, detail)
         return 1
     # The gateway's answer names its own pool ("pool"); the checkpoint's, what it was
     # trained on, is said apart rather than overwritten by it.

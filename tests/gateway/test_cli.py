@@ -334,6 +334,26 @@ def test_deploy_does_not_follow_a_redirect_nor_send_the_admin_key_on(status: int
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_deploy_strips_the_admin_key_and_never_shows_one_no_header_can_carry() -> None:
+    # A key from `$(cat key)` or a Kubernetes secret ends with a newline: http.client refused
+    # the header with a ValueError quoting it, logged as "did not answer as an xrouter
+    # gateway: Invalid header value b'Bearer SECRET\\n'".
+    gateway, seen = _recorder(200, {"Content-Type": "application/json"}, b"{}")
+    try:
+        url = f"http://127.0.0.1:{gateway.server_address[1]}"
+        proc = run_cli("deploy", "packaged:demo", "--url", url, "--admin-key", "SECRET\n")
+        assert proc.returncode == 0, proc.stderr
+        assert seen.seen == [("POST", "Bearer SECRET")]
+        for bad in ("SEC\nRET", "SEC\x01RET", "SECRET\u2019"):
+            proc = run_cli("deploy", "packaged:demo", "--url", url, "--admin-key", bad)
+            assert proc.returncode == 2, (bad, proc.stderr)
+            assert "SEC" not in proc.stderr and "cannot carry" in proc.stderr, proc.stderr
+            assert "Traceback" not in proc.stderr, proc.stderr
+        assert len(seen.seen) == 1
+    finally:
+        _close(gateway)
+
+
 def test_deploy_refuses_a_url_with_a_user_and_never_shows_its_password() -> None:
     gateway, seen = _recorder(500, {}, b"boom")
     port = gateway.server_address[1]
