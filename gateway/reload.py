@@ -223,7 +223,8 @@ class Reloader:
         s = self._s
         async with self.reload_lock:
             file_settings = settings or s.file_settings or s.settings
-            serving = _with_checkpoint(file_settings, checkpoint)
+            # A deploy re-reads the config as a reload does: the sections read at start stay.
+            serving = self._kept_from_start(_with_checkpoint(file_settings, checkpoint))
             runtime = await self._build(serving)
             if self.deployments is not None:
                 info = runtime.checkpoint_info or {}

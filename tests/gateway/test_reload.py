@@ -588,6 +588,29 @@ def test_sections_read_at_start_stay_as_started_and_a_reload_says_so(
         gw.stop()
 
 
+def test_a_deploy_keeps_the_sections_read_at_start_too(upstream: Upstream, tmp_path: Path) -> None:
+    """A deploy re-reads the config as a reload does, but applied the file's restart-only
+    sections on that worker: a `server.max_body_bytes` lowered in the file refused bodies
+    the running server was started to take, without a warning."""
+    cfg = gateway_config(tmp_path, upstream.base_url, router={"watch_files": False})
+    cfg["server"] = {**cfg.get("server", {}), "max_body_bytes": 65536}
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        cfg["server"]["max_body_bytes"] = 2048
+        gw.config_path.write_text(yaml.safe_dump(cfg))
+        r = _deploy(gw.url, "packaged:demo-rl")
+        assert r.status_code == 200, r.text
+        body = {"model": "gemma-2-9b-it", "messages": [{"role": "user", "content": "x" * 5000}]}
+        r = httpx.post(f"{gw.base_url}/chat/completions", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        deadline = time.monotonic() + 5
+        while "a restart" not in gw.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "the server section is read at start" in gw.log(), gw.log()[-2000:]
+    finally:
+        gw.stop()
+
+
 # With several workers too: the supervisor passed its host and port to the workers in the
 # environment, which overrides the file, so a reload never saw the file's host change.
 @pytest.mark.parametrize("workers", [1, 2])
