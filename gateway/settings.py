@@ -32,7 +32,7 @@ from pydantic_core import MultiHostUrl, Url
 
 from pricing import ModelPrice
 from router.outcomes import MAX_COST_WEIGHT
-from router.pool import DEFAULT_KEEP_ALIVE_S, PoolModelConfig, has_userinfo
+from router.pool import DEFAULT_KEEP_ALIVE_S, PoolModelConfig, has_userinfo, strip_secret
 from router.reward import RewardConfig
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -44,7 +44,9 @@ class SettingsError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No inf or NaN in any setting: YAML reads `.inf` as a float that `gt=0` lets through,
+    # and an infinite timeout overflows where it becomes milliseconds (a Redis call's).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 _ORIGIN = re.compile(r"https?://[^/\s*]+")
@@ -108,12 +110,7 @@ class AuthSettings(_Section):
     enabled: bool = True
     admin_key: SecretStr | None = None
 
-    @field_validator("admin_key")
-    @classmethod
-    def _strip(cls, value: SecretStr | None) -> SecretStr | None:
-        # A key read from a file (a Kubernetes secret, `$(cat key)`) often ends with a
-        # newline, which no Authorization header can carry: such a key could never match.
-        return None if value is None else SecretStr(value.get_secret_value().strip())
+    _strip = field_validator("admin_key")(strip_secret)
 
 
 class LedgerSettings(_Section):
@@ -145,8 +142,14 @@ _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 def _redis_url(value: str | None) -> str | None:
     # Checked here, so a URL redis-py cannot use is one line at startup rather than a
     # traceback from inside the server's lifespan.
-    if value is not None and not value.startswith(_REDIS_SCHEMES):
+    if value is None:
+        return value
+    if not value.startswith(_REDIS_SCHEMES):
         raise ValueError(f"a Redis URL starts with {', '.join(_REDIS_SCHEMES)}")
+    # Parsed as the client will parse it: a bad port or database crashed the lifespan.
+    from gateway.limits.resp import parse_redis_url
+
+    parse_redis_url(value)  # its ValueError names the part, never the password
     return value
 
 
@@ -223,6 +226,7 @@ class LLMRouterSettings(_Section):
     base_url: str | None = None
     model: str = "xrouter-router"
     api_key: SecretStr | None = None
+    _strip = field_validator("api_key")(strip_secret)
     # Router tokens are part of the request's cost: a self-hosted price per 1M tokens.
     price: ModelPrice = ModelPrice.free("self-hosted router")
     temperature: float = Field(default=0.0, ge=0, le=2)
@@ -446,6 +450,8 @@ def _field_type(path: list[str]) -> Any:
             tp = field.annotation
         elif get_origin(tp) is dict:
             tp = get_args(tp)[1]
+        elif get_origin(tp) is list and part.isdigit():  # XROUTER_POOL__0__API_KEY
+            tp = get_args(tp)[0]
         else:
             return None
     return tp
@@ -470,15 +476,43 @@ def _apply_env_overrides(data: dict[str, Any], env: Mapping[str, str]) -> dict[s
         if not key.startswith(ENV_PREFIX) or "__" not in key:
             continue
         path = key[len(ENV_PREFIX) :].lower().split("__")
-        node = data
-        for part in path[:-1]:
-            nxt = node.get(part)
-            if not isinstance(nxt, dict):
-                nxt = {}
-                node[part] = nxt
-            node = nxt
-        node[path[-1]] = _env_value(path, raw)
+        _set_path(data, path, _env_value(path, raw), key)
     return data
+
+
+def _set_path(data: dict[str, Any], path: list[str], value: Any, source: str) -> None:
+    """Set the setting at ``path`` to ``value``, making the sections on the way. A list's
+    entry is named by its index (``XROUTER_POOL__0__API_KEY``), and must exist: an override
+    completes the file's entry, it cannot make one. A section the file gave as something
+    else (``server:`` left empty, ``server: 8000``) is an error naming both, where it was
+    replaced by the override (an env var) or crashed on it (a CLI flag)."""
+    node: Any = data
+    for depth, part in enumerate(path[:-1]):
+        where = ".".join(path[: depth + 1])
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise SettingsError(
+                    f"invalid configuration: {source} names {where}, but "
+                    f"{'.'.join(path[:depth]) or '(root)'} has {len(node)} entries "
+                    "(numbered from 0)"
+                )
+            nxt = node[int(part)]
+        elif part not in node:
+            nxt = node[part] = {}
+        else:
+            nxt = node[part]
+        if not isinstance(nxt, dict | list):
+            raise SettingsError(
+                f"invalid configuration: {where}: should be a section, not "
+                f"{'empty' if nxt is None else repr(nxt)} ({source} sets {'.'.join(path)})"
+            )
+        node = nxt
+    if isinstance(node, list):
+        raise SettingsError(
+            f"invalid configuration: {source} names {'.'.join(path)}, an entry of a list: "
+            "set a field of it, or the whole list"
+        )
+    node[path[-1]] = value
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
@@ -556,7 +590,10 @@ def load_ledger_settings(
         section = _read_config(Path(path)).get("ledger")
         if section is not None:
             data["ledger"] = expand_env(section, env)
-    ledger = _apply_env_overrides(data, env).get("ledger") or {}
+    # Only the ledger's overrides: another section's (a bad XROUTER_POOL__5__API_KEY) is
+    # not this command's to refuse.
+    ours = {k: v for k, v in env.items() if k[len(ENV_PREFIX) :].lower().startswith("ledger__")}
+    ledger = _apply_env_overrides(data, ours).get("ledger") or {}
     try:
         return Settings.model_validate({"ledger": ledger}).ledger
     except ValidationError as exc:  # named as load_settings names them: ledger.<field>
@@ -576,13 +613,8 @@ def load_settings(
         data = expand_env(_read_config(Path(path)), env)
     data = _apply_env_overrides(data, env)
     for dotted, value in (overrides or {}).items():
-        if value is None:
-            continue
-        node = data
-        *parents, last = dotted.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
+        if value is not None:
+            _set_path(data, dotted.split("."), value, "the command line")
     try:
         return Settings.model_validate(data)
     except ValidationError as exc:

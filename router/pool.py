@@ -48,11 +48,20 @@ def has_userinfo(url: str) -> bool:
         return False
 
 
+def strip_secret(value: SecretStr | None) -> SecretStr | None:
+    """A credential without surrounding whitespace (a pydantic validator). One read from a
+    file (a Kubernetes secret, `$(cat key)`) often ends with a newline, which no
+    Authorization header can carry: such a key never matches, and an HTTP client refuses
+    the header with an error that quotes it."""
+    return None if value is None else SecretStr(value.get_secret_value().strip())
+
+
 class DeploymentConfig(BaseModel):
     """One place a pool model is served (a vLLM replica, a second provider account, another
     region). The router picks the model; the gateway picks among its deployments."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    _strip = field_validator("api_key")(strip_secret)
 
     api_base: str
     api_key: SecretStr | None = None  # None: the pool entry's
@@ -79,7 +88,9 @@ class DeploymentConfig(BaseModel):
 class PoolModelConfig(BaseModel):
     """One downstream model as configured."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No inf or NaN: an infinite timeout_s is no timeout, and overflows where it is used.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    _strip = field_validator("api_key")(strip_secret)
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,63}$")
     # provider/model as LiteLLM spells it: openai/gpt-4o-mini, anthropic/claude-3-5-haiku, ...

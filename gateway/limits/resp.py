@@ -174,6 +174,9 @@ class _Endpoint:
     @classmethod
     def from_url(cls, url: str) -> _Endpoint:
         parts = urlsplit(url)
+        if "@" in parts.fragment:
+            # "redis://:pa#ss@host": the '#' began a fragment and the host became "pa".
+            raise ValueError("Redis URL: write a '#' in its user or password as %23")
         if parts.scheme not in ("redis", "rediss", "unix"):
             raise ValueError(f"unsupported Redis URL scheme {parts.scheme!r} (redis, rediss, unix)")
         query = parse_qs(parts.query)
@@ -183,16 +186,28 @@ class _Endpoint:
         try:
             db = int(db_text or 0)
         except ValueError:
-            raise ValueError(f"Redis URL database must be an integer, got {db_text!r}") from None
+            db = -1
+        if db < 0:
+            raise ValueError(f"Redis URL database must be an integer ≥ 0, got {db_text!r}")
+        try:
+            port = parts.port
+        except ValueError:  # "Port out of range 0-65535", "Port could not be cast to ..."
+            raise ValueError("Redis URL port must be an integer in 1-65535") from None
         return cls(
             host=None if parts.scheme == "unix" else (parts.hostname or "127.0.0.1"),
-            port=parts.port or 6379,
+            port=port or 6379,
             path=parts.path if parts.scheme == "unix" else None,
             db=db,
             username=unquote(parts.username) if parts.username else None,
             password=unquote(parts.password) if parts.password else None,
             tls=parts.scheme == "rediss",
         )
+
+
+def parse_redis_url(url: str) -> None:
+    """Raise ``ValueError`` (naming the part, never the password) for a URL the client
+    cannot use: what the settings check at load."""
+    _Endpoint.from_url(url)
 
 
 class RespClient:

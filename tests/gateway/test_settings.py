@@ -1,3 +1,4 @@
+import os
 import sqlite3
 import subprocess
 import sys
@@ -74,6 +75,16 @@ def test_env_default_syntax(tmp_path: Path) -> None:
         # Every request routed with an infinite λ would fail: refused here, as a request's is.
         ("router: {cost_weight: .inf}", "router.cost_weight"),
         ("router: {cost_weight: .nan}", "router.cost_weight"),
+        # An infinite timeout passed `gt=0` and overflowed where it became milliseconds.
+        ("server: {request_timeout_s: .inf}", "server.request_timeout_s"),
+        ("router: {deployment_poll_s: .inf}", "router.deployment_poll_s"),
+        (POOL + "    timeout_s: .inf\n", "pool.0.timeout_s"),
+        # A port or database the Redis client cannot use crashed the lifespan.
+        ("limits: {redis_url: 'redis://:pw@127.0.0.1:99999/0'}", "limits.redis_url: .* port"),
+        ("cache: {redis_url: 'redis://127.0.0.1:63x9/0'}", "cache.redis_url: .* port"),
+        ("limits: {redis_url: 'redis://127.0.0.1:6379/x'}", "limits.redis_url: .* database"),
+        ("limits: {redis_url: 'redis://127.0.0.1:6379/-1'}", "limits.redis_url: .* database"),
+        ("limits: {redis_url: 'redis://:pa#ss@127.0.0.1:6379/0'}", "limits.redis_url: .* %23"),
     ],
 )
 def test_invalid_configs_name_the_problem(tmp_path: Path, text: str, needle: str) -> None:
@@ -154,6 +165,48 @@ def test_an_admin_key_read_from_a_file_loses_its_newline(tmp_path: Path) -> None
         load_settings(write(tmp_path, POOL), env={**env, "XROUTER_METRICS__BEARER_TOKEN": " " * 16})
 
 
+def test_provider_keys_read_from_a_file_lose_their_newline(tmp_path: Path) -> None:
+    # As the admin key does: with its newline, every call to the model (or router turn)
+    # failed on a header no HTTP client sends.
+    text = POOL + (
+        "  - name: spread\n    model: openai/spread\n    price: 0\n"
+        "    deployments: [{api_base: 'http://127.0.0.1:8/v1', api_key: \"dk\\n\"}]\n"
+        "router: {llm: {base_url: 'http://127.0.0.1:9/v1', api_key: \"rk\\n\"}}\n"
+    )
+    s = load_settings(write(tmp_path, text), env={"SMALL_KEY": "sk-small\n"})
+    secrets = [
+        s.pool[0].api_key,
+        s.pool[1].deployments[0].api_key if s.pool[1].deployments else None,
+        s.router.llm.api_key,
+    ]
+    assert [k.get_secret_value() if k else None for k in secrets] == ["sk-small", "dk", "rk"]
+
+
+def test_an_override_reaches_a_pool_entry_by_its_index(tmp_path: Path) -> None:
+    # XROUTER_POOL__0__API_KEY replaced the pool with {"0": {...}}: "Input should be a
+    # valid list". Now it sets that entry's field, as a text setting (taken as written).
+    env = {"SMALL_KEY": "k", "XROUTER_POOL__0__API_KEY": "12345", "XROUTER_POOL__0__TIMEOUT_S": "5"}
+    s = load_settings(write(tmp_path, POOL), env=env)
+    assert s.pool[0].api_key is not None and s.pool[0].api_key.get_secret_value() == "12345"
+    assert s.pool[0].timeout_s == 5 and s.pool[0].name == "small"
+    for key, says in (
+        ("XROUTER_POOL__1__API_KEY", "pool has 1 entries"),
+        ("XROUTER_POOL__X__API_KEY", "pool has 1 entries"),
+        ("XROUTER_POOL__0", "an entry of a list"),
+    ):
+        with pytest.raises(SettingsError, match=says):
+            load_settings(write(tmp_path, POOL), env={"SMALL_KEY": "k", key: "v"})
+    # A section the file gives as something else is named, not replaced by the override.
+    for text, says in (("server:\n", "not empty"), ("server: 8000\n", "not 8000")):
+        with pytest.raises(SettingsError, match=f"server: should be a section, {says}"):
+            load_settings(
+                write(tmp_path, POOL + text), env={"SMALL_KEY": "k", "XROUTER_SERVER__PORT": "1"}
+            )
+    # Another section's bad override is not `xrouter export`'s to refuse.
+    ledger = load_ledger_settings(None, env={"XROUTER_POOL__3__API_KEY": "k"})
+    assert ledger.url.startswith("sqlite")
+
+
 def test_pool_prices_from_catalog_explicit_or_free(tmp_path: Path) -> None:
     text = """
 pool:
@@ -187,6 +240,10 @@ def test_unpriced_pool_model_fails_at_startup(tmp_path: Path) -> None:
         ("pool: [\n", "is not valid YAML"),
         ("- a\n- b\n", "must hold a mapping"),
         ("demo: [replay]\n", "demo"),
+        # A section left empty or given a value, with serve's own --port: a TypeError
+        # traceback where the flag was set on it.
+        (POOL + "server:\n", "server: should be a section, not empty"),
+        (POOL + "server: 8000\n", "server: should be a section, not 8000"),
     ],
 )
 def test_serve_refuses_an_unusable_config_in_one_line(
@@ -194,13 +251,17 @@ def test_serve_refuses_an_unusable_config_in_one_line(
 ) -> None:
     # `xrouter serve` exits 2 with the reason, before any server starts: no traceback.
     proc = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(write(tmp_path, text))],
+        [
+            *(sys.executable, "-m", "gateway.cli", "serve", "--config", str(write(tmp_path, text))),
+            *("--port", "8123"),
+        ],
         capture_output=True,
         text=True,
         timeout=60,
+        env={**os.environ, "SMALL_KEY": "k"},
     )
-    assert proc.returncode == 2
-    assert needle in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize(
@@ -282,7 +343,7 @@ def test_text_settings_of_every_kind_are_taken_as_written(tmp_path: Path) -> Non
         "XROUTER_METRICS__BEARER_TOKEN": "1234567890123456789",  # SecretStr | None
         "XROUTER_METRICS__REFERENCE_MODEL": "1.5",  # str | None
         "XROUTER_ROUTER__LLM__API_KEY": "12345 #x",  # a nested section's
-        "XROUTER_CACHE__REDIS_URL": "redis://:p%40ss #1@127.0.0.1:6379/0",  # Annotated
+        "XROUTER_CACHE__REDIS_URL": "redis://:p%40ss@127.0.0.1:6379/0?client_name=a #1",
         "XROUTER_LEDGER__LOG_CONTENT": "hash",  # Literal of strings
     }
     s = load_settings(write(tmp_path, POOL), env=env)
@@ -292,7 +353,7 @@ def test_text_settings_of_every_kind_are_taken_as_written(tmp_path: Path) -> Non
     assert s.metrics.reference_model == "1.5"
     assert s.router.llm.api_key is not None
     assert s.router.llm.api_key.get_secret_value() == "12345 #x"
-    assert s.cache.redis_url == "redis://:p%40ss #1@127.0.0.1:6379/0"
+    assert s.cache.redis_url == "redis://:p%40ss@127.0.0.1:6379/0?client_name=a #1"
     assert s.ledger.log_content == "hash"
 
 
