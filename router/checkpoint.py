@@ -363,7 +363,7 @@ def save_checkpoint(
 def _parse_metadata(raw: str | bytes, where: str) -> CheckpointMetadata:
     try:
         data = json.loads(raw)
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # JSONDecodeError, or UnicodeDecodeError for bytes not UTF-8
         raise CheckpointError(f"{where}: metadata is not valid JSON ({exc})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CheckpointError(f"{where}: not an {FORMAT} checkpoint")

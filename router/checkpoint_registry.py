@@ -7,6 +7,7 @@ directory, ``packaged:<name>``) is :mod:`router.checkpoint`'s business.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,5 +80,13 @@ def list_checkpoints(
                 found.append(CheckpointInfo(path, read_metadata(path)))
             except CheckpointError as exc:
                 logger.warning("skipping %s: %s", path, exc)
-    found.sort(key=lambda c: c.metadata.created_at, reverse=True)
+    found.sort(key=_created, reverse=True)
     return found
+
+
+def _created(info: CheckpointInfo) -> dt.datetime:
+    """When ``info``'s checkpoint was made, comparable with every other: one whose
+    ``created_at`` has no zone (written by hand, or by another tool) is taken as UTC, as
+    xrouter writes them; comparing it with an aware one raised TypeError."""
+    created = info.metadata.created_at
+    return created if created.tzinfo is not None else created.replace(tzinfo=dt.UTC)

@@ -76,6 +76,10 @@ def test_invalid_checkpoints_are_refused(tmp_path: Path) -> None:
         (tmp_path / "scales" / "checkpoint.json").write_text(json.dumps(raw))
         with pytest.raises(CheckpointError, match="monotone_scales must be positive"):
             load_checkpoint(tmp_path / "scales")
+    # Metadata that is not UTF-8: a UnicodeDecodeError escaped `deploy` and the registry.
+    (tmp_path / "future" / "checkpoint.json").write_bytes(json.dumps(raw).encode() + b"\xe9")
+    with pytest.raises(CheckpointError, match=r"future/checkpoint\.json: metadata is not valid"):
+        load_checkpoint(tmp_path / "future")
     (tmp_path / "junk.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(CheckpointError, match="not a safetensors file"):
         load_checkpoint(tmp_path / "junk.safetensors")

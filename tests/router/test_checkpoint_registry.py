@@ -23,12 +23,15 @@ def test_registry_lists_newest_first_and_skips_junk(
         save_checkpoint(tmp_path / name, meta, weights)
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "checkpoint.json").write_text("{")
+    # Not UTF-8: a UnicodeDecodeError escaped and ended the whole listing.
+    (tmp_path / "latin1").mkdir()
+    (tmp_path / "latin1" / "checkpoint.json").write_bytes(b'{"name": "caf\xe9"}')
     (tmp_path / "notes.txt").write_text("ignored")
     with caplog.at_level(logging.WARNING):
         infos = list_checkpoints(tmp_path)
     assert [i.path.name for i in infos] == ["new.safetensors", "mid", "old"]
     assert infos[0].metadata.name == "test-1"
-    assert "broken" in caplog.text
+    assert "broken" in caplog.text and "latin1" in caplog.text
     assert list_checkpoints(tmp_path / "missing") == []
 
 
@@ -48,3 +51,15 @@ def test_registry_finds_the_checkpoints_of_run_directories(tmp_path: Path) -> No
     assert [i.path.name for i in with_steps] == ["checkpoint", "step_000100"]
     both = list_checkpoints([runs, runs / "b", runs / "b" / "checkpoint"])
     assert [i.path.parent.name for i in both] == ["b", "a"]  # found twice, listed once
+
+
+def test_a_checkpoint_without_a_time_zone_is_listed_as_utc(tmp_path: Path) -> None:
+    # A created_at with no zone (written by hand or another tool) raised TypeError when
+    # sorted with xrouter's own, which are UTC.
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    for i, (name, created) in enumerate(
+        [("aware", t0), ("naive", (t0 + dt.timedelta(hours=1)).replace(tzinfo=None))]
+    ):
+        meta, weights = make_checkpoint(i, created)
+        save_checkpoint(tmp_path / name, meta, weights)
+    assert [i.path.name for i in list_checkpoints(tmp_path)] == ["naive", "aware"]
