@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gateway.runtime import Runtime, build_runtime
 
@@ -22,6 +22,17 @@ if TYPE_CHECKING:
 
 # The sections whose services are built once, at start (see Reloader._kept_from_start).
 START_ONLY_SECTIONS = ("server", "auth", "ledger", "limits", "cache")
+# Single settings of other sections that only the start reads: the metrics registry and the
+# budget gauges' task, the file watcher and the deployment poller, the circuit sharing task.
+START_ONLY_FIELDS = (
+    "metrics.enabled",
+    "metrics.budget_gauge_keys",
+    "metrics.budget_refresh_s",
+    "router.watch_files",
+    "router.deployment_poll_s",
+    "router.circuit_breaker.shared",
+    "router.circuit_breaker.sync_interval_s",
+)
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +188,15 @@ class Reloader:
             name for name in START_ONLY_SECTIONS if getattr(as_run, name) != getattr(running, name)
         ]
         kept = new.model_copy(update={name: getattr(running, name) for name in START_ONLY_SECTIONS})
+        fields = [f for f in START_ONLY_FIELDS if _get(new, f) != _get(running, f)]
+        for dotted in fields:
+            kept = _replaced(kept, dotted, _get(running, dotted))
+        if fields:
+            log.warning(
+                "reload: %s %s read at start: a change takes a restart",
+                ", ".join(fields),
+                "are" if len(fields) > 1 else "is",
+            )
         if not changed:
             return kept
         log.warning(
@@ -383,3 +403,17 @@ def check_deployed_version(runtime: Runtime, deployment: Deployment) -> None:
 def _with_checkpoint(settings: Settings, checkpoint: str) -> Settings:
     router = settings.router.model_copy(update={"checkpoint": checkpoint})
     return settings.model_copy(update={"router": router})
+
+
+def _get(model: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        model = getattr(model, part)
+    return model
+
+
+def _replaced(model: Any, dotted: str, value: Any) -> Any:
+    """``model`` (frozen) with the setting at ``dotted`` set to ``value``."""
+    head, _, rest = dotted.partition(".")
+    if not rest:
+        return model.model_copy(update={head: value})
+    return model.model_copy(update={head: _replaced(getattr(model, head), rest, value)})

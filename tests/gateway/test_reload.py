@@ -588,6 +588,35 @@ def test_sections_read_at_start_stay_as_started_and_a_reload_says_so(
         gw.stop()
 
 
+def test_settings_only_the_start_reads_stay_as_started_and_a_reload_says_so(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    """A reload took `metrics.enabled`, the deployment poll interval, the watcher switch and
+    the circuit sharing settings into its settings without a word, while the services built
+    from them at start went on as before."""
+    cfg = gateway_config(tmp_path, upstream.base_url, router={"watch_files": False})
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        cfg["metrics"] = {**cfg.get("metrics", {}), "enabled": False}
+        cfg["router"] = {
+            **cfg["router"],
+            "deployment_poll_s": 7,
+            "circuit_breaker": {"shared": False},
+        }
+        gw.config_path.write_text(yaml.safe_dump(cfg))
+        assert httpx.post(f"{gw.url}/admin/reload", headers=ADMIN, timeout=30).status_code == 200
+        deadline = time.monotonic() + 5
+        while "a restart" not in gw.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (
+            "metrics.enabled, router.deployment_poll_s, router.circuit_breaker.shared are "
+            "read at start" in gw.log()
+        ), gw.log()[-2000:]
+        assert httpx.get(f"{gw.url}/metrics", timeout=10).status_code == 200
+    finally:
+        gw.stop()
+
+
 def test_a_deploy_keeps_the_sections_read_at_start_too(upstream: Upstream, tmp_path: Path) -> None:
     """A deploy re-reads the config as a reload does, but applied the file's restart-only
     sections on that worker: a `server.max_body_bytes` lowered in the file refused bodies
