@@ -381,11 +381,11 @@ def _chat_tool(tool: dict[str, Any], where: str) -> dict[str, Any]:
         )
     fn: dict[str, Any] = {"name": name, "parameters": schema}
     description = tool.get("description")
-    if description is not None and not isinstance(description, str):
-        raise bad_request(
-            f"{where}.description: a string is required", param=f"{where}.description"
-        )
     if description is not None:
+        if not isinstance(description, str):
+            raise bad_request(
+                f"{where}.description: a string is required", param=f"{where}.description"
+            )
         fn["description"] = description
     return {"type": "function", "function": fn}
 

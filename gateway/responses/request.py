@@ -9,8 +9,8 @@ a string or as items (messages with text and image parts, ``function_call`` and
 ``xrouter`` routing controls. What needs state on the server (``previous_response_id``,
 ``conversation``, ``background``, a stored ``prompt`` template, item references) is refused
 with a 400 that says so: the gateway stores no responses, so a client sends the whole
-conversation, as it does with ``store: false``. Tools OpenAI hosts are left out (``gateway.responses.tools``); forcing one
-with ``tool_choice`` is refused.
+conversation, as it does with ``store: false``. Tools OpenAI hosts are left out
+(``gateway.responses.tools``); forcing one with ``tool_choice`` is refused.
 """
 
 from __future__ import annotations
