@@ -42,7 +42,7 @@ def reading(path: Path) -> Iterator[None]:
 _TRUE = frozenset({"1", "1.0", "true", "t", "yes", "y"})
 _FALSE = frozenset({"0", "0.0", "false", "f", "no", "n"})
 # Cells that mean "no score" (the row lacks this model's outcome).
-_MISSING = frozenset({"", "nan", "none", "null"})
+MISSING_CELLS = frozenset({"", "nan", "none", "null"})
 
 
 def check_row_width(row: dict[str | None, Any], width: int, where: str) -> None:
@@ -66,7 +66,7 @@ def parse_score(value: Any, where: str) -> float | None:
         x = float(value)
     else:
         text = str(value).strip()
-        if text.lower() in _MISSING:
+        if text.lower() in MISSING_CELLS:
             return None
         low = text.lower()
         if low in _TRUE:
@@ -90,7 +90,7 @@ def looks_boolean(value: str) -> bool:
     """True for the cell values a correctness column holds (used to find model columns):
     what ``parse_score`` reads as a score or as a missing one."""
     text = value.strip().lower()
-    if text in _MISSING or text in _TRUE or text in _FALSE:
+    if text in MISSING_CELLS or text in _TRUE or text in _FALSE:
         return True
     try:
         return 0.0 <= float(text) <= 1.0
@@ -111,7 +111,7 @@ class ColumnTally:
 
     def add(self, line: int, cell: str) -> None:
         text = cell.strip()
-        if text.lower() in _MISSING:
+        if text.lower() in MISSING_CELLS:
             return
         if looks_boolean(text):
             self.scores += 1

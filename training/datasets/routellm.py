@@ -30,6 +30,7 @@ from training.datasets.common import (
     ENCODING,
     ColumnTally,
     ConversionError,
+    Incomplete,
     UniqueIds,
     build_record,
     check_row_width,
@@ -140,7 +141,7 @@ def convert_routellm(
         if not cols:
             raise ConversionError(f"{path}:1: no model correctness columns found")
         catalog = require_prices(prices, cols, str(path))
-        dropped = repeated = 0
+        incomplete, repeated = Incomplete(cols), 0
         for line, row in rows:
             where = f"{path}:{line}"
             check_row_width(row, len(header), where)
@@ -148,8 +149,7 @@ def convert_routellm(
             if not prompt.strip():
                 raise ConversionError(f"{where}: empty {prompt_col!r}")
             scores = {m: parse_score(row.get(m), f"{where}: column {m!r}") for m in cols}
-            if any(s is None for s in scores.values()):
-                dropped += 1
+            if incomplete.lacks([m for m, s in scores.items() if s is not None]):
                 continue
             prompt_tokens = estimate_tokens(prompt)
             outcomes = {
@@ -175,8 +175,7 @@ def convert_routellm(
             if task_col and row.get(task_col):
                 data["task"] = row[task_col]
             yield build_record(data, where)
-        if dropped:
-            logger.info("%s: dropped %d row(s) with a missing score", path, dropped)
+        incomplete.log(logger, path, "row")
         if repeated:
             logger.info(
                 "%s: dropped %d repeated prompt(s) (kept the first occurrence)", path, repeated

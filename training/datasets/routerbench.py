@@ -23,8 +23,10 @@ from typing import Any
 from router.outcomes import OutcomeRecord
 from training.datasets.common import (
     ENCODING,
+    MISSING_CELLS,
     ColumnTally,
     ConversionError,
+    Incomplete,
     UniqueIds,
     build_record,
     check_row_width,
@@ -83,7 +85,7 @@ def _looks_like_scores(header: list[str]) -> list[str]:
 
 def _parse_cost(value: str, where: str) -> float | None:
     text = value.strip()
-    if not text or text.lower() == "nan":
+    if text.lower() in MISSING_CELLS:  # as a score's: "", NaN, None, null
         return None
     try:
         cost = float(text)
@@ -104,7 +106,6 @@ def iter_routerbench_csv(
     ids = ids or UniqueIds()
     # Responses can be long: lift the csv module's 128 KiB field cap.
     csv.field_size_limit(sys.maxsize)
-    dropped = 0
     with reading(p), p.open(newline="", encoding=ENCODING) as fh:
         reader = csv.DictReader(fh)
         header = list(reader.fieldnames or [])
@@ -123,6 +124,7 @@ def iter_routerbench_csv(
         # cells are scores (all of them, or all but a stray one: the model is no less
         # missing from the table for a cell that is not a score).
         suspects = {col: ColumnTally() for col in _looks_like_scores(header)}
+        gaps = Incomplete(models)
         for row in reader:
             where = f"{p}:{reader.line_num}"
             check_row_width(row, len(header), where)
@@ -143,8 +145,7 @@ def iter_routerbench_csv(
                 if with_responses and response is not None:
                     out["response"] = unwrap_literal_text(response)
                 outcomes[m] = out
-            if len(outcomes) < len(models):
-                dropped += 1
+            if gaps.lacks(outcomes):  # a score or a cost missing
                 continue
             record_id = (row.get(ID_COLUMN) or "").strip()
             if not record_id:
@@ -170,8 +171,7 @@ def iter_routerbench_csv(
             f"{col + COST_SUFFIX!r} column: add the model's costs, or remove the column if "
             "it is not a model's"
         )
-    if dropped:
-        logger.info("%s: dropped %d row(s) with a missing score or cost", p, dropped)
+    gaps.log(logger, p, "row")
 
 
 def convert_routerbench(paths: list[Path], prices: Any = None) -> Iterator[OutcomeRecord]:

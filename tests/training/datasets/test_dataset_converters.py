@@ -37,12 +37,17 @@ def write_json(path: Path, data: object) -> Path:
 # -- RouterBench -------------------------------------------------------------------------------
 
 
-def test_routerbench_unwraps_literals_and_drops_incomplete_rows(tmp_path: Path) -> None:
-    path = write_routerbench(
-        tmp_path / "rb.csv", [rb_row("t.1"), rb_row("t.2", b=""), rb_row("t.3", a="0.0", b="1.0")]
-    )
-    records = load_converted("routerbench", [path])
+def test_routerbench_unwraps_literals_and_drops_incomplete_rows(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A missing cost is written as a missing score is (it was "not a number" for "null").
+    rows = [rb_row("t.1"), rb_row("t.2", b=""), rb_row("t.3", a="0.0", b="1.0")]
+    rows += [rb_row(f"t.{i}", cost_b=cell) for i, cell in enumerate(["null", "None", "NaN"], 4)]
+    path = write_routerbench(tmp_path / "rb.csv", rows)
+    with caplog.at_level("INFO"):
+        records = load_converted("routerbench", [path])
     assert [r.id for r in records] == ["t.1", "t.3"]
+    assert "rb.csv: dropped 4 row(s) with a missing model outcome (missing 'b': 4)" in caplog.text
     r = records[0]
     assert r.prompt == "Which is it?\nA) x\nB) y\nAnswer:"
     assert r.task == "arc"
@@ -380,7 +385,10 @@ def test_routellm_refuses_a_stray_cell_in_a_model_column(
         records = load_converted("routellm", [path], prices)
     assert [r.prompt for r in records] == ["q1"]
     assert set(records[0].outcomes) == {"gpt-4", "mixtral"}
-    assert "eval.csv: dropped 2 row(s) with a missing score" in caplog.text
+    assert (
+        "eval.csv: dropped 2 row(s) with a missing model outcome (missing 'gpt-4': 1, "
+        "'mixtral': 1)" in caplog.text
+    )
 
 
 def test_routellm_without_prompt_column(tmp_path: Path) -> None:
