@@ -106,6 +106,10 @@ class _ProviderStream:
     def chunks(self) -> AsyncIterator[dict[str, Any]]:
         return self.sc.chunks
 
+    @property
+    def model(self) -> str:
+        return self.sc.model.name
+
     async def aclose(self) -> None:
         """Give back the stream's concurrency slot and upstream response, read or not (a
         client that left before the relay started)."""
@@ -205,6 +209,10 @@ class _RecordedStream:
         self.outcome = outcome
         self.stats = StreamStats()
         self.chunks = self._gen()
+
+    @property
+    def model(self) -> str:
+        return self.outcome.model
 
     async def _gen(self) -> AsyncGenerator[dict[str, Any], None]:
         words = self.outcome.text.split(" ")

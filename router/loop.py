@@ -438,7 +438,9 @@ class Orchestrator:
             state.outcomes.append(CallOutcome.provider_failed(call, state.turn, started, exc))
             return None
         held = reserved.pop(call.id)
-        result = RouteResult(state, final_model=call.model)
+        # The model the stream comes from: a fallback's, when the one called failed before
+        # its first chunk (the client's header and every chunk name it).
+        result = RouteResult(state, final_model=sc.model)
         finished = False
 
         async def finish() -> None:
@@ -493,6 +495,10 @@ class _Relay:
     chunks: AsyncGenerator[dict[str, Any], None]
     inner: StreamingCall
     _end: Callable[[], Awaitable[None]]
+
+    @property
+    def model(self) -> str:
+        return self.inner.model
 
     def finish(self) -> CallOutcome:
         return self.inner.finish()

@@ -52,6 +52,12 @@ class StreamingCall(Protocol):
     @property
     def chunks(self) -> AsyncIterator[dict[str, Any]]: ...
 
+    @property
+    def model(self) -> str:
+        """The pool model answering: the one asked, or the fallback that took over when it
+        failed before its first chunk."""
+        ...
+
     def finish(self) -> CallOutcome:
         """The call's outcome, once ``chunks`` is exhausted (or abandoned)."""
         ...

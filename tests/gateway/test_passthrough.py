@@ -3,6 +3,7 @@ held to the request's allow-list (``xrouter.models``) as routed requests are."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,31 @@ def test_a_failing_model_falls_back_as_configured(
     assert r.json()["model"] == FALLBACK
     (call,) = r.json()["xrouter"]["calls"]
     assert call["model"] == FALLBACK and call["fallback_from"] == MODEL
+    assert upstream.stats()["requests"] == {MODEL: 2, FALLBACK: 1}
+
+
+@NAMES
+def test_a_streamed_answer_names_the_fallback_that_gave_it(
+    gw: Gateway, upstream: Upstream, name: str
+) -> None:
+    # The header and every chunk named the model that failed before its first chunk, while
+    # the unstreamed answer, the calls and the ledger named the fallback.
+    upstream.fault(MODEL, "status=503", count=2)
+    body = {
+        "model": name,
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with httpx.stream("POST", f"{gw.base_url}/chat/completions", json=body, timeout=30) as r:
+        assert r.status_code == 200
+        assert r.headers["x-xrouter-model"] == FALLBACK
+        chunks = [
+            json.loads(line[len("data: ") :])
+            for line in r.iter_lines()
+            if line.startswith("data: {")
+        ]
+    assert chunks and {c["model"] for c in chunks} == {FALLBACK}
     assert upstream.stats()["requests"] == {MODEL: 2, FALLBACK: 1}
 
 
