@@ -296,6 +296,7 @@ class LiteLLMProvider(Provider):
             raise _no_answer(model)
         data = resp.model_dump(exclude_none=True)
         data.pop("_hidden_params", None)
+        _openai_choices(data, stream=False)
         _usage_or_none(data)
         latency = (time.perf_counter() - start) * 1000
         return ProviderResponse.parse(body, data, latency)
@@ -330,6 +331,7 @@ class LiteLLMProvider(Provider):
                 if chunk is None:
                     break
                 data = chunk.model_dump(exclude_none=True)
+                _openai_choices(data, stream=True)
                 if first_by is not None and _made_up_ending(resp, data):
                     raise ProviderError(
                         "connection",
@@ -370,3 +372,24 @@ class LiteLLMProvider(Provider):
                     await aclose()
                 except Exception as exc:  # the call's own outcome matters, not this
                     log.debug("closing a LiteLLM stream failed: %r", exc)
+
+
+def _openai_choices(data: dict[str, Any], *, stream: bool) -> None:
+    """LiteLLM's objects dumped without their ``None``s (most are LiteLLM's own, which no
+    OpenAI client expects), in the shape OpenAI sends, as the native transport relays it:
+    the nullable fields OpenAI always sends are put back (``finish_reason`` on every
+    chunk's choice, a message's ``content`` beside its tool calls, ``refusal``,
+    ``logprobs``) and LiteLLM's ``provider_specific_fields`` are dropped."""
+    data.pop("provider_specific_fields", None)
+    for choice in data.get("choices") or ():
+        if not isinstance(choice, dict):
+            continue
+        choice.pop("provider_specific_fields", None)
+        choice.setdefault("finish_reason", None)
+        choice.setdefault("logprobs", None)
+        inner = choice.get("delta" if stream else "message")
+        if isinstance(inner, dict):
+            inner.pop("provider_specific_fields", None)
+            if not stream:
+                inner.setdefault("content", None)
+                inner.setdefault("refusal", None)

@@ -362,18 +362,21 @@ async def test_litellm_transport_calls_the_same_upstream(
     r = await c.complete(A, BODY)
     assert r.model == A and r.usage.completion_tokens > 0
     assert r.body["choices"][0]["message"]["content"]
+    # In OpenAI's shape, as the native transport relays it: LiteLLM's objects dumped without
+    # their Nones dropped the nullable fields OpenAI always sends, and added their own.
+    choice = r.body["choices"][0]
+    assert choice["logprobs"] is None and choice["message"]["refusal"] is None
+    assert "provider_specific_fields" not in str(r.body)
     ctl.post("/_replay/faults", json={"model": A, "fault": "status=503", "count": 1})
     r = await c.complete(A, BODY)
     assert r.attempts == 2
     sc = await c.open_stream(B, BODY)
-    text = "".join(
-        [
-            (ch["choices"][0]["delta"].get("content") or "")
-            async for ch in sc.chunks
-            if ch.get("choices")
-        ]
-    )
+    chunks = [ch async for ch in sc.chunks]
+    text = "".join(ch["choices"][0]["delta"].get("content") or "" for ch in chunks if ch["choices"])
     assert text and sc.stats.usage is not None
+    # Every choice of every chunk has its finish_reason, null until the last.
+    reasons = [c["finish_reason"] for ch in chunks for c in ch["choices"]]
+    assert reasons[-1] == "stop" and set(reasons[:-1]) == {None}
     await c.aclose()
 
 
