@@ -29,7 +29,7 @@ from router.policy import (
 )
 from router.pool import PoolModel
 from router.providers.base import Provider
-from router.providers.errors import ProviderError, retry_delay
+from router.providers.errors import ProviderError, retry_delay, waits_too_long
 from router.providers.usage import prompt_tokens_estimate
 from router.tools import (
     MAX_TEMPERATURE,
@@ -185,7 +185,9 @@ class LLMRouterPolicy(Policy):
                 resp = await self.provider.complete(self.router_model, body)
                 break
             except ProviderError as err:
-                if not (err.retryable and attempt < retries):
+                # A server that asked for a longer wait than the backoff's cap is not called
+                # again in this turn, as a pool model is not (DownstreamClient).
+                if not (err.retryable and attempt < retries) or waits_too_long(err):
                     failed(err.message, err.kind, attempt + 1)
                     return None
                 delay = retry_delay(attempt, err)

@@ -17,7 +17,14 @@ from router.health import BreakerConfig, CircuitBreakers
 from router.pool import ModelPool, PoolModel
 from router.providers.balance import DeploymentBalancer
 from router.providers.base import InFlight, Provider, StreamStats
-from router.providers.errors import DEPLOYMENT_LOCAL, ProviderError, retry_after_s, retry_delay
+from router.providers.errors import (
+    BACKOFF_MAX_S,
+    DEPLOYMENT_LOCAL,
+    ProviderError,
+    retry_after_s,
+    retry_delay,
+    waits_too_long,
+)
 from router.providers.litellm_provider import LiteLLMProvider
 from router.providers.native import NativeOpenAIProvider
 from router.providers.usage import prompt_tokens_estimate
@@ -132,7 +139,7 @@ class DownstreamClient:
         events: CallEvents | None = None,
         providers: dict[str, Provider] | None = None,
         backoff_base_s: float = 0.1,
-        backoff_max_s: float = 2.0,
+        backoff_max_s: float = BACKOFF_MAX_S,
         sleep: Callable[[float], Any] = asyncio.sleep,
         breakers: CircuitBreakers | None = None,
         balancer: DeploymentBalancer | None = None,
@@ -267,8 +274,7 @@ class DownstreamClient:
                 # Back here only when the attempt failed: the caller booked its error.
                 err = errors[-1]
                 local = err.kind in DEPLOYMENT_LOCAL and len(model.targets) > 1
-                wait_s = retry_after_s(err)
-                if local or (wait_s is not None and wait_s > self._backoff_max):
+                if local or waits_too_long(err, self._backoff_max):
                     skip.add(target.deployment)
                 untried = any(t.deployment not in tried for t in model.targets)
                 if (err.retryable or local) and untried and attempt < tries - 1:

@@ -165,7 +165,20 @@ def retry_after_s(err: ProviderError) -> float | None:
     return parse_retry_after(err.retry_after)
 
 
-def retry_delay(attempt: int, err: ProviderError, base_s: float = 0.1, max_s: float = 2.0) -> float:
+# The longest wait before a retry; an upstream that asks for more is not retried in the call.
+BACKOFF_MAX_S = 2.0
+
+
+def waits_too_long(err: ProviderError, max_s: float = BACKOFF_MAX_S) -> bool:
+    """Whether the upstream asked for a longer wait than a retry would give it: calling
+    it again sooner would be refused again, and adds to its load."""
+    wait_s = retry_after_s(err)
+    return wait_s is not None and wait_s > max_s
+
+
+def retry_delay(
+    attempt: int, err: ProviderError, base_s: float = 0.1, max_s: float = BACKOFF_MAX_S
+) -> float:
     """Seconds to wait before retry ``attempt + 1``: the upstream's ``retry-after`` if it
     gave one, else exponential backoff with full jitter, which spreads the retries of many
     concurrent callers; never more than ``max_s`` (the client does not retry an upstream

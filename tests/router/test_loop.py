@@ -677,6 +677,12 @@ async def test_router_model_transient_failures_are_retried_up_to_its_max_retries
     r = await orch.run(retrying, ctx(p))
     assert r.final_model == CHEAP and r.state.router_calls[0].attempts == 1
     assert len(scripted_router.requests()) == 1
+    # A server that asks for a longer wait than the backoff's cap (2 s) is not called again
+    # in the turn, as a pool model is not: it was re-hit 2 s later.
+    scripted_router.script({"error_status": 429, "retry_after": 30}, {"content": "never sent"})
+    r = await orch.run(retrying, ctx(p))
+    assert r.final_model == CHEAP and r.state.router_calls[0].attempts == 1
+    assert len(scripted_router.requests()) == 1
 
 
 async def test_query_copy_is_counted(setup: Any, scripted_router: ScriptedRouter) -> None:
