@@ -124,6 +124,7 @@ class ScriptedRouterModel(LLMServerClient):
         self.turns = list(turns)
         self.prompts: list[str] = []
         self.generated: list[list[int]] = []
+        self.sampling: list[dict[str, Any]] = []
 
     async def generate(
         self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **_: Any
@@ -133,6 +134,9 @@ class ScriptedRouterModel(LLMServerClient):
         turn = self.turns.pop(0)
         text = (turn(prompt) if callable(turn) else turn) + "<|im_end|>"
         ids = self.tokenizer.encode(text, add_special_tokens=False)
+        self.sampling.append(dict(sampling_params))
+        if sampling_params.get("max_tokens") is not None:
+            ids = ids[: int(sampling_params["max_tokens"])]  # cut off, as vLLM cuts it
         self.generated.append(ids)
         return TokenOutput(token_ids=ids)
 

@@ -40,7 +40,7 @@ from router.executors import OutcomeExecutor
 from router.loop import Orchestrator
 from router.outcomes import OutcomeRecord
 from router.policies.llm import LLMRouterPolicy
-from router.policy import RouteContext
+from router.policy import LoopState, RouteContext
 from router.pool import ModelPool, PoolModel
 from router.providers.base import Provider, ProviderResponse, StreamStats
 from router.route_result import NoAnswer, RouteResult
@@ -79,14 +79,16 @@ class VerlRouterProvider(Provider):
             )
             self.token_ids, self.logprobs = merged.token_ids, logprobs or []
         read = len(self.token_ids)
-        if len(self.mask) >= agent.response_length:
-            # Out of room: the trajectory ends with an empty answer (it earns nothing).
+        room = agent.response_length - len(self.mask)
+        if room <= 0:
+            # Out of room: the trajectory ends with an empty answer (it earns nothing). No
+            # turn was generated, so none is charged.
             self.truncated = True
-            return self._response({"role": "assistant", "content": ""}, read, 0, start)
+            return self._response({"role": "assistant", "content": ""}, 0, 0, start)
         output = await agent.server_manager.generate(
             request_id=self.request_id,
             prompt_ids=self.token_ids,
-            sampling_params=self._sampling(),
+            sampling_params=self._sampling(room),
         )
         self.turns += 1
         merged, self.mask, logprobs = await agent.ct_merge_assistant_token(
@@ -97,6 +99,15 @@ class VerlRouterProvider(Provider):
             assistant_logprobs=output.log_probs or None,
         )
         self.token_ids, self.logprobs = merged.token_ids, logprobs or []
+        if len(self.mask) >= agent.response_length:
+            # The turn filled the response (cut off, or ending right at the limit): what it
+            # says is not acted on, as verl's own tool agent loop stops here. Acting on it
+            # would reward a decision whose tokens are cut from what is trained. Its tokens
+            # were generated, so they are charged.
+            self.truncated = True
+            cut: dict[str, Any] = {"role": "assistant", "content": ""}
+            self._seen = [*messages, cut]
+            return self._response(cut, read, len(output.token_ids), start)
         content, calls = await agent.tool_parser.extract_tool_calls(output.token_ids)
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
@@ -114,12 +125,16 @@ class VerlRouterProvider(Provider):
         self._seen = [*messages, message]
         return self._response(message, read, len(output.token_ids), start)
 
-    def _sampling(self) -> dict[str, Any]:
+    def _sampling(self, room: int) -> dict[str, Any]:
+        # A turn generates at most what is left of the response: verl would let it run to a
+        # whole response_length, past what is trained on.
+        params = dict(self.sampling_params)
+        limit = params.get("max_tokens")
+        params["max_tokens"] = room if limit is None else min(int(limit), room)
         stop = self.agent.tool_parser.stop_token_ids
-        if not stop:
-            return self.sampling_params
-        merged = set(self.sampling_params.get("stop_token_ids") or []) | set(stop)
-        return {**self.sampling_params, "stop_token_ids": sorted(merged)}
+        if stop:
+            params["stop_token_ids"] = sorted(set(params.get("stop_token_ids") or []) | set(stop))
+        return params
 
     def _response(
         self, message: dict[str, Any], read: int, written: int, start: float
@@ -173,13 +188,15 @@ class XRouterAgentLoop(AgentLoopBase):
             empty_answer_falls_back=False,
         )
         result: RouteResult | None
+        state: LoopState | None = None
         try:
             result = await Orchestrator(OutcomeExecutor({record.id: record})).run(policy, ctx)
-        except NoAnswer:  # nothing succeeded and the router said nothing
-            result = None
+        except NoAnswer as exc:  # nothing succeeded and the router said nothing
+            # Still charged its turns and calls, as `xrouter eval` charges them.
+            result, state = None, exc.state
         finally:
             await policy.aclose()
-        terms = trajectory_reward(result, record, ctx.cost_weight, settings)
+        terms = trajectory_reward(result, record, ctx.cost_weight, settings, state)
         terms["truncated"] = float(provider.truncated)
         prompt_ids = provider.prompt_ids or []
         response_ids = provider.token_ids[len(prompt_ids) :][: self.response_length]

@@ -18,6 +18,7 @@ from verl.experimental.agent_loop.agent_loop import (
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
 from router.policies.llm import cost_weight_line
+from router.reward import RewardConfig
 from router.tools import tool_result_text
 from tests.conftest import ScriptedRouter
 from tests.support.routes import trajectories
@@ -191,6 +192,50 @@ async def test_a_trajectory_out_of_room_ends_and_earns_nothing(
     assert len(model.prompts) == 1  # the second turn never ran
     assert terms(out)["truncated"] == 1.0 and out.reward_score == 0.0
     assert len(out.response_ids) <= 60 and len(out.response_mask) == len(out.response_ids)
+
+
+async def test_a_turn_cut_off_at_the_response_limit_is_not_acted_on(
+    verl_dir: Path, tmp_path: Path
+) -> None:
+    # A turn ran past response_length and its select_response still picked the answer and
+    # earned the reward, though the tokens that chose it were cut from what verl trains.
+    turns: list[Turn] = [
+        call("call_cheap", system_prompt="Letter."),
+        lambda p: "Let me think. " * 20 + select("cheap")(p),
+    ]
+    full, model, _ = await rollout(verl_dir, "q0", list(turns), tmp_path)
+    assert full.reward_score > 0 and terms(full)["truncated"] == 0.0
+    limit = len(full.response_ids) - len(model.generated[1]) // 2  # room for half of turn 2
+    out, model, _ = await rollout(verl_dir, "q0", list(turns), tmp_path, response_length=limit)
+    # Turn 2 was asked for no more than the room left, and cut there.
+    room = model.sampling[1]["max_tokens"]
+    assert room == limit - (len(out.response_ids) - len(model.generated[1]))
+    assert len(out.response_ids) == limit
+    assert terms(out)["truncated"] == 1.0 and out.reward_score == 0.0
+    assert terms(out)["calls"] == 1.0  # call_cheap ran (and is paid for); nothing was selected
+
+
+async def test_a_trajectory_with_no_answer_still_pays_for_its_turns(tmp_path: Path) -> None:
+    # It ended in NoAnswer, scored as costing nothing: useless turns earned more than a
+    # cheap answer under the additive reward. `xrouter eval` charges them; so does this.
+    verl_dir = tmp_path / "priced"
+    config = VerlDataConfig(
+        lambdas=(1.0,), router_price=(1.0, 2.0), reward=RewardConfig(form="additive")
+    )
+    write_verl_dataset(small_table(), verl_dir, config)
+    # Every turn a call to no tool, up to max_turns: no call succeeded and no answer came.
+    out, model, _ = await rollout(
+        verl_dir, "q0", [call("call_nobody", system_prompt="x")] * 4, tmp_path
+    )
+    assert len(model.prompts) == 4
+    t = terms(out)
+    assert t["quality"] == 0.0 and t["own_answer"] == 0.0 and t["calls"] == 0.0
+    runs = generated_runs(out)
+    read = sum(len(out.prompt_ids) + offset for offset, _ in runs)
+    written = sum(n for _, n in runs)
+    assert t["router_cost_usd"] == pytest.approx((read * 1.0 + written * 2.0) / 1e6)
+    assert t["router_cost_usd"] > 0
+    assert out.reward_score < 0
 
 
 async def test_the_router_reads_the_same_prompt_in_training_and_serving(
