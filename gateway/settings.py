@@ -34,6 +34,7 @@ from pricing import ModelPrice
 from router.outcomes import MAX_COST_WEIGHT
 from router.pool import DEFAULT_KEEP_ALIVE_S, PoolModelConfig, has_userinfo, strip_secret
 from router.reward import RewardConfig
+from router.tools import check_tool_names
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 ENV_PREFIX = "XROUTER_"
@@ -350,6 +351,7 @@ class Settings(_Section):
         dupes = {n for n in names if names.count(n) > 1}
         if dupes:
             raise ValueError(f"duplicate pool model names: {sorted(dupes)}")
+        check_tool_names(names)  # the llm router's tools: one per model, by name
         reserved = {n for n in names if n == "xrouter" or n.startswith("xrouter/")}
         if reserved:
             raise ValueError(f"pool model names may not start with 'xrouter': {sorted(reserved)}")

@@ -5,6 +5,7 @@ downstream model (its description carries price and capability text) and
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from router.pool import ModelPool, PoolModel
@@ -20,6 +21,32 @@ MAX_TEMPERATURE = 1.5
 def tool_name(model: str) -> str:
     # Tool names allow [A-Za-z0-9_-]{1,64}: dots and colons in model names become '_'.
     return (_PREFIX + _SAFE.sub("_", model))[:64]
+
+
+def tool_name_clashes(models: Iterable[str]) -> list[tuple[str, str]]:
+    """Pairs of models whose tools would have one name (``a.b`` and ``a_b``; two long names
+    alike in their first 59 characters): the router would be offered two tools of one name
+    and could call only one of the models."""
+    seen: dict[str, str] = {}
+    clashes = []
+    for model in models:
+        name = tool_name(model)
+        if name in seen:
+            clashes.append((seen[name], model))
+        else:
+            seen[name] = model
+    return clashes
+
+
+def check_tool_names(models: Iterable[str]) -> None:
+    """Raise ``ValueError`` naming the models whose tools would have one name."""
+    clashes = tool_name_clashes(models)
+    if clashes:
+        pairs = "; ".join(f"{a!r} and {b!r} are both {tool_name(a)!r}" for a, b in clashes)
+        raise ValueError(
+            f"models whose router tools would have one name ({pairs}): tool names keep only "
+            "[A-Za-z0-9_-] (others become '_') and 64 characters; rename one"
+        )
 
 
 def tool_map(pool: ModelPool) -> dict[str, str]:

@@ -64,6 +64,11 @@ def test_env_default_syntax(tmp_path: Path) -> None:
         (POOL + "  - name: small\n    model: openai/x\n    price: 0\n", "duplicate"),
         ("pool: [{name: a, model: openai/a, price: 0, fallbacks: [nope]}]", "unknown models"),
         ("pool: [{name: xrouter, model: openai/a, price: 0}]", "xrouter"),
+        # Both would be the llm router's tool call_a_b: it could call only one of them.
+        (
+            "pool: [{name: a.b, model: openai/a, price: 0}, {name: a_b, model: openai/b, price: 0}]",
+            "'a.b' and 'a_b' are both 'call_a_b'",
+        ),
         ("cache: {backend: disk}", "cache.backend"),
         # A URL redis-py cannot use: one line at startup, not a traceback from the lifespan.
         ("limits: {backend: redis, redis_url: notaurl}", "limits.redis_url"),

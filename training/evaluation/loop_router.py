@@ -32,6 +32,7 @@ from router.outcomes import OutcomeRecord
 from router.policy import Call, Decision, LoopState, Policy, RouteContext
 from router.pool import ModelPool, PoolModel
 from router.route_result import NoAnswer, RouteResult
+from router.tools import check_tool_names
 from training.evaluation.registry import (
     LoadContext,
     RouterLoader,
@@ -318,6 +319,9 @@ def _llm(spec: str, ctx: LoadContext) -> LoopRouter:
     from router.providers.native import NativeOpenAIProvider
 
     base, model, reads_lambda, price = parse_llm_spec(spec)
+    # The router calls the table's models by tool name: two models of one name could not
+    # both be called (refused as the gateway refuses such a pool).
+    check_tool_names(sorted({m for r in (*ctx.train, *ctx.validation) for m in r.outcomes}))
     if price is None:
         # A router model the catalog knows (a hosted model used as the router) costs what the
         # gateway would charge for it; a self-hosted one is free unless the spec prices it.

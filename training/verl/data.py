@@ -35,6 +35,7 @@ import yaml
 from pricing import ModelPrice
 from router.outcomes import OutcomeRecord, content_text
 from router.reward import RewardConfig
+from router.tools import check_tool_names
 from training.datasets.splits import SPLIT_NAMES, split_records
 from training.evaluation.loop_router import pool_for
 from training.verl.launch import GrpoRun, grpo_script
@@ -194,6 +195,7 @@ def write_verl_dataset(
             "--split-seed): verl needs training and validation rows"
         )
     pool = pool_for(records)
+    check_tool_names(pool.names)  # the router calls each model by its tool's name
     out_dir.mkdir(parents=True, exist_ok=True)
     out_dir = out_dir.resolve()
     for split, split_rows in rows.items():

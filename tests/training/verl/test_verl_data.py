@@ -18,7 +18,7 @@ from router.outcomes import ModelOutcome, OutcomeRecord, write_outcome_table
 from tests.support.verl import hermes_tokenizer
 from training.datasets.splits import split_of
 from training.evaluation.loop_router import pool_for
-from training.verl.data import VerlDataConfig, draw_lambda
+from training.verl.data import VerlDataConfig, draw_lambda, write_verl_dataset
 from training.verl.pool import pool_from_json
 
 from .conftest import small_table
@@ -72,6 +72,18 @@ def test_bad_settings_are_refused() -> None:
             VerlDataConfig(lambdas=(0.1, bad))
         with pytest.raises(ValueError, match="finite"):
             VerlDataConfig(router_price=(0.1, bad))
+
+
+def test_models_whose_tools_would_share_a_name_are_refused(tmp_path: Path) -> None:
+    # 'llama-3.1-8b' and 'llama-3_1-8b' were both offered as call_llama-3_1-8b: the router
+    # could never call the first.
+    records = small_table()
+    for r in records:
+        r.outcomes["llama-3_1-8b"] = r.outcomes["cheap"]
+        r.outcomes["llama-3.1-8b"] = r.outcomes["cheap"]
+    with pytest.raises(ValueError, match=r"'llama-3\.1-8b' and 'llama-3_1-8b' are both"):
+        write_verl_dataset(records, tmp_path / "out", VerlDataConfig())
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_pool_and_the_agent_loop_registration(verl_dir: Path) -> None:
