@@ -4,6 +4,7 @@ and PGR curves for a two-model slice) and ``report.md`` (the comparison table)."
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -16,6 +17,8 @@ import orjson
 from training.evaluation.bootstrap import Interval
 from training.evaluation.compare import Comparison, OffPolicyRow, RouterCurve
 from training.evaluation.metrics import CurvePoint, frontier, pgr
+
+logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.json"
 PLOT_FILE = "curve.png"
@@ -349,6 +352,17 @@ def write_report(result: EvalResult, out_dir: str | Path) -> dict[str, Path]:
     paths["metrics"].write_bytes(
         orjson.dumps(result.to_dict(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
     )
-    plot(result, paths["plot"])
+    try:
+        import matplotlib  # noqa: F401  (the plot's only dependency outside the base install)
+    except ImportError:
+        # `xrouter eval` runs on the base install; only the picture needs the train extra.
+        logger.warning(
+            "no %s: matplotlib is not installed (pip install 'xrouter[train]'); the metrics "
+            "and the report are written",
+            PLOT_FILE,
+        )
+        del paths["plot"]
+    else:
+        plot(result, paths["plot"])
     paths["report"].write_text(render_markdown(result), encoding="utf-8")
     return paths

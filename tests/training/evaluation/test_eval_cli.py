@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,6 +29,20 @@ def table(tmp_path: Path, table_factory) -> Path:
     path = tmp_path / "table.jsonl"
     write_outcome_table(table_factory(300, seed=21), path)
     return path
+
+
+def test_eval_without_matplotlib_writes_metrics_and_report(
+    table: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A base install (no train extra) ran the whole evaluation, then died on the plot's
+    # import with a traceback and no report.md.
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    out = tmp_path / "report"
+    with caplog.at_level("WARNING"):
+        code = main(["--table", str(table), "--policy", "knn:k=10", "--out", str(out)])
+    assert code == 0
+    assert {p.name for p in out.iterdir()} == {"metrics.json", "report.md"}
+    assert "no curve.png: matplotlib is not installed" in caplog.text
 
 
 def test_eval_writes_metrics_plot_and_report(table: Path, tmp_path: Path, capsys) -> None:
