@@ -134,6 +134,16 @@ def test_layout_ids_and_datasource_are_consistent() -> None:
     assert ds["jsonData"]["timeInterval"] == prometheus["global"]["scrape_interval"]
 
 
+def test_stat_panels_of_info_series_show_the_labels_they_exist_for() -> None:
+    # An *_info series is always 1 (or a count of workers): a stat panel in Grafana's default
+    # text mode shows just that number, without the version its legend names.
+    for p in dashboard()["panels"]:
+        if p["type"] != "stat" or not any("_info" in t["expr"] for t in p["targets"]):
+            continue
+        assert all("{{" in t.get("legendFormat", "") for t in p["targets"]), p["title"]
+        assert p.get("options", {}).get("textMode") in ("name", "value_and_name"), p["title"]
+
+
 def test_compose_mounts_the_provisioning_where_grafana_reads_it() -> None:
     compose_dir = REPO_ROOT / "deploy" / "compose"
     compose = yaml.safe_load((compose_dir / "docker-compose.yml").read_text())
