@@ -67,13 +67,13 @@ def hermes_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def rollout_config(response_length: int = 8192) -> DictConfig:
+def rollout_config(response_length: int = 8192, prompt_length: int = 8192) -> DictConfig:
     return OmegaConf.create(
         {
             "data": {},
             "actor_rollout_ref": {
                 "rollout": {
-                    "prompt_length": 8192,
+                    "prompt_length": prompt_length,
                     "response_length": response_length,
                     "full_determinism": False,
                     "multi_turn": {

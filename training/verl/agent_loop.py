@@ -23,6 +23,7 @@ routing loop to drift from the served one (the seed release had two).
 from __future__ import annotations
 
 import functools
+import logging
 import time
 import uuid
 from typing import Any
@@ -48,6 +49,8 @@ from training.evaluation.loop_router import replay_model
 from training.verl.pool import pool_from_json
 from training.verl.reward import trajectory_reward
 
+logger = logging.getLogger(__name__)
+
 
 class VerlRouterProvider(Provider):
     """The router model inside a rollout. One per trajectory: it holds the trajectory's
@@ -64,6 +67,7 @@ class VerlRouterProvider(Provider):
         self.logprobs: list[float] = []
         self.turns = 0
         self.truncated = False
+        self.prompt_too_long = False
         self._seen: list[dict[str, Any]] = []
 
     async def complete(self, model: PoolModel, body: dict[str, Any]) -> ProviderResponse:
@@ -73,6 +77,14 @@ class VerlRouterProvider(Provider):
         if self.prompt_ids is None:
             self.token_ids = await agent.ct_build_initial_tokens(messages, tools=tools)
             self.prompt_ids = list(self.token_ids)
+            if len(self.token_ids) >= agent.prompt_length:
+                # verl cuts a prompt over rollout.prompt_length from the left (its
+                # warning: "left-truncating"): the system prompt, the tools and the λ line
+                # go first, and a router that never saw them would be trained on that. (At
+                # exactly the limit it cannot say whether it cut: taken as cut.) No turn:
+                # the trajectory ends with nothing, flagged, and costs nothing.
+                self.prompt_too_long = True
+                return self._response({"role": "assistant", "content": ""}, 0, 0, start)
         else:
             merged, self.mask, logprobs = await agent.ct_merge_context_msg(
                 self._seen, messages, self.token_ids, self.mask, self.logprobs or None, tools=tools
@@ -165,6 +177,7 @@ class XRouterAgentLoop(AgentLoopBase):
         self.max_turns = max_turns
         rollout = self.rollout_config
         self.response_length: int = rollout.response_length
+        self.prompt_length: int = rollout.prompt_length
         self.tool_parser = ToolParser.get_tool_parser(rollout.multi_turn.format, self.tokenizer)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
@@ -198,6 +211,15 @@ class XRouterAgentLoop(AgentLoopBase):
             await policy.aclose()
         terms = trajectory_reward(result, record, ctx.cost_weight, settings, state)
         terms["truncated"] = float(provider.truncated)
+        terms["prompt_too_long"] = float(provider.prompt_too_long)
+        if provider.prompt_too_long:
+            logger.warning(
+                "record %s: its prompt with the system prompt and tools does not fit "
+                "rollout.prompt_length (%d tokens): not rolled out; raise "
+                "data.max_prompt_length",
+                record.id,
+                self.prompt_length,
+            )
         prompt_ids = provider.prompt_ids or []
         response_ids = provider.token_ids[len(prompt_ids) :][: self.response_length]
         output = AgentLoopOutput(

@@ -64,10 +64,11 @@ async def rollout(
     turns: list[Turn],
     tmp_path: Path,
     response_length: int = 8192,
+    prompt_length: int = 8192,
 ) -> tuple[AgentLoopOutput, ScriptedRouterModel, dict[str, Any]]:
     tokenizer = hermes_tokenizer()
     model = ScriptedRouterModel(tokenizer, turns)
-    loop = build_agent_loop(verl_dir, model, rollout_config(response_length))
+    loop = build_agent_loop(verl_dir, model, rollout_config(response_length, prompt_length))
     assert isinstance(loop, XRouterAgentLoop)
     item = dataset_item(verl_dir, record_id, tmp_path)
     out = await loop.run({"temperature": 1.0}, **item)
@@ -216,6 +217,24 @@ async def test_a_turn_cut_off_at_the_response_limit_is_not_acted_on(
     assert len(out.response_ids) == limit
     assert terms(out)["truncated"] == 1.0 and out.reward_score == 0.0
     assert terms(out)["calls"] == 1.0  # call_cheap ran (and is paid for); nothing was selected
+
+
+async def test_a_prompt_verl_would_cut_is_not_rolled_out(
+    verl_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # verl cut it from the left to rollout.prompt_length, system prompt, tools and λ line
+    # first, and the router was trained on what it said without them.
+    turns: list[Turn] = [call("call_cheap", system_prompt="Letter."), select("cheap")]
+    full, _, _ = await rollout(verl_dir, "q0", list(turns), tmp_path)
+    assert terms(full)["prompt_too_long"] == 0.0
+    with caplog.at_level("WARNING"):
+        out, model, _ = await rollout(
+            verl_dir, "q0", list(turns), tmp_path, prompt_length=len(full.prompt_ids) - 1
+        )
+    assert model.prompts == []  # nothing generated
+    t = terms(out)
+    assert t["prompt_too_long"] == 1.0 and out.reward_score == 0.0 and t["cost_usd"] == 0.0
+    assert out.response_ids == [] and "record q0: its prompt" in caplog.text
 
 
 async def test_a_trajectory_with_no_answer_still_pays_for_its_turns(tmp_path: Path) -> None:
