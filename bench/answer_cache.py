@@ -125,7 +125,9 @@ async def run(n: int) -> None:
             async def miss(cache: AnswerCache = cache) -> Any:
                 t = ticket()
                 t.key = "absent"
-                return await cache.lookup(t)
+                # Not leading: a leader's identical followers wait for its answer (30 s,
+                # coalesce_wait_s) and this one never stores any.
+                return await cache.lookup(t, may_lead=False)
 
             report(f"{name}: {bname} hit (key + get + decode)", await timed(n, hit))
             report(f"{name}: {bname} miss (key + get)", await timed(n, miss))
@@ -145,7 +147,8 @@ async def run(n: int) -> None:
             async def one(cache: AnswerCache = cache, body: dict[str, Any] = body) -> float:
                 t0 = time.perf_counter()
                 await cache.lookup(
-                    cache.ticket(body, key_id="k", policy="p", checkpoint=None, controls=None)
+                    cache.ticket(body, key_id="k", policy="p", checkpoint=None, controls=None),
+                    may_lead=False,  # 16 lookups, not one leader and 15 waiting for it
                 )
                 return time.perf_counter() - t0
 

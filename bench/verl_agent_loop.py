@@ -47,10 +47,12 @@ from training.verl.data import VerlDataConfig, write_verl_dataset  # noqa: E402
 async def run(n: int) -> None:
     records = load_outcome_table(ROOT / "router" / "assets" / "demo_outcomes.jsonl")
     tmp = Path(tempfile.mkdtemp(prefix="xrouter-bench-verl-"))
-    write_verl_dataset(records, tmp, VerlDataConfig(lambdas=(0.1,), fractions=(1.0, 0.0, 0.0)))
+    # verl-data needs a validation part (train_grpo.sh hands verl both): every prompt is
+    # rolled out all the same, from both files.
+    write_verl_dataset(records, tmp, VerlDataConfig(lambdas=(0.1,), fractions=(0.8, 0.2, 0.0)))
     tokenizer = hermes_tokenizer()
     data = RLHFDataset(
-        [str(tmp / "train.parquet")],
+        [str(tmp / "train.parquet"), str(tmp / "validation.parquet")],
         tokenizer,  # type: ignore[arg-type]
         OmegaConf.create({"filter_overlong_prompts": False, "cache_dir": str(tmp / "cache")}),
     )
