@@ -45,12 +45,9 @@ logger = logging.getLogger(__name__)
 
 
 def pool_for(records: Sequence[OutcomeRecord]) -> ModelPool:
-    """A pool of the table's models. Calls are replayed at their recorded cost; a model's
-    price — what orders models for cheapest and cascade, and what an llm router reads in its
-    tools' descriptions — is its mean recorded cost per prompt (per 1,000 tokens), for every
-    model that has one, so that all are in one unit: a catalog list price beside a recorded
-    mean told the router gpt-3.5 costs 2.6–5.3× llama-2-70b, where per call it costs 1.1×.
-    The catalog prices only a model with no recorded cost."""
+    """A pool of the table's models. Calls are replayed at their recorded cost; prices come
+    from the catalog where it knows the model, else from the mean recorded cost per prompt
+    (per 1,000 tokens), which is enough to order models for cheapest and cascade."""
     catalog = load_default_catalog()
     costs: dict[str, list[float]] = {}
     for r in records:
@@ -59,19 +56,17 @@ def pool_for(records: Sequence[OutcomeRecord]) -> ModelPool:
                 costs.setdefault(m, []).append(o.cost_usd)
     models = []
     for m in sorted({m for r in records for m in r.outcomes}):
-        if costs.get(m):
-            per_token = Decimal(str(statistics.fmean(costs[m]))) * 1000
-            price = ModelPrice(input=per_token, output=per_token, source="recorded mean cost")
-        else:
-            known = catalog.get(m)
-            if known is None:
+        price = catalog.get(m)
+        if price is None:
+            if not costs.get(m):
                 # A price of 0 would make it free to every policy that reads prices (the
                 # cheapest first, an RL rollout's pool): refuse rather than guess.
                 raise ValueError(
                     f"model {m!r} has no recorded cost_usd and no price in the packaged "
                     "catalog: price its outcomes first (xrouter eval and verl-data --prices)"
                 )
-            price = known
+            per_token = Decimal(str(statistics.fmean(costs[m]))) * 1000
+            price = ModelPrice(input=per_token, output=per_token, source="recorded mean cost")
         models.append(replay_model(m, price))
     return ModelPool(models)
 
@@ -116,11 +111,9 @@ class LoopRouter:
         self._last_router_error = ""
         # Table models a checkpoint was not trained on: it never chooses them.
         self.untrained: set[str] = set()
-        # The models the policy routes among, and their prices: the whole table's, set by
-        # ``xrouter eval``. On logged traffic the evaluated part alone lacks the models
-        # nobody explored there, and a checkpoint denied them would be estimated as a policy
-        # it is not; on any table its mean costs would differ from the ones `xrouter
-        # verl-data` put in an llm router's tool descriptions. None: the routed records'.
+        # The models the policy routes among on logged traffic: the whole table's, set by
+        # ``xrouter eval``. The evaluated part alone lacks the models nobody explored there,
+        # and a checkpoint denied them would be estimated as a policy it is not.
         self.pool: ModelPool | None = None
 
     @property
@@ -182,9 +175,7 @@ class LoopRouter:
     async def _route(
         self, records: Sequence[OutcomeRecord], cost_weight: float
     ) -> list[RoutedPrompt]:
-        # The whole table's pool when the caller set it (``xrouter eval``): the prices an
-        # llm router reads are then those `xrouter verl-data` trained it with.
-        pool = self.pool if self.pool is not None else pool_for(records)
+        pool = pool_for(records)
         policy = self._make_policy(pool)
         orchestrator = Orchestrator(OutcomeExecutor({r.id: r for r in records}))
         out: list[RoutedPrompt] = []
