@@ -314,6 +314,12 @@ def _evaluate_full(
         ],
         result.notes,
     )
+    pool = pool_for(records)
+    for entry in entries:
+        if isinstance(entry.router, LoopRouter):
+            # Prices from the whole table, as `xrouter verl-data` writes them for training:
+            # an llm router reads the same tool descriptions here as it was trained on.
+            entry.router.pool = pool
     _note_training_overlap(entries, records, evaluated, args.table, split, result.notes)
     result.main = compare(
         entries, evaluated, args.strong, args.weak, args.bootstrap, bootstrap_seed=args.seed

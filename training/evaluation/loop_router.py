@@ -111,9 +111,11 @@ class LoopRouter:
         self._last_router_error = ""
         # Table models a checkpoint was not trained on: it never chooses them.
         self.untrained: set[str] = set()
-        # The models the policy routes among on logged traffic: the whole table's, set by
-        # ``xrouter eval``. The evaluated part alone lacks the models nobody explored there,
-        # and a checkpoint denied them would be estimated as a policy it is not.
+        # The models the policy routes among, and their prices: the whole table's, set by
+        # ``xrouter eval``. On logged traffic the evaluated part alone lacks the models
+        # nobody explored there, and a checkpoint denied them would be estimated as a policy
+        # it is not; on any table its mean costs would differ from the ones `xrouter
+        # verl-data` put in an llm router's tool descriptions. None: the routed records'.
         self.pool: ModelPool | None = None
 
     @property
@@ -175,7 +177,9 @@ class LoopRouter:
     async def _route(
         self, records: Sequence[OutcomeRecord], cost_weight: float
     ) -> list[RoutedPrompt]:
-        pool = pool_for(records)
+        # The whole table's pool when the caller set it (``xrouter eval``): the prices an
+        # llm router reads are then those `xrouter verl-data` trained it with.
+        pool = self.pool if self.pool is not None else pool_for(records)
         policy = self._make_policy(pool)
         orchestrator = Orchestrator(OutcomeExecutor({r.id: r for r in records}))
         out: list[RoutedPrompt] = []

@@ -18,7 +18,7 @@ from router.tools import tool_name
 from tests.conftest import ScriptedRouter
 from tests.support.routes import trajectories
 from training.evaluation.compare import Entry, compare
-from training.evaluation.loop_router import LoopRouter, parse_llm_spec, replay_model
+from training.evaluation.loop_router import LoopRouter, parse_llm_spec, pool_for, replay_model
 from training.evaluation.registry import LoadContext, default_registry
 from training.evaluation.sweep import RoutedPrompt, RoutingError
 
@@ -85,6 +85,37 @@ def test_an_llm_router_endpoint_is_evaluated_through_the_loop(
     system = scripted_router.requests()[-2]["messages"][0]["content"]
     # "#lambda": the router reads the swept cost weight from its prompt, as it was trained.
     assert system == router_system_prompt(0.3 if flag else None)
+
+
+def test_an_llm_router_reads_the_whole_tables_prices_not_the_evaluated_parts(
+    records: list[OutcomeRecord], scripted_router: ScriptedRouter
+) -> None:
+    # Its tools' prices came from the evaluated part's mean costs, while `xrouter verl-data`
+    # trained it on the whole table's: the router read other prices than it learned.
+    # A model the catalog does not price: priced by its mean recorded cost.
+    model = "house-model"
+    table = [
+        r.model_copy(update={"outcomes": {**r.outcomes, model: r.outcomes["gemma-2-9b-it"]}})
+        for r in records
+    ]
+    record = table[0]
+    whole, part = pool_for(table), pool_for([record])
+    assert whole[model].price.input != part[model].price.input
+    call = {"id": "t1", "name": tool_name(model), "arguments": {"system_prompt": "Be brief."}}
+    select = {"id": "s1", "name": "select_response", "arguments": {"tool_call_id": "t1"}}
+    router = default_registry().load(
+        f"llm:{scripted_router.base_url}#router", LoadContext(train=table)
+    )
+    assert isinstance(router, LoopRouter)
+    router.pool = whole  # as `xrouter eval` sets it
+    scripted_router.script({"tool_calls": [call]}, {"tool_calls": [select]})
+    router.route([record], 0.3)
+    (tool,) = [
+        t["function"]
+        for t in scripted_router.requests()[-2]["tools"]
+        if t["function"]["name"] == tool_name(model)
+    ]
+    assert f"${whole[model].price.input}/1M input tokens" in tool["description"]
 
 
 @pytest.mark.parametrize(
