@@ -92,7 +92,9 @@ class CircuitBreakers:
 
     def state(self, model: str) -> State:
         c = self._circuits.get(model)
-        if c is None or c.opened_at is None:
+        # Turned off (a reload set failures: 0): circuits opened before are closed now, as
+        # `allow` already lets their calls through; policies must offer the models again.
+        if c is None or c.opened_at is None or not self.config.enabled:
             return "closed"
         return "half_open" if self._clock() - c.opened_at >= self.config.cooldown_s else "open"
 
@@ -101,7 +103,7 @@ class CircuitBreakers:
         half-open with its probe out (and not yet presumed lost). A half-open circuit with no
         probe out does not: the next call goes through."""
         c = self._circuits.get(model)
-        if c is None or c.opened_at is None:
+        if c is None or c.opened_at is None or not self.config.enabled:
             return False
         return self._deadline(c) is not None
 

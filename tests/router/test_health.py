@@ -97,6 +97,17 @@ def test_zero_failures_turns_breaking_off_and_configs_are_validated() -> None:
         BreakerConfig(cooldown_s=0)
 
 
+def test_turning_breaking_off_closes_the_circuits_already_open() -> None:
+    # A reload to failures: 0 let calls through (allow) while policies were still kept off
+    # the model (available) until its cooldown ended.
+    b, _, _ = breakers(failures=1)
+    b.record_failure("m", "timeout")
+    assert b.state("m") == "open" and b.available(["m"]) == []
+    b.config = BreakerConfig(failures=0, cooldown_s=10.0)
+    assert b.state("m") == "closed" and b.available(["m"]) == ["m"]
+    assert not b.keeps_away("m") and b.allow("m") and b.open_models() == []
+
+
 def test_an_opening_another_process_saw_is_adopted_with_its_timing() -> None:
     b, clock, changes = breakers(failures=3, cooldown_s=10.0)
     assert b.adopt_open("m", 4.0)
