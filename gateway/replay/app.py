@@ -138,7 +138,7 @@ class ReplayService:
         usage = fault is None or fault.kind != "no-usage"
         bad = int(fault.value) if fault is not None and fault.kind == "bad-event" else None
         bad_usage = fault is not None and fault.kind == "bad-usage"
-        if not req.stream:
+        if not req.stream or (fault is not None and fault.kind == "no-stream"):
             if bad is not None or bad_usage:
                 return _json(BAD_EVENT)
             return _json(completion_body(completion, req.n, meta, usage=usage))

@@ -17,6 +17,8 @@ message):
                       request gets that as its body, with a 200
 ``bad-usage``         a stream complete to its finish_reason whose usage chunk is that
                       malformed event (a plain request: as bad-event)
+``no-stream``         answer a stream request with the whole completion as JSON, as a server
+                      that ignores ``stream: true`` does (a plain request: answered normally)
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ FaultKind = Literal[
     "no-usage",
     "bad-event",
     "bad-usage",
+    "no-stream",
 ]
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -68,6 +71,8 @@ class Fault:
                 return cls("no-usage")
             if name == "bad-usage" and not sep:
                 return cls("bad-usage")
+            if name == "no-stream" and not sep:
+                return cls("no-stream")
             if name == "timeout":
                 seconds = float(arg) if sep else DEFAULT_TIMEOUT_S
                 if not 0 < seconds < math.inf:
@@ -99,11 +104,11 @@ class Fault:
             raise FaultSyntaxError(f"bad fault argument in {text!r}") from None
         raise FaultSyntaxError(
             f"unknown fault {text!r}; expected status=<code>, rate-limit=<s>, timeout[=<s>], "
-            "cut-stream=<n>, drop, latency=<ms>, no-usage, bad-event=<n> or bad-usage"
+            "cut-stream=<n>, drop, latency=<ms>, no-usage, bad-event=<n>, bad-usage or no-stream"
         )
 
     def __str__(self) -> str:
-        if self.kind in ("drop", "no-usage", "bad-usage"):
+        if self.kind in ("drop", "no-usage", "bad-usage", "no-stream"):
             return self.kind
         if self.kind in ("status", "cut-stream"):
             return f"{self.kind}={int(self.value)}"

@@ -232,6 +232,16 @@ class NativeOpenAIProvider(Provider):
                     raise status_error(
                         resp.status, raw.decode("utf-8", "replace"), model, resp.headers
                     )
+                if resp.content_type == "application/json":
+                    # A server that ignores `stream: true` answers with one JSON body: no
+                    # `data:` line, which read as a stream "closed early" (a connection
+                    # failure: retried, and counted against the model's circuit).
+                    raise ProviderError(
+                        "bad_response",
+                        f"upstream {model.name} answered a stream request with a JSON body, "
+                        "not an event stream: does it take `stream: true`?",
+                        model=model.name,
+                    )
                 lines = _Lines(resp.content, MAX_EVENT_BYTES)
                 done = False
                 while True:

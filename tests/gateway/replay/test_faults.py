@@ -89,10 +89,10 @@ def test_rate_limit_fault_names_its_wait(
 
 
 def test_queued_faults_are_listed_as_written(replay: ReplayServer) -> None:
-    for fault in ("rate-limit=30", "bad-usage", "no-usage", "timeout=2"):
+    for fault in ("rate-limit=30", "bad-usage", "no-usage", "timeout=2", "no-stream"):
         replay.http.post("/_replay/faults", json={"model": MODEL, "fault": fault})
     assert replay.http.get("/_replay/faults").json() == {
-        "queued": {MODEL: ["rate-limit=30", "bad-usage", "no-usage", "timeout=2"]}
+        "queued": {MODEL: ["rate-limit=30", "bad-usage", "no-usage", "timeout=2", "no-stream"]}
     }
 
 

@@ -442,6 +442,23 @@ async def test_both_transports_call_an_answer_that_is_not_a_completion_a_bad_res
     await c.aclose()
 
 
+async def test_a_stream_answered_with_one_json_body_is_a_bad_response(
+    replay: tuple[str, httpx.Client],
+) -> None:
+    # A server that ignores `stream: true` sent no `data:` line: the stream read as "closed
+    # early", a connection failure — retried on the same server, and counted by its circuit.
+    base, ctl = replay
+    ctl.delete("/_replay/faults")
+    ctl.post("/_replay/faults", json={"model": REPLAYED, "fault": "no-stream", "count": 1})
+    c, rec, breakers = with_fallback(replayed(base, "native"))
+    err, text = await fails_then_falls_back(c, stream=True)
+    assert (err.kind, err.retryable) == ("bad_response", False)
+    assert "answered a stream request with a JSON body" in err.message
+    assert rec.retries == [] and text  # the fallback answered
+    assert breakers.state("m") == "closed"
+    await c.aclose()
+
+
 @BOTH
 @pytest.mark.parametrize("fault", ["bad-event=1", "bad-usage"])
 async def test_both_transports_end_a_stream_on_a_malformed_event_with_a_bad_response(
