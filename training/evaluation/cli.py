@@ -267,7 +267,8 @@ def _evaluate_logged(
     for entry in policies:
         if isinstance(entry.router, LoopRouter):
             # Every model of the table, not only those logged in the evaluated part: a
-            # choice no record there supports gets a note, not a policy it never chose.
+            # choice no record there supports is estimated without support (and noted),
+            # not replaced by a policy it never chose.
             entry.router.pool = pool
     if args.strong or args.weak:
         result.notes.append("--strong/--weak: no APGR on logged traffic (partial feedback)")
@@ -276,7 +277,7 @@ def _evaluate_logged(
         "logged table (partial feedback): routers are evaluated off-policy; baselines that "
         "need full outcomes (kNN, MF, cascade, oracle) are skipped"
     )
-    rows, notes = off_policy(policies, evaluated, args.lambdas or [0.0])
+    rows, notes = off_policy(policies, evaluated, args.lambdas or [0.0], models=pool.names)
     result.off_policy, result.notes = rows, [*result.notes, *notes]
     return result
 

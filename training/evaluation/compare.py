@@ -373,10 +373,14 @@ def off_policy(
     records: Sequence[OutcomeRecord],
     params: Sequence[float] = (0.0,),
     max_weight: float = 10.0,
+    models: Sequence[str] = (),
 ) -> tuple[list[OffPolicyRow], list[str]]:
     """Off-policy estimates of each router's mean score and mean cost on logged records,
     for routers that pick one model per prompt (a multi-call trajectory cannot be evaluated
-    from single-action logs)."""
+    from single-action logs). ``models``: the actions a router may choose beyond those
+    logged in ``records`` (the whole table's, of which ``records`` is a part): a choice of
+    one that no record here logged has no support — IPS counts it 0, SNIPS leaves it out,
+    DR relies on its reward model — rather than leaving the router without an estimate."""
     logged = [r for r in records if r.logged is not None]
     notes: list[str] = []
     if not logged:
@@ -389,22 +393,22 @@ def off_policy(
         )
     # The estimators' rows: the single-call records, in order (routed below, too).
     logged = [r for r in logged if r.logged is not None and not r.logged.multi_call]
+    logged_models = sorted({r.logged.action for r in logged if r.logged is not None})
+    actions = [*logged_models, *sorted(set(models) - set(logged_models))]
     by_quantity = {
-        "score": logged_bandit(logged, reward=score_reward),
+        "score": logged_bandit(logged, actions, reward=score_reward),
+        "cost_usd": logged_bandit(logged, actions, reward=cost_reward, bounds=(0.0, math.inf)),
     }
-    models = by_quantity["score"].models
-    by_quantity["cost_usd"] = logged_bandit(
-        logged, models, reward=cost_reward, bounds=(0.0, math.inf)
-    )
     bandit = by_quantity["score"]
     # A record logged with propensity 1 (a request that named its model, or a greedy
     # router) gave every other model probability 0: a target choosing another model there
     # has no data, so IPS counts it as 0, SNIPS leaves it out and DR relies on its reward
     # model alone.
     deterministic = bandit.propensities >= 1.0 - 1e-9
-    singles = [Entry(SingleModelRouter(m), "single", [0.0]) for m in models]
+    singles = [Entry(SingleModelRouter(m), "single", [0.0]) for m in logged_models]
     named = {e.router.name for e in singles}
     rows: list[OffPolicyRow] = []
+    unlogged: dict[str, int] = {}  # router -> most prompts it sends to an unlogged model
     # Each router at each swept λ (a `--policy single:MODEL` is already among the single-
     # model rows); a --policy also at the cost weights the logged requests asked for (what
     # it would have done with this traffic), when they carry them.
@@ -415,7 +419,7 @@ def off_policy(
             grid.append(None)
         for lam in grid:
             try:
-                target = deterministic_probs(_first_choices(entry, logged, lam), models)
+                target = deterministic_probs(_first_choices(entry, logged, lam), actions)
             except (OPEError, RoutingError) as exc:
                 notes.append(f"{entry.router.name}: no off-policy estimate ({exc})")
                 break
@@ -429,6 +433,18 @@ def off_policy(
             chosen = target[np.arange(len(bandit)), bandit.actions] > 0
             unsupported = int((deterministic & ~chosen).sum())
             rows.append(OffPolicyRow(entry.router.name, lam, estimates, unsupported))
+            never = int(target[:, len(logged_models) :].sum())
+            if never:
+                unlogged[entry.router.name] = max(unlogged.get(entry.router.name, 0), never)
+    if unlogged:
+        listed = ", ".join(f"{name} {n}" for name, n in unlogged.items())
+        notes.append(
+            f"off-policy support: on some of the {len(bandit)} logged records these routers "
+            f"choose a model no record here logged (at most: {listed}): IPS counts those "
+            "records as 0 and SNIPS leaves them out, so both estimates are biased; DR rests "
+            "on its reward model there (the mean logged reward). Evaluate on more traffic, "
+            "or log with exploration (router.epsilon)"
+        )
     worst: dict[str, int] = {}
     for row in rows:
         if row.unsupported:

@@ -141,6 +141,35 @@ def test_logged_bandit_from_records() -> None:
         logged_bandit([r.model_copy(update={"logged": None}) for r in records])
 
 
+def test_a_router_choosing_a_model_logged_only_elsewhere_in_the_table_is_estimated() -> None:
+    # `xrouter eval` on an export: the router's choice, logged 5 times in the table but on
+    # none of the evaluated records, left it without any estimate ("target action ... was
+    # never logged"). It has no support on those records, as with any unexplored choice.
+    from training.evaluation.baselines import SingleModelRouter
+    from training.evaluation.compare import Entry, off_policy
+
+    records = [
+        OutcomeRecord.model_validate(
+            {
+                "id": f"q{i}",
+                "prompt": "hi",
+                "outcomes": {a: {"score": float(i % 2), "cost_usd": 0.001}},
+                "logged": {"action": a, "propensity": 0.5, "cost_weight": 0.1},
+            }
+        )
+        for i, a in enumerate(["a", "b"] * 4)
+    ]
+    entry = Entry(SingleModelRouter("c"), "policy", [0.0])
+    rows, notes = off_policy([entry], records, models=["a", "b", "c"])
+    row = next(r for r in rows if r.router == entry.router.name)
+    assert row.estimates["score"]["ips"]["value"] == 0.0  # no record supports it
+    assert "choose a model no record here logged (at most: single:c 8)" in " ".join(notes)
+    assert {r.router for r in rows} == {"single:a", "single:b", "single:c"}
+    # Without the table's models it is a note, as before: nothing says "c" exists.
+    rows, notes = off_policy([entry], records)
+    assert "single:c" not in {r.router for r in rows} and "never logged" in " ".join(notes)
+
+
 def test_multi_call_trajectories_are_not_reweighted_as_single_actions() -> None:
     from router.outcomes import OutcomeRecord
     from training.compact.data import TableArrays
