@@ -227,6 +227,8 @@ async def spend_report(
     if after is not None:
         where.append(_after_clause([_group_column(g) for g in groups], after, dialect))
     if "model" in groups:
+        # A call the key's budget refused was never made: no model to count it under.
+        where.append(calls.c.status != "refused")
         by_role = {
             role: _sum(sa.case((calls.c.role == role, calls.c.cost_micros), else_=0))
             for role in ("router", "downstream")
