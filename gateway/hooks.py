@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 KEY_BUDGET = "key budget exhausted"
+# Refused while calls in flight hold the rest of the key's budget (their worst cases): the
+# budget itself has room, and the holds go as those calls settle.
+KEY_BUDGET_HELD = "key budget held by calls in flight"
 LIMITS_UNAVAILABLE = "the rate-limit store is unavailable"
 
 
@@ -178,6 +181,14 @@ class KeyBudgetGuard:
             # as if it spent its worst case. The gauge is read after the settles instead.
             return None
         self.rejection = res
+        if res.held_only:
+            # Not the budget running out (no refusal counted for its gauge): other calls'
+            # worst cases hold what this one needs, and they cost a fraction of it.
+            return (
+                f"{KEY_BUDGET_HELD}: a call to {call.model} may cost up to "
+                f"{worst_case_micros} µUSD and only {res.remaining_micros} µUSD are not held "
+                "by the key's other calls in flight (their worst cases); retry when they finish"
+            )
         if (export := self._budget_export()) is not None:
             # A key can be refused with a little left (less than this call's worst case),
             # so the gauge alone would not say it is out: count the refusal too.
@@ -347,6 +358,18 @@ class RequestHooks:
         own ``max_cost_usd``; 503 when the limit store could not be asked."""
         if guard is not None and guard.unavailable is not None:
             return limits_unavailable()
+        rejection = guard.rejection if guard is not None else None
+        if rejection is not None and rejection.held_only and message.startswith(KEY_BUDGET_HELD):
+            # Transient, as a max_parallel refusal is: retried, the call fits once the key's
+            # calls in flight settle at what they actually cost.
+            held = {"retry-after": "1"}
+            if rejection.remaining_micros is not None:
+                held["x-ratelimit-remaining-budget-usd"] = (
+                    f"{max(rejection.remaining_micros, 0) / 1e6:.6f}"
+                )
+            return APIError(
+                429, message, type="rate_limit_exceeded", code="key_budget_held", headers=held
+            )
         # A budget does not come back by retrying at once, and the OpenAI SDKs retry a 429
         # (ignoring a retry-after over 60 s) unless told not to.
         headers = {"x-should-retry": "false"}

@@ -193,13 +193,17 @@ class ReserveResult:
     ``remaining_micros`` is the key's budget left in the period (after this hold when ``ok``,
     what was available when rejected; ``None`` if the key has no budget).
     ``request_remaining_micros`` is the same for the per-request cap. ``limit`` names the
-    limit that rejected. ``resets_at`` is when the key's budget period ends (None: never)."""
+    limit that rejected. ``resets_at`` is when the key's budget period ends (None: never).
+    ``held_only``: the key's budget refused only because calls in flight hold part of it
+    (their worst cases): the amount fits what the period has not spent, so the call may
+    go through once they settle — not the budget running out."""
 
     ok: bool
     limit: BudgetLimitName | None = None
     remaining_micros: int | None = None
     request_remaining_micros: int | None = None
     resets_at: float | None = None
+    held_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -207,8 +207,10 @@ end
 
 # ARGV: 1 now, 2 reservation id, 3 amount, 4 key budget (-1: none), 5 request cap (-1: none),
 #       6 hold deadline, 7 hold ttl ms
-# Returns: {ok 0|1, reason 0|1 budget|2 request_budget, key budget left, request cap left}
-#          (left = after the hold when ok, available when rejected)
+# Returns: {ok 0|1, reason 0|1 budget|2 request_budget, key budget left, request cap left,
+#           held only 0|1}
+#          (left = after the hold when ok, available when rejected; held only: the key's
+#          budget refused only because of other calls' holds, as ReserveResult.held_only)
 RESERVE_LUA = (
     _HELPERS
     + _HOLD_SWEEP
@@ -226,7 +228,11 @@ if budget >= 0 then key_left = budget - spent - reserved end
 local req_left = 0
 if cap >= 0 then req_left = cap - req_spent - req_held end
 
-if budget >= 0 and amount > key_left then return {0, 1, key_left, req_left} end
+if budget >= 0 and amount > key_left then
+  local held_only = 0
+  if reserved > 0 and amount <= key_left + reserved then held_only = 1 end
+  return {0, 1, key_left, req_left, held_only}
+end
 if cap >= 0 and amount > req_left then return {0, 2, key_left, req_left} end
 
 redis.call('HINCRBY', KEYS[2], ARGV[2], ARGV[3])

@@ -287,7 +287,10 @@ class MemoryLimitStore(LimitStore):
             req_left = request_budget_micros - req_spent - scope.held.get(reservation_id, 0)
 
         if key_left is not None and amount_micros > key_left:
-            return ReserveResult(False, "budget", max(0, key_left), _floor0(req_left), resets_at)
+            held_only = scope.reserved > 0 and amount_micros <= key_left + scope.reserved
+            return ReserveResult(
+                False, "budget", max(0, key_left), _floor0(req_left), resets_at, held_only
+            )
         if req_left is not None and amount_micros > req_left:
             return ReserveResult(
                 False, "request_budget", _floor0(key_left), max(0, req_left), resets_at

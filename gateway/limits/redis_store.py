@@ -354,13 +354,14 @@ class RedisLimitStore(LimitStore):
                 self._hold_ttl_ms,
             ],
         )
-        ok, reason, key_left, req_left = (int(v) for v in reply)
+        ok, reason, key_left, req_left, *held_only = (int(v) for v in reply)
         return ReserveResult(
             ok=bool(ok),
             limit=None if ok else ("budget" if reason == 1 else "request_budget"),
             remaining_micros=None if budget is None else max(0, key_left),
             request_remaining_micros=None if request_budget_micros is None else max(0, req_left),
             resets_at=period.end if budget is not None else None,
+            held_only=bool(held_only and held_only[0]),
         )
 
     async def settle(

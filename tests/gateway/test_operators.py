@@ -436,6 +436,37 @@ def test_values_the_database_cannot_take_are_client_errors(gw: Gateway) -> None:
         assert c.get("/admin/keys", headers=ADMIN).status_code == 200
 
 
+def test_a_budget_held_by_calls_in_flight_is_a_429_to_retry_not_exhaustion(
+    gw: Gateway, upstream: Upstream
+) -> None:
+    # Concurrent requests' worst-case holds filled a key with 97% of its budget unspent,
+    # and the rest were told "key budget exhausted", not to retry, retry-after ~14 hours.
+    content, max_tokens = "What is the capital of France?", 40
+    worst = -(-(((len(content) + 8) // 3 + 1 + 8) + max_tokens) * 12 // 10)
+    k = create_key(gw, budget_usd=(2 * worst - 1) / 1e6, budget_period="daily")  # one hold fits
+    upstream.fault(MODEL, "latency=1500")
+    with ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(chat, gw, k["key"], content, max_tokens=max_tokens)
+        deadline = time.monotonic() + 10
+        while upstream.stats()["requests"].get(MODEL, 0) == 0:  # its hold is taken
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        r = chat(gw, k["key"], content, max_tokens=max_tokens)
+        assert r.status_code == 429, r.text
+        err = r.json()["error"]
+        assert (err["type"], err["code"]) == ("rate_limit_exceeded", "key_budget_held"), err
+        assert r.headers["retry-after"] == "1" and "x-should-retry" not in r.headers
+        assert "retry when they finish" in err["message"]
+        assert slow.result(timeout=30).status_code == 200
+    # Settled at what it cost, a fraction of its hold: the next call fits.
+    deadline = time.monotonic() + 5
+    while (r := chat(gw, k["key"], content, max_tokens=max_tokens)).status_code == 429:
+        assert r.json()["error"]["code"] == "key_budget_held", r.text
+        assert time.monotonic() < deadline, r.text
+        time.sleep(0.05)
+    assert r.status_code == 200, r.text
+
+
 def test_budget_holds_under_100_parallel_requests(gw: Gateway, stack: Stack) -> None:
     prompt = "Explain briefly why the sky is blue."
     max_tokens = 40
@@ -468,8 +499,12 @@ def test_budget_holds_under_100_parallel_requests(gw: Gateway, stack: Stack) -> 
     ok = [r for r in rs if r.status_code == 200]
     refused = [r for r in rs if r.status_code == 429]
     assert len(ok) + len(refused) == 100 and ok and refused
-    assert {r.json()["error"]["code"] for r in refused} == {"key_budget_exceeded"}
+    codes = {r.json()["error"]["code"] for r in refused}
+    assert codes <= {"key_budget_exceeded", "key_budget_held"}
     assert all("retry-after" not in r.headers or int(r.headers["retry-after"]) > 0 for r in refused)
+    for r in refused:  # only the spent-out budget says not to retry
+        exhausted = r.json()["error"]["code"] == "key_budget_exceeded"
+        assert (r.headers.get("x-should-retry") == "false") is exhausted
     spent = sum(round(r.json()["usage"]["cost"] * 1e6) for r in ok)
     assert spent <= budget_micros + worst
     httpx.get(f"{gw.url}/admin/spend", headers=ADMIN)  # flushes the ledger

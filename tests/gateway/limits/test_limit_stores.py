@@ -66,6 +66,10 @@ async def test_reserve_reports_remaining_and_holds(store: LimitStore) -> None:
     assert first.resets_at == utc(2025, 4, 1)
     second = await store.reserve(key, None, 301, "b", now=T0)
     assert not second.ok and second.limit == "budget" and second.remaining_micros == 300
+    # Refused only for "a"'s hold: 301 fits the unspent 1,000 (a 429 to retry shortly, not
+    # "budget exhausted" until the period resets). 1,001 would not fit even then.
+    assert second.held_only
+    assert not (await store.reserve(key, None, 1_001, "c", now=T0)).held_only
     state = await store.spent(key, now=T0)
     assert (state.spent, state.reserved, state.remaining) == (0, 700, 300)
 
@@ -80,7 +84,8 @@ async def test_settle_records_actual_even_above_the_hold(store: LimitStore) -> N
     await store.settle(key, "r", 50, 80, now=T0)
     state = await store.spent(key, now=T0)
     assert (state.spent, state.reserved, state.remaining) == (80, 0, 20)
-    assert not (await store.reserve(key, None, 21, "s", now=T0)).ok
+    refused = await store.reserve(key, None, 21, "s", now=T0)
+    assert not refused.ok and not refused.held_only  # spent, not held: it is exhausted
 
 
 async def test_one_request_holds_and_settles_in_parts(store: LimitStore) -> None:
