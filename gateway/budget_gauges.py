@@ -15,7 +15,10 @@ reading only changes when that process serves the key again, and so it goes stal
 ``BudgetGauges`` re-reads every exported key every ``metrics.budget_refresh_s``: the key as
 the ledger has it now (its budget, its period, whether it was revoked or renamed), and its
 spend from the limit store. That is one key lookup and one store read per exported key
-(at most ``metrics.budget_gauge_keys``) per interval and process.
+(at most ``metrics.budget_gauge_keys``) per interval and process. Its first pass, at start,
+takes up the live keys with a budget (oldest first, up to that limit): after a restart a
+key exhausted before it, which may never call again, is exported as it was — the alert on
+it does not clear because the process that exported it went away.
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ class BudgetGauges:
         self.metrics = metrics
         # Exported alias -> the key id it was exported for.
         self._tracked: dict[str, str] = {}
-        self._task = Periodic("xrouter-budget-gauges", interval_s, self.refresh)
+        self._seeded = False
+        self._task = Periodic("xrouter-budget-gauges", interval_s, self.refresh, first_now=True)
         self._outage = OutageLog(
             log,
             "budget gauges: refreshing the keys' remaining budgets failed",
@@ -77,6 +81,8 @@ class BudgetGauges:
         """Re-read every tracked key. A key revoked, renamed or without a budget now stops
         being exported (as the admin API drops it in the process that answered it)."""
         try:
+            if not self._seeded:
+                await self._seed()
             for alias, key_id in list(self._tracked.items()):
                 await self._refresh_one(alias, key_id)
         except asyncio.CancelledError:
@@ -89,6 +95,15 @@ class BudgetGauges:
             self._outage.failed(exc)
             return
         self._outage.recovered()
+
+    async def _seed(self) -> None:
+        """Track the live keys with a budget and an alias (the gauge's label), as many as
+        the gauge exports; those that call take their places first."""
+        series = self.metrics.key_budgets
+        for info in await self.keys.list():
+            if info.alias and info.budget_micros is not None and series.claim(info.alias):
+                self._tracked.setdefault(info.alias, info.key_id)
+        self._seeded = True
 
     async def _refresh_one(self, alias: str, key_id: str) -> None:
         info = await self.keys.get(key_id)

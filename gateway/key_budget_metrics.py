@@ -76,6 +76,11 @@ class KeyBudgetSeries:
         self._remaining.labels(key_alias=key_alias).set(remaining_micros / MICROS_PER_USD)
         return True
 
+    def claim(self, key_alias: str) -> bool:
+        """Take a series slot for a key before its first reading (the gauges' start-up
+        pass); False past the limit."""
+        return self._slot(key_alias)
+
     def refused(self, key_alias: str) -> bool:
         """Count a call the key's budget refused (for exported keys only, as the gauge);
         returns False for a key that isn't exported."""

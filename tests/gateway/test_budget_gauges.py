@@ -62,6 +62,29 @@ async def test_a_key_out_of_budget_yesterday_reads_its_new_period_without_callin
     assert gauge(metrics, "daily") == 1.75
 
 
+async def test_after_a_restart_the_keys_with_budgets_are_exported_without_calling(
+    keys: KeyRepository,
+) -> None:
+    """Only keys that called since the restart were exported: one exhausted before it, which
+    may never call again, lost its series and the "budget exhausted" alert cleared."""
+    store = MemoryLimitStore()
+    spent, _ = await keys.create("spent", budget_usd=1, budget_period="total")
+    await keys.create("fresh", budget_usd=2, budget_period="daily")
+    await keys.create("unbudgeted")
+    gone, _ = await keys.create("gone", budget_usd=3)
+    await keys.revoke(gone.key_id)
+    await spend(store, spent, 1_000_000, "r1")
+    metrics = GatewayMetrics(CollectorRegistry(), models=[], policies=[])
+    gauges = BudgetGauges(store, keys, metrics, interval_s=3600)  # the restarted process
+    await gauges.refresh()
+    assert (gauge(metrics, "spent"), gauge(metrics, "fresh")) == (0.0, 2.0)
+    assert gauge(metrics, "unbudgeted") is None and gauge(metrics, "gone") is None
+    # No more than the gauge exports: the oldest first.
+    one = GatewayMetrics(CollectorRegistry(), models=[], policies=[], budget_gauge_keys=1)
+    await BudgetGauges(store, keys, one, interval_s=3600).refresh()
+    assert (gauge(one, "spent"), gauge(one, "fresh")) == (0.0, None)
+
+
 async def test_changed_revoked_and_renamed_keys_follow_the_ledger(
     keys: KeyRepository, metrics: GatewayMetrics
 ) -> None:
@@ -75,6 +98,7 @@ async def test_changed_revoked_and_renamed_keys_follow_the_ledger(
         await spend(store, key, 400_000, f"r-{key.alias}")
         metrics.key_budgets.remaining(key.alias, 600_000)
         gauges.track(key.alias, key.key_id)
+    await gauges.refresh()  # its first pass, which takes up the live budgeted keys
     # Changed through the admin API of another replica: this process learns it here.
     await keys.update(raised.key_id, budget_micros=3_000_000)
     await keys.revoke(revoked.key_id)
