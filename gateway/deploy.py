@@ -1,8 +1,9 @@
 """``xrouter deploy <checkpoint>``: make a running gateway hot-load a router checkpoint.
 
-The checkpoint is validated locally first (it loads, and says which pool it was trained on),
-then the gateway is asked to switch to it through the admin API; the gateway refuses it,
-and keeps serving the old one, if it does not fit its pool."""
+A checkpoint on this machine is validated here first (it loads, and says which pool it was
+trained on); an absolute path that is not here is taken for one on the gateway's machine.
+Then the gateway is asked to switch to it through the admin API; the gateway refuses it,
+and keeps serving the old one, if it does not load there or does not fit its pool."""
 
 from __future__ import annotations
 
@@ -104,14 +105,30 @@ def run_deploy(args: argparse.Namespace) -> int:
     # ``packaged:<name>`` names a checkpoint shipped with xrouter: the gateway resolves it in
     # its own installation, so it is sent as written.
     packaged = str(args.checkpoint).startswith(PACKAGED_PREFIX)
-    path = args.checkpoint if packaged else Path(args.checkpoint).resolve()
-    try:
-        ckpt = load_checkpoint(path)
-    except CheckpointError as exc:
-        log.error("%s", exc)
-        return 2
-    if not packaged and ckpt.path is not None:
-        path = ckpt.path  # the checkpoint itself, where a run directory was named
+    given = Path(args.checkpoint)
+    checkpoint_pool: list[str] | None = None
+    if not packaged and not given.exists():
+        # A path on the gateway's machine (a volume its pods mount), not this one: the
+        # gateway loads and checks it, and refuses it with the reason if it cannot.
+        if not given.is_absolute():
+            log.error(
+                "%s: no such checkpoint here; for one on the gateway's filesystem, give its "
+                "absolute path there",
+                given,
+            )
+            return 2
+        log.info("%s is not on this machine: sent as the gateway's path, which it checks", given)
+        path: str | Path = given
+    else:
+        path = args.checkpoint if packaged else given.resolve()
+        try:
+            ckpt = load_checkpoint(path)
+        except CheckpointError as exc:
+            log.error("%s", exc)
+            return 2
+        checkpoint_pool = ckpt.pool
+        if not packaged and ckpt.path is not None:
+            path = ckpt.path  # the checkpoint itself, where a run directory was named
     # Stripped as the gateway strips its own (``AuthSettings``): a key read from a file or
     # `$(cat key)` often ends with a newline.
     admin_key = (args.admin_key or "").strip()
@@ -197,5 +214,5 @@ def run_deploy(args: argparse.Namespace) -> int:
         return 1
     # The gateway's answer names its own pool ("pool"); the checkpoint's, what it was
     # trained on, is said apart rather than overwritten by it.
-    print(json.dumps({"deployed": str(path), "checkpoint_pool": ckpt.pool, **body}, indent=2))
+    print(json.dumps({"deployed": str(path), "checkpoint_pool": checkpoint_pool, **body}, indent=2))
     return 0

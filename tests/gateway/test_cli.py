@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -349,6 +350,25 @@ def test_deploy_strips_the_admin_key_and_never_shows_one_no_header_can_carry() -
             assert proc.returncode == 2, (bad, proc.stderr)
             assert "SEC" not in proc.stderr and "cannot carry" in proc.stderr, proc.stderr
             assert "Traceback" not in proc.stderr, proc.stderr
+        assert len(seen.seen) == 1
+    finally:
+        _close(gateway)
+
+
+def test_deploy_sends_a_path_that_is_only_on_the_gateways_machine() -> None:
+    # A checkpoint on the volume a remote gateway mounts was refused here ("no such
+    # checkpoint") without the gateway being asked, which checks the path itself.
+    gateway, seen = _recorder(200, {"Content-Type": "application/json"}, b'{"pool": []}')
+    try:
+        url = f"http://127.0.0.1:{gateway.server_address[1]}"
+        proc = run_cli("deploy", "/srv/checkpoints/run-7", "--url", url, "--admin-key", "k")
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout)
+        assert out["deployed"] == "/srv/checkpoints/run-7" and out["checkpoint_pool"] is None
+        assert seen.seen == [("POST", "Bearer k")]
+        # A relative path means nothing on another machine: refused, nothing sent.
+        proc = run_cli("deploy", "runs/nope", "--url", url, "--admin-key", "k")
+        assert proc.returncode == 2 and "absolute path there" in proc.stderr, proc.stderr
         assert len(seen.seen) == 1
     finally:
         _close(gateway)
