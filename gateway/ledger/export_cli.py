@@ -195,7 +195,17 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
         )
         return 2
     try:
-        db_file = sqlite_file(make_url(ledger_url))
+        try:
+            url = make_url(ledger_url)
+        except sa.exc.ArgumentError:
+            # Most often a file path given for a URL (`--ledger xrouter.db`); never quoted,
+            # as a URL may hold a password.
+            raise ValueError(
+                "--ledger (or ledger.url) is not a database URL: give one as the gateway's "
+                "ledger.url, e.g. sqlite+aiosqlite:///./xrouter.db or "
+                "postgresql+asyncpg://user@host/xrouter"
+            ) from None
+        db_file = sqlite_file(url)
         since, until = _parse_bound(args.since), _parse_bound(args.until)
         window = await asyncio.to_thread(_logged_window, args)
     except (ValueError, sa.exc.ArgumentError) as exc:

@@ -413,6 +413,19 @@ async def test_a_database_that_holds_another_schema_is_one_line_not_a_traceback(
     assert not out.exists()
 
 
+async def test_a_file_path_given_for_the_ledger_url_says_what_to_give(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `--ledger xrouter.db` said "Could not parse SQLAlchemy URL from given URL string".
+    parser = argparse.ArgumentParser()
+    add_export_arguments(parser)
+    out = tmp_path / "ledger.jsonl"
+    assert await run_export(parser.parse_args(["--out", str(out)]), "xrouter.db") == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "is not a database URL" in line and "sqlite+aiosqlite:///./xrouter.db" in line
+    assert not out.exists()
+
+
 async def test_a_stream_the_client_hung_up_on_is_not_its_models_failure(
     engine: AsyncEngine, make_settings: Callable[..., LedgerSettings], tmp_path: Path
 ) -> None:
