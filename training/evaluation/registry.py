@@ -161,7 +161,13 @@ class RouterRegistry:
         known = ["single:<model>", *BASELINE_NAMES, *(f"{p}..." for p in self.prefixes if p)]
         if "" in self._loaders:
             known.append("a checkpoint path or packaged:<name>")
-        hint = " (no loader accepted this path)" if Path(spec).exists() else ""
+        if Path(spec).exists():
+            hint = " (no loader accepted this path)"
+        elif "/" in spec or spec.endswith((".json", ".safetensors")):
+            # Most likely a checkpoint's path with a typo, not a policy's name.
+            hint = " (no such checkpoint: nothing is at that path)"
+        else:
+            hint = ""
         raise RouterSpecError(f"unknown policy {spec!r}{hint}; known: {', '.join(known)}")
 
 

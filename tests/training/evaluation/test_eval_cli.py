@@ -146,6 +146,9 @@ def test_unknown_policy_and_bad_table_exit_with_an_error(
     base = ["--table", str(table), "--baselines", "none", "--out", str(tmp_path / "o")]
     assert run_eval(parse([*base, "--policy", "nonsense"]), RouterRegistry()) == 2
     assert "unknown policy 'nonsense'" in capsys.readouterr().err
+    # A checkpoint path with a typo is said to be one, not only "unknown policy".
+    assert run_eval(parse([*base, "--policy", str(tmp_path / "runs" / "nope")])) == 2
+    assert "no such checkpoint: nothing is at that path" in capsys.readouterr().err
     args = parse([*base, "--policy", "knn:q=3"])
     assert run_eval(args, RouterRegistry()) == 2
     assert "unknown parameter(s) q" in capsys.readouterr().err
