@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
+import re
 import shlex
 import signal
 import sys
@@ -270,6 +272,39 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         ]
         if given:
             raise ValueError(f"{', '.join(given)} applies to --offpolicy training only")
+    try:
+        return _train_config(args, d)
+    except ValueError as exc:
+        # The config names its fields; the user typed flags (`--ips-clip`, not `ips_clip`).
+        raise ValueError(_FIELD.sub(lambda m: _flag(m.group(0)), str(exc))) from None
+
+
+# TrainConfig fields whose flag is not the field's name with dashes.
+_FIELD_FLAGS = {
+    "entropy_coef": "--entropy",
+    "explore_epsilon": "--explore",
+    "reward_form": "--reward",
+    "reward_K": "--K",
+    "reward_c_max": "--c-max",
+    "offpolicy_entropy_coef": "--offpolicy-entropy",
+}
+# Fields no flag sets (left as named).
+_NO_FLAG = {"grad_clip", "offpolicy_lambdas", "reward_model_steps", "progress", "threads"}
+_FIELD = re.compile(
+    r"\b(" + "|".join(sorted(
+        [f.name for f in dataclasses.fields(TrainConfig)
+         if ("_" in f.name or f.name in _FIELD_FLAGS) and f.name not in _NO_FLAG]
+        + ["steps", "lr"],
+        key=len, reverse=True,
+    )) + r")\b"
+)  # fmt: skip
+
+
+def _flag(field: str) -> str:
+    return _FIELD_FLAGS.get(field, "--" + field.replace("_", "-"))
+
+
+def _train_config(args: argparse.Namespace, d: TrainConfig) -> TrainConfig:
     return TrainConfig(
         steps=args.steps,
         batch_size=args.batch_size,

@@ -97,8 +97,10 @@ class TrainConfig:
             not self.val_lambdas or any(lam < 0 for lam in self.val_lambdas)
         ):
             raise ValueError("val_lambdas must be non-empty and non-negative")
-        if self.ips_clip <= 0 or self.eval_every < 1:
-            raise ValueError("ips_clip and eval_every must be positive")
+        if self.ips_clip <= 0:
+            raise ValueError("ips_clip must be positive")
+        if self.eval_every < 1:
+            raise ValueError("eval_every must be positive")
         if self.checkpoint_every < 0:
             raise ValueError("checkpoint_every must be 0 (never) or positive")
         if self.reward_form not in ("gated", "additive"):

@@ -35,7 +35,7 @@ def test_arguments_map_onto_the_config() -> None:
     [
         (["--estimator", "dr"], "--estimator applies to --offpolicy training only"),
         (["--ips-clip", "5", "--offpolicy-entropy", "0.1"], "--ips-clip, --offpolicy-entropy"),
-        (["--checkpoint-every", "-1"], "checkpoint_every must be 0 (never) or positive"),
+        (["--checkpoint-every", "-1"], "--checkpoint-every must be 0 (never) or positive"),
     ],
 )
 def test_options_that_would_not_shape_the_run_are_refused(extra: list[str], message: str) -> None:
@@ -255,17 +255,19 @@ def test_logged_traffic_without_prompts_is_refused_or_dropped(
 @pytest.mark.parametrize(
     ("flag", "value", "needle"),
     [
-        ("--lr", "0", "lr and clip_eps must be positive"),
+        ("--lr", "0", "--lr and --clip-eps must be positive"),
         ("--hidden", "64,0", "hidden widths must be positive"),
         ("--entropy", "-0.1", "entropy bonuses must be non-negative"),
         ("--explore", "1.5", "explore must be in [0, 1]"),
         ("--c-max", "-1", "K and c_max must be non-negative"),
-        ("--cost-scale", "0", "cost_scale must be positive"),
+        ("--cost-scale", "0", "--cost-scale must be positive"),
         # Not finite: NaN passes every range check, inf overflows the λ grid or the weights.
-        ("--lambda-max", "inf", "lambda_max must be finite"),
-        ("--cost-scale", "nan", "cost_scale must be finite"),
-        ("--K", "nan", "reward_K must be finite"),
-        ("--lr", "inf", "lr must be finite"),
+        ("--lambda-max", "inf", "--lambda-max must be finite"),
+        ("--cost-scale", "nan", "--cost-scale must be finite"),
+        ("--K", "nan", "--K must be finite"),
+        ("--lr", "inf", "--lr must be finite"),
+        # The config names its fields; the message names the flags typed (it said ips_clip).
+        ("--eval-every", "0", "--eval-every must be positive"),
     ],
 )
 def test_nonsense_training_settings_are_refused(
