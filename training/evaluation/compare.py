@@ -437,26 +437,39 @@ def off_policy(
             if never:
                 unlogged[entry.router.name] = max(unlogged.get(entry.router.name, 0), never)
     if unlogged:
-        listed = ", ".join(f"{name} {n}" for name, n in unlogged.items())
         notes.append(
-            f"off-policy support: on some of the {len(bandit)} logged records these routers "
-            f"choose a model no record here logged (at most: {listed}): IPS counts those "
-            "records as 0 and SNIPS leaves them out, so both estimates are biased; DR rests "
-            "on its reward model there (the mean logged reward). Evaluate on more traffic, "
-            "or log with exploration (router.epsilon)"
+            _support_note(
+                len(bandit),
+                unlogged,
+                "a model no record here logged",
+                "there (the mean logged reward). Evaluate on more traffic, or log with "
+                "exploration (router.epsilon)",
+            )
         )
     worst: dict[str, int] = {}
     for row in rows:
         if row.unsupported:
             worst[row.router] = max(worst.get(row.router, 0), row.unsupported)
     if worst:
-        listed = ", ".join(f"{name} {n}" for name, n in worst.items())
         notes.append(
-            f"off-policy support: on some of the {len(bandit)} logged records these routers "
-            f"choose a model the logging policy could not have taken there (at most: {listed}; "
-            "logged with propensity 1 for another model: a request that named its model, or "
-            "a greedy router). IPS counts those records as 0 and SNIPS leaves them out, so "
-            "both estimates are biased; DR rests on its reward model there. Log with exploration "
-            "(router.epsilon) for unbiased estimates"
+            _support_note(
+                len(bandit),
+                worst,
+                "a model the logging policy could not have taken there",
+                "there. Log with exploration (router.epsilon) for unbiased estimates",
+                why="logged with propensity 1 for another model: a request that named its "
+                "model, or a greedy router",
+            )
         )
     return rows, notes
+
+
+def _support_note(n: int, counts: dict[str, int], what: str, dr: str, why: str = "") -> str:
+    """The note on records where routers choose ``what``: the most per router (``counts``),
+    and what each estimator makes of them."""
+    listed = ", ".join(f"{name} {k}" for name, k in counts.items())
+    return (
+        f"off-policy support: on some of the {n} logged records these routers choose {what} "
+        f"(at most: {listed}{'; ' + why if why else ''}): IPS counts those records as 0 and "
+        f"SNIPS leaves them out, so both estimates are biased; DR rests on its reward model {dr}"
+    )
