@@ -359,32 +359,36 @@ class RequestHooks:
         if guard is not None and guard.unavailable is not None:
             return limits_unavailable()
         rejection = guard.rejection if guard is not None else None
-        if rejection is not None and rejection.held_only and message.startswith(KEY_BUDGET_HELD):
-            # Transient, as a max_parallel refusal is: retried, the call fits once the key's
-            # calls in flight settle at what they actually cost.
-            held = {"retry-after": "1"}
+        if rejection is not None and message.startswith((KEY_BUDGET, KEY_BUDGET_HELD)):
+            headers: dict[str, str] = {}
             if rejection.remaining_micros is not None:
-                held["x-ratelimit-remaining-budget-usd"] = (
-                    f"{max(rejection.remaining_micros, 0) / 1e6:.6f}"
+                remaining = max(rejection.remaining_micros, 0) / 1e6
+                headers["x-ratelimit-remaining-budget-usd"] = f"{remaining:.6f}"
+            if rejection.held_only:
+                # Transient, as a max_parallel refusal is: retried, the call fits once the
+                # key's calls in flight settle at what they actually cost.
+                headers["retry-after"] = "1"
+                return APIError(
+                    429,
+                    message,
+                    type="rate_limit_exceeded",
+                    code="key_budget_held",
+                    headers=headers,
                 )
-            return APIError(
-                429, message, type="rate_limit_exceeded", code="key_budget_held", headers=held
-            )
-        # A budget does not come back by retrying at once, and the OpenAI SDKs retry a 429
-        # (ignoring a retry-after over 60 s) unless told not to.
-        headers = {"x-should-retry": "false"}
-        if guard is not None and guard.rejection is not None and message.startswith(KEY_BUDGET):
-            resets = guard.rejection.resets_at
-            if resets is not None:
-                headers["retry-after"] = str(max(int(resets - time.time()) + 1, 1))
-            remaining = guard.rejection.remaining_micros
-            if remaining is not None:
-                headers["x-ratelimit-remaining-budget-usd"] = f"{max(remaining, 0) / 1e6:.6f}"
+            # A budget does not come back by retrying at once, and the OpenAI SDKs retry a
+            # 429 (ignoring a retry-after over 60 s) unless told not to.
+            headers["x-should-retry"] = "false"
+            if rejection.resets_at is not None:
+                headers["retry-after"] = str(max(int(rejection.resets_at - time.time()) + 1, 1))
             return APIError(
                 429, message, type="budget_exceeded", code="key_budget_exceeded", headers=headers
             )
         return APIError(
-            429, message, type="budget_exceeded", code="request_budget_exceeded", headers=headers
+            429,
+            message,
+            type="budget_exceeded",
+            code="request_budget_exceeded",
+            headers={"x-should-retry": "false"},
         )
 
     async def finish(self, rlog: RequestLog, result: RouteResult | None) -> None:

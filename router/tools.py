@@ -23,29 +23,22 @@ def tool_name(model: str) -> str:
     return (_PREFIX + _SAFE.sub("_", model))[:64]
 
 
-def tool_name_clashes(models: Iterable[str]) -> list[tuple[str, str]]:
-    """Pairs of models whose tools would have one name (``a.b`` and ``a_b``; two long names
-    alike in their first 59 characters): the router would be offered two tools of one name
-    and could call only one of the models."""
+def check_tool_names(models: Iterable[str]) -> None:
+    """Raise ``ValueError`` naming the models whose tools would have one name (``a.b`` and
+    ``a_b``; two long names alike in their first 59 characters): the router would be
+    offered two tools of one name and could call only one of the models."""
     seen: dict[str, str] = {}
     clashes = []
     for model in models:
         name = tool_name(model)
         if name in seen:
-            clashes.append((seen[name], model))
+            clashes.append(f"{seen[name]!r} and {model!r} are both {name!r}")
         else:
             seen[name] = model
-    return clashes
-
-
-def check_tool_names(models: Iterable[str]) -> None:
-    """Raise ``ValueError`` naming the models whose tools would have one name."""
-    clashes = tool_name_clashes(models)
     if clashes:
-        pairs = "; ".join(f"{a!r} and {b!r} are both {tool_name(a)!r}" for a, b in clashes)
         raise ValueError(
-            f"models whose router tools would have one name ({pairs}): tool names keep only "
-            "[A-Za-z0-9_-] (others become '_') and 64 characters; rename one"
+            f"models whose router tools would have one name ({'; '.join(clashes)}): tool "
+            "names keep only [A-Za-z0-9_-] (others become '_') and 64 characters; rename one"
         )
 
 
