@@ -74,7 +74,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING)
 
     records = load(args.data)
-    split = np.array([split_of(r.id) for r in records])
+    split = np.array([split_of(r.split_key) for r in records])
     print(f"RouterBench 0-shot: {len(records)} prompts x {len(records[0].outcomes)} models; "
           f"train/val/test = {[int((split == s).sum()) for s in ('train', 'validation', 'test')]}")  # fmt: skip
     extractor = FeatureExtractor.load()

@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 overrides = {**overrides, "hidden": tuple(overrides["hidden"])}
             cfg = TrainConfig(checkpoint_every=0, progress=False, **overrides)
             # The validation part of the split the variant trains on (split_seed, default 0).
-            split = np.array([split_of(r.id, seed=cfg.split_seed) for r in records])
+            split = np.array([split_of(r.split_key, seed=cfg.split_seed) for r in records])
             started = time.perf_counter()
             res = train(records, cfg, Path(tmp) / f"run{i}", extractor=extractor, cache_dir=cache)
             ckpt = load_checkpoint(res.checkpoint_path)

@@ -59,6 +59,8 @@ def parquet_schema() -> Any:
             ("content_logged", pa.string()),
             ("prompt", pa.string()),
             ("prompt_sha256", pa.string()),
+            # The split group (the prompt's hash; null when the content was not logged).
+            ("group", pa.string()),
             ("messages_json", pa.string()),
             ("action", pa.string()),
             ("model", pa.string()),
@@ -100,6 +102,7 @@ def flatten(rec: dict[str, Any]) -> dict[str, Any]:
         "content_logged": rec["content_logged"],
         "prompt": rec.get("prompt"),
         "prompt_sha256": rec.get("prompt_sha256"),
+        "group": rec.get("group"),
         "messages_json": orjson.dumps(messages).decode() if messages is not None else None,
         "action": action,
         "model": outcome["model"],
@@ -153,8 +156,10 @@ def unflatten(row: dict[str, Any]) -> dict[str, Any]:
             rec["logged"]["checkpoint"] = row["logged_checkpoint"]
     if row["score"] is None:
         rec["scored"] = False
-    if row.get("logged_at") is not None:  # files written before the column lack it
-        rec["logged_at"] = row["logged_at"]
+    # Files written before these columns lack them.
+    for k in ("logged_at", "group"):
+        if row.get(k) is not None:
+            rec[k] = row[k]
     for k in (
         "created_at",
         "key_id",

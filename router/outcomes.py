@@ -7,6 +7,11 @@ One JSON object per line::
                               "prompt_tokens": 123, "completion_tokens": 456,
                               "response": "..."}}}
 
+An optional ``group`` keeps records together when a table is split: records sharing one
+fall in the same part (``split_key``). The ledger export sets it to the prompt's hash, since
+logged traffic repeats prompts under distinct request ids, and a repeat on each side of the
+split would score a router on prompts it was trained on.
+
 Logged gateway traffic has *partial feedback*: only the chosen model's outcome is known,
 and the record says which action was taken with which propensity (``logged``). This module
 has no heavy dependencies so the replay upstream (gateway) and the trainers share it.
@@ -77,6 +82,8 @@ class OutcomeRecord(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     id: str
+    # Records sharing a group are split together (see the module docstring).
+    group: str | None = Field(default=None, min_length=1)
     task: str | None = None
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
@@ -92,6 +99,11 @@ class OutcomeRecord(BaseModel):
         if self.logged is not None and self.logged.action not in self.outcomes:
             raise ValueError(f"logged action {self.logged.action!r} has no outcome")
         return self
+
+    @property
+    def split_key(self) -> str:
+        """What the train/validation/test split hashes: the group, or the id alone."""
+        return self.group if self.group is not None else self.id
 
     @property
     def text(self) -> str:

@@ -20,6 +20,11 @@ record then still says what happened when *that action* was taken, and the outco
 and the single-model off-policy learners and estimators skip it. Requests answered from the
 answer cache (``requests.cached_from``) are not exported (``gateway.ledger.export_windows``
 leaves them out): no decision, no cost.
+
+A record's ``group`` is its prompt's hash (the conversation's, as ``log_content: hash``
+stores it), so the repeats of one prompt are split together: a gateway's traffic repeats
+prompts under distinct request ids, and a repeat on each side of the split would score a
+router on prompts it was trained on. A request whose content was not logged has no group.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.ledger.records import messages_sha256
 from pricing import micros_to_usd
 from router.policy import CANCELLED
 
@@ -234,14 +240,21 @@ def _reward_terms(row: dict[str, Any]) -> dict[str, float]:
 
 def _prompt_fields(content: dict[str, Any] | None) -> dict[str, Any]:
     """The record's prompt as the ledger kept it: the messages (``log_content: full``), a
-    placeholder naming the prompt's hash (``hash``), or a bare placeholder (``none``)."""
+    placeholder naming the prompt's hash (``hash``), or a bare placeholder (``none``); and
+    its split group, the prompt's hash, the same in either of the first two modes."""
     if content is not None and content.get("messages"):
-        return {"messages": content["messages"], "content_logged": "full"}
+        messages = content["messages"]
+        return {
+            "messages": messages,
+            "group": messages_sha256(messages),
+            "content_logged": "full",
+        }
     if content is not None and content.get("prompt_sha256"):
         digest = content["prompt_sha256"]
         return {
             "prompt": f"[content not logged; prompt_sha256={digest}]",
             "prompt_sha256": digest,
+            "group": digest,
             "content_logged": "hash",
         }
     return {"prompt": "[content not logged]", "content_logged": "none"}

@@ -185,8 +185,9 @@ class TrainResult:
     neighbours: int | None = None
 
 
-def split_rows(ids: Sequence[str], cfg: TrainConfig) -> dict[str, np.ndarray]:
-    names = np.array([split_of(i, cfg.fractions, cfg.split_seed) for i in ids])
+def split_rows(keys: Sequence[str], cfg: TrainConfig) -> dict[str, np.ndarray]:
+    """Row indices per part, from each record's ``split_key`` (its group, or its id)."""
+    names = np.array([split_of(k, cfg.fractions, cfg.split_seed) for k in keys])
     return {s: np.flatnonzero(names == s) for s in ("train", "validation", "test")}
 
 
@@ -236,7 +237,7 @@ def prepare_table(
         check_reference_costs(
             cfg.reference_model, dict(zip(arrays.ids, map(float, column), strict=True))
         )
-    splits = split_rows(arrays.ids, cfg)
+    splits = split_rows([r.split_key for r in kept], cfg)
     sizes = ", ".join(f"{k} {len(v)}" for k, v in splits.items())
     if len(splits["train"]) == 0 or len(splits["validation"]) == 0:
         raise ValueError(

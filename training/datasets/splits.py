@@ -3,7 +3,8 @@
 A record's split depends only on its id, the seed and the fractions: ``sha256("<seed>:<id>")``
 read as a 64-bit integer and scaled to [0, 1) places it, so the split is stable across runs,
 machines, Python versions and the order (or subset) of records in the table, and a record
-added later never moves an existing one.
+added later never moves an existing one. A record with a ``group`` is placed by the group
+instead (``OutcomeRecord.split_key``), so records of one prompt never straddle the split.
 """
 
 from __future__ import annotations
@@ -79,5 +80,5 @@ def split_records(
     fr = check_fractions(fractions)
     parts: dict[str, list[OutcomeRecord]] = {name: [] for name in SPLIT_NAMES}
     for r in records:
-        parts[split_of(r.id, fr, seed)].append(r)
+        parts[split_of(r.split_key, fr, seed)].append(r)
     return Splits(parts["train"], parts["validation"], parts["test"])

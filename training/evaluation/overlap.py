@@ -52,6 +52,6 @@ def seen_in_training(
     seed = config.get("split_seed", 0)
     fractions = config.get("fractions", DEFAULT_FRACTIONS)
     try:
-        return sum(split_of(r.id, fractions, seed) != "test" for r in records)
+        return sum(split_of(r.split_key, fractions, seed) != "test" for r in records)
     except (TypeError, ValueError):  # a malformed record of the split: nothing to go by
         return None

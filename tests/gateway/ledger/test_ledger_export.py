@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
@@ -141,8 +142,53 @@ async def test_without_logged_content_the_prompt_is_a_hash_note(
     for p in parsed:
         sha = (p.model_extra or {})["prompt_sha256"]
         assert sha == messages_sha256(records[p.id].messages or [])
+        assert p.group == sha  # as a full export groups it: the same prompt, the same split
         assert p.messages is None and p.prompt is not None and sha in p.prompt
         assert next(iter(p.outcomes.values())).response is None
+
+
+async def test_repeats_of_a_prompt_share_a_group_and_so_a_split(
+    engine: AsyncEngine, make_settings: Callable[..., LedgerSettings], tmp_path: Path
+) -> None:
+    """Traffic repeats prompts under distinct request ids: the export groups them by the
+    prompt's hash, so a split never puts one repeat in train and another in test."""
+    from training.datasets.splits import split_records
+
+    same = [{"role": "user", "content": "the same question"}]
+    asked = {
+        f"r{i:02d}": same if i % 3 == 0 else [{"role": "user", "content": f"q{i}"}]
+        for i in range(30)
+    }
+    writer = LedgerWriter(engine, make_settings(log_content="full"))
+    await writer.start()
+    for i, (rid, messages) in enumerate(asked.items()):
+        writer.submit(make_request(rid, created_at=T0 + i, messages=messages))
+        writer.submit(make_feedback(rid, 1.0, created_at=T0 + 100 + i))
+    await writer.close()
+    out = tmp_path / "full.jsonl"
+    assert await export_ledger(engine, out, "jsonl") == 30
+    full = read_export(out)
+    assert {r.id: r.group for r in full} == {
+        rid: messages_sha256(messages) for rid, messages in asked.items()
+    }
+    repeats = {r.id for r in full if r.group == messages_sha256(same)}
+    assert len(repeats) == 10
+    for seed in range(5):
+        parts = split_records(full, seed=seed)
+        holding = [
+            name
+            for name in ("train", "validation", "test")
+            if repeats & {r.id for r in parts.get(name)}
+        ]
+        assert len(holding) == 1, (seed, holding)
+    # Split by id alone, the ten repeats would straddle the parts.
+    by_id = split_records([r.model_copy(update={"group": None}) for r in full], seed=0)
+    assert sum(bool(repeats & {r.id for r in by_id.get(n)}) for n in ("train", "test")) == 2
+
+    if importlib.util.find_spec("pyarrow") is not None:
+        parquet = tmp_path / "full.parquet"
+        await export_ledger(engine, parquet, "parquet")
+        assert [r.group for r in read_export(parquet)] == [r.group for r in full]
 
 
 async def test_cli_export(

@@ -34,3 +34,26 @@ def test_a_damaged_feature_cache_is_recomputed_not_fatal(
     with caplog.at_level(logging.INFO, logger="training.compact.data"):
         np.testing.assert_array_equal(cached_features(CONVERSATIONS, extractor, cache), x)
     assert "features from cache" in caplog.text
+
+
+def test_a_training_run_splits_repeats_of_a_prompt_together() -> None:
+    """A logged table repeats prompts under distinct ids; the run's parts follow the group
+    (the prompt), so no repeat is validated or tested on after being trained on."""
+    from training.compact.config import TrainConfig
+    from training.compact.run import prepare_table
+
+    from .conftest import make_tables
+
+    full, _ = make_tables(200, seed=3)
+    repeated = [
+        r.model_copy(update={"id": f"{r.id}-again{k}", "group": r.id})
+        for r in full
+        for k in range(3)
+    ]
+    table = prepare_table(repeated, TrainConfig())
+    part_of = {
+        table.records[i].id: name for name, rows in table.splits.items() for i in rows.tolist()
+    }
+    for r in full:
+        assert len({part_of[f"{r.id}-again{k}"] for k in range(3)}) == 1
+    assert all(len(rows) for rows in table.splits.values())

@@ -66,3 +66,32 @@ def test_edge_fractions_and_errors() -> None:
     assert canonical_split("val") == "validation"
     with pytest.raises(ValueError):
         canonical_split("holdout")
+
+
+def test_records_of_one_group_share_a_split_and_others_keep_theirs() -> None:
+    ungrouped = records(600)
+    grouped = [
+        r.model_copy(update={"group": f"prompt-{i % 7}"}) if i % 2 else r
+        for i, r in enumerate(ungrouped)
+    ]
+    for seed in range(3):
+        parts = split_records(grouped, seed=seed)
+        where = {r.id: name for name in ("train", "validation", "test") for r in parts.get(name)}
+        for g in range(7):
+            members = {where[r.id] for r in grouped if r.group == f"prompt-{g}"}
+            assert members == {split_of(f"prompt-{g}", seed=seed)}
+        # A record without a group is placed by its id, as before groups existed.
+        for r in grouped:
+            if r.group is None:
+                assert where[r.id] == split_of(r.id, seed=seed)
+
+
+def test_a_group_is_a_non_empty_string() -> None:
+    with pytest.raises(ValueError, match="group"):
+        OutcomeRecord.model_validate(
+            {"id": "a", "group": "", "prompt": "p", "outcomes": {"m": {"score": 1}}}
+        )
+    r = OutcomeRecord.model_validate(
+        {"id": "a", "group": "g", "prompt": "p", "outcomes": {"m": {"score": 1}}}
+    )
+    assert (r.split_key, r.model_copy(update={"group": None}).split_key) == ("g", "a")

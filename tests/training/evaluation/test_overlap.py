@@ -100,3 +100,16 @@ def test_the_packaged_checkpoints_know_their_training_prompts_in_any_file(
     split = training["config"]["split_seed"]
     expected = sum(split_of(r.id, seed=split) in ("train", "validation") for r in again)
     assert seen == expected == 354 + 135
+
+
+def test_a_grouped_record_was_seen_when_its_group_was(table_factory) -> None:
+    # Ledger exports group repeats of a prompt: the training run split them by the group,
+    # so whether the checkpoint saw a record depends on the group's part, not the id's.
+    records = [
+        r.model_copy(update={"group": f"g{i % 20}"})
+        for i, r in enumerate(table_factory(200, seed=3))
+    ]
+    meta = {"table": {"sha256": "abc"}, "config": {"split_seed": 0, "fractions": [0.6, 0.2, 0.2]}}
+    own_test = [r for r in records if split_of(r.split_key, (0.6, 0.2, 0.2), 0) == "test"]
+    assert own_test and seen_in_training(meta, own_test, "abc") == 0
+    assert seen_in_training(meta, records, "abc") == len(records) - len(own_test)
