@@ -3,11 +3,13 @@ put a database round trip on the hot path; revocations take effect within the TT
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +22,12 @@ if TYPE_CHECKING:
     from gateway.ledger.keys import KeyRepository
 
 log = logging.getLogger(__name__)
+
+# A key lookup is one indexed read: one that has not answered in this long is a database
+# that is hung (a network partition, a stopped server keeping its sockets open) or has no
+# connection to give, and the request is better served by the key as last read, or a 503,
+# than by waiting on it.
+KEY_LOOKUP_TIMEOUT_S = 3.0
 
 CACHE_TTL_S = 5.0
 # How long past its TTL a known key is still taken while the ledger database does not
@@ -86,6 +94,7 @@ class Authenticator:
         cache_size: int = _CACHE_MAX,
         ttl_s: float = CACHE_TTL_S,
         stale_if_error_s: float = STALE_IF_ERROR_S,
+        lookup_timeout_s: float = KEY_LOOKUP_TIMEOUT_S,
     ) -> None:
         self.repo = repo
         self.enabled = enabled
@@ -93,12 +102,15 @@ class Authenticator:
         self._cache_size = cache_size
         self._ttl_s = ttl_s
         self._stale_if_error_s = stale_if_error_s
+        self._lookup_timeout_s = lookup_timeout_s
         # Known keys and refused tokens are cached apart: anyone can send random tokens, and
         # a flood of them must not push the real keys out (every request of every key would
         # then go to the database).
         self._cache: dict[bytes, tuple[float, Principal]] = {}
         self._refused: dict[bytes, float] = {}
         self._stale = False  # serving keys as last read (logged once per outage)
+        # Lookups given up on, unwinding (held so they are not collected mid-way).
+        self._abandoned: set[asyncio.Future[Principal | None]] = set()
 
     def invalidate(self) -> None:
         self._cache.clear()
@@ -119,16 +131,21 @@ class Authenticator:
             raise unauthorized()
         else:
             try:
-                found = await self._lookup(token)
-            except DATABASE_OUTAGES as exc:
+                found = await self._bounded_lookup(token)
+            except (*DATABASE_OUTAGES, TimeoutError) as exc:
+                why = (
+                    f"no answer in {self._lookup_timeout_s:g} s"
+                    if isinstance(exc, TimeoutError)
+                    else describe_error(exc)
+                )
                 if hit is None or now - hit[0] > self._stale_if_error_s:
-                    log.warning("key lookup failed, the ledger database: %s", describe_error(exc))
+                    log.warning("key lookup failed, the ledger database: %s", why)
                     raise database_unavailable() from None
                 found = hit[1]  # the key as it was: taken until the database answers again
                 if not self._stale:
                     log.warning(
                         "ledger database unavailable: taking known keys as last read (%s)",
-                        describe_error(exc),
+                        why,
                     )
                 self._stale = True
                 return self._unexpired(found)
@@ -152,6 +169,27 @@ class Authenticator:
         if len(cache) >= self._cache_size:
             cache.clear()
         cache[digest] = entry
+
+    async def _bounded_lookup(self, token: str) -> Principal | None:
+        """The lookup, or TimeoutError once it has taken ``lookup_timeout_s``. Not
+        ``asyncio.timeout``: that waits for the cancelled lookup to unwind, and cancelling a
+        query asyncpg has sent opens a second connection to ask the server to cancel it —
+        to a hung server, 2 s more. The unwinding goes on in the background instead."""
+        task = asyncio.ensure_future(self._lookup(token))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self._lookup_timeout_s)
+        except asyncio.CancelledError:  # the request's own cancellation (a hang-up)
+            self._abandon(task)
+            raise
+        if task in done:
+            return task.result()
+        self._abandon(task)
+        raise TimeoutError
+
+    def _abandon(self, task: asyncio.Future[Principal | None]) -> None:
+        task.cancel()
+        self._abandoned.add(task)
+        task.add_done_callback(_forget(self._abandoned))
 
     async def _lookup(self, token: str) -> Principal | None:
         if self.repo is None:
@@ -206,3 +244,14 @@ class Authenticator:
             raise self._admin_disabled("the admin API is disabled: set auth.admin_key")
         if not self._is_admin(_bearer(authorization)):
             raise unauthorized("missing or invalid admin key")
+
+
+def _forget(
+    tasks: set[asyncio.Future[Principal | None]],
+) -> Callable[[asyncio.Future[Principal | None]], None]:
+    def done(task: asyncio.Future[Principal | None]) -> None:
+        tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: an abandoned lookup's failure is not news
+
+    return done

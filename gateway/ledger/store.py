@@ -28,6 +28,9 @@ from gateway.ledger.records import dumps_str
 logger = logging.getLogger(__name__)
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
+# asyncpg's own default is 60 s: a key lookup that opens a connection to a database that
+# does not answer would hold its request that long.
+POSTGRES_CONNECT_TIMEOUT_S = 10.0
 
 
 def sqlite_file(url: URL) -> Path | None:
@@ -116,11 +119,31 @@ def create_ledger_engine(url: str | URL, **engine_kwargs: Any) -> AsyncEngine:
     if u.get_backend_name() == "postgresql":
         # A connection that died with the server is detected before use, not on the insert.
         kwargs["pool_pre_ping"] = True
+        connect_args: dict[str, Any] = {"async_creator_fn": _asyncpg_connect}
+        if "timeout" not in u.query:  # the URL's own ?timeout= wins
+            connect_args["timeout"] = POSTGRES_CONNECT_TIMEOUT_S
+        kwargs["connect_args"] = connect_args
     kwargs.update(engine_kwargs)
     engine = create_async_engine(u, **kwargs)
     if u.get_backend_name() == "sqlite":
         _install_sqlite_events(engine)
     return engine
+
+
+async def _asyncpg_connect(*args: Any, **kwargs: Any) -> Any:
+    """``asyncpg.connect``, with a server it cannot reach raised as asyncpg's connection
+    error. asyncpg lets the socket's OSError through (refused, unreachable, timed out) and
+    SQLAlchemy wraps only the driver's errors, so a database that is down surfaced as a
+    bare ConnectionRefusedError — a 500 where every other outage is a DBAPIError the
+    gateway answers as one (a key taken as last read, a 503 ``database_unavailable``)."""
+    import asyncpg
+
+    try:
+        return await asyncpg.connect(*args, **kwargs)
+    except OSError as exc:  # TimeoutError, ConnectionRefusedError, socket.gaierror
+        raise asyncpg.exceptions.ConnectionFailureError(
+            f"cannot reach the database: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 async def open_ledger_engine(url: str | URL, *, run_migrations: bool = True) -> AsyncEngine:

@@ -5,11 +5,12 @@ unavailable database raised rather than reported as refusals."""
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.ledger.inserter import BatchInserter
 from gateway.ledger.records import LedgerRecord
-from gateway.ledger.store import create_ledger_engine
+from gateway.ledger.store import create_ledger_engine, refused_data
 
 from .factories import count, make_feedback, make_request, request_ids
 
@@ -42,7 +43,10 @@ async def test_an_unreachable_database_raises() -> None:
     # refused (the writer would set it aside for good instead of spilling and replaying it).
     engine = create_ledger_engine("postgresql+asyncpg://postgres@127.0.0.1:1/none")
     try:
-        with pytest.raises(OSError):
+        # The socket's refusal, raised as the driver's connection error (SQLSTATE 08006),
+        # which the writer retries: not data the database refused.
+        with pytest.raises(sa_exc.DBAPIError, match="cannot reach the database") as exc:
             await BatchInserter(engine, "none", timeout_s=5).insert([make_request("a")])
+        assert not refused_data(exc.value)
     finally:
         await engine.dispose()

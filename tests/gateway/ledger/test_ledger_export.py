@@ -225,7 +225,8 @@ async def test_cli_export(
     assert "error: export failed" in capsys.readouterr().err
     anywhere = parser.parse_args(["--out", str(out)])
     assert await run_export(anywhere, "postgresql+asyncpg://postgres@127.0.0.1:9/x") == 2
-    assert "error: export failed: ConnectionRefusedError" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "error: export failed: Error: cannot reach the database: ConnectionRefusedError" in err
     assert await run_export(anywhere, "not a url") == 2
     assert "error:" in capsys.readouterr().err
 

@@ -1,0 +1,97 @@
+"""A PostgreSQL ledger that is down or hung, seen through a real connection: a loopback
+proxy in front of the session's database that the test cuts (connections closed, new ones
+refused) or freezes (accepted, nothing forwarded). asyncpg raises the socket's own errors
+there, which SQLAlchemy does not wrap; the gateway must still see an outage — a key taken as
+last read, a 503 — never a 500 or a request held for asyncpg's 60 s connect timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.auth import Authenticator
+from gateway.errors import APIError
+from gateway.ledger.keys import KeyRepository
+from gateway.ledger.store import create_ledger_engine, open_ledger_engine
+from tests.support.tcp_proxy import TcpProxy
+
+from .conftest import run_in_thread
+from .factories import PG_HOST, PG_PORT, pg_admin, pg_url
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+async def proxied(pg_database: str) -> AsyncIterator[tuple[AsyncEngine, TcpProxy, str]]:
+    """(an engine that reaches the database through the proxy, the proxy, a key's secret)."""
+    run_in_thread(
+        lambda: pg_admin("DROP SCHEMA public CASCADE", "CREATE SCHEMA public", database=pg_database)
+    )
+    direct = await open_ledger_engine(pg_url(pg_database))
+    _, secret = await KeyRepository(direct).create("app")
+    await direct.dispose()
+    proxy = TcpProxy(PG_HOST, PG_PORT)
+    await proxy.start()
+    url = pg_url(pg_database).replace(f":{PG_PORT}/", f":{proxy.port}/")
+    engine = create_ledger_engine(url)
+    try:
+        yield engine, proxy, secret
+    finally:
+        await proxy.close()
+        await engine.dispose()
+
+
+async def test_a_database_that_is_down_is_an_outage(
+    proxied: tuple[AsyncEngine, TcpProxy, str],
+) -> None:
+    engine, proxy, secret = proxied
+    auth = Authenticator(
+        KeyRepository(engine), enabled=True, admin_key=None, ttl_s=0.01, stale_if_error_s=30
+    )
+    known = await auth.principal(f"Bearer {secret}")
+    await proxy.cut()
+    await asyncio.sleep(0.02)  # past the cache's TTL
+    # The key in hand is served as last read; a key never read is the outage, said as one.
+    assert (await auth.principal(f"Bearer {secret}")).key_id == known.key_id
+    with pytest.raises(APIError) as exc:
+        await auth.principal(f"Bearer xr-{secrets.token_urlsafe(32)}")
+    assert (exc.value.status, exc.value.code) == (503, "database_unavailable")
+    # What admin, feedback and spend calls meet: an error the app answers as a 503.
+    with pytest.raises(sa_exc.DBAPIError, match="cannot reach the database"):
+        async with engine.connect() as conn:
+            await conn.execute(sa.text("SELECT 1"))
+    await proxy.restore()
+    async with engine.connect() as conn:
+        assert (await conn.execute(sa.text("SELECT 1"))).scalar() == 1
+
+
+async def test_a_database_that_hangs_holds_a_key_lookup_for_its_timeout_only(
+    proxied: tuple[AsyncEngine, TcpProxy, str],
+) -> None:
+    engine, proxy, secret = proxied
+    auth = Authenticator(
+        KeyRepository(engine),
+        enabled=True,
+        admin_key=None,
+        ttl_s=0.01,
+        stale_if_error_s=30,
+        lookup_timeout_s=0.5,
+    )
+    known = await auth.principal(f"Bearer {secret}")
+    await proxy.freeze()
+    await asyncio.sleep(0.02)
+    t0 = time.monotonic()
+    assert (await auth.principal(f"Bearer {secret}")).key_id == known.key_id
+    with pytest.raises(APIError) as exc:
+        await auth.principal(f"Bearer xr-{secrets.token_urlsafe(32)}")
+    assert (exc.value.status, exc.value.code) == (503, "database_unavailable")
+    assert time.monotonic() - t0 < 2.0  # two lookups of 0.5 s each, not a minute
+    await proxy.restore()
+    assert (await auth.principal(f"Bearer {secret}")).key_id == known.key_id
