@@ -16,6 +16,8 @@ from gateway.schemas import OPENAI_PART_TYPES, ChatCompletionRequest
 log = logging.getLogger(__name__)
 
 _KNOWN_FIELDS = frozenset(ChatCompletionRequest.model_fields)
+# Fields whose null OpenAI documents as their default (``ChatCompletionRequest``).
+_NULL_IS_DEFAULT = ("n", "stream")
 
 
 # orjson reads JSON nested up to 1,024 levels deep but writes at most 254: a body read at
@@ -91,6 +93,10 @@ def validate_request(data: Any) -> tuple[dict[str, Any], ChatCompletionRequest]:
         req = ChatCompletionRequest.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc.errors()) from None
+    if any(data.get(k, 0) is None for k in _NULL_IS_DEFAULT):
+        # Taken as the default (the schema's validator); forwarded as nothing, since not
+        # every upstream takes null for them.
+        data = {k: v for k, v in data.items() if not (k in _NULL_IS_DEFAULT and v is None)}
     unknown = data.keys() - _KNOWN_FIELDS
     if unknown:
         log.debug("tolerating unknown request fields: %s", sorted(unknown)[:10])

@@ -261,6 +261,15 @@ class ChatCompletionRequest(_Open):
     user: str | None = None
     xrouter: XRouterControls | None = None
 
+    @field_validator("stream", "n", mode="before")
+    @classmethod
+    def _null_is_the_default(cls, v: Any, info: ValidationInfo) -> Any:
+        # OpenAI documents both as "or null", defaulting, and its SDKs send ``null`` for an
+        # argument passed as None (``n=None``, ``stream=None``).
+        if v is None:
+            return cls.model_fields[info.field_name or ""].default
+        return v
+
     @field_validator("stream_options")
     @classmethod
     def _stream_options(cls, v: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:

@@ -64,6 +64,12 @@ class ResponsesRequest(BaseModel):
         attributes cost microseconds per read."""
         return map_tools(self.tools)
 
+    @field_validator("stream", mode="before")
+    @classmethod
+    def _null_stream(cls, v: Any) -> Any:
+        # "boolean or null" in OpenAI's reference; its SDK sends null for stream=None.
+        return False if v is None else v
+
     @field_validator("input", mode="before")
     @classmethod
     def _input(cls, v: Any) -> Any:

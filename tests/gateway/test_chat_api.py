@@ -313,6 +313,23 @@ def test_n_greater_than_one_streams_every_choice_of_a_selected_answer(gateway: G
         ]
 
 
+def test_null_n_and_stream_are_their_defaults_as_the_sdk_sends_them(gateway: Gateway) -> None:
+    """OpenAI's reference gives both as "or null, defaults to ..."; the SDK sends ``null``
+    for an argument passed as None, on chat and on the Responses API."""
+    c = client(gateway)
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hi"}]
+    answer = c.chat.completions.create(model=MODEL, messages=messages, n=None, stream=None)
+    assert [ch.index for ch in answer.choices] == [0] and answer.object == "chat.completion"
+    response = c.responses.create(model=MODEL, input="Say hi", stream=None)
+    assert response.object == "response" and response.output_text
+    # Only null: a wrong type is still the client's mistake.
+    r = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        json={"model": MODEL, "messages": messages, "n": "2"},
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+
+
 def test_unknown_fields_are_tolerated(gateway: Gateway) -> None:
     r = httpx.post(
         f"{gateway.base_url}/chat/completions",
