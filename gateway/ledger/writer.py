@@ -104,6 +104,9 @@ class LedgerWriter:
         # Journal segments of stopped writers taken over at start(): their records reach
         # the database only now, so whatever was computed from it meanwhile missed them.
         self.adopted_at_start = 0
+        # Records that neither the database nor the journal took are held in memory: a
+        # kill -9 now would lose them (see ``holding``).
+        self._holding = False
 
     # -- public API -------------------------------------------------------------------
 
@@ -176,6 +179,15 @@ class LedgerWriter:
         self._thread.shutdown()
         self._closed = True
         self._report_depth()
+
+    @property
+    def holding(self) -> bool:
+        """Whether records are held in memory only, the database and the journal having
+        both failed them (a disk full or read-only while the database is down): the
+        answers they book went out, and a kill -9 would lose their rows. ``/readyz``
+        reports it, so that a load balancer sends the traffic elsewhere until the journal
+        or the database takes them (they are first in line for either)."""
+        return self._holding
 
     @property
     def pending(self) -> int:
@@ -286,6 +298,7 @@ class LedgerWriter:
                 reason = "db_error"
             else:
                 self._db.ok()
+                self._holding = False  # held records go first: these were they, if any
                 self._metric("flushed", written)
                 self._resolve(batch, None)
                 self._wal_retire(self._wal.settle((seq for _, _, seq in batch), committed=True))
@@ -301,6 +314,7 @@ class LedgerWriter:
             except Exception as exc:
                 self._journal_failed(to_spill, exc)
                 return False
+            self._holding = False
             self._resolve(to_spill, None)
         self._metric("spilled", len(batch), reason)
         return True
@@ -382,6 +396,7 @@ class LedgerWriter:
             "ledger: journal write failed (%s); keeping %d records in memory", exc, len(batch)
         )
         self._metric("write_error", "spill")
+        self._holding = True
         self._resolve(batch, LedgerUnavailableError(f"database and journal failed: {exc}"))
         # Back to the head of the queue (without their waiters, who were told).
         self._pending.extendleft((r, None, None) for r, _, _ in reversed(batch))

@@ -32,7 +32,12 @@ _NOT_READY: dict[int | str, dict[str, Any]] = {
 @router.head("/readyz", response_model=Readiness, responses=_NOT_READY)
 async def readyz(request: Request) -> Response:
     s = services(request)
-    checks = {"runtime": s.runtime is not None, "ledger": s.ledger is not None}
+    # A ledger holding rows that neither its database nor its journal took is not ready:
+    # another replica can book the next answers durably.
+    checks = {
+        "runtime": s.runtime is not None,
+        "ledger": s.ledger is not None and not s.ledger.holding,
+    }
     required = dict(checks)
     if s.limits is not None:
         checks["limits"] = await s.limits.ping()

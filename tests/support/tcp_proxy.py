@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
+from collections.abc import Coroutine
+from typing import Any
 
 from tests.support.gateway import free_port
 
@@ -93,3 +96,34 @@ class TcpProxy:
             pass
         finally:
             writer.close()
+
+
+class ThreadedTcpProxy:
+    """The same proxy on an event loop of its own thread, for tests that are not async (a
+    gateway in a subprocess reaching its database through it)."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self.proxy = TcpProxy(target_host, target_port)
+        self.port = self.proxy.port
+        self._call(self.proxy.start())
+
+    def cut(self) -> None:
+        self._call(self.proxy.cut())
+
+    def freeze(self) -> None:
+        self._call(self.proxy.freeze())
+
+    def restore(self) -> None:
+        self._call(self.proxy.restore())
+
+    def close(self) -> None:
+        self._call(self.proxy.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
+
+    def _call(self, coro: Coroutine[Any, Any, None]) -> None:
+        asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)
