@@ -68,6 +68,15 @@ def decode_json(raw: bytes) -> Any:
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            # orjson says "str is not valid UTF-8: surrogates not allowed" at char 0 for any
+            # undecodable byte (UTF-16, Latin-1): say what is wrong, and where.
+            raise bad_request(
+                f"request body is not valid UTF-8 (byte {bad.start}): JSON must be sent as UTF-8",
+                code="invalid_json",
+            ) from None
         raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(data, dict | list):
         return data

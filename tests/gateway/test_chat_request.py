@@ -77,3 +77,14 @@ def test_a_value_that_is_no_member_of_a_union_names_every_member() -> None:
         validate_request({"model": "m", "messages": [{"role": "user", "content": 5}]})
     assert exc.value.param == "messages[0].content"
     assert exc.value.message.startswith("messages[0].content: Input should be a valid string or")
+
+
+def test_a_body_that_is_not_utf8_is_said_to_be_so() -> None:
+    for raw, at in (('{"a": "é"}'.encode("latin-1"), 7), ('{"a": 1}'.encode("utf-16"), 0)):
+        with pytest.raises(APIError) as exc:
+            decode_json(raw)
+        assert exc.value.status == 400 and exc.value.code == "invalid_json"
+        assert f"not valid UTF-8 (byte {at})" in exc.value.message
+    with pytest.raises(APIError) as exc:
+        decode_json(b'{"a": }')
+    assert "not valid JSON" in exc.value.message
