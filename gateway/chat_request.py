@@ -11,6 +11,7 @@ import orjson
 from pydantic import ValidationError
 
 from gateway.errors import bad_request, validation_error
+from gateway.request_body import invalid_json
 from gateway.schemas import OPENAI_PART_TYPES, ChatCompletionRequest
 
 log = logging.getLogger(__name__)
@@ -68,16 +69,7 @@ def decode_json(raw: bytes) -> Any:
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        try:
-            raw.decode("utf-8")
-        except UnicodeDecodeError as bad:
-            # orjson says "str is not valid UTF-8: surrogates not allowed" at char 0 for any
-            # undecodable byte (UTF-16, Latin-1): say what is wrong, and where.
-            raise bad_request(
-                f"request body is not valid UTF-8 (byte {bad.start}): JSON must be sent as UTF-8",
-                code="invalid_json",
-            ) from None
-        raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+        raise invalid_json(raw, exc) from None
     if not isinstance(data, dict | list):
         return data
     fits = _walked_fits(data) if len(raw) >= _WALK_FROM_BYTES else None

@@ -149,6 +149,21 @@ def _corrupt(coding: str) -> APIError:
     )
 
 
+def invalid_json(raw: bytes, exc: orjson.JSONDecodeError) -> APIError:
+    """The 400 ``invalid_json`` for a body orjson refused, saying what is wrong with it."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        # orjson says "str is not valid UTF-8: surrogates not allowed" at char 0 for any
+        # undecodable byte (UTF-16, Latin-1): say what is wrong, and where.
+        return bad_request(
+            f"request body is not valid UTF-8 (at byte offset {bad.start}): JSON must be "
+            "sent as UTF-8",
+            code="invalid_json",
+        )
+    return bad_request(f"request body is not valid JSON: {exc}", code="invalid_json")
+
+
 async def read_model(request: Request, model: type[M], limit: int = 64 * 1024) -> M:
     """A small JSON body (the admin API's, feedback's) as ``model``: an empty body is ``{}``;
     a 400 naming the first field that is wrong, and ``invalid_json`` for a body that is not
@@ -159,7 +174,7 @@ async def read_model(request: Request, model: type[M], limit: int = 64 * 1024) -
         # which a key's metadata then stored as null; here, as there, it is invalid JSON.
         orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+        raise invalid_json(raw, exc) from None
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:

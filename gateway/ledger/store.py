@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import sqlite3
 import time
 from pathlib import Path
@@ -119,15 +120,31 @@ def create_ledger_engine(url: str | URL, **engine_kwargs: Any) -> AsyncEngine:
     if u.get_backend_name() == "postgresql":
         # A connection that died with the server is detected before use, not on the insert.
         kwargs["pool_pre_ping"] = True
-        connect_args: dict[str, Any] = {"async_creator_fn": _asyncpg_connect}
-        if "timeout" not in u.query:  # the URL's own ?timeout= wins
-            connect_args["timeout"] = POSTGRES_CONNECT_TIMEOUT_S
-        kwargs["connect_args"] = connect_args
+        # The URL's own ?timeout= wins; SQLAlchemy would pass it on as a string, which
+        # asyncpg cannot add to a clock.
+        timeout = _connect_timeout(u.query.get("timeout"))
+        u = u.difference_update_query(["timeout"])
+        kwargs["connect_args"] = {"async_creator_fn": _asyncpg_connect, "timeout": timeout}
     kwargs.update(engine_kwargs)
     engine = create_async_engine(u, **kwargs)
     if u.get_backend_name() == "sqlite":
         _install_sqlite_events(engine)
     return engine
+
+
+def _connect_timeout(value: str | tuple[str, ...] | None) -> float:
+    if value is None:
+        return POSTGRES_CONNECT_TIMEOUT_S
+    text = value[-1] if isinstance(value, tuple) else value
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(
+            f"the ledger URL's timeout must be a positive number of seconds, got {text!r}"
+        )
+    return seconds
 
 
 async def _asyncpg_connect(*args: Any, **kwargs: Any) -> Any:

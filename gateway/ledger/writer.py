@@ -104,9 +104,9 @@ class LedgerWriter:
         # Journal segments of stopped writers taken over at start(): their records reach
         # the database only now, so whatever was computed from it meanwhile missed them.
         self.adopted_at_start = 0
-        # Records that neither the database nor the journal took are held in memory: a
-        # kill -9 now would lose them (see ``holding``).
-        self._holding = False
+        # Records that neither the database nor the journal took, held in memory (by
+        # identity; they are in the queue meanwhile): a kill -9 now would lose them.
+        self._held: set[int] = set()
 
     # -- public API -------------------------------------------------------------------
 
@@ -187,7 +187,7 @@ class LedgerWriter:
         answers they book went out, and a kill -9 would lose their rows. ``/readyz``
         reports it, so that a load balancer sends the traffic elsewhere until the journal
         or the database takes them (they are first in line for either)."""
-        return self._holding
+        return bool(self._held)
 
     @property
     def pending(self) -> int:
@@ -298,7 +298,7 @@ class LedgerWriter:
                 reason = "db_error"
             else:
                 self._db.ok()
-                self._holding = False  # held records go first: these were they, if any
+                self._release(batch)
                 self._metric("flushed", written)
                 self._resolve(batch, None)
                 self._wal_retire(self._wal.settle((seq for _, _, seq in batch), committed=True))
@@ -314,7 +314,7 @@ class LedgerWriter:
             except Exception as exc:
                 self._journal_failed(to_spill, exc)
                 return False
-            self._holding = False
+            self._release(to_spill)
             self._resolve(to_spill, None)
         self._metric("spilled", len(batch), reason)
         return True
@@ -396,10 +396,15 @@ class LedgerWriter:
             "ledger: journal write failed (%s); keeping %d records in memory", exc, len(batch)
         )
         self._metric("write_error", "spill")
-        self._holding = True
+        self._held.update(id(r) for r, _, _ in batch)
         self._resolve(batch, LedgerUnavailableError(f"database and journal failed: {exc}"))
         # Back to the head of the queue (without their waiters, who were told).
         self._pending.extendleft((r, None, None) for r, _, _ in reversed(batch))
+
+    def _release(self, batch: Sequence[_Item]) -> None:
+        """The batch is committed or journaled: none of it is held any more."""
+        if self._held:
+            self._held.difference_update(id(r) for r, _, _ in batch)
 
     @staticmethod
     def _resolve(batch: Sequence[tuple[Any, ...]], error: BaseException | None) -> None:

@@ -1102,3 +1102,17 @@ def test_overhead_excludes_the_time_spent_waiting_on_the_model(
     assert raw.parse().choices[0].message.content == out["response"]
     assert elapsed_ms >= 400
     assert 0 <= float(raw.headers["x-xrouter-overhead-ms"]) < 200
+
+
+def test_a_body_that_is_not_utf8_is_said_to_be_so_on_every_json_endpoint(
+    gateway: Gateway,
+) -> None:
+    body = '{"model": "é"}'.encode("latin-1")
+    for path in ("/v1/chat/completions", "/v1/responses", "/v1/feedback"):
+        r = httpx.post(
+            f"{gateway.url}{path}", content=body, headers={"content-type": "application/json"}
+        )
+        assert r.status_code == 400, (path, r.text)
+        error = r.json()["error"]
+        assert error["code"] == "invalid_json"
+        assert "not valid UTF-8 (at byte offset 11)" in error["message"], (path, error)

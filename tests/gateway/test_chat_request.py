@@ -84,7 +84,7 @@ def test_a_body_that_is_not_utf8_is_said_to_be_so() -> None:
         with pytest.raises(APIError) as exc:
             decode_json(raw)
         assert exc.value.status == 400 and exc.value.code == "invalid_json"
-        assert f"not valid UTF-8 (byte {at})" in exc.value.message
+        assert f"not valid UTF-8 (at byte offset {at})" in exc.value.message
     with pytest.raises(APIError) as exc:
         decode_json(b'{"a": }')
     assert "not valid JSON" in exc.value.message

@@ -276,6 +276,7 @@ def test_serve_refuses_an_unusable_config_in_one_line(
         ("postgresql+asyncpg://127.0.0.1:5432/xrouter_no_such_db", "does not exist"),
         ("postgresql+asyncpg://nobody:s3cret-pw@127.0.0.1:5432/test", 'role "nobody"'),
         ("postgresql+asyncpg://127.0.0.1:1/test", "ConnectionRefusedError"),
+        ("postgresql+asyncpg://127.0.0.1:5432/test?timeout=soon", "timeout must be a positive"),
         ("sqlite+aiosqlite:////proc/xrouter/ledger.db", "not usable"),
         # A database the ledger has no driver for; one holding another application's tables.
         ("mysql://u:s3cret-pw@127.0.0.1/x", "not usable"),

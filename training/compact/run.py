@@ -119,6 +119,10 @@ def run_metadata(
     table_info: dict[str, Any] = {
         "records": len(records),
         **{f"n_{k}": len(v) for k, v in splits.items()},
+        # Split by each record's group where it has one (``split_key``): what `xrouter
+        # eval` must follow to tell the prompts this run saw. Absent from checkpoints made
+        # before groups, which split by id.
+        "split_by": "group",
     }
     if ids_sha256:
         table_info["ids_sha256"] = ids_sha256

@@ -51,7 +51,12 @@ def seen_in_training(
         return None
     seed = config.get("split_seed", 0)
     fractions = config.get("fractions", DEFAULT_FRACTIONS)
+    # A checkpoint from before groups split its table by id alone, whatever groups a later
+    # export of the same records carries.
+    by_group = table.get("split_by") == "group"
     try:
-        return sum(split_of(r.split_key, fractions, seed) != "test" for r in records)
+        return sum(
+            split_of(r.split_key if by_group else r.id, fractions, seed) != "test" for r in records
+        )
     except (TypeError, ValueError):  # a malformed record of the split: nothing to go by
         return None

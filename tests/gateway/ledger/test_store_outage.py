@@ -95,3 +95,23 @@ async def test_a_database_that_hangs_holds_a_key_lookup_for_its_timeout_only(
     assert time.monotonic() - t0 < 2.0  # two lookups of 0.5 s each, not a minute
     await proxy.restore()
     assert (await auth.principal(f"Bearer {secret}")).key_id == known.key_id
+
+
+async def test_the_urls_own_connect_timeout_is_taken_as_seconds(
+    proxied: tuple[AsyncEngine, TcpProxy, str],
+) -> None:
+    engine, proxy, _ = proxied
+    url = engine.url.render_as_string(hide_password=False)
+    await proxy.freeze()
+    quick = create_ledger_engine(url + "?timeout=0.5")
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(sa_exc.DBAPIError, match="cannot reach the database: TimeoutError"):
+            async with quick.connect() as conn:
+                await conn.execute(sa.text("SELECT 1"))
+    finally:
+        await quick.dispose()
+    assert time.monotonic() - t0 < 5.0  # the URL's 0.5 s, not the default 10 s
+    for bad in ("abc", "0", "-1", "inf"):
+        with pytest.raises(ValueError, match="timeout must be a positive number"):
+            create_ledger_engine(f"{url}?timeout={bad}")

@@ -109,7 +109,12 @@ def test_a_grouped_record_was_seen_when_its_group_was(table_factory) -> None:
         r.model_copy(update={"group": f"g{i % 20}"})
         for i, r in enumerate(table_factory(200, seed=3))
     ]
-    meta = {"table": {"sha256": "abc"}, "config": {"split_seed": 0, "fractions": [0.6, 0.2, 0.2]}}
+    table = {"sha256": "abc", "split_by": "group"}
+    meta = {"table": table, "config": {"split_seed": 0, "fractions": [0.6, 0.2, 0.2]}}
     own_test = [r for r in records if split_of(r.split_key, (0.6, 0.2, 0.2), 0) == "test"]
     assert own_test and seen_in_training(meta, own_test, "abc") == 0
     assert seen_in_training(meta, records, "abc") == len(records) - len(own_test)
+    # A checkpoint from before groups (no split_by) split the same records by id.
+    old = {**meta, "table": {"sha256": "abc"}}
+    by_id = sum(split_of(r.id, (0.6, 0.2, 0.2), 0) != "test" for r in own_test)
+    assert seen_in_training(old, own_test, "abc") == by_id > 0
