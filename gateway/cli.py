@@ -559,10 +559,12 @@ def configure_logging() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     configure_logging()
-    args = build_parser().parse_args(argv)
-    # Reports and checkpoints record the command that made them.
-    args.command_line = shlex.join(["xrouter", *(sys.argv[1:] if argv is None else argv)])
     try:
+        # Building the parser imports the training commands' argument modules (numpy with
+        # them): a Ctrl-C in that second is as much the user's as one during the command.
+        args = build_parser().parse_args(argv)
+        # Reports and checkpoints record the command that made them.
+        args.command_line = shlex.join(["xrouter", *(sys.argv[1:] if argv is None else argv)])
         return int(args.func(args) or 0)
     except BrokenPipeError:
         # The reader went away (`xrouter checkpoints --show X | head`): as any Unix tool,

@@ -214,6 +214,10 @@ def test_a_parquet_export_without_pyarrow_says_which_extra_before_reading(
     assert not (tmp_path / "t.parquet").exists()
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_in_a_long_command_is_one_line_and_exit_130(tmp_path: Path) -> None:
     # Was a full traceback ending in KeyboardInterrupt (main caught only BrokenPipeError).
     out = tmp_path / "eval"
@@ -226,11 +230,15 @@ def test_ctrl_c_in_a_long_command_is_one_line_and_exit_130(tmp_path: Path) -> No
         text=True,
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        # Ctrl-C as a terminal delivers it: a runner that started the tests in the
+        # background (`cmd &` without job control) leaves SIGINT ignored, which the child
+        # would inherit, rightly ignoring the signal the test sends.
+        preexec_fn=_sigint_default,
     )  # fmt: skip
     try:
-        # Interrupted once it is evaluating, not while the interpreter still imports the
-        # CLI (a fixed sleep was that, on a loaded machine): numpy is mapped into the
-        # process only once eval runs (the CLI module does not import it).
+        # Interrupted once the CLI has started: numpy is mapped into the process only when
+        # the parser imports the training commands' arguments, and on a loaded machine the
+        # signal may land then or during the evaluation; either way one line and 130.
         maps = Path(f"/proc/{proc.pid}/maps")
         deadline = time.monotonic() + 60
         while "numpy" not in maps.read_text() and time.monotonic() < deadline:
