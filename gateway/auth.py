@@ -3,16 +3,15 @@ put a database round trip on the hot path; revocations take effect within the TT
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import hmac
 import logging
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from gateway.deadline import Deadline, DeadlineExceeded
 from gateway.errors import DATABASE_OUTAGES, APIError, database_unavailable
 from gateway.ledger.store import describe_error
 from gateway.principal import Principal
@@ -102,15 +101,13 @@ class Authenticator:
         self._cache_size = cache_size
         self._ttl_s = ttl_s
         self._stale_if_error_s = stale_if_error_s
-        self._lookup_timeout_s = lookup_timeout_s
+        self._lookups = Deadline(lookup_timeout_s)
         # Known keys and refused tokens are cached apart: anyone can send random tokens, and
         # a flood of them must not push the real keys out (every request of every key would
         # then go to the database).
         self._cache: dict[bytes, tuple[float, Principal]] = {}
         self._refused: dict[bytes, float] = {}
         self._stale = False  # serving keys as last read (logged once per outage)
-        # Lookups given up on, unwinding (held so they are not collected mid-way).
-        self._abandoned: set[asyncio.Future[Principal | None]] = set()
 
     def invalidate(self) -> None:
         self._cache.clear()
@@ -131,13 +128,9 @@ class Authenticator:
             raise unauthorized()
         else:
             try:
-                found = await self._bounded_lookup(token)
-            except (*DATABASE_OUTAGES, TimeoutError) as exc:
-                why = (
-                    f"no answer in {self._lookup_timeout_s:g} s"
-                    if isinstance(exc, TimeoutError)
-                    else describe_error(exc)
-                )
+                found = await self._lookups.run(self._lookup(token))
+            except (*DATABASE_OUTAGES, DeadlineExceeded) as exc:
+                why = str(exc) if isinstance(exc, DeadlineExceeded) else describe_error(exc)
                 if hit is None or now - hit[0] > self._stale_if_error_s:
                     log.warning("key lookup failed, the ledger database: %s", why)
                     raise database_unavailable() from None
@@ -169,27 +162,6 @@ class Authenticator:
         if len(cache) >= self._cache_size:
             cache.clear()
         cache[digest] = entry
-
-    async def _bounded_lookup(self, token: str) -> Principal | None:
-        """The lookup, or TimeoutError once it has taken ``lookup_timeout_s``. Not
-        ``asyncio.timeout``: that waits for the cancelled lookup to unwind, and cancelling a
-        query asyncpg has sent opens a second connection to ask the server to cancel it —
-        to a hung server, 2 s more. The unwinding goes on in the background instead."""
-        task = asyncio.ensure_future(self._lookup(token))
-        try:
-            done, _ = await asyncio.wait({task}, timeout=self._lookup_timeout_s)
-        except asyncio.CancelledError:  # the request's own cancellation (a hang-up)
-            self._abandon(task)
-            raise
-        if task in done:
-            return task.result()
-        self._abandon(task)
-        raise TimeoutError
-
-    def _abandon(self, task: asyncio.Future[Principal | None]) -> None:
-        task.cancel()
-        self._abandoned.add(task)
-        task.add_done_callback(_forget(self._abandoned))
 
     async def _lookup(self, token: str) -> Principal | None:
         if self.repo is None:
@@ -244,14 +216,3 @@ class Authenticator:
             raise self._admin_disabled("the admin API is disabled: set auth.admin_key")
         if not self._is_admin(_bearer(authorization)):
             raise unauthorized("missing or invalid admin key")
-
-
-def _forget(
-    tasks: set[asyncio.Future[Principal | None]],
-) -> Callable[[asyncio.Future[Principal | None]], None]:
-    def done(task: asyncio.Future[Principal | None]) -> None:
-        tasks.discard(task)
-        if not task.cancelled():
-            task.exception()  # retrieved: an abandoned lookup's failure is not news
-
-    return done

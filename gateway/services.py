@@ -6,13 +6,16 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import CollectorRegistry
 
 from gateway.auth import Authenticator
 from gateway.chat import ChatService
+from gateway.deadline import Deadline, DeadlineExceeded
+from gateway.errors import database_unavailable
 from gateway.hooks import RequestHooks
 from gateway.reload import Reloader
 from gateway.runtime import Runtime
@@ -33,6 +36,8 @@ if TYPE_CHECKING:  # built lazily in start(), by what the settings turn on
     from gateway.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -63,11 +68,23 @@ class Services:
     serve_flags: frozenset[str] = frozenset()
     # Builds and swaps ``runtime`` and ``settings``; follows the router deployments.
     reloader: Reloader = field(init=False)
+    ledger_reads: Deadline = field(init=False)
 
     def __post_init__(self) -> None:
         if self.file_settings is None:
             self.file_settings = self.settings
         self.reloader = Reloader(self)
+        self.ledger_reads = Deadline(self.settings.ledger.read_timeout_s)
+
+    async def read_ledger(self, call: Awaitable[T]) -> T:
+        """``call``, reading the ledger database for an admin or client read, given up
+        after ``ledger.read_timeout_s`` as a 503 ``database_unavailable``, as a database that
+        refuses it is."""
+        try:
+            return await self.ledger_reads.run(call)
+        except DeadlineExceeded as exc:
+            log.warning("ledger read given up, the ledger database: %s", exc)
+            raise database_unavailable() from None
 
     async def key_spend(self, info: KeyInfo) -> tuple[float | None, float | None]:
         """A key's spend and remaining budget (USD) in its current period, from the limit

@@ -135,6 +135,10 @@ class LedgerSettings(_Section):
     # budget keep all their rows, which that budget is restored from.
     request_retention_days: float | None = Field(default=None, ge=32)
     retention_interval_s: float = Field(default=3600.0, gt=0)
+    # How long an admin read (keys, spend, the dashboard), a generation lookup or feedback's
+    # lookup of its request may wait on the database before it is a 503: a hung server
+    # (a network partition, a stopped server keeping its sockets open) never answers.
+    read_timeout_s: float = Field(default=30.0, gt=0)
 
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")

@@ -34,6 +34,7 @@ from gateway.response_models import (
     RouterState,
 )
 from gateway.routes.admin_models import KeyCreate, KeyRouting, KeyUpdate, ReloadRequest, expiry
+from gateway.routes.ledger_read import ledger_read
 from gateway.routes.openai import services
 from gateway.services import Services
 from pricing.money import usd_to_micros
@@ -180,6 +181,7 @@ def page_limit(value: str | None) -> int:
         *PAGE_PARAMS, Param("include_revoked", {"type": "boolean"}, "list revoked keys too")
     ),
 )
+@ledger_read
 async def list_keys(request: Request) -> Response:
     """A page of keys, oldest first, as OpenAI's list endpoints page: ``limit`` (100, at
     most 1000) and ``after`` (the last key id of the previous page); ``has_more`` says
@@ -209,6 +211,7 @@ async def list_keys(request: Request) -> Response:
 
 
 @router.get("/keys/{key_id}", response_model=KeyView)
+@ledger_read
 async def get_key(key_id: str, request: Request) -> Response:
     """One key as the list shows it (as LiteLLM's /key/info), revoked ones too: an operator
     looking up the key id a ledger row or a log line names finds it without paging."""

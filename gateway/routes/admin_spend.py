@@ -3,6 +3,7 @@ from the ledger and paged in the database, as ``GET /admin/keys`` pages keys."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime as dt
 import re
@@ -17,6 +18,7 @@ from gateway.ledger.spend import GROUP_BY_CHOICES, GroupBy, spend_report, to_utc
 from gateway.openapi import Param, query
 from gateway.response_models import SpendReport
 from gateway.routes.admin import PAGE_PARAMS, admin_services, json_response, page_limit
+from gateway.routes.ledger_read import ledger_read
 
 router = APIRouter(prefix="/admin")
 
@@ -92,6 +94,7 @@ def _spend_cursor_group(cursor: str | None, width: int) -> SpendGroup | None:
         *PAGE_PARAMS,
     ),
 )
+@ledger_read
 async def spend(request: Request) -> Response:
     """Spend per group, a page at a time as ``GET /admin/keys`` pages: ``limit`` (100, at most
     1000) groups, ``after`` the previous page's ``last_id``, ``has_more``."""
@@ -110,7 +113,8 @@ async def spend(request: Request) -> Response:
     limit = page_limit(q.get("limit"))
     after = _spend_cursor_group(q.get("after"), len(fields))
     since, until = _time(q.get("since"), "since"), _time(q.get("until"), "until")
-    await s.ledger_writer().flush()
+    # Shielded: a read given up on (ledger.read_timeout_s) must not cancel the flush.
+    await asyncio.shield(s.ledger_writer().flush())
     # The page and one row more, to know whether there is a next page.
     rows = await spend_report(
         s.ledger_engine(),

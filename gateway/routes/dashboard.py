@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import HTMLResponse, Response
 
+from gateway.routes.ledger_read import ledger_read
 from gateway.routes.openai import services
 
 router = APIRouter()
@@ -188,6 +189,7 @@ def _expiry(k: Any) -> str:
 
 
 @router.get("/dashboard", response_class=HTMLResponse)
+@ledger_read
 async def dashboard(request: Request) -> Response:
     from gateway.ledger.spend import spend_report
 

@@ -17,6 +17,7 @@ from gateway.limits import LimitStoreUnavailable
 from gateway.limits.base import BudgetState
 from gateway.limits.windows import period_window
 from gateway.response_models import OwnKey
+from gateway.routes.ledger_read import ledger_read
 from gateway.routes.openai import authorization, services
 from gateway.services import Services
 from pricing import micros_to_usd
@@ -49,6 +50,7 @@ async def _from_ledger(s: Services, info: KeyInfo) -> BudgetState:
 
 
 @router.get("/v1/key", response_model=OwnKey)
+@ledger_read
 async def key_info(request: Request) -> Response:
     s = services(request)
     assert s.auth is not None

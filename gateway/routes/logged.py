@@ -20,6 +20,7 @@ from gateway.openapi import Param, json_body, query
 from gateway.principal import Principal
 from gateway.request_body import read_model
 from gateway.response_models import FeedbackRecorded, Generation
+from gateway.routes.ledger_read import ledger_read
 from gateway.routes.openai import authorization, services
 from gateway.schemas import FeedbackRequest, request_id_from
 from gateway.services import Services
@@ -66,7 +67,8 @@ async def logged_request(
     if row is None:
         assert s.hooks is not None
         await s.hooks.bookkeeping.wait_current()
-        await s.ledger_writer().flush()
+        # Shielded: a read given up on (ledger.read_timeout_s) must not cancel the flush.
+        await asyncio.shield(s.ledger_writer().flush())
         row = await mine()
     if row is None:
         # Another worker or replica may have answered it, its row still in that process's
@@ -89,12 +91,7 @@ async def feedback(request: Request) -> Response:
     assert s.auth is not None
     who = await s.auth.principal(authorization(request))
     fb = await read_model(request, FeedbackRequest)
-    row = await logged_request(s, who, fb.request_id)
-    if row["cached_from"] is not None:
-        # A cache hit's answer is the request's it reused, which the export files this score
-        # under: its reward is that trajectory's (its cost and cost weight), not the hit's
-        # own free one at no cost weight.
-        row = await get_request(s.ledger_engine(), row["cached_from"]) or row
+    row = await s.read_ledger(_scored_request(s, who, fb.request_id))
     terms = logged_reward(row, fb.score, s.settings.router.reward.config())
     record = FeedbackRecord(
         request_id=fb.request_id,
@@ -120,6 +117,18 @@ async def feedback(request: Request) -> Response:
     return Response(orjson.dumps(body), media_type="application/json")
 
 
+async def _scored_request(s: Services, who: Principal, request_id: str) -> dict[str, Any]:
+    """The ledger row a feedback score is filed under (read, bounded by the caller; the
+    score's record is written apart, since a write given up on may still be made)."""
+    row = await logged_request(s, who, request_id)
+    if row["cached_from"] is not None:
+        # A cache hit's answer is the request's it reused, which the export files this score
+        # under: its reward is that trajectory's (its cost and cost weight), not the hit's
+        # own free one at no cost weight.
+        row = await get_request(s.ledger_engine(), row["cached_from"]) or row
+    return row
+
+
 def logged_reward(row: dict[str, Any], score: float, config: RewardConfig) -> RewardTerms:
     """The reward training and evaluation would give this request's trajectory for
     ``score``: its whole cost (router tokens included), at the cost weight it was routed
@@ -141,6 +150,7 @@ def logged_reward(row: dict[str, Any], score: float, config: RewardConfig) -> Re
         )
     ),
 )
+@ledger_read
 async def generation(request: Request) -> Response:
     """What a request cost and how it was served, from the ledger: what a client that
     missed a stream's usage chunk (or never asked for it) reads afterwards."""
