@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gateway.ledger.store import open_ledger_engine
 from gateway.settings import LedgerSettings
 from tests.support.services import unavailable
+from tests.support.tcp_proxy import ThreadedTcpProxy
 
 from .factories import PG_HOST, PG_PORT, RecordingSink, pg_admin, pg_url
 
@@ -49,6 +50,20 @@ def pg_database() -> Iterator[str]:
         unavailable(f"PostgreSQL at {PG_HOST}:{PG_PORT} is unreachable ({exc})")
     yield name
     run_in_thread(lambda: pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def proxied_pg(pg_database: str) -> Iterator[tuple[ThreadedTcpProxy, str]]:
+    """(a loopback proxy in front of the session's database, emptied, that the test cuts or
+    freezes; the ledger URL that reaches the database through it)."""
+    run_in_thread(
+        lambda: pg_admin("DROP SCHEMA public CASCADE", "CREATE SCHEMA public", database=pg_database)
+    )
+    proxy = ThreadedTcpProxy(PG_HOST, PG_PORT)
+    try:
+        yield proxy, pg_url(pg_database).replace(f":{PG_PORT}/", f":{proxy.port}/")
+    finally:
+        proxy.close()
 
 
 @pytest.fixture(scope="session")

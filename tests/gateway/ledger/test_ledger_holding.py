@@ -23,7 +23,7 @@ from tests.support.gateway import gateway_config, start_gateway
 from tests.support.tcp_proxy import ThreadedTcpProxy
 
 from .conftest import run_in_thread
-from .factories import PG_HOST, PG_PORT, pg_admin, pg_url
+from .factories import pg_url
 
 pytestmark = pytest.mark.postgres
 
@@ -40,13 +40,9 @@ def until(check: Callable[[], bool], timeout_s: float = 20.0) -> bool:
 
 
 def test_rows_held_in_memory_make_the_gateway_not_ready(
-    upstream: Upstream, pg_database: str, tmp_path: Path
+    upstream: Upstream, proxied_pg: tuple[ThreadedTcpProxy, str], pg_database: str, tmp_path: Path
 ) -> None:
-    run_in_thread(
-        lambda: pg_admin("DROP SCHEMA public CASCADE", "CREATE SCHEMA public", database=pg_database)
-    )
-    proxy = ThreadedTcpProxy(PG_HOST, PG_PORT)
-    url = pg_url(pg_database).replace(f":{PG_PORT}/", f":{proxy.port}/")
+    proxy, url = proxied_pg
     cfg = gateway_config(tmp_path, upstream.base_url, ledger={"url": url})
     gw = start_gateway(tmp_path, cfg)
     hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
@@ -90,4 +86,3 @@ def test_rows_held_in_memory_make_the_gateway_not_ready(
         if gw.proc.poll() is None:
             resource.prlimit(gw.proc.pid, resource.RLIMIT_FSIZE, (hard, hard))
         gw.stop()
-        proxy.close()

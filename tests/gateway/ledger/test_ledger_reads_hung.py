@@ -17,22 +17,15 @@ from tests.gateway.conftest import Upstream
 from tests.support.gateway import ADMIN_KEY, gateway_config, start_gateway
 from tests.support.tcp_proxy import ThreadedTcpProxy
 
-from .conftest import run_in_thread
-from .factories import PG_HOST, PG_PORT, pg_admin, pg_url
-
 pytestmark = pytest.mark.postgres
 
 MODEL = "gemma-2-9b-it"
 
 
 def test_reads_of_a_hung_database_are_given_up_as_503(
-    upstream: Upstream, pg_database: str, tmp_path: Path
+    upstream: Upstream, proxied_pg: tuple[ThreadedTcpProxy, str], tmp_path: Path
 ) -> None:
-    run_in_thread(
-        lambda: pg_admin("DROP SCHEMA public CASCADE", "CREATE SCHEMA public", database=pg_database)
-    )
-    proxy = ThreadedTcpProxy(PG_HOST, PG_PORT)
-    url = pg_url(pg_database).replace(f":{PG_PORT}/", f":{proxy.port}/")
+    proxy, url = proxied_pg
     cfg = gateway_config(tmp_path, upstream.base_url, ledger={"url": url, "read_timeout_s": 1})
     gw = start_gateway(tmp_path, cfg)
     admin = {"authorization": f"Bearer {ADMIN_KEY}"}
@@ -74,4 +67,3 @@ def test_reads_of_a_hung_database_are_given_up_as_503(
         assert spend.status_code == 200
     finally:
         gw.stop()
-        proxy.close()
