@@ -201,6 +201,8 @@ class MFRouter(_PredictiveRouter):
         embed_dim: int = 2048,
     ) -> None:
         super().__init__()
+        if dim < 1 or epochs < 1 or not lr > 0 or l2 < 0:
+            raise ValueError("need dim >= 1, epochs >= 1, lr > 0 and l2 >= 0")
         self.dim, self.epochs, self.lr, self.l2, self.seed = dim, epochs, lr, l2, seed
         self.config, self.name = config, name
         self._embed_arg, self._embed_dim = embed, embed_dim

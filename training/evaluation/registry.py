@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Sequence
+import typing
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,10 +85,42 @@ def _construct(cls: type, spec: str, arg: str, **fixed: Any) -> Any:
         raise RouterSpecError(
             f"{spec!r}: unknown parameter(s) {', '.join(unknown)}; known: {', '.join(sorted(allowed))}"
         )
+    hints = typing.get_type_hints(cls.__init__)  # type: ignore[misc]
+    params = {k: _typed(v, hints.get(k), spec, k) for k, v in params.items()}
     try:
         return cls(**{**fixed, **params})
     except (TypeError, ValueError) as exc:
         raise RouterSpecError(f"{spec!r}: {exc}") from None
+
+
+_BOOLS = {"true": True, "false": False, 1: True, 0: False}
+
+
+def _typed(value: Any, hint: Any, spec: str, key: str) -> Any:
+    """``value`` as the parameter's annotation takes it, or a RouterSpecError naming the
+    parameter: a text where a number goes failed deep inside fitting (a TypeError's
+    traceback, or a comparison's message), and ``combine_final=false`` was truthy."""
+    kinds = set(typing.get_args(hint)) - {type(None)} if typing.get_args(hint) else {hint}
+    origins = {typing.get_origin(k) or k for k in kinds}
+    items = value if isinstance(value, tuple) else (value,)
+    if bool in kinds:
+        flag = _BOOLS.get(value.lower() if isinstance(value, str) else value)
+        if flag is None:
+            raise RouterSpecError(f"{spec!r}: {key} takes true or false, got {value!r}")
+        return flag
+    if int in kinds or any(typing.get_args(k) == (int,) for k in kinds):
+        if not all(isinstance(v, int) for v in items):
+            raise RouterSpecError(f"{spec!r}: {key} takes an integer, got {value!r}")
+        return value
+    if float in kinds:
+        if isinstance(value, tuple) or not isinstance(value, int | float):
+            raise RouterSpecError(f"{spec!r}: {key} takes a number, got {value!r}")
+        return float(value)
+    if str in kinds:
+        return "|".join(str(v) for v in items)  # a name: "7" stays a name
+    if origins & {Mapping, dict}:
+        raise RouterSpecError(f"{spec!r}: {key} cannot be given in a --policy spec")
+    return value
 
 
 def check_table_model(spec: str, model: str, ctx: LoadContext) -> None:

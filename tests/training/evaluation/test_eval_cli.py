@@ -683,3 +683,38 @@ def test_a_policy_on_logged_traffic_routes_among_every_model_of_the_table(
         "choose a model no record here logged (at most: policy:cheapest" in n
         for n in metrics["notes"]
     )
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("mf:dim=abc", "dim takes an integer, got 'abc'"),
+        ("mf:lr=abc", "lr takes a number, got 'abc'"),
+        ("mf:dim=0", "need dim >= 1"),
+        ("knn:k=abc", "k takes an integer, got 'abc'"),
+        ("cascade:quorums=2|x", "quorums takes an integer"),
+        ("escalation:first=typo", "first takes an integer, got 'typo'"),
+        ("escalation:combine_final=maybe", "combine_final takes true or false, got 'maybe'"),
+        ("escalation:plans=abc", "plans cannot be given in a --policy spec"),
+    ],
+)
+def test_a_parameter_of_the_wrong_type_is_named(
+    spec: str, message: str, table: Path, tmp_path: Path, capsys
+) -> None:
+    # Each was a traceback from inside fitting, a comparison's message, or (for a boolean
+    # "false") silently true.
+    base = ["--table", str(table), "--baselines", "none", "--out", str(tmp_path / "o")]
+    assert run_eval(parse([*base, "--policy", spec]), RouterRegistry()) == 2
+    assert f"{spec!r}: {message}" in capsys.readouterr().err
+
+
+def test_boolean_parameters_take_true_and_false() -> None:
+    from training.evaluation.escalation import EscalationRouter
+    from training.evaluation.registry import _construct
+
+    for raw, want in (("false", False), ("FALSE", False), ("0", False), ("true", True)):
+        router = _construct(
+            EscalationRouter, f"escalation:combine_final={raw}", f"combine_final={raw}"
+        )
+        assert router.combine_final is want
+    assert _construct(EscalationRouter, "e", "final=7").final == "7"  # a name stays a name
