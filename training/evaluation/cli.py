@@ -449,6 +449,11 @@ def with_costs(records: list[OutcomeRecord], prices: Path | None) -> list[Outcom
 def run_eval(args: argparse.Namespace, registry: RouterRegistry | None = None) -> int:
     """Run the evaluation described by ``args`` (from ``add_eval_arguments``); 0 on
     success, 2 on bad input (the reason goes to stderr)."""
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        # Said before the evaluation runs (minutes, with the bootstrap), not after it.
+        print(f"error: --out {out} is a file; the report goes in a directory", file=sys.stderr)
+        return 2
     try:
         result = _evaluate(args, registry or default_registry())
     except (OutcomeTableError, RoutingError, RouterSpecError, OPEError, ValueError, OSError) as exc:

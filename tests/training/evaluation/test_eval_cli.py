@@ -718,3 +718,23 @@ def test_boolean_parameters_take_true_and_false() -> None:
         )
         assert router.combine_final is want
     assert _construct(EscalationRouter, "e", "final=7").final == "7"  # a name stays a name
+
+
+def test_an_out_path_that_is_a_file_is_refused_before_the_evaluation(
+    table: Path, tmp_path: Path, capsys
+) -> None:
+    class Counting(RouterRegistry):
+        loads = 0
+
+        def load(self, spec, ctx):
+            Counting.loads += 1
+            return super().load(spec, ctx)
+
+    taken = tmp_path / "taken.jsonl"
+    taken.write_text("")
+    args = parse(
+        ["--table", str(table), "--policy", "knn", "--baselines", "none", "--out", str(taken)]
+    )
+    assert run_eval(args, Counting()) == 2
+    assert "is a file; the report goes in a directory" in capsys.readouterr().err
+    assert Counting.loads == 0
