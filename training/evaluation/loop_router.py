@@ -205,6 +205,16 @@ class LoopRouter:
                     router_failed += 1
                     self._last_router_error = failures[-1].error or failures[-1].error_kind or ""
                 called = [o.model for o in state.outcomes if o.ok]
+                unread = [m for m in called if r.outcomes[m].response is None]
+                if len(called) > 1 and unread:
+                    # A trajectory of several calls was steered by their answers (the
+                    # cascade's agreement check, an llm router reading a tool's result);
+                    # replayed without them it is the policy's response to empty answers,
+                    # scored under its name. Refused, as the offline cascade refuses it.
+                    raise RoutingError(
+                        f"record {r.id!r}: model {unread[0]!r} has no recorded response (a "
+                        "policy that calls several models reads their answers)"
+                    )
                 # The router's own tokens count in the cost, as in the gateway's ledger and
                 # the RL reward (a priced router model; policies without one cost nothing).
                 router_cost = sum(o.cost_micros for o in state.router_calls) / 1e6

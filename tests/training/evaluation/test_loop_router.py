@@ -288,3 +288,26 @@ def test_gateway_model_names_name_the_gateways_policies(records: list[OutcomeRec
     assert registry.load("xrouter/random", ctx).name == "policy:random"
     with pytest.raises(ValueError, match="evaluated over HTTP"):
         registry.load("xrouter/llm", ctx)
+
+
+def test_a_multi_call_policy_is_refused_on_a_table_without_responses(
+    records: list[OutcomeRecord],
+) -> None:
+    # RouterDC's and RouteLLM's tables record scores, not answers: a cascade replayed on
+    # them compared empty answers and was scored anyway (AIQ 0, every model called).
+    bare = [
+        r.model_copy(
+            update={
+                "outcomes": {
+                    m: o.model_copy(update={"response": None}) for m, o in r.outcomes.items()
+                }
+            }
+        )
+        for r in records
+    ]
+    cascade = default_registry().load("policy:cascade", LoadContext(train=bare))
+    with pytest.raises(RoutingError, match="has no recorded response"):
+        cascade.route(bare, 0.0)
+    # One call per prompt reads no answer: still scored.
+    fixed = default_registry().load("policy:fixed:gemma-2-9b-it", LoadContext(train=bare))
+    assert len(fixed.route(bare, 0.0)) == len(bare)
