@@ -278,7 +278,10 @@ def _evaluate_logged(
         "need full outcomes (kNN, MF, cascade, oracle) are skipped"
     )
     rows, notes = off_policy(policies, evaluated, args.lambdas or [0.0], models=pool.names)
-    result.off_policy, result.notes = rows, [*result.notes, *notes]
+    # What the routers say of their runs (a checkpoint not trained on some of the table's
+    # models), as the full-information comparison reports it.
+    said = [n for e in policies for n in getattr(e.router, "notes", ())]
+    result.off_policy, result.notes = rows, [*result.notes, *notes, *said]
     return result
 
 

@@ -738,3 +738,25 @@ def test_an_out_path_that_is_a_file_is_refused_before_the_evaluation(
     assert run_eval(args, Counting()) == 2
     assert "is a file; the report goes in a directory" in capsys.readouterr().err
     assert Counting.loads == 0
+
+
+def test_on_logged_traffic_too_the_report_says_which_models_a_checkpoint_never_chooses(
+    tmp_path: Path,
+) -> None:
+    rows = []
+    for i, r in enumerate(load_outcome_table(DEMO)[:120]):
+        data = r.model_dump(exclude_none=True)
+        action = "house-model" if i % 4 == 0 else list(data["outcomes"])[i % 8]
+        outcome = {"score": 1.0, "cost_usd": 1e-7} if action == "house-model" else None
+        data["outcomes"] = {action: outcome or data["outcomes"][action]}
+        data["logged"] = {"action": action, "propensity": 0.25}
+        rows.append(OutcomeRecord.model_validate(data))
+    path = tmp_path / "logged.jsonl"
+    write_outcome_table(rows, path)
+    out = tmp_path / "out"
+    argv = ["--table", str(path), "--split", "all", "--policy", "packaged:demo-rl",
+            "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    [note] = [n for n in metrics["notes"] if "not trained on house-model" in n]
+    assert note.startswith("compact[") and note in (out / "report.md").read_text()
