@@ -97,6 +97,9 @@ def run_verl_data(args: argparse.Namespace) -> int:
         )
         if args.reference_model:
             model = args.reference_model
+            if not any(model in r.outcomes for r in records):
+                # As `xrouter train` says it: a typo is not a model without costs.
+                raise ValueError(f"reference model {model!r} is not in the table's models")
             check_reference_costs(
                 model,
                 {r.id: (o.cost_usd if (o := r.outcomes.get(model)) else None) for r in records},
