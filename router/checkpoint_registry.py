@@ -14,6 +14,7 @@ from pathlib import Path
 
 from router.checkpoint import (
     META_FILE,
+    WEIGHTS_FILE,
     CheckpointError,
     CheckpointMetadata,
     is_single_file,
@@ -76,6 +77,10 @@ def list_checkpoints(
             if key in seen:
                 continue
             seen.add(key)
+            if path.is_dir() and not (path / WEIGHTS_FILE).is_file():
+                # Listed, it would be offered to deploy and eval, which refuse it.
+                logger.warning("skipping %s: no %s", path, WEIGHTS_FILE)
+                continue
             try:
                 found.append(CheckpointInfo(path, read_metadata(path)))
             except CheckpointError as exc:

@@ -27,11 +27,16 @@ def test_registry_lists_newest_first_and_skips_junk(
     (tmp_path / "latin1").mkdir()
     (tmp_path / "latin1" / "checkpoint.json").write_bytes(b'{"name": "caf\xe9"}')
     (tmp_path / "notes.txt").write_text("ignored")
+    # Metadata without its weights (a copy cut short): deploy and eval refuse it.
+    meta, weights = make_checkpoint(9, t0 + dt.timedelta(days=3))
+    save_checkpoint(tmp_path / "weightless", meta, weights)
+    (tmp_path / "weightless" / "weights.safetensors").unlink()
     with caplog.at_level(logging.WARNING):
         infos = list_checkpoints(tmp_path)
     assert [i.path.name for i in infos] == ["new.safetensors", "mid", "old"]
     assert infos[0].metadata.name == "test-1"
     assert "broken" in caplog.text and "latin1" in caplog.text
+    assert "weightless: no weights.safetensors" in caplog.text
     assert list_checkpoints(tmp_path / "missing") == []
 
 
