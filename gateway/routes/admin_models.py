@@ -141,6 +141,17 @@ class KeyRouting(BaseModel):
     max_cost_usd: float | None = Field(default=None, gt=0, le=MAX_USD, allow_inf_nan=False)
 
 
+def _whole_micros(budget: float | None) -> float | None:
+    # The ledger counts micro-dollars: a positive budget under half of one was stored as 0,
+    # a key that refuses every request, without a word.
+    if budget is not None and 0 < budget < 0.5e-6:
+        raise ValueError(
+            "a positive budget under $0.0000005 rounds to 0 (budgets are kept in whole "
+            "micro-dollars): give 0 to allow nothing, or at least 0.000001"
+        )
+    return budget
+
+
 # Strict types, as the chat API's: `"rpm": true` is not a rate of 1, nor `"budget_usd": "5"`
 # a budget (JSON's own types still convert: a whole number is a float, a timestamp string
 # a time).
@@ -159,6 +170,7 @@ class KeyCreate(_Expiry):
     routing: KeyRouting | None = None
 
     _alias = field_validator("alias")(_alias_text)
+    _budget_micros = field_validator("budget_usd")(_whole_micros)
 
 
 def _alias_not_null(alias: str | None) -> str | None:
@@ -185,6 +197,7 @@ class KeyUpdate(_Expiry):
 
     _alias = field_validator("alias")(_alias_text)
     _alias_set = field_validator("alias")(_alias_not_null)
+    _budget_micros = field_validator("budget_usd")(_whole_micros)
 
 
 class ReloadRequest(BaseModel):

@@ -321,11 +321,17 @@ def test_key_limits_are_bounded_by_what_the_ledger_stores(gw: Gateway) -> None:
         ({"rpm": 2**31}, "rpm"),
         ({"tpm": 10**19}, "tpm"),
         ({"alias": "nul\x00"}, "alias"),
+        # Under half a micro-dollar: it was stored as a budget of 0 that refused everything.
+        ({"budget_usd": 1e-9, "budget_period": "total"}, "budget_usd"),
     ):
         r = httpx.post(f"{gw.url}/admin/keys", json={"alias": "big", **fields}, headers=ADMIN)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
     r = httpx.patch(f"{gw.url}/admin/keys/{k['key_id']}", json={"rpm": 2**40}, headers=ADMIN)
     assert r.status_code == 400 and r.json()["error"]["param"] == "rpm"
+    r = httpx.patch(f"{gw.url}/admin/keys/{k['key_id']}", json={"budget_usd": 1e-9}, headers=ADMIN)
+    assert r.status_code == 400 and "rounds to 0" in r.json()["error"]["message"], r.text
+    half = create_key(gw, alias="half-micro", budget_usd=0.0000005, budget_period="total")
+    assert half["budget_micros"] == 1  # half a micro-dollar rounds up, to a budget
 
 
 def test_admin_bodies_that_cannot_be_taken_are_400s_naming_the_problem(gw: Gateway) -> None:
