@@ -19,6 +19,7 @@ from router.policies.checkpointed import policy_for_checkpoint
 from router.policies.planned import PlannedPolicy
 from router.policy import Call, Decision, LoopState, RouteContext
 from router.pool import ModelPool
+from tests.support.outcomes import without_responses
 from tests.support.routes import trajectories
 from training.compact.cli import main
 from training.evaluation.cascade import CascadeRouter
@@ -162,16 +163,7 @@ def test_served_through_the_loop_exactly_as_measured(
 def test_cascade_needs_recorded_responses_and_full_information(
     table: list[OutcomeRecord], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    bare = [
-        r.model_copy(
-            update={
-                "outcomes": {
-                    m: o.model_copy(update={"response": None}) for m, o in r.outcomes.items()
-                }
-            }
-        )
-        for r in table[:60]
-    ]
+    bare = without_responses(table[:60])
     path = tmp_path / "bare.jsonl"
     write_outcome_table(bare, path)
     argv = ["--table", str(path), "--out", str(tmp_path / "o"), "--cascade", "5"]

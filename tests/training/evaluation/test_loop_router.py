@@ -16,6 +16,7 @@ from router.policies.llm import LLMRouterPolicy, router_system_prompt
 from router.providers.native import NativeOpenAIProvider
 from router.tools import tool_name
 from tests.conftest import ScriptedRouter
+from tests.support.outcomes import without_responses
 from tests.support.routes import trajectories
 from training.evaluation.compare import Entry, compare
 from training.evaluation.loop_router import LoopRouter, parse_llm_spec, pool_for, replay_model
@@ -295,16 +296,7 @@ def test_a_multi_call_policy_is_refused_on_a_table_without_responses(
 ) -> None:
     # RouterDC's and RouteLLM's tables record scores, not answers: a cascade replayed on
     # them compared empty answers and was scored anyway (AIQ 0, every model called).
-    bare = [
-        r.model_copy(
-            update={
-                "outcomes": {
-                    m: o.model_copy(update={"response": None}) for m, o in r.outcomes.items()
-                }
-            }
-        )
-        for r in records
-    ]
+    bare = without_responses(records)
     cascade = default_registry().load("policy:cascade", LoadContext(train=bare))
     with pytest.raises(RoutingError, match="has no recorded response"):
         cascade.route(bare, 0.0)
