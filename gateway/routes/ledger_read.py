@@ -1,7 +1,8 @@
 """Routes that only read the ledger database, bounded by ``ledger.read_timeout_s``.
 
 A database that refuses connections is a 503 at once (``install_error_handlers``); one that
-hangs would hold the call until the TCP connection gives up, minutes later. These routes
+hangs would hold the call as long as it hangs (a stopped server's connections may not fail
+for many minutes). These routes
 read and change nothing else, so giving up on them changes nothing either: the operator or
 client retries. Routes that write (key creation, rotation, feedback's record) bound only
 their reads, since a write given up on may still have been made.
