@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -498,3 +499,52 @@ async def test_content_json_cannot_encode_neither_stalls_the_writer_nor_costs_ro
         async with asyncio.timeout(10):
             await writer.close()
     assert dir_listing(spill_dir) == []  # every journaled record was committed
+
+
+async def test_a_flush_its_caller_gives_up_on_loses_no_record(
+    backend: str,
+    make_settings: Settings,
+    sink: RecordingSink,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    """A caller that bounds ``flush()`` (the budget sync waits 10 s for it) gives up while
+    the database hangs mid-insert. The batch is out of the queue by then: it must still
+    reach the database once the hang ends — not vanish with the caller, and not count a
+    healthy database as failed (the breaker would send the next batches to the journal)."""
+    if backend == "sqlite":
+        url = f"sqlite+aiosqlite:///{tmp_path}/db/ledger.db"
+        proxy = None
+    else:
+        proxy, url = request.getfixturevalue("proxied_pg")
+    engine = await open_ledger_engine(url)
+    writer = LedgerWriter(engine, make_settings(url=url), sink, db_timeout_s=30.0)
+    await writer.start()
+    blocker = None
+    try:
+        await writer.flush()  # the start's own flush cycle is done: the hang meets ours
+        for i in range(5):
+            writer.submit(make_request(f"g{i}"))  # fire and forget: in memory only
+        # The database hangs: SQLite's write lock held by another process, or PostgreSQL
+        # behind a frozen proxy.
+        if proxy is None:
+            blocker = sqlite3.connect(f"{tmp_path}/db/ledger.db", isolation_level=None)
+            blocker.execute("BEGIN IMMEDIATE")
+        else:
+            proxy.freeze()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(writer.flush(), 0.5)
+        if blocker is not None:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+            blocker = None
+        if proxy is not None:
+            proxy.restore()
+        await writer.flush()
+        assert await request_ids(engine) == [f"g{i}" for i in range(5)]
+        assert (sink.spills, sink.errors) == ({}, {})
+    finally:
+        if blocker is not None:
+            blocker.close()
+        await writer.close()
+        await engine.dispose()
