@@ -297,6 +297,13 @@ class RewardSettings(_Section):
             data = {**{n: v for n, v in data.items() if n != "k"}, "K": data["k"]}
         return data
 
+    @model_validator(mode="after")
+    def _valid_reward(self) -> RewardSettings:
+        # The reward's own rules (a gated K of 0 pays a right answer no more than a wrong
+        # one) are a settings error at load, not a failure when the first score comes in.
+        self.config()
+        return self
+
     def config(self) -> RewardConfig:
         return RewardConfig(form=self.form, K=self.K, c_max=self.c_max, cost_scale=self.cost_scale)
 

@@ -43,6 +43,13 @@ class RewardConfig:
             raise ValueError("cost_scale must be positive")
         if self.c_max < 0 or self.K < 0:
             raise ValueError("K and c_max must be non-negative")
+        if self.form == "gated" and self.K == 0:
+            # s·(0 − penalty) ≤ 0: a right answer would never earn more than a wrong one
+            # (0), and a policy trained on it learns to be cheap, not right.
+            raise ValueError(
+                "K must be positive for the gated reward: with K = 0 a right answer earns "
+                "at most what a wrong one does (0)"
+            )
 
 
 @dataclass(frozen=True, slots=True)

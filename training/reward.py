@@ -5,6 +5,7 @@ flags that set it, the same for ``xrouter train`` and ``xrouter verl-data``."""
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 from collections.abc import Mapping
 
@@ -17,6 +18,8 @@ from router.reward import (
     normalized_cost,
 )
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
     "RewardConfig",
     "RewardForm",
@@ -27,6 +30,7 @@ __all__ = [
     "expected_reward",
     "normalized_cost",
     "reward_config_from_args",
+    "warn_if_wrong_beats_right",
 ]
 
 
@@ -65,7 +69,22 @@ def add_reward_arguments(parser: argparse.ArgumentParser) -> None:
 def reward_config_from_args(args: argparse.Namespace) -> RewardConfig:
     """The reward the flags of ``add_reward_arguments`` ask for (``--reference-model`` is
     the caller's: it changes how costs are normalized, not the reward's terms)."""
-    return RewardConfig(form=args.reward, K=args.K, c_max=args.c_max, cost_scale=args.cost_scale)
+    config = RewardConfig(form=args.reward, K=args.K, c_max=args.c_max, cost_scale=args.cost_scale)
+    warn_if_wrong_beats_right(config)
+    return config
+
+
+def warn_if_wrong_beats_right(config: RewardConfig) -> None:
+    """Warn when the gated reward can pay a wrong answer more than a right one: with
+    ``K < c_max``, once λ·C̃ passes K a right answer earns below 0, what a wrong one earns
+    whatever it cost. Allowed (a setting may mean it), but rarely meant."""
+    if config.form == "gated" and config.K < config.c_max:
+        logger.warning(
+            "--K %g is below --c-max %g: where the cost penalty exceeds K, a right answer "
+            "earns less than a wrong one (0)",
+            config.K,
+            config.c_max,
+        )
 
 
 def check_reference_costs(model: str, costs: Mapping[str, float | None]) -> None:

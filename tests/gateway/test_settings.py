@@ -453,6 +453,15 @@ def test_every_reward_setting_can_come_from_the_environment(tmp_path: Path) -> N
     )
 
 
+def test_a_gated_reward_with_K_0_is_refused_at_load(tmp_path: Path) -> None:
+    # It would log a reward of at most 0 for every right answer: a settings error, named.
+    text = POOL + "router: {reward: {form: gated, K: 0}}\n"
+    with pytest.raises(SettingsError, match=r"router\.reward.*K must be positive"):
+        load_settings(write(tmp_path, text), env={"SMALL_KEY": "k"})
+    additive = POOL + "router: {reward: {form: additive, K: 0}}\n"
+    assert load_settings(write(tmp_path, additive), env={"SMALL_KEY": "k"}).router.reward.K == 0
+
+
 def test_the_ledger_section_alone_names_every_bad_field_as_serve_does(tmp_path: Path) -> None:
     text = "ledger: {flush_rows: 0, log_content: all}\npool: ${NOT_SET}\n"
     with pytest.raises(SettingsError) as exc:

@@ -96,3 +96,11 @@ def test_a_reference_cost_that_cannot_normalize_is_refused(reference: float) -> 
 def test_out_of_range_inputs_are_refused(score: float, cost: float, lam: float) -> None:
     with pytest.raises(ValueError):
         compute_reward(score, cost, lam)
+
+
+def test_the_gated_form_needs_a_positive_K() -> None:
+    # s·(0 − penalty) ≤ 0: a right answer would earn at most a wrong one's 0.
+    with pytest.raises(ValueError, match="K must be positive for the gated reward"):
+        RewardConfig(form="gated", K=0.0)
+    # The additive form has no K: any value is harmless there.
+    assert compute_reward(1.0, 0.0, 0.0, RewardConfig(form="additive", K=0.0)).reward == 1.0

@@ -29,7 +29,7 @@ from types import FrameType
 from typing import Any
 
 from training.compact.config import TrainConfig
-from training.reward import add_reward_arguments
+from training.reward import add_reward_arguments, warn_if_wrong_beats_right
 
 logger = logging.getLogger(__name__)
 
@@ -273,10 +273,12 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         if given:
             raise ValueError(f"{', '.join(given)} applies to --offpolicy training only")
     try:
-        return _train_config(args, d)
+        cfg = _train_config(args, d)
     except ValueError as exc:
         # The config names its fields; the user typed flags (`--ips-clip`, not `ips_clip`).
         raise ValueError(_FIELD.sub(lambda m: _flag(m.group(0)), str(exc))) from None
+    warn_if_wrong_beats_right(cfg.reward_config())
+    return cfg
 
 
 # TrainConfig fields whose flag is not the field's name with dashes.

@@ -408,6 +408,9 @@ def claimed_run_dir(out: Path, *, overwrite: bool) -> Iterator[None]:
     that fails leaves none of its own outputs behind (its feature cache stays). An earlier
     run set aside by a process that died without putting it back is dealt with first
     (``_recover_stale_asides``)."""
+    if out.exists() and not out.is_dir():
+        # mkdir's "[Errno 17] File exists" would name neither the option nor the remedy.
+        raise ValueError(f"{out} is a file, not a run directory: choose another --out")
     _recover_stale_asides(out)
     existed = out.exists()
     present = [name for name in RUN_OUTPUTS if (out / name).exists()]

@@ -30,6 +30,18 @@ def test_arguments_map_onto_the_config() -> None:
     assert cfg.offpolicy and cfg.estimator == "dr"
 
 
+def test_a_gated_reward_that_pays_wrong_above_right_is_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    with caplog.at_level("WARNING"):
+        config_from_args(parser.parse_args(["--table", "t", "--out", "o"]))
+        assert "right answer earns less than a wrong one" not in caplog.text  # K = c_max
+        config_from_args(parser.parse_args(["--table", "t", "--out", "o", "--K", "0.5"]))
+    assert "--K 0.5 is below --c-max 1" in caplog.text
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -219,6 +231,12 @@ def test_errors_are_reported_not_raised(
     # A run directory that cannot be made (here: under a file) is one line, not a traceback.
     assert main(["--table", str(table), "--out", str(table / "run"), "--no-progress"]) == 2
     assert "xrouter train:" in capsys.readouterr().err
+    # --out naming a file is said to be one (it was a bare "[Errno 17] File exists"), and
+    # the file is left alone.
+    before = table.read_bytes()
+    assert main(["--table", str(table), "--out", str(table), "--no-progress"]) == 2
+    assert f"{table} is a file, not a run directory" in capsys.readouterr().err
+    assert table.read_bytes() == before
 
 
 def _without_content(record: OutcomeRecord, how: str = "none") -> OutcomeRecord:
@@ -260,6 +278,8 @@ def test_logged_traffic_without_prompts_is_refused_or_dropped(
         ("--entropy", "-0.1", "entropy bonuses must be non-negative"),
         ("--explore", "1.5", "explore must be in [0, 1]"),
         ("--c-max", "-1", "K and c_max must be non-negative"),
+        # Gated with K = 0: a right answer never earns more than a wrong one.
+        ("--K", "0", "K must be positive for the gated reward"),
         ("--cost-scale", "0", "--cost-scale must be positive"),
         # Not finite: NaN passes every range check, inf overflows the λ grid or the weights.
         ("--lambda-max", "inf", "--lambda-max must be finite"),
