@@ -347,9 +347,10 @@ def _pool_and_records(
             # models were logged on. SNIPS gives them weight 0 anyway, so it is unaffected.
             n = sum(r.logged is not None and r.logged.action in outside for r in kept)
             logger.warning(
-                "%d of the %d logged records chose a model outside --pool (%s) and are left "
-                "out: IPS and DR estimates are biased by their absence (SNIPS is not); train "
-                "with the models they chose in the pool, or with --estimator snips",
+                "%d of the %d logged records chose a model outside --pool (%s) and are not "
+                "learned from (the split counts below still include them): IPS and DR "
+                "estimates are biased by their absence (SNIPS is not); train with the models "
+                "they chose in the pool, or with --estimator snips",
                 n,
                 len(kept),
                 ", ".join(outside),

@@ -567,7 +567,8 @@ def test_an_offpolicy_pool_that_leaves_out_logged_models_says_what_it_costs(
             "--cost-scale", "0.01", "--no-progress", "--pool", ",".join(chosen[:-1])]  # fmt: skip
     with caplog.at_level("WARNING", logger="training.compact.run"):
         assert main([*args, "--out", str(tmp_path / "o")]) == 0
-    assert f"chose a model outside --pool ({chosen[-1]}) and are left out" in caplog.text
+    assert f"chose a model outside --pool ({chosen[-1]}) and are not learned from" in caplog.text
+    assert "the split counts below still include them" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="training.compact.run"):
         assert main([*args[:-1], ",".join(chosen), "--out", str(tmp_path / "all")]) == 0
