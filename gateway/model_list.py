@@ -56,6 +56,9 @@ def list_models(rt: Runtime, who: Principal) -> list[dict[str, Any]]:
     names are not listed: one per pool model would only repeat the pool)."""
     created = rt.created
     data = []
+    if not _may_route(rt, who):
+        # Every router needs a pool model the key may use: with none, each is a 403.
+        return data
     default = who.default_policy or rt.default_policy  # the key's own, if it has one
     if who.may_use_policy(default):
         data.append(_router_entry(ROUTER_MODEL, default, created))
@@ -75,7 +78,7 @@ def find_model(rt: Runtime, who: Principal, model_id: str) -> dict[str, Any] | N
     if model_id == ROUTER_MODEL or model_id.startswith(POLICY_PREFIX):
         default = who.default_policy or rt.default_policy
         policy = default if model_id == ROUTER_MODEL else model_id[len(POLICY_PREFIX) :]
-        if rt.policy(policy) is None or not who.may_use_policy(policy):
+        if rt.policy(policy) is None or not who.may_use_policy(policy) or not _may_route(rt, who):
             return None
         return _router_entry(model_id, policy, created)
     m = rt.pool.get(model_id)
@@ -142,3 +145,9 @@ def _position(ids: list[str], model_id: str, param: str) -> int:
         raise bad_request(
             f"{param}: the model {model_id!r} is not in the list", param=param
         ) from None
+
+
+def _may_route(rt: Runtime, who: Principal) -> bool:
+    """Whether the key may use some pool model: routing restricts the pool to those, and
+    with none left every router's request is a 403 ``no_allowed_models``."""
+    return who.allowed_models is None or any(who.may_use_model(m.name) for m in rt.pool)

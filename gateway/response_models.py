@@ -213,6 +213,13 @@ class KeyView(_Answer):
     routing: dict[str, Any] | None
     spent_usd: float | None = Field(default=None, description="keys with a budget")
     remaining_usd: float | None = Field(default=None, description="keys with a budget")
+    warnings: list[str] | None = Field(
+        default=None,
+        description=(
+            "creation and changes only: names in allowed_models or allowed_policies that this "
+            "gateway does not serve now (a typo, or a model a later reload adds)"
+        ),
+    )
 
 
 class KeyWithSecret(KeyView):

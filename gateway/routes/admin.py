@@ -96,6 +96,33 @@ def _check_default_policy(
         )
 
 
+def _unserved(
+    s: Services, models: list[str] | None, policies: list[str] | None
+) -> dict[str, list[str]]:
+    """``warnings`` for a key's answer: the allow-list names this gateway does not serve now.
+    Not refused, as LiteLLM does not refuse them: a key may be made before the reload that
+    adds its model. But a typo (a trailing space, a misspelt name) would otherwise show only
+    as the key's requests failing with 403s."""
+    rt = s.current()
+    warnings = [
+        f"allowed_models: {name!r} is not a model of this gateway's pool"
+        for name in models or ()
+        if name not in rt.pool
+    ]
+    warnings += [
+        f"allowed_policies: {name!r} is not a router policy of this gateway "
+        f"(available: {', '.join(rt.policy_names)} or fixed:<pool model>)"
+        for name in policies or ()
+        if rt.policy(name) is None
+    ]
+    if models is not None and not any(name in rt.pool for name in models):
+        warnings.append(
+            "allowed_models: no model of this gateway's pool, so the key can call none "
+            "(every request is a 403)"
+        )
+    return {"warnings": warnings} if warnings else {}
+
+
 @router.post(
     "/keys",
     status_code=201,
@@ -133,7 +160,10 @@ async def create_key(request: Request) -> Response:
     except DuplicateAliasError as exc:
         raise APIError(409, str(exc), param="alias", code="alias_taken") from None
     # The secret is returned exactly once; only its hash is stored.
-    return json_response({**_key_view(info), "key": secret}, status=201, headers=_SECRET)
+    unserved = _unserved(s, body.allowed_models, body.allowed_policies)
+    return json_response(
+        {**_key_view(info), "key": secret, **unserved}, status=201, headers=_SECRET
+    )
 
 
 # A page of keys: each one with a budget costs a limit-store read for its spend. The spend
@@ -279,7 +309,8 @@ async def update_key(key_id: str, request: Request) -> Response:
         if budget_changed:
             s.metrics.key_budgets.forget(info.alias)
     # As GET answers it: a changed budget or period is read against the spend it now has.
-    return json_response(await _key_view_with_spend(s, info))
+    unserved = _unserved(s, fields.get("allowed_models"), fields.get("allowed_policies"))
+    return json_response({**await _key_view_with_spend(s, info), **unserved})
 
 
 async def _key_view_with_spend(s: Services, info: KeyInfo) -> dict[str, Any]:

@@ -117,6 +117,59 @@ def test_a_restricted_key_sees_only_what_it_may_use(gw: Gateway) -> None:
             c.models.retrieve(hidden)
 
 
+def test_a_key_allowed_no_pool_model_is_listed_no_router(gw: Gateway) -> None:
+    # Every router routes among the models the key may use: with none, each request is a
+    # 403, so none is listed (they were, and each one listed refused the key).
+    c = client(gw, allowed_models=[])
+    assert [m.id for m in c.models.list()] == []
+    for name in ("xrouter", "xrouter/cascade", f"xrouter/fixed:{MODEL}", MODEL):
+        with pytest.raises(openai.NotFoundError):
+            c.models.retrieve(name)
+    with pytest.raises(openai.PermissionDeniedError) as info:
+        c.chat.completions.create(model="xrouter", messages=[{"role": "user", "content": "hi"}])
+    assert info.value.response.json()["error"]["code"] == "no_allowed_models"
+
+
+def test_allow_lists_naming_what_the_gateway_does_not_serve_are_warned_about(
+    gw: Gateway,
+) -> None:
+    # Accepted (a key may be made before the reload that adds its model), but said: a typo
+    # showed only as the key's requests failing with 403s.
+    r = httpx.post(
+        f"{gw.url}/admin/keys",
+        json={
+            "alias": f"w-{secrets.token_hex(4)}",
+            "allowed_models": [f"{MODEL} ", "gpt-5"],
+            "allowed_policies": ["cascade", "cascde"],
+        },
+        headers=ADMIN,
+    )
+    assert r.status_code == 201, r.text
+    warnings = r.json()["warnings"]
+    assert warnings[0] == f"allowed_models: '{MODEL} ' is not a model of this gateway's pool"
+    assert warnings[1] == "allowed_models: 'gpt-5' is not a model of this gateway's pool"
+    assert warnings[2].startswith("allowed_policies: 'cascde' is not a router policy")
+    assert "cascade" in warnings[2] and "fixed:<pool model>" in warnings[2]
+    assert "no model of this gateway's pool" in warnings[3] and len(warnings) == 4
+    url = f"{gw.url}/admin/keys/{r.json()['key_id']}"
+    # Only the names a change sets are checked; a key's GET carries no warnings.
+    r = httpx.patch(url, json={"allowed_models": [MODEL]}, headers=ADMIN)
+    assert r.status_code == 200 and "warnings" not in r.json()
+    # The model name a client sends is not the policy's name.
+    r = httpx.patch(url, json={"allowed_policies": ["xrouter/cascade"]}, headers=ADMIN)
+    assert r.status_code == 200
+    (warning,) = r.json()["warnings"]
+    assert warning.startswith("allowed_policies: 'xrouter/cascade' is not a router policy")
+    assert "warnings" not in httpx.get(url, headers=ADMIN).json()
+    r = httpx.post(
+        f"{gw.url}/admin/keys",
+        json={"alias": f"w-{secrets.token_hex(4)}", "allowed_models": [MODEL],
+              "allowed_policies": ["cascade", f"fixed:{MODEL}"]},
+        headers=ADMIN,
+    )  # fmt: skip
+    assert r.status_code == 201 and "warnings" not in r.json()
+
+
 def test_a_fixed_policy_is_kept_to_the_models_the_key_may_use(gw: Gateway) -> None:
     # fixed:<model> calls that model: a key kept off it may not reach it through the policy
     # (it was served by another model under the fixed policy's name).
