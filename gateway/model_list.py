@@ -55,7 +55,7 @@ def list_models(rt: Runtime, who: Principal) -> list[dict[str, Any]]:
     """Every model name the caller may send, the routers first (``xrouter/fixed:<model>``
     names are not listed: one per pool model would only repeat the pool)."""
     created = rt.created
-    data = []
+    data: list[dict[str, Any]] = []
     if not _may_route(rt, who):
         # Every router needs a pool model the key may use: with none, each is a 403.
         return data
