@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from router.checkpoint import Architecture
+from router.checkpoint import Architecture, is_single_file
 from router.features import FeatureExtractor
 from router.outcomes import OutcomeRecord
 from router.policies.compact import CompactHead, masked_softmax
@@ -39,7 +39,7 @@ from training.compact.data import (
     reward_matrix,
 )
 from training.datasets.splits import split_of
-from training.evaluation.overlap import ids_fingerprint
+from training.evaluation.overlap import ids_fingerprint, write_seen_prompts
 from training.reward import RewardConfig, check_reference_costs
 
 logger = logging.getLogger(__name__)
@@ -214,6 +214,16 @@ class RunTable:
 
     def reference_of(self, rows: np.ndarray) -> np.ndarray | None:
         return None if self.reference is None else self.reference[rows]
+
+
+def keep_seen_prompts(checkpoint: Path, table: RunTable) -> None:
+    """Keep, beside a checkpoint directory, which prompts it was fitted and selected on (its
+    training and validation parts), so that `xrouter eval` can tell them in any later
+    table (a later export of the same traffic)."""
+    if is_single_file(checkpoint):
+        return  # one file to ship: its table's fingerprint and split have to do
+    rows = np.concatenate([table.splits["train"], table.splits["validation"]])
+    write_seen_prompts(checkpoint, (table.records[int(i)].split_key for i in rows))
 
 
 # Below this many training records a router mostly memorizes: said, not refused.

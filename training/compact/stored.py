@@ -28,6 +28,7 @@ from training.compact.data import cached_features
 from training.compact.run import (
     RunTable,
     TrainResult,
+    keep_seen_prompts,
     prepare_table,
     run_metadata,
     write_config,
@@ -222,6 +223,7 @@ def finish_build(
         ),
         weights,
     )
+    keep_seen_prompts(ckpt_path, table)
     write_summary(build.out, ckpt_path, seconds, metrics_out)
     logger.info(
         "%s checkpoint with k=%d (validation reward %.4f): %s", build.kind, k, tried[k], ckpt_path

@@ -56,6 +56,7 @@ from training.compact.run import (
     RunTable,
     TrainResult,
     evaluate_full,
+    keep_seen_prompts,
     mean_reward,
     prepare_table,
     run_metadata,
@@ -240,6 +241,7 @@ def train(
             metrics=metrics,
         )
         save_checkpoint(path, meta, weights)
+        keep_seen_prompts(path, table)
 
     initial, best = _run_steps(learner, model, arch, cfg, evaluator("validation"), out, save)
 

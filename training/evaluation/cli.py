@@ -27,7 +27,7 @@ from training.datasets.splits import DEFAULT_FRACTIONS, Splits, canonical_split,
 from training.evaluation.compare import Entry, compare, off_policy
 from training.evaluation.loop_router import LoopRouter, pool_for
 from training.evaluation.ope import OPEError
-from training.evaluation.overlap import ids_fingerprint, seen_in_training
+from training.evaluation.overlap import ids_fingerprint, seen_by_hash, seen_in_training
 from training.evaluation.registry import (
     BASELINE_NAMES,
     LoadContext,
@@ -398,6 +398,21 @@ def _note_training_overlap(
         if digests is None:
             digests = hashlib.sha256(table.read_bytes()).hexdigest(), ids_fingerprint(records)
         seen = seen_in_training(training, evaluated, *digests)
+        hashes = getattr(entry.router, "seen_prompts", None)
+        if seen is None and hashes is not None:
+            # Another table, holding some of its prompts all the same: a later export of
+            # the traffic it was trained on.
+            seen = seen_by_hash(hashes, evaluated)
+            if seen:
+                notes.append(
+                    f"{entry.router.name}: {seen} of the {len(evaluated)} evaluated prompts "
+                    "were among its training or validation prompts (this table is not the one "
+                    "it was trained on, but holds some of the same prompts, as a later export "
+                    "of the same traffic does): optimistic; evaluate on prompts it has not "
+                    "seen, such as traffic logged after its training table"
+                )
+                logger.warning("%s", notes[-1])
+            continue
         if seen:
             cfg = training.get("config", {})
             notes.append(

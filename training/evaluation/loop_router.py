@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any
 
+import numpy as np
+
 from pricing import ModelPrice, load_default_catalog
 from router.executors import OutcomeExecutor
 from router.loop import Orchestrator
@@ -33,6 +35,7 @@ from router.policy import Call, Decision, LoopState, Policy, RouteContext
 from router.pool import ModelPool, PoolModel
 from router.route_result import NoAnswer, RouteResult
 from router.tools import check_tool_names
+from training.evaluation.overlap import read_seen_prompts
 from training.evaluation.registry import (
     LoadContext,
     RouterLoader,
@@ -102,6 +105,9 @@ class LoopRouter:
         # How the policy was trained (a checkpoint's metadata), to detect evaluation on
         # prompts it was fitted on.
         self.training: dict[str, Any] = {}
+        # The hashes of the prompts it was fitted and selected on, where its checkpoint
+        # directory keeps them (``training.evaluation.overlap``): found in any table.
+        self.seen_prompts: np.ndarray | None = None
         # Router-model failures over every route() call (a whole λ sweep). Serving falls
         # back when the router model fails, which is right for availability but would make
         # an evaluation score the fallback under the router's name: they are counted and
@@ -267,6 +273,8 @@ def _compact(spec: str, ctx: LoadContext) -> LoopRouter:
 
     router = LoopRouter(f"{label}[{ckpt.version}]", make)
     router.training = dict(ckpt.metadata.training)
+    if ckpt.path is not None and ckpt.path.is_dir():
+        router.seen_prompts = read_seen_prompts(ckpt.path)
     return router
 
 

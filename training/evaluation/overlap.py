@@ -8,13 +8,23 @@ figures come out optimistic without anything looking wrong. This module counts t
 ``xrouter eval`` can say so. "The same table" is the same file, or the same records in
 another file: the ids' fingerprint catches a Parquet copy of a JSONL export, a table
 re-converted or re-serialized, records in another order.
+
+Another table can hold them too: a later ledger export covers the traffic an earlier one
+was, and was trained on. A checkpoint directory written by ``xrouter train`` therefore
+also keeps the prompts it was fitted and selected on, as 8-byte hashes of their split keys
+(``seen_prompts.u64``, 8 bytes a prompt, next to the weights): any table's records whose
+key is among them were seen, whichever file they come in.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from router.outcomes import OutcomeRecord
 from training.datasets.splits import DEFAULT_FRACTIONS, split_of
@@ -28,6 +38,50 @@ def ids_fingerprint(records: Iterable[OutcomeRecord]) -> str:
         digest.update(record_id.encode())
         digest.update(b"\n")
     return digest.hexdigest()
+
+
+SEEN_FILE = "seen_prompts.u64"
+
+
+def _key_hashes(keys: Iterable[str]) -> np.ndarray:
+    """The first 8 bytes of each key's SHA-256, as little-endian unsigned integers. With a
+    million training prompts a record not among them is taken for one about once in 2e13
+    tries: a note, not a proof, can live with that."""
+    return np.array(
+        [int.from_bytes(hashlib.sha256(k.encode()).digest()[:8], "little") for k in keys],
+        dtype="<u8",
+    )
+
+
+def write_seen_prompts(checkpoint_dir: str | os.PathLike[str], keys: Iterable[str]) -> None:
+    """Keep the split keys of the prompts a checkpoint was fitted and selected on (its
+    training and validation parts) beside it, sorted and deduplicated."""
+    hashes = np.unique(_key_hashes(keys))
+    path = Path(checkpoint_dir) / SEEN_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(hashes.tobytes())
+    tmp.replace(path)
+
+
+def read_seen_prompts(checkpoint_dir: str | os.PathLike[str]) -> np.ndarray | None:
+    """The sorted hashes :func:`write_seen_prompts` kept, or None where there are none (a
+    single-file checkpoint, one from before them, or an unreadable file)."""
+    try:
+        raw = (Path(checkpoint_dir) / SEEN_FILE).read_bytes()
+    except OSError:
+        return None
+    if len(raw) % 8:
+        return None  # not ours, or cut short: nothing to go by
+    return np.frombuffer(raw, dtype="<u8")
+
+
+def seen_by_hash(seen: np.ndarray, records: Sequence[OutcomeRecord]) -> int:
+    """How many of ``records`` have a split key among the ``seen`` hashes (sorted)."""
+    if not len(seen) or not records:
+        return 0
+    hashes = _key_hashes(r.split_key for r in records)
+    at = np.minimum(np.searchsorted(seen, hashes), len(seen) - 1)
+    return int(np.count_nonzero(seen[at] == hashes))
 
 
 def seen_in_training(

@@ -21,6 +21,7 @@ from tests.training.compact.conftest import ACCURACY
 from training.compact.cli import main
 from training.compact.config import TrainConfig
 from training.datasets.splits import split_of
+from training.evaluation.overlap import read_seen_prompts
 
 
 @pytest.fixture
@@ -48,6 +49,10 @@ def test_builds_a_checkpoint_with_k_picked_on_validation(built: tuple[Path, dict
     best = int(max(tried, key=lambda k: tried[k]))
     assert arch.neighbours == summary["neighbours"] == best
     assert ckpt.metadata.training["mode"] == "knn"
+    # The prompts it was built and selected on are kept beside it for `xrouter eval`.
+    table = ckpt.metadata.training["table"]
+    seen = read_seen_prompts(out / "checkpoint")
+    assert seen is not None and len(seen) == table["n_train"] + table["n_validation"]
     assert ckpt.metadata.training["stored_outcomes"] == "recorded"
     assert ckpt.metadata.training["command"].startswith("python -m training.compact.cli")
     assert ckpt.weights["examples"].shape == (arch.n_examples, arch.similarity_dims)

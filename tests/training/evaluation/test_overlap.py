@@ -11,7 +11,14 @@ from router.outcomes import load_outcome_table, write_outcome_table
 from training.compact.cli import main as train_main
 from training.datasets.splits import split_of
 from training.evaluation.cli import main as eval_main
-from training.evaluation.overlap import ids_fingerprint, seen_in_training
+from training.evaluation.overlap import (
+    SEEN_FILE,
+    ids_fingerprint,
+    read_seen_prompts,
+    seen_by_hash,
+    seen_in_training,
+    write_seen_prompts,
+)
 
 
 def test_counts_the_training_and_validation_prompts_of_the_same_table(table_factory) -> None:
@@ -118,3 +125,52 @@ def test_a_grouped_record_was_seen_when_its_group_was(table_factory) -> None:
     old = {**meta, "table": {"sha256": "abc"}}
     by_id = sum(split_of(r.id, (0.6, 0.2, 0.2), 0) != "test" for r in own_test)
     assert seen_in_training(old, own_test, "abc") == by_id > 0
+
+
+def test_kept_prompt_hashes_find_the_seen_records_in_any_table(
+    tmp_path: Path, table_factory
+) -> None:
+    records = table_factory(120, seed=5)
+    seen_part, unseen = records[:70], records[70:]
+    write_seen_prompts(tmp_path, [r.split_key for r in seen_part] * 2)  # repeats kept once
+    hashes = read_seen_prompts(tmp_path)
+    assert hashes is not None and len(hashes) == 70
+    assert (tmp_path / SEEN_FILE).stat().st_size == 70 * 8
+    assert seen_by_hash(hashes, records) == 70
+    assert seen_by_hash(hashes, unseen) == 0
+    assert seen_by_hash(hashes, list(reversed(records[50:90]))) == 20
+    assert seen_by_hash(hashes[:0], records) == 0
+    # No file, or one that is not ours: nothing to go by.
+    assert read_seen_prompts(tmp_path / "absent") is None
+    (tmp_path / SEEN_FILE).write_bytes(b"1234567")
+    assert read_seen_prompts(tmp_path) is None
+
+
+def test_eval_notes_a_later_export_that_holds_the_checkpoints_training_prompts(
+    trained: tuple[Path, Path], tmp_path: Path, table_factory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A later table is another file with other ids' fingerprint, but it holds the prompts
+    the checkpoint was trained on: evaluated with another split seed, most of them land in
+    the evaluated part, and the eval must say so (it said nothing)."""
+    table, ckpt = trained
+    trained_on = load_outcome_table(table)
+    hashes = read_seen_prompts(ckpt)
+    fitted = [r for r in trained_on if split_of(r.split_key, seed=0) != "test"]
+    assert hashes is not None and len(hashes) == len(fitted)
+    later = tmp_path / "later.jsonl"
+    write_outcome_table([*trained_on, *table_factory(100, seed=9)], later)
+    base = ["--table", str(later), "--policy", f"compact:{ckpt}", "--baselines", "none"]
+    base += ["--lambdas", "0,1", "--bootstrap", "0"]
+    # The seed it was trained with: its training prompts are outside the test split.
+    assert eval_main([*base, "--out", str(tmp_path / "same-seed")]) == 0
+    assert "were among its training or validation prompts" not in capsys.readouterr().out
+    assert eval_main([*base, "--split-seed", "1", "--out", str(tmp_path / "other")]) == 0
+    evaluated = [r for r in load_outcome_table(later) if split_of(r.split_key, seed=1) == "test"]
+    expected = sum(r.id in {f.id for f in fitted} for r in evaluated)
+    assert expected > 0
+    note = (
+        f"{expected} of the {len(evaluated)} evaluated prompts were among its training or "
+        "validation prompts"
+    )
+    assert note in capsys.readouterr().out
+    assert note in (tmp_path / "other" / "report.md").read_text()
