@@ -102,6 +102,15 @@ def validate_request(data: Any) -> tuple[dict[str, Any], ChatCompletionRequest]:
     if unknown:
         log.debug("tolerating unknown request fields: %s", sorted(unknown)[:10])
     _check_messages(req)
+    if req.max_tokens is not None and req.max_completion_tokens is not None:
+        # OpenAI refuses the pair (max_completion_tokens replaces max_tokens) and servers
+        # that take both differ in which one they honour: OpenAI's own 400, not a 502 from
+        # one upstream and a different length limit from another.
+        raise bad_request(
+            "Setting 'max_tokens' and 'max_completion_tokens' at the same time is not supported.",
+            param="max_tokens",
+            code="invalid_parameter_combination",
+        )
     if not req.tools:
         data = _without_tool_settings(data, req)
     else:

@@ -10,7 +10,7 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from decimal import Decimal
-from typing import cast
+from typing import Any, cast
 
 import httpx
 import openai
@@ -706,6 +706,32 @@ def test_openai_client_sees_bad_request(gateway: Gateway) -> None:
         client(gateway).chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "x"}], temperature=9
         )
+
+
+def test_both_output_limits_at_once_are_openais_400(gateway: Gateway, upstream: Upstream) -> None:
+    """OpenAI refuses max_tokens with max_completion_tokens; upstreams that take the pair
+    differ in which one they honour. The gateway answers OpenAI's 400 itself (the pair was
+    forwarded, to whichever upstream routing picked)."""
+    before = upstream.stats()["requests"].get(MODEL, 0)
+    for model in (MODEL, "xrouter"):
+        with pytest.raises(openai.BadRequestError) as exc:
+            client(gateway).chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": "x"}],
+                max_tokens=10,
+                max_completion_tokens=20,
+            )
+        error = exc.value.response.json()["error"]
+        assert (error["code"], error["param"]) == ("invalid_parameter_combination", "max_tokens")
+        assert "at the same time is not supported" in error["message"]
+    assert upstream.stats()["requests"].get(MODEL, 0) == before
+    # Either one alone is forwarded as before.
+    messages: list[Any] = [{"role": "user", "content": "x"}]
+    c = client(gateway)
+    assert c.chat.completions.create(model=MODEL, messages=messages, max_tokens=10).choices
+    assert c.chat.completions.create(
+        model=MODEL, messages=messages, max_completion_tokens=10
+    ).choices
 
 
 @pytest.mark.parametrize("model", ["gpt-17", "xrouter/nonsense"])
