@@ -152,12 +152,18 @@ class Reloader:
             # take up a newer one while the build runs, and what is served and recorded
             # must be what was built.
             deployment = following if following is not None else self.deployment
+            applies = deployment is not None and deployment.applies_to(
+                file_settings.router.checkpoint
+            )
             serving = self._kept_from_start(self._effective(file_settings, deployment))
             runtime = await self._build(serving)
             if following is not None:
                 check_deployed_version(runtime, following)
                 self._seen_deployment = following.id
-            elif serving is not file_settings:
+            elif applies:
+                # The deployed checkpoint is what was built: a version other than the one
+                # recorded means it was rewritten in place. (Where the config names another
+                # checkpoint, the config's serves and there is nothing to record.)
                 deployment = await self._record_rewritten_deployment(runtime, deployment)
             runtime.take_over()
             s.file_settings, s.settings, s.runtime = file_settings, serving, runtime

@@ -181,6 +181,8 @@ def test_a_deploy_holds_across_file_reloads_and_restarts_until_the_config_change
         r = _deploy(gw.url, str(tmp_path / "missing"))
         assert r.status_code == 400 and r.json()["error"]["code"] == "reload_failed"
         assert _serving(gw.url)["checkpoint"]["version"] == default.version
+        # Said in the gateway's log too, where operators look (only the client was told).
+        assert f"admin deploy of {tmp_path / 'missing'} refused" in gw.log()
     finally:
         gw.stop()
 
@@ -254,6 +256,42 @@ def test_a_deployed_checkpoint_rewritten_in_place_is_recorded_when_it_is_reloade
         state = _serving(gw.url)
         assert state["checkpoint"]["version"] == rl.version, gw.log()
         assert state["deployment"]["id"] == 2
+    finally:
+        gw.stop()
+
+
+def test_a_config_that_names_another_checkpoint_records_no_deployment(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    """The config's checkpoint changed after a deploy: the config's serves and nothing is
+    recorded. A reload recorded the config's checkpoint version under the deployed path,
+    as if that checkpoint had been rewritten in place — a deployment nobody made, which
+    the other workers and the next restart then refused as a stale copy, logging errors."""
+    import shutil
+    import sqlite3
+
+    demo, rl = load_checkpoint("packaged:demo"), load_checkpoint("packaged:demo-rl")
+    assert demo.path is not None and rl.path is not None
+    deployed, other = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(demo.path, deployed)
+    shutil.copytree(rl.path, other)
+    cfg = gateway_config(tmp_path, upstream.base_url)
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        assert _deploy(gw.url, str(deployed)).status_code == 200
+        cfg["router"] = {**cfg["router"], "checkpoint": str(other)}
+        gw.config_path.write_text(yaml.safe_dump(cfg))
+        for _ in range(2):
+            assert httpx.post(f"{gw.url}/admin/reload", headers=ADMIN).status_code == 200
+        state = _serving(gw.url)
+        assert state["checkpoint"]["version"] == rl.version and state["deployment"] is None
+        db = sqlite3.connect(tmp_path / "ledger.db")
+        try:
+            rows = db.execute("SELECT checkpoint, version FROM router_deployments").fetchall()
+        finally:
+            db.close()
+        assert rows == [(str(deployed), demo.version)]
+        assert "changed in place" not in gw.log()
     finally:
         gw.stop()
 
