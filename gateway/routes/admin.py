@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import os
 from typing import Any
 
@@ -38,6 +39,8 @@ from gateway.routes.ledger_read import ledger_read
 from gateway.routes.openai import services
 from gateway.services import Services
 from pricing.money import usd_to_micros
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/admin")
 
@@ -446,6 +449,10 @@ async def reload(request: Request) -> Response:
         else:
             rt = await s.reload(settings)
     except (SettingsError, ValueError, OSError) as exc:
+        # Logged as the file watcher's failures are: operators read the gateway's log, not
+        # the deploying client's output.
+        what = f"deploy of {body.checkpoint}" if body.checkpoint is not None else "reload"
+        log.warning("admin %s refused, still serving the previous config: %s", what, exc)
         raise APIError(
             400, f"reload failed, still serving the previous config: {exc}", code="reload_failed"
         ) from None
