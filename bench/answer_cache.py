@@ -21,6 +21,7 @@ import socket
 import statistics
 import sys
 import time
+import urllib.parse
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -37,6 +38,7 @@ from router.outcomes import load_outcome_table  # noqa: E402
 log = logging.getLogger("answer_cache")
 DEMO = REPO_ROOT / "router" / "assets" / "demo_outcomes.jsonl"
 MODEL = "mistral-small-24b-instruct-2501-bf16"
+# Where the Redis rows run (``--redis-url``): keys under a random prefix, deleted after.
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
@@ -76,25 +78,26 @@ async def timed(n: int, op: Callable[[], Awaitable[Any]]) -> list[float]:
     return out
 
 
-def redis_up() -> bool:
+def redis_up(url: str) -> bool:
+    parts = urllib.parse.urlsplit(url)
     try:
-        with socket.create_connection(("127.0.0.1", 6379), timeout=0.5):
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379), 0.5):
             return True
     except OSError:
         return False
 
 
-async def run(n: int) -> None:
+async def run(n: int, redis_url: str = REDIS_URL) -> None:
     bodies, answer = requests_and_answer()
     encoded = answer.encode()
     log.info("answer: %d bytes stored; requests: %s", len(encoded),
              ", ".join(f"{k} {len(str(v))} chars" for k, v in bodies.items()))  # fmt: skip
     backends: list[tuple[str, Any]] = [("memory", MemoryBackend(10_000, 64 << 20))]
     prefix = f"xrbench-{uuid.uuid4().hex[:8]}"
-    if redis_up():
-        backends.append(("redis", RedisBackend(REDIS_URL, prefix=prefix, timeout_s=0.1)))
+    if redis_up(redis_url):
+        backends.append(("redis", RedisBackend(redis_url, prefix=prefix, timeout_s=0.1)))
     else:
-        log.info("Redis is not running on 127.0.0.1:6379: its rows are skipped")
+        log.info("Redis is not running at %s: its rows are skipped", redis_url)
     for name, body in bodies.items():
         req = ChatCompletionRequest.model_validate(body)
         controls = req.xrouter.cache if req.xrouter else None
@@ -166,9 +169,14 @@ async def run(n: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=5000)
+    parser.add_argument(
+        "--redis-url",
+        default=REDIS_URL,
+        help=f"the Redis its rows use, keys under a random prefix deleted after ({REDIS_URL})",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    asyncio.run(run(args.n))
+    asyncio.run(run(args.n, args.redis_url))
 
 
 if __name__ == "__main__":
