@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -414,21 +414,33 @@ class RequestHooks:
         from gateway.accounting import build_record, observe
 
         state = result.state if result is not None else rlog.result_state
-        if rlog.principal.limits is not None:
+        # Each step before the ledger row is on its own: a limit store's or a metric's
+        # failure is logged, and never costs the request its row (the call was paid for).
+        limits = rlog.principal.limits
+        if limits is not None:
             # First: the next request of the key may be waiting for the slot.
-            await self._free_slot(rlog, rlog.principal.limits)
-        if self.limits is not None and rlog.principal.limits is not None and state is not None:
+            await _logged_step("release its slot", rlog, self._free_slot(rlog, limits))
+        if self.limits is not None and limits is not None and state is not None:
             used = sum(o.usage.total_tokens for o in (*state.router_calls, *state.outcomes))
             if used != rlog.tokens_estimate:
                 # Booked when the estimate was, so the correction leaves the tpm window with
                 # it: a refund that outlived its charge would make room for tokens never had.
-                await self.limits.add_tokens(
-                    rlog.principal.limits,
-                    used - rlog.tokens_estimate,
-                    at=rlog.admitted_at or None,
+                correction = self.limits.add_tokens(
+                    limits, used - rlog.tokens_estimate, at=rlog.admitted_at or None
                 )
+                await _logged_step("correct its token count", rlog, correction)
         if self.metrics is not None:
-            observe(self.metrics, rlog, result, state, self.reference_price)
+            try:
+                observe(self.metrics, rlog, result, state, self.reference_price)
+            except Exception:
+                log.exception("metrics failed for request %s", rlog.request_id)
         if self.ledger is not None:
             record = build_record(rlog, result, state)
             await self.ledger.submit_durable(record)
+
+
+async def _logged_step(what: str, rlog: RequestLog, step: Awaitable[None]) -> None:
+    try:
+        await step
+    except Exception:
+        log.exception("accounting: could not %s for request %s", what, rlog.request_id)

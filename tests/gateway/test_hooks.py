@@ -4,13 +4,21 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
-from gateway.hooks import Bookkeeping, KeyBudgetGuard
+from gateway.hooks import Bookkeeping, KeyBudgetGuard, RequestHooks, RequestLog
+from gateway.ledger import schema
+from gateway.ledger.store import open_ledger_engine
+from gateway.ledger.writer import LedgerWriter
 from gateway.limits import KeyLimits
 from gateway.limits.memory import MemoryLimitStore
 from gateway.limits.redis_store import RedisLimitStore
+from gateway.principal import Principal
+from gateway.settings import LedgerSettings
 from router.policy import ToolCall
 from tests.support.services import REDIS_URL, need_redis
 
@@ -97,3 +105,43 @@ async def test_a_hold_taken_while_its_request_is_cancelled_is_released(backend: 
         assert (state.spent, state.reserved) == (0, 0)
     finally:
         await store.aclose()
+
+
+class _ReleaseFails(MemoryLimitStore):
+    """A store whose slot release fails with an error of its own (not an outage), as a bug
+    or an unexpected reply would."""
+
+    async def release_slot(self, limits: KeyLimits, request_id: str) -> None:
+        raise RuntimeError("unexpected reply")
+
+
+async def test_a_failing_step_before_the_ledger_row_does_not_lose_the_row(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The slot release, the token correction and the metrics run before the row is
+    submitted: one that raised skipped the submit, and the answered, paid-for request had
+    no row at all."""
+    url = f"sqlite+aiosqlite:///{tmp_path}/ledger.db"
+    engine = await open_ledger_engine(url)
+    writer = LedgerWriter(engine, LedgerSettings(url=url, spill_dir=str(tmp_path / "spill")))
+    await writer.start()
+    try:
+        hooks = RequestHooks(limits=_ReleaseFails(), ledger=writer)
+        limits = KeyLimits(key_id="k1", max_parallel=1)
+        rlog = RequestLog(
+            request_id="req-1",
+            created_at=time.time(),
+            principal=Principal(key_id="k1", limits=limits),
+            t0=time.perf_counter(),
+            status=200,
+            slot_held=True,
+        )
+        await hooks.finish(rlog, None)
+        await writer.flush()
+        async with engine.connect() as conn:
+            ids = (await conn.execute(sa.select(schema.requests.c.request_id))).scalars().all()
+        assert ids == ["req-1"]
+        assert "could not release its slot for request req-1" in caplog.text
+    finally:
+        await writer.close()
+        await engine.dispose()
