@@ -39,7 +39,7 @@ from training.compact.data import (
     reward_matrix,
 )
 from training.datasets.splits import split_of
-from training.evaluation.overlap import ids_fingerprint, write_seen_prompts
+from training.evaluation.overlap import ids_fingerprint, seen_prompt_hashes, write_seen_prompts
 from training.reward import RewardConfig, check_reference_costs
 
 logger = logging.getLogger(__name__)
@@ -216,14 +216,20 @@ class RunTable:
         return None if self.reference is None else self.reference[rows]
 
 
-def keep_seen_prompts(checkpoint: Path, table: RunTable) -> None:
-    """Keep, beside a checkpoint directory, which prompts it was fitted and selected on (its
-    training and validation parts), so that `xrouter eval` can tell them in any later
-    table (a later export of the same traffic)."""
+def seen_hashes(table: RunTable) -> np.ndarray:
+    """The hashes of the prompts a run fits and selects on (its training and validation
+    parts), computed once per run for every checkpoint it saves."""
+    rows = np.concatenate([table.splits["train"], table.splits["validation"]])
+    return seen_prompt_hashes(table.records[int(i)].split_key for i in rows)
+
+
+def keep_seen_prompts(checkpoint: Path, hashes: np.ndarray) -> None:
+    """Keep, beside a checkpoint directory, which prompts it was fitted and selected on
+    (``seen_hashes``), so that `xrouter eval` can tell them in any later table (a later
+    export of the same traffic)."""
     if is_single_file(checkpoint):
         return  # one file to ship: its table's fingerprint and split have to do
-    rows = np.concatenate([table.splits["train"], table.splits["validation"]])
-    write_seen_prompts(checkpoint, (table.records[int(i)].split_key for i in rows))
+    write_seen_prompts(checkpoint, hashes)
 
 
 # Below this many training records a router mostly memorizes: said, not refused.

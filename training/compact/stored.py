@@ -31,6 +31,7 @@ from training.compact.run import (
     keep_seen_prompts,
     prepare_table,
     run_metadata,
+    seen_hashes,
     write_config,
     write_summary,
 )
@@ -223,7 +224,7 @@ def finish_build(
         ),
         weights,
     )
-    keep_seen_prompts(ckpt_path, table)
+    keep_seen_prompts(ckpt_path, seen_hashes(table))
     write_summary(build.out, ckpt_path, seconds, metrics_out)
     logger.info(
         "%s checkpoint with k=%d (validation reward %.4f): %s", build.kind, k, tried[k], ckpt_path

@@ -60,6 +60,7 @@ from training.compact.run import (
     mean_reward,
     prepare_table,
     run_metadata,
+    seen_hashes,
     write_config,
     write_summary,
 )
@@ -227,6 +228,7 @@ def train(
         ids_sha256=table.ids_sha256,
     )
     write_config(out, training_meta, models, extractor)
+    seen = seen_hashes(table)
 
     def save(
         path: Path, weights: dict[str, np.ndarray], metrics: dict[str, Any], step: int
@@ -241,7 +243,7 @@ def train(
             metrics=metrics,
         )
         save_checkpoint(path, meta, weights)
-        keep_seen_prompts(path, table)
+        keep_seen_prompts(path, seen)
 
     initial, best = _run_steps(learner, model, arch, cfg, evaluator("validation"), out, save)
 

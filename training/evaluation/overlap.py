@@ -53,10 +53,15 @@ def _key_hashes(keys: Iterable[str]) -> np.ndarray:
     )
 
 
-def write_seen_prompts(checkpoint_dir: str | os.PathLike[str], keys: Iterable[str]) -> None:
-    """Keep the split keys of the prompts a checkpoint was fitted and selected on (its
-    training and validation parts) beside it, sorted and deduplicated."""
-    hashes = np.unique(_key_hashes(keys))
+def seen_prompt_hashes(keys: Iterable[str]) -> np.ndarray:
+    """The sorted, deduplicated hashes of the split keys of the prompts a checkpoint was
+    fitted and selected on (its training and validation parts): what
+    :func:`write_seen_prompts` keeps beside it."""
+    return np.unique(_key_hashes(keys))
+
+
+def write_seen_prompts(checkpoint_dir: str | os.PathLike[str], hashes: np.ndarray) -> None:
+    """Keep ``hashes`` (from :func:`seen_prompt_hashes`) beside a checkpoint directory."""
     path = Path(checkpoint_dir) / SEEN_FILE
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(hashes.tobytes())

@@ -17,6 +17,7 @@ from training.evaluation.overlap import (
     read_seen_prompts,
     seen_by_hash,
     seen_in_training,
+    seen_prompt_hashes,
     write_seen_prompts,
 )
 
@@ -132,7 +133,8 @@ def test_kept_prompt_hashes_find_the_seen_records_in_any_table(
 ) -> None:
     records = table_factory(120, seed=5)
     seen_part, unseen = records[:70], records[70:]
-    write_seen_prompts(tmp_path, [r.split_key for r in seen_part] * 2)  # repeats kept once
+    # Repeats are kept once.
+    write_seen_prompts(tmp_path, seen_prompt_hashes([r.split_key for r in seen_part] * 2))
     hashes = read_seen_prompts(tmp_path)
     assert hashes is not None and len(hashes) == 70
     assert (tmp_path / SEEN_FILE).stat().st_size == 70 * 8
