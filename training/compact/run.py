@@ -351,6 +351,19 @@ def _pool_and_records(
         raise ValueError(
             "no model has an outcome on every record (see the warnings above): pass --pool"
         )
+    if len(models) == 1:
+        # One action: every policy picks it, so a run would learn nothing and write a
+        # checkpoint that routes nowhere, with validation figures that look like a router's.
+        if pool:
+            why = "--pool names one model"
+        elif cfg.offpolicy:
+            why = (
+                "the logged records chose one model only, and say nothing of any other "
+                "(log with exploration: router.epsilon)"
+            )
+        else:
+            why = "one model only has an outcome on every record (pass --pool with others)"
+        raise ValueError(f"{why}: {models[0]!r}; a router chooses between at least two models")
     seen = {m for r in kept for m in r.outcomes}
     unknown = [m for m in models if m not in seen]
     if unknown:

@@ -327,6 +327,39 @@ def test_a_repeated_pool_model_is_refused(
     assert "pool model(s) given more than once: cheap" in err and "Traceback" not in err
 
 
+def test_a_pool_of_one_model_is_refused(
+    tables: tuple[list[OutcomeRecord], list[OutcomeRecord]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # One action: every policy picks it. Training ran, and wrote a checkpoint that routes
+    # nowhere with validation figures that read like a router's.
+    full, logged = tables
+    table = tmp_path / "table.jsonl"
+    write_outcome_table(full[:60], table)
+    out = tmp_path / "o"
+    args = ["--out", str(out), "--no-progress", "--steps", "2"]
+    assert main(["--table", str(table), *args, "--pool", "cheap"]) == 2
+    err = capsys.readouterr().err
+    assert "--pool names one model: 'cheap'; a router chooses between at least two" in err
+    # A research table where one model alone has every record's outcome.
+    only = tmp_path / "only.jsonl"
+    write_outcome_table(
+        [r.model_copy(update={"outcomes": {"cheap": r.outcomes["cheap"]}}) for r in full[:60]],
+        only,
+    )
+    assert main(["--table", str(only), *args]) == 2
+    assert "one model only has an outcome on every record" in capsys.readouterr().err
+    # Logged traffic that always chose one model, learned from off-policy.
+    action = logged[0].logged.action  # type: ignore[union-attr]
+    one = tmp_path / "one.jsonl"
+    write_outcome_table([r for r in logged if r.logged.action == action][:30], one)  # type: ignore[union-attr]
+    for mode in ([], ["--knn", "5"]):
+        assert main(["--table", str(one), *args, "--offpolicy", *mode]) == 2
+        assert "the logged records chose one model only" in capsys.readouterr().err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("content", ["", "\n  \n"])
 def test_an_empty_table_is_said_to_be_empty(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str
