@@ -50,9 +50,22 @@ def completion_tokens_estimate(body: Mapping[str, Any]) -> int:
     for choice in body.get("choices") or ():
         message = choice.get("message") or {}
         chars += len(content_text(message.get("content")))
-        for tc in message.get("tool_calls") or ():
-            chars += len((tc.get("function") or {}).get("arguments") or "")
+        calls = message.get("tool_calls") or []
+        for tc in calls if isinstance(calls, list) else [calls]:
+            chars += len(_arguments_text(tc))
     return tokens_for_chars(chars)
+
+
+def _arguments_text(tool_call: Any) -> str:
+    """A tool call's arguments as the text the model wrote. The upstream checked only that
+    each choice has a message: a malformed call (a string, ``function`` no object,
+    ``arguments`` an object) is the caller's to refuse — the llm router answers it with a
+    tool error — so it is counted by its JSON here, never raised on."""
+    function = tool_call.get("function") if isinstance(tool_call, dict) else tool_call
+    arguments = function.get("arguments") if isinstance(function, dict) else function
+    if not arguments:
+        return ""
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, default=str)
 
 
 def prompt_tokens_estimate(body: Mapping[str, Any]) -> int:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from pricing import TokenUsage, estimate_tokens
+from pricing import TokenUsage, estimate_tokens, tokens_for_chars
 from router.providers.usage import reported_or_estimated
 
 REQUEST = {"messages": [{"role": "user", "content": "hello there"}]}
@@ -41,3 +41,27 @@ def test_usage_with_no_count_to_charge_by_is_estimated(usage: Any) -> None:
     assert not reported
     assert got.prompt_tokens >= estimate_tokens("hello there") > 0
     assert got.completion_tokens == estimate_tokens("Hi you") > 0
+
+
+@pytest.mark.parametrize(
+    ("tool_calls", "text"),
+    [
+        ([{"function": {"name": "f", "arguments": '{"a": 1}'}}], '{"a": 1}'),
+        ([{"function": {"name": "f", "arguments": {"a": 1}}}], '{"a": 1}'),  # an object
+        ([{"function": "call_x"}], "call_x"),  # a function that is a string
+        (["call_x"], "call_x"),  # a call that is a string
+        ({"function": {"arguments": "{}"}}, "{}"),  # one call, not a list of them
+        ([5], "5"),
+        ([{"id": "c"}, None, {"function": None}], ""),  # nothing that holds arguments
+    ],
+)
+def test_a_malformed_tool_call_is_estimated_by_its_text_not_raised_on(
+    tool_calls: Any, text: str
+) -> None:
+    # A router model's malformed call is refused by the loop as a tool error; its tokens
+    # are still charged. Without usage, the estimate raised on these (a 500).
+    # Four characters of text: a character more or less moves the estimate.
+    message = {"role": "assistant", "content": "okay", "tool_calls": tool_calls}
+    got, reported = reported_or_estimated(REQUEST, {"choices": [{"message": message}]})
+    assert not reported
+    assert got.completion_tokens == tokens_for_chars(4 + len(text))
