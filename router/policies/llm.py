@@ -90,9 +90,10 @@ class LLMRouterPolicy(Policy):
         empty_answer_falls_back: bool = True,
     ) -> None:
         self.provider = provider
-        # Serving: an empty answer from the router is replaced by the best answer bought
-        # (or the cheapest model's), since a client asked for one. Training: it must earn
-        # nothing, or a router that learns to say nothing is paid the fallback's reward.
+        # Serving: an empty answer from the router — or a last turn with no call it can
+        # make — is replaced by the best answer bought (or the cheapest model's), since a
+        # client asked for one. Training: it must earn nothing, or a router that learns to
+        # say nothing is paid the fallback's reward.
         self.empty_answer_falls_back = empty_answer_falls_back
         self.router_model = router_model
         self.temperature = temperature
@@ -110,19 +111,12 @@ class LLMRouterPolicy(Policy):
         return self.router_model.price
 
     def _report_results(self, state: LoopState) -> None:
-        """Append a tool message for every call result the router has not seen yet."""
+        """Append a message for every call result the router has not seen yet."""
         seen: set[str] = state.notes.setdefault("reported", set())
         for o in state.outcomes:
-            if o.call.id in seen:
-                continue
-            seen.add(o.call.id)
-            if o.ok:
-                content = tool_result_text(o.call.id, o.model or o.call.model, o.text)
-            else:
-                content = orjson.dumps(
-                    {"error": o.error_kind or "failed", "message": o.error, "selectable": False}
-                ).decode()
-            state.transcript.append({"role": "tool", "tool_call_id": o.call.id, "content": content})
+            if o.call.id not in seen:
+                seen.add(o.call.id)
+                state.transcript.append(_result_message(state, o))
         for bad in state.notes.pop("select_errors", []):
             state.transcript.append(
                 {
@@ -148,7 +142,11 @@ class LLMRouterPolicy(Policy):
         self._start_transcript(ctx, state)
         chars = len(orjson.dumps(state.transcript)) + len(orjson.dumps(router_tools(ctx.pool)))
         reported: set[str] = state.notes.get("reported", set())
-        chars += sum(len(o.text or "") + 64 for o in state.outcomes if o.call.id not in reported)
+        chars += sum(
+            len(orjson.dumps(_result_message(state, o)))
+            for o in state.outcomes
+            if o.call.id not in reported
+        )
         prompt = chars // 3 + 8
         worst = self.price.worst_case_micros(prompt, self.router_model.max_output_tokens)
         return self._router_tool_call(state), worst
@@ -284,7 +282,12 @@ class LLMRouterPolicy(Policy):
             return Select(ok[-1].call.id)
         cheapest = ctx.pool.cheapest().name
         state.decision.record(cheapest, 1.0)
-        return Call((ToolCall(id=f"fallback_{state.turn}", model=cheapest),), final=True)
+        used = _ids_in_use(state)
+        call_id, n = f"fallback_{state.turn}", 1
+        while call_id in used:  # the router named a call of its own so
+            call_id, n = f"fallback_{state.turn}.{n}", n + 1
+        state.notes.setdefault("fallback_calls", set()).add(call_id)
+        return Call((ToolCall(id=call_id, model=cheapest),), final=True)
 
     def _parse_tool_calls(
         self, ctx: RouteContext, state: LoopState, tool_calls: list[dict[str, Any]]
@@ -355,6 +358,13 @@ class LLMRouterPolicy(Policy):
                     max_tokens=max_tokens,
                 )
             )
+        last = state.turn >= ctx.max_turns - 1
+        if not calls and last and self.empty_answer_falls_back and not state.successful():
+            # The last turn asked for nothing that can be made (every call malformed or
+            # unknown), and nothing was bought: the loop would end with no answer — a 502
+            # blaming the upstreams, which were never called. Served as an empty answer is
+            # (in training it earns nothing, as an empty answer does).
+            return self._fallback(ctx, state)
         # Recorded once they are made: a select_response later in the same message ends the
         # loop, and calls listed before it are never made (no action of the decision).
         for call in calls:
@@ -402,13 +412,7 @@ def _unique_ids(state: LoopState, tool_calls: list[Any]) -> list[dict[str, Any]]
     settles, results and ``select_response`` are all keyed by the id; a reused or missing
     one is renamed here, before the transcript records it, so the router reads the results
     under the ids it is then shown."""
-    used = {
-        tc.get("id")
-        for m in state.transcript
-        if m.get("role") == "assistant"
-        for tc in (m.get("tool_calls") or ())
-        if isinstance(tc, dict)
-    }
+    used = _ids_in_use(state)
     out: list[dict[str, Any]] = []
     for i, tc in enumerate(tool_calls):
         if not isinstance(tc, dict):
@@ -421,6 +425,41 @@ def _unique_ids(state: LoopState, tool_calls: list[Any]) -> list[dict[str, Any]]
         used.add(tc_id)
         out.append(tc if tc_id == given else {**tc, "id": tc_id})
     return out
+
+
+def _result_message(state: LoopState, o: CallOutcome) -> dict[str, Any]:
+    """The message that reports a call's result to the router: a tool message answering its
+    call, or for a fallback the gateway made after a failed router turn (one that answered
+    ended the request), a note. The router made no such call, and a tool message answering
+    a call no assistant message holds is a 400 on strict servers: every later turn would
+    fail, and fall back again."""
+    model = o.model or o.call.model
+    if o.call.id in state.notes.get("fallback_calls", ()):
+        return {
+            "role": "user",
+            "content": f"The gateway called {model} itself after a failed turn, and that call "
+            f"failed ({o.error_kind or 'failed'}): it cannot be selected. Call a model or "
+            "answer yourself.",
+        }
+    if o.ok:
+        content = tool_result_text(o.call.id, model, o.text)
+    else:
+        content = orjson.dumps(
+            {"error": o.error_kind or "failed", "message": o.error, "selectable": False}
+        ).decode()
+    return {"role": "tool", "tool_call_id": o.call.id, "content": content}
+
+
+def _ids_in_use(state: LoopState) -> set[Any]:
+    """The ids of this request's calls: the router's (its transcript's) and the gateway's
+    own fallbacks (in no transcript)."""
+    return {
+        tc.get("id")
+        for m in state.transcript
+        if m.get("role") == "assistant"
+        for tc in (m.get("tool_calls") or ())
+        if isinstance(tc, dict)
+    } | {o.call.id for o in state.outcomes}
 
 
 def _num(v: Any, lo: float, hi: float) -> float | None:

@@ -341,11 +341,13 @@ async def test_invalid_tool_and_missing_argument_become_tool_errors(
     assert_costs_add_up(p, r)
 
 
+@pytest.mark.parametrize("usage", [True, False])
 async def test_malformed_tool_calls_become_tool_errors(
-    setup: Any, scripted_router: ScriptedRouter
+    setup: Any, scripted_router: ScriptedRouter, usage: bool
 ) -> None:
     # Shapes a small router model emits that the parser once crashed on (a 500): a function
-    # that is a string, a name that is no string, arguments that are an object.
+    # that is a string, a name that is no string, arguments that are an object. Without
+    # usage, its estimate (from the calls' arguments) crashed on the first too.
     p, orch, policy, _ = setup
     calls = [
         {"id": "f1", "type": "function", "function": "call_x"},
@@ -357,6 +359,7 @@ async def test_malformed_tool_calls_become_tool_errors(
     scripted_router.script(
         {"raw_choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]},
         {"content": "I'll answer myself: 100 °C."},
+        usage=None if usage else False,
     )
     r = await orch.run(policy, ctx(p))
     assert r.message is not None and r.message["content"].startswith("I'll answer")
@@ -365,6 +368,8 @@ async def test_malformed_tool_calls_become_tool_errors(
         "invalid_tool_call",
         "invalid_arguments",
     ]
+    turn = r.state.router_calls[0]
+    assert turn.ok and turn.usage.completion_tokens > 0 and turn.cost_micros > 0
 
 
 async def test_the_routers_own_answer_keeps_its_finish_reason_and_refusal(
@@ -648,6 +653,69 @@ async def test_router_failure_without_answers_routes_to_cheapest(
     scripted_router.script({"error_status": 500})
     r = await orch.run(policy, ctx(p))
     assert r.final_model == CHEAP and not r.state.router_calls[0].ok
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_failed_fallback_is_told_to_the_router_not_answered_as_its_call(
+    setup: Any, scripted_router: ScriptedRouter, downstream: Downstream, stream: bool
+) -> None:
+    # The router fails, and so does the cheapest model the gateway calls in its place. The
+    # next turn reported that call as a tool message answering a call no assistant message
+    # held: a 400 on strict servers (OpenAI's), every later turn failing and falling back.
+    p, orch, policy, _ = setup
+    downstream.fault(CHEAP, "status=500", count=1)
+    scripted_router.script(
+        {"error_status": 500}, {"tool_calls": [call(MID, "a")]}, {"tool_calls": [select("a")]}
+    )
+    r = await orch.run(policy, ctx(p), stream=stream)
+    assert r.final_model == MID and r.message is not None and r.message["content"]
+    sent = scripted_router.requests()[1]["messages"]
+    assert [m["role"] for m in sent[1 + len(USER) :]] == ["user"], sent
+    assert f"The gateway called {CHEAP} itself after a failed turn" in sent[-1]["content"]
+    assert [(o.call.id, o.model, o.ok) for o in r.outcomes] == [
+        ("fallback_0", CHEAP, False),
+        ("a", MID, True),
+    ]
+    assert_costs_add_up(p, r)
+    # A router call named as the gateway's fallback would be: the fallback takes another id
+    # (the same one was refused as a duplicate call, reported as over budget).
+    downstream.fault(CHEAP, "status=500", count=2)
+    scripted_router.script(
+        {"tool_calls": [call(CHEAP, "fallback_1")]}, {"error_status": 500}, {"content": "100."}
+    )
+    r = await orch.run(policy, ctx(p), stream=stream)
+    assert [(o.call.id, o.model, o.error_kind) for o in r.outcomes] == [
+        ("fallback_1", CHEAP, "upstream_5xx"),
+        ("fallback_1.1", CHEAP, "upstream_5xx"),
+    ]
+    last = scripted_router.requests()[2]["messages"][1 + len(USER) :]
+    assert [m["role"] for m in last] == ["assistant", "tool", "user"], last
+    assert last[1]["tool_call_id"] == "fallback_1"
+
+
+async def test_a_last_turn_with_no_call_to_make_falls_back(
+    setup: Any, scripted_router: ScriptedRouter
+) -> None:
+    # A router that emits only unusable calls ran out of turns with nothing bought: a 502
+    # "no downstream call succeeded" (upstream_error), though no upstream was called.
+    p, orch, policy, _ = setup
+    unknown = {"id": "x", "name": "call_gpt-99", "arguments": {"system_prompt": "hi"}}
+    scripted_router.script(
+        {"content": "thinking", "tool_calls": [unknown]},
+        {"content": "thinking", "tool_calls": [dict(unknown, id="y")]},
+    )
+    r = await orch.run(policy, ctx(p, max_turns=2))
+    assert r.final_model == CHEAP and r.message is not None and r.message["content"]
+    assert r.state.notes["tool_errors"] == ["unknown_tool", "unknown_tool"]
+    assert [o.call.id for o in r.outcomes] == ["fallback_1"]
+    assert len(r.state.router_calls) == 2
+    assert_costs_add_up(p, r)
+    # An unusable call on an earlier turn is the router's to correct on the next.
+    scripted_router.script(
+        {"tool_calls": [unknown]}, {"tool_calls": [call(MID, "a")]}, {"tool_calls": [select("a")]}
+    )
+    r = await orch.run(policy, ctx(p, max_turns=3))
+    assert r.final_model == MID and [o.call.id for o in r.outcomes] == ["a"]
 
 
 async def test_router_model_transient_failures_are_retried_up_to_its_max_retries(
