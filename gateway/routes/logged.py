@@ -164,7 +164,16 @@ async def generation(request: Request) -> Response:
         raise bad_request(f"id: {exc}", param="id") from None
     row = await logged_request(s, who, request_id, param="id")
     calls = await get_calls(s.ledger_engine(), request_id)
-    return Response(orjson.dumps({"data": _generation(row, calls)}), media_type="application/json")
+    data = _generation(row, calls)
+    if row["cached_from"] is not None:
+        # A hit paid for no tokens (its row counts none: spend reports would count the
+        # answer's twice), but its usage reported the answer's, and this is where a client
+        # that missed that usage chunk reads it: the same counts, from the request that paid.
+        # (None once retention has pruned that request.)
+        origin = await get_request(s.ledger_engine(), row["cached_from"])
+        data["tokens_prompt"] = origin["prompt_tokens"] if origin else None
+        data["tokens_completion"] = origin["completion_tokens"] if origin else None
+    return Response(orjson.dumps({"data": data}), media_type="application/json")
 
 
 def _generation(row: dict[str, Any], calls: list[dict[str, Any]]) -> dict[str, Any]:

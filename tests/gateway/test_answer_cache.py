@@ -115,6 +115,16 @@ def test_a_repeated_request_is_answered_from_the_cache_for_nothing(
     (status, _, total), calls = ledger_rows(cached, hit_id)
     assert (status, total, calls) == (200, 0, [])
     assert cached_from(cached, hit_id) == first_id and cached_from(cached, first_id) is None
+    # Its generation stats read back the usage it reported (the answer's tokens), as for
+    # a client that missed a stream's usage chunk; the cost, what it paid: nothing.
+    g = httpx.get(f"{cached.base_url}/generation", params={"id": hit_id}, timeout=10).json()
+    data = g["data"]
+    assert (data["tokens_prompt"], data["tokens_completion"], data["total_cost"]) == (
+        again["usage"]["prompt_tokens"],
+        again["usage"]["completion_tokens"],
+        0,
+    )
+    assert data["cached_from"] == first_id and data["calls"] == []
 
     # Feedback on the hit is accepted (it is a request of this key) ...
     fb = httpx.post(f"{cached.base_url}/feedback", json={"request_id": hit_id, "score": 1})
