@@ -13,8 +13,9 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import orjson
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
+from gateway.booked_stream import BookedStream
 from gateway.cache import CachedAnswer
 from gateway.errors import from_provider_error, internal_error
 from gateway.hooks import RequestHooks, RequestLog
@@ -171,7 +172,11 @@ class Renderer:
         # does not keep): kept here so that a cached refusal is served as one again.
         refusal: list[str] = []
 
+        began = False
+
         async def body() -> AsyncIterator[bytes]:
+            nonlocal began
+            began = True
             rlog.status = 499  # until the stream completes: the client may go away
             chunks = aiter(stream.chunks)
             relayed = 0
@@ -247,10 +252,19 @@ class Renderer:
                 await stream.aclose()
                 await hooks.finish(rlog, result)
 
-        return StreamingResponse(
-            body(),
-            media_type="text/event-stream",
-            headers={**self.headers(rlog, result, cost=False), **SSE_HEADERS},
+        async def settle() -> None:
+            if began:
+                return
+            # The client left before the body's first step (BookedStream): the call is
+            # closed, recorded and settled as for a client that left mid-stream.
+            rlog.status = 499
+            try:
+                await stream.aclose()
+            finally:
+                await hooks.finish(rlog, result)
+
+        return BookedStream(
+            body(), settle, headers={**self.headers(rlog, result, cost=False), **SSE_HEADERS}
         )
 
     def text_stream(
@@ -316,7 +330,11 @@ class Renderer:
                 yield chunk(index, {"refusal": refusal})
             yield chunk(index, {}, choice["finish_reason"])
 
+        began = False
+
         async def body() -> AsyncIterator[bytes]:
+            nonlocal began
+            began = True
             rlog.status = 499
             try:
                 for choice in choices:
@@ -338,10 +356,13 @@ class Renderer:
             finally:
                 await hooks.finish(rlog, result)
 
-        return StreamingResponse(
-            body(),
-            media_type="text/event-stream",
-            headers={**self.headers(rlog, result, cost=False), **SSE_HEADERS},
+        async def settle() -> None:
+            if not began:  # the client left before the body's first step (BookedStream)
+                rlog.status = 499
+                await hooks.finish(rlog, result)
+
+        return BookedStream(
+            body(), settle, headers={**self.headers(rlog, result, cost=False), **SSE_HEADERS}
         )
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 import secrets
 
 import orjson
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
+from gateway.booked_stream import BookedStream
 from gateway.errors import APIError
 from gateway.messages.output import EventStream, error_body, from_chat_completion
 from gateway.messages.request import (
@@ -84,10 +85,8 @@ def adapt(req: MessagesRequest, chat: Response) -> Response:
             media_type="application/json",
             headers=headers,
         )
-    if isinstance(chat, StreamingResponse):
+    if isinstance(chat, BookedStream):
         events = EventStream(req, headers["x-xrouter-request-id"], headers.get("x-xrouter-model"))
-        return StreamingResponse(
-            events.translate(chat.body_iterator), media_type="text/event-stream", headers=headers
-        )
+        return chat.translated(events.translate(chat.body_iterator), headers)
     body = from_chat_completion(req, orjson.loads(chat.body))
     return Response(orjson.dumps(body), media_type="application/json", headers=headers)

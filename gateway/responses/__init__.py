@@ -8,8 +8,9 @@ from __future__ import annotations
 import time
 
 import orjson
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
+from gateway.booked_stream import BookedStream
 from gateway.responses.output import EventStream, from_chat_completion
 from gateway.responses.request import ResponsesRequest, client_param, parse_request, to_chat
 from gateway.translation import BODY_HEADERS, client_error
@@ -26,12 +27,10 @@ def adapt(req: ResponsesRequest, chat: Response) -> Response:
     if chat.status_code != 200:
         return chat
     headers = {k: v for k, v in chat.headers.items() if k not in BODY_HEADERS}
-    if isinstance(chat, StreamingResponse):
+    if isinstance(chat, BookedStream):
         events = EventStream(
             req, headers["x-xrouter-request-id"], int(time.time()), headers.get("x-xrouter-model")
         )
-        return StreamingResponse(
-            events.translate(chat.body_iterator), media_type="text/event-stream", headers=headers
-        )
+        return chat.translated(events.translate(chat.body_iterator), headers)
     body = from_chat_completion(req, orjson.loads(chat.body))
     return Response(orjson.dumps(body), media_type="application/json", headers=headers)
