@@ -26,6 +26,17 @@ _STOP_REASON = {
     "function_call": "tool_use",
     "content_filter": "refusal",
 }
+
+
+def stop_reason(finish_reason: str, tool_use: bool) -> str:
+    """Anthropic's ``stop_reason`` for a chat ``finish_reason``. An answer of tool calls
+    that finished with "stop" — what a forced tool choice ends with (OpenAI, vLLM), which
+    Anthropic's ``tool_choice`` ``any`` and ``tool`` translate to — is "tool_use": agent
+    loops run the tools on that reason only."""
+    reason = _STOP_REASON.get(finish_reason, "end_turn")
+    return "tool_use" if tool_use and reason == "end_turn" else reason
+
+
 # HTTP status -> Anthropic's error type.
 _ERROR_TYPE = {
     400: "invalid_request_error",
@@ -95,9 +106,9 @@ def message_object(
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": _STOP_REASON.get(finish_reason or "", "end_turn")
-        if finish_reason is not None
-        else None,
+        "stop_reason": None
+        if finish_reason is None
+        else stop_reason(finish_reason, any(b.get("type") == "tool_use" for b in content)),
         "stop_sequence": None,
         "usage": usage(chat_usage),
     }
@@ -318,12 +329,13 @@ class EventStream(StreamTranslation):
 
     def _finish_message(self, final: dict[str, Any]) -> bytes:
         self.done = True
+        tool_use = self._live_call is not None or bool(self._calls)
         out = self._held_blocks()
         u = usage(final.get("usage"))
         delta: dict[str, Any] = {
             "type": "message_delta",
             "delta": {
-                "stop_reason": _STOP_REASON.get(self._finish or "stop", "end_turn"),
+                "stop_reason": stop_reason(self._finish or "stop", tool_use),
                 "stop_sequence": None,
             },
             "usage": u,

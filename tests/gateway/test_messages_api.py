@@ -599,3 +599,45 @@ def test_a_tool_call_whose_id_comes_late(tmp_path: Path) -> None:
         ("call_b", {"city": "Rome"}),
     ]
     assert text_of(final) == "Checking." and final.stop_reason == "tool_use"
+
+
+def test_tool_calls_that_finished_with_stop_are_a_tool_use_stop(tmp_path: Path) -> None:
+    """A forced tool choice (``tool_choice`` ``any`` or ``tool``, translated to chat's
+    ``required`` or a named function) finishes with "stop" on OpenAI and vLLM: the answer
+    said ``end_turn``, and agent loops, which run tools on ``tool_use`` only, stopped."""
+    call = {
+        "id": "call_a",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
+    with scripted_upstream(tmp_path) as up:
+        up.answer("forced", {"content": None, "tool_calls": [call]}, "stop")
+        up.answer("plain", {"content": "Sunny."}, "stop")
+        gw = start_gateway(tmp_path, gateway_config(tmp_path, up.base_url))
+        try:
+            c = client(gw)
+            forced: list[MessageParam] = [{"role": "user", "content": "forced"}]
+            msg = c.messages.create(
+                model=MODEL,
+                max_tokens=64,
+                messages=forced,
+                tools=[WEATHER],
+                tool_choice={"type": "tool", "name": "get_weather"},
+            )
+            with c.messages.stream(
+                model=MODEL,
+                max_tokens=64,
+                messages=forced,
+                tools=[WEATHER],
+                tool_choice={"type": "any"},
+            ) as stream:
+                streamed = stream.get_final_message()
+            plain: list[MessageParam] = [{"role": "user", "content": "plain"}]
+            text = c.messages.create(model=MODEL, max_tokens=64, messages=plain, tools=[WEATHER])
+        finally:
+            gw.stop()
+    for answer in (msg, streamed):
+        calls = [b for b in answer.content if isinstance(b, ToolUseBlock)]
+        assert [(b.id, b.input) for b in calls] == [("call_a", {"city": "Paris"})]
+        assert answer.stop_reason == "tool_use"
+    assert text.stop_reason == "end_turn"  # no call: the turn ended
