@@ -14,6 +14,10 @@ from typing import Any
 
 import orjson
 
+# The reward terms a feedback entry carries when its reward was logged (the export's
+# ``_reward_terms``), in both formats.
+REWARD_TERMS = ("reward", "cost_usd", "cost_weight", "normalized_cost", "penalty")
+
 
 def parquet_schema() -> Any:
     import pyarrow as pa
@@ -45,6 +49,9 @@ def parquet_schema() -> Any:
             ("created_at", pa.string()),
             # The request it was given on: the record's own, or a cache hit of its answer.
             ("request_id", pa.string()),
+            # The reward logged with the score (router.reward), every term; null when none
+            # was logged. A struct keeps only the fields it names: these were dropped.
+            *((term, pa.float64()) for term in REWARD_TERMS),
         ]
     )
     return pa.schema(
@@ -170,10 +177,16 @@ def unflatten(row: dict[str, Any]) -> dict[str, Any]:
         "router_cost_micros",
         "downstream_cost_micros",
         "calls",
-        "feedback",
     ):
         if row[k] is not None:
             rec[k] = row[k]
+    if row["feedback"] is not None:
+        # A score logged without a reward has no terms, as in the JSONL export (a struct
+        # column has every field: null where the entry had none).
+        rec["feedback"] = [
+            {k: v for k, v in f.items() if v is not None or k not in REWARD_TERMS}
+            for f in row["feedback"]
+        ]
     return rec
 
 

@@ -36,6 +36,7 @@ from typing import Any
 
 from gateway.ledger.records import messages_sha256
 from pricing import micros_to_usd
+from router.export_parquet import REWARD_TERMS
 from router.policy import CANCELLED
 
 
@@ -229,13 +230,10 @@ def build_record(
     return record
 
 
-_REWARD_TERMS = ("reward", "cost_usd", "cost_weight", "normalized_cost", "penalty")
-
-
 def _reward_terms(row: dict[str, Any]) -> dict[str, float]:
     if row.get("reward") is None:
         return {}
-    return {t: float(row[t]) for t in _REWARD_TERMS if row.get(t) is not None}
+    return {t: float(row[t]) for t in REWARD_TERMS if row.get(t) is not None}
 
 
 def _prompt_fields(content: dict[str, Any] | None) -> dict[str, Any]:

@@ -147,13 +147,29 @@ def make_cache_hit(
     return hit
 
 
-def make_feedback(request_id: str, score: float, created_at: float | None = None) -> FeedbackRecord:
+def make_feedback(
+    request_id: str,
+    score: float,
+    created_at: float | None = None,
+    *,
+    reward: float | None = None,
+    cost_usd: float | None = None,
+    cost_weight: float | None = None,
+    normalized_cost: float | None = None,
+    penalty: float | None = None,
+) -> FeedbackRecord:
+    """A feedback score, with the logged reward's terms when it was logged with one."""
     return FeedbackRecord(
         request_id=request_id,
         score=score,
         source="user",
         comment=None,
         created_at=time.time() if created_at is None else created_at,
+        reward=reward,
+        cost_usd=cost_usd,
+        cost_weight=cost_weight,
+        normalized_cost=normalized_cost,
+        penalty=penalty,
     )
 
 

@@ -131,6 +131,35 @@ async def test_parquet_export_holds_the_same_records(
     ]
 
 
+async def test_parquet_export_keeps_the_logged_reward_terms(
+    engine: AsyncEngine, make_settings: Callable[..., LedgerSettings], tmp_path: Path
+) -> None:
+    # The feedback struct named only score, source, comment, created_at and request_id:
+    # pyarrow dropped the reward terms the JSONL export writes with each score.
+    pytest.importorskip("pyarrow")
+    from router.export_parquet import read_parquet_records
+
+    writer = LedgerWriter(engine, make_settings(log_content="full"))
+    await writer.start()
+    writer.submit(make_request("r1", created_at=T0, models=("cheap",)))
+    writer.submit(make_request("r2", created_at=T0 + 1, models=("cheap",)))
+    terms = {"reward": 0.8, "cost_usd": 0.01, "cost_weight": 0.5, "normalized_cost": 0.1,
+             "penalty": 0.05}  # fmt: skip
+    writer.submit(make_feedback("r1", 0.9, created_at=T0 + 10, **terms))
+    writer.submit(make_feedback("r2", 1.0, created_at=T0 + 11))  # logged without a reward
+    await writer.close()
+    jsonl, parquet = tmp_path / "a.jsonl", tmp_path / "a.parquet"
+    assert await export_ledger(engine, jsonl, "jsonl") == 2
+    assert await export_ledger(engine, parquet, "parquet") == 2
+    import json
+
+    from_jsonl = [json.loads(line)["feedback"] for line in jsonl.read_text().splitlines()]
+    from_parquet = [r["feedback"] for r in read_parquet_records(parquet)]
+    assert from_parquet == from_jsonl
+    assert {k: from_parquet[0][0][k] for k in terms} == terms
+    assert "reward" not in from_parquet[1][0]
+
+
 async def test_without_logged_content_the_prompt_is_a_hash_note(
     engine: AsyncEngine, make_settings: Callable[..., LedgerSettings], tmp_path: Path
 ) -> None:
