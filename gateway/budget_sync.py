@@ -126,6 +126,11 @@ class BudgetSync:
                 return False
             trigger = "store_lost" if self._restored_once else "startup"
             if trigger == "store_lost":
+                # Settles queued while the store was away land first: restored before
+                # them, a settle whose row is in the ledger would be counted twice (the
+                # restore only raises counters, so nothing would take it back).
+                if not await self.store.send_pending():
+                    return False  # the store refuses them: restored at a later check
                 await self._flush_ledger()  # what this process has settled counts too
             restored = await self.restore_all()
         except asyncio.CancelledError:

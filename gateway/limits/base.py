@@ -327,6 +327,13 @@ class LimitStore(ABC):
     async def ping(self) -> bool:
         """True if the backend answers; never raises."""
 
+    async def send_pending(self) -> bool:
+        """Send the bookkeeping writes waiting for the store to answer again (see
+        ``FailPolicyStore``) now; True once none is left. A restore of the spend counters
+        comes after them: one that came first would count a queued settle twice (in the
+        ledger's figure it raised the counter to, then again when the settle lands)."""
+        return True
+
     def spend_writes_lost(self) -> int:
         """How many settles this process gave up sending (the store stayed unreachable too
         long, or too many were waiting): their spend is in the ledger but not in the

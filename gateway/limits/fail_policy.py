@@ -53,6 +53,9 @@ class _RetryQueue:
         self._clock = clock
         self._writes: deque[PendingWrite] = deque()
         self._task: asyncio.Task[None] | None = None
+        # One drain at a time: two would send the head write twice (the retry task's and
+        # a restore's, ``FailPolicyStore.send_pending``).
+        self._draining = asyncio.Lock()
 
     def __len__(self) -> int:
         return len(self._writes)
@@ -78,6 +81,10 @@ class _RetryQueue:
     async def drain(self) -> bool:
         """Send the queued writes, oldest first; False at the first one the store refuses
         (it stays at the head, so later writes of the same request never overtake it)."""
+        async with self._draining:
+            return await self._drain()
+
+    async def _drain(self) -> bool:
         sent = 0
         while self._writes:
             write = self._writes[0]
@@ -182,6 +189,9 @@ class FailPolicyStore(LimitStore):
     def pending_writes(self) -> int:
         """Bookkeeping writes waiting for the store to answer again."""
         return len(self._retries)
+
+    async def send_pending(self) -> bool:
+        return await self._retries.drain()
 
     def _report(self, exc: LimitStoreUnavailable, op: str) -> None:
         if self._on_event is not None:

@@ -354,6 +354,45 @@ async def test_a_settle_the_limit_store_gave_up_on_is_recounted_from_the_ledger(
 
 
 @pytest.mark.redis
+async def test_a_settle_queued_across_a_loss_is_counted_once(
+    ledger: Ledger, metrics: GatewayMetrics, tmp_path: Path
+) -> None:
+    """Redis goes away while a settle is sent (it waits in the retry queue; its row reaches
+    the ledger) and comes back empty. The check restored the counter to the ledger's figure,
+    which holds that request, and then the queued settle landed and added it again: the key
+    over-counted for the rest of its period (restores only raise counters)."""
+    (tmp_path / "redis").mkdir()
+    server = PrivateRedis(tmp_path / "redis")
+    prefix = f"xrtest-{uuid.uuid4().hex[:12]}"
+    store = FailPolicyStore(RedisLimitStore(server.url, key_prefix=prefix), "closed")
+    key, _ = await ledger.keys.create("k", budget_usd=1)
+    ledgered = spend(ledger, key, NOW - HOUR, 250)
+    budgets = sync(store, ledger, metrics)
+    try:
+        await budgets.start()
+        assert (await store.reserve(key.limits(), None, 500_000, "late", now=NOW)).ok
+        server.kill()
+        await store.settle(key.limits(), "late", 500_000, 399_001, now=NOW)
+        late = spend(ledger, key, NOW - 60, 400_000)  # its row, written behind its response
+        assert store.pending_writes == 1
+        server.start()
+        client = aredis.Redis.from_url(server.url)
+        await client.flushall()  # a restart without persistence
+        await client.aclose()
+        assert await budgets.check()
+        for _ in range(200):  # until the queued settle has landed (at once, here)
+            if not store.pending_writes:
+                break
+            await asyncio.sleep(0.05)
+        assert await spent(store, key) == ledgered + late
+        assert restores(metrics, "store_lost") == 1
+    finally:
+        await budgets.aclose()
+        await store.aclose()
+        server.kill()
+
+
+@pytest.mark.redis
 async def test_a_loss_found_by_a_process_that_did_not_restore_at_startup_is_store_lost(
     ledger: Ledger, metrics: GatewayMetrics, caplog: pytest.LogCaptureFixture
 ) -> None:
