@@ -311,9 +311,6 @@ class Renderer:
             content = message.get("content")
             text = content if isinstance(content, str) else ""
             yield chunk(index, {"role": "assistant", "content": ""})
-            if message.get("tool_calls"):
-                calls = [dict(tc, index=i) for i, tc in enumerate(message["tool_calls"])]
-                yield chunk(index, {"tool_calls": calls})
             logprobs = choice.get("logprobs")
             if logprobs is not None:
                 # The tokens' log probabilities belong with the text they score: one piece.
@@ -328,6 +325,12 @@ class Renderer:
                 # A refusal streams as the refusal it is (a delta field of its own), not
                 # as an empty answer.
                 yield chunk(index, {"refusal": refusal})
+            if message.get("tool_calls"):
+                # After the text, as a model streams them: the Responses and Messages
+                # streams put their items in the order the deltas come, and the JSON answer
+                # has the text first too.
+                calls = [dict(tc, index=i) for i, tc in enumerate(message["tool_calls"])]
+                yield chunk(index, {"tool_calls": calls})
             yield chunk(index, {}, choice["finish_reason"])
 
         began = False

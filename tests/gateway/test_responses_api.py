@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -483,6 +485,52 @@ def test_a_call_whose_id_comes_late_and_a_call_cut_off(
         [cut_call] = resp.output
         assert isinstance(cut_call, ResponseFunctionToolCall)
         assert resp.status == "incomplete" and cut_call.status == "incomplete"
+
+
+def test_a_text_and_a_call_stream_in_order_and_go_back_as_one_assistant_turn(
+    tmp_path: Path,
+) -> None:
+    """An answer with text and a call, streamed from the cache (the chat service streams
+    the whole answer itself), comes in the JSON answer's order: the message, then the
+    call. Sent back as input, as the Agents SDK sends its last output, the message and the
+    call are one assistant turn that the tool message follows, as strict chat servers
+    require (OpenAI's is a 400 otherwise)."""
+    call = {
+        "id": "call_w",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
+    text = "Let me check the weather."
+    with scripted_upstream(tmp_path) as up:
+        up.answer("Weather in Paris?", {"content": text, "tool_calls": [call]}, "tool_calls")
+        gw = start_gateway(tmp_path, gateway_config(tmp_path, up.base_url, cache={"enabled": True}))
+        try:
+            c = client(gw)
+            ask: dict[str, Any] = {"model": MODEL, "input": "Weather in Paris?", "tools": [WEATHER]}
+            plain = c.responses.create(**ask)
+            deadline = time.monotonic() + 5
+            while True:  # the answer is stored in the background
+                with c.responses.stream(**ask) as stream:
+                    streamed = stream.get_final_response()
+                if extra(streamed)["xrouter"]["cache"]["hit"] or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            assert extra(streamed)["xrouter"]["cache"]["hit"]
+            for resp in (plain, streamed):
+                assert [i.type for i in resp.output] == ["message", "function_call"]
+            history: Any = [
+                {"role": "user", "content": "Weather in Paris?"},
+                *(item.model_dump(exclude_none=True) for item in streamed.output),
+                {"type": "function_call_output", "call_id": "call_w", "output": "sunny, 21C"},
+            ]
+            c.responses.create(model=MODEL, input=history, tools=[WEATHER])
+            messages = up.requests()[-1]["messages"]
+        finally:
+            gw.stop()
+    assert messages[1:] == [
+        {"role": "assistant", "content": text, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_w", "content": "sunny, 21C"},
+    ]
 
 
 def test_every_error_carries_a_request_id(gateway: Gateway, secured: Gateway) -> None:
