@@ -183,8 +183,8 @@ def client_param(req: ResponsesRequest, param: str) -> str:
         return "text.format" + rest.removeprefix(".json_schema")
     if head == "messages":
         # Translated again, noting where each message came from: the chat messages are not
-        # the input items one for one (instructions, a turn's calls merged into one message,
-        # a function output's images moved to a user message after it).
+        # the input items one for one (instructions, a turn's text and calls merged into one
+        # message, a function output's images moved to a user message after it).
         return retranslated_param(lambda o: _chat_messages(req, o), param, "input")
     if head in _CLIENT_FIELDS:
         return _CLIENT_FIELDS[head]
@@ -226,6 +226,13 @@ def _add_item(
                 f"{where}.role: must be one of {', '.join(sorted(_ROLES))}", param=f"{where}.role"
             )
         content = item.get("content")
+        if role == "assistant" and _calls_pending(messages):
+            _join_turn(messages[-1], _assistant_text(content, where))
+            if origins is not None:
+                fields = origins[-1].fields
+                fields.setdefault("content", f"{where}.content")
+                fields.setdefault("role", f"{where}.role")
+            return
         if role == "assistant":
             messages.append({"role": "assistant", "content": _assistant_text(content, where)})
         else:
@@ -284,6 +291,20 @@ def _add_item(
             "function_call_output are)",
             f"{where}.type",
         )
+
+
+def _calls_pending(messages: list[dict[str, Any]]) -> bool:
+    """Whether the last chat message is an assistant's calls that no output answers yet."""
+    return bool(messages) and messages[-1]["role"] == "assistant" and "tool_calls" in messages[-1]
+
+
+def _join_turn(turn: dict[str, Any], text: str) -> None:
+    """An assistant message's text that came after its turn's calls (a model that streamed
+    its call first, a client that sends them so) joins the calls' message: chat requires
+    the tool messages to follow that message directly, and OpenAI, DeepSeek and others
+    refuse a second assistant message between them with a 400. One chat message holds
+    both, its text first, as the Messages translation makes one of a turn's blocks."""
+    turn["content"] = (turn["content"] or "") + text or None
 
 
 def _required_str(item: dict[str, Any], key: str, where: str) -> str:

@@ -533,6 +533,34 @@ def test_a_text_and_a_call_stream_in_order_and_go_back_as_one_assistant_turn(
     ]
 
 
+def test_a_call_sent_back_before_its_text_is_one_assistant_turn(
+    scripted: tuple[Gateway, ScriptedUpstream],
+) -> None:
+    """A turn's output items in the order a model that streams its call first gives them:
+    the upstream gets one assistant message with the text and the call, then the tool
+    message, not a second assistant message between them (a 400 on OpenAI's, DeepSeek's
+    and other strict chat servers)."""
+    gw, up = scripted
+    history: ResponseInputParam = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather",
+         "arguments": '{"city": "Paris"}'},
+        {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+         "content": [{"type": "output_text", "text": "Let me check.", "annotations": []}]},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny, 21C"},
+    ]  # fmt: skip
+    resp = client(gw).responses.create(model=MODEL, input=history, tools=[WEATHER])
+    assert resp.status == "completed"
+    call = {
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
+    assert up.requests()[-1]["messages"][1:] == [
+        {"role": "assistant", "content": "Let me check.", "tool_calls": [{"id": "c1", **call}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny, 21C"},
+    ]
+
+
 def test_every_error_carries_a_request_id(gateway: Gateway, secured: Gateway) -> None:
     """OpenAI's SDKs read `x-request-id` into an error's `request_id`: a request refused
     before it had one (a bad key, a body too large, a call on a stored response) gets one

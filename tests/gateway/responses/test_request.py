@@ -96,6 +96,39 @@ def test_calls_without_a_preceding_text_make_their_own_assistant_message() -> No
     }
 
 
+def test_a_turn_s_text_after_its_calls_joins_their_message() -> None:
+    """As a model that streams its call before its text gives them back (and the gateway's
+    cached streams did): one assistant message, which the tool messages follow."""
+    body: dict[str, Any] = {
+        "model": "xrouter",
+        "input": [
+            {"role": "user", "content": "Weather?"},
+            {"type": "function_call", "call_id": "c1", "name": "w", "arguments": "{}"},
+            {"type": "message", "role": "assistant", "status": "completed",
+             "content": [{"type": "output_text", "text": "Checking.", "annotations": []}]},
+            {"type": "function_call", "call_id": "c2", "name": "w", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+            {"type": "function_call_output", "call_id": "c2", "output": "rain"},
+            {"role": "assistant", "content": "Sunny, then rain."},
+        ],
+    }  # fmt: skip
+    req = parse_request(body)
+    call = {"type": "function", "function": {"name": "w", "arguments": "{}"}}
+    assert to_chat(req)["messages"] == [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "Checking.",
+         "tool_calls": [{"id": "c1", **call}, {"id": "c2", **call}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "c2", "content": "rain"},
+        # A text after the outputs is the next turn's.
+        {"role": "assistant", "content": "Sunny, then rain."},
+    ]  # fmt: skip
+    # An error about the merged message names the item each field came from.
+    assert client_param(req, "messages[1].content") == "input[2].content"
+    assert client_param(req, "messages[1].tool_calls[1]") == "input[3]"
+    assert client_param(req, "messages[1]") == "input[1]"
+
+
 def test_tools_formats_and_settings() -> None:
     schema = {"type": "object", "properties": {"x": {"type": "integer"}}}
     out = chat(
