@@ -6,9 +6,11 @@ LiteLLM's proxy serves it for any model, and so does the gateway: everything a M
 request says that a chat request can say too is translated — ``system``, text and image
 blocks, ``tool_use`` and ``tool_result`` blocks, custom tools with their ``input_schema``,
 ``tool_choice``, ``max_tokens``, ``stop_sequences``, ``temperature``/``top_p``,
-``metadata.user_id`` and the ``xrouter`` routing controls. What has no chat equivalent is
-dropped and said so where it matters: ``top_k``, ``thinking`` and earlier turns' thinking
-blocks, ``cache_control`` marks (prompt caching is the provider's), and tools Anthropic runs
+``metadata.user_id``, structured outputs (``output_config.format``, or the older beta's
+``output_format``, as chat's ``response_format``) and the ``xrouter`` routing controls.
+What has no chat equivalent is dropped and said so where it matters: ``top_k``,
+``thinking`` and earlier turns' thinking blocks, ``output_config.effort``,
+``cache_control`` marks (prompt caching is the provider's), and tools Anthropic runs
 itself (web search, code execution, computer use), which are named in the answer's
 ``xrouter.ignored_tools``. Documents (PDF) are refused with a 400 naming the block.
 """
@@ -46,6 +48,10 @@ class MessagesRequest(BaseModel):
     top_k: int | None = Field(default=None, ge=0)
     metadata: dict[str, Any] | None = None
     stream: bool = False
+    # Structured outputs: ``format`` is translated, the rest (``effort``, the beta's
+    # ``task_budget``) is not forwarded. ``output_format`` is the older beta's ``format``.
+    output_config: dict[str, Any] | None = None
+    output_format: dict[str, Any] | None = None
     # Validated again, with the chat request, by the chat service.
     xrouter: dict[str, Any] | None = None
 
@@ -107,6 +113,9 @@ def to_chat(req: MessagesRequest) -> dict[str, Any]:
                 param="stop_sequences",
             )
         chat["stop"] = req.stop_sequences
+    response_format = _response_format(req)
+    if response_format is not None:
+        chat["response_format"] = response_format
     for field in ("temperature", "top_p", "xrouter"):
         value = getattr(req, field)
         if value is not None:
@@ -119,6 +128,46 @@ def to_chat(req: MessagesRequest) -> dict[str, Any]:
     if user:
         chat["user"] = user
     return chat
+
+
+def _response_format(req: MessagesRequest) -> dict[str, Any] | None:
+    """The chat ``response_format`` of the structured output ``req`` asks for, if any."""
+    config_format = (req.output_config or {}).get("format")
+    if config_format is not None and req.output_format is not None:
+        # Two schemas, one answer: Anthropic's SDK refuses the pair too.
+        raise bad_request(
+            "output_format: send output_config.format alone (output_format is its older name)",
+            param="output_format",
+        )
+    if config_format is not None:
+        return _json_schema_format(config_format, "output_config.format")
+    if req.output_format is not None:
+        return _json_schema_format(req.output_format, "output_format")
+    return None
+
+
+def _json_schema_format(fmt: Any, where: str) -> dict[str, Any]:
+    if not isinstance(fmt, dict):
+        raise bad_request(f"{where}: an object is required", param=where)
+    kind = fmt.get("type")
+    if kind != "json_schema":
+        # Dropped, the answer would be free text where the client parses the format.
+        raise _unsupported(
+            f"{where}.type: {kind!r} formats are not supported (json_schema is)", f"{where}.type"
+        )
+    schema = fmt.get("schema")
+    if not isinstance(schema, dict):
+        raise bad_request(
+            f"{where}.schema: a JSON schema object is required", param=f"{where}.schema"
+        )
+    # Strict: Anthropic's structured outputs constrain decoding to the schema, so the answer
+    # always matches it (the SDK's parse relies on that); chat's strict mode asks a provider
+    # for the same guarantee, where without it the schema is a best-effort hint. The name
+    # is chat's requirement, which Anthropic's format has no field for.
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": "output", "schema": schema, "strict": True},
+    }
 
 
 def _chat_messages(

@@ -13,6 +13,7 @@ import anthropic
 import httpx
 import pytest
 from anthropic.types import MessageParam, TextBlock, ToolParam, ToolUseBlock
+from pydantic import BaseModel
 
 from router.outcomes import OutcomeRecord
 from tests.gateway.conftest import Upstream, hang_up_at, ledger_rows, longest_answer
@@ -42,6 +43,13 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "t1", "content": [PDF]}]}]},
      "messages[0].content[0].content[0].type"),
+    # A structured-output format other than a JSON schema (dropped, the model answered
+    # freely where the client parses the format).
+    ({"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "x"}],
+      "output_config": {"format": {"type": "regex", "pattern": "a+"}}},
+     "output_config.format.type"),
+    ({"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "x"}],
+      "output_format": {"type": "json_schema"}}, "output_format.schema"),
     # Refused by the chat service's validation, named as the client sent it.
     ({"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "x"}],
       "stop_sequences": ["a", "b", "c", "d", "e"]}, "stop_sequences"),
@@ -641,3 +649,53 @@ def test_tool_calls_that_finished_with_stop_are_a_tool_use_stop(tmp_path: Path) 
         assert [(b.id, b.input) for b in calls] == [("call_a", {"city": "Paris"})]
         assert answer.stop_reason == "tool_use"
     assert text.stop_reason == "end_turn"  # no call: the turn ended
+
+
+class Forecast(BaseModel):
+    city: str
+    celsius: int
+
+
+def test_structured_output_reaches_the_model_as_a_json_schema_response_format(
+    tmp_path: Path,
+) -> None:
+    """Structured outputs (the SDK's ``messages.parse(output_format=...)``, or
+    ``output_config.format`` by hand) go upstream as chat's strict json_schema
+    ``response_format``; they were dropped, and the model answered freely. ``effort``
+    beside the format is not forwarded."""
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    with scripted_upstream(tmp_path) as up:
+        up.answer("Forecast for Paris?", {"content": '{"city": "Paris", "celsius": 21}'})
+        gw = start_gateway(tmp_path, gateway_config(tmp_path, up.base_url))
+        try:
+            c = client(gw)
+            ask: list[MessageParam] = [{"role": "user", "content": "Forecast for Paris?"}]
+            parsed = c.messages.parse(
+                model=MODEL, max_tokens=64, messages=ask, output_format=Forecast
+            )
+            c.messages.create(
+                model=MODEL,
+                max_tokens=64,
+                messages=ask,
+                output_config={
+                    "effort": "low",
+                    "format": {"type": "json_schema", "schema": schema},
+                },
+            )
+            by_sdk, by_hand = up.requests()[-2:]
+        finally:
+            gw.stop()
+    assert parsed.parsed_output == Forecast(city="Paris", celsius=21)
+    sdk_format = by_sdk["response_format"]
+    assert (sdk_format["type"], sdk_format["json_schema"]["strict"]) == ("json_schema", True)
+    assert set(sdk_format["json_schema"]["schema"]["required"]) == {"city", "celsius"}
+    assert by_hand["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "output", "schema": schema, "strict": True},
+    }
+    assert "effort" not in by_hand and "output_config" not in by_hand

@@ -114,6 +114,25 @@ def test_plain_text_and_tool_choices() -> None:
                           "tools": [{"type": "bash_20250124", "name": "bash"}]}).ignored_tools == ["bash"]  # fmt: skip
 
 
+def test_structured_output_is_a_strict_json_schema_response_format() -> None:
+    """``output_config.format`` (and the older beta's ``output_format``): Anthropic
+    constrains the answer to the schema, as chat's strict mode does. The rest of
+    ``output_config`` (``effort``) has no chat counterpart and is not forwarded."""
+    one = [{"role": "user", "content": "x"}]
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    expected = {
+        "type": "json_schema",
+        "json_schema": {"name": "output", "schema": schema, "strict": True},
+    }
+    fmt = {"type": "json_schema", "schema": schema}
+    config = chat(messages=one, output_config={"effort": "high", "format": fmt})
+    assert config["response_format"] == expected and "effort" not in config
+    assert chat(messages=one, output_format=fmt)["response_format"] == expected
+    # Effort alone (as Claude Code sends it), or no format: no response_format.
+    for output_config in ({"effort": "high"}, {"format": None}):
+        assert "response_format" not in chat(messages=one, output_config=output_config)
+
+
 def test_an_assistant_turn_of_thinking_only_is_left_out() -> None:
     """Its thinking is dropped, and an assistant message with neither content nor tool calls
     is one chat providers refuse (a 502 to the client): the turn goes with its blocks."""
@@ -209,6 +228,24 @@ def test_count_tokens_requests_need_no_max_tokens() -> None:
         # Four at most: the limit of the chat APIs the request is routed to.
         ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
           "stop_sequences": list("abcde")}, "stop_sequences", None),
+        # A structured output the translation cannot ask a chat model for (it was dropped).
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+          "output_config": {"format": {"type": "regex"}}}, "output_config.format.type",
+         "unsupported_parameter"),
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+          "output_format": {"type": "json_object"}}, "output_format.type",
+         "unsupported_parameter"),
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+          "output_config": {"format": {"type": "json_schema", "schema": "x"}}},
+         "output_config.format.schema", None),
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+          "output_config": {"format": "json"}}, "output_config.format", None),
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+          "output_config": "json"}, "output_config", None),
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+          "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}},
+          "output_format": {"type": "json_schema", "schema": {"type": "object"}}},
+         "output_format", None),
     ],
 )  # fmt: skip
 def test_refusals_name_the_field(body: dict[str, Any], param: str, code: str | None) -> None:
