@@ -160,14 +160,39 @@ def _json_schema_format(fmt: Any, where: str) -> dict[str, Any]:
         raise bad_request(
             f"{where}.schema: a JSON schema object is required", param=f"{where}.schema"
         )
-    # Strict: Anthropic's structured outputs constrain decoding to the schema, so the answer
-    # always matches it (the SDK's parse relies on that); chat's strict mode asks a provider
-    # for the same guarantee, where without it the schema is a best-effort hint. The name
-    # is chat's requirement, which Anthropic's format has no field for.
+    # Strict where chat's strict mode can take the schema: Anthropic's structured outputs
+    # constrain decoding to it, so the answer always matches (the SDK's parse relies on
+    # that), and chat's strict mode asks a provider for the same guarantee. But OpenAI's
+    # strict mode refuses (400, a 502 here) an object that leaves a property out of
+    # ``required``, which Anthropic allows and its SDK writes for every field with a
+    # default: such a schema goes as a hint, which vLLM's guided decoding enforces anyway.
+    # The name is chat's requirement, which Anthropic's format has no field for.
     return {
         "type": "json_schema",
-        "json_schema": {"name": "output", "schema": schema, "strict": True},
+        "json_schema": {"name": "output", "schema": schema, "strict": _strict_ok(schema)},
     }
+
+
+# Keywords whose values are data, not schemas (an example object is no object schema).
+_NOT_SCHEMAS = frozenset({"required", "enum", "const", "default", "examples", "description"})
+
+
+def _strict_ok(schema: Any) -> bool:
+    """Whether OpenAI's strict mode takes ``schema``: every object it holds requires all
+    its properties and allows no others."""
+    if isinstance(schema, list):
+        return all(_strict_ok(s) for s in schema)
+    if not isinstance(schema, dict):
+        return True
+    properties = schema.get("properties")
+    if isinstance(properties, dict) or schema.get("type") == "object":
+        props = properties if isinstance(properties, dict) else {}
+        required = schema.get("required")
+        if schema.get("additionalProperties") is not False:
+            return False
+        if not isinstance(required, list) or set(props) - set(required):
+            return False
+    return all(_strict_ok(v) for k, v in schema.items() if k not in _NOT_SCHEMAS)
 
 
 def _chat_messages(

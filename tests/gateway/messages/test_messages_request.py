@@ -119,7 +119,12 @@ def test_structured_output_is_a_strict_json_schema_response_format() -> None:
     constrains the answer to the schema, as chat's strict mode does. The rest of
     ``output_config`` (``effort``) has no chat counterpart and is not forwarded."""
     one = [{"role": "user", "content": "x"}]
-    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "string"}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
     expected = {
         "type": "json_schema",
         "json_schema": {"name": "output", "schema": schema, "strict": True},
@@ -131,6 +136,39 @@ def test_structured_output_is_a_strict_json_schema_response_format() -> None:
     # Effort alone (as Claude Code sends it), or no format: no response_format.
     for output_config in ({"effort": "high"}, {"format": None}):
         assert "response_format" not in chat(messages=one, output_config=output_config)
+
+
+@pytest.mark.parametrize(
+    ("schema", "strict"),
+    [
+        ({"type": "object", "properties": {"a": {}}, "required": ["a"],
+          "additionalProperties": False}, True),
+        # A field with a default (the SDK leaves it out of required), at any depth.
+        ({"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a"],
+          "additionalProperties": False}, False),
+        ({"type": "object", "properties": {"a": {"type": "array", "items": {
+            "type": "object", "properties": {"x": {}}, "required": []}}},
+          "required": ["a"], "additionalProperties": False}, False),
+        # Open to other properties.
+        ({"type": "object", "properties": {"a": {}}, "required": ["a"]}, False),
+        # Data that looks like an object schema is not one.
+        ({"type": "object", "properties": {"a": {"default": {"properties": {"z": 1}}}},
+          "required": ["a"], "additionalProperties": False}, True),
+        ({"type": "string"}, True),
+    ],
+)  # fmt: skip
+def test_a_schema_openai_strict_mode_refuses_goes_as_a_hint(
+    schema: dict[str, Any], strict: bool
+) -> None:
+    # OpenAI's strict mode refuses (a 400, a 502 to the client) an object that does not
+    # require every property or allows others; Anthropic's structured outputs take it.
+    fmt = {"type": "json_schema", "schema": schema}
+    got = chat(messages=[{"role": "user", "content": "x"}], output_config={"format": fmt})
+    assert got["response_format"]["json_schema"] == {
+        "name": "output",
+        "schema": schema,
+        "strict": strict,
+    }
 
 
 def test_an_assistant_turn_of_thinking_only_is_left_out() -> None:
