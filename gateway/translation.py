@@ -173,7 +173,19 @@ def chat_answer(chat: dict[str, Any]) -> ChatAnswer:
     meta = chat.get("xrouter") or {}
     request_id = str(meta.get("request_id") or chat["id"].removeprefix("chatcmpl-"))
     choice = (chat.get("choices") or [{}])[0]
-    return ChatAnswer(request_id, choice.get("message") or {}, choice.get("finish_reason"), meta)
+    message = choice.get("message") or {}
+    content = message.get("content")
+    if isinstance(content, list):
+        # Some servers answer with content parts (Mistral's reasoning models: text and
+        # thinking parts), which the chat API relays as they came; the other APIs' text is
+        # a string (a list there broke their SDKs). The text parts are pieces of one text.
+        text = "".join(
+            p["text"]
+            for p in content
+            if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        )
+        message = {**message, "content": text}
+    return ChatAnswer(request_id, message, choice.get("finish_reason"), meta)
 
 
 def with_meta(

@@ -11,6 +11,7 @@ from typing import Any
 
 import anthropic
 import httpx
+import openai
 import pytest
 from anthropic.types import MessageParam, TextBlock, ToolParam, ToolUseBlock
 from pydantic import BaseModel
@@ -699,3 +700,26 @@ def test_structured_output_reaches_the_model_as_a_json_schema_response_format(
         "json_schema": {"name": "output", "schema": schema, "strict": True},
     }
     assert "effort" not in by_hand and "output_config" not in by_hand
+
+
+def test_an_answer_of_content_parts_is_text_in_both_translations(tmp_path: Path) -> None:
+    """Some servers answer with a list of content parts (Mistral's reasoning models). The
+    Messages API's text block and the Responses API's output_text carried the list, and the
+    SDKs broke on it (``output_text`` raised TypeError)."""
+    parts = [
+        {"type": "thinking", "thinking": [{"type": "text", "text": "hmm"}]},
+        {"type": "text", "text": "Sunny, "},
+        {"type": "text", "text": "21C."},
+    ]
+    with scripted_upstream(tmp_path) as up:
+        up.answer("Weather?", {"content": parts})
+        gw = start_gateway(tmp_path, gateway_config(tmp_path, up.base_url))
+        try:
+            ask: list[MessageParam] = [{"role": "user", "content": "Weather?"}]
+            msg = client(gw).messages.create(model=MODEL, max_tokens=64, messages=ask)
+            oc = openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0)
+            response = oc.responses.create(model=MODEL, input="Weather?")
+        finally:
+            gw.stop()
+    assert [(b.type, getattr(b, "text", None)) for b in msg.content] == [("text", "Sunny, 21C.")]
+    assert response.output_text == "Sunny, 21C."
