@@ -176,9 +176,13 @@ async def iter_export_records(
             # Every other row, by ix_requests_logged_at.
             (logged_at, [*base, logged_at.is_not(None), *_time_range(logged_at, lo, hi)]),
         ]
+    # A request is exported with the feedback it had when its window closed: feedback that
+    # came after is late (``count_late_feedback`` says so in the next window), and a window
+    # exported again gives the same records.
+    feedback_until = to_utc(logged_until)
     for order, where in passes:
         async for chunk in _iter_pass(
-            engine, order, where, key_id, include_unscored, chunk_size, stats
+            engine, order, where, key_id, include_unscored, chunk_size, stats, feedback_until
         ):
             yield chunk
 
@@ -191,8 +195,10 @@ async def _iter_pass(
     include_unscored: bool,
     chunk_size: int,
     stats: ExportStats | None,
+    feedback_until: datetime | None = None,
 ) -> AsyncIterator[list[dict[str, Any]]]:
-    """The records of the requests matching ``where``, by (``order``, request_id)."""
+    """The records of the requests matching ``where``, by (``order``, request_id), with
+    the feedback that reached the database before ``feedback_until``."""
     columns = [c for c in requests.c]
     after: tuple[datetime, str] | None = None
     while True:
@@ -213,7 +219,7 @@ async def _iter_pass(
             rows = [dict(r._mapping) for r in await conn.execute(query)]
             if not rows:
                 return
-            chunk = await _records_of(conn, rows, key_id, include_unscored, stats)
+            chunk = await _records_of(conn, rows, key_id, include_unscored, stats, feedback_until)
         after = (rows[-1][order.name], rows[-1]["request_id"])
         if chunk:
             yield chunk
@@ -272,10 +278,17 @@ async def _records_of(
     key_id: str | None,
     include_unscored: bool,
     stats: ExportStats | None,
+    feedback_until: datetime | None = None,
 ) -> list[dict[str, Any]]:
     """The outcome records of these request rows, with their calls and feedback (theirs and
-    their cache hits'); counted in ``stats``."""
+    their cache hits', that reached the database before ``feedback_until``); counted in
+    ``stats``."""
     ids = [r["request_id"] for r in rows]
+    in_time = (
+        []
+        if feedback_until is None
+        else [sa.func.coalesce(feedback.c.logged_at, feedback.c.created_at) < feedback_until]
+    )
     call_rows = await conn.execute(
         sa.select(calls)
         .where(calls.c.request_id.in_(ids))
@@ -283,7 +296,7 @@ async def _records_of(
     )
     fb_rows = await conn.execute(
         sa.select(feedback)
-        .where(feedback.c.request_id.in_(ids))
+        .where(feedback.c.request_id.in_(ids), *in_time)
         .order_by(feedback.c.request_id, feedback.c.created_at, feedback.c.id)
     )
     by_call: dict[str, list[dict[str, Any]]] = {}
@@ -308,7 +321,7 @@ async def _records_of(
         by_fb.setdefault(f.request_id, []).append(dict(f._mapping))
     if answer_of:
         hit_fb_rows = await conn.execute(
-            sa.select(feedback).where(feedback.c.request_id.in_(list(answer_of)))
+            sa.select(feedback).where(feedback.c.request_id.in_(list(answer_of)), *in_time)
         )
         for f in hit_fb_rows:
             by_fb.setdefault(answer_of[f.request_id], []).append(dict(f._mapping))

@@ -459,3 +459,27 @@ async def test_the_command_line_contract(
     assert helped.returncode == 0, helped.stderr
     for option in ("--logged-since", "--logged-until", "--cursor", "--settle-seconds"):
         assert option in helped.stdout
+
+
+async def test_a_window_carries_the_feedback_its_requests_had_when_it_closed(
+    engine: AsyncEngine, ledger_url: str, make_settings: Settings, tmp_path: Path
+) -> None:
+    """A score given after the window closed was exported with it anyway (read when the
+    export ran), and then counted by the next window as carried by no export; the same
+    window exported twice could differ."""
+    paid = make_request("r")
+    await submit(engine, make_settings(), paid, make_feedback("r", 1.0))
+    await asyncio.sleep(0.05)
+    end = datetime.now(UTC)
+    await asyncio.sleep(0.05)
+    hit = make_cache_hit("hit", paid)
+    # Re-scored after the window, on the request and on a cache hit of its answer.
+    await submit(engine, make_settings(), hit, make_feedback("r", 0.0), make_feedback("hit", 0.0))
+    window = [c async for c in iter_export_records(engine, logged_until=end)]
+    ((record,),) = window
+    assert record["id"] == "r" and record["outcomes"]
+    assert [f["score"] for f in record["feedback"]] == [1.0]
+    assert await count_late_feedback(engine, end, datetime.now(UTC)) == 2
+    # Without a window's end, every score counts (the latest wins).
+    ((everything,),) = [c async for c in iter_export_records(engine)]
+    assert [f["score"] for f in everything["feedback"]] == [1.0, 0.0, 0.0]

@@ -361,7 +361,9 @@ async def test_a_ledger_from_before_logged_at_gains_it_and_still_exports(
             await conn.execute(sa.insert(old_feedback), _only(fb_rows, old_feedback))
 
     def scored(rid: str, created_at: float) -> tuple[LedgerRecord, LedgerRecord]:
-        return make_request(rid, created_at=created_at), make_feedback(rid, 1.0, t0 + 1000)
+        # Scored a second after it was served: within any window that holds it (a window
+        # carries the feedback given before it closed).
+        return make_request(rid, created_at=created_at), make_feedback(rid, 1.0, created_at + 1)
 
     try:
         assert await migrate(engine, MIGRATIONS[:10]) == 10
