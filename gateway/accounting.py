@@ -52,6 +52,7 @@ def call_records(request_id: str, state: LoopState | None) -> list[CallRecord]:
             latency_ms=round(o.latency_ms, 3),
             attempts=o.attempts,
             fallback_from=o.fallback_from,
+            fallback_reason=o.fallback_reason,
             deployment=o.deployment,
         )
         for o in (*state.router_calls, *state.outcomes)

@@ -84,6 +84,7 @@ class ProviderExecutor:
             latency_ms=r.latency_ms,
             attempts=r.attempts,
             fallback_from=r.fallback_from,
+            fallback_reason=r.fallback_reason,
             deployment=r.deployment,
         )
 
@@ -134,6 +135,7 @@ class _ProviderStream:
             ttft_ms=st.ttft_ms,
             attempts=self.sc.attempts,
             fallback_from=self.sc.fallback_from,
+            fallback_reason=self.sc.fallback_reason,
             deployment=self.sc.model.deployment,
             error=None
             if complete

@@ -39,6 +39,8 @@ def parquet_schema() -> Any:
             ("fallback_from", pa.string()),
             # Which of the model's deployments served the call, if it has several.
             ("deployment", pa.string()),
+            # Why a fallback answered it: the first error of the model asked for.
+            ("fallback_reason", pa.string()),
         ]
     )
     fb = pa.struct(

@@ -102,6 +102,10 @@ class CallOutcome:
     error_kind: str | None = None
     attempts: int = 1
     fallback_from: str | None = None
+    # Why the call left ``fallback_from``: its first error, ``circuit_open`` when it was
+    # never called (``DownstreamClient``'s ``fallback_reason``). None: no fallback, or not
+    # known (a call abandoned in flight).
+    fallback_reason: str | None = None
     deployment: str | None = None  # the model's deployment that answered, if it has several
     # A failed call's: whether asking again later may succeed (``ProviderError.transient``)
     # and how long its upstream asked to be left alone (``retry-after``), which the

@@ -6,8 +6,9 @@ tokens), and ``logged`` says which action it was and with which probability
 ``router.outcomes.parse_record``.
 
 A request whose chosen model *failed* (an error, a timeout, a refusal of the input; not a
-stream its client hung up on) is exported too, answered or not: its outcome is that call's,
-with score 0 and ``"failed": true``, whatever a fallback then answered. Leaving such
+stream its client hung up on, nor a model its open circuit kept the call away from) is
+exported too, answered or not: its outcome is that call's, with score 0 and
+``"failed": true``, whatever a fallback then answered. Leaving such
 requests out (or folding them into the fallback's trajectory, which single-model learners
 skip) would show each model's outcomes without its failures, and off-policy estimates
 would overrate unreliable models.
@@ -70,6 +71,9 @@ _CALL_FIELDS = (
     "fallback_from",
     # Which of the model's deployments (pool ``deployments:``) served the call, if several.
     "deployment",
+    # Why a fallback answered it (the first error of the model asked for; null before
+    # migration 16).
+    "fallback_reason",
 )
 
 
@@ -110,12 +114,17 @@ def _first_call_failure(
 ) -> dict[str, Any] | None:
     """The first downstream call, when it was the logged action's and it failed: its row,
     or, when a configured fallback answered in its place (the row then names the fallback,
-    with ``fallback_from``), the failure's own share of it, which is nothing."""
+    with ``fallback_from``), the failure's own share of it, which is nothing. A fallback
+    that answered for a model that was never called (``fallback_reason``: its circuit kept
+    the call away) is no failure of it; a row that does not say why (from before migration
+    16) counts as one, as it always did."""
     downstream = [c for c in call_rows if c["role"] == "downstream"]
     if not downstream:
         return None
     first = downstream[0]
     if first.get("fallback_from") == action and first["model"] != action:
+        if first.get("fallback_reason") in _NOT_CALLED:
+            return None
         return {
             "cost_micros": 0,
             "prompt_tokens": 0,

@@ -298,6 +298,12 @@ def _v15_feedback_reward(conn: sa.Connection) -> None:
         conn.execute(sa.text(f"ALTER TABLE feedback ADD COLUMN {column} {column_type}"))
 
 
+def _v16_call_fallback_reason(conn: sa.Connection) -> None:
+    """calls.fallback_reason: why a fallback answered the call, the first error of the model
+    asked for (frozen). Existing rows keep NULL: the reason is not known."""
+    conn.execute(sa.text("ALTER TABLE calls ADD COLUMN fallback_reason VARCHAR(128)"))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: requests, calls, feedback, api_keys", _v1_baseline),
     Migration(2, "router_deployments", _v2_router_deployments),
@@ -314,6 +320,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(13, "feedback.logged_at", _v13_feedback_logged_at),
     Migration(14, "api_keys.max_parallel", _v14_key_max_parallel),
     Migration(15, "feedback.reward and its terms", _v15_feedback_reward),
+    Migration(16, "calls.fallback_reason", _v16_call_fallback_reason),
 )
 
 

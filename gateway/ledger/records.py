@@ -114,6 +114,9 @@ class CallRecord:
     attempts: int = 1
     fallback_from: str | None = None
     deployment: str | None = None  # which deployment of ``model`` served it, if several
+    # Why it fell back from ``fallback_from``: that model's first error, ``circuit_open``
+    # when it was never called. None: no fallback, or not known.
+    fallback_reason: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -366,6 +369,7 @@ def build_rows(records: Sequence[LedgerRecord], mode: ContentMode) -> tuple[Rows
                     "attempts": int(c.attempts),
                     "fallback_from": c.fallback_from,
                     "deployment": c.deployment,
+                    "fallback_reason": c.fallback_reason,
                 }
             )
         tag_rows.extend({"request_id": r.request_id, "tag": t} for t in dict.fromkeys(r.tags or ()))

@@ -193,6 +193,10 @@ calls = sa.Table(
     sa.Column("fallback_from", sa.String(255), nullable=True),
     # Which of the model's deployments served the call (pool ``deployments:``), if several.
     sa.Column("deployment", sa.String(64), nullable=True),
+    # Why a fallback answered the call (with ``fallback_from``): the first error of the model
+    # asked for, ``circuit_open`` when it was never called. NULL: no fallback, or a row from
+    # before migration 16, which does not say.
+    sa.Column("fallback_reason", sa.String(128), nullable=True),
     sa.UniqueConstraint("request_id", "seq", name="uq_calls_request_id_seq"),
     sa.Index("ix_calls_request_id", "request_id"),
 )

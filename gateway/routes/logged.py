@@ -215,6 +215,7 @@ def _generation(row: dict[str, Any], calls: list[dict[str, Any]]) -> dict[str, A
                 "latency_ms": c["latency_ms"],
                 "attempts": c["attempts"],
                 "fallback_from": c["fallback_from"],
+                "fallback_reason": c["fallback_reason"],
                 "deployment": c["deployment"],
             }
             for c in calls

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Container, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Container, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from functools import partial
@@ -60,6 +60,16 @@ class NullEvents:
         pass
 
 
+def fallback_reason(fallback_from: str | None, errors: Sequence[ProviderError]) -> str | None:
+    """Why a call that a fallback answered left ``fallback_from``, the model asked for: that
+    model's first error — ``circuit_open`` when its circuit kept the call away and it was
+    never called, which says nothing of how it answers. The chain tries the model asked for
+    first and leaves it only on an error, so the call's first error is that model's."""
+    if fallback_from is None or not errors:
+        return None
+    return errors[0].kind
+
+
 @dataclass(slots=True)
 class CallResult:
     model: str  # the pool model that answered
@@ -71,6 +81,10 @@ class CallResult:
     fallback_from: str | None = None
     errors: list[ProviderError] = field(default_factory=list)
     deployment: str | None = None  # which of the model's deployments answered, if several
+
+    @property
+    def fallback_reason(self) -> str | None:
+        return fallback_reason(self.fallback_from, self.errors)
 
 
 @dataclass(slots=True)
@@ -88,6 +102,10 @@ class StreamCall:
     errors: list[ProviderError]
     # The body sent upstream: the prompt is estimated from it only if usage never arrives.
     request: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def fallback_reason(self) -> str | None:
+        return fallback_reason(self.fallback_from, self.errors)
 
     @property
     def usage_estimated(self) -> bool:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
@@ -10,13 +11,25 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway import accounting
+from gateway.hooks import RequestLog
 from gateway.ledger.export import export_ledger, read_export
 from gateway.ledger.export_cli import add_export_arguments, run_export
 from gateway.ledger.records import RequestRecord, messages_sha256
 from gateway.ledger.store import create_ledger_engine
 from gateway.ledger.writer import LedgerWriter
+from gateway.principal import Principal
 from gateway.settings import LedgerSettings
+from pricing import load_default_catalog
+from router.executors import ProviderExecutor
+from router.health import BreakerConfig, CircuitBreakers
+from router.loop import Orchestrator
 from router.outcomes import OutcomeRecord, OutcomeTableError, load_outcome_table, parse_record
+from router.policies.baselines import FixedPolicy
+from router.policy import RouteContext
+from router.pool import ModelPool, PoolModelConfig
+from router.providers.client import DownstreamClient
+from tests.gateway.conftest import Upstream
 
 from .factories import make_cache_hit, make_feedback, make_request
 
@@ -464,6 +477,75 @@ async def test_a_chosen_model_that_failed_is_exported_as_its_failure(
             assert (outcome.score, extra["failed"], extra["cost_micros"]) == (0.0, True, cost)
             assert got.logged is not None and not got.logged.multi_call
             assert (got.logged.action, got.logged.propensity) == ("weak", p)
+
+
+async def test_a_model_its_circuit_kept_away_is_not_exported_as_failed(
+    engine: AsyncEngine,
+    make_settings: Callable[..., LedgerSettings],
+    tmp_path: Path,
+    upstream: Upstream,
+) -> None:
+    """A half-open circuit with its probe out refuses every other call to its model, which
+    its configured fallback answers: the row said only "fallen back from", as after a call
+    that failed, and the export made each such request a score-0 failure of the model that
+    was never called — teaching the router against a model as it recovers."""
+    chosen, fallback = "gemma-2-9b-it", "llama-3.3-70b-instruct"
+    pool = ModelPool.from_configs(
+        [
+            PoolModelConfig(
+                name=m,
+                model=f"openai/{m}",
+                api_base=upstream.base_url,
+                timeout_s=5,
+                max_retries=0,
+                fallbacks=[fallback] if m == chosen else [],
+            )
+            for m in (chosen, fallback)
+        ],
+        load_default_catalog(),
+    )
+    clock = [0.0]
+    breakers = CircuitBreakers(BreakerConfig(failures=1, cooldown_s=30), clock=lambda: clock[0])
+    client = DownstreamClient(pool, breakers=breakers)
+    writer = LedgerWriter(engine, make_settings())
+    await writer.start()
+
+    async def serve(request_id: str) -> None:
+        """Route one request to ``chosen`` and book it as the gateway does."""
+        messages = [{"role": "user", "content": f"hello from {request_id}"}]
+        ctx = RouteContext(request_id=request_id, messages=messages, pool=pool, cost_weight=0.5)
+        rlog = RequestLog(request_id, time.time(), Principal(), time.perf_counter())
+        rlog.requested_model, rlog.policy, rlog.status = chosen, f"fixed:{chosen}", 200
+        result = await Orchestrator(ProviderExecutor(client)).run(FixedPolicy(chosen), ctx)
+        assert result.final_model == fallback
+        writer.submit(accounting.build_record(rlog, result, result.state))
+        writer.submit(make_feedback(request_id, 1.0))  # the fallback's answer was good
+
+    try:
+        # Called, it fails: its circuit opens and the fallback answers. Its failure.
+        upstream.fault(chosen, "status=500", count=1)
+        await serve("called")
+        # The cooldown is over and another request's probe is out: this one is kept away.
+        clock[0] += 30
+        assert breakers.allow(chosen)
+        await serve("kept-away")
+        assert upstream.stats()["requests"] == {chosen: 1, fallback: 2}
+    finally:
+        await writer.close()
+        await client.aclose()
+
+    for fmt in ("jsonl", "parquet"):
+        out = tmp_path / f"ledger.{fmt}"
+        assert await export_ledger(engine, out, fmt) == 2
+        by_id = {r.id: r for r in read_export(out)}
+        failed = by_id["called"].outcomes[chosen]
+        assert (failed.score, (failed.model_extra or {}).get("error_type")) == (0.0, "fell_back")
+        kept_away = by_id["kept-away"].outcomes[chosen]
+        extra = kept_away.model_extra or {}
+        assert (kept_away.score, extra["model"], "failed" in extra) == (1.0, fallback, False), fmt
+        # Each call row says why it fell back.
+        reasons = [c["fallback_reason"] for r in by_id.values() for c in r.model_dump()["calls"]]
+        assert sorted(reasons) == ["circuit_open", "upstream_5xx"], fmt
 
 
 async def test_a_database_that_holds_another_schema_is_one_line_not_a_traceback(

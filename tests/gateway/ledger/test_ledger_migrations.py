@@ -23,7 +23,7 @@ from gateway.ledger.migrations import (
     latest_version,
     migrate,
 )
-from gateway.ledger.records import LedgerRecord, build_rows
+from gateway.ledger.records import LedgerRecord, RequestRecord, build_rows
 from gateway.ledger.store import create_ledger_engine, open_ledger_engine, sqlite_file
 
 from .factories import make_feedback, make_request
@@ -86,6 +86,23 @@ def _feedback_as_of(version: int) -> sa.Table:
             sa.Column(c.name, c.type, primary_key=c.primary_key)
             for c in schema.feedback.columns
             if _FEEDBACK_ADDED.get(c.name, 1) <= version
+        ),
+    )
+
+
+# Calls columns added after the baseline, and the migration that added each.
+_CALLS_ADDED = {"deployment": 9, "fallback_reason": 16}
+
+
+def _calls_as_of(version: int) -> sa.Table:
+    """The calls table as a release at schema ``version`` writes it."""
+    return sa.Table(
+        "calls",
+        sa.MetaData(),
+        *(
+            sa.Column(c.name, c.type, primary_key=c.primary_key)
+            for c in schema.calls.columns
+            if _CALLS_ADDED.get(c.name, 1) <= version
         ),
     )
 
@@ -351,13 +368,13 @@ async def test_a_ledger_from_before_logged_at_gains_it_and_still_exports(
         sa.MetaData(),
         *(sa.Column(c.name, c.type) for c in schema.requests.columns if c.name != "logged_at"),
     )
-    old_feedback = _feedback_as_of(10)
+    old_feedback, old_calls = _feedback_as_of(10), _calls_as_of(10)
 
     async def write_as_an_older_release(*records: LedgerRecord) -> None:
         req_rows, call_rows, fb_rows, _ = build_rows(records, "none")
         async with engine.begin() as conn:
             await conn.execute(sa.insert(old), req_rows)
-            await conn.execute(sa.insert(schema.calls), call_rows)
+            await conn.execute(sa.insert(old_calls), _only(call_rows, old_calls))
             await conn.execute(sa.insert(old_feedback), _only(fb_rows, old_feedback))
 
     def scored(rid: str, created_at: float) -> tuple[LedgerRecord, LedgerRecord]:
@@ -406,13 +423,13 @@ async def test_feedback_from_before_the_logged_reward_exports_without_it(
     engine = await _engine(ledger_url)
     try:
         assert await migrate(engine, MIGRATIONS[:14]) == 14
-        old_feedback = _feedback_as_of(14)
+        old_feedback, old_calls = _feedback_as_of(14), _calls_as_of(14)
         req_rows, call_rows, fb_rows, _ = build_rows(
             [make_request("old", created_at=t0), make_feedback("old", 0.5, t0 + 10)], "none"
         )
         async with engine.begin() as conn:
             await conn.execute(sa.insert(schema.requests), req_rows)
-            await conn.execute(sa.insert(schema.calls), call_rows)
+            await conn.execute(sa.insert(old_calls), _only(call_rows, old_calls))
             await conn.execute(sa.insert(old_feedback), _only(fb_rows, old_feedback))
         assert await migrate(engine) == latest_version()
         async with engine.connect() as conn:
@@ -433,5 +450,48 @@ async def test_feedback_from_before_the_logged_reward_exports_without_it(
             "cost_weight": 1.0,
             "penalty": 0.1,
         }
+    finally:
+        await engine.dispose()
+
+
+async def test_a_fallback_from_before_its_reason_was_logged_is_still_the_models_failure(
+    ledger_url: str, tmp_path: Path
+) -> None:
+    """Migration 16 adds ``calls.fallback_reason`` to a ledger at version 15. A row a
+    fallback answered from before it does not say whether the model asked for was called:
+    it keeps NULL and exports as that model's failure, as it did; a row that says its model
+    was kept away by its open circuit does not."""
+    t0 = 1_750_000_000.0
+    decision = {"policy": "compact", "actions": ["weak"], "propensities": [0.5], "propensity": 0.5}
+
+    def fell_back(rid: str, created_at: float) -> tuple[LedgerRecord, LedgerRecord]:
+        rec = make_request(rid, created_at=created_at, models=("strong",), decision=decision)
+        rec.calls[0].fallback_from = "weak"
+        return rec, make_feedback(rid, 1.0, created_at + 1)
+
+    engine = await _engine(ledger_url)
+    try:
+        assert await migrate(engine, MIGRATIONS[:15]) == 15
+        old_calls = _calls_as_of(15)
+        req_rows, call_rows, fb_rows, _ = build_rows(fell_back("old", t0), "none")
+        async with engine.begin() as conn:
+            await conn.execute(sa.insert(schema.requests), req_rows)
+            await conn.execute(sa.insert(old_calls), _only(call_rows, old_calls))
+            await conn.execute(sa.insert(schema.feedback), fb_rows)
+        assert await migrate(engine) == latest_version()
+        async with engine.connect() as conn:
+            assert (await conn.run_sync(_describe))["calls"] == _expected()["calls"]
+        skipped, score = fell_back("new", t0 + 10)
+        assert isinstance(skipped, RequestRecord)
+        skipped.calls[0].fallback_reason = "circuit_open"
+        assert await BatchInserter(engine, "none", 10).insert([skipped, score]) == []
+        out = tmp_path / "x.jsonl"
+        await export_ledger(engine, out)
+        by_id = {r.id: r for r in read_export(out)}
+        old = by_id["old"].outcomes["weak"]
+        assert (old.score, (old.model_extra or {})["error_type"]) == (0.0, "fell_back")
+        assert [c["fallback_reason"] for c in by_id["old"].model_dump()["calls"]] == [None]
+        new = by_id["new"].outcomes["weak"]
+        assert (new.score, "failed" in (new.model_extra or {})) == (1.0, False)
     finally:
         await engine.dispose()

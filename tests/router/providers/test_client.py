@@ -419,12 +419,15 @@ async def test_an_open_circuit_skips_the_model_then_a_probe_closes_it(
     ctl.post("/_replay/faults", json={"model": A, "fault": "status=500", "count": 100})
     first = await c.complete(A, BODY)
     assert first.model == B and first.attempts == 3  # A twice, then B
+    assert first.fallback_reason == "upstream_5xx"  # A was called and failed
     assert breakers.state(A) == "open"
     second = await c.complete(A, BODY)
     assert second.model == B and second.attempts == 1 and second.fallback_from == A
     assert [e.kind for e in second.errors] == ["circuit_open"]
+    assert second.fallback_reason == "circuit_open"  # A was never called
     stream = await c.open_stream(A, BODY)
     assert stream.model.name == B and [e.kind for e in stream.errors] == ["circuit_open"]
+    assert stream.fallback_reason == "circuit_open"
     _ = [ch async for ch in stream.chunks]
     assert ctl.get("/_replay/stats").json()["requests"][A] == 2  # never called again
     assert ev.errors.count((A, "circuit_open")) == 2
@@ -438,7 +441,7 @@ async def test_an_open_circuit_skips_the_model_then_a_probe_closes_it(
     ctl.delete("/_replay/faults")
     clock[0] += 30
     probe = await c.complete(A, BODY)
-    assert probe.model == A and probe.fallback_from is None
+    assert probe.model == A and probe.fallback_from is None and probe.fallback_reason is None
     assert breakers.state(A) == "closed"
     await c.aclose()
 
