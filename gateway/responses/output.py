@@ -197,10 +197,14 @@ class EventStream(StreamTranslation):
         self._parts: dict[str, list[str]] = {}
         self._text_index: int | None = None  # output index of the message item, once open
         self._calls: dict[int, dict[str, Any]] = {}  # chat tool-call index -> item
-        self._call_index: dict[int, int] = {}  # chat tool-call index -> output index
-        # A call whose first piece came without its id (some servers send it in a later
-        # chunk): announced once the id comes, so that every event names the item by it.
-        self._held: int | None = None
+        self._call_index: dict[int, int] = {}  # chat tool-call index -> output index, once added
+        # Calls not announced yet, in the order they started. A call whose first piece came
+        # without its id (some servers send it in a later chunk) waits for it, whatever comes
+        # meanwhile: an item's id is in its output_item.added and may not change after (the
+        # OpenAI SDK refuses the stream), and a made-up one would not be the id the JSON
+        # answer has, nor one the upstream knows when the call's output is sent back. Calls
+        # that start after it wait behind it, so that the output keeps the chat answer's order.
+        self._held: list[int] = []
         self._finish: str | None = None
         self.done = False
 
@@ -244,11 +248,11 @@ class EventStream(StreamTranslation):
         return out
 
     def _next_index(self) -> int:
-        return (self._text_index is not None) + len(self._calls)
+        return (self._text_index is not None) + len(self._call_index)
 
     def _open_part(self, kind: str) -> tuple[bytes, list[str]]:
         """The message item's ``kind`` part (opened, with its events, if it is not yet)."""
-        out = self._announce_held()
+        out = b""
         if self._text_index is None:
             self._text_index = self._next_index()
             out += self._event(
@@ -294,27 +298,18 @@ class EventStream(StreamTranslation):
     def _on_call(self, delta: dict[str, Any]) -> bytes:
         index = int(delta.get("index", 0))
         fn = delta.get("function") or {}
-        out = b""
         item = self._calls.get(index)
         if item is None:
-            out += self._announce_held()  # a call still waiting for its id goes out first
             call = {"id": delta.get("id") or "", "function": {"name": fn.get("name", "")}}
             item = self._calls[index] = function_call_item(call, self.req.tool_map, "in_progress")
-            self._call_index[index] = self._next_index() - 1
-            if item["call_id"]:
-                out += self._added(index)
-            else:
-                self._held = index
-        elif not item["call_id"] and delta.get("id"):
+            self._held.append(index)
+        elif not item["call_id"] and delta.get("id") and index in self._held:
             item["call_id"] = delta["id"]
             item["id"] = f"fc_{delta['id']}"
-        if fn.get("arguments"):
-            item["arguments"] += fn["arguments"]
-            if index != self._held:
-                out += self._arguments(index, fn["arguments"])
-        if index == self._held and item["call_id"]:
-            out += self._announce_held()
-        return out
+        item["arguments"] += fn.get("arguments") or ""
+        if index in self._held:
+            return self._announce_ready()
+        return self._arguments(index, fn["arguments"]) if fn.get("arguments") else b""
 
     def _added(self, index: int) -> bytes:
         item = self._calls[index]
@@ -332,12 +327,24 @@ class EventStream(StreamTranslation):
             delta=piece,
         )
 
+    def _announce_ready(self) -> bytes:
+        """The held calls' events, in order, up to the first still waiting for its id."""
+        out = b""
+        while self._held and self._calls[self._held[0]]["call_id"]:
+            out += self._announce(self._held.pop(0))
+        return out
+
     def _announce_held(self) -> bytes:
-        """The held call's events (its id came, or other output must follow it), with the
-        arguments that came meanwhile as one piece."""
-        if self._held is None:
-            return b""
-        index, self._held = self._held, None
+        """Every held call's events: the stream is ending. A call whose id never came is
+        announced without one (``call_id`` "", as the JSON answer has it)."""
+        out = b"".join(self._announce(index) for index in self._held)
+        self._held.clear()
+        return out
+
+    def _announce(self, index: int) -> bytes:
+        """A call's ``output_item.added`` at the next output index, with the arguments that
+        came while it was held as one piece."""
+        self._call_index[index] = self._next_index()
         out = self._added(index)
         arguments = self._calls[index]["arguments"]
         return out + self._arguments(index, arguments) if arguments else out
@@ -355,7 +362,7 @@ class EventStream(StreamTranslation):
     def _close_items(self) -> tuple[bytes, list[dict[str, Any]]]:
         """The events that close every open item, and the items."""
         status = "incomplete" if self._finish in _INCOMPLETE else "completed"
-        out = self._announce_held()  # its id never came: announced as it is
+        out = self._announce_held()  # calls whose id never came
         items = self._items(status)
         for at_index, item in items:
             if item["type"] == "message":

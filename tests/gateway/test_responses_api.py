@@ -446,6 +446,61 @@ def test_an_image_detail_openai_refuses_is_400(
     assert len(up.requests()) == sent
 
 
+def test_a_call_whose_id_comes_after_other_output_keeps_its_identity(
+    scripted: tuple[Gateway, ScriptedUpstream],
+) -> None:
+    """Text and another call come between a call's first piece and its id: the call is held
+    until its id comes (it was announced without one, and the SDK refused the stream when
+    the id changed), and the stream's items are the JSON answer's, ids and order."""
+    gw, up = scripted
+    paris = {
+        "id": "call_a",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
+    rome = {
+        "id": "call_b",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
+    }
+    up.answer("id after text", {"content": "Checking.", "tool_calls": [paris, rome]},
+              "tool_calls", deltas=[
+        {"role": "assistant"},
+        {"tool_calls": [{"index": 0, "type": "function",
+                         "function": {"name": "get_weather", "arguments": '{"city": '}}]},
+        {"content": "Checking."},
+        {"tool_calls": [{"index": 1, "id": "call_b", "type": "function",
+                         "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
+        {"tool_calls": [{"index": 0, "id": "call_a", "function": {"arguments": '"Paris"}'}}]},
+    ])  # fmt: skip
+    c = client(gw)
+    with c.responses.stream(model=MODEL, input="id after text", tools=[WEATHER]) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    plain = c.responses.create(model=MODEL, input="id after text", tools=[WEATHER])
+
+    for resp in (final, plain):
+        message, *called = resp.output
+        assert isinstance(message, ResponseOutputMessage) and len(called) == 2
+        assert [(o.id, o.call_id) for o in called if isinstance(o, ResponseFunctionToolCall)] == [
+            ("fc_call_a", "call_a"),
+            ("fc_call_b", "call_b"),
+        ]
+    # Every event names each item as the final response does, under the same output index.
+    ids = [f"msg_{final.id.removeprefix('resp_')}", "fc_call_a", "fc_call_b"]
+    for kind in ("response.output_item.added", "response.output_item.done"):
+        said = [e for e in events if e.type == kind]
+        assert [(e.output_index, e.item.id) for e in said] == list(enumerate(ids))
+    pieces = [e for e in events if e.type == "response.function_call_arguments.delta"]
+    for index, item in enumerate(final.output[1:], start=1):
+        assert isinstance(item, ResponseFunctionToolCall)
+        mine = [e for e in pieces if e.item_id == item.id]
+        assert {e.output_index for e in mine} == {index}
+        assert "".join(e.delta for e in mine) == item.arguments
+    assert {e.item_id for e in pieces} == {"fc_call_a", "fc_call_b"}
+    assert final.output_text == plain.output_text == "Checking."
+
+
 def test_a_call_whose_id_comes_late_and_a_call_cut_off(
     scripted: tuple[Gateway, ScriptedUpstream],
 ) -> None:

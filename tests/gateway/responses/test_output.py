@@ -104,6 +104,30 @@ async def test_text_then_a_call_and_a_namespaced_call() -> None:
     assert text_done["output_index"] == 0 and text_done["text"] == "Let me check."
 
 
+async def test_a_call_whose_id_never_comes_waits_for_the_end() -> None:
+    """Held for its id while text streams; at the end it is added as it is, without one
+    (as the JSON answer has it), with a call that started after it behind it."""
+    body = sse(
+        call_delta(0, name="weather", args='{"city": '),
+        delta({"content": "Checking."}),
+        call_delta(1, id="c2", name="time", args="{}"),
+        call_delta(0, args='"Paris"}'),
+        delta({}, "tool_calls"),
+        FINAL,
+    )
+    got = await events(body)
+    added = [(e["output_index"], e["item"]["id"]) for e in got
+             if e["type"] == "response.output_item.added"]  # fmt: skip
+    assert added == [(0, f"msg_{RID}"), (1, "fc_"), (2, "fc_c2")]
+    final = got[-1]["response"]
+    assert [(o["id"], o.get("arguments")) for o in final["output"]] == [
+        (f"msg_{RID}", None),
+        ("fc_", '{"city": "Paris"}'),
+        ("fc_c2", "{}"),
+    ]
+    Response.model_validate(final)
+
+
 async def test_a_cut_answer_is_incomplete() -> None:
     body = sse(delta({"content": "Once upon"}), delta({}, "length"), FINAL)
     got = await events(body)
