@@ -102,9 +102,10 @@ class CallOutcome:
     error_kind: str | None = None
     attempts: int = 1
     fallback_from: str | None = None
-    # Why the call left ``fallback_from``: its first error, ``circuit_open`` when it was
-    # never called (``DownstreamClient``'s ``fallback_reason``). None: no fallback, or not
-    # known (a call abandoned in flight).
+    # Why the call left the model asked for (``fallback_from``; ``call.model`` for a call
+    # whose fallbacks failed too): that model's first error, ``circuit_open`` when it was
+    # never called (``DownstreamClient``'s ``fallback_reason``). None: the call never went
+    # on to a fallback, or not known (a call abandoned in flight).
     fallback_reason: str | None = None
     deployment: str | None = None  # the model's deployment that answered, if it has several
     # A failed call's: whether asking again later may succeed (``ProviderError.transient``)
@@ -151,6 +152,9 @@ class CallOutcome:
             out.deployment = err.deployment
         out.transient = err.transient
         out.retry_after_s = retry_after_s(err)
+        # The error may be a fallback's: the reason says whether the model asked for was
+        # called at all.
+        out.fallback_reason = err.fallback_reason
         return out
 
     @property

@@ -337,6 +337,11 @@ def _summary(n: int, out: str, stats: ExportStats) -> str:
             f"; skipped {stats.unknown_propensity} requests whose policy logged no usable "
             "propensity (as the llm router sampling at temperature > 0): no off-policy data"
         )
+    if stats.not_called_skipped:
+        line += (
+            f"; skipped {stats.not_called_skipped} failed requests whose chosen model was "
+            "never called (an open circuit, a budget) or not waited for: nothing about it"
+        )
     return line
 
 

@@ -53,6 +53,10 @@ class ExportStats:
     # Requests whose policy could not say how likely its choice was (the ``llm`` router
     # sampling at temperature > 0): without a propensity they are no off-policy data.
     unknown_propensity: int = 0
+    # Failed requests whose chosen model's call was never made (its circuit kept it away, a
+    # budget refused it) or not waited for (the client left, the request was cancelled),
+    # whatever its fallbacks then did: they say nothing about that model.
+    not_called_skipped: int = 0
 
 
 _CALL_FIELDS = (
@@ -109,22 +113,38 @@ _NOT_CALLED = frozenset({"budget", "circuit_open", CANCELLED})
 _CLIENT_CLOSED = 499
 
 
+def _first_call(call_rows: Sequence[dict[str, Any]], action: str) -> dict[str, Any] | None:
+    """The request's first downstream call, when it was the logged action's: a row naming
+    ``action``, or a fallback's row naming it as ``fallback_from``."""
+    first = next((c for c in call_rows if c["role"] == "downstream"), None)
+    if first is None or action not in (first["model"], first.get("fallback_from")):
+        return None
+    return first
+
+
+def _never_called(first: dict[str, Any], action: str) -> bool:
+    """Whether the first call's row says ``action``'s model was never called. When the call
+    left it for a fallback (which answered, failed too, or was given up on), its
+    ``fallback_reason`` — that model's first error — says, whatever the row's own error
+    (then a fallback's); a row that does not say why (from before migration 16) counts as a
+    call made, as it always did. Otherwise the row's error is the model's own."""
+    reason = first.get("fallback_reason")
+    if reason is not None:
+        return reason in _NOT_CALLED
+    return first["model"] == action and first["error_type"] in _NOT_CALLED
+
+
 def _first_call_failure(
     call_rows: Sequence[dict[str, Any]], action: str, status: int
 ) -> dict[str, Any] | None:
     """The first downstream call, when it was the logged action's and it failed: its row,
     or, when a configured fallback answered in its place (the row then names the fallback,
-    with ``fallback_from``), the failure's own share of it, which is nothing. A fallback
-    that answered for a model that was never called (``fallback_reason``: its circuit kept
-    the call away) is no failure of it; a row that does not say why (from before migration
-    16) counts as one, as it always did."""
-    downstream = [c for c in call_rows if c["role"] == "downstream"]
-    if not downstream:
+    with ``fallback_from``), the failure's own share of it, which is nothing. A model that
+    was never called (see :func:`_never_called`) did not fail, whatever its fallbacks did."""
+    first = _first_call(call_rows, action)
+    if first is None or _never_called(first, action):
         return None
-    first = downstream[0]
-    if first.get("fallback_from") == action and first["model"] != action:
-        if first.get("fallback_reason") in _NOT_CALLED:
-            return None
+    if first["model"] != action:
         return {
             "cost_micros": 0,
             "prompt_tokens": 0,
@@ -132,11 +152,12 @@ def _first_call_failure(
             "latency_ms": 0.0,
             "error_type": "fell_back",
         }
+    downstream = [c for c in call_rows if c["role"] == "downstream"]
     if status == _CLIENT_CLOSED and first is downstream[-1] and first["error_type"] == "connection":
         # The client hung up on the stream it was reading (a chat UI's "stop generating"):
         # the call is logged as cut before its usage, but the model did not fail.
         return None
-    if first["model"] != action or first["status"] != "error" or first["error_type"] in _NOT_CALLED:
+    if first["status"] != "error":
         return None
     return first
 
@@ -167,6 +188,9 @@ def build_record(
     if failed is not None:
         score: float | None = 0.0
     elif final_model is None or not 200 <= int(row["status"]) < 300:
+        if stats is not None and action and (first := _first_call(call_rows, action)):
+            if _never_called(first, action):
+                stats.not_called_skipped += 1
         return None
     else:
         score = feedback_rows[-1]["score"] if feedback_rows else None

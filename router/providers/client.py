@@ -357,7 +357,7 @@ class DownstreamClient:
                     errors=errors,
                     deployment=target.deployment,
                 )
-        raise _gave_up(errors)
+        raise _gave_up(name, errors)
 
     async def open_stream(
         self,
@@ -430,7 +430,7 @@ class DownstreamClient:
                 if in_flight is not None:
                     in_flight.failed()
                 self._attempt_failed(t, err, errors)
-        raise _gave_up(errors)
+        raise _gave_up(name, errors)
 
     def _stream_released(self, sem: asyncio.Semaphore, target: PoolModel) -> None:
         sem.release()
@@ -477,14 +477,18 @@ class _Try:
     number: int
 
 
-def _gave_up(errors: list[ProviderError]) -> ProviderError:
-    """The error a call ends with, once every model in its chain failed or was skipped: the
-    last attempt that reached an upstream — a circuit that opened after it, or a fallback
-    skipped for one, says less about why — with how many attempts there were, and whether
-    any of them failed on something that passes (``transient``)."""
+def _gave_up(name: str, errors: list[ProviderError]) -> ProviderError:
+    """The error a call to ``name`` ends with, once every model in its chain failed or was
+    skipped: the last attempt that reached an upstream — a circuit that opened after it, or
+    a fallback skipped for one, says less about why — with how many attempts there were,
+    whether any of them failed on something that passes (``transient``) and, when the
+    chain went on to a fallback, why it left ``name`` (``fallback_reason``): the error may
+    be a fallback's, and only the reason says whether ``name`` was called at all."""
     made = [e for e in errors if e.kind != "circuit_open"]
     err = made[-1] if made else errors[-1]
     err.attempts = len(made)
+    fell_back = any(e.model != name for e in errors)
+    err.fallback_reason = fallback_reason(name if fell_back else None, errors)
     # Asking again may help if any upstream tried failed last on trouble that passes (a
     # deployment's 503 before the other's 401; not a 503 the same deployment followed with
     # a 401, its latest word) or any model was skipped for an open circuit, which closes.

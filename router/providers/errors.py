@@ -107,6 +107,10 @@ class ProviderError(Exception):
         # a 503 on one deployment and a 401 on the other ends on the 401, yet the first
         # deployment may answer once it recovers.
         self.transient = self.retryable
+        # Set by the client when it gives up on a call that went on to the model's fallbacks:
+        # why it left the model asked for, that model's first error (``circuit_open`` when it
+        # was never called). The error itself is the last model's, so it cannot say that.
+        self.fallback_reason: str | None = None
 
     @property
     def retryable(self) -> bool:

@@ -15,6 +15,7 @@ from gateway import accounting
 from gateway.hooks import RequestLog
 from gateway.ledger.export import export_ledger, read_export
 from gateway.ledger.export_cli import add_export_arguments, run_export
+from gateway.ledger.export_records import ExportStats
 from gateway.ledger.records import RequestRecord, messages_sha256
 from gateway.ledger.store import create_ledger_engine
 from gateway.ledger.writer import LedgerWriter
@@ -546,6 +547,56 @@ async def test_a_model_its_circuit_kept_away_is_not_exported_as_failed(
         # Each call row says why it fell back.
         reasons = [c["fallback_reason"] for r in by_id.values() for c in r.model_dump()["calls"]]
         assert sorted(reasons) == ["circuit_open", "upstream_5xx"], fmt
+
+
+async def test_a_failed_request_whose_chosen_model_was_never_called_is_left_out_and_counted(
+    engine: AsyncEngine, make_settings: Callable[..., LedgerSettings], tmp_path: Path
+) -> None:
+    """The rows a failed request leaves once its call went on to weak's fallback (as
+    tests/gateway/ledger/test_ledger_export_fallbacks.py sees the gateway write them): a
+    reason of a call never made leaves the request out, counted, whatever the row's own
+    error (a fallback's); a reason of a call made keeps it weak's failure."""
+    decision = {"policy": "compact", "actions": ["weak"], "propensities": [0.5], "propensity": 0.5}
+
+    def failed(
+        rid: str, status: int, model: str, error_type: str, reason: str | None
+    ) -> RequestRecord:
+        rec = make_request(rid, created_at=T0, models=(model,), call_costs=(0,), status=status)
+        rec.decision = dict(decision)
+        failing(rec, model, error_type)
+        rec.calls[-1].fallback_from = "weak" if model != "weak" else None
+        rec.calls[-1].fallback_reason = reason
+        return rec
+
+    records = [
+        # Every fallback failed too: the row names weak, with the last fallback's error.
+        failed("kept-away", 502, "weak", "upstream_4xx", "circuit_open"),
+        failed("called", 502, "weak", "upstream_4xx", "upstream_5xx"),
+        # Given up on while the fallback had the request: the row names the fallback.
+        failed("kept-away-left", 499, "strong", "cancelled", "circuit_open"),
+        failed("called-left", 499, "strong", "timeout", "upstream_5xx"),
+        # Given up on between the fallback's attempts, after weak was called and failed.
+        failed("called-left-between", 499, "weak", "cancelled", "upstream_5xx"),
+        # A row that does not say (no fallback, or before migration 16): its own error.
+        failed("unsaid", 502, "weak", "upstream_5xx", None),
+    ]
+    writer = LedgerWriter(engine, make_settings())
+    await writer.start()
+    for rec in records:
+        writer.submit(rec)
+    await writer.close()
+
+    stats = ExportStats()
+    out = tmp_path / "ledger.jsonl"
+    assert await export_ledger(engine, out, stats=stats) == 4
+    by_id = {r.id: r for r in read_export(out)}
+    assert sorted(by_id) == ["called", "called-left", "called-left-between", "unsaid"]
+    for got in by_id.values():
+        assert (got.outcomes["weak"].score, (got.outcomes["weak"].model_extra or {})["failed"]) == (
+            0.0,
+            True,
+        )
+    assert (stats.failures, stats.not_called_skipped) == (4, 2)
 
 
 async def test_a_database_that_holds_another_schema_is_one_line_not_a_traceback(

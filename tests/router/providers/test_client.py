@@ -446,6 +446,35 @@ async def test_an_open_circuit_skips_the_model_then_a_probe_closes_it(
     await c.aclose()
 
 
+async def test_a_call_whose_fallback_failed_too_says_why_it_left_the_model_asked_for(
+    upstream: tuple[str, httpx.Client],
+) -> None:
+    """The error a call gives up with is its last model's: a fallback's, once the chain went
+    on to one. Its ``fallback_reason`` says why the call left the model asked for, so a
+    model its circuit kept away is told from one that was called and failed."""
+    base, ctl = upstream
+    pool = ModelPool([model(A, base, fallbacks=(B,)), model(B, base)])
+    breakers = CircuitBreakers(BreakerConfig(failures=1, cooldown_s=30), clock=lambda: 0.0)
+    c = DownstreamClient(pool, breakers=breakers)
+    ctl.post("/_replay/faults", json={"model": "*", "fault": "status=401", "count": 100})
+    with pytest.raises(ProviderError) as exc:
+        await c.complete(A, BODY)
+    # A 401 is the gateway's setup, not the upstream's trouble: no circuit opens.
+    assert (exc.value.model, exc.value.fallback_reason) == (B, "upstream_4xx")
+    breakers.record_failure(A, "timeout")  # A's circuit opens
+    for open_call in (c.complete, c.open_stream):
+        with pytest.raises(ProviderError) as exc:
+            await open_call(A, BODY)
+        assert (exc.value.kind, exc.value.model) == ("upstream_4xx", B)
+        assert exc.value.fallback_reason == "circuit_open"
+    # A call that never went on to a fallback has no reason to give.
+    with pytest.raises(ProviderError) as exc:
+        await c.complete(B, BODY)
+    assert exc.value.fallback_reason is None
+    assert ctl.get("/_replay/stats").json()["requests"][A] == 1
+    await c.aclose()
+
+
 @pytest.mark.parametrize("transport", ["native", "litellm"])
 async def test_streams_cut_mid_answer_open_the_circuit_and_cool_the_deployment(
     upstream: tuple[str, httpx.Client], transport: Literal["native", "litellm"]
