@@ -124,6 +124,9 @@ def _abandoned(
     upstream (waiting for a concurrency slot, between attempts) costs nothing."""
     error, kind = state.abandoned()
     outcome = CallOutcome.failed(call, state.turn, started, error, kind)
+    # A call given up on after it left the model asked for (a fallback's attempt in flight,
+    # or between them) says why it left, as one a fallback answered does.
+    outcome.fallback_reason = in_flight.fallback_reason
     model = in_flight.model
     if model is None:
         return outcome

@@ -103,9 +103,9 @@ class CallOutcome:
     attempts: int = 1
     fallback_from: str | None = None
     # Why the call left the model asked for (``fallback_from``; ``call.model`` for a call
-    # whose fallbacks failed too): that model's first error, ``circuit_open`` when it was
-    # never called (``DownstreamClient``'s ``fallback_reason``). None: the call never went
-    # on to a fallback, or not known (a call abandoned in flight).
+    # whose fallbacks failed too, or that was given up on after reaching one): that model's
+    # first error, ``circuit_open`` when it was never called (``DownstreamClient``'s
+    # ``fallback_reason``). None: the call never went on to a fallback.
     fallback_reason: str | None = None
     deployment: str | None = None  # the model's deployment that answered, if it has several
     # A failed call's: whether asking again later may succeed (``ProviderError.transient``)

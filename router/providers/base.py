@@ -41,12 +41,22 @@ class InFlight:
     deployment: str | None = None
     request: Mapping[str, Any] | None = None  # the body sent upstream
     attempts: int = 0
+    # Why the call left the model asked for, once an attempt went to a fallback (the
+    # client's ``fallback_reason``): kept after that attempt fails, since the call given up
+    # on later still left that model for that reason.
+    fallback_reason: str | None = None
 
     def sent(
-        self, model: PoolModel, target: PoolModel, request: Mapping[str, Any], attempts: int
+        self,
+        model: PoolModel,
+        target: PoolModel,
+        request: Mapping[str, Any],
+        attempts: int,
+        fallback_reason: str | None = None,
     ) -> None:
         self.model, self.deployment, self.request = model, target.deployment, request
         self.attempts = attempts
+        self.fallback_reason = fallback_reason
 
     def failed(self) -> None:
         """The attempt ended without an answer (a failed attempt is not charged)."""

@@ -333,7 +333,7 @@ class DownstreamClient:
                 try:
                     async with self._sem[(target.name, target.deployment)]:
                         if in_flight is not None:
-                            in_flight.sent(model, target, req, t.number)
+                            in_flight.sent(model, target, req, t.number, _left(name, t, errors))
                         resp = await t.provider.complete(target, req)
                 except ProviderError as err:
                     if in_flight is not None:
@@ -387,7 +387,7 @@ class DownstreamClient:
                 await sem.acquire()
                 self.balancer.started(target)
                 if in_flight is not None:
-                    in_flight.sent(model, target, req, t.number)
+                    in_flight.sent(model, target, req, t.number, _left(name, t, errors))
                 gen = t.provider.stream(target, req, stats)
                 try:
                     head, ended = await _read_head(gen)
@@ -475,6 +475,12 @@ class _Try:
     target: PoolModel
     provider: Provider
     number: int
+
+
+def _left(name: str, t: _Try, errors: Sequence[ProviderError]) -> str | None:
+    """Why attempt ``t`` of a call to ``name`` is a fallback's: ``name``'s first error (see
+    :func:`fallback_reason`); None when it is ``name``'s own."""
+    return fallback_reason(name if t.model.name != name else None, errors)
 
 
 def _gave_up(name: str, errors: list[ProviderError]) -> ProviderError:

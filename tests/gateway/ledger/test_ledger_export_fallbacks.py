@@ -25,6 +25,7 @@ from tests.support.gateway import Gateway, gateway_config, start_gateway
 KEPT_AWAY, KEPT_AWAY_FALLBACK = "gemma-2-9b-it", "llama-3.3-70b-instruct"
 CALLED, CALLED_FALLBACK = "qwen2.5-7b-instruct", "mixtral-8x7b-instruct-v0.1"
 FALLBACKS = {KEPT_AWAY: KEPT_AWAY_FALLBACK, CALLED: CALLED_FALLBACK}
+SLOW = "latency=4000"  # a fallback still in flight when the client gives up at 0.5 s
 
 _CALL_COLUMNS = ("model", "status", "error_type", "fallback_from", "fallback_reason")
 
@@ -47,13 +48,16 @@ def gateway(upstream: Upstream, tmp_path: Path) -> Iterator[Gateway]:
     gw.stop()
 
 
-def ask(gw: Gateway, model: str, user: str) -> httpx.Response:
+def ask(
+    gw: Gateway, model: str, user: str, *, stream: bool = False, timeout: float = 30
+) -> httpx.Response:
     body = {
         "model": model,
         "messages": [{"role": "user", "content": f"Say hello to {user}."}],
         "user": user,
+        "stream": stream,
     }
-    return httpx.post(f"{gw.base_url}/chat/completions", json=body, timeout=30)
+    return httpx.post(f"{gw.base_url}/chat/completions", json=body, timeout=timeout)
 
 
 def open_circuit(gw: Gateway, upstream: Upstream) -> dict[str, Any]:
@@ -134,4 +138,45 @@ async def test_a_request_whose_fallbacks_failed_too_is_a_failure_only_of_a_model
     assert kept_id not in by_id  # it says nothing about the model never called
     failed = by_id[called_id].outcomes[CALLED]
     assert (failed.score, (failed.model_extra or {})["failed"]) == (0.0, True)
+    assert "skipped 1 failed requests whose chosen model was never called" in summary
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_a_fallback_given_up_on_in_flight_says_why_it_was_called(
+    gateway: Gateway,
+    upstream: Upstream,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    stream: bool,
+) -> None:
+    """A client that leaves while a fallback is in flight leaves a row naming the fallback
+    (it has the request, and bills its prompt) with ``fallback_from``: it says why the call
+    left the model asked for, as a row a fallback answered does, so the export tells a model
+    its circuit kept away from one that failed."""
+    open_circuit(gateway, upstream)
+    upstream.fault(KEPT_AWAY_FALLBACK, SLOW)
+    with pytest.raises(httpx.ReadTimeout):
+        ask(gateway, KEPT_AWAY, "kept-away", stream=stream, timeout=0.5)
+    upstream.fault(CALLED, "status=500")
+    upstream.fault(CALLED_FALLBACK, SLOW)
+    with pytest.raises(httpx.ReadTimeout):
+        ask(gateway, CALLED, "called", stream=stream, timeout=0.5)
+
+    kept_id, kept_status, kept_calls = logged(gateway, "kept-away")
+    called_id, called_status, called_calls = logged(gateway, "called")
+    assert kept_status == called_status == 499
+    cut = {"status": "error", "error_type": "cancelled"}
+    assert kept_calls == [
+        {"model": KEPT_AWAY_FALLBACK, **cut, "fallback_from": KEPT_AWAY,
+         "fallback_reason": "circuit_open"},
+    ]  # fmt: skip
+    assert called_calls == [
+        {"model": CALLED_FALLBACK, **cut, "fallback_from": CALLED,
+         "fallback_reason": "upstream_5xx"},
+    ]  # fmt: skip
+
+    summary, by_id = await export(gateway, tmp_path / "out.jsonl", capsys)
+    assert kept_id not in by_id
+    failed = by_id[called_id].outcomes[CALLED]
+    assert (failed.score, (failed.model_extra or {})["error_type"]) == (0.0, "fell_back")
     assert "skipped 1 failed requests whose chosen model was never called" in summary

@@ -14,6 +14,7 @@ import pytest
 from pricing import ModelPrice, estimate_tokens
 from router.health import BreakerConfig, CircuitBreakers
 from router.pool import ModelPool, PoolModel
+from router.providers.base import InFlight
 from router.providers.client import DownstreamClient
 from router.providers.errors import ProviderError, sanitize
 from tests.support.replay import replay_root, start_replay_upstream, stop_replay_upstream
@@ -451,22 +452,26 @@ async def test_a_call_whose_fallback_failed_too_says_why_it_left_the_model_asked
 ) -> None:
     """The error a call gives up with is its last model's: a fallback's, once the chain went
     on to one. Its ``fallback_reason`` says why the call left the model asked for, so a
-    model its circuit kept away is told from one that was called and failed."""
+    model its circuit kept away is told from one that was called and failed; the call's
+    ``InFlight`` says it too while a fallback has the request."""
     base, ctl = upstream
     pool = ModelPool([model(A, base, fallbacks=(B,)), model(B, base)])
     breakers = CircuitBreakers(BreakerConfig(failures=1, cooldown_s=30), clock=lambda: 0.0)
     c = DownstreamClient(pool, breakers=breakers)
     ctl.post("/_replay/faults", json={"model": "*", "fault": "status=401", "count": 100})
+    called = InFlight()
     with pytest.raises(ProviderError) as exc:
-        await c.complete(A, BODY)
+        await c.complete(A, BODY, in_flight=called)
     # A 401 is the gateway's setup, not the upstream's trouble: no circuit opens.
     assert (exc.value.model, exc.value.fallback_reason) == (B, "upstream_4xx")
+    assert called.fallback_reason == "upstream_4xx"
     breakers.record_failure(A, "timeout")  # A's circuit opens
     for open_call in (c.complete, c.open_stream):
+        kept_away = InFlight()
         with pytest.raises(ProviderError) as exc:
-            await open_call(A, BODY)
+            await open_call(A, BODY, in_flight=kept_away)
         assert (exc.value.kind, exc.value.model) == ("upstream_4xx", B)
-        assert exc.value.fallback_reason == "circuit_open"
+        assert exc.value.fallback_reason == kept_away.fallback_reason == "circuit_open"
     # A call that never went on to a fallback has no reason to give.
     with pytest.raises(ProviderError) as exc:
         await c.complete(B, BODY)
