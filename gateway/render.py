@@ -61,6 +61,7 @@ def xrouter_meta(request_id: str, policy: str, result: RouteResult | None) -> di
             "latency_ms": round(o.latency_ms, 3),
             **({"error": o.error} if o.error else {}),
             **({"fallback_from": o.fallback_from} if o.fallback_from else {}),
+            **({"fallback_reason": o.fallback_reason} if o.fallback_reason else {}),
             **({"deployment": o.deployment} if o.deployment else {}),
         }
         for o in (*result.state.router_calls, *result.state.outcomes)

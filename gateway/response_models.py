@@ -58,6 +58,19 @@ class RoutedCall(_Answer):
     completion_tokens: int
     cost_usd: float
     latency_ms: float
+    # Each of these only when it applies (the answer leaves the field out otherwise).
+    error: str | None = Field(default=None, description="why the call failed")
+    fallback_from: str | None = Field(
+        default=None, description="the model asked for, when a configured fallback answered"
+    )
+    fallback_reason: str | None = Field(
+        default=None,
+        description="why the call left fallback_from: that model's first error "
+        "(circuit_open: it was never called)",
+    )
+    deployment: str | None = Field(
+        default=None, description="which of the model's deployments served it, if several"
+    )
 
 
 class RoutingInfo(_Answer):

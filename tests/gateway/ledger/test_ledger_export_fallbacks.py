@@ -180,3 +180,24 @@ async def test_a_fallback_given_up_on_in_flight_says_why_it_was_called(
     failed = by_id[called_id].outcomes[CALLED]
     assert (failed.score, (failed.model_extra or {})["error_type"]) == (0.0, "fell_back")
     assert "skipped 1 failed requests whose chosen model was never called" in summary
+
+
+def test_the_response_says_why_a_call_fell_back(gateway: Gateway, upstream: Upstream) -> None:
+    """``xrouter.calls`` lists each call's ``fallback_reason`` next to its ``fallback_from``,
+    as the ledger and ``/v1/generation`` do; a call that did not fall back has neither."""
+    (failed,) = open_circuit(gateway, upstream)["calls"]
+    assert (failed["fallback_from"], failed["fallback_reason"]) == (KEPT_AWAY, "upstream_5xx")
+    r = ask(gateway, KEPT_AWAY, "kept-away")
+    (kept_away,) = r.json()["xrouter"]["calls"]
+    assert (kept_away["model"], kept_away["fallback_from"], kept_away["fallback_reason"]) == (
+        KEPT_AWAY_FALLBACK,
+        KEPT_AWAY,
+        "circuit_open",
+    )
+    (direct,) = ask(gateway, CALLED, "direct").json()["xrouter"]["calls"]
+    assert direct["model"] == CALLED and not {"fallback_from", "fallback_reason"} & set(direct)
+    # /v1/generation reads the same back from the ledger.
+    generation = httpx.get(
+        f"{gateway.base_url}/generation", params={"id": r.json()["id"]}, timeout=30
+    ).json()["data"]
+    assert [c["fallback_reason"] for c in generation["calls"]] == ["circuit_open"]
