@@ -39,6 +39,10 @@ from pathlib import Path
 import httpx
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT / "bench"))  # run as a plain script from a checkout
+
+from circuit_breaker import wait_for  # noqa: E402
+
 HARNESS = REPO_ROOT.parent / "shared" / "bench" / "gateway"
 log = logging.getLogger("bench.request_calls")
 
@@ -104,19 +108,6 @@ async def load(base: str, n: int, concurrency: int) -> int:
     return failed
 
 
-def wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
-    for _ in range(300):
-        if proc.poll() is not None:
-            raise SystemExit(f"{url}: the process exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"{url} not ready after 30 s")
-
-
 def profile_tree(tree: Path, args: argparse.Namespace, work: Path) -> collections.Counter[str]:
     """Profile ``args.n`` requests through a gateway run from ``tree``; calls by area."""
     work.mkdir(parents=True, exist_ok=True)
@@ -130,8 +121,8 @@ def profile_tree(tree: Path, args: argparse.Namespace, work: Path) -> collection
     done.unlink(missing_ok=True)
     upstream = subprocess.Popen(
         [sys.executable, str(args.harness / "fake_upstream.py"), "--port", str(args.upstream_port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=(work / "upstream.log").open("wb"),
+        stderr=subprocess.STDOUT,
     )
     serve = ["serve", "--config", str(config), "--port", str(args.port)]
     gateway = subprocess.Popen(
@@ -145,8 +136,8 @@ def profile_tree(tree: Path, args: argparse.Namespace, work: Path) -> collection
     )
     base = f"http://127.0.0.1:{args.port}"
     try:
-        wait_ready(upstream_base.removesuffix("/v1") + "/health", upstream)
-        wait_ready(base + "/readyz", gateway)
+        wait_for(upstream_base.removesuffix("/v1") + "/health", upstream, work / "upstream.log")
+        wait_for(base + "/readyz", gateway, work / "gateway.log")
         asyncio.run(load(base, args.warmup, args.concurrency))
         gateway.send_signal(signal.SIGUSR1)
         time.sleep(0.2)  # the handler runs at the loop's next bytecode boundary
