@@ -58,7 +58,8 @@ class ServerSettings(_Section):
     port: int = Field(default=8000, ge=0, le=65535)
     workers: int = Field(default=1, ge=1, le=64)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # The values serve's --log-level takes, so a level is written the same in both places.
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
     # The longest a request may run, streamed answer included: past it the gateway cancels
     # what is in flight and answers 504. Budget holds live this long plus 60 s, so a hold
     # never expires under a call that is still running.

@@ -467,3 +467,14 @@ def test_the_ledger_section_alone_names_every_bad_field_as_serve_does(tmp_path: 
     with pytest.raises(SettingsError) as exc:
         load_ledger_settings(write(tmp_path, text), env={})
     assert "ledger.flush_rows" in str(exc.value) and "ledger.log_content" in str(exc.value)
+
+
+def test_server_log_level_takes_the_levels_serve_s_flag_takes(tmp_path: Path) -> None:
+    # `serve --log-level critical` worked, `server.log_level: critical` was refused.
+    from gateway.cli import LOG_LEVELS
+
+    for level in LOG_LEVELS:
+        s = load_settings(
+            write(tmp_path, POOL), env={"SMALL_KEY": "k", "XROUTER_SERVER__LOG_LEVEL": level}
+        )
+        assert s.server.log_level == level
