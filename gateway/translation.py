@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
 from gateway.errors import APIError, bad_request, validation_error
+from router.providers.content_parts import parts_text
 
 log = logging.getLogger(__name__)
 
@@ -178,13 +179,8 @@ def chat_answer(chat: dict[str, Any]) -> ChatAnswer:
     if isinstance(content, list):
         # Some servers answer with content parts (Mistral's reasoning models: text and
         # thinking parts), which the chat API relays as they came; the other APIs' text is
-        # a string (a list there broke their SDKs). The text parts are pieces of one text.
-        text = "".join(
-            p["text"]
-            for p in content
-            if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-        )
-        message = {**message, "content": text}
+        # a string (a list there broke their SDKs): the text parts', as a stream's is.
+        message = {**message, "content": parts_text(content)}
     return ChatAnswer(request_id, message, choice.get("finish_reason"), meta)
 
 

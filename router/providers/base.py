@@ -9,6 +9,7 @@ from typing import Any
 
 from pricing import TokenUsage
 from router.pool import PoolModel
+from router.providers.content_parts import is_parts
 from router.providers.usage import prompt_tokens_estimate, reported_or_estimated
 
 
@@ -95,8 +96,10 @@ def chunk_problem(chunk: Any) -> str | None:
             continue
         if not isinstance(delta, dict):
             return "a delta is not an object"
-        if not isinstance(delta.get("content") or "", str):
-            return "a delta's content is not a string"
+        content = delta.get("content")
+        if content is not None and not isinstance(content, str) and not is_parts(content):
+            # A list of part objects is content too (``flatten_parts`` makes it a string).
+            return "a delta's content is not a string or a list of parts"
         calls = delta.get("tool_calls")
         if calls is None:
             continue
@@ -123,8 +126,9 @@ class StreamStats:
     text_parts: list[str] = field(default_factory=list)
     finish_reason: str | None = None
     chunks: int = 0
-    # What was generated in every choice (text and tool-call arguments): the basis of the
-    # usage estimate when a stream ends before its usage chunk.
+    # What was generated in every choice (text, reasoning and tool-call arguments): the
+    # basis of the usage estimate when a stream ends before its usage chunk. Reasoning is
+    # counted: an upstream bills it as completion tokens.
     generated_parts: int = 0
     generated_chars: int = 0
     # How the stream failed after it opened (an ``ErrorKind``: cut, timed out, a bad
@@ -155,6 +159,10 @@ class StreamStats:
                 self.generated_chars += len(content)
                 if first:
                     self.text_parts.append(content)
+            reasoning = delta.get("reasoning_content")
+            if reasoning and isinstance(reasoning, str):
+                self.generated_parts += 1
+                self.generated_chars += len(reasoning)
             for tc in delta.get("tool_calls") or ():
                 arguments = (tc.get("function") or {}).get("arguments")
                 if arguments:

@@ -17,6 +17,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from router.pool import PoolModel
 from router.providers.base import Provider, ProviderResponse, StreamStats
+from router.providers.content_parts import flatten_parts
 from router.providers.errors import (
     ErrorKind,
     ProviderError,
@@ -332,6 +333,9 @@ class LiteLLMProvider(Provider):
                     break
                 data = chunk.model_dump(exclude_none=True)
                 _openai_choices(data, stream=True)
+                # LiteLLM passes an OpenAI-compatible server's content parts through as
+                # they came: relayed as the native transport relays them, a string.
+                flatten_parts(data)
                 if first_by is not None and _made_up_ending(resp, data):
                     raise ProviderError(
                         "connection",

@@ -17,6 +17,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from router.pool import PoolModel
 from router.providers.base import Provider, ProviderResponse, StreamStats, chunk_problem
+from router.providers.content_parts import flatten_parts
 from router.providers.errors import (
     ErrorKind,
     ProviderError,
@@ -321,6 +322,9 @@ class NativeOpenAIProvider(Provider):
                 f"upstream {model.name} sent an invalid stream event: {problem}",
                 model=model.name,
             )
+        # Before anything reads it (the stats, the relay, the translations): content as
+        # parts is relayed as OpenAI streams it, a string.
+        flatten_parts(chunk)
         return chunk  # chunk_problem found an object
 
     async def aclose(self) -> None:

@@ -723,3 +723,39 @@ def test_an_answer_of_content_parts_is_text_in_both_translations(tmp_path: Path)
             gw.stop()
     assert [(b.type, getattr(b, "text", None)) for b in msg.content] == [("text", "Sunny, 21C.")]
     assert response.output_text == "Sunny, 21C."
+
+
+def test_a_stream_of_content_parts_is_text_in_all_three_apis(tmp_path: Path) -> None:
+    """Mistral's reasoning models stream ``delta.content`` as parts, and some servers
+    stream text parts: the call was a 502 on every API (a delta's content had to be a
+    string). The text parts stream as text, the thinking as the chat API's
+    ``reasoning_content``, which the other APIs leave out as they leave out the answer's."""
+    thinking = {"type": "thinking", "thinking": [{"type": "text", "text": "hmm"}]}
+    deltas: list[dict[str, Any]] = [
+        {"role": "assistant", "content": [thinking]},
+        {"content": [{"type": "text", "text": "Sunny, "}]},
+        {"content": "21"},
+        {"content": [{"type": "text", "text": "C."}]},
+    ]
+    with scripted_upstream(tmp_path) as up:
+        up.answer("Weather?", {"content": "Sunny, 21C."}, deltas=deltas)
+        gw = start_gateway(tmp_path, gateway_config(tmp_path, up.base_url))
+        try:
+            oc = openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0)
+            chunks = list(
+                oc.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "Weather?"}], stream=True
+                )
+            )
+            with oc.responses.stream(model=MODEL, input="Weather?") as stream:
+                response = stream.get_final_response()
+            ask: list[MessageParam] = [{"role": "user", "content": "Weather?"}]
+            with client(gw).messages.stream(model=MODEL, max_tokens=64, messages=ask) as ms:
+                msg = ms.get_final_message()
+        finally:
+            gw.stop()
+    said = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(d.content or "" for d in said) == "Sunny, 21C."
+    assert [extra(d).get("reasoning_content") for d in said] == ["hmm", None, None, None, None]
+    assert response.output_text == "Sunny, 21C."
+    assert [(b.type, getattr(b, "text", None)) for b in msg.content] == [("text", "Sunny, 21C.")]
