@@ -26,6 +26,7 @@ __all__ = [
     "ChatAnswer",
     "Origin",
     "StreamTranslation",
+    "call_id",
     "chat_answer",
     "chat_chunks",
     "client_error",
@@ -182,6 +183,14 @@ def chat_answer(chat: dict[str, Any]) -> ChatAnswer:
         # a string (a list there broke their SDKs): the text parts', as a stream's is.
         message = {**message, "content": parts_text(content)}
     return ChatAnswer(request_id, message, choice.get("finish_reason"), meta)
+
+
+def call_id(given: Any, request_id: str, index: int) -> str:
+    """A tool call's id: the model's, or for a call that came without one (some
+    OpenAI-compatible servers send none) one made of the request id and the call's index in
+    the answer: unique in it (two calls without an id shared one, ``""``), and the same in
+    the answer's stream and in its JSON."""
+    return given if isinstance(given, str) and given else f"call_{request_id}_{index}"
 
 
 def with_meta(

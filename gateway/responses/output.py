@@ -5,7 +5,7 @@ Both are translations of what the chat service already produced (its JSON body, 
 chunks as they are sent), so routing, metering, budgets and the ledger are the chat path's,
 unchanged. Ids are derived from the request id: ``resp_<request id>`` (which
 ``POST /v1/feedback`` accepts), ``msg_<request id>`` for the answer, ``fc_<call id>`` for a
-function call.
+function call (a call the model gave no id has ``call_<request id>_<its index>``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import orjson
 
 from gateway.responses.request import ResponsesRequest
 from gateway.responses.tools import ToolMap
-from gateway.translation import StreamTranslation, chat_answer, with_meta
+from gateway.translation import StreamTranslation, call_id, chat_answer, with_meta
 
 # finish_reason -> why a response is incomplete (None: complete).
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
@@ -160,7 +160,8 @@ def from_chat_completion(req: ResponsesRequest, chat: dict[str, Any]) -> dict[st
     # A call cut off by the output limit is as incomplete as its stream says it is.
     call_status = "incomplete" if finish in _INCOMPLETE else "completed"
     output.extend(
-        function_call_item(c, tools, call_status) for c in message.get("tool_calls") or []
+        function_call_item({**c, "id": call_id(c.get("id"), request_id, i)}, tools, call_status)
+        for i, c in enumerate(message.get("tool_calls") or [])
     )
     return response_object(
         req,
@@ -304,12 +305,16 @@ class EventStream(StreamTranslation):
             item = self._calls[index] = function_call_item(call, self.req.tool_map, "in_progress")
             self._held.append(index)
         elif not item["call_id"] and delta.get("id") and index in self._held:
-            item["call_id"] = delta["id"]
-            item["id"] = f"fc_{delta['id']}"
+            self._name(index, delta["id"])
         item["arguments"] += fn.get("arguments") or ""
         if index in self._held:
             return self._announce_ready()
         return self._arguments(index, fn["arguments"]) if fn.get("arguments") else b""
+
+    def _name(self, index: int, given: str) -> None:
+        item = self._calls[index]
+        item["call_id"] = call_id(given, self.request_id, index)
+        item["id"] = f"fc_{item['call_id']}"
 
     def _added(self, index: int) -> bytes:
         item = self._calls[index]
@@ -336,7 +341,10 @@ class EventStream(StreamTranslation):
 
     def _announce_held(self) -> bytes:
         """Every held call's events: the stream is ending. A call whose id never came is
-        announced without one (``call_id`` "", as the JSON answer has it)."""
+        announced with the one the JSON answer gives it (``call_id``)."""
+        for index in self._held:
+            if not self._calls[index]["call_id"]:
+                self._name(index, "")
         out = b"".join(self._announce(index) for index in self._held)
         self._held.clear()
         return out

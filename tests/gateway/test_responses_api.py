@@ -501,6 +501,65 @@ def test_a_call_whose_id_comes_after_other_output_keeps_its_identity(
     assert final.output_text == plain.output_text == "Checking."
 
 
+def test_calls_that_never_carry_an_id_each_get_one_of_their_own(
+    scripted: tuple[Gateway, ScriptedUpstream],
+) -> None:
+    """Some OpenAI-compatible servers stream tool calls without ``id``: two calls were both
+    ``fc_`` with ``call_id`` "" (the SDK refused the stream: conflicting output identities),
+    and their outputs could not be told apart. Each gets ``call_<request id>_<index>``: in
+    every event, in response.completed and in the JSON answer, and it goes back as the
+    chat turn's call ids."""
+    gw, up = scripted
+    calls = [
+        {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+        {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}},
+    ]
+    up.answer("no ids", {"content": None, "tool_calls": calls}, "tool_calls", deltas=[
+        {"role": "assistant"},
+        {"tool_calls": [{"index": 0, "type": "function",
+                         "function": {"name": "get_weather", "arguments": '{"city": '}}]},
+        {"tool_calls": [{"index": 1, "type": "function",
+                         "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]},
+    ])  # fmt: skip
+    c = client(gw)
+    with c.responses.stream(model=MODEL, input="no ids", tools=[WEATHER]) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    plain = c.responses.create(model=MODEL, input="no ids", tools=[WEATHER])
+
+    for resp in (final, plain):
+        rid = resp.id.removeprefix("resp_")
+        called = [o for o in resp.output if isinstance(o, ResponseFunctionToolCall)]
+        assert [(o.id, o.call_id, o.arguments) for o in called] == [
+            (f"fc_call_{rid}_0", f"call_{rid}_0", '{"city": "Paris"}'),
+            (f"fc_call_{rid}_1", f"call_{rid}_1", '{"city": "Rome"}'),
+        ]
+    called = [o for o in final.output if isinstance(o, ResponseFunctionToolCall)]
+    ids = [o.id for o in called]
+    assert len(called) == len(final.output)
+    for kind in ("response.output_item.added", "response.output_item.done"):
+        assert [getattr(e.item, "id", None) for e in events if e.type == kind] == ids
+    pieces = [e for e in events if e.type == "response.function_call_arguments.delta"]
+    assert {e.item_id for e in pieces} == set(ids)
+
+    # Sent back with their outputs, the calls are one assistant turn whose ids the tool
+    # messages name.
+    turn: ResponseInputParam = [{"role": "user", "content": "no ids"}]
+    for o in called:
+        turn.append(
+            {"type": "function_call", "call_id": o.call_id, "name": o.name,
+             "arguments": o.arguments}
+        )  # fmt: skip
+    for o in called:
+        turn.append({"type": "function_call_output", "call_id": o.call_id, "output": "20C"})
+    c.responses.create(model=MODEL, input=turn, tools=[WEATHER])
+    sent = up.requests()[-1]["messages"]
+    said = [tc["id"] for tc in sent[1]["tool_calls"]]
+    assert said == [o.call_id for o in called] and len(set(said)) == 2
+    assert [m["tool_call_id"] for m in sent[2:]] == said
+
+
 def test_a_call_whose_id_comes_late_and_a_call_cut_off(
     scripted: tuple[Gateway, ScriptedUpstream],
 ) -> None:

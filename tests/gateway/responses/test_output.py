@@ -105,8 +105,9 @@ async def test_text_then_a_call_and_a_namespaced_call() -> None:
 
 
 async def test_a_call_whose_id_never_comes_waits_for_the_end() -> None:
-    """Held for its id while text streams; at the end it is added as it is, without one
-    (as the JSON answer has it), with a call that started after it behind it."""
+    """Held for its id while text streams; at the end it is added with the id the JSON
+    answer gives it (``call_<request id>_<index>``), a call that started after it behind
+    it."""
     body = sse(
         call_delta(0, name="weather", args='{"city": '),
         delta({"content": "Checking."}),
@@ -118,11 +119,11 @@ async def test_a_call_whose_id_never_comes_waits_for_the_end() -> None:
     got = await events(body)
     added = [(e["output_index"], e["item"]["id"]) for e in got
              if e["type"] == "response.output_item.added"]  # fmt: skip
-    assert added == [(0, f"msg_{RID}"), (1, "fc_"), (2, "fc_c2")]
+    assert added == [(0, f"msg_{RID}"), (1, f"fc_call_{RID}_0"), (2, "fc_c2")]
     final = got[-1]["response"]
     assert [(o["id"], o.get("arguments")) for o in final["output"]] == [
         (f"msg_{RID}", None),
-        ("fc_", '{"city": "Paris"}'),
+        (f"fc_call_{RID}_0", '{"city": "Paris"}'),
         ("fc_c2", "{}"),
     ]
     Response.model_validate(final)
