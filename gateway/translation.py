@@ -30,6 +30,7 @@ __all__ = [
     "chat_answer",
     "chat_chunks",
     "client_error",
+    "grown_name",
     "message_param",
     "parse_body",
     "renamed",
@@ -191,6 +192,20 @@ def call_id(given: Any, request_id: str, index: int) -> str:
     the answer: unique in it (two calls without an id shared one, ``""``), and the same in
     the answer's stream and in its JSON."""
     return given if isinstance(given, str) and given else f"call_{request_id}_{index}"
+
+
+def grown_name(name: str, piece: Any) -> str:
+    """A streamed tool call's name so far, with the ``function.name`` a delta carried.
+
+    Appended, as the OpenAI SDK accumulates a name (its ``accumulate_delta``): OpenAI sends
+    the name whole in the call's first delta, but other servers split it into pieces or
+    send ``""`` first. A piece that is the whole name so far is a repeat, not appended:
+    servers that repeat the name in every delta (MiniMax through NVIDIA NIM, Fireworks) are
+    common, and the SDK's ``read_fileread_file`` is no tool. Only a name that is one string
+    twice, split at its middle, reads otherwise (``abab`` from ``ab`` + ``ab``: ``ab``)."""
+    if not isinstance(piece, str) or not piece or piece == name:
+        return name
+    return name + piece
 
 
 def with_meta(

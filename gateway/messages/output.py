@@ -15,7 +15,7 @@ import orjson
 
 from gateway.errors import UPSTREAM_CODE_STATUS
 from gateway.messages.request import MessagesRequest
-from gateway.translation import StreamTranslation, chat_answer, with_meta
+from gateway.translation import StreamTranslation, chat_answer, grown_name, with_meta
 
 # finish_reason -> stop_reason. A chat answer does not say which stop sequence ended it, so
 # "stop" is end_turn (stop_sequence stays null).
@@ -255,16 +255,20 @@ class EventStream(StreamTranslation):
         arguments = fn.get("arguments") or ""
         if position == self._live_call:
             return self._live_piece(arguments)
-        # A block's id is in its content_block_start: a first call whose id has not come yet
-        # (some servers send it in a later chunk) is held until it does.
-        if self._live_call is None and not self._calls and call.get("id"):
-            return self._go_live(position, call["id"], fn.get("name") or "", arguments)
         entry = self._calls.setdefault(position, ["", "", ""])
         entry[0] = entry[0] or call.get("id") or ""
-        entry[1] = entry[1] or fn.get("name") or ""
+        entry[1] = grown_name(entry[1], fn.get("name"))
         entry[2] += arguments
-        if self._live_call is None and entry[0] and next(iter(self._calls)) == position:
-            del self._calls[position]  # the first call, its id come: it streams from here
+        # A block's id and name are in its content_block_start: the first call is held until
+        # its id has come (some servers send it in a later chunk) and its arguments have
+        # begun (its name is whole then: some servers stream it in pieces before them).
+        if (
+            self._live_call is None
+            and entry[0]
+            and entry[2]
+            and next(iter(self._calls)) == position
+        ):
+            del self._calls[position]  # it streams from here
             return self._go_live(position, *entry)
         return b""
 

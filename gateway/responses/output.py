@@ -17,7 +17,7 @@ import orjson
 
 from gateway.responses.request import ResponsesRequest
 from gateway.responses.tools import ToolMap
-from gateway.translation import StreamTranslation, call_id, chat_answer, with_meta
+from gateway.translation import StreamTranslation, call_id, chat_answer, grown_name, with_meta
 
 # finish_reason -> why a response is incomplete (None: complete).
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
@@ -199,12 +199,15 @@ class EventStream(StreamTranslation):
         self._text_index: int | None = None  # output index of the message item, once open
         self._calls: dict[int, dict[str, Any]] = {}  # chat tool-call index -> item
         self._call_index: dict[int, int] = {}  # chat tool-call index -> output index, once added
+        self._names: dict[int, str] = {}  # chat tool-call index -> the chat name so far
         # Calls not announced yet, in the order they started. A call whose first piece came
         # without its id (some servers send it in a later chunk) waits for it, whatever comes
         # meanwhile: an item's id is in its output_item.added and may not change after (the
         # OpenAI SDK refuses the stream), and a made-up one would not be the id the JSON
-        # answer has, nor one the upstream knows when the call's output is sent back. Calls
-        # that start after it wait behind it, so that the output keeps the chat answer's order.
+        # answer has, nor one the upstream knows when the call's output is sent back. It
+        # waits for its arguments to begin too: its name, also in output_item.added, is
+        # whole then (some servers stream it in pieces). Calls that start after it wait
+        # behind it, so that the output keeps the chat answer's order.
         self._held: list[int] = []
         self._finish: str | None = None
         self.done = False
@@ -301,17 +304,26 @@ class EventStream(StreamTranslation):
         fn = delta.get("function") or {}
         item = self._calls.get(index)
         if item is None:
-            call = {"id": delta.get("id") or "", "function": {"name": fn.get("name", "")}}
+            call = {"id": delta.get("id") or ""}
             item = self._calls[index] = function_call_item(call, self.req.tool_map, "in_progress")
+            self._names[index] = ""
             self._held.append(index)
         elif not item["call_id"] and delta.get("id") and index in self._held:
-            self._name(index, delta["id"])
+            self._set_id(index, delta["id"])
+        name = grown_name(self._names[index], fn.get("name"))
+        if name != self._names[index]:
+            self._names[index] = name
+            namespace, item["name"] = self.req.tool_map.call_name(name)
+            item.pop("namespace", None)
+            if namespace is not None:
+                item["namespace"] = namespace
         item["arguments"] += fn.get("arguments") or ""
         if index in self._held:
             return self._announce_ready()
         return self._arguments(index, fn["arguments"]) if fn.get("arguments") else b""
 
-    def _name(self, index: int, given: str) -> None:
+    def _set_id(self, index: int, given: str) -> None:
+        """The call's id: ``given``, or (``""``: it never came) the one ``call_id`` makes."""
         item = self._calls[index]
         item["call_id"] = call_id(given, self.request_id, index)
         item["id"] = f"fc_{item['call_id']}"
@@ -333,9 +345,10 @@ class EventStream(StreamTranslation):
         )
 
     def _announce_ready(self) -> bytes:
-        """The held calls' events, in order, up to the first still waiting for its id."""
+        """The held calls' events, in order, up to the first still waiting for its id or
+        for its arguments to begin."""
         out = b""
-        while self._held and self._calls[self._held[0]]["call_id"]:
+        while self._held and all(self._calls[self._held[0]][k] for k in ("call_id", "arguments")):
             out += self._announce(self._held.pop(0))
         return out
 
@@ -344,7 +357,7 @@ class EventStream(StreamTranslation):
         announced with the one the JSON answer gives it (``call_id``)."""
         for index in self._held:
             if not self._calls[index]["call_id"]:
-                self._name(index, "")
+                self._set_id(index, "")
         out = b"".join(self._announce(index) for index in self._held)
         self._held.clear()
         return out

@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 from anthropic.types import MessageParam, TextBlock, ToolParam, ToolUseBlock
+from openai.types.responses import FunctionToolParam
 from pydantic import BaseModel
 
 from router.outcomes import OutcomeRecord
@@ -759,3 +760,78 @@ def test_a_stream_of_content_parts_is_text_in_all_three_apis(tmp_path: Path) -> 
     assert [extra(d).get("reasoning_content") for d in said] == ["hmm", None, None, None, None]
     assert response.output_text == "Sunny, 21C."
     assert [(b.type, getattr(b, "text", None)) for b in msg.content] == [("text", "Sunny, 21C.")]
+
+
+# How servers stream a tool call's name: OpenAI whole in the first delta; others in pieces,
+# or "" first; others whole in every delta.
+NAME_PIECES = {
+    "in pieces": [{"name": "get_"}, {"name": "weather"}],
+    "empty first": [{"name": ""}, {"name": "get_weather"}],
+    "repeated": [{"name": "get_weather"}, {"name": "get_weather"}],
+}
+
+
+def test_a_tool_call_name_streamed_in_pieces_is_the_whole_name(tmp_path: Path) -> None:
+    """The Responses and Messages streams took a call's name from its first delta: a name
+    some servers split (``get_`` + ``weather``), or send ``""`` first, was cut to its first
+    piece. It is accumulated as the OpenAI SDK accumulates it on the chat API, and a name
+    repeated in every delta is still the name (where that SDK doubles it)."""
+    responses: dict[str, list[tuple[str, str]]] = {}
+    messages: dict[str, list[tuple[str, str]]] = {}
+    chat: dict[str, str | None] = {}
+    with scripted_upstream(tmp_path) as up:
+        for case, pieces in NAME_PIECES.items():
+            first, second = pieces
+            up.answer(case, {"content": None}, "tool_calls", deltas=[
+                {"role": "assistant"},
+                {"tool_calls": [{"index": 0, "id": "call_w", "type": "function",
+                                 "function": {**first, "arguments": ""}}]},
+                {"tool_calls": [{"index": 0, "function": {**second, "arguments": ""}}]},
+                {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]},
+                {"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]},
+            ])  # fmt: skip
+        gw = start_gateway(tmp_path, gateway_config(tmp_path, up.base_url))
+        try:
+            oc = openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0)
+            weather: FunctionToolParam = {
+                "type": "function",
+                "name": "get_weather",
+                "parameters": dict(WEATHER["input_schema"]),
+                "strict": False,
+            }
+            for case in NAME_PIECES:
+                with oc.responses.stream(model=MODEL, input=case, tools=[weather]) as rs:
+                    events = list(rs)
+                    final = rs.get_final_response()
+                responses[case] = [
+                    (e.type, getattr(e.item, "name", "")) for e in events
+                    if e.type in ("response.output_item.added", "response.output_item.done")
+                ] + [("completed", getattr(o, "name", "")) for o in final.output]  # fmt: skip
+                ask: list[MessageParam] = [{"role": "user", "content": case}]
+                with client(gw).messages.stream(
+                    model=MODEL, max_tokens=64, messages=ask, tools=[WEATHER]
+                ) as ms:
+                    said = [e for e in ms if e.type == "content_block_start"]
+                    msg = ms.get_final_message()
+                messages[case] = [("start", getattr(e.content_block, "name", "")) for e in said]
+                messages[case] += [("final", getattr(b, "name", "")) for b in msg.content]
+                with oc.chat.completions.stream(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": case}],
+                    tools=[{"type": "function", "function": {"name": "get_weather"}}],
+                ) as cs:
+                    calls = cs.get_final_completion().choices[0].message.tool_calls or []
+                chat[case] = calls[0].function.name if calls else None
+        finally:
+            gw.stop()
+    for case in NAME_PIECES:
+        kinds = ["response.output_item.added", "response.output_item.done", "completed"]
+        assert responses[case] == [(k, "get_weather") for k in kinds], case
+        assert messages[case] == [("start", "get_weather"), ("final", "get_weather")], case
+    # The OpenAI SDK, reading the chat API's relay, accumulates the name the same way where
+    # a server sends it once; it doubles a name a server repeats.
+    assert chat == {
+        "in pieces": "get_weather",
+        "empty first": "get_weather",
+        "repeated": "get_weatherget_weather",
+    }
