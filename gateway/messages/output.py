@@ -15,7 +15,7 @@ import orjson
 
 from gateway.errors import UPSTREAM_CODE_STATUS
 from gateway.messages.request import MessagesRequest
-from gateway.translation import StreamTranslation, chat_answer, grown_name, with_meta
+from gateway.translation import StreamTranslation, call_id, chat_answer, grown_name, with_meta
 
 # finish_reason -> stop_reason. A chat answer does not say which stop sequence ended it, so
 # "stop" is end_turn (stop_sequence stays null).
@@ -122,12 +122,12 @@ def from_chat_completion(req: MessagesRequest, chat: dict[str, Any]) -> dict[str
     text = message.get("content") or message.get("refusal")
     if text:
         content.append({"type": "text", "text": text})
-    for call in message.get("tool_calls") or []:
+    for i, call in enumerate(message.get("tool_calls") or []):
         fn = call.get("function") or {}
         content.append(
             {
                 "type": "tool_use",
-                "id": call.get("id", ""),
+                "id": call_id(call.get("id"), request_id, i),
                 "name": fn.get("name", ""),
                 "input": tool_input(fn.get("arguments")),
             }
@@ -272,9 +272,9 @@ class EventStream(StreamTranslation):
             return self._go_live(position, *entry)
         return b""
 
-    def _go_live(self, position: int, call_id: str, name: str, arguments: str) -> bytes:
+    def _go_live(self, position: int, given: str, name: str, arguments: str) -> bytes:
         self._live_call = position
-        out = self._next_block({"type": "tool_use", "id": call_id, "name": name, "input": {}})
+        out = self._next_block({"type": "tool_use", "id": given, "name": name, "input": {}})
         return out + self._live_piece(arguments)
 
     def _live_piece(self, arguments: str) -> bytes:
@@ -309,8 +309,10 @@ class EventStream(StreamTranslation):
         out += self._stop(self._open) if self._open is not None else b""
         self._open = None
         held: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
-        for call_id, name, arguments in self._calls.values():
-            block = {"type": "tool_use", "id": call_id, "name": name, "input": {}}
+        for position, (given, name, arguments) in self._calls.items():
+            # A call whose id never came: the one the JSON answer gives it.
+            called = call_id(given, self.request_id, position)
+            block = {"type": "tool_use", "id": called, "name": name, "input": {}}
             # Whole, so as the whole message has it: a JSON object, or ``{"_raw": ...}``.
             whole = orjson.dumps(tool_input(arguments)).decode() if arguments.strip() else ""
             piece = {"type": "input_json_delta", "partial_json": whole} if whole else None

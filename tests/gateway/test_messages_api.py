@@ -13,7 +13,7 @@ import anthropic
 import httpx
 import openai
 import pytest
-from anthropic.types import MessageParam, TextBlock, ToolParam, ToolUseBlock
+from anthropic.types import MessageParam, TextBlock, ToolParam, ToolResultBlockParam, ToolUseBlock
 from openai.types.responses import FunctionToolParam
 from pydantic import BaseModel
 
@@ -609,6 +609,50 @@ def test_a_tool_call_whose_id_comes_late(tmp_path: Path) -> None:
         ("call_b", {"city": "Rome"}),
     ]
     assert text_of(final) == "Checking." and final.stop_reason == "tool_use"
+
+
+def test_tool_calls_that_never_carry_an_id_each_get_one_of_their_own(tmp_path: Path) -> None:
+    """Some servers send tool calls without ``id``: two tool_use blocks had the id "", so
+    their results could not be told apart. Each is ``call_<request id>_<index>``, streamed
+    or not, and the tool results that name them go back as the chat turn's call ids."""
+    calls = [
+        {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+        {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}},
+    ]
+    deltas = [{"role": "assistant"}] + [
+        {"tool_calls": [{**c, "index": i}]} for i, c in enumerate(calls)
+    ]
+    with scripted_upstream(tmp_path) as up:
+        up.answer("no ids", {"content": None, "tool_calls": calls}, "tool_calls", deltas=deltas)
+        gw = start_gateway(tmp_path, gateway_config(tmp_path, up.base_url))
+        try:
+            ask: list[MessageParam] = [{"role": "user", "content": "no ids"}]
+            kw: dict[str, Any] = {"model": MODEL, "max_tokens": 64, "tools": [WEATHER]}
+            with client(gw).messages.stream(messages=ask, **kw) as stream:
+                streamed = stream.get_final_message()
+            plain = client(gw).messages.create(messages=ask, **kw)
+            used = [b for b in streamed.content if isinstance(b, ToolUseBlock)]
+            results: list[ToolResultBlockParam] = [
+                {"type": "tool_result", "tool_use_id": b.id, "content": "20C"} for b in used
+            ]
+            turn: list[MessageParam] = [
+                *ask,
+                {"role": "assistant", "content": streamed.content},
+                {"role": "user", "content": results},
+            ]
+            client(gw).messages.create(messages=turn, **kw)
+            sent = up.requests()[-1]["messages"]
+        finally:
+            gw.stop()
+    for msg in (streamed, plain):
+        rid = msg.id.removeprefix("msg_")
+        assert [(b.id, b.input) for b in msg.content if isinstance(b, ToolUseBlock)] == [
+            (f"call_{rid}_0", {"city": "Paris"}),
+            (f"call_{rid}_1", {"city": "Rome"}),
+        ]
+    said = [tc["id"] for tc in sent[1]["tool_calls"]]
+    assert said == [b.id for b in used] and len(set(said)) == 2
+    assert [m["tool_call_id"] for m in sent[2:]] == said
 
 
 def test_tool_calls_that_finished_with_stop_are_a_tool_use_stop(tmp_path: Path) -> None:
