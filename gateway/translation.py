@@ -179,9 +179,10 @@ def chat_answer(chat: dict[str, Any]) -> ChatAnswer:
     message = choice.get("message") or {}
     content = message.get("content")
     if isinstance(content, list):
-        # Some servers answer with content parts (Mistral's reasoning models: text and
-        # thinking parts), which the chat API relays as they came; the other APIs' text is
-        # a string (a list there broke their SDKs): the text parts', as a stream's is.
+        # Content parts (Mistral's reasoning models: text and thinking parts) reach here as
+        # text, made so by the providers (``flatten_answer``); an answer cached before they
+        # were may still hold them. The other APIs' text is a string (a list broke their
+        # SDKs): the text parts', as a stream's is.
         message = {**message, "content": parts_text(content)}
     return ChatAnswer(request_id, message, choice.get("finish_reason"), meta)
 

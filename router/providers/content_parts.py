@@ -2,10 +2,10 @@
 
 Mistral's reasoning models (Magistral) answer and stream ``content`` as parts — ``text``
 parts and ``thinking`` parts holding text parts of their own — and some OpenAI-compatible
-servers stream ``[{"type": "text", "text": "..."}]``. A stream is relayed in OpenAI's
-shape, where a delta's ``content`` is a string: its text parts' text, and the thinking
-parts' text as ``reasoning_content``, the delta field vLLM, DeepSeek and LiteLLM stream
-reasoning in.
+servers stream ``[{"type": "text", "text": "..."}]``. Answers and streams are relayed in
+OpenAI's shape, where a message's or a delta's ``content`` is a string: its text parts'
+text, and the thinking parts' text as ``reasoning_content``, the field vLLM, DeepSeek and
+LiteLLM give reasoning in.
 """
 
 from __future__ import annotations
@@ -46,18 +46,33 @@ def parts_reasoning(parts: list[Any]) -> str:
     return "".join(out)
 
 
+def _flatten(message: dict[str, Any]) -> None:
+    """``message`` (a delta or an answer's message) with its ``content`` parts made OpenAI's
+    shape, in place: ``content`` their text (None without any), ``reasoning_content`` their
+    thinking (after any the message carried already)."""
+    parts = message["content"]
+    message["content"] = parts_text(parts) or None
+    reasoning = parts_reasoning(parts)
+    if reasoning:
+        before = message.get("reasoning_content")
+        message["reasoning_content"] = (before if isinstance(before, str) else "") + reasoning
+
+
 def flatten_parts(chunk: dict[str, Any]) -> None:
     """Rewrite, in place, each delta of ``chunk`` whose ``content`` is a list of parts into
-    OpenAI's shape: ``content`` its text (None without any), ``reasoning_content`` its
-    thinking (after any the delta carried already). Run on every chunk of a stream, before
-    anything reads it; what is not a choice or delta object is left as it is."""
+    OpenAI's shape (see :func:`_flatten`). Run on every chunk of a stream, before anything
+    reads it; what is not a choice or delta object is left as it is."""
     for choice in chunk.get("choices") or ():
         delta = choice.get("delta") if isinstance(choice, dict) else None
-        if not isinstance(delta, dict) or not isinstance(delta.get("content"), list):
-            continue
-        parts = delta["content"]
-        delta["content"] = parts_text(parts) or None
-        reasoning = parts_reasoning(parts)
-        if reasoning:
-            before = delta.get("reasoning_content")
-            delta["reasoning_content"] = (before if isinstance(before, str) else "") + reasoning
+        if isinstance(delta, dict) and isinstance(delta.get("content"), list):
+            _flatten(delta)
+
+
+def flatten_answer(completion: dict[str, Any]) -> None:
+    """The same for each message of a non-streamed ``chat.completion``, so that an answer
+    reads as the same answer streamed does (and the answer cache, which replays an answer
+    as a stream, holds text)."""
+    for choice in completion.get("choices") or ():
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if isinstance(message, dict) and isinstance(message.get("content"), list):
+            _flatten(message)

@@ -17,7 +17,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from router.pool import PoolModel
 from router.providers.base import Provider, ProviderResponse, StreamStats, chunk_problem
-from router.providers.content_parts import flatten_parts
+from router.providers.content_parts import flatten_answer, flatten_parts
 from router.providers.errors import (
     ErrorKind,
     ProviderError,
@@ -205,6 +205,7 @@ class NativeOpenAIProvider(Provider):
             raise ProviderError(
                 "bad_response", f"upstream {model.name} sent an invalid response", model=model.name
             ) from None
+        flatten_answer(data)  # content parts: text, as the stream relays them
         latency = (time.perf_counter() - start) * 1000
         return ProviderResponse.parse(body, data, latency)
 

@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 from anthropic.types import MessageParam, TextBlock, ToolParam, ToolResultBlockParam, ToolUseBlock
+from openai.types.chat import ChatCompletionMessageParam
 from openai.types.responses import FunctionToolParam
 from pydantic import BaseModel
 
@@ -747,10 +748,13 @@ def test_structured_output_reaches_the_model_as_a_json_schema_response_format(
     assert "effort" not in by_hand and "output_config" not in by_hand
 
 
-def test_an_answer_of_content_parts_is_text_in_both_translations(tmp_path: Path) -> None:
+def test_an_answer_of_content_parts_is_text_on_every_api(tmp_path: Path) -> None:
     """Some servers answer with a list of content parts (Mistral's reasoning models). The
     Messages API's text block and the Responses API's output_text carried the list, and the
-    SDKs broke on it (``output_text`` raised TypeError)."""
+    SDKs broke on it (``output_text`` raised TypeError); the chat API relayed the list,
+    which its SDK types as a string, and the answer cache replayed it as an empty stream.
+    Every API now has the text parts' text, and the chat API the thinking as
+    ``reasoning_content``, as the same answer streamed has them."""
     parts = [
         {"type": "thinking", "thinking": [{"type": "text", "text": "hmm"}]},
         {"type": "text", "text": "Sunny, "},
@@ -758,16 +762,24 @@ def test_an_answer_of_content_parts_is_text_in_both_translations(tmp_path: Path)
     ]
     with scripted_upstream(tmp_path) as up:
         up.answer("Weather?", {"content": parts})
-        gw = start_gateway(tmp_path, gateway_config(tmp_path, up.base_url))
+        cfg = gateway_config(tmp_path, up.base_url, cache={"enabled": True})
+        gw = start_gateway(tmp_path, cfg)
         try:
             ask: list[MessageParam] = [{"role": "user", "content": "Weather?"}]
             msg = client(gw).messages.create(model=MODEL, max_tokens=64, messages=ask)
             oc = openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0)
             response = oc.responses.create(model=MODEL, input="Weather?")
+            asked: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Weather?"}]
+            chat = oc.chat.completions.create(model=MODEL, messages=asked)
+            replayed = list(oc.chat.completions.create(model=MODEL, messages=asked, stream=True))
         finally:
             gw.stop()
     assert [(b.type, getattr(b, "text", None)) for b in msg.content] == [("text", "Sunny, 21C.")]
     assert response.output_text == "Sunny, 21C."
+    assert chat.choices[0].message.content == "Sunny, 21C."
+    assert extra(chat.choices[0].message).get("reasoning_content") == "hmm"
+    assert extra(replayed[-1])["xrouter"]["cache"]["hit"] is True
+    assert "".join(c.choices[0].delta.content or "" for c in replayed if c.choices) == "Sunny, 21C."
 
 
 def test_a_stream_of_content_parts_is_text_in_all_three_apis(tmp_path: Path) -> None:

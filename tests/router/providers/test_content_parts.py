@@ -14,7 +14,7 @@ import pytest
 from router.providers.base import StreamStats
 from router.providers.errors import ProviderError
 from tests.router.providers.test_failures import BOTH, Transport, client, model
-from tests.support.fault_upstream import FaultUpstream, Reply, chunk, event, fault_upstream
+from tests.support.fault_upstream import FaultUpstream, Reply, _answer, chunk, event, fault_upstream
 
 BODY = {"messages": [{"role": "user", "content": "hi"}]}
 THINKING = {"type": "thinking", "thinking": [{"type": "text", "text": "Paris, June: "}]}
@@ -92,3 +92,20 @@ async def test_content_that_is_no_string_or_list_of_parts_is_a_bad_response(
         await relayed(up, "native")
     assert exc.value.kind == "bad_response"
     assert "content is not a string" in exc.value.message
+
+
+async def test_an_answer_of_parts_is_its_text_and_its_reasoning(up: FaultUpstream) -> None:
+    """A non-streamed answer's parts were relayed as the list (the chat SDK's ``content``
+    is a string); they are what the same answer streamed is. (Native only: LiteLLM's own
+    response reader refuses such an answer, a bad response.)"""
+    parts = [THINKING, {"type": "text", "text": "Sunny, "}, {"type": "text", "text": "21C."}]
+    answer = _answer("")
+    answer["choices"][0]["message"]["content"] = parts
+    up.script(Reply(body=answer))
+    c, _ = client(model(up.base_url, transport="native"))
+    try:
+        r = await c.complete("m", dict(BODY))
+    finally:
+        await c.aclose()
+    message = r.body["choices"][0]["message"]
+    assert (message["content"], message["reasoning_content"]) == ("Sunny, 21C.", "Paris, June: ")
