@@ -108,6 +108,11 @@ class Authenticator:
         self._cache: dict[bytes, tuple[float, Principal]] = {}
         self._refused: dict[bytes, float] = {}
         self._stale = False  # serving keys as last read (logged once per outage)
+        # After a lookup failed, no other is made until then (one lookup then probes the
+        # database, and moves it on as it starts): a hung database held every request of
+        # every key for the lookup's timeout, each starting a lookup of its own, for the
+        # whole outage. 0: the last lookup answered.
+        self._retry_at = 0.0
 
     def invalidate(self) -> None:
         self._cache.clear()
@@ -126,29 +131,44 @@ class Authenticator:
             who = hit[1]
         elif self._refused.get(digest, 0.0) > now:
             raise unauthorized()
+        elif now < self._retry_at:
+            return self._as_last_read(hit, now, None)  # a lookup failed moments ago
         else:
+            if self._retry_at:
+                self._retry_at = now + self._ttl_s  # this lookup probes; the others wait
             try:
                 found = await self._lookups.run(self._lookup(token))
             except (*DATABASE_OUTAGES, DeadlineExceeded) as exc:
+                self._retry_at = time.monotonic() + self._ttl_s
                 why = str(exc) if isinstance(exc, DeadlineExceeded) else describe_error(exc)
-                if hit is None or now - hit[0] > self._stale_if_error_s:
-                    log.warning("key lookup failed, the ledger database: %s", why)
-                    raise database_unavailable() from None
-                found = hit[1]  # the key as it was: taken until the database answers again
-                if not self._stale:
-                    log.warning(
-                        "ledger database unavailable: taking known keys as last read (%s)",
-                        why,
-                    )
-                self._stale = True
-                return self._unexpired(found)
+                return self._as_last_read(hit, now, why)
             self._stale = False
+            self._retry_at = 0.0
             if found is None:
                 self._remember(self._refused, digest, now + self._ttl_s)
                 raise unauthorized()
             who = found
             self._remember(self._cache, digest, (now + self._ttl_s, who))
         return self._unexpired(who)
+
+    def _as_last_read(
+        self, hit: tuple[float, Principal] | None, now: float, why: str | None
+    ) -> Principal:
+        """The key of cache entry ``hit`` as it was, while the database does not answer its
+        lookup (``why``: the lookup's error; None when none was made, one having failed
+        moments ago): taken until the database answers again, for so long at most; a key
+        never read, or read too long ago, is the outage, a 503."""
+        if hit is None or now - hit[0] > self._stale_if_error_s:
+            if why is not None:
+                log.warning("key lookup failed, the ledger database: %s", why)
+            raise database_unavailable()
+        if not self._stale:
+            log.warning(
+                "ledger database unavailable: taking known keys as last read (%s)",
+                why or "a lookup failed",
+            )
+        self._stale = True
+        return self._unexpired(hit[1])
 
     @staticmethod
     def _unexpired(who: Principal) -> Principal:

@@ -97,6 +97,50 @@ async def test_a_database_that_hangs_holds_a_key_lookup_for_its_timeout_only(
     assert (await auth.principal(f"Bearer {secret}")).key_id == known.key_id
 
 
+async def test_a_hung_database_holds_one_lookup_at_a_time_not_every_request(
+    proxied: tuple[AsyncEngine, TcpProxy, str],
+) -> None:
+    """Every request of every known key waited the lookup's whole timeout while the
+    database hung (each started a lookup of its own, found the key as last read and did not
+    keep it): a 20-fold drop in throughput for the outage. After a failed lookup, keys are
+    taken as last read without one until the TTL passes; then one request probes."""
+    engine, proxy, secret = proxied
+    auth = Authenticator(
+        KeyRepository(engine),
+        enabled=True,
+        admin_key=None,
+        ttl_s=0.4,
+        stale_if_error_s=30,
+        lookup_timeout_s=0.5,
+    )
+    known = await auth.principal(f"Bearer {secret}")
+    await proxy.freeze()
+    await asyncio.sleep(0.45)  # past the cache's TTL
+
+    async def timed() -> float:
+        t0 = time.monotonic()
+        assert (await auth.principal(f"Bearer {secret}")).key_id == known.key_id
+        return time.monotonic() - t0
+
+    assert await timed() >= 0.45  # the lookup that finds the outage waits its timeout
+    quick = [await timed() for _ in range(5)]
+    assert max(quick) < 0.1, quick  # then no lookup: the key as last read
+    # A key never read is the outage at once too.
+    with pytest.raises(APIError) as exc:
+        await auth.principal(f"Bearer xr-{secrets.token_urlsafe(32)}")
+    assert (exc.value.status, exc.value.code) == (503, "database_unavailable")
+    await asyncio.sleep(0.45)  # past the wait: one request probes, the others do not wait
+    waits = sorted(await asyncio.gather(*(timed() for _ in range(5))))
+    assert waits[-1] >= 0.45 and waits[-2] < 0.1, waits
+    await proxy.restore()
+    await asyncio.sleep(0.45)
+    assert await timed() < 0.45  # the database answers again, and is asked again
+    await proxy.freeze()
+    await asyncio.sleep(0.45)
+    assert await timed() >= 0.45  # asked, since the last lookup answered
+    await proxy.restore()
+
+
 async def test_the_urls_own_connect_timeout_is_taken_as_seconds(
     proxied: tuple[AsyncEngine, TcpProxy, str],
 ) -> None:
