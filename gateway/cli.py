@@ -130,6 +130,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from gateway.app import CONFIG_ENV, SERVE_FLAGS_ENV, SUPERVISOR_ENV, create_app
     from gateway.settings import SettingsError, load_settings
+    from gateway.supervisor import run_workers
 
     if args.log_level:  # now: the lines before the config is read obey it too
         set_log_level(args.log_level)
@@ -267,7 +268,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         metrics_dir = tempfile.mkdtemp(prefix="xrouter-prom-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     try:
-        uvicorn.run("gateway.app:create_app_from_env", factory=True, workers=srv.workers, **common)
+        run_workers(
+            uvicorn.Config(
+                "gateway.app:create_app_from_env", factory=True, workers=srv.workers, **common
+            )
+        )
     finally:
         if metrics_dir is not None:  # ours: nothing reads it once the workers are gone
             shutil.rmtree(metrics_dir, ignore_errors=True)

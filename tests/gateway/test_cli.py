@@ -753,6 +753,47 @@ def test_workers_still_starting_do_not_outlive_a_killed_supervisor(
             pass
 
 
+def test_several_workers_refuse_new_connections_once_their_shutdown_begins(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    # The workers closed their listening sockets on SIGTERM, but the supervisor's copy
+    # stayed open until they had exited: the kernel went on accepting connections no worker
+    # would read, and reset them when the supervisor exited — requests lost with no answer
+    # and no ledger row, where one worker refuses them at once.
+    gw = start_gateway(tmp_path, gateway_config(tmp_path, upstream.base_url), workers=2)
+    try:
+        got: list[httpx.Response] = []
+        slow = {
+            "model": "gemma-2-9b-it",
+            "messages": [{"role": "user", "content": "hi [[replay:latency=4000]]"}],
+        }
+        waiting = threading.Thread(
+            target=lambda: got.append(
+                httpx.post(f"{gw.base_url}/chat/completions", json=slow, timeout=60)
+            )
+        )
+        waiting.start()
+        deadline = time.monotonic() + 30
+        while upstream.stats()["requests"].get("gemma-2-9b-it", 0) < 1:
+            assert time.monotonic() < deadline, upstream.stats()
+            time.sleep(0.05)
+        gw.proc.send_signal(signal.SIGTERM)
+        time.sleep(1.5)  # the supervisor checks for signals every 0.5 s, then tells the workers
+        assert gw.proc.poll() is None  # still finishing the slow request
+        t0 = time.monotonic()
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{gw.url}/healthz", timeout=10)
+        assert time.monotonic() - t0 < 1.0  # refused, not held and reset later
+        waiting.join(60)
+        assert got and got[0].status_code == 200, got
+        gw.proc.wait(30)
+    finally:
+        try:
+            os.killpg(gw.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def test_requests_cut_by_the_graceful_shutdown_timeout_get_an_error_not_a_traceback(
     upstream: Upstream, tmp_path: Path
 ) -> None:
