@@ -113,10 +113,10 @@ _NOT_CALLED = frozenset({"budget", "circuit_open", CANCELLED})
 _CLIENT_CLOSED = 499
 
 
-def _first_call(call_rows: Sequence[dict[str, Any]], action: str) -> dict[str, Any] | None:
+def _first_call(downstream: Sequence[dict[str, Any]], action: str) -> dict[str, Any] | None:
     """The request's first downstream call, when it was the logged action's: a row naming
     ``action``, or a fallback's row naming it as ``fallback_from``."""
-    first = next((c for c in call_rows if c["role"] == "downstream"), None)
+    first = downstream[0] if downstream else None
     if first is None or action not in (first["model"], first.get("fallback_from")):
         return None
     return first
@@ -135,13 +135,12 @@ def _never_called(first: dict[str, Any], action: str) -> bool:
 
 
 def _first_call_failure(
-    call_rows: Sequence[dict[str, Any]], action: str, status: int
+    first: dict[str, Any] | None, downstream: Sequence[dict[str, Any]], action: str, status: int
 ) -> dict[str, Any] | None:
     """The first downstream call, when it was the logged action's and it failed: its row,
     or, when a configured fallback answered in its place (the row then names the fallback,
     with ``fallback_from``), the failure's own share of it, which is nothing. A model that
     was never called (see :func:`_never_called`) did not fail, whatever its fallbacks did."""
-    first = _first_call(call_rows, action)
     if first is None or _never_called(first, action):
         return None
     if first["model"] != action:
@@ -152,7 +151,6 @@ def _first_call_failure(
             "latency_ms": 0.0,
             "error_type": "fell_back",
         }
-    downstream = [c for c in call_rows if c["role"] == "downstream"]
     if status == _CLIENT_CLOSED and first is downstream[-1] and first["error_type"] == "connection":
         # The client hung up on the stream it was reading (a chat UI's "stop generating"):
         # the call is logged as cut before its usage, but the model did not fail.
@@ -184,13 +182,14 @@ def build_record(
     content = row["content"] if isinstance(row["content"], dict) else None
     final_model: str | None = row["final_model"]
     action = _action(decision, final_model or "")
-    failed = _first_call_failure(call_rows, action, int(row["status"])) if action else None
+    downstream = [c for c in call_rows if c["role"] == "downstream"]
+    first = _first_call(downstream, action) if action else None
+    failed = _first_call_failure(first, downstream, action, int(row["status"]))
     if failed is not None:
         score: float | None = 0.0
     elif final_model is None or not 200 <= int(row["status"]) < 300:
-        if stats is not None and action and (first := _first_call(call_rows, action)):
-            if _never_called(first, action):
-                stats.not_called_skipped += 1
+        if stats is not None and first is not None and _never_called(first, action):
+            stats.not_called_skipped += 1
         return None
     else:
         score = feedback_rows[-1]["score"] if feedback_rows else None
