@@ -13,13 +13,10 @@ workers do the same.
 
 from __future__ import annotations
 
-import logging
 from socket import socket
 
 from uvicorn import Config
 from uvicorn.supervisors import Multiprocess
-
-log = logging.getLogger(__name__)
 
 
 class Supervisor(Multiprocess):
