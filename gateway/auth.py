@@ -12,7 +12,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from gateway.deadline import Deadline, DeadlineExceeded
-from gateway.errors import DATABASE_OUTAGES, APIError, database_unavailable
+from gateway.errors import (
+    DATABASE_OUTAGES,
+    STORE_RETRY_AFTER_S,
+    APIError,
+    database_unavailable,
+)
 from gateway.ledger.store import describe_error
 from gateway.principal import Principal
 from pricing import usd_to_micros
@@ -161,7 +166,9 @@ class Authenticator:
         if hit is None or now - hit[0] > self._stale_if_error_s:
             if why is not None:
                 log.warning("key lookup failed, the ledger database: %s", why)
-            raise database_unavailable()
+            # Asked again before ``_retry_at``, the gateway would not look it up.
+            wait = self._retry_at - time.monotonic()
+            raise database_unavailable(max(wait, STORE_RETRY_AFTER_S))
         if not self._stale:
             log.warning(
                 "ledger database unavailable: taking known keys as last read (%s)",

@@ -289,9 +289,22 @@ def _allowed_methods(request: Request) -> str:
 DATABASE_OUTAGES = (sa_exc.DBAPIError, sa_exc.TimeoutError, sa_exc.DisconnectionError)
 
 
-def database_unavailable() -> APIError:
+# How long a client is asked to wait on a 503 for a store that is down (its own answer, not
+# an upstream's): about as long as a restarted Redis or a failed-over database takes to
+# answer again. Without it, clients that honour only ``retry-after`` (proxies, other SDKs)
+# retry at once, into the same outage.
+STORE_RETRY_AFTER_S = 1.0
+
+
+def database_unavailable(retry_after_s: float = STORE_RETRY_AFTER_S) -> APIError:
+    """503 ``database_unavailable``; ``retry_after_s``: when the gateway asks the database
+    again (a key lookup that failed holds the others back that long)."""
     return APIError(
-        503, "the ledger database is unavailable", type="server_error", code="database_unavailable"
+        503,
+        "the ledger database is unavailable",
+        type="server_error",
+        code="database_unavailable",
+        headers=retry_after_headers(retry_after_s),
     )
 
 

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gateway.errors import APIError
+from gateway.errors import STORE_RETRY_AFTER_S, APIError, retry_after_headers
 from gateway.limits.base import LimitStoreUnavailable
 from router.estimate import estimate_prompt_tokens, requested_max_tokens
 from router.policy import LoopState, RouteContext, ToolCall
@@ -36,7 +36,13 @@ LIMITS_UNAVAILABLE = "the rate-limit store is unavailable"
 
 
 def limits_unavailable() -> APIError:
-    return APIError(503, LIMITS_UNAVAILABLE, type="server_error", code="limits_unavailable")
+    return APIError(
+        503,
+        LIMITS_UNAVAILABLE,
+        type="server_error",
+        code="limits_unavailable",
+        headers=retry_after_headers(STORE_RETRY_AFTER_S),
+    )
 
 
 @dataclass(slots=True)

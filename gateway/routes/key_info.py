@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from gateway.errors import APIError
+from gateway.hooks import limits_unavailable
 from gateway.ledger.keys import KeyInfo
 from gateway.ledger.spend import budget_spend
 from gateway.limits import LimitStoreUnavailable
@@ -31,12 +32,7 @@ async def _from_ledger(s: Services, info: KeyInfo) -> BudgetState:
     client can still read its budget during a Redis outage. Holds of requests in flight are
     not in the ledger yet: ``reserved`` is 0."""
     if s.engine is None:
-        raise APIError(
-            503,
-            "the rate-limit store is unavailable",
-            type="server_error",
-            code="limits_unavailable",
-        )
+        raise limits_unavailable()
     window = period_window(info.budget_period, time.time())
     spent = (await budget_spend(s.engine, [info.key_id], window.start)).get(info.key_id, 0)
     budget = info.limits().budget_micros

@@ -69,6 +69,7 @@ def test_requests_are_refused_with_503_and_logged_when_the_limit_store_is_down(
                 assert r.status_code == 503, (name, model, r.text)
                 error = r.json()["error"]
                 assert (error["code"], error["type"]) == ("limits_unavailable", "server_error")
+                assert r.headers["retry-after"] == "1", r.headers  # an outage: come back
                 request_id = r.headers["x-xrouter-request-id"]
                 (status, _, cost), calls = ledger_rows(gw, request_id)
                 assert (status, cost) == (503, 0), name

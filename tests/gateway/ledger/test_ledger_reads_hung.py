@@ -49,6 +49,7 @@ def test_reads_of_a_hung_database_are_given_up_as_503(
             took = time.monotonic() - t0
             assert r.status_code == 503, (name, r.status_code, r.text[:200])
             assert r.json()["error"]["code"] == "database_unavailable", name
+            assert r.headers["retry-after"] == "1", name  # an outage, not a refusal
             assert took < 10, (name, took)  # 1 s, and a flush's own bound at most
         r = httpx.post(
             f"{gw.url}/v1/feedback", json={"request_id": answered, "score": 1}, timeout=30

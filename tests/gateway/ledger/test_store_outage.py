@@ -72,6 +72,28 @@ async def test_a_database_that_is_down_is_an_outage(
         assert (await conn.execute(sa.text("SELECT 1"))).scalar() == 1
 
 
+async def test_an_outage_asks_the_client_back_when_a_lookup_will_be_made(
+    proxied: tuple[AsyncEngine, TcpProxy, str],
+) -> None:
+    """A failed lookup holds the others back for the cache's TTL: a key refused meanwhile
+    is told to retry after it (a retry sooner meets the same 503 without a lookup)."""
+    engine, proxy, _ = proxied
+    auth = Authenticator(
+        KeyRepository(engine), enabled=True, admin_key=None, ttl_s=3.0, stale_if_error_s=30
+    )
+    await proxy.cut()
+    with pytest.raises(APIError) as exc:
+        await auth.principal(f"Bearer xr-{secrets.token_urlsafe(32)}")
+    assert (exc.value.status, exc.value.code) == (503, "database_unavailable")
+    assert exc.value.headers["retry-after"] == "3"
+    assert 2500 < int(exc.value.headers["retry-after-ms"]) <= 3000
+    await asyncio.sleep(1.0)
+    with pytest.raises(APIError) as exc:
+        await auth.principal(f"Bearer xr-{secrets.token_urlsafe(32)}")
+    assert exc.value.headers["retry-after"] == "2"  # what is left of the wait
+    await proxy.restore()
+
+
 async def test_a_database_that_hangs_holds_a_key_lookup_for_its_timeout_only(
     proxied: tuple[AsyncEngine, TcpProxy, str],
 ) -> None:
@@ -129,6 +151,8 @@ async def test_a_hung_database_holds_one_lookup_at_a_time_not_every_request(
     with pytest.raises(APIError) as exc:
         await auth.principal(f"Bearer xr-{secrets.token_urlsafe(32)}")
     assert (exc.value.status, exc.value.code) == (503, "database_unavailable")
+    # Asked to come back when a lookup will be made again, and not before (at least 1 s).
+    assert (exc.value.headers["retry-after"], exc.value.headers["retry-after-ms"]) == ("1", "1000")
     await asyncio.sleep(0.45)  # past the wait: one request probes, the others do not wait
     waits = sorted(await asyncio.gather(*(timed() for _ in range(5))))
     assert waits[-1] >= 0.45 and waits[-2] < 0.1, waits
