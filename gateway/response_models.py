@@ -61,7 +61,9 @@ class RoutedCall(_Answer):
     # Each of these only when it applies (the answer leaves the field out otherwise).
     error: str | None = Field(default=None, description="why the call failed")
     fallback_from: str | None = Field(
-        default=None, description="the model asked for, when a configured fallback answered"
+        default=None,
+        description="the model asked for, when a configured fallback answered, failed last or was "
+        "given up on",
     )
     fallback_reason: str | None = Field(
         default=None,

@@ -103,9 +103,10 @@ class CallOutcome:
     attempts: int = 1
     fallback_from: str | None = None
     # Why the call left the model asked for (``fallback_from``; ``call.model`` for a call
-    # whose fallbacks failed too, or that was given up on after reaching one): that model's
-    # first error, ``circuit_open`` when it was never called (``DownstreamClient``'s
-    # ``fallback_reason``). None: the call never went on to a fallback.
+    # that went on to a fallback and ended on the model asked for, its fallbacks skipped):
+    # that model's first error, ``circuit_open`` when it was never called
+    # (``DownstreamClient``'s ``fallback_reason``). None: the call never went on to a
+    # fallback.
     fallback_reason: str | None = None
     deployment: str | None = None  # the model's deployment that answered, if it has several
     # A failed call's: whether asking again later may succeed (``ProviderError.transient``)
@@ -146,10 +147,14 @@ class CallOutcome:
         """A call the provider layer gave up on (``err``, from ``DownstreamClient``), as
         :meth:`failed` books one, with what the error says of retrying it."""
         out = cls.failed(call, turn, started, err.message, err.kind, err.attempts)
-        if err.model == out.model:
-            # The deployment that failed last (the row's model is the one called; a
-            # fallback's deployment would be another model's).
-            out.deployment = err.deployment
+        if err.model and err.model != call.model:
+            # The chain went on to a fallback and the error is that fallback's: the row names
+            # the model that failed with it, and the model asked for as ``fallback_from``, as
+            # for a fallback that answered or was given up on (it named the model asked for
+            # with another's error, which a count of errors by model misread).
+            out.model = err.model
+            out.fallback_from = call.model
+        out.deployment = err.deployment  # of the model that failed last: ``out.model``
         out.transient = err.transient
         out.retry_after_s = retry_after_s(err)
         # The error may be a fallback's: the reason says whether the model asked for was

@@ -113,9 +113,11 @@ async def test_a_request_whose_fallbacks_failed_too_is_a_failure_only_of_a_model
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """When every fallback failed as well, the call's row names the model asked for with the
-    last fallback's error: a model its open circuit kept away read exactly as one that was
-    called and failed, and the export made each such request a score-0 failure of it."""
+    """When every fallback failed as well, the call's row names the fallback that failed
+    last, with its error, and the model asked for as ``fallback_from`` (as a row a fallback
+    answered does; it used to name the model asked for with the fallback's error). Only
+    ``fallback_reason`` tells a model its open circuit kept away from one that was called
+    and failed: the export made each such request a score-0 failure of it."""
     open_circuit(gateway, upstream)
     upstream.fault(KEPT_AWAY_FALLBACK, "status=401")  # not counted by its circuit
     r = ask(gateway, KEPT_AWAY, "kept-away")
@@ -130,9 +132,15 @@ async def test_a_request_whose_fallbacks_failed_too_is_a_failure_only_of_a_model
     called_id, called_status, called_calls = logged(gateway, "called")
     assert kept_status == called_status == 502
     # The same row but for why the call left the model asked for.
-    fails = {"status": "error", "error_type": "upstream_4xx", "fallback_from": None}
-    assert kept_calls == [{"model": KEPT_AWAY, **fails, "fallback_reason": "circuit_open"}]
-    assert called_calls == [{"model": CALLED, **fails, "fallback_reason": "upstream_5xx"}]
+    fails = {"status": "error", "error_type": "upstream_4xx"}
+    assert kept_calls == [
+        {"model": KEPT_AWAY_FALLBACK, **fails, "fallback_from": KEPT_AWAY,
+         "fallback_reason": "circuit_open"},
+    ]  # fmt: skip
+    assert called_calls == [
+        {"model": CALLED_FALLBACK, **fails, "fallback_from": CALLED,
+         "fallback_reason": "upstream_5xx"},
+    ]  # fmt: skip
 
     summary, by_id = await export(gateway, tmp_path / "out.jsonl", capsys)
     assert kept_id not in by_id  # it says nothing about the model never called
