@@ -1,8 +1,8 @@
 """A scripted pool upstream: a real OpenAI-compatible HTTP server whose answers a test sets
 per prompt, streamed chunk by chunk as the test writes them — for what the replay upstream
 never sends (refusals, a tool call whose id comes in a later chunk, a call cut off by the
-output limit). Like OpenAI's API, it refuses ``tool_choice`` and ``parallel_tool_calls``
-in a request without tools.
+output limit). Each of a request's ``n`` choices is the answer set. Like OpenAI's API, it
+refuses ``tool_choice`` and ``parallel_tool_calls`` in a request without tools.
 
     python -m tests.support.scripted_upstream --port-file F
     POST /_answers   {"<prompt>": {"message": {...}, "finish_reason": "stop",
@@ -124,19 +124,19 @@ async def chat(request: web.Request) -> web.StreamResponse:
             return _json({"error": {**error, "code": None}}, 400)
     answer = request.app["answers"].get(_prompt(body.get("messages") or []), DEFAULT)
     base = {"id": "chatcmpl-scripted", "created": int(time.time()), "model": body.get("model")}
+    n = body.get("n") or 1  # every choice the same answer
     if not body.get("stream"):
-        choice = {
-            "index": 0,
-            "message": answer["message"],
-            "finish_reason": answer["finish_reason"],
-        }
-        return _json({**base, "object": "chat.completion", "choices": [choice], "usage": USAGE})
+        message, finish = answer["message"], answer["finish_reason"]
+        every = [{"index": k, "message": message, "finish_reason": finish} for k in range(n)]
+        return _json({**base, "object": "chat.completion", "choices": every, "usage": USAGE})
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     base["object"] = "chat.completion.chunk"
     deltas = answer.get("deltas") or _deltas(answer["message"])
-    choices = [[{"index": 0, "delta": d, "finish_reason": None}] for d in deltas]
-    choices.append([{"index": 0, "delta": {}, "finish_reason": answer["finish_reason"]}])
+    # A chunk per choice, the choices' deltas interleaved, as OpenAI streams several.
+    choices = [[{"index": k, "delta": d, "finish_reason": None}] for d in deltas for k in range(n)]
+    finish = answer["finish_reason"]
+    choices += [[{"index": k, "delta": {}, "finish_reason": finish}] for k in range(n)]
     for c in choices:
         await response.write(b"data: " + orjson.dumps({**base, "choices": c}) + b"\n\n")
     if (body.get("stream_options") or {}).get("include_usage"):
