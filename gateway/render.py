@@ -17,6 +17,7 @@ from starlette.responses import Response
 
 from gateway.booked_stream import BookedStream
 from gateway.cache import CachedAnswer
+from gateway.call_ids import StreamCallIds, with_call_ids
 from gateway.errors import from_provider_error, internal_error
 from gateway.hooks import RequestHooks, RequestLog
 from gateway.runtime import ROUTER_MODEL
@@ -135,7 +136,11 @@ class Renderer:
         body["xrouter"] = xrouter_meta(rlog.request_id, rlog.policy, result)
         rlog.status = 200
         rlog.response_text = first_text(body)
-        self.remember(rlog, result, result.final_model, body.get("choices") or [])
+        choices = body.get("choices") or []
+        self.remember(rlog, result, result.final_model, choices)
+        # The client's answer names every tool call (the cache keeps the model's answer, for
+        # a hit to name by its own request id).
+        body["choices"] = with_call_ids(choices, rlog.request_id)
         headers = self.headers(rlog, result)
         payload = orjson.dumps(body)
         # The row is durable (committed or journaled) before the client sees a 200.
@@ -169,6 +174,10 @@ class Renderer:
         deadline = rlog.t0 + timeout_s
 
         text_only = streamed_text_only(req)
+        # The chat client's stream names every tool call. The Responses and Messages
+        # translations read this stream and name a call themselves: they hold it until an
+        # id that comes in a later delta has come, which a made-up one here would hide.
+        call_ids = StreamCallIds(rlog.request_id) if rlog.api == "chat" else None
         # A text-only answer may be a refusal instead (its own delta field, which the relay
         # does not keep): kept here so that a cached refusal is served as one again.
         refusal: list[str] = []
@@ -209,6 +218,8 @@ class Renderer:
                         piece = (choices[0].get("delta") or {}).get("refusal")
                         if piece:
                             refusal.append(piece)
+                    if call_ids is not None:
+                        call_ids.name(choices)
                     chunk["id"] = cid
                     chunk["model"] = model_name
                     chunk.pop("usage", None)
@@ -284,6 +295,8 @@ class Renderer:
             }
             for i, c in enumerate((body_json or {}).get("choices") or [{}])
         ]
+        # Streamed with every tool call named, as the JSON answer has them; kept as they came.
+        named = with_call_ids(choices, rlog.request_id)
         cid = f"chatcmpl-{rlog.request_id}"
         model = result.final_model or ROUTER_MODEL
         created = int(rlog.created_at)
@@ -341,7 +354,7 @@ class Renderer:
             began = True
             rlog.status = 499
             try:
-                for choice in choices:
+                for choice in named:
                     for piece in choice_chunks(choice):
                         yield piece
                 rlog.status = 200

@@ -26,7 +26,6 @@ __all__ = [
     "ChatAnswer",
     "Origin",
     "StreamTranslation",
-    "call_id",
     "chat_answer",
     "chat_chunks",
     "client_error",
@@ -185,14 +184,6 @@ def chat_answer(chat: dict[str, Any]) -> ChatAnswer:
         # SDKs): the text parts', as a stream's is.
         message = {**message, "content": parts_text(content)}
     return ChatAnswer(request_id, message, choice.get("finish_reason"), meta)
-
-
-def call_id(given: Any, request_id: str, index: int) -> str:
-    """A tool call's id: the model's, or for a call that came without one (some
-    OpenAI-compatible servers send none) one made of the request id and the call's index in
-    the answer: unique in it (two calls without an id shared one, ``""``), and the same in
-    the answer's stream and in its JSON."""
-    return given if isinstance(given, str) and given else f"call_{request_id}_{index}"
 
 
 def grown_name(name: str, piece: Any) -> str:

@@ -13,9 +13,10 @@ from typing import Any
 
 import orjson
 
+from gateway.call_ids import call_id
 from gateway.errors import UPSTREAM_CODE_STATUS
 from gateway.messages.request import MessagesRequest
-from gateway.translation import StreamTranslation, call_id, chat_answer, grown_name, with_meta
+from gateway.translation import StreamTranslation, chat_answer, grown_name, with_meta
 
 # finish_reason -> stop_reason. A chat answer does not say which stop sequence ended it, so
 # "stop" is end_turn (stop_sequence stays null).

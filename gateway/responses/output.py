@@ -15,9 +15,10 @@ from typing import Any
 
 import orjson
 
+from gateway.call_ids import call_id
 from gateway.responses.request import ResponsesRequest
 from gateway.responses.tools import ToolMap
-from gateway.translation import StreamTranslation, call_id, chat_answer, grown_name, with_meta
+from gateway.translation import StreamTranslation, chat_answer, grown_name, with_meta
 
 # finish_reason -> why a response is incomplete (None: complete).
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
