@@ -76,12 +76,16 @@ class StreamCallIds:
     later delta is not relayed (the client's id stays the one it was given; holding the
     call back until an id came, as the Responses and Messages streams do, would hold its
     arguments and everything after them for an id that may never come). A call whose
-    first delta has its id is relayed as it came."""
+    first delta has its id is relayed as it came, but for that id sent again (some servers
+    repeat it in every delta, which the SDK would join into ``call_xcall_x``): a later
+    piece equal to the id so far is a repeat, as the Responses and Messages streams take a
+    repeated name."""
 
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
-        # Per (choice index, call index) seen: whether its id is one made here.
-        self._made: dict[tuple[int, int], bool] = {}
+        # Per (choice index, call index) seen: the id the client has for it so far, and
+        # whether it is one made here.
+        self._ids: dict[tuple[int, int], tuple[str, bool]] = {}
 
     def name(self, choices: list[dict[str, Any]]) -> None:
         """Name the calls of one chunk's ``choices`` (checked by the provider: objects with
@@ -94,10 +98,13 @@ class StreamCallIds:
             at = choice.get("index", 0)
             for call in calls:
                 key = (at, call.get("index", 0))
-                made = self._made.get(key)
-                if made is None:
-                    made = self._made[key] = not _given(call)
+                seen = self._ids.get(key)
+                if seen is None:
+                    made = not _given(call)
                     if made:
                         call["id"] = call_id(None, self.request_id, key[1], at)
-                elif made:
-                    call.pop("id", None)
+                    self._ids[key] = (call["id"], made)
+                elif seen[1] or ("id" in call and call["id"] in (seen[0], None, "")):
+                    call.pop("id", None)  # ours stands; a repeat or nothing adds nothing
+                elif _given(call):
+                    self._ids[key] = (seen[0] + call["id"], False)  # a piece, as the SDK joins

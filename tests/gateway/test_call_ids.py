@@ -53,7 +53,8 @@ LATE: list[dict[str, Any]] = [
                      "function": {"name": "get_weather", "arguments": '{"city": '}}]},
     {"tool_calls": [{"index": 0, "id": "call_late", "function": {"arguments": '"Paris"}'}}]},
     {"tool_calls": [{"index": 1, "id": "call_b", "type": "function",
-                     "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
+                     "function": {"name": "get_weather", "arguments": '{"city": '}}]},
+    {"tool_calls": [{"index": 1, "id": "call_b", "function": {"arguments": '"Rome"}'}}]},
 ]  # fmt: skip
 PROMPTS = ("plain", "streamed", "several", "cached", "late")
 
@@ -180,7 +181,8 @@ def test_an_answer_from_the_cache_names_its_calls_by_the_request_that_served_it(
 
 def test_an_id_that_comes_after_the_call_s_first_delta_is_not_relayed(gw: Gateway) -> None:
     """The call was given an id on its first delta: the upstream's later one, relayed, was
-    appended to it by the SDK. A call with its id from the start is relayed as it came."""
+    appended to it by the SDK. A call with its id from the start is relayed as it came, but
+    for the same id sent again in a later delta, which the SDK joined into ``call_bcall_b``."""
     ask: list[ChatCompletionMessageParam] = [{"role": "user", "content": "late"}]
     with client(gw).chat.completions.stream(model=MODEL, messages=ask, tools=TOOLS) as stream:
         chunks = [e.chunk for e in stream if e.type == "chunk" and e.chunk.choices]
