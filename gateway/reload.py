@@ -232,9 +232,11 @@ class Reloader:
             d = latest  # another worker recorded it first
         else:
             d = await self.deployments.record(d.checkpoint, found, d.config_checkpoint)
-            log.info(
+            # A warning: a run retrained into the deployed directory goes live here with
+            # no `xrouter deploy` (and no eval) — what the operator should know it did.
+            log.warning(
                 "the deployed checkpoint %s changed in place (version %s): recorded as "
-                "deployment %d",
+                "deployment %d, which every worker and replica now serves",
                 d.checkpoint,
                 found,
                 d.id,

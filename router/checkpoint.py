@@ -23,6 +23,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -352,12 +353,34 @@ def save_checkpoint(
         save_file(arrays, str(tmp), metadata={HEADER_KEY: meta_json})
         tmp.chmod(0o644)  # safetensors creates files owner-only; a checkpoint is not a secret
         tmp.replace(p)
+    elif p.is_symlink():
+        _write_dir(p, arrays, meta_json)  # into the directory it names, as it always was
     else:
-        p.mkdir(parents=True, exist_ok=True)
-        save_file(arrays, str(p / WEIGHTS_FILE))
-        (p / WEIGHTS_FILE).chmod(0o644)
-        (p / META_FILE).write_text(meta_json + "\n", encoding="utf-8")
+        # Written whole beside it, then swapped in: a checkpoint retrained in place (a run
+        # directory a gateway serves, whose file watcher reloads it) is never read with new
+        # weights and old metadata, and one replaced is missing only between two renames.
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f"{p.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        _write_dir(tmp, arrays, meta_json)
+        old = p.with_name(f"{p.name}.old-{os.getpid()}")
+        if p.is_dir():
+            p.rename(old)
+        try:
+            tmp.rename(p)
+        except OSError:
+            if old.is_dir():
+                old.rename(p)  # the checkpoint that was there stays
+            raise
+        shutil.rmtree(old, ignore_errors=True)
     return ckpt
+
+
+def _write_dir(p: Path, arrays: dict[str, np.ndarray], meta_json: str) -> None:
+    p.mkdir(parents=True, exist_ok=True)
+    save_file(arrays, str(p / WEIGHTS_FILE))
+    (p / WEIGHTS_FILE).chmod(0o644)
+    (p / META_FILE).write_text(meta_json + "\n", encoding="utf-8")
 
 
 def _parse_metadata(raw: str | bytes, where: str) -> CheckpointMetadata:

@@ -246,6 +246,8 @@ def test_a_deployed_checkpoint_rewritten_in_place_is_recorded_when_it_is_reloade
         assert state["checkpoint"]["version"] == rl.version
         assert state["deployment"]["id"] == 2 and state["deployment"]["version"] == rl.version
         assert state["deployment"]["checkpoint"] == str(deployed)
+        # Said as a warning: it went live with no `xrouter deploy`.
+        assert "WARNING" in next(x for x in gw.log().splitlines() if "changed in place" in x)
         # Reloading again changes nothing: the content is the recorded one.
         assert httpx.post(f"{gw.url}/admin/reload", headers=ADMIN).status_code == 200
         assert _serving(gw.url)["deployment"]["id"] == 2

@@ -45,6 +45,27 @@ def test_version_tracks_content(tmp_path: Path) -> None:
     assert a.version != b.version
 
 
+def test_a_checkpoint_saved_over_another_is_swapped_in_whole(tmp_path: Path) -> None:
+    """Retrained in place (a run directory a gateway serves): the new one is written beside
+    the old and renamed over it, so no reader finds new weights with old metadata, and
+    nothing of either write is left beside it."""
+    meta, weights = make_checkpoint()
+    path = tmp_path / "checkpoint"
+    old = save_checkpoint(path, meta, weights)
+    inode = path.stat().st_ino
+    weights["head.bias"] = weights["head.bias"] + 1
+    new = save_checkpoint(path, meta.model_copy(update={"name": "second"}), weights)
+    assert load_checkpoint(path).version == new.version != old.version
+    assert load_checkpoint(path).metadata.name == "second"
+    assert path.stat().st_ino != inode  # a new directory, not the old one rewritten
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+    # One named by a symlink is written into the directory it names, as before.
+    link = tmp_path / "link"
+    link.symlink_to(path)
+    save_checkpoint(link, meta, weights)
+    assert link.is_symlink() and load_checkpoint(path).metadata.name == meta.name
+
+
 def test_invalid_checkpoints_are_refused(tmp_path: Path) -> None:
     meta, weights = make_checkpoint()
     bad = dict(weights, **{"layers.0.weight": np.zeros((2, 2), np.float32)})

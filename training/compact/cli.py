@@ -348,7 +348,7 @@ def _train_config(args: argparse.Namespace, d: TrainConfig) -> TrainConfig:
 
 def run_train(args: argparse.Namespace) -> int:
     try:
-        from training.compact.run import claimed_run_dir
+        from training.compact.run_dir import claimed_run_dir
         from training.compact.trainer import train
     except ImportError as exc:
         print(f"xrouter train needs the 'train' extra (torch, tqdm): {exc}", file=sys.stderr)

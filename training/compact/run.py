@@ -9,15 +9,12 @@ write what a run directory and its checkpoint say about themselves.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
 import json
 import logging
-import os
-import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -414,131 +411,6 @@ def _warn_partial_models(records: Sequence[OutcomeRecord], pool: Sequence[str]) 
             len(records),
             lacking[0],
         )
-
-
-# What a run writes into its directory; its feature cache (``cache/``) is not among them, so
-# a re-run with --overwrite keeps the embeddings it already computed.
-RUN_OUTPUTS = ("checkpoint", "checkpoints", "config.json", "metrics.jsonl", "summary.json")
-
-
-# Where --overwrite keeps the earlier run while the new one lasts: ``.replaced-<pid>``.
-_ASIDE_PREFIX = ".replaced-"
-
-
-@contextlib.contextmanager
-def claimed_run_dir(out: Path, *, overwrite: bool) -> Iterator[None]:
-    """Make ``out`` ready for a new run for as long as the run lasts, refusing to mix it
-    into an earlier one's files.
-
-    Without ``overwrite`` a directory that already holds a run is an error: the new run
-    would replace its checkpoint (which a gateway may serve or the registry list) and leave
-    step checkpoints of the old one beside its own. With it, the earlier run's outputs are
-    set aside and deleted only once the new run has succeeded: a run that fails (a typo in
-    its settings, a table it cannot use) leaves the earlier one as it was. Either way a run
-    that fails leaves none of its own outputs behind (its feature cache stays). An earlier
-    run set aside by a process that died without putting it back is dealt with first
-    (``_recover_stale_asides``)."""
-    if out.exists() and not out.is_dir():
-        # mkdir's "[Errno 17] File exists" would name neither the option nor the remedy.
-        raise ValueError(f"{out} is a file, not a run directory: choose another --out")
-    _recover_stale_asides(out)
-    existed = out.exists()
-    present = [name for name in RUN_OUTPUTS if (out / name).exists()]
-    if present and not overwrite:
-        raise ValueError(
-            f"{out} already holds a training run ({', '.join(present)}): pass --overwrite "
-            "to replace it (its feature cache is kept), or choose another --out"
-        )
-    aside = out / f"{_ASIDE_PREFIX}{os.getpid()}" if present else None
-    started = False
-    try:
-        # Inside the try: a signal turned into an exception (xrouter train's SIGTERM) may
-        # land between two renames, and what was moved must still go back.
-        if aside is not None:
-            aside.mkdir()
-            for name in present:
-                (out / name).rename(aside / name)
-        started = True
-        yield
-    except BaseException:
-        if started:  # before, ``out`` holds only the earlier run's files: none to remove
-            _remove_outputs(out)
-        if aside is not None and aside.is_dir():
-            _put_back(aside, out)
-            logger.info("the run failed: the earlier run in %s is kept", out)
-        if not existed and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()  # made for this run, and nothing (no feature cache) worth keeping
-        raise
-    if aside is not None:
-        shutil.rmtree(aside)
-        logger.info("replaced the training run in %s (%s)", out, ", ".join(present))
-
-
-def _put_back(aside: Path, out: Path) -> None:
-    """Move everything set aside in ``aside`` back into ``out``, then remove ``aside``."""
-    for path in aside.iterdir():
-        path.rename(out / path.name)
-    aside.rmdir()
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False  # an earlier process that had our pid (pids repeat in containers)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
-
-
-def _recover_stale_asides(out: Path) -> None:
-    """An earlier run that an ``--overwrite`` run set aside, left behind because that run's
-    process died (SIGKILL, a crash, a power cut) before it could either put it back or
-    delete it: without this it stayed hidden in ``.replaced-<pid>`` for ever.
-
-    If ``out`` holds no final checkpoint, the dead run never finished: its partial outputs
-    are removed and the earlier run is put back, as the dead run itself would have done on
-    an error. If ``out`` holds one, the dead run got as far as its final checkpoint (written
-    last but for summary.json): it is the run ``--overwrite`` asked for, and the earlier one
-    is deleted, as the dead run would have done next. Either way nothing is lost that the
-    dead run would have kept, and a checkpoint is never replaced by an unfinished run. A
-    directory whose process still lives (another run in progress in ``out``), or whose name
-    is not ours, is left alone."""
-    if not out.is_dir():
-        return
-    stale: list[Path] = []
-    for path in out.iterdir():
-        suffix = path.name.removeprefix(_ASIDE_PREFIX)
-        if path.name.startswith(_ASIDE_PREFIX) and suffix.isdigit() and path.is_dir():
-            if not _pid_alive(int(suffix)):
-                stale.append(path)
-    for aside in sorted(stale, key=lambda p: p.stat().st_mtime):
-        if (out / "checkpoint").exists():
-            shutil.rmtree(aside)
-            logger.warning(
-                "removed %s: a run that replaced it finished but died before removing it",
-                aside,
-            )
-        else:
-            _remove_outputs(out)
-            _put_back(aside, out)
-            logger.warning(
-                "put back the earlier training run in %s from %s: the run that set it aside "
-                "died before finishing",
-                out,
-                aside.name,
-            )
-
-
-def _remove_outputs(out: Path) -> None:
-    for name in RUN_OUTPUTS:
-        path = out / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        elif path.exists() or path.is_symlink():
-            path.unlink()
 
 
 def write_config(

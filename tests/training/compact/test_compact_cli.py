@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -160,13 +161,24 @@ def test_a_run_directory_is_not_reused_without_overwrite(
         assert "xrouter train:" in capsys.readouterr().err
         assert load_checkpoint(out / "checkpoint").metadata.name == "first"
         assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == before
-    # With --overwrite the old outputs go (its step checkpoints too), the feature cache stays.
+    # With --overwrite the old outputs (its step checkpoints too) move to previous/, the
+    # checkpoint to go back to; the feature cache stays.
     cached = sorted(p.name for p in (out / "cache").iterdir())
     assert cached
+    first = _tree(out)
     assert main([*base, "--checkpoint-every", "3", "--name", "second", "--overwrite"]) == 0
     assert load_checkpoint(out / "checkpoint").metadata.name == "second"
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000003"]
     assert sorted(p.name for p in (out / "cache").iterdir()) == cached
+    assert _tree(out / "previous") == first
+    assert load_checkpoint(out / "previous" / "checkpoint").metadata.name == "first"
+    # A third run replaces previous/ with the second; nothing else is left beside them.
+    second = {k: v for k, v in _tree(out).items() if not k.startswith("previous/")}
+    assert main([*base, "--name", "third", "--overwrite"]) == 0
+    assert _tree(out / "previous") == second
+    assert sorted(p.name for p in out.iterdir()) == [
+        "cache", "checkpoint", "config.json", "metrics.jsonl", "previous", "summary.json",
+    ]  # fmt: skip
     # A run that fails in a new directory leaves none of its outputs behind.
     fresh = tmp_path / "fresh"
     assert main(["--table", str(table), "--out", str(fresh), "--knn", "0", "--no-progress"]) == 2
@@ -493,6 +505,8 @@ def test_an_overwrite_run_killed_by_sigterm_puts_the_earlier_run_back(
         assert aside.exists(), "the run never set the earlier one aside"
         time.sleep(1.0)  # into the run proper
         assert proc.poll() is None, proc.communicate()[1]
+        # While it runs, the earlier checkpoint stays where a gateway may serve it from.
+        assert load_checkpoint(out / "checkpoint").metadata.name == "first"
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)
     finally:
@@ -537,14 +551,26 @@ def test_an_earlier_run_left_aside_by_a_dead_process_is_put_back_or_removed(
     assert "already holds a training run" in capsys.readouterr().err
     assert not aside.exists() and not (out / "checkpoints").exists()
     assert _tree(out) == before
-    # The dead run had finished (its checkpoint is in place) but not removed the earlier
-    # run: that goes, the finished run stays.
+    # The dead run had set the earlier run aside — its checkpoint copied, the original
+    # left in place — and died before its own was written: the copy goes, the rest is put
+    # back.
+    aside.mkdir()
+    shutil.copytree(out / "checkpoint", aside / "checkpoint")
+    for name in ("config.json", "metrics.jsonl", "summary.json"):
+        (out / name).rename(aside / name)
+    (out / "config.json").write_text("{}\n")
+    (out / "checkpoints").mkdir()
+    assert main([*base, "--name", "second"]) == 2
+    assert not aside.exists() and not (out / "checkpoints").exists()
+    assert _tree(out) == before
+    # The dead run had finished (another checkpoint is in place) but not kept the earlier
+    # run as previous/: it is kept so now, the finished run stays.
     aside.mkdir()
     (aside / "checkpoint").mkdir()
     (aside / "checkpoint" / "weights").write_text("old")
     assert main([*base, "--name", "second"]) == 2
     assert not aside.exists()
-    assert _tree(out) == before
+    assert _tree(out) == {**before, "previous/checkpoint/weights": b"old"}
     # A directory whose process still runs is another run in progress: left alone.
     live = out / f".replaced-{os.getppid()}"
     live.mkdir()
