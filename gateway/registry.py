@@ -129,7 +129,13 @@ def run_checkpoints(args: argparse.Namespace) -> int:
             print(json.dumps(row))
         return 0
     if not rows:
-        print(f"no checkpoints under {', '.join(where)}", file=sys.stderr)
+        from router.checkpoint_registry import SEARCH_DEPTH
+
+        print(
+            f"no checkpoints under {', '.join(where)} (looked {SEARCH_DEPTH} directories "
+            "down): name the run directory, or the directory that holds them",
+            file=sys.stderr,
+        )
         return 0
     print(
         f"{'created (UTC)':<17} {'kind':<8} {'name':<16} {'models':>6} {'mode':<13} "

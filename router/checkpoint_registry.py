@@ -36,28 +36,41 @@ def _is_checkpoint(path: Path) -> bool:
     )
 
 
-def _candidates(root: Path, steps: bool) -> list[Path]:
+# How far below a directory named to the registry it looks for run directories: a
+# directory of runs two levels down (``xrouter checkpoints`` in a project whose runs are in
+# ``runs/<name>``) is found, while a home directory is not walked whole.
+SEARCH_DEPTH = 3
+
+
+def _candidates(root: Path, steps: bool, depth: int = SEARCH_DEPTH) -> list[Path]:
     """``root`` itself if it is a checkpoint; else the checkpoints of ``root`` as a run
-    directory (``checkpoint``, and ``checkpoints/step_*`` with ``steps``); else those of
-    each entry directly under it (a directory of checkpoints or of run directories)."""
+    directory (``checkpoint``, ``checkpoints/step_*`` with ``steps``, and the run an
+    ``--overwrite`` replaced, ``previous/``); else those found in the directories under it,
+    ``depth`` levels down at most (which also ends a symlink loop; hidden ones are not
+    entered)."""
     if _is_checkpoint(root):
         return [root]
     if not root.is_dir():
         return []
     run = [root / "checkpoint"] if _is_checkpoint(root / "checkpoint") else []
-    if steps and (root / "checkpoints").is_dir():
-        run += [p for p in sorted((root / "checkpoints").iterdir()) if _is_checkpoint(p)]
     if run:
+        if steps and (root / "checkpoints").is_dir():
+            run += [p for p in sorted((root / "checkpoints").iterdir()) if _is_checkpoint(p)]
+        if (root / "previous").is_dir():
+            run += _candidates(root / "previous", steps, 0)
         return run
+    if depth <= 0:
+        return []
     found: list[Path] = []
-    for entry in sorted(root.iterdir()):
-        if _is_checkpoint(entry):
-            found.append(entry)
-        elif entry.is_dir():
-            if _is_checkpoint(entry / "checkpoint"):
-                found.append(entry / "checkpoint")
-            if steps and (entry / "checkpoints").is_dir():
-                found += [p for p in sorted((entry / "checkpoints").iterdir()) if _is_checkpoint(p)]
+    try:
+        entries = sorted(root.iterdir())
+    except OSError as exc:  # unreadable: skipped, as an unreadable checkpoint is
+        logger.warning("skipping %s: %s", root, exc)
+        return []
+    for entry in entries:
+        if entry.name.startswith("."):
+            continue  # .git, .venv, a run's .replaced-<pid>: nobody's checkpoints
+        found += _candidates(entry, steps, depth - 1)
     return found
 
 

@@ -68,3 +68,31 @@ def test_a_checkpoint_without_a_time_zone_is_listed_as_utc(tmp_path: Path) -> No
         meta, weights = make_checkpoint(i, created)
         save_checkpoint(tmp_path / name, meta, weights)
     assert [i.path.name for i in list_checkpoints(tmp_path)] == ["naive", "aware"]
+
+
+def test_registry_looks_a_few_levels_down_and_lists_a_run_s_previous(tmp_path: Path) -> None:
+    """Named the project directory (``xrouter checkpoints`` run where the runs live in
+    ``runs/<name>``), it found nothing: only the entries directly under it were looked at.
+    A run directory retrained with ``--overwrite`` keeps the run it replaced as
+    ``previous/``, the checkpoint a rollback deploys: listed with it."""
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    made = {
+        "runs/op1/checkpoint": 0,
+        "runs/op1/previous/checkpoint": 1,
+        "runs/nightly/2026-01-02/checkpoint": 2,
+        ".hidden/run/checkpoint": 3,  # .git, .venv, a run set aside: not entered
+        "a/b/c/d/checkpoint": 4,  # deeper than the search goes
+    }
+    for path, i in made.items():
+        meta, weights = make_checkpoint(i, t0 + dt.timedelta(days=i))
+        save_checkpoint(tmp_path / path, meta, weights)
+    found = [i.path.relative_to(tmp_path).as_posix() for i in list_checkpoints(tmp_path)]
+    assert found == [
+        "runs/nightly/2026-01-02/checkpoint",
+        "runs/op1/previous/checkpoint",
+        "runs/op1/checkpoint",
+    ]
+    assert [i.path.parent.name for i in list_checkpoints(tmp_path / "runs" / "op1")] == [
+        "previous",
+        "op1",
+    ]
