@@ -205,7 +205,10 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
                 "ledger.url, e.g. sqlite+aiosqlite:///./xrouter.db or "
                 "postgresql+asyncpg://user@host/xrouter"
             ) from None
+        except ValueError:  # SQLAlchemy's int() of the port; the URL may hold a password
+            raise ValueError("--ledger (or ledger.url): the URL's port is not a number") from None
         db_file = sqlite_file(url)
+        _check_paths_apart(args, db_file)
         since, until = _parse_bound(args.since), _parse_bound(args.until)
         window = await asyncio.to_thread(_logged_window, args)
     except (ValueError, sa.exc.ArgumentError) as exc:
@@ -291,6 +294,40 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
             file=sys.stderr,
         )
     return await _report_window(window)
+
+
+def _same_path(a: Path, b: Path) -> bool:
+    """Whether two paths name one file: the same path once symlinks and ``..`` are resolved,
+    or (both existing) the same inode — a hard link."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _check_paths_apart(args: argparse.Namespace, db_file: Path | None) -> None:
+    """Refuse an ``--out`` or ``--cursor`` that names the ledger's own SQLite file (or its
+    journal), or each other. Both are replaced whole when the export is done: the ledger
+    would become the export file (a running gateway's database swapped under it), and an
+    export written over by the cursor is lost while the cursor moves past its requests."""
+    out = Path(args.out)
+    cursor = Path(args.cursor) if args.cursor is not None else None
+    if cursor is not None and _same_path(out, cursor):
+        raise ValueError(
+            "--out and --cursor name the same file: the cursor would be written over the "
+            "export (and its requests never exported again); give the cursor its own file"
+        )
+    if db_file is None:
+        return
+    ledger = [db_file, *(Path(f"{db_file}{suffix}") for suffix in ("-wal", "-shm", "-journal"))]
+    for option, path in (("--out", out), ("--cursor", cursor)):
+        if path is not None and any(_same_path(path, f) for f in ledger):
+            raise ValueError(
+                f"{option} names the ledger database's own file ({db_file}): writing it would "
+                "replace the ledger; choose another path"
+            )
 
 
 def _no_ledger_in(db_file: Path) -> str | None:

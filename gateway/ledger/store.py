@@ -98,8 +98,16 @@ _ASYNC_DRIVERS = {"postgresql": "postgresql+asyncpg", "sqlite": "sqlite+aiosqlit
 
 
 def ledger_url(url: str | URL) -> URL:
-    """``url`` parsed, with the ledger's async driver when it names none."""
-    u = make_url(url)
+    """``url`` parsed, with the ledger's async driver when it names none. A port that is
+    not a number, or not one a socket takes, is a ValueError saying so (not the driver's
+    OverflowError, a traceback, at the first connection); never with the URL, which may
+    hold a password."""
+    try:
+        u = make_url(url)
+    except ValueError:  # SQLAlchemy's int() of the port
+        raise ValueError("the ledger URL's port is not a number") from None
+    if u.port is not None and not 0 < u.port < 65536:
+        raise ValueError(f"the ledger URL's port {u.port} is not a port (1 to 65535)")
     driver = _ASYNC_DRIVERS.get(u.drivername)
     return u.set(drivername=driver) if driver is not None else u
 
