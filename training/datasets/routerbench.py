@@ -177,6 +177,37 @@ def iter_routerbench_csv(
 def convert_routerbench(paths: list[Path], prices: Any = None) -> Iterator[OutcomeRecord]:
     """All CSVs in order; ids must be unique across them. RouterBench records real costs,
     so ``prices`` is not used."""
+    _check_same_models(paths)
     ids = UniqueIds()
     for path in paths:
         yield from iter_routerbench_csv(path, ids)
+
+
+def _check_same_models(paths: list[Path]) -> None:
+    """Refuse files whose model columns differ, before any record is written: every record
+    of an outcome table holds every model's outcome, and a table mixing two pools is refused
+    by eval (and trained on a pool train narrows unsaid). Only the headers are read."""
+    first: tuple[Path, set[str]] | None = None
+    for path in paths:
+        with reading(path), path.open(newline="", encoding=ENCODING) as fh:
+            header = next(csv.reader(fh), [])
+        models = set(model_columns(header))
+        if not models:
+            continue  # said by iter_routerbench_csv, with its line
+        if first is None:
+            first = (path, models)
+        elif models != first[1]:
+            only = sorted(models - first[1])
+            lacks = sorted(first[1] - models)
+            said = "; ".join(
+                part
+                for part in (
+                    f"it has {', '.join(map(repr, only))}" if only else "",
+                    f"it lacks {', '.join(map(repr, lacks))}" if lacks else "",
+                )
+                if part
+            )
+            raise ConversionError(
+                f"{path}:1: its models differ from {first[0]}'s ({said}): every record of a "
+                "table needs every model's outcome; convert files of one model set together"
+            )

@@ -124,6 +124,27 @@ def test_routerbench_refuses_a_model_without_its_cost_column(tmp_path: Path) -> 
     assert not (tmp_path / "t.jsonl").exists()
 
 
+def test_routerbench_files_of_different_models_are_refused_together(tmp_path: Path) -> None:
+    # Converted together, they made a table of two pools without a word: eval refused it
+    # later (a record without a model's outcome) and train narrowed its pool unsaid.
+    full = write_routerbench(tmp_path / "full.csv", [rb_row("t.1"), rb_row("t.2")])
+    rows = list(csv.DictReader(full.open(newline="", encoding="utf-8")))
+    header = [c for c in rows[0] if not c.startswith("b")]
+    with (tmp_path / "fewer.csv").open("w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=header, extrasaction="ignore")
+        w.writeheader()
+        w.writerows({**r, "sample_id": f"u.{i}"} for i, r in enumerate(rows))
+    with pytest.raises(
+        ConversionError,
+        match=r"fewer\.csv:1: its models differ from .*full\.csv's \(it lacks 'b'\)",
+    ):
+        load_converted("routerbench", [full, tmp_path / "fewer.csv"])
+    out = tmp_path / "t.jsonl"
+    assert main(["routerbench", str(full), str(tmp_path / "fewer.csv"), "--out", str(out)]) == 2
+    assert not out.exists()
+    assert len(load_converted("routerbench", [tmp_path / "fewer.csv"])) == 2  # alone, fine
+
+
 def test_routerbench_model_names_may_hold_a_bar(tmp_path: Path) -> None:
     # `org|model` (with `org|model|total_cost`) used to be left out of the table unsaid.
     src = tmp_path / "rb.csv"
