@@ -22,7 +22,7 @@ from gateway.ledger.export import ExportFormat, export_ledger
 from gateway.ledger.export_records import ExportStats
 from gateway.ledger.export_windows import DEFAULT_SETTLE_S, count_late_feedback, safe_logged_until
 from gateway.ledger.migrations import MigrationError
-from gateway.ledger.spend import to_utc
+from gateway.ledger.spend import parse_time_bound, to_utc
 from gateway.ledger.store import describe_error, open_ledger_engine, sqlite_file
 
 
@@ -122,8 +122,8 @@ def _logged_window(args: argparse.Namespace) -> _LoggedWindow | None:
         raise ValueError(
             "--cursor says where the export starts: give --cursor or --logged-since, not both"
         )
-    since = to_utc(_parse_bound(since_arg))
-    until = to_utc(_parse_bound(until_arg))
+    since = _parse_bound(since_arg, "--logged-since")
+    until = _parse_bound(until_arg, "--logged-until")
     path = Path(cursor) if cursor is not None else None
     if path is not None:
         since = _read_cursor(path, args.scored)
@@ -209,7 +209,7 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
             raise ValueError("--ledger (or ledger.url): the URL's port is not a number") from None
         db_file = sqlite_file(url)
         _check_paths_apart(args, db_file)
-        since, until = _parse_bound(args.since), _parse_bound(args.until)
+        since, until = _parse_bound(args.since, "--since"), _parse_bound(args.until, "--until")
         window = await asyncio.to_thread(_logged_window, args)
     except (ValueError, sa.exc.ArgumentError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -409,10 +409,11 @@ async def _report_window(window: _LoggedWindow) -> int:
     return 0
 
 
-def _parse_bound(value: str | None) -> datetime | None:
+def _parse_bound(value: str | None, option: str) -> datetime | None:
+    """An option's time bound, as ``GET /admin/spend`` takes one; said with the option."""
     if value is None:
         return None
     try:
-        return datetime.fromisoformat(value.strip())
-    except ValueError:
-        raise ValueError(f"not an ISO 8601 date or time: {value!r}") from None
+        return parse_time_bound(value)
+    except ValueError as exc:
+        raise ValueError(f"{option}: {exc}") from None

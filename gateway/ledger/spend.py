@@ -9,6 +9,7 @@ its calls. USD figures are derived from the micros at the end, for display.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, get_args
@@ -56,6 +57,28 @@ def to_utc(value: TimeBound) -> datetime | None:
         return value.astimezone(UTC)
     except (OverflowError, OSError) as exc:
         raise ValueError(f"time out of range: {value!r}") from exc
+
+
+_EPOCH = re.compile(r"^[+-]?\d+(\.\d+)?$")
+TIME_BOUND_FORMS = "an ISO-8601 date or time, or epoch seconds, between years 1 and 9999 UTC"
+
+
+def parse_time_bound(text: str) -> datetime:
+    """A time bound as a person writes it (a query parameter, a command-line option): an
+    ISO 8601 date or time (naive: UTC) or epoch seconds, in UTC. ISO first: 8 digits are
+    an ISO date (20250131). A ValueError says what it takes (``TIME_BOUND_FORMS``)."""
+    value = text.strip()
+    try:
+        try:
+            parsed = to_utc(datetime.fromisoformat(value))
+        except ValueError:
+            if _EPOCH.match(value) is None:
+                raise
+            parsed = to_utc(float(value) if "." in value else int(value))
+    except ValueError:
+        raise ValueError(f"{text!r} is not {TIME_BOUND_FORMS}") from None
+    assert parsed is not None  # to_utc of a value is one
+    return parsed
 
 
 def request_filters(

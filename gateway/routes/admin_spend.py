@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime as dt
-import re
 from typing import Any, cast
 
 import orjson
@@ -14,7 +13,13 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from gateway.errors import bad_request
-from gateway.ledger.spend import GROUP_BY_CHOICES, GroupBy, spend_report, to_utc
+from gateway.ledger.spend import (
+    GROUP_BY_CHOICES,
+    TIME_BOUND_FORMS,
+    GroupBy,
+    parse_time_bound,
+    spend_report,
+)
 from gateway.openapi import Param, query
 from gateway.response_models import SpendReport
 from gateway.routes.admin import PAGE_PARAMS, admin_services, json_response, page_limit
@@ -22,27 +27,14 @@ from gateway.routes.ledger_read import ledger_read
 
 router = APIRouter(prefix="/admin")
 
-_EPOCH = re.compile(r"^[+-]?\d+(\.\d+)?$")
-
 
 def _time(v: str | None, name: str) -> dt.datetime | None:
     if not v:
         return None
     try:
-        try:
-            return to_utc(dt.datetime.fromisoformat(v))
-        except ValueError:
-            # Epoch seconds, as the ledger's to_utc takes them. ISO first: 8 digits are an
-            # ISO date (20250131), as they were before epoch seconds were accepted.
-            if _EPOCH.match(v.strip()) is None:
-                raise
-            return to_utc(float(v) if "." in v else int(v))
+        return parse_time_bound(v)
     except ValueError:
-        raise bad_request(
-            f"{name} must be an ISO-8601 date or time, or epoch seconds, between years 1 and "
-            "9999 UTC",
-            param=name,
-        ) from None
+        raise bad_request(f"{name} must be {TIME_BOUND_FORMS}", param=name) from None
 
 
 # Spend rows are groups, not records with ids: a page's cursor is its last row's group (the

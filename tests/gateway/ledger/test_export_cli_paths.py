@@ -90,3 +90,13 @@ async def test_a_ledger_url_whose_port_is_no_port_is_one_line(
     assert problem is not None and said in problem and "s3cretpw" not in problem
     with pytest.raises(ValueError, match=said):
         ledger_url(url)
+
+
+async def test_time_bounds_take_epoch_seconds_as_the_spend_report_does(
+    ledger: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `--since 1732850000` was "not an ISO 8601 date or time", which /admin/spend takes.
+    out = tmp_path / "x.jsonl"
+    argv = ["--out", str(out), "--since", "1732850000", "--until", "2030-01-01"]
+    assert await run_export(_args(*argv), f"sqlite+aiosqlite:///{ledger}") == 0
+    assert "exported 0 records" in capsys.readouterr().out
