@@ -374,10 +374,16 @@ def _summary(n: int, out: str, stats: ExportStats) -> str:
             f"; skipped {stats.unknown_propensity} requests whose policy logged no usable "
             "propensity (as the llm router sampling at temperature > 0): no off-policy data"
         )
+    if stats.budget_refused_skipped:
+        line += (
+            f"; skipped {stats.budget_refused_skipped} requests whose chosen model was refused "
+            "by a budget (max_cost_usd, the key's) before it was called: whatever answered "
+            "instead is no outcome of it"
+        )
     if stats.not_called_skipped:
         line += (
-            f"; skipped {stats.not_called_skipped} failed requests whose chosen model was "
-            "never called (an open circuit, a budget) or not waited for: nothing about it"
+            f"; skipped {stats.not_called_skipped} requests whose chosen model was never "
+            "called (its open circuit kept the call away) or not waited for: nothing about it"
         )
     return line
 

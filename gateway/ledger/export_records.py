@@ -14,11 +14,13 @@ skip) would show each model's outcomes without its failures, and off-policy esti
 would overrate unreliable models.
 
 The outcome is keyed by the logged action (the decision's first action, falling back to the
-model that answered). They differ only when a fallback answered for the chosen model; the
-record then still says what happened when *that action* was taken, and the outcome's
-``model`` field names the model that actually answered. A request that made several calls
-(a cascade's plan) also lists them in ``logged.actions``: its outcome is the trajectory's,
-and the single-model off-policy learners and estimators skip it. Requests answered from the
+model that answered). A request whose chosen model was never called — a budget refused it
+(``max_cost_usd``, a key budget), its open circuit kept the call away, the request stopped
+waiting — is left out, counted by why, whatever answered in its place: nothing in it is that
+model's outcome (``router.logged_calls``, the rule ``xrouter convert ledger`` applies too).
+A request that made several calls (a cascade's plan, a router calling several models) also
+lists them in ``logged.actions``: its outcome is the trajectory's, and the single-model
+off-policy learners and estimators skip it. Requests answered from the
 answer cache (``requests.cached_from``) are not exported (``gateway.ledger.export_windows``
 leaves them out): no decision, no cost.
 
@@ -31,14 +33,14 @@ router on prompts it was trained on. A request whose content was not logged has 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.ledger.records import messages_sha256
 from pricing import micros_to_usd
 from router.export_parquet import REWARD_TERMS
-from router.policy import CANCELLED
+from router.logged_calls import BUDGET, first_call, not_called_reason
 
 
 @dataclass
@@ -53,9 +55,12 @@ class ExportStats:
     # Requests whose policy could not say how likely its choice was (the ``llm`` router
     # sampling at temperature > 0): without a propensity they are no off-policy data.
     unknown_propensity: int = 0
-    # Failed requests whose chosen model's call was never made (its circuit kept it away, a
-    # budget refused it) or not waited for (the client left, the request was cancelled),
-    # whatever its fallbacks then did: they say nothing about that model.
+    # Requests whose chosen model a budget (the request's ``max_cost_usd``, its key's)
+    # refused before it was called, whatever answered instead: nothing about that model.
+    budget_refused_skipped: int = 0
+    # Requests whose chosen model was otherwise never called (its open circuit kept the call
+    # away) or not waited for (the client left, the request was cancelled), whatever its
+    # fallbacks or the policy's next choice then did: nothing about that model either.
     not_called_skipped: int = 0
 
 
@@ -104,44 +109,18 @@ def _propensity(decision: dict[str, Any] | None, first_only: bool = False) -> fl
     return min(p, 1.0)  # a product of floats can overshoot 1 by an ulp
 
 
-# A call that was never made tells nothing about the model: refused by a budget, or skipped
-# while its circuit breaker was open; nor one the request stopped waiting for (cancelled).
-_NOT_CALLED = frozenset({"budget", "circuit_open", CANCELLED})
-
-
 # The status of a request whose client went away before its answer was complete.
 _CLIENT_CLOSED = 499
 
 
-def _first_call(downstream: Sequence[dict[str, Any]], action: str) -> dict[str, Any] | None:
-    """The request's first downstream call, when it was the logged action's: a row naming
-    ``action``, or a fallback's row naming it as ``fallback_from``."""
-    first = downstream[0] if downstream else None
-    if first is None or action not in (first["model"], first.get("fallback_from")):
-        return None
-    return first
-
-
-def _never_called(first: dict[str, Any], action: str) -> bool:
-    """Whether the first call's row says ``action``'s model was never called. When the call
-    left it for a fallback (which answered, failed too, or was given up on), its
-    ``fallback_reason`` — that model's first error — says, whatever the row's own error
-    (then a fallback's); a row that does not say why (from before migration 16) counts as a
-    call made, as it always did. Otherwise the row's error is the model's own."""
-    reason = first.get("fallback_reason")
-    if reason is not None:
-        return reason in _NOT_CALLED
-    return first["model"] == action and first["error_type"] in _NOT_CALLED
-
-
 def _first_call_failure(
-    first: dict[str, Any] | None, downstream: Sequence[dict[str, Any]], action: str, status: int
+    first: Mapping[str, Any] | None, downstream: Sequence[dict[str, Any]], action: str, status: int
 ) -> dict[str, Any] | None:
     """The first downstream call, when it was the logged action's and it failed: its row,
     or, when a configured fallback answered in its place (the row then names the fallback,
-    with ``fallback_from``), the failure's own share of it, which is nothing. A model that
-    was never called (see :func:`_never_called`) did not fail, whatever its fallbacks did."""
-    if first is None or _never_called(first, action):
+    with ``fallback_from``), the failure's own share of it, which is nothing. ``first`` is a
+    call made (:func:`build_record` leaves out a request whose chosen model was not)."""
+    if first is None:
         return None
     if first["model"] != action:
         return {
@@ -157,7 +136,7 @@ def _first_call_failure(
         return None
     if first["status"] != "error":
         return None
-    return first
+    return dict(first)
 
 
 def _action(decision: dict[str, Any] | None, final_model: str) -> str:
@@ -183,13 +162,25 @@ def build_record(
     final_model: str | None = row["final_model"]
     action = _action(decision, final_model or "")
     downstream = [c for c in call_rows if c["role"] == "downstream"]
-    first = _first_call(downstream, action) if action else None
+    first = first_call(downstream, action) if action else None
+    not_called = not_called_reason(first, action) if first is not None else None
+    if not_called is not None:
+        # The chosen model was never called (see router.logged_calls): whatever answered in
+        # its place — the policy's next choice after a budget refused it, its configured
+        # fallback while its circuit was open — is another model's outcome, and filed under
+        # the chosen action it would credit that model with a score and cost it never had
+        # (and, with two actions logged, pass for a cascade's trajectory). Left out, counted
+        # by why, as a failed request whose chosen model was never called always was.
+        if stats is not None:
+            if not_called == BUDGET:
+                stats.budget_refused_skipped += 1
+            else:
+                stats.not_called_skipped += 1
+        return None
     failed = _first_call_failure(first, downstream, action, int(row["status"]))
     if failed is not None:
         score: float | None = 0.0
     elif final_model is None or not 200 <= int(row["status"]) < 300:
-        if stats is not None and first is not None and _never_called(first, action):
-            stats.not_called_skipped += 1
         return None
     else:
         score = feedback_rows[-1]["score"] if feedback_rows else None

@@ -88,7 +88,8 @@ class TableArrays:
                 prop[i] = r.logged.propensity
         if multi:
             logger.warning(
-                "%d logged records are multi-call trajectories (a cascade's calls): skipped, "
+                "%d logged records are multi-call trajectories (several models called for one "
+                "request, as a cascade's plan): skipped, "
                 "their outcome is not one model's",
                 multi,
             )

@@ -296,19 +296,22 @@ def _usable_records(records: Sequence[OutcomeRecord], cfg: TrainConfig) -> list[
         )
     if cfg.offpolicy:
         # Only a logged single-model decision can be reweighted by its propensity: a
-        # cascade's trajectory has no one model's outcome.
+        # trajectory of several models' calls (a cascade's plan, a router calling several
+        # models) has no one model's outcome.
         single = [r for r in kept if r.logged is not None and not r.logged.multi_call]
         if not single:
             raise ValueError(
                 f"no logged records to learn off-policy from: none of the {len(kept)} records "
-                "is a logged single-model decision (they are multi-call trajectories, e.g. "
-                "cascades, or carry no `logged` action); log traffic routed by a single-call "
+                "is a logged single-model decision (they are multi-call trajectories — several "
+                "models called for one request, as a cascade's plan — or carry no `logged` "
+                "action); log traffic routed by a single-call "
                 "policy (compact with router.epsilon) and export again"
             )
         if len(single) < len(kept):
             logger.warning(
                 "skipped %d records that are not a logged single-model decision (multi-call "
-                "trajectories, e.g. cascades, or no `logged` action)",
+                "trajectories — several models called for one request, as a cascade's plan "
+                "— or no `logged` action)",
                 len(kept) - len(single),
             )
         kept = single

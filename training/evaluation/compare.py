@@ -388,8 +388,9 @@ def off_policy(
     multi = sum(1 for r in logged if r.logged is not None and r.logged.multi_call)
     if multi:
         notes.append(
-            f"{multi} of {len(logged)} logged records are multi-call trajectories (a "
-            "cascade's calls) and were skipped: their outcome is no single model's"
+            f"{multi} of {len(logged)} logged records are multi-call trajectories (several "
+            "models called for one request, as a cascade's plan) and were skipped: their "
+            "outcome is no single model's"
         )
     # The estimators' rows: the single-call records, in order (routed below, too).
     logged = [r for r in logged if r.logged is not None and not r.logged.multi_call]

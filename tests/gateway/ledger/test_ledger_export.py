@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway import accounting
 from gateway.hooks import RequestLog
+from gateway.ledger import schema
 from gateway.ledger.export import export_ledger, read_export
 from gateway.ledger.export_cli import add_export_arguments, run_export
 from gateway.ledger.export_records import ExportStats
@@ -489,7 +490,8 @@ async def test_a_model_its_circuit_kept_away_is_not_exported_as_failed(
     """A half-open circuit with its probe out refuses every other call to its model, which
     its configured fallback answers: the row said only "fallen back from", as after a call
     that failed, and the export made each such request a score-0 failure of the model that
-    was never called — teaching the router against a model as it recovers."""
+    was never called — teaching the router against a model as it recovers. Nor is it that
+    model's success: the fallback's answer is no outcome of it, so the request is left out."""
     chosen, fallback = "gemma-2-9b-it", "llama-3.3-70b-instruct"
     pool = ModelPool.from_configs(
         [
@@ -535,18 +537,24 @@ async def test_a_model_its_circuit_kept_away_is_not_exported_as_failed(
         await writer.close()
         await client.aclose()
 
+    async with engine.connect() as conn:
+        # Each call row says why it fell back.
+        rows = await conn.execute(
+            sa.select(schema.calls.c.request_id, schema.calls.c.fallback_reason)
+        )
+        reasons = dict(rows.tuples().all())
+    assert reasons == {"called": "upstream_5xx", "kept-away": "circuit_open"}
     for fmt in ("jsonl", "parquet"):
         out = tmp_path / f"ledger.{fmt}"
-        assert await export_ledger(engine, out, fmt) == 2
+        stats = ExportStats()
+        assert await export_ledger(engine, out, fmt, stats=stats) == 1
         by_id = {r.id: r for r in read_export(out)}
         failed = by_id["called"].outcomes[chosen]
         assert (failed.score, (failed.model_extra or {}).get("error_type")) == (0.0, "fell_back")
-        kept_away = by_id["kept-away"].outcomes[chosen]
-        extra = kept_away.model_extra or {}
-        assert (kept_away.score, extra["model"], "failed" in extra) == (1.0, fallback, False), fmt
-        # Each call row says why it fell back.
-        reasons = [c["fallback_reason"] for r in by_id.values() for c in r.model_dump()["calls"]]
-        assert sorted(reasons) == ["circuit_open", "upstream_5xx"], fmt
+        assert [c["fallback_reason"] for c in by_id["called"].model_dump()["calls"]] == [
+            "upstream_5xx"
+        ], fmt
+        assert "kept-away" not in by_id and stats.not_called_skipped == 1, fmt
 
 
 async def test_a_failed_request_whose_chosen_model_was_never_called_is_left_out_and_counted(
