@@ -99,7 +99,7 @@ async def export_ledger(
         sink = await asyncio.to_thread(_ParquetSink, tmp)
     else:
         sink = await asyncio.to_thread(_JsonlSink, tmp)
-    n = 0
+    n = no_prompt = 0
     try:
         async for chunk in iter_export_records(
             engine,
@@ -114,12 +114,25 @@ async def export_ledger(
         ):
             await asyncio.to_thread(sink.write, chunk)
             n += len(chunk)
+            no_prompt += sum(1 for r in chunk if r.get("content_logged") != "full")
         await asyncio.to_thread(sink.close)
         await asyncio.to_thread(os.replace, tmp, out)
     except BaseException:
         await asyncio.to_thread(_discard, sink, tmp)
         raise
     logger.info("exported %d ledger records to %s", n, out)
+    if no_prompt:
+        # Said now, not when ``xrouter train`` refuses the table: the traffic behind it must
+        # be collected again, and the sooner the gateway logs content, the less is lost.
+        logger.warning(
+            "%d of the %d records exported to %s carry no prompt text (the gateway logged "
+            "it with ledger.log_content none or hash): a router that reads the prompt cannot "
+            "learn from them; set ledger.log_content: full (env "
+            "XROUTER_LEDGER__LOG_CONTENT=full) and collect traffic again",
+            no_prompt,
+            n,
+            out,
+        )
     return n
 
 
