@@ -20,7 +20,12 @@ from sqlalchemy.engine import make_url
 
 from gateway.ledger.export import ExportFormat, export_ledger
 from gateway.ledger.export_records import ExportStats
-from gateway.ledger.export_windows import DEFAULT_SETTLE_S, count_late_feedback, safe_logged_until
+from gateway.ledger.export_windows import (
+    DEFAULT_SETTLE_S,
+    count_late_feedback,
+    count_logged_after,
+    safe_logged_until,
+)
 from gateway.ledger.migrations import MigrationError
 from gateway.ledger.spend import parse_time_bound, to_utc
 from gateway.ledger.store import describe_error, open_ledger_engine, sqlite_file
@@ -224,6 +229,8 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
     settle = float(args.settle_seconds)
     unsettled = False
     late = 0
+    waiting: int | None = None
+    settled_by = None if args.logged_until else f"--settle-seconds {settle:g}"
     try:
         engine = await open_ledger_engine(ledger_url)
         stats = ExportStats()
@@ -260,6 +267,15 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
                         f"warning: could not count late feedback: {describe_error(exc)}",
                         file=sys.stderr,
                     )
+            if window is not None and not window.scored and window.until is not None:
+                try:
+                    waiting = await count_logged_after(engine, window.until, since, until, args.key)
+                except sa.exc.SQLAlchemyError as exc:
+                    print(
+                        f"warning: could not count requests after the window: "
+                        f"{describe_error(exc)}",
+                        file=sys.stderr,
+                    )
         finally:
             await engine.dispose()
     except (OSError, ValueError, ImportError, sa.exc.SQLAlchemyError, MigrationError) as exc:
@@ -293,7 +309,7 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
             f"this window for requests {why}",
             file=sys.stderr,
         )
-    return await _report_window(window)
+    return await _report_window(window, waiting, settled_by)
 
 
 def _same_path(a: Path, b: Path) -> bool:
@@ -388,9 +404,13 @@ def _summary(n: int, out: str, stats: ExportStats) -> str:
     return line
 
 
-async def _report_window(window: _LoggedWindow) -> int:
-    """Say which rows the export covered and where the next one starts; save that in the
-    cursor file. Runs once the output is in place."""
+async def _report_window(
+    window: _LoggedWindow, waiting: int | None = None, settled_by: str | None = None
+) -> int:
+    """Say which rows the export covered, how many requests logged after it wait for a
+    later run (``waiting``; ``settled_by``, the option that ended the window short of now),
+    and where the next one starts; save that in the cursor file. Runs once the output is in
+    place."""
     end = window.end
     assert window.until is not None and end is not None  # set before the export ran
     start = window.since.isoformat() if window.since is not None else "the beginning"
@@ -398,6 +418,14 @@ async def _report_window(window: _LoggedWindow) -> int:
     line = f"{what} from {start} until {window.until.isoformat()}"
     if window.since is not None and window.until <= window.since:
         line += " (none: the window ends before it starts)"
+    if waiting:
+        # Without it, an export of fresh traffic under a long settle time (0 records) does
+        # not say why: those requests are the next windows'.
+        why = settled_by or "--logged-until"
+        line += (
+            f"; {waiting} request{'s' if waiting != 1 else ''} logged after "
+            f"{window.until.isoformat()} wait for a later run ({why})"
+        )
     if window.cursor is None:
         again = "--scored --logged-since" if window.scored else "--logged-since"
         print(f"{line}; continue with {again} {end.isoformat()}")

@@ -411,3 +411,24 @@ async def count_late_feedback(
         query = query.where(hit.c.key_id == key_id)
     async with engine.connect() as conn:
         return int((await conn.execute(query)).scalar_one())
+
+
+async def count_logged_after(
+    engine: AsyncEngine,
+    after: datetime,
+    since: TimeBound = None,
+    until: TimeBound = None,
+    key_id: str | None = None,
+) -> int:
+    """How many requests (cache hits aside, as the export leaves them out) reached the
+    database at or after ``after``, a logged window's end: the ones a later window holds,
+    which an export that wrote nothing must name, or the user cannot tell why. One COUNT by
+    ``ix_requests_logged_at``; rows without ``logged_at`` are older than any window's end."""
+    lo = to_utc(after)
+    query = sa.select(sa.func.count()).where(
+        *request_filters(since, until, key_id),
+        requests.c.logged_at >= lo,
+        requests.c.cached_from.is_(None),
+    )
+    async with engine.connect() as conn:
+        return int((await conn.execute(query)).scalar_one())

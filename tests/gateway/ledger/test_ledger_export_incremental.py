@@ -487,3 +487,42 @@ async def test_a_window_carries_the_feedback_its_requests_had_when_it_closed(
     # Without a window's end, every score counts (the latest wins).
     ((everything,),) = [c async for c in iter_export_records(engine)]
     assert [f["score"] for f in everything["feedback"]] == [1.0, 0.0, 0.0]
+
+
+async def test_an_export_of_unsettled_traffic_says_how_many_requests_wait_for_a_later_run(
+    engine: AsyncEngine,
+    make_settings: Settings,
+    ledger_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Fresh traffic under a day's settle time: 0 records, and the summary said only the
+    window, so the user could not tell why. It counts the requests logged after the window
+    (cache hits aside, as the export leaves them out), once they are the next run's."""
+    await write(engine, make_settings(), "r1", "r2", "r3")
+    original = make_request("r4")
+    await submit(engine, make_settings(), original, make_cache_hit("hit", original))
+    cursor = tmp_path / "export.cursor"
+    out = tmp_path / "x.jsonl"
+    argv = ("--cursor", str(cursor), "--settle-seconds", "86400", "--out", str(out))
+    capsys.readouterr()
+    assert await export(ledger_url, *argv) == 0
+    summary = capsys.readouterr().out
+    assert ids(out) == []
+    end = cursor.read_text().strip()
+    assert f"; 4 requests logged after {end} wait for a later run (--settle-seconds 86400)" in (
+        summary
+    )
+    # By an explicit end, it names that; a key's export counts that key's requests only.
+    until = (datetime.now(UTC) - timedelta(days=1)).isoformat()
+    argv = ("--logged-since", until, "--logged-until", until, "--key", "key_test0001")
+    assert await export(ledger_url, *argv, "--out", str(out)) == 0
+    assert "wait for a later run (--logged-until)" in capsys.readouterr().out
+    assert await export(ledger_url, *argv[:-1], "key_other", "--out", str(out)) == 0
+    assert "wait for a later run" not in capsys.readouterr().out
+    # Once settled, none is left waiting.
+    now = ("--cursor", str(tmp_path / "now.cursor"), "--settle-seconds", "0")
+    await asyncio.sleep(0.05)
+    assert await export(ledger_url, *now, "--out", str(out)) == 0
+    assert sorted(ids(out)) == ["r1", "r2", "r3"]  # r4 has no feedback
+    assert "wait for a later run" not in capsys.readouterr().out
