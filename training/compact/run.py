@@ -36,7 +36,12 @@ from training.compact.data import (
     reward_matrix,
 )
 from training.datasets.splits import split_of
-from training.evaluation.overlap import ids_fingerprint, seen_prompt_hashes, write_seen_prompts
+from training.evaluation.overlap import (
+    ids_fingerprint,
+    seen_keys,
+    seen_prompt_hashes,
+    write_seen_prompts,
+)
 from training.reward import RewardConfig, check_reference_costs
 
 logger = logging.getLogger(__name__)
@@ -217,7 +222,7 @@ def seen_hashes(table: RunTable) -> np.ndarray:
     """The hashes of the prompts a run fits and selects on (its training and validation
     parts), computed once per run for every checkpoint it saves."""
     rows = np.concatenate([table.splits["train"], table.splits["validation"]])
-    return seen_prompt_hashes(table.records[int(i)].split_key for i in rows)
+    return seen_prompt_hashes(k for i in rows for k in seen_keys(table.records[int(i)]))
 
 
 def keep_seen_prompts(checkpoint: Path, hashes: np.ndarray) -> None:

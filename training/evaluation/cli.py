@@ -401,14 +401,16 @@ def _note_training_overlap(
         hashes = getattr(entry.router, "seen_prompts", None)
         if seen is None and hashes is not None:
             # Another table, holding some of its prompts all the same: a later export of
-            # the traffic it was trained on.
+            # the traffic it was trained on, or the table that traffic's prompts came from
+            # (matched by text, as their keys differ).
             seen = seen_by_hash(hashes, evaluated)
             if seen:
                 notes.append(
                     f"{entry.router.name}: {seen} of the {len(evaluated)} evaluated prompts "
                     "were among its training or validation prompts (this table is not the one "
                     "it was trained on, but holds some of the same prompts, as a later export "
-                    "of the same traffic does): optimistic; evaluate on prompts it has not "
+                    "of the same traffic or the table its prompts came from does): "
+                    "optimistic; evaluate on prompts it has not "
                     "seen, such as traffic logged after its training table"
                 )
                 logger.warning("%s", notes[-1])

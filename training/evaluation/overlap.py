@@ -12,15 +12,19 @@ re-converted or re-serialized, records in another order.
 Another table can hold them too: a later ledger export covers the traffic an earlier one
 was, and was trained on. A checkpoint directory written by ``xrouter train`` therefore
 also keeps the prompts it was fitted and selected on, as 8-byte hashes of their split keys
-(``seen_prompts.u64``, 8 bytes a prompt, next to the weights): any table's records whose
-key is among them were seen, whichever file they come in.
+and of their texts (``seen_prompts.u64``, next to the weights): any table's records whose
+key or text is among them were seen, whichever file they come in. The text is needed
+because two tables of the same prompts need not share keys: an export's key is the
+prompt's hash (its group), the research table the traffic was drawn from keys by record
+id. Checkpoints from before the texts keep only the keys, and are checked by them alone.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Mapping, Sequence
+import unicodedata
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +57,33 @@ def _key_hashes(keys: Iterable[str]) -> np.ndarray:
     )
 
 
+# Set apart from split keys, so a prompt's text can never pass for some record's key.
+_TEXT_PREFIX = "\x00prompt-text\x00"
+
+
+def text_key(record: OutcomeRecord) -> str | None:
+    """What a record's prompt text is known by among seen prompts: its text (the last user
+    message, ``OutcomeRecord.text``) in Unicode NFC with runs of whitespace made one space,
+    so the same prompt typed into a chat client and stored in a research table match. None
+    for a record whose prompt the gateway did not log (a placeholder, the same for many
+    requests) or that is empty."""
+    if not record.has_prompt:
+        return None
+    text = " ".join(unicodedata.normalize("NFC", record.text).split())
+    return _TEXT_PREFIX + text if text else None
+
+
+def seen_keys(record: OutcomeRecord) -> Iterator[str]:
+    """What :func:`seen_prompt_hashes` keeps of a prompt a checkpoint was fitted or
+    selected on: its split key and its text's key."""
+    yield record.split_key
+    if (text := text_key(record)) is not None:
+        yield text
+
+
 def seen_prompt_hashes(keys: Iterable[str]) -> np.ndarray:
-    """The sorted, deduplicated hashes of the split keys of the prompts a checkpoint was
-    fitted and selected on (its training and validation parts): what
+    """The sorted, deduplicated hashes of the keys (from :func:`seen_keys`) of the prompts a
+    checkpoint was fitted and selected on (its training and validation parts): what
     :func:`write_seen_prompts` keeps beside it."""
     return np.unique(_key_hashes(keys))
 
@@ -80,13 +108,20 @@ def read_seen_prompts(checkpoint_dir: str | os.PathLike[str]) -> np.ndarray | No
     return np.frombuffer(raw, dtype="<u8")
 
 
+def _among(seen: np.ndarray, hashes: np.ndarray) -> np.ndarray:
+    at = np.minimum(np.searchsorted(seen, hashes), len(seen) - 1)
+    return np.asarray(seen[at] == hashes)
+
+
 def seen_by_hash(seen: np.ndarray, records: Sequence[OutcomeRecord]) -> int:
-    """How many of ``records`` have a split key among the ``seen`` hashes (sorted)."""
+    """How many of ``records`` have a split key or a prompt text among the ``seen`` hashes
+    (sorted)."""
     if not len(seen) or not records:
         return 0
-    hashes = _key_hashes(r.split_key for r in records)
-    at = np.minimum(np.searchsorted(seen, hashes), len(seen) - 1)
-    return int(np.count_nonzero(seen[at] == hashes))
+    hit = _among(seen, _key_hashes(r.split_key for r in records))
+    # A record without a text to go by is checked by its key alone (its key again).
+    texts = _key_hashes(text_key(r) or r.split_key for r in records)
+    return int(np.count_nonzero(hit | _among(seen, texts)))
 
 
 def seen_in_training(

@@ -13,7 +13,7 @@ import pytest
 
 from pricing import ModelPrice, load_default_catalog
 from router.checkpoint import load_checkpoint
-from router.outcomes import OutcomeRecord, write_outcome_table
+from router.outcomes import OutcomeRecord, load_outcome_table, write_outcome_table
 from router.policies.compact import CompactPolicy
 from router.policies.knn import KNNHead
 from router.pool import ModelPool, PoolModelConfig
@@ -52,7 +52,10 @@ def test_builds_a_checkpoint_with_k_picked_on_validation(built: tuple[Path, dict
     # The prompts it was built and selected on are kept beside it for `xrouter eval`.
     table = ckpt.metadata.training["table"]
     seen = read_seen_prompts(out / "checkpoint")
-    assert seen is not None and len(seen) == table["n_train"] + table["n_validation"]
+    fitted = [r for r in load_outcome_table(table["path"]) if split_of(r.id) != "test"]
+    assert len(fitted) == table["n_train"] + table["n_validation"]
+    # Each prompt's split key and its text (the texts of this table repeat).
+    assert seen is not None and len(seen) == len(fitted) + len({r.text for r in fitted})
     assert ckpt.metadata.training["stored_outcomes"] == "recorded"
     assert ckpt.metadata.training["command"].startswith("python -m training.compact.cli")
     assert ckpt.weights["examples"].shape == (arch.n_examples, arch.similarity_dims)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from training.evaluation.overlap import (
     read_seen_prompts,
     seen_by_hash,
     seen_in_training,
+    seen_keys,
     seen_prompt_hashes,
     write_seen_prompts,
 )
@@ -158,7 +160,8 @@ def test_eval_notes_a_later_export_that_holds_the_checkpoints_training_prompts(
     trained_on = load_outcome_table(table)
     hashes = read_seen_prompts(ckpt)
     fitted = [r for r in trained_on if split_of(r.split_key, seed=0) != "test"]
-    assert hashes is not None and len(hashes) == len(fitted)
+    # Each prompt's split key and its text.
+    assert hashes is not None and len(hashes) == 2 * len(fitted)
     later = tmp_path / "later.jsonl"
     write_outcome_table([*trained_on, *table_factory(100, seed=9)], later)
     base = ["--table", str(later), "--policy", f"compact:{ckpt}", "--baselines", "none"]
@@ -176,3 +179,81 @@ def test_eval_notes_a_later_export_that_holds_the_checkpoints_training_prompts(
     )
     assert note in capsys.readouterr().out
     assert note in (tmp_path / "other" / "report.md").read_text()
+
+
+def test_kept_prompt_texts_find_the_same_prompts_under_other_keys(table_factory) -> None:
+    """An export keys its records by the prompt's hash (the group), the table its traffic
+    was drawn from by record id: the keys never match, the texts do."""
+    records = table_factory(60, seed=6)
+    exported = [
+        r.model_copy(
+            update={
+                "id": f"req-{i}",
+                "group": f"sha-{i}",
+                "prompt": None,
+                # A chat client's conversation, its whitespace not the table's.
+                "messages": [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "  " + r.text.replace(" ", "\n", 1) + " "},
+                ],
+            }
+        )
+        for i, r in enumerate(records[:25])
+    ]
+    hashes = seen_prompt_hashes(k for r in exported for k in seen_keys(r))
+    assert seen_by_hash(hashes, records) == 25
+    assert seen_by_hash(hashes, records[25:]) == 0
+    # A prompt the gateway did not log is a placeholder, the same for many requests: only
+    # its key can tell it.
+    blind = [
+        r.model_copy(update={"prompt": "[content not logged]", "content_logged": "none"})
+        for r in records[30:40]
+    ]
+    unlogged = seen_prompt_hashes(k for r in blind for k in seen_keys(r))
+    assert len(unlogged) == 10
+    other = [r.model_copy(update={"id": f"x{i}"}) for i, r in enumerate(blind)]
+    assert seen_by_hash(unlogged, other) == 0
+    # A checkpoint from before the texts kept the split keys alone: checked by them.
+    old = seen_prompt_hashes(r.split_key for r in exported)
+    assert seen_by_hash(old, records) == 0
+    assert seen_by_hash(old, exported) == 25
+
+
+def test_eval_notes_a_table_whose_prompts_a_traffic_trained_checkpoint_saw(
+    tmp_path: Path, table_factory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The reviewer's case: a checkpoint trained on an export of traffic drawn from a
+    research table (split by the prompt's hash) evaluated on that table's test split (split
+    by record id). Its training prompts in that split must be noted (they were not)."""
+    source = table_factory(150, seed=4)
+    exported = [
+        r.model_copy(
+            update={
+                "id": f"req-{i}",
+                "group": hashlib.sha256(r.text.encode()).hexdigest(),
+                "prompt": None,
+                "messages": [{"role": "user", "content": r.text}],
+            }
+        )
+        for i, r in enumerate(source)
+    ]
+    export = tmp_path / "export.jsonl"
+    write_outcome_table(exported, export)
+    out = tmp_path / "run"
+    argv = ["--table", str(export), "--out", str(out), "--steps", "10", "--eval-every", "5"]
+    assert train_main([*argv, "--val-lambdas", "0,1", "--no-progress"]) == 0
+    table = tmp_path / "source.jsonl"
+    write_outcome_table(source, table)
+    base = ["--table", str(table), "--policy", str(out), "--baselines", "none"]
+    base += ["--lambdas", "0,1", "--bootstrap", "0", "--out", str(tmp_path / "e")]
+    assert eval_main(base) == 0
+    fitted = {r.text for r in exported if split_of(r.split_key, seed=0) != "test"}
+    evaluated = [r for r in source if split_of(r.id, seed=0) == "test"]
+    expected = sum(r.text in fitted for r in evaluated)
+    assert expected > 0
+    note = (
+        f"{expected} of the {len(evaluated)} evaluated prompts were among its training or "
+        "validation prompts"
+    )
+    assert note in capsys.readouterr().out
+    assert note in (tmp_path / "e" / "report.md").read_text()
