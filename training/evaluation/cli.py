@@ -24,7 +24,8 @@ from pathlib import Path
 
 from router.outcomes import OutcomeRecord, OutcomeTableError, load_outcome_table
 from training.datasets.splits import DEFAULT_FRACTIONS, Splits, canonical_split, split_records
-from training.evaluation.compare import Entry, compare, off_policy
+from training.evaluation.compare import Entry, compare, logging_baseline, off_policy
+from training.evaluation.console import print_summary
 from training.evaluation.loop_router import LoopRouter, pool_for
 from training.evaluation.ope import OPEError
 from training.evaluation.overlap import ids_fingerprint, seen_by_hash, seen_in_training
@@ -282,7 +283,20 @@ def _evaluate_logged(
     # models), as the full-information comparison reports it.
     said = [n for e in policies for n in getattr(e.router, "notes", ())]
     result.off_policy, result.notes = rows, [*result.notes, *notes, *said]
+    result.logging_policy = logging_baseline(evaluated)
+    _name_sources(policies, result)
     return result
+
+
+def _name_sources(entries: Sequence[Entry], result: EvalResult) -> None:
+    """Where each checkpoint evaluated came from, by router name (``EvalResult.display_name``)."""
+    sources = {
+        e.router.name: source
+        for e in entries
+        if (source := getattr(e.router, "source", None)) is not None
+    }
+    if sources:
+        result.meta["sources"] = sources
 
 
 def _evaluate_full(
@@ -363,6 +377,7 @@ def _evaluate_full(
             args.bootstrap,
             bootstrap_seed=args.seed,
         )
+    _name_sources(entries, result)
     return result
 
 
@@ -484,28 +499,7 @@ def run_eval(args: argparse.Namespace, registry: RouterRegistry | None = None) -
     except OSError as exc:
         print(f"error: cannot write the report: {exc}", file=sys.stderr)
         return 2
-    if result.main is not None:
-        comp = result.main
-        print(
-            f"{comp.n_records} prompts; best single model {comp.best_model} ({comp.best_score:.4f}); "
-            f"no-routing AIQ {comp.no_routing_aiq:.4f}"
-        )
-        rows = [c for c in comp.curves if c.kind != "single"]
-        width = max((len(c.name) for c in rows), default=0)
-        for c in rows:
-            if c.cost_to_best is None:
-                pct = "never"
-            elif c.cost_to_best_pct is None:  # the best model is free: no share of its cost
-                pct = f"${c.cost_to_best:.6f}"
-            else:
-                pct = f"{c.cost_to_best_pct:.1f}%"
-            ci = "" if c.aiq_ci is None else f" [{c.aiq_ci.low:.4f}, {c.aiq_ci.high:.4f}]"
-            print(
-                f"  {c.name:<{width}}  AIQ {c.aiq:.4f}{ci}  best {c.max_score:.4f}  "
-                f"cost to match best {pct}"
-            )
-    for note in [*(result.main.notes if result.main is not None else ()), *result.notes]:
-        print(f"note: {note}")
+    print_summary(result)
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
 

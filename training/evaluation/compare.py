@@ -35,6 +35,7 @@ from training.evaluation.ope import (
     cost_reward,
     deterministic_probs,
     logged_bandit,
+    logged_mean,
     score_reward,
 )
 from training.evaluation.sweep import (
@@ -463,6 +464,16 @@ def off_policy(
             )
         )
     return rows, notes
+
+
+def logging_baseline(records: Sequence[OutcomeRecord]) -> dict[str, Any]:
+    """What the logging policy achieved on the single-call logged ``records`` that
+    ``off_policy`` estimates on: the mean logged score and cost, with intervals
+    (``logged_mean``) — the baseline a router's estimates must beat."""
+    logged = [r for r in records if r.logged is not None and not r.logged.multi_call]
+    score = logged_mean(logged_bandit(logged, reward=score_reward))
+    cost = logged_mean(logged_bandit(logged, reward=cost_reward, bounds=(0.0, math.inf)))
+    return {"n": score.n, "score": score.to_dict(), "cost_usd": cost.to_dict()}
 
 
 def _support_note(n: int, counts: dict[str, int], what: str, dr: str, why: str = "") -> str:

@@ -23,6 +23,7 @@ import logging
 import statistics
 from collections.abc import Callable, Sequence
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -108,6 +109,9 @@ class LoopRouter:
         # The hashes of the prompts it was fitted and selected on, where its checkpoint
         # directory keeps them (``training.evaluation.overlap``): found in any table.
         self.seen_prompts: np.ndarray | None = None
+        # Where its checkpoint came from (``checkpoint_source``), shown beside the name,
+        # which carries only the content version: runs are told apart by their paths.
+        self.source: str | None = None
         # Router-model failures over every route() call (a whole λ sweep). Serving falls
         # back when the router model fails, which is right for availability but would make
         # an evaluation score the fallback under the router's name: they are counted and
@@ -250,6 +254,29 @@ class LoopRouter:
         return out
 
 
+def checkpoint_source(path: Path, most: int = 48) -> str:
+    """A checkpoint's location as the report shows it: ``packaged:<name>`` for a shipped
+    one; else the run directory (a checkpoint named ``checkpoint``, as ``xrouter train``
+    writes it, is its run), relative to the working directory where it lies under it, and
+    cut to its last components, after an ellipsis, when longer than ``most`` characters."""
+    from router.checkpoint import PACKAGED_PREFIX, is_packaged
+
+    if is_packaged(str(path)):
+        return PACKAGED_PREFIX + path.name
+    if path.name == "checkpoint":
+        path = path.parent
+    try:
+        text = str(path.resolve().relative_to(Path.cwd().resolve()))
+    except (OSError, ValueError):
+        text = str(path)
+    parts = Path(text).parts
+    for k in range(len(parts) - 1, 0, -1):
+        if len(text) <= most:
+            break
+        text = str(Path("…", *parts[-k:]))
+    return text
+
+
 def _compact(spec: str, ctx: LoadContext) -> LoopRouter:
     from router.checkpoint import load_checkpoint
     from router.features import FeatureConfig, FeatureExtractor
@@ -273,6 +300,8 @@ def _compact(spec: str, ctx: LoadContext) -> LoopRouter:
 
     router = LoopRouter(f"{label}[{ckpt.version}]", make)
     router.training = dict(ckpt.metadata.training)
+    if ckpt.path is not None:
+        router.source = checkpoint_source(ckpt.path)
     if ckpt.path is not None and ckpt.path.is_dir():
         router.seen_prompts = read_seen_prompts(ckpt.path)
     return router

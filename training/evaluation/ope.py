@@ -382,3 +382,21 @@ def all_estimates(
             data, target, reward_model, ci=ci, alpha=alpha, n_boot=n_boot, seed=seed
         ),
     }
+
+
+def logged_mean(data: LoggedBandit, alpha: float = 0.05) -> Estimate:
+    """What the logging policy itself achieved on ``data``: the plain mean of the logged
+    rewards (on-policy, no weights), with its normal interval — floored by the Wilson
+    interval where the records are too few, as the estimators' are. The baseline a new
+    policy's estimates must beat."""
+    terms = data.rewards
+    return _finish(
+        "logged",
+        lambda idx: _mean_and_se(terms[idx]),
+        data,
+        "normal",
+        alpha,
+        0,
+        0,
+        weights=np.ones(len(data)),
+    )

@@ -31,6 +31,8 @@ class EvalResult:
     main: Comparison | None = None
     two_model: Comparison | None = None
     off_policy: list[OffPolicyRow] = field(default_factory=list)
+    # What the logging policy achieved on the logs estimated on (``logging_baseline``).
+    logging_policy: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -39,8 +41,15 @@ class EvalResult:
             "comparison": self.main.to_dict() if self.main else None,
             "two_model": self.two_model.to_dict() if self.two_model else None,
             "off_policy": [r.to_dict() for r in self.off_policy],
+            "logging_policy": self.logging_policy,
             "notes": self.notes,
         }
+
+    def display_name(self, name: str) -> str:
+        """A router's name with the checkpoint it came from (``meta["sources"]``), where it
+        came from one: its name carries only the content version."""
+        source = self.meta.get("sources", {}).get(name)
+        return name if source is None else f"{name} ({source})"
 
 
 def _fmt(x: float | None, spec: str = ".4f") -> str:
@@ -58,7 +67,7 @@ def _ci(iv: Interval | None, signed: bool = False) -> str:
     return f"[{iv.low:{spec}}, {iv.high:{spec}}]"
 
 
-def _table(comp: Comparison, with_pgr: bool) -> list[str]:
+def _table(comp: Comparison, with_pgr: bool, name: Callable[[str], str]) -> list[str]:
     boot = comp.bootstrap
     head = "| router | kind | AIQ |"
     sep = "|---|---|---:|"
@@ -77,7 +86,7 @@ def _table(comp: Comparison, with_pgr: bool) -> list[str]:
     lines = [head, sep]
     order = sorted(comp.curves, key=lambda c: (c.kind != "policy", c.kind == "single", -c.aiq))
     for c in order:
-        row = f"| {c.name} | {c.kind} | {_fmt(c.aiq)} |"
+        row = f"| {name(c.name)} | {c.kind} | {_fmt(c.aiq)} |"
         if boot is not None:
             gain = "–" if c.gain_ci is None else f"{c.gain_ci.estimate:+.4f} {_ci(c.gain_ci, True)}"
             row += f" {_ci(c.aiq_ci)} | {gain} |"
@@ -96,7 +105,7 @@ def _table(comp: Comparison, with_pgr: bool) -> list[str]:
     return lines
 
 
-def _comparison_md(comp: Comparison, title: str) -> list[str]:
+def _comparison_md(comp: Comparison, title: str, name: Callable[[str], str]) -> list[str]:
     lo, hi = comp.cost_range
     lines = [
         f"## {title}",
@@ -115,27 +124,42 @@ def _comparison_md(comp: Comparison, title: str) -> list[str]:
         )
     if comp.strong:
         lines.append(f"PGR pair: strong = {comp.strong}, weak = {comp.weak}.")
-    lines += ["", *_table(comp, with_pgr=comp.strong is not None), ""]
+    lines += ["", *_table(comp, comp.strong is not None, name), ""]
     lines += [f"- {n}" for n in comp.notes]
     return lines
 
 
-def _off_policy_md(rows: list[OffPolicyRow]) -> list[str]:
+def _estimate_md(e: dict[str, Any]) -> str:
+    return f"{e['value']:.4f} [{e['ci_low']:.4f}, {e['ci_high']:.4f}]"
+
+
+def _off_policy_md(result: EvalResult) -> list[str]:
     lines = [
         "## Off-policy estimates (logged traffic)",
         "",
-        "| router | λ | score (SNIPS, 95% CI) | score (DR) | cost USD (SNIPS) | no support |",
-        "|---|---:|---:|---:|---:|---:|",
+        "Score estimates with 95% intervals.",
+        "",
+        "| router | λ | score IPS | score SNIPS | score DR | cost USD (SNIPS) | no support |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in rows:
+    for r in result.off_policy:
         s, c = r.estimates["score"], r.estimates["cost_usd"]
         n = s["snips"]["n"]
         lines.append(
-            f"| {r.router} | {'as logged' if r.param is None else f'{r.param:g}'} "
-            f"| {s['snips']['value']:.4f} "
-            f"[{s['snips']['ci_low']:.4f}, {s['snips']['ci_high']:.4f}] | {s['dr']['value']:.4f} "
+            f"| {result.display_name(r.router)} "
+            f"| {'as logged' if r.param is None else f'{r.param:g}'} "
+            f"| {_estimate_md(s['ips'])} | {_estimate_md(s['snips'])} | {_estimate_md(s['dr'])} "
             f"| {_usd(c['snips']['value'])} | {r.unsupported} of {n} |"
         )
+    base = result.logging_policy
+    if base is not None:
+        score, cost = base["score"], base["cost_usd"]
+        lines += [
+            "",
+            f"Logging policy on these {base['n']} logs (the logged outcomes' mean, the "
+            f"baseline to beat): score {_estimate_md(score)}, cost "
+            f"{_usd(cost['value'])} [{_usd(cost['ci_low'])}, {_usd(cost['ci_high'])}].",
+        ]
     lines += [
         "",
         "'No support': logged records where the router chooses a model the logging policy "
@@ -159,11 +183,13 @@ def render_markdown(result: EvalResult) -> str:
         lines += ["", f"Command: `{meta['command']}`"]
     lines.append("")
     if result.main:
-        lines += _comparison_md(result.main, "Cost-quality comparison")
+        lines += _comparison_md(result.main, "Cost-quality comparison", result.display_name)
     if result.two_model:
-        lines += _comparison_md(result.two_model, "Two-model slice (RouteLLM metrics)")
+        lines += _comparison_md(
+            result.two_model, "Two-model slice (RouteLLM metrics)", result.display_name
+        )
     if result.off_policy:
-        lines += _off_policy_md(result.off_policy)
+        lines += _off_policy_md(result)
     if result.notes:
         lines += ["## Notes", "", *[f"- {n}" for n in result.notes], ""]
     lines += [

@@ -1,0 +1,95 @@
+"""What `xrouter eval`'s report and console summary show: every off-policy estimator with
+its interval, the logging policy's own figures, and each checkpoint's origin."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from router.outcomes import OutcomeRecord
+from tests.training.evaluation.test_eval_cli import DEMO, eval_logged
+from training.evaluation.cli import main
+
+
+def _logged_rows(n: int = 400, seed: int = 3) -> list[OutcomeRecord]:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        action = "strong" if rng.random() < 0.3 else "cheap"
+        rows.append(
+            OutcomeRecord.model_validate(
+                {
+                    "id": f"l{i}",
+                    "prompt": "hello",
+                    "outcomes": {
+                        action: {
+                            "score": float(rng.random() < (0.9 if action == "strong" else 0.5)),
+                            "cost_usd": 0.002 if action == "strong" else 0.0001,
+                        }
+                    },
+                    "logged": {"action": action, "propensity": 0.3 if action == "strong" else 0.7},
+                }
+            )
+        )
+    return rows
+
+
+def test_the_report_shows_ips_snips_and_dr_with_intervals_and_the_logging_policy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = _logged_rows()
+    metrics = eval_logged(rows, tmp_path, "--lambdas", "0")
+    report = (tmp_path / "out" / "report.md").read_text()
+    [row] = [r for r in metrics["off_policy"] if r["router"] == "fixed-strong"]
+    score = row["estimates"]["score"]
+    line = next(x for x in report.splitlines() if x.startswith("| fixed-strong |"))
+    for name in ("ips", "snips", "dr"):
+        e = score[name]
+        assert f"{e['value']:.4f} [{e['ci_low']:.4f}, {e['ci_high']:.4f}]" in line, name
+    assert "score IPS | score SNIPS | score DR" in report
+    # The logging policy's own figures: the plain mean of what it logged, with an interval.
+    base = metrics["logging_policy"]
+    mean = float(np.mean([next(iter(r.outcomes.values())).score for r in rows]))
+    assert base["n"] == len(rows)
+    assert base["score"]["value"] == pytest.approx(mean)
+    assert base["score"]["ci_low"] < mean < base["score"]["ci_high"]
+    cost = float(np.mean([next(iter(r.outcomes.values())).cost_usd for r in rows]))
+    assert base["cost_usd"]["value"] == pytest.approx(cost)
+    s = base["score"]
+    expected = f"score {s['value']:.4f} [{s['ci_low']:.4f}, {s['ci_high']:.4f}]"
+    assert f"Logging policy on these {len(rows)} logs" in report and expected in report
+    out = capsys.readouterr().out
+    assert f"logging policy {expected}" in out
+    assert "fixed-strong  λ 0  score (SNIPS)" in out
+
+
+def test_checkpoints_are_named_by_where_they_came_from(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint's name carries its content version alone: two runs in a report were
+    told apart by mapping versions to runs by hand."""
+    from router.checkpoint import load_checkpoint
+
+    demo = load_checkpoint("packaged:demo")
+    assert demo.path is not None
+    shutil.copytree(demo.path, tmp_path / "runs" / "night-1" / "checkpoint")
+    deep = tmp_path / ("x" * 60) / "y" / "run-2"
+    shutil.copytree(demo.path, deep / "checkpoint")
+    monkeypatch.chdir(tmp_path)
+    name = f"compact-knn[{demo.version}]"
+    base = ["--table", str(DEMO), "--baselines", "none", "--bootstrap", "0", "--lambdas", "0,1"]
+    assert main([*base, "--policy", "runs/night-1", "--out", "a"]) == 0
+    out = capsys.readouterr().out
+    assert f"  {name} (runs/night-1)  AIQ" in out
+    assert f"| {name} (runs/night-1) | policy |" in Path("a/report.md").read_text()
+    meta = json.loads(Path("a/metrics.json").read_text())["meta"]
+    assert meta["sources"] == {name: "runs/night-1"}
+    # A path too long to read is cut to its last components; a shipped one by its name.
+    assert main([*base, "--policy", str(deep / "checkpoint"), "--out", "b"]) == 0
+    assert f"{name} (…/y/run-2)" in capsys.readouterr().out
+    assert main([*base, "--policy", "packaged:demo", "--out", "c"]) == 0
+    assert f"{name} (packaged:demo)" in Path("c/report.md").read_text()
