@@ -43,7 +43,12 @@ def summary(path: Path, meta: Any) -> dict[str, Any]:
     training: dict[str, Any] = meta.training or {}
     table: dict[str, Any] = training.get("table") or {}
     config: dict[str, Any] = training.get("config") or {}
-    reward = (meta.metrics or {}).get("validation_mean_reward")
+    metrics: dict[str, Any] = meta.metrics or {}
+    reward = metrics.get("validation_mean_reward")
+    # How many logged records an off-policy validation reward rests on (absent from runs on
+    # full outcomes and from checkpoints made before it was kept).
+    support = metrics.get("validation_support")
+    support = support if isinstance(support, dict) else {}
     return {
         "path": str(path),
         "name": meta.name,
@@ -55,18 +60,31 @@ def summary(path: Path, meta: Any) -> dict[str, Any]:
         "table_sha256": table.get("sha256"),
         "split_seed": config.get("split_seed"),
         "validation_mean_reward": reward,
+        "validation_min_supporting_records": support.get("min_supporting_records"),
+        "validation_thin": support.get("thin"),
         "feature_version": meta.feature_version,
     }
 
 
-def _table_line(row: dict[str, Any]) -> str:
+def _reward_cell(row: dict[str, Any]) -> str:
+    """The validation reward, flagged when it is an off-policy estimate on too few records
+    to trust (``0.8142 (thin: 1 record)``): listed beside a sound one it would read as
+    better."""
     reward = row["validation_mean_reward"]
+    text = f"{'-' if reward is None else format(reward, '.4f'):>8}"
+    fewest = row.get("validation_min_supporting_records")
+    if row.get("validation_thin") and fewest is not None:
+        text += f" (thin: {fewest} record{'' if fewest == 1 else 's'})"
+    return text
+
+
+def _table_line(row: dict[str, Any]) -> str:
     table = Path(row["table"]).name if row["table"] else "-"
     sha = (row["table_sha256"] or "")[:8]
     return (
         f"{row['created_at'][:16]:<17} {row['kind']:<8} {row['name'] or '-':<16} "
         f"{row['models']:>6} {row['mode'] or '-':<13} {table + (' ' + sha if sha else ''):<36} "
-        f"{'-' if reward is None else format(reward, '.4f'):>8}  {row['path']}"
+        f"{_reward_cell(row)}  {row['path']}"
     )
 
 

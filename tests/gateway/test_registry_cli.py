@@ -128,3 +128,41 @@ def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
         cwd=REPO_ROOT,
     )
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+
+
+def test_a_thin_off_policy_validation_reward_is_flagged(
+    tmp_path: Path, runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An off-policy run's validation reward resting on a handful of logged records was
+    listed as a plain figure beside sound ones; its summary.json and metadata did not say
+    how few records it rested on."""
+    _, logged = make_tables(n=120)
+    table = tmp_path / "logged.jsonl"
+    write_outcome_table(logged, table)
+    out = tmp_path / "runs" / "thin"
+    argv = ["train", "--table", str(table), "--out", str(out), "--offpolicy", "--knn", "3",
+            "--val-lambdas", "0,1", "--name", "thin"]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    counts = {lam: row["supporting_records"] for lam, row in summary["validation"].items()}
+    support = summary["validation_support"]
+    fewest = min(counts.values())
+    assert support["supporting_records"] == counts
+    assert support["min_supporting_records"] == fewest < 30
+    assert support["thin"] is True and support["thin_below"] == 30
+    meta = load_checkpoint(out / "checkpoint").metadata
+    assert meta.metrics["validation_support"] == support
+    capsys.readouterr()
+    assert main(["checkpoints", str(tmp_path / "runs"), str(runs)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    [line] = [x for x in lines if " thin " in x]
+    reward = meta.metrics["validation_mean_reward"]
+    assert f"{reward:.4f} (thin: {fewest} record{'' if fewest == 1 else 's'})" in line
+    # Runs on full outcomes (and checkpoints from before the count) are listed as before.
+    assert not any("(thin" in x for x in lines if " thin " not in x)
+    assert main(["checkpoints", str(tmp_path / "runs"), "--json"]) == 0
+    [row] = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert (row["validation_min_supporting_records"], row["validation_thin"]) == (fewest, True)
+    assert main(["checkpoints", "--show", str(out / "checkpoint")]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["metrics"]["validation_support"]["supporting_records"] == counts

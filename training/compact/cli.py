@@ -29,6 +29,7 @@ from types import FrameType
 from typing import Any
 
 from training.compact.config import TrainConfig
+from training.compact.support import THIN_SUPPORT, validation_support
 from training.reward import add_reward_arguments, warn_if_wrong_beats_right
 
 logger = logging.getLogger(__name__)
@@ -417,17 +418,11 @@ def run_train(args: argparse.Namespace) -> int:
             for k, v in result.validation.items()
         },
     }
+    if (support := validation_support(result.validation)) is not None:
+        summary["validation_support"] = support
     _warn_thin_support(result.validation, cfg.estimator)
     print(json.dumps(summary, indent=2))
     return 0
-
-
-# Fewer validation records than this logged with the chosen actions, and an off-policy
-# estimate (SNIPS above all) says more about the propensities it was fitted to than about
-# the router: on 72 validation prompts of a demo gateway's traffic, SNIPS reported 0.887
-# for a router that scored 0.565 (5 supporting records); DR reported 0.652 for one that
-# scored 0.650.
-THIN_SUPPORT = 30
 
 
 def _warn_thin_support(validation: dict[str, dict[str, Any]], estimator: str) -> None:

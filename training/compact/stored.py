@@ -35,6 +35,7 @@ from training.compact.run import (
     write_config,
     write_summary,
 )
+from training.compact.support import validation_support
 
 logger = logging.getLogger(__name__)
 
@@ -207,6 +208,8 @@ def finish_build(
         "validation_mean_reward": tried[k],
         "validation": val_metrics,
     }
+    if (support := validation_support(val_metrics)) is not None:
+        metrics_out["validation_support"] = support
     test_metrics = _test_metrics(build, arch, evaluate)
     if test_metrics is not None:
         metrics_out["test_mean_reward"] = float(
