@@ -27,6 +27,7 @@ from training.datasets.splits import DEFAULT_FRACTIONS, Splits, canonical_split,
 from training.evaluation.compare import Entry, compare, logging_baseline, off_policy
 from training.evaluation.console import print_summary
 from training.evaluation.loop_router import LoopRouter, pool_for
+from training.evaluation.monotone import cost_rise_note, cost_rises
 from training.evaluation.ope import OPEError
 from training.evaluation.overlap import ids_fingerprint, seen_by_hash, seen_in_training
 from training.evaluation.registry import (
@@ -378,6 +379,10 @@ def _evaluate_full(
             bootstrap_seed=args.seed,
         )
     _name_sources(entries, result)
+    for curve in result.main.curves:
+        if curve.kind == "policy" and (rises := cost_rises(curve.points)) is not None:
+            result.cost_rises[curve.name] = rises
+            result.notes.append(cost_rise_note(result.display_name(curve.name), rises))
     return result
 
 

@@ -33,6 +33,8 @@ class EvalResult:
     off_policy: list[OffPolicyRow] = field(default_factory=list)
     # What the logging policy achieved on the logs estimated on (``logging_baseline``).
     logging_policy: dict[str, Any] | None = None
+    # Routers whose average cost rose as λ grew (``monotone.cost_rises``), by name.
+    cost_rises: dict[str, dict[str, Any]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -42,6 +44,7 @@ class EvalResult:
             "two_model": self.two_model.to_dict() if self.two_model else None,
             "off_policy": [r.to_dict() for r in self.off_policy],
             "logging_policy": self.logging_policy,
+            "cost_rises_with_lambda": self.cost_rises,
             "notes": self.notes,
         }
 

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from router.outcomes import OutcomeRecord
-from tests.training.evaluation.test_eval_cli import DEMO, eval_logged
-from training.evaluation.cli import main
+from router.outcomes import OutcomeRecord, write_outcome_table
+from tests.training.evaluation.test_eval_cli import DEMO, eval_logged, parse
+from training.evaluation.cli import main, run_eval
+from training.evaluation.registry import RouterRegistry
 
 
 def _logged_rows(n: int = 400, seed: int = 3) -> list[OutcomeRecord]:
@@ -93,3 +95,51 @@ def test_checkpoints_are_named_by_where_they_came_from(
     assert f"{name} (…/y/run-2)" in capsys.readouterr().out
     assert main([*base, "--policy", "packaged:demo", "--out", "c"]) == 0
     assert f"{name} (packaged:demo)" in Path("c/report.md").read_text()
+
+
+class _Zigzag:
+    """A policy whose cost rises with λ at some steps: the cheap model at even λ, the
+    strong one at odd λ."""
+
+    name = "zigzag"
+
+    def route(self, records: Sequence[OutcomeRecord], cost_weight: float) -> list[str]:
+        return ["strong" if int(cost_weight) % 2 else "cheap"] * len(records)
+
+
+class _Thrifty(_Zigzag):
+    """Spends less as λ grows."""
+
+    name = "thrifty"
+
+    def route(self, records: Sequence[OutcomeRecord], cost_weight: float) -> list[str]:
+        return ["strong" if cost_weight < 2 else "mid" if cost_weight < 4 else "cheap"] * len(
+            records
+        )
+
+
+def test_a_sweep_whose_cost_rises_with_lambda_is_flagged(
+    tmp_path: Path, table_factory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    table = tmp_path / "table.jsonl"
+    write_outcome_table(table_factory(120, seed=8), table)
+    registry = RouterRegistry()
+    registry.register("zigzag", lambda spec, ctx: _Zigzag())
+    registry.register("thrifty", lambda spec, ctx: _Thrifty())
+    out = tmp_path / "out"
+    args = parse(["--table", str(table), "--policy", "zigzag", "--policy", "thrifty",
+                  "--baselines", "none", "--bootstrap", "0", "--lambdas", "0,1,2,3,4,5",
+                  "--out", str(out)])  # fmt: skip
+    assert run_eval(args, registry) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    rises = metrics["cost_rises_with_lambda"]
+    assert set(rises) == {"zigzag"}  # the thrifty one spends less as λ grows
+    z = rises["zigzag"]
+    assert (z["steps"], z["of"]) == (3, 5)  # 0→1, 2→3, 4→5
+    [curve] = [c for c in metrics["comparison"]["routers"] if c["name"] == "zigzag"]
+    cost = {p["param"]: p["cost_usd"] for p in curve["points"]}
+    largest = max(cost[b] - cost[a] for a, b in ((0, 1), (2, 3), (4, 5)))
+    assert z["largest_rise_usd"] == pytest.approx(largest)
+    note = "zigzag: average cost rose with λ at 3 of its 5 steps of increasing λ"
+    assert note in (out / "report.md").read_text() and note in capsys.readouterr().out
+    assert "thrifty: average cost rose" not in (out / "report.md").read_text()
