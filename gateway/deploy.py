@@ -17,6 +17,8 @@ import urllib.request
 from pathlib import Path
 from typing import IO, Any
 
+from router.url_secrets import mask_url, redact, split_userinfo
+
 log = logging.getLogger(__name__)
 
 # Statuses of a server that has no ``POST /admin/reload`` at that URL (most often a ``--url``
@@ -40,45 +42,6 @@ class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
         newurl: str,
     ) -> None:
         return None
-
-
-def _split_userinfo(url: str) -> tuple[str, str, str | None, str] | None:
-    """``url`` as (scheme://, user, password, rest after the ``@``), or None without a
-    userinfo. Parsed on the text, not with urlsplit: a malformed URL (a bad port, an
-    unbalanced bracket) is still masked."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return None
-    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
-    userinfo, at, host = rest[:end].rpartition("@")
-    if not at:
-        return None
-    user, colon, password = userinfo.partition(":")
-    return f"{scheme}://", user, password if colon else None, host + rest[end:]
-
-
-def _mask_url(url: str) -> str:
-    """``url`` with the password of its userinfo as ``***`` (``http://admin:***@host``), as
-    ``xrouter serve`` shows a ledger URL."""
-    parts = _split_userinfo(url)
-    if parts is None or parts[2] is None:
-        return url
-    scheme, user, _, rest = parts
-    return f"{scheme}{user}:***@{rest}"
-
-
-def _redact(text: str, url: str) -> str:
-    """``text`` with the password of ``url`` masked as ``***``, as ``xrouter serve`` masks a
-    ledger URL's: an error message goes to logs and terminals that others read."""
-    parts = _split_userinfo(url)
-    password = parts[2] if parts is not None else None
-    if not password:
-        return text
-    # As written and percent-decoded (an error may quote either); the longer first, so
-    # neither leaves part of the other behind.
-    for secret in sorted({password, urllib.parse.unquote(password)}, key=len, reverse=True):
-        text = text.replace(secret, "***")
-    return text
 
 
 def _one_line(body: bytes) -> str:
@@ -142,8 +105,8 @@ def run_deploy(args: argparse.Namespace) -> int:
             "character, or one outside Latin-1): check --admin-key or XROUTER_ADMIN_KEY"
         )
         return 2
-    url = _mask_url(args.url)  # as messages show it
-    if _split_userinfo(args.url) is not None:
+    url = mask_url(args.url)  # as messages show it
+    if split_userinfo(args.url) is not None:
         # urllib would take "user:pw@host" for the host name (and say "Name or service not
         # known"); and the admin key is the one credential this request carries.
         log.error(
@@ -170,7 +133,7 @@ def run_deploy(args: argparse.Namespace) -> int:
             raise ValueError("not a JSON object")
     except urllib.error.HTTPError as exc:
         try:
-            detail = _redact(_one_line(exc.read()), args.url)
+            detail = redact(_one_line(exc.read()), args.url)
         except (OSError, http.client.HTTPException):
             detail = ""  # the body was cut short: the status says enough
         if 300 <= exc.code < 400:
@@ -180,7 +143,7 @@ def run_deploy(args: argparse.Namespace) -> int:
                 "the admin key there: give --url as the gateway's own address",
                 url,
                 exc.code,
-                _redact(str(where), args.url) if where else "(no Location)",
+                redact(str(where), args.url) if where else "(no Location)",
             )
         elif exc.code == 401:
             log.error("the gateway refused the admin key (401): %s", detail)
@@ -198,18 +161,18 @@ def run_deploy(args: argparse.Namespace) -> int:
             log.error("the gateway refused the checkpoint (%s): %s", exc.code, detail)
         return 1
     except urllib.error.URLError as exc:
-        log.error("cannot reach the gateway at %s: %s", url, _redact(str(exc.reason), args.url))
+        log.error("cannot reach the gateway at %s: %s", url, redact(str(exc.reason), args.url))
         return 1
     except (TimeoutError, OSError, http.client.HTTPException) as exc:
         log.error(
             "no answer from the gateway at %s: %s",
             url,
-            _redact(str(exc) or type(exc).__name__, args.url),
+            redact(str(exc) or type(exc).__name__, args.url),
         )
         return 1
     except ValueError as exc:  # a malformed --url, or an answer that is not the gateway's
         # Whatever the message quotes, never the key (a header error would).
-        detail = _redact(str(exc), args.url).replace(admin_key, "***")
+        detail = redact(str(exc), args.url).replace(admin_key, "***")
         log.error("%s did not answer as an xrouter gateway: %s", url, detail)
         return 1
     # The gateway's answer names its own pool ("pool"); the checkpoint's, what it was

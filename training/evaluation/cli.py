@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from router.outcomes import OutcomeRecord, OutcomeTableError, load_outcome_table
+from router.url_secrets import mask_userinfo
 from training.datasets.splits import DEFAULT_FRACTIONS, Splits, canonical_split, split_records
 from training.evaluation.compare import Entry, compare, logging_baseline, off_policy
 from training.evaluation.console import print_summary
@@ -165,7 +166,7 @@ def _entries(
         except (RoutingError, OPEError) as exc:
             if strict:
                 raise
-            notes.append(f"{spec}: not evaluated ({exc})")
+            notes.append(mask_userinfo(f"{spec}: not evaluated ({exc})"))
             continue
         grid = params
         if grid is None and not isinstance(router, SweepDefaults):
@@ -200,12 +201,13 @@ def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
             "n_records": len(records),
             "n_evaluated": len(evaluated),
             "n_train": len(parts.train),
-            "policies": list(args.policy),
+            # Specs and the command as they were given, but for a password in a URL.
+            "policies": [mask_userinfo(p) for p in args.policy],
             "baselines": baselines,
             "lambdas": args.lambdas,
             "cost_scale": args.cost_scale,
             "bootstrap": args.bootstrap,
-            "command": getattr(args, "command_line", None),
+            "command": mask_userinfo(getattr(args, "command_line", None) or "") or None,
         }
     )
     blind = sum(not r.has_prompt for r in evaluated)

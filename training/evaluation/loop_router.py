@@ -21,6 +21,7 @@ import asyncio
 import dataclasses
 import logging
 import statistics
+import urllib.parse
 from collections.abc import Callable, Sequence
 from decimal import Decimal
 from pathlib import Path
@@ -36,6 +37,7 @@ from router.policy import Call, Decision, LoopState, Policy, RouteContext
 from router.pool import ModelPool, PoolModel
 from router.route_result import NoAnswer, RouteResult
 from router.tools import check_tool_names
+from router.url_secrets import mask_userinfo
 from training.evaluation.overlap import read_seen_prompts
 from training.evaluation.registry import (
     LoadContext,
@@ -341,10 +343,18 @@ def parse_llm_spec(spec: str) -> tuple[str, str, bool, ModelPrice | None]:
     ``xrouter verl-data --router-price`` in training, so all three score the same trajectory
     at the same cost.
     """
+    shown = mask_userinfo(spec)  # what messages say: the URL without its password
     base, _, rest = spec.removeprefix("llm:").partition("#")
     model, _, options = rest.partition("#")
     if not base:
-        raise ValueError(f"{spec}: expected {LLM_SPEC}")
+        raise ValueError(f"{shown}: expected {LLM_SPEC}")
+    parts = urllib.parse.urlsplit(base)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        # Caught here, not as an "invalid URL" on every prompt of the sweep.
+        raise ValueError(
+            f"{shown}: the router's base URL must be http(s)://host[:port][/path]; "
+            f"expected {LLM_SPEC}"
+        )
     reads_lambda, price = False, None
     for option in filter(None, (o.strip() for o in options.split(","))):
         key, eq, value = option.partition("=")
@@ -358,10 +368,10 @@ def parse_llm_spec(spec: str) -> tuple[str, str, bool, ModelPrice | None]:
                 price = ModelPrice(input=price_in, output=price_out, source="eval spec")
             except (ValueError, ArithmeticError) as exc:
                 raise ValueError(
-                    f"{spec}: price is two non-negative USD prices per 1M tokens, IN/OUT"
+                    f"{shown}: price is two non-negative USD prices per 1M tokens, IN/OUT"
                 ) from exc
         else:
-            raise ValueError(f"{spec}: unknown option {option!r}; expected {LLM_SPEC}")
+            raise ValueError(f"{shown}: unknown option {option!r}; expected {LLM_SPEC}")
     return base.rstrip("/"), model or "xrouter-router", reads_lambda, price
 
 
@@ -381,7 +391,7 @@ def _llm(spec: str, ctx: LoadContext) -> LoopRouter:
         logger.warning(
             "%s: the router model %r has no price; its own tokens count as free "
             "(add #price=IN/OUT to the spec)",
-            spec,
+            mask_userinfo(spec),
             model,
         )
         price = ModelPrice.free()
@@ -401,7 +411,7 @@ def _llm(spec: str, ctx: LoadContext) -> LoopRouter:
             await self.provider.aclose()
 
     return LoopRouter(
-        spec,
+        mask_userinfo(spec),  # the router's name, in the report and metrics.json
         lambda pool: OwningLLMRouterPolicy(
             NativeOpenAIProvider(), router_model, cost_weight_in_prompt=reads_lambda
         ),

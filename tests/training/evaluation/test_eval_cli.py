@@ -391,6 +391,26 @@ def test_bad_policies_and_cost_weights_are_refused_in_one_line(
     assert "error: --strong and --weak must be two models, got 'mid' twice" in err
 
 
+def test_a_password_in_an_llm_router_s_url_is_never_written_or_shown(
+    table: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It was in the console note, metrics.json (the router's name, the policies, the
+    # command) and report.md.
+    out = tmp_path / "o"
+    spec = "llm:http://u:s3cretpw@127.0.0.1:9/v1#m"
+    base = ["--table", str(table), "--baselines", "none", "--bootstrap", "0", "--out", str(out)]
+    assert main([*base, "--policy", spec, "--policy", "single:mid"]) == 0
+    shown = capsys.readouterr()
+    assert "s3cretpw" not in shown.out + shown.err
+    assert "llm:http://u:***@127.0.0.1:9/v1#m: not evaluated" in shown.out + shown.err
+    for name in ("metrics.json", "report.md"):
+        text = (out / name).read_text()
+        assert "s3cretpw" not in text and "u:***@127.0.0.1" in text, name
+    # A base URL that is not http(s) is refused at once, not tried on every prompt.
+    assert main([*base, "--policy", "llm:not-a-url"]) == 2
+    assert "the router's base URL must be http(s)://" in capsys.readouterr().err
+
+
 def test_a_table_with_repeated_ids_or_a_missing_outcome_is_refused_by_name(
     tmp_path: Path, table_factory, capsys: pytest.CaptureFixture[str]
 ) -> None:
