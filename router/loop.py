@@ -197,6 +197,10 @@ class Orchestrator:
         worst = worst_case_micros(ctx, call)
         reason = _over_request_cap(ctx, state, worst, f"calling {call.model}", reserved)
         if reason is not None:
+            if not call.max_tokens and requested_max_tokens(ctx.request_params) is None:
+                # The usual cause under a small cap: the worst case counts the model's whole
+                # output limit, which the client can lower.
+                reason += " (its worst case counts the model's whole output limit: set max_tokens)"
             return reason
         if guard is not None:
             reason = await guard.reserve(call, worst)

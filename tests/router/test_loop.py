@@ -502,11 +502,34 @@ async def test_budget_exhausted_mid_loop(setup: Any, scripted_router: ScriptedRo
     assert r.final_model == CHEAP
     refused = [o for o in r.outcomes if not o.ok]
     assert [o.call.id for o in refused] == ["b"] and refused[0].error_kind == "budget"
+    # The router capped the call's output (max_tokens 4000): no hint to the client.
+    assert refused[0].error is not None and "max_tokens" not in refused[0].error
     told = next(
         m for m in scripted_router.requests()[2]["messages"] if m.get("tool_call_id") == "b"
     )["content"]
     assert "budget" in told and '"selectable":false' in told
     assert r.cost_micros <= 1000 and r.router_cost_micros == 0
+
+
+async def test_a_call_refused_by_the_cap_says_max_tokens_would_lower_its_worst_case(
+    setup: Any,
+) -> None:
+    # Its worst case counts the model's whole output limit when nothing caps it: under a
+    # small max_cost_usd most refusals are that, and the client can lower it.
+    p, orch, _, _ = setup
+    with pytest.raises(NoAnswer) as exc:
+        await orch.run(FixedPolicy(DEAR), ctx(p, max_cost_micros=1))
+    last = exc.value.last_failure
+    assert last is not None and last.error_kind == "budget" and last.error is not None
+    assert last.error.endswith(
+        "(its worst case counts the model's whole output limit: set max_tokens)"
+    )
+    with pytest.raises(NoAnswer) as exc:
+        await orch.run(
+            FixedPolicy(DEAR), ctx(p, max_cost_micros=1, request_params={"max_tokens": 50})
+        )
+    last = exc.value.last_failure
+    assert last is not None and last.error is not None and "max_tokens" not in last.error
 
 
 async def test_the_request_cap_covers_the_router_turns(
@@ -528,6 +551,7 @@ async def test_the_request_cap_covers_the_router_turns(
     refused = r.state.router_calls[-1]
     assert (refused.role, refused.ok, refused.error_kind) == ("router", False, "budget")
     assert refused.error is not None and "the router's next turn" in refused.error
+    assert "max_tokens" not in refused.error  # the router's own turn: not the client's to set
     assert r.cost_micros <= first[1] + 10
     assert_costs_add_up(p, r)
 
