@@ -125,3 +125,52 @@ def test_serve_without_a_config_is_the_working_demo(
         time.sleep(0.2)
     else:
         pytest.fail("the replay upstream outlived the gateway")
+
+
+def test_serve_uses_a_replay_upstream_already_running_at_xrouter_replay_url(
+    tmp_path: Path,
+) -> None:
+    """``XROUTER_REPLAY_URL`` names a replay upstream started apart (``xrouter
+    replay-upstream --port``): the demo routes to it and starts none of its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XROUTER_")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    port_file = tmp_path / "replay.port"
+    replay = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "replay-upstream", "--port", "0",
+         "--port-file", str(port_file)],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    port = free_port()
+    log = tmp_path / "serve.log"
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        deadline = time.monotonic() + 30
+        while not port_file.exists() and replay.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        replay_url = f"http://127.0.0.1:{int(port_file.read_text())}"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)],
+                cwd=tmp_path,
+                env={**env, "XROUTER_REPLAY_URL": replay_url},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        url = f"http://127.0.0.1:{port}"
+        _wait_ready(url, proc, log)
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        answer = client.chat.completions.create(
+            model="xrouter", messages=[{"role": "user", "content": README_PROMPT}]
+        )
+        assert answer.model in DEMO_MODELS
+        stats = httpx.get(f"{replay_url}/_replay/stats", timeout=10).json()
+        assert stats["requests"].get(answer.model) == 1, stats
+        assert "demo: replay upstream at" not in log.read_text()
+        assert all("--port-file" not in _cmdline(pid) for pid in _children(proc.pid))
+    finally:
+        if proc is not None:
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(30)
+        replay.terminate()
+        replay.wait(30)
