@@ -275,11 +275,18 @@ class Prices(_Answer):
     pool: dict[str, dict[str, Any]]
 
 
+class Exploration(BaseModel):
+    epsilon: float
+    sample: bool
+    temperature: float
+
+
 class RouterState(_Answer):
     default_policy: str
     policies: list[str]
     pool: list[str]
     checkpoint: dict[str, Any] | None
+    exploration: Exploration
     deployment: dict[str, Any] | None
     worker: int
     circuits: dict[str, str]

@@ -412,6 +412,13 @@ async def router_state(request: Request) -> Response:
             "policies": rt.policy_names,
             "pool": rt.pool.names,
             "checkpoint": rt.checkpoint_info,
+            # How the compact policy explores (what the logged propensities come from): an
+            # operator checks it before counting on traffic for off-policy training.
+            "exploration": {
+                "epsilon": s.settings.router.epsilon,
+                "sample": s.settings.router.sample,
+                "temperature": s.settings.router.temperature,
+            },
             # The `xrouter deploy` it serves (None: the config's checkpoint), and which worker
             # answered: each worker follows the newest deployment within
             # router.deployment_poll_s.

@@ -463,6 +463,8 @@ def test_a_model_added_since_training_is_served_and_explored_not_routed(
         assert serving["default_policy"] == "compact"
         assert serving["checkpoint"]["kind"] == "knn"
         assert serving["checkpoint"]["untrained_models"] == [house]
+        # How it explores, which the logged propensities come from.
+        assert serving["exploration"] == {"epsilon": 1.0, "sample": False, "temperature": 1.0}
         assert "not trained on" in httpx.get(f"{gw.url}/dashboard").text
         c = client(gw)
         named = c.chat.completions.create(model=house, messages=[{"role": "user", "content": "hi"}])
