@@ -131,6 +131,14 @@ class Reloader:
             else:
                 s.runtime, s.settings = runtime, serving
                 self.deployment, self._seen_deployment = deployment, deployment.id
+                # Said at start: what serves is not what the config names.
+                log.info(
+                    "serving the router checkpoint of deployment %d (%s, version %s), "
+                    "recorded in the ledger, in place of the config's router.checkpoint",
+                    deployment.id,
+                    deployment.checkpoint,
+                    deployment.version,
+                )
                 return
         s.runtime = build_runtime(s.settings, events=events)
 

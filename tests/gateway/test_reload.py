@@ -258,6 +258,8 @@ def test_a_deployed_checkpoint_rewritten_in_place_is_recorded_when_it_is_reloade
         state = _serving(gw.url)
         assert state["checkpoint"]["version"] == rl.version, gw.log()
         assert state["deployment"]["id"] == 2
+        # The restart says it serves the deployment, not the config's checkpoint.
+        assert f"serving the router checkpoint of deployment 2 ({deployed}" in gw.log()
     finally:
         gw.stop()
 
