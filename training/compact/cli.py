@@ -357,6 +357,11 @@ def run_train(args: argparse.Namespace) -> int:
     from router.outcomes import OutcomeTableError, load_outcome_table
 
     table = Path(args.table)
+    cache_dir = getattr(args, "cache_dir", None)
+    if cache_dir is not None and Path(cache_dir).exists() and not Path(cache_dir).is_dir():
+        # Said now, not as mkdir's "[Errno 17] File exists" once the features are computed.
+        print(f"xrouter train: --cache-dir {cache_dir} is a file, not a directory", file=sys.stderr)
+        return 2
     try:
         records = load_outcome_table(table)
     except (OSError, OutcomeTableError) as exc:

@@ -78,6 +78,10 @@ def add_verl_data_arguments(parser: argparse.ArgumentParser) -> None:
 def run_verl_data(args: argparse.Namespace) -> int:
     from router.outcomes import OutcomeTableError, load_outcome_table
 
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        # Said before the table is read, not as mkdir's "[Errno 17] File exists" after.
+        print(f"xrouter verl-data: --out {args.out} is a file, not a directory", file=sys.stderr)
+        return 2
     try:
         records = load_outcome_table(Path(args.table))
     except (OSError, OutcomeTableError) as exc:

@@ -249,6 +249,11 @@ def test_errors_are_reported_not_raised(
     assert main(["--table", str(table), "--out", str(table), "--no-progress"]) == 2
     assert f"{table} is a file, not a run directory" in capsys.readouterr().err
     assert table.read_bytes() == before
+    # So is a --cache-dir naming a file, before any feature is computed.
+    out = tmp_path / "o2"
+    assert main(["--table", str(table), "--out", str(out), "--cache-dir", str(table)]) == 2
+    assert f"--cache-dir {table} is a file, not a directory" in capsys.readouterr().err
+    assert table.read_bytes() == before and not out.exists()
 
 
 def _without_content(record: OutcomeRecord, how: str = "none") -> OutcomeRecord:

@@ -202,6 +202,10 @@ def test_logged_traffic_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture
     err = capsys.readouterr().err
     assert "are logged traffic" in err and "xrouter train --offpolicy" in err
     assert not out.exists()
+    # An --out that is a file is said to be one, before the table is read (it was mkdir's
+    # "[Errno 17] File exists"), and the file is left alone.
+    assert xrouter(["verl-data", "--table", str(table), "--out", str(table)]) == 2
+    assert f"--out {table} is a file, not a directory" in capsys.readouterr().err
 
 
 def test_outcomes_with_tokens_only_are_priced_as_eval_prices_them(
