@@ -46,6 +46,8 @@ def iter_converted(
     if not paths:
         raise ConversionError("no input files")
     for p in paths:
+        if p.is_dir():
+            raise ConversionError(f"{p}: a directory, not a file: name the files in it")
         if not p.is_file():
             raise ConversionError(f"{p}: no such file")
     catalog = load_price_table(prices) if isinstance(prices, str | Path) else prices

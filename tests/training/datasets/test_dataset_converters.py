@@ -656,6 +656,9 @@ def test_convert_writes_a_table_and_cli_reports_errors(tmp_path: Path, capsys) -
         main(["routerdc", str(tmp_path / "missing.json"), "--out", str(tmp_path / "x.jsonl")]) == 2
     )
     assert "no such file" in capsys.readouterr().err
+    # A directory is said to be one (it was "no such file").
+    assert main(["routerdc", str(tmp_path), "--out", str(tmp_path / "x.jsonl")]) == 2
+    assert f"{tmp_path}: a directory, not a file" in capsys.readouterr().err
     with pytest.raises(ConversionError, match="unknown format"):
         load_converted("nope", [src])
 
