@@ -181,6 +181,13 @@ class PoolModelConfig(BaseModel):
     def _zero_means_free(cls, v: Any) -> Any:
         if v == 0 or v == "0":
             return ModelPrice.free()
+        if isinstance(v, int | float | str) and not isinstance(v, bool):
+            # `price: 0` is the only shorthand; any other number (`price: -1`, `price: 2`)
+            # was "Input should be a valid dictionary or instance of ModelPrice".
+            raise ValueError(
+                "price is {input: USD, output: USD} per 1M tokens, or 0 for a free "
+                f"(self-hosted) model; got {v!r}"
+            )
         return v
 
 

@@ -116,3 +116,12 @@ def test_credentials_in_an_api_base_and_an_api_key_are_refused_by_name(
 def test_one_credential_per_upstream_is_accepted(entry: dict[str, object]) -> None:
     m = resolve(**entry)[MODEL]
     assert m.transport == "native"
+
+
+@pytest.mark.parametrize("price", [-1, 2, 0.5, "cheap"])
+def test_a_price_given_as_a_number_other_than_0_says_what_a_price_is(price: object) -> None:
+    # `price: 0` is the one shorthand (free); `price: -1` said only "Input should be a
+    # valid dictionary or instance of ModelPrice".
+    with pytest.raises(ValidationError, match=r"price is \{input: USD, output: USD\}"):
+        resolve(price=price)
+    assert resolve(price=0).get(MODEL).price.input == 0  # type: ignore[union-attr]
