@@ -325,7 +325,8 @@ def _train_config(args: argparse.Namespace, d: TrainConfig) -> TrainConfig:
         lambda_min=args.lambda_min,
         lambda_max=args.lambda_max,
         lambda_zero_prob=args.lambda_zero_prob,
-        val_lambdas=tuple(args.val_lambdas) if args.val_lambdas else None,
+        # An empty list given (`--val-lambdas ""`) is checked as one, not read as the default.
+        val_lambdas=tuple(args.val_lambdas) if args.val_lambdas is not None else None,
         reward_form=args.reward,
         reward_K=args.K,
         reward_c_max=args.c_max,

@@ -305,6 +305,8 @@ def test_logged_traffic_without_prompts_is_refused_or_dropped(
         ("--lr", "inf", "--lr must be finite"),
         # The config names its fields; the message names the flags typed (it said ips_clip).
         ("--eval-every", "0", "--eval-every must be positive"),
+        # Empty: it read as not given, and validated at the default cost weights unsaid.
+        ("--val-lambdas", "", "--val-lambdas must be non-empty"),
     ],
 )
 def test_nonsense_training_settings_are_refused(
