@@ -97,7 +97,7 @@ def run_checkpoints(args: argparse.Namespace) -> int:
         packaged_checkpoint_names,
         packaged_checkpoint_path,
     )
-    from router.checkpoint_registry import list_checkpoints
+    from router.checkpoint_registry import SEARCH_DEPTH, list_checkpoints
 
     if args.paths and (args.show or args.packaged):
         # They list or show something else: the paths would be silently ignored.
@@ -147,8 +147,6 @@ def run_checkpoints(args: argparse.Namespace) -> int:
             print(json.dumps(row))
         return 0
     if not rows:
-        from router.checkpoint_registry import SEARCH_DEPTH
-
         print(
             f"no checkpoints under {', '.join(where)} (looked {SEARCH_DEPTH} directories "
             "down): name the run directory, or the directory that holds them",
