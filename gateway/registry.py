@@ -62,6 +62,8 @@ def summary(path: Path, meta: Any) -> dict[str, Any]:
         "validation_mean_reward": reward,
         "validation_min_supporting_records": support.get("min_supporting_records"),
         "validation_thin": support.get("thin"),
+        "validation_above_ceiling": support.get("above_ceiling") or None,
+        "validation_ceiling": support.get("ceiling"),
         "feature_version": meta.feature_version,
     }
 
@@ -73,8 +75,14 @@ def _reward_cell(row: dict[str, Any]) -> str:
     reward = row["validation_mean_reward"]
     text = f"{'-' if reward is None else format(reward, '.4f'):>8}"
     fewest = row.get("validation_min_supporting_records")
+    flags = []
     if row.get("validation_thin") and fewest is not None:
-        text += f" (thin: {fewest} record{'' if fewest == 1 else 's'})"
+        flags.append(f"thin: {fewest} record{'' if fewest == 1 else 's'}")
+    if row.get("validation_above_ceiling"):
+        # Above what any router can earn: an estimate blown up by small propensities.
+        flags.append(f"above the reward's ceiling {row['validation_ceiling']:g}")
+    if flags:
+        text += f" ({'; '.join(flags)})"
     return text
 
 

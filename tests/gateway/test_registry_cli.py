@@ -166,3 +166,39 @@ def test_a_thin_off_policy_validation_reward_is_flagged(
     assert main(["checkpoints", "--show", str(out / "checkpoint")]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["metrics"]["validation_support"]["supporting_records"] == counts
+
+
+def test_an_off_policy_validation_reward_above_the_reward_ceiling_is_flagged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A doubly robust validation estimate adds corrections weighted by 1/propensity: the
+    right answers of records logged with a small propensity blew it up past what any router
+    can earn (1 under the additive reward, K under the gated), and it was listed as a plain,
+    best-looking figure."""
+    _, logged = make_tables(n=120)
+    # The logging policy claims it rarely chose what turned out right.
+    for record in logged:
+        assert record.logged is not None
+        [outcome] = record.outcomes.values()
+        if outcome.score == 1:
+            record.logged.propensity = 0.02
+    table = tmp_path / "logged.jsonl"
+    write_outcome_table(logged, table)
+    out = tmp_path / "runs" / "blown"
+    argv = ["train", "--table", str(table), "--out", str(out), "--offpolicy", "--knn", "3",
+            "--estimator", "dr", "--ips-clip", "100", "--val-lambdas", "0,1",
+            "--reward", "gated", "--K", "1"]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    over = [lam for lam, row in summary["validation"].items() if row["reward"] > 1]
+    assert over, summary["validation"]  # the estimate this test is about
+    support = summary["validation_support"]
+    assert (support["ceiling"], support["above_ceiling"]) == (1.0, over)
+    assert "above what any router can earn (1)" in caplog.text
+    capsys.readouterr()
+    assert main(["checkpoints", str(out)]) == 0
+    [line] = [x for x in capsys.readouterr().out.splitlines() if str(out) in x]
+    assert "above the reward's ceiling 1)" in line
+    assert main(["checkpoints", str(out), "--json"]) == 0
+    [row] = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert (row["validation_above_ceiling"], row["validation_ceiling"]) == (over, 1.0)

@@ -29,7 +29,7 @@ from types import FrameType
 from typing import Any
 
 from training.compact.config import TrainConfig
-from training.compact.support import THIN_SUPPORT, validation_support
+from training.compact.support import THIN_SUPPORT, reward_ceiling, validation_support
 from training.reward import add_reward_arguments, warn_if_wrong_beats_right
 
 logger = logging.getLogger(__name__)
@@ -424,11 +424,25 @@ def run_train(args: argparse.Namespace) -> int:
             for k, v in result.validation.items()
         },
     }
-    if (support := validation_support(result.validation)) is not None:
+    ceiling = reward_ceiling(cfg.reward_form, cfg.reward_K)
+    if (support := validation_support(result.validation, ceiling)) is not None:
         summary["validation_support"] = support
+        _warn_above_ceiling(support)
     _warn_thin_support(result.validation, cfg.estimator)
     print(json.dumps(summary, indent=2))
     return 0
+
+
+def _warn_above_ceiling(support: dict[str, Any]) -> None:
+    over = support.get("above_ceiling") or []
+    if over:
+        logger.warning(
+            "the off-policy validation reward at λ = %s is above what any router can earn "
+            "(%g): the estimate is noise from records logged with small propensities, not a "
+            "measure of this router; do not compare it with other runs' rewards",
+            ", ".join(over),
+            support["ceiling"],
+        )
 
 
 def _warn_thin_support(validation: dict[str, dict[str, Any]], estimator: str) -> None:

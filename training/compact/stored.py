@@ -35,7 +35,7 @@ from training.compact.run import (
     write_config,
     write_summary,
 )
-from training.compact.support import validation_support
+from training.compact.support import reward_ceiling, validation_support
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +208,8 @@ def finish_build(
         "validation_mean_reward": tried[k],
         "validation": val_metrics,
     }
-    if (support := validation_support(val_metrics)) is not None:
+    ceiling = reward_ceiling(build.cfg.reward_form, build.cfg.reward_K)
+    if (support := validation_support(val_metrics, ceiling)) is not None:
         metrics_out["validation_support"] = support
     test_metrics = _test_metrics(build, arch, evaluate)
     if test_metrics is not None:

@@ -64,7 +64,7 @@ from training.compact.run import (
     write_config,
     write_summary,
 )
-from training.compact.support import validation_support
+from training.compact.support import reward_ceiling, validation_support
 
 logger = logging.getLogger(__name__)
 
@@ -258,7 +258,8 @@ def train(
         "validation": best.metrics,
         "initial_validation_mean_reward": mean_reward(initial),
     }
-    if (support := validation_support(best.metrics)) is not None:
+    ceiling = reward_ceiling(cfg.reward_form, cfg.reward_K)
+    if (support := validation_support(best.metrics, ceiling)) is not None:
         metrics["validation_support"] = support
     if test_metrics is not None:
         metrics["test_mean_reward"] = mean_reward(test_metrics)
