@@ -10,6 +10,7 @@ function call (a call the model gave no id has ``call_<request id>_<its index>``
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -19,6 +20,8 @@ from gateway.call_ids import call_id
 from gateway.responses.request import ResponsesRequest
 from gateway.responses.tools import ToolMap
 from gateway.translation import StreamTranslation, chat_answer, grown_name, with_meta
+
+log = logging.getLogger(__name__)
 
 # finish_reason -> why a response is incomplete (None: complete).
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
@@ -201,14 +204,16 @@ class EventStream(StreamTranslation):
         self._calls: dict[int, dict[str, Any]] = {}  # chat tool-call index -> item
         self._call_index: dict[int, int] = {}  # chat tool-call index -> output index, once added
         self._names: dict[int, str] = {}  # chat tool-call index -> the chat name so far
+        self._renamed: set[int] = set()  # calls a name piece came for after they were added
         # Calls not announced yet, in the order they started. A call whose first piece came
         # without its id (some servers send it in a later chunk) waits for it, whatever comes
         # meanwhile: an item's id is in its output_item.added and may not change after (the
         # OpenAI SDK refuses the stream), and a made-up one would not be the id the JSON
         # answer has, nor one the upstream knows when the call's output is sent back. It
-        # waits for its arguments to begin too: its name, also in output_item.added, is
-        # whole then (some servers stream it in pieces). Calls that start after it wait
-        # behind it, so that the output keeps the chat answer's order.
+        # waits for its name and its arguments to begin too: its name, also in
+        # output_item.added, is whole then (some servers stream it in pieces), and fixed
+        # from then on. Calls that start after it wait behind it, so that the output keeps
+        # the chat answer's order.
         self._held: list[int] = []
         self._finish: str | None = None
         self.done = False
@@ -312,7 +317,19 @@ class EventStream(StreamTranslation):
         elif not item["call_id"] and delta.get("id") and index in self._held:
             self._set_id(index, delta["id"])
         name = grown_name(self._names[index], fn.get("name"))
-        if name != self._names[index]:
+        if name != self._names[index] and index in self._call_index:
+            # Announced: its name is in output_item.added, which a client has acted on (the
+            # SDK's snapshot keeps it), so it stays the name in every later event and in
+            # the response. A server that sends more of it after the arguments began breaks
+            # the chat stream's convention: said once per call.
+            if index not in self._renamed:
+                self._renamed.add(index)
+                log.warning(
+                    "responses %s: tool call %d's name piece %r came after it was announced "
+                    "as %r; dropped",
+                    self.request_id, index, fn.get("name"), self._names[index],
+                )  # fmt: skip
+        elif name != self._names[index]:
             self._names[index] = name
             namespace, item["name"] = self.req.tool_map.call_name(name)
             item.pop("namespace", None)
@@ -346,12 +363,16 @@ class EventStream(StreamTranslation):
         )
 
     def _announce_ready(self) -> bytes:
-        """The held calls' events, in order, up to the first still waiting for its id or
-        for its arguments to begin."""
+        """The held calls' events, in order, up to the first still waiting for its id, its
+        name or its arguments to begin."""
         out = b""
-        while self._held and all(self._calls[self._held[0]][k] for k in ("call_id", "arguments")):
+        while self._held and self._ready(self._held[0]):
             out += self._announce(self._held.pop(0))
         return out
+
+    def _ready(self, index: int) -> bool:
+        item = self._calls[index]
+        return bool(item["call_id"] and self._names[index] and item["arguments"])
 
     def _announce_held(self) -> bytes:
         """Every held call's events: the stream is ending. A call whose id never came is
@@ -384,7 +405,7 @@ class EventStream(StreamTranslation):
     def _close_items(self) -> tuple[bytes, list[dict[str, Any]]]:
         """The events that close every open item, and the items."""
         status = "incomplete" if self._finish in _INCOMPLETE else "completed"
-        out = self._announce_held()  # calls whose id never came
+        out = self._announce_held()  # calls whose id or name never came
         items = self._items(status)
         for at_index, item in items:
             if item["type"] == "message":

@@ -601,6 +601,44 @@ def test_a_call_whose_id_comes_late_and_a_call_cut_off(
         assert resp.status == "incomplete" and cut_call.status == "incomplete"
 
 
+def test_a_call_s_name_is_the_one_it_was_added_with(
+    scripted: tuple[Gateway, ScriptedUpstream],
+) -> None:
+    """A call whose arguments begin before its name comes is added once the name has come;
+    a name piece after a call was added (the SDK's snapshot has the name added) is dropped:
+    every event and the completed response name each call alike."""
+    gw, up = scripted
+    calls = [
+        {"id": f"call_{c}", "type": "function",
+         "function": {"name": "get_weather", "arguments": f'{{"city": "{city}"}}'}}
+        for c, city in (("a", "Paris"), ("b", "Rome"))
+    ]  # fmt: skip
+    up.answer("late names", {"content": None, "tool_calls": calls}, "tool_calls", deltas=[
+        {"role": "assistant"},
+        {"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
+                         "function": {"arguments": '{"city": '}}]},
+        {"tool_calls": [{"index": 0, "function": {"name": "get_weather",
+                                                  "arguments": '"Paris"}'}}]},
+        {"tool_calls": [{"index": 1, "id": "call_b", "type": "function",
+                         "function": {"name": "get_weather", "arguments": '{"city": '}}]},
+        {"tool_calls": [{"index": 1, "function": {"name": "_v2", "arguments": '"Rome"}'}}]},
+    ])  # fmt: skip
+    with client(gw).responses.stream(model=MODEL, input="late names", tools=[WEATHER]) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    called = [o for o in final.output if isinstance(o, ResponseFunctionToolCall)]
+    assert [(o.call_id, o.name, o.arguments) for o in called] == [
+        ("call_a", "get_weather", '{"city": "Paris"}'),
+        ("call_b", "get_weather", '{"city": "Rome"}'),
+    ]
+    for kind in ("response.output_item.added", "response.output_item.done"):
+        said = [e.item for e in events if e.type == kind]
+        assert [(i.call_id, i.name) for i in said if isinstance(i, ResponseFunctionToolCall)] == [
+            ("call_a", "get_weather"),
+            ("call_b", "get_weather"),
+        ]
+
+
 def test_a_text_and_a_call_stream_in_order_and_go_back_as_one_assistant_turn(
     tmp_path: Path,
 ) -> None:

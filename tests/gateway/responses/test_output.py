@@ -251,3 +251,59 @@ def test_a_completion_with_a_refusal() -> None:
     }
     [item] = from_chat_completion(req, chat)["output"]
     assert item["content"] == [{"type": "refusal", "refusal": "No."}]
+
+
+def piece(index: int, **fn: str) -> dict[str, Any]:
+    """A tool-call delta with these ``function`` fields only (no id, no type)."""
+    return delta({"tool_calls": [{"index": index, "function": fn}]})
+
+
+def names_said(got: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Each function call's name as output_item.added, output_item.done and the completed
+    response say it, by call id."""
+    said: dict[str, list[str]] = {}
+    for e in got:
+        if e["type"] in ("response.output_item.added", "response.output_item.done"):
+            if e["item"]["type"] == "function_call":
+                said.setdefault(e["item"]["call_id"], []).append(e["item"]["name"])
+    for o in got[-1]["response"]["output"]:
+        said[o["call_id"]].append(o["name"])
+    return said
+
+
+async def test_a_name_piece_after_the_call_was_added_is_dropped_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The name is in output_item.added, which the SDK's snapshot keeps: a piece that came
+    after the arguments began (the call was added then) changed the name in .done and in
+    the response only. The name added stays; the piece is logged, once per call."""
+    body = sse(
+        call_delta(0, id="c1", name="get_", args='{"city": '),
+        piece(0, name="weather", arguments='"Paris"}'),
+        piece(0, name="_now", arguments=""),
+        delta({}, "tool_calls"),
+        FINAL,
+    )
+    with caplog.at_level("WARNING", logger="gateway.responses.output"):
+        got = await events(body)
+    assert names_said(got) == {"c1": ["get_", "get_", "get_"]}
+    assert got[-1]["response"]["output"][0]["arguments"] == '{"city": "Paris"}'
+    warned = [r.getMessage() for r in caplog.records if r.name == "gateway.responses.output"]
+    assert len(warned) == 1 and "'weather'" in warned[0] and "'get_'" in warned[0]
+
+
+async def test_a_call_whose_name_comes_after_its_arguments_waits_for_it() -> None:
+    """A call whose arguments began before its name came was added with the name "", which
+    its name then replaced in .done and the response; it waits for its name, as for its
+    id, and is added with it."""
+    body = sse(
+        delta({"tool_calls": [{"index": 0, "id": "c1", "type": "function",
+                               "function": {"arguments": '{"city": '}}]}),
+        piece(0, name="weather", arguments='"Paris"}'),
+        delta({}, "tool_calls"),
+        FINAL,
+    )  # fmt: skip
+    got = await events(body)
+    assert names_said(got) == {"c1": ["weather", "weather", "weather"]}
+    pieces = [e["delta"] for e in got if e["type"] == "response.function_call_arguments.delta"]
+    assert "".join(pieces) == '{"city": "Paris"}'
