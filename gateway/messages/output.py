@@ -9,6 +9,7 @@ are the chat tool-call ids, so a ``tool_result`` names the call it answers.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import orjson
@@ -17,6 +18,8 @@ from gateway.call_ids import call_id
 from gateway.errors import UPSTREAM_CODE_STATUS
 from gateway.messages.request import MessagesRequest
 from gateway.translation import StreamTranslation, chat_answer, grown_name, with_meta
+
+log = logging.getLogger(__name__)
 
 # finish_reason -> stop_reason. A chat answer does not say which stop sequence ended it, so
 # "stop" is end_turn (stop_sequence stays null).
@@ -168,6 +171,8 @@ class EventStream(StreamTranslation):
         self._open: int | None = None  # the block streaming live, if one is open
         self._text_done = False  # the text block was opened (and may be closed): no other
         self._live_call: int | None = None  # the chat tool-call index streaming live
+        self._live_name = ""  # its name, in its content_block_start: final
+        self._renamed = False  # a piece of its name came after that (logged once)
         # The live call's arguments, held until they show whether they are a JSON object
         # (first character "{": streamed as they come) or not (a string, a list: sent at
         # the end as ``tool_input`` makes them, ``{"_raw": ...}``, as the whole message has
@@ -255,26 +260,36 @@ class EventStream(StreamTranslation):
         fn = call.get("function") or {}
         arguments = fn.get("arguments") or ""
         if position == self._live_call:
+            if grown_name(self._live_name, fn.get("name")) != self._live_name:
+                self._late_name(position, fn["name"])
             return self._live_piece(arguments)
         entry = self._calls.setdefault(position, ["", "", ""])
         entry[0] = entry[0] or call.get("id") or ""
         entry[1] = grown_name(entry[1], fn.get("name"))
         entry[2] += arguments
         # A block's id and name are in its content_block_start: the first call is held until
-        # its id has come (some servers send it in a later chunk) and its arguments have
-        # begun (its name is whole then: some servers stream it in pieces before them).
-        if (
-            self._live_call is None
-            and entry[0]
-            and entry[2]
-            and next(iter(self._calls)) == position
-        ):
+        # its id has come (some servers send it in a later chunk), and its name and its
+        # arguments have begun (its name is whole then: some servers stream it in pieces
+        # before them).
+        if self._live_call is None and all(entry) and next(iter(self._calls)) == position:
             del self._calls[position]  # it streams from here
             return self._go_live(position, *entry)
         return b""
 
+    def _late_name(self, position: int, piece: str) -> None:
+        # The block started with its name, which the SDK's message keeps: a server that
+        # sends more of it after the arguments began breaks the chat stream's convention.
+        if not self._renamed:
+            self._renamed = True
+            log.warning(
+                "messages %s: tool call %d's name piece %r came after its block started "
+                "as %r; dropped",
+                self.request_id, position, piece, self._live_name,
+            )  # fmt: skip
+
     def _go_live(self, position: int, given: str, name: str, arguments: str) -> bytes:
         self._live_call = position
+        self._live_name = name
         out = self._next_block({"type": "tool_use", "id": given, "name": name, "input": {}})
         return out + self._live_piece(arguments)
 

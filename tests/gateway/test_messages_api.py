@@ -612,6 +612,37 @@ def test_a_tool_call_whose_id_comes_late(tmp_path: Path) -> None:
     assert text_of(final) == "Checking." and final.stop_reason == "tool_use"
 
 
+def test_a_tool_call_whose_name_comes_after_its_arguments(tmp_path: Path) -> None:
+    """A block's name is in its content_block_start, which the SDK's message keeps: the
+    tool_use block waits for the name (it started as the tool "")."""
+    call = {
+        "id": "call_a",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
+    late: list[dict[str, Any]] = [
+        {"role": "assistant", "content": ""},
+        {"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
+                         "function": {"arguments": '{"city": '}}]},
+        {"tool_calls": [{"index": 0, "function": {"name": "get_weather",
+                                                  "arguments": '"Paris"}'}}]},
+    ]  # fmt: skip
+    with scripted_upstream(tmp_path) as up:
+        up.answer("late name", {"content": None, "tool_calls": [call]}, "tool_calls", deltas=late)
+        gw = start_gateway(tmp_path, gateway_config(tmp_path, up.base_url))
+        try:
+            ask: list[MessageParam] = [{"role": "user", "content": "late name"}]
+            with client(gw).messages.stream(
+                model=MODEL, max_tokens=64, messages=ask, tools=[WEATHER]
+            ) as stream:
+                final = stream.get_final_message()
+        finally:
+            gw.stop()
+    [use] = final.content
+    assert isinstance(use, ToolUseBlock)
+    assert (use.id, use.name, use.input) == ("call_a", "get_weather", {"city": "Paris"})
+
+
 def test_tool_calls_that_never_carry_an_id_each_get_one_of_their_own(tmp_path: Path) -> None:
     """Some servers send tool calls without ``id``: two tool_use blocks had the id "", so
     their results could not be told apart. Each is ``call_<request id>_<index>``, streamed

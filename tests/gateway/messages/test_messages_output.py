@@ -148,6 +148,44 @@ async def test_the_first_tool_call_streams_live_and_late_text_comes_last() -> No
     ]  # fmt: skip
 
 
+def piece(index: int, **fn: str) -> dict[str, Any]:
+    """A tool-call delta with these ``function`` fields only (no id, no type)."""
+    return delta({"tool_calls": [{"index": index, "function": fn}]})
+
+
+async def test_a_call_whose_name_comes_after_its_arguments_waits_for_it() -> None:
+    """A block's name is in its content_block_start: a first call whose arguments began
+    before its name came started as the tool "" (and kept it)."""
+    body = sse(
+        delta({"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
+                               "function": {"arguments": '{"city": '}}]}),
+        piece(0, name="get_weather", arguments='"Paris"}'),
+        delta({}, "tool_calls"),
+        FINAL,
+    )  # fmt: skip
+    message = accumulate(await events(body))
+    assert message["content"] == [
+        {"type": "tool_use", "id": "call_a", "name": "get_weather", "input": {"city": "Paris"}},
+    ]
+
+
+async def test_a_name_piece_after_the_block_started_is_dropped_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    body = sse(
+        call_delta(0, id="call_a", name="get_", args='{"city": '),
+        piece(0, name="weather", arguments='"Paris"}'),
+        piece(0, name="_now", arguments=""),
+        delta({}, "tool_calls"),
+        FINAL,
+    )
+    with caplog.at_level("WARNING", logger="gateway.messages.output"):
+        message = accumulate(await events(body))
+    assert [(b["name"], b["input"]) for b in message["content"]] == [("get_", {"city": "Paris"})]
+    warned = [r.getMessage() for r in caplog.records if r.name == "gateway.messages.output"]
+    assert len(warned) == 1 and "'weather'" in warned[0] and "'get_'" in warned[0]
+
+
 @pytest.mark.parametrize("arguments", ['"What\'s the weather?"', "[1, 2]", "  \n [3]", "not json"])
 async def test_arguments_that_are_no_object_stream_as_the_whole_message_has_them(
     arguments: str,
