@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from ledger_db import main  # noqa: E402
 
 from gateway.ledger.export import export_ledger  # noqa: E402
-from gateway.ledger.export_windows import count_late_feedback, database_now  # noqa: E402
+from gateway.ledger.export_bounds import count_late_feedback, database_now  # noqa: E402
 from gateway.ledger.inserter import BatchInserter  # noqa: E402
 from gateway.ledger.records import LedgerRecord  # noqa: E402
 from tests.gateway.ledger.factories import (  # noqa: E402

@@ -22,7 +22,8 @@ A request that made several calls (a cascade's plan, a router calling several mo
 lists them in ``logged.actions``: its outcome is the trajectory's, and the single-model
 off-policy learners and estimators skip it. Requests answered from the
 answer cache (``requests.cached_from``) are not exported (``gateway.ledger.export_windows``
-leaves them out): no decision, no cost.
+leaves them out; ``gateway.ledger.export_feedback`` gives their feedback to the request
+whose answer they reused): no decision, no cost.
 
 A record's ``group`` is its prompt's hash (the conversation's, as ``log_content: hash``
 stores it), so the repeats of one prompt are split together: a gateway's traffic repeats

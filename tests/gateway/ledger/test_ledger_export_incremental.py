@@ -21,12 +21,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.ledger import schema
 from gateway.ledger.export import export_ledger
+from gateway.ledger.export_bounds import count_late_feedback, safe_logged_until
 from gateway.ledger.export_cli import add_export_arguments, run_export
-from gateway.ledger.export_windows import (
-    count_late_feedback,
-    iter_export_records,
-    safe_logged_until,
-)
+from gateway.ledger.export_windows import iter_export_records
 from gateway.ledger.inserter import BatchInserter
 from gateway.ledger.records import LedgerRecord, build_rows
 from gateway.ledger.store import create_ledger_engine
