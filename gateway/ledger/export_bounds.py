@@ -5,7 +5,7 @@ A window by logged time ends a settle time behind the database's clock
 and are the next window's. What the window cannot carry is counted for the export's
 summary: feedback that came in it for requests of earlier windows
 (:func:`count_late_feedback`), and the requests past its end that a later window holds
-(:func:`count_logged_after`).
+(:func:`count_logged_after`: logged, or for ``--scored`` windows first scored, after it).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.ledger.export_feedback import answered, scored_before
+from gateway.ledger.export_feedback import answered, first_feedback_in, scored_before
 from gateway.ledger.schema import feedback, ledger_now, requests
 from gateway.ledger.spend import TimeBound, request_filters, to_utc
 
@@ -90,16 +90,27 @@ async def count_logged_after(
     since: TimeBound = None,
     until: TimeBound = None,
     key_id: str | None = None,
+    *,
+    scored: bool = False,
 ) -> int:
     """How many requests (cache hits aside, as the export leaves them out) reached the
     database at or after ``after``, a logged window's end: the ones a later window holds,
     which an export that wrote nothing must name, or the user cannot tell why. One COUNT by
-    ``ix_requests_logged_at``; rows without ``logged_at`` are older than any window's end."""
+    ``ix_requests_logged_at``; rows without ``logged_at`` are older than any window's end.
+
+    With ``scored`` (windows by first feedback), the ones a later window holds are instead
+    the requests first scored at or after ``after``, each once however often it was scored:
+    a request served long before, but scored only now, waits as well, and one scored before
+    ``after`` and again since does not (its later scores are re-scores). Feedback on a cache
+    hit counts for the request whose answer it reused, and with ``key_id`` only that key's
+    feedback counts, as the export attributes them. By ``ix_feedback_logged_at``."""
     lo = to_utc(after)
-    query = sa.select(sa.func.count()).where(
-        *request_filters(since, until, key_id),
-        requests.c.logged_at >= lo,
-        requests.c.cached_from.is_(None),
-    )
+    query = sa.select(sa.func.count())
+    if scored:
+        first = first_feedback_in(lo, None, key_id).subquery()
+        query = query.select_from(requests.join(first, first.c.answer == requests.c.request_id))
+    else:
+        query = query.where(requests.c.logged_at >= lo)
+    query = query.where(*request_filters(since, until, key_id), requests.c.cached_from.is_(None))
     async with engine.connect() as conn:
         return int((await conn.execute(query)).scalar_one())

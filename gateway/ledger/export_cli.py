@@ -191,9 +191,11 @@ async def _count_outside(
                 f"warning: could not count late feedback: {describe_error(exc)}",
                 file=sys.stderr,
             )
-    if not window.scored and window.until is not None:
+    if window.until is not None:
         try:
-            waiting = await count_logged_after(engine, window.until, since, until, key_id)
+            waiting = await count_logged_after(
+                engine, window.until, since, until, key_id, scored=window.scored
+            )
         except sa.exc.SQLAlchemyError as exc:
             print(
                 f"warning: could not count requests after the window: {describe_error(exc)}",

@@ -76,10 +76,10 @@ def warn_late_feedback(late: int, scored: bool, settle: float) -> None:
 async def report_window(
     window: LoggedWindow, waiting: int | None = None, settled_by: str | None = None
 ) -> int:
-    """Say which rows the export covered, how many requests logged after it wait for a
-    later run (``waiting``; ``settled_by``, the option that ended the window short of now),
-    and where the next one starts; save that in the cursor file. Runs once the output is in
-    place."""
+    """Say which rows the export covered, how many requests logged (for ``--scored``
+    windows: first scored) after it wait for a later run (``waiting``; ``settled_by``, the
+    option that ended the window short of now), and where the next one starts; save that
+    in the cursor file. Runs once the output is in place."""
     end = window.end
     assert window.until is not None and end is not None  # set before the export ran
     start = window.since.isoformat() if window.since is not None else "the beginning"
@@ -88,11 +88,12 @@ async def report_window(
     if window.since is not None and window.until <= window.since:
         line += " (none: the window ends before it starts)"
     if waiting:
-        # Without it, an export of fresh traffic under a long settle time (0 records) does
-        # not say why: those requests are the next windows'.
+        # Without it, an export of fresh traffic under a long settle time (0 records), or
+        # of fresh scores, does not say why: those requests are the next windows'.
         why = settled_by or "--logged-until"
+        after = "first scored" if window.scored else "logged"
         line += (
-            f"; {waiting} request{'s' if waiting != 1 else ''} logged after "
+            f"; {waiting} request{'s' if waiting != 1 else ''} {after} after "
             f"{window.until.isoformat()} wait for a later run ({why})"
         )
     if window.cursor is None:

@@ -523,3 +523,58 @@ async def test_an_export_of_unsettled_traffic_says_how_many_requests_wait_for_a_
     assert await export(ledger_url, *now, "--out", str(out)) == 0
     assert sorted(ids(out)) == ["r1", "r2", "r3"]  # r4 has no feedback
     assert "wait for a later run" not in capsys.readouterr().out
+
+
+async def test_a_scored_export_says_how_many_requests_first_scored_after_it_wait(
+    engine: AsyncEngine,
+    make_settings: Settings,
+    ledger_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A --scored window said which window it covered but not the requests past its end: a
+    run right after scores came in (under the settle time) wrote 0 records and did not say
+    why. It counts the requests first scored after the window, each once (scored twice, or
+    through a cache hit of its answer), and not one scored before it and again since."""
+    await write(engine, make_settings(), "early")
+    await asyncio.sleep(0.05)
+    end = (await safe_logged_until(engine, 0)).isoformat()
+    await asyncio.sleep(0.05)
+    original = make_request("r4")
+    await submit(
+        engine,
+        make_settings(),
+        make_feedback("early", 0.0),  # a re-score: "early" was first scored in the window
+        make_request("r1"),
+        make_feedback("r1", 1.0),
+        make_feedback("r1", 0.5),
+        make_request("r2"),
+        make_feedback("r2", 1.0),
+        make_request("r3"),  # unscored: no window holds it yet
+        original,
+        make_cache_hit("hit", original),
+        make_feedback("hit", 1.0),  # scores r4's answer
+    )
+    out = tmp_path / "x.jsonl"
+    since = (datetime.now(UTC) - timedelta(days=1)).isoformat()
+    argv = ("--scored", "--logged-since", since, "--logged-until", end, "--out", str(out))
+    capsys.readouterr()
+    assert await export(ledger_url, *argv) == 0
+    assert ids(out) == ["early"]
+    assert f"; 3 requests first scored after {end} wait for a later run (--logged-until)" in (
+        capsys.readouterr().out
+    )
+    # A key's export counts the requests its own feedback scored.
+    assert await export(ledger_url, *argv, "--key", "key_other") == 0
+    assert "wait for a later run" not in capsys.readouterr().out
+    # Under a day's settle time every scored request waits, and none once settled.
+    cursor = ("--scored", "--cursor", str(tmp_path / "c"), "--settle-seconds")
+    assert await export(ledger_url, *cursor, "86400", "--out", str(out)) == 0
+    summary = capsys.readouterr().out
+    assert ids(out) == [] and "; 4 requests first scored after " in summary, summary
+    assert "wait for a later run (--settle-seconds 86400)" in summary
+    now = ("--scored", "--cursor", str(tmp_path / "now"), "--settle-seconds", "0")
+    await asyncio.sleep(0.05)
+    assert await export(ledger_url, *now, "--out", str(out)) == 0
+    assert sorted(ids(out)) == ["early", "r1", "r2", "r4"]
+    assert "wait for a later run" not in capsys.readouterr().out
