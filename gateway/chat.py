@@ -9,6 +9,7 @@ handed to the hooks that write the ledger row and the metrics.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 import time
@@ -29,6 +30,7 @@ from gateway.errors import (
 )
 from gateway.hooks import KeyBudgetGuard, RequestHooks, RequestLog
 from gateway.ledger.records import end_user
+from gateway.off_loop import read_sized
 from gateway.principal import Principal
 from gateway.render import Renderer, id_headers, streamed_text_only
 from gateway.runtime import Runtime
@@ -89,11 +91,14 @@ class ChatService:
         who: Principal,
         api: str = "chat",
         watch: ClientWatch | None = None,
+        body_bytes: int = 0,
     ) -> Response:
         """Answer a chat request: its body as sent, or already decoded (the Responses API
         hands over the chat request it translated to, with ``api="responses"`` for the
         ledger; it is validated all the same). ``watch``: the client's connection, whose
-        hang-up stops the routing (:mod:`gateway.disconnect`)."""
+        hang-up stops the routing (:mod:`gateway.disconnect`). ``body_bytes``: the size of
+        the body a decoded request came in, which decides whether it is read off the event
+        loop (:mod:`gateway.off_loop`), as a raw body's own size does."""
         t0 = time.perf_counter()
         request_id = secrets.token_hex(16)
         if watch is not None:
@@ -103,11 +108,9 @@ class ChatService:
             request_id=request_id, created_at=time.time(), principal=who, t0=t0, api=api
         )
         try:
-            data, req = validate_request(raw) if isinstance(raw, dict) else parse_request(raw)
-            rlog.requested_model = req.model
-            resolved = resolve(rt, req, who)
-            rlog.policy = resolved.policy_name
-            ctx = build_context(rt, data, req, who, resolved, request_id)
+            size = len(raw) if isinstance(raw, bytes) else body_bytes
+            prepare = functools.partial(self._prepare, rt, raw, who, rlog)
+            data, req, resolved, ctx = await read_sized(size, prepare)
             rlog.messages = data["messages"]
             rlog.stream = req.stream
             rlog.end_user = end_user(req.user)
@@ -193,6 +196,20 @@ class ChatService:
         if req.stream:
             return self.render.text_stream(req, rlog, result)
         return await self.render.json(rlog, result)
+
+    @staticmethod
+    def _prepare(
+        rt: Runtime, raw: bytes | dict[str, Any], who: Principal, rlog: RequestLog
+    ) -> tuple[dict[str, Any], ChatCompletionRequest, Resolved, RouteContext]:
+        """The request read, validated and resolved to its policy and route context: CPU in
+        proportion to its messages and tools, run in a worker thread for a large body
+        (``gateway.off_loop``). What it learns goes on ``rlog`` as it goes, so that a
+        refusal's ledger row names the model and policy it got that far with."""
+        data, req = validate_request(raw) if isinstance(raw, dict) else parse_request(raw)
+        rlog.requested_model = req.model
+        resolved = resolve(rt, req, who)
+        rlog.policy = resolved.policy_name
+        return data, req, resolved, build_context(rt, data, req, who, resolved, rlog.request_id)
 
     def check(self, data: dict[str, Any], who: Principal) -> None:
         """Refuse ``data`` (a decoded chat request) as ``handle`` refuses it before routing

@@ -11,15 +11,19 @@ clients send it (``x-api-key``) or as OpenAI's do (``Authorization: Bearer``).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway import messages
+from gateway.chat import ChatService
 from gateway.chat_request import decode_json
 from gateway.disconnect import client_watch
 from gateway.errors import APIError, internal_error
+from gateway.off_loop import read_sized
+from gateway.principal import Principal
 from gateway.request_body import read_body
 from gateway.routes.openai import authorization, services
 from gateway.translation import renamed_error
@@ -46,8 +50,7 @@ async def create_message(request: Request) -> Response:
         log.exception("unexpected error in POST /v1/messages")
         return messages.anthropic_error(internal_error())
     try:
-        req = messages.parse_request(decode_json(raw))
-        chat_request = messages.to_chat(req)
+        req, chat_request = await read_sized(len(raw), lambda: _messages_to_chat(raw))
     except Exception as exc:
         # Refused before it became a chat request: accounted for all the same, as the chat
         # service accounts for a chat request it refuses (ledger row, metrics, request id).
@@ -61,7 +64,11 @@ async def create_message(request: Request) -> Response:
     request_id: str | None = None
     try:
         chat = await s.chat.handle(
-            chat_request, who, api="messages", watch=client_watch(request.scope)
+            chat_request,
+            who,
+            api="messages",
+            watch=client_watch(request.scope),
+            body_bytes=len(raw),
         )
         request_id = chat.headers.get("x-xrouter-request-id")
         return messages.adapt(req, chat)
@@ -90,15 +97,8 @@ async def count_tokens(request: Request) -> Response:
         raw = await read_body(
             request, s.settings.server.max_body_bytes, s.settings.server.body_timeout_s
         )
-        req = messages.parse_request(decode_json(raw), messages.CountTokensRequest)
-        chat = messages.to_chat(req)
-        try:
-            s.chat.check(chat, who)
-        except APIError as err:
-            # About the chat request: named as the client sent it (five stop_sequences are
-            # ``stop_sequences``), as POST /v1/messages names it.
-            raise renamed_error(err, lambda param: messages.client_param(req, param)) from None
-        tokens = estimate_prompt_tokens(chat["messages"], None, chat.get("tools"))
+        chat_service = s.chat
+        tokens = await read_sized(len(raw), lambda: _count(chat_service, raw, who))
         return Response(
             orjson.dumps({"input_tokens": tokens}), media_type="application/json", headers=ids
         )
@@ -107,3 +107,21 @@ async def count_tokens(request: Request) -> Response:
     except Exception:
         log.exception("unexpected error in POST /v1/messages/count_tokens")
         return messages.anthropic_error(internal_error(), ids)
+
+
+def _messages_to_chat(raw: bytes) -> tuple[messages.MessagesRequest, dict[str, Any]]:
+    req = messages.parse_request(decode_json(raw))
+    return req, messages.to_chat(req)
+
+
+def _count(chat_service: ChatService, raw: bytes, who: Principal) -> int:
+    """The body's input tokens, once refused as ``POST /v1/messages`` would refuse it."""
+    req = messages.parse_request(decode_json(raw), messages.CountTokensRequest)
+    chat = messages.to_chat(req)
+    try:
+        chat_service.check(chat, who)
+    except APIError as err:
+        # About the chat request: named as the client sent it (five stop_sequences are
+        # ``stop_sequences``), as POST /v1/messages names it.
+        raise renamed_error(err, lambda param: messages.client_param(req, param)) from None
+    return estimate_prompt_tokens(chat["messages"], None, chat.get("tools"))

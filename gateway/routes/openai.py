@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
@@ -14,6 +15,7 @@ from gateway import messages, model_list, responses
 from gateway.chat_request import decode_json
 from gateway.disconnect import client_watch
 from gateway.errors import APIError, internal_error, not_found
+from gateway.off_loop import read_sized
 from gateway.render import id_headers
 from gateway.request_body import read_body
 from gateway.response_models import ModelEntry, ModelList
@@ -63,8 +65,7 @@ async def create_response(request: Request) -> Response:
         # chat's are), with a request id all the same.
         return err.response()
     try:
-        req = responses.parse_request(decode_json(raw))
-        chat_request = responses.to_chat(req)
+        req, chat_request = await read_sized(len(raw), lambda: _responses_to_chat(raw))
     except APIError as err:
         # Refused before it became a chat request: accounted for all the same, as the chat
         # service accounts for a chat request it refuses (ledger row, metrics, request id).
@@ -76,7 +77,11 @@ async def create_response(request: Request) -> Response:
         request_id = await s.chat.refused(failure, who, "responses")
         return failure.response(id_headers(request_id))
     chat = await s.chat.handle(
-        chat_request, who, api="responses", watch=client_watch(request.scope)
+        chat_request,
+        who,
+        api="responses",
+        watch=client_watch(request.scope),
+        body_bytes=len(raw),
     )
     try:
         return responses.adapt(req, chat)
@@ -85,6 +90,11 @@ async def create_response(request: Request) -> Response:
         log.exception("unexpected error in POST /v1/responses (request %s)", request_id)
         # The id of the request the chat service answered (and keeps a ledger row for).
         return internal_error().response(id_headers(request_id))
+
+
+def _responses_to_chat(raw: bytes) -> tuple[responses.ResponsesRequest, dict[str, Any]]:
+    req = responses.parse_request(decode_json(raw))
+    return req, responses.to_chat(req)
 
 
 # OpenAI's calls on a stored response: retrieve, delete, cancel, list its input items.
