@@ -12,6 +12,9 @@ error shapes every endpoint answers with."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +22,9 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from gateway.messages.request import CountTokensRequest, MessagesRequest
 from gateway.response_models import (
@@ -32,6 +38,8 @@ from gateway.response_models import (
 from gateway.responses.request import ResponsesRequest
 from gateway.routes.admin_models import KeyCreate, KeyUpdate, ReloadRequest
 from gateway.schemas import ChatCompletionRequest, FeedbackRequest
+
+log = logging.getLogger(__name__)
 
 _SCHEMAS = "#/components/schemas/"
 
@@ -229,11 +237,35 @@ def build(app: FastAPI) -> dict[str, Any]:
 
 
 def install(app: FastAPI) -> None:
-    """Serve :func:`build`'s document, built on first request and kept."""
+    """Serve :func:`build`'s document, built on first request (in a worker thread) and
+    kept."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
+            started = time.perf_counter()
             app.openapi_schema = build(app)
+            log.debug(
+                "built the OpenAPI document in %.0f ms", 1000 * (time.perf_counter() - started)
+            )
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+    for i, route in enumerate(app.router.routes):
+        if isinstance(route, Route) and route.path == app.openapi_url:
+            app.router.routes[i] = _built_off_loop(app, route)
+
+
+def _built_off_loop(app: FastAPI, route: Route) -> Route:
+    """FastAPI's ``/openapi.json`` route, with the document built in a worker thread on
+    first request: ~200 ms of schema generation that held the event loop, and every request
+    and stream on the worker with it, the first time a client or tool asked for it. (Two
+    first requests at once may both build it: the same document, kept once.)"""
+    served = route.endpoint
+
+    async def serve(request: Request) -> Response:
+        if app.openapi_schema is None:
+            await asyncio.to_thread(app.openapi)
+        response: Response = await served(request)
+        return response
+
+    return Route(route.path, serve, methods=route.methods, include_in_schema=False)

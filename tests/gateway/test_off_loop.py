@@ -123,3 +123,17 @@ def test_large_responses_and_messages_requests_are_answered(server: str) -> None
             messages=[*items[:-1], {"role": "user", "content": []}],
         )
     assert "messages" in str(caught.value.body)
+
+
+def test_the_openapi_document_is_built_off_the_event_loop(
+    server: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Building the document takes ~200 ms of schema generation, once per worker: it ran
+    on the loop, in the first ``GET /openapi.json``."""
+    caplog.set_level(logging.DEBUG, logger="gateway.openapi")
+    first = httpx.get(f"{server}/openapi.json", timeout=30)
+    again = httpx.get(f"{server}/openapi.json", timeout=30)
+    assert first.status_code == again.status_code == 200
+    assert first.json() == again.json() and "/v1/chat/completions" in first.json()["paths"]
+    [built] = [r for r in caplog.records if "built the OpenAPI document" in r.message]
+    assert built.threadName != LOOP_THREAD
