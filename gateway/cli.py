@@ -26,6 +26,11 @@ import yaml
 log = logging.getLogger("xrouter")
 
 
+# What ``${XROUTER_REPLAY_URL}`` reads as while ``serve`` validates its config before the
+# replay upstream it starts is listening (and its port known): a URL of the same shape.
+REPLAY_URL_STAND_IN = "http://127.0.0.1:1"
+
+
 def demo_config_path() -> str:
     return str(resources.files("gateway").joinpath("data/demo.yaml"))
 
@@ -139,10 +144,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log.error("config file not found: %s", path)
         return 2
     wants_replay, table = _wants_replay(path)
-    if wants_replay and not os.environ.get("XROUTER_REPLAY_URL"):
-        _, url = start_replay_upstream(table=table, log_level=args.log_level)
-        os.environ["XROUTER_REPLAY_URL"] = url
-        log.info("demo: replay upstream at %s", url)
+    start_replay = wants_replay and not os.environ.get("XROUTER_REPLAY_URL")
     overrides = {"server.host": args.host, "server.port": args.port, "server.workers": args.workers}
     # The server settings the command line sets, not the file: a reload does not report the
     # file's values for them as changes.
@@ -156,8 +158,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
         if v is not None
     ]
+    # The replay upstream (a child process) is started only once the config and the port
+    # have proved usable: a start refused for them is one line, with no child started and
+    # its lines in between. Its URL is not known until it listens, so the config is
+    # validated here with a stand-in of the same shape, and loaded again with the real one.
+    env = {**os.environ, "XROUTER_REPLAY_URL": REPLAY_URL_STAND_IN} if start_replay else None
     try:
-        settings = load_settings(path, overrides=overrides)
+        settings = load_settings(path, env=env, overrides=overrides)
     except SettingsError as exc:
         log.error("%s", exc)
         return 2
@@ -191,6 +198,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         problem, deployment = asyncio.run(_check_ledger(settings.ledger.url))
         if problem is not None:
             log.error("cannot start: %s", problem)
+            return 2
+    if start_replay:
+        _, url = start_replay_upstream(table=table, log_level=args.log_level)
+        os.environ["XROUTER_REPLAY_URL"] = url
+        log.info("demo: replay upstream at %s", url)
+        try:
+            settings = load_settings(path, overrides=overrides)
+        except SettingsError as exc:  # not expected (only the URL differs); the child stops at exit
+            log.error("%s", exc)
             return 2
     try:
         # The pool, prices and checkpoint (the deployed one, if any) must be usable: say so

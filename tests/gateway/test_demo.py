@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -174,3 +175,36 @@ def test_serve_uses_a_replay_upstream_already_running_at_xrouter_replay_url(
             proc.wait(30)
         replay.terminate()
         replay.wait(30)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--port", "99999"), "server.port"),
+        (("--port", "-1"), "server.port"),
+        (("--workers", "0"), "server.workers"),
+        (("--host", "no-such-host.invalid", "--port", "0"), "cannot listen on no-such-host"),
+        (("--host", "192.0.2.1", "--port", "0"), "cannot listen on 192.0.2.1"),
+        (("--port", "in-use"), "is in use"),
+    ],
+)
+def test_a_demo_refused_for_its_server_settings_starts_no_replay_upstream(
+    tmp_path: Path, args: tuple[str, ...], says: str
+) -> None:
+    # The replay upstream was started first: its listening and shutting-down lines came
+    # around the refusal, a child process for a server that never ran.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XROUTER_")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        proc = subprocess.run(
+            [sys.executable, "-m", "gateway.cli", "serve", *(port if a == "in-use" else a for a in args)],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and " ERROR " in lines[0] and says in lines[0], proc.stderr
+    assert "replay upstream" not in proc.stderr
+    assert not list(tmp_path.iterdir())  # no ledger, no spill directory
