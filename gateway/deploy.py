@@ -150,6 +150,10 @@ def run_deploy(args: argparse.Namespace) -> int:
         elif exc.code == 403:
             # Not the checkpoint's fault: the admin API is off (no auth.admin_key).
             log.error("the gateway refused the admin call (403): %s", detail)
+        elif exc.code == 409:
+            # A deploy that overlapped this one was recorded first and is what serves: this
+            # checkpoint is not, whatever it is worth (the line names the one that is).
+            log.error("not deployed, another deploy won (409): %s", detail)
         elif exc.code in _NOT_THE_ADMIN_API:
             log.error(
                 "%s does not serve POST /admin/reload (%d): --url is the gateway's base URL, "

@@ -255,8 +255,15 @@ class Reloader:
     async def deploy(self, checkpoint: str, settings: Settings | None = None) -> Runtime:
         """Serve ``checkpoint`` here and record it for every other worker and replica (and
         for restarts). The runtime is built first: a checkpoint that does not load is
-        refused (``ValueError``/``OSError``) and nothing is recorded."""
+        refused (``ValueError``/``OSError``) and nothing is recorded. So is one that another
+        deploy overtook (``DeploymentSuperseded``): it is recorded only if the newest
+        deployment is still the one it found on arrival, so that of two that overlap — here,
+        on another worker or on another replica — the one answered as deployed is the one
+        every worker follows."""
         s = self._s
+        # Read before waiting for the lock: a deploy this worker is already loading counts
+        # as one that overlaps.
+        replacing = await self.deployments.latest() if self.deployments is not None else None
         async with self.reload_lock:
             file_settings = settings or s.file_settings or s.settings
             # A deploy re-reads the config as a reload does: the sections read at start stay.
@@ -264,8 +271,11 @@ class Reloader:
             runtime = await self._build(serving)
             if self.deployments is not None:
                 info = runtime.checkpoint_info or {}
-                self.deployment = await self.deployments.record(
-                    checkpoint, info.get("version"), file_settings.router.checkpoint
+                self.deployment = await self.deployments.record_replacing(
+                    replacing.id if replacing is not None else None,
+                    checkpoint,
+                    info.get("version"),
+                    file_settings.router.checkpoint,
                 )
                 self._seen_deployment = self.deployment.id
             runtime.take_over()

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from gateway.errors import APIError, bad_request
+from gateway.ledger.deployments import DeploymentSuperseded
 from gateway.ledger.keys import (
     DuplicateAliasError,
     KeyInfo,
@@ -455,6 +456,18 @@ async def reload(request: Request) -> Response:
             rt = await s.deploy(body.checkpoint, settings)
         else:
             rt = await s.reload(settings)
+    except DeploymentSuperseded as exc:
+        # Not an error of the checkpoint's: a deploy that overlapped this one was recorded
+        # first, and that is what every worker follows. A 200 here would tell the operator
+        # their checkpoint serves when it does not.
+        log.warning("admin deploy of %s not recorded: %s", body.checkpoint, exc)
+        raise APIError(
+            409,
+            f"{exc}: it is what every worker and replica follows, and {body.checkpoint} was "
+            "not deployed (deploy again to replace it)",
+            param="checkpoint",
+            code="deployment_superseded",
+        ) from None
     except (SettingsError, ValueError, OSError) as exc:
         # Logged as the file watcher's failures are: operators read the gateway's log, not
         # the deploying client's output.

@@ -1,0 +1,119 @@
+"""``xrouter deploy`` against a real gateway: of two deploys that overlap, the one answered
+as deployed is the one every worker serves, and the other says it is not."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from router.checkpoint import load_checkpoint
+from tests.gateway.conftest import Upstream
+from tests.support.gateway import ADMIN_KEY, gateway_config, start_gateway
+from tests.support.replay import REPO_ROOT
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+CHECKPOINTS = ("packaged:demo", "packaged:demo-rl")
+
+
+class _Together(BaseHTTPRequestHandler):
+    """Passes requests on to ``target`` two at a time: each waits until the other has come,
+    so that two deploys reach the gateway together however long each CLI took to start."""
+
+    target: str
+    barrier: threading.Barrier
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).barrier.wait()
+        headers = {k: self.headers[k] for k in ("Authorization", "Content-Type")}
+        r = httpx.post(type(self).target + self.path, content=body, headers=headers, timeout=60)
+        self.send_response(r.status_code)
+        self.send_header("Content-Type", r.headers.get("content-type", "application/json"))
+        self.send_header("Content-Length", str(len(r.content)))
+        self.end_headers()
+        self.wfile.write(r.content)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def _together(target: str) -> Iterator[str]:
+    handler = type(
+        "Handler", (_Together,), {"target": target, "barrier": threading.Barrier(2, timeout=60)}
+    )
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _deploy(checkpoint: str, url: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "deploy", checkpoint, "--url", url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "XROUTER_ADMIN_KEY": ADMIN_KEY},
+    )
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_of_two_concurrent_deploys_only_the_one_that_serves_exits_0(
+    upstream: Upstream, tmp_path: Path, workers: int
+) -> None:
+    # Both exited 0, each printing its checkpoint as deployed; one of them was replaced
+    # by the other at once (on one worker, or on every worker within a poll).
+    versions = {c: load_checkpoint(c).version for c in CHECKPOINTS}
+    cfg = gateway_config(tmp_path, upstream.base_url, router={"deployment_poll_s": 0.2})
+    gw = start_gateway(tmp_path, cfg, workers=workers)
+    try:
+        with _together(gw.url) as url:
+            procs = {c: _deploy(c, url) for c in CHECKPOINTS}
+            done = {c: p.communicate(timeout=120) for c, p in procs.items()}
+        codes = {c: procs[c].returncode for c in CHECKPOINTS}
+        assert sorted(codes.values()) == [0, 1], (codes, done)
+        [won] = [c for c in CHECKPOINTS if codes[c] == 0]
+        [lost] = [c for c in CHECKPOINTS if codes[c] == 1]
+        deployment = json.loads(done[won][0])["deployment"]
+        assert (deployment["checkpoint"], deployment["version"]) == (won, versions[won])
+        # The loser: one line, naming the deployment that serves instead; nothing printed.
+        out, err = done[lost]
+        assert out == "" and "Traceback" not in err, err
+        [line] = err.strip().splitlines()
+        assert "not deployed, another deploy won (409)" in line, line
+        assert f"deployment {deployment['id']} ({won}, version {versions[won]})" in line, line
+        # Every worker serves the winner, and the ledger holds only its deployment.
+        serving: set[int] = set()
+        deadline = time.monotonic() + 30
+        while len(serving) < workers:
+            assert time.monotonic() < deadline, (serving, gw.log())
+            with httpx.Client() as fresh:  # a new connection each time: either worker
+                state = fresh.get(f"{gw.url}/admin/router", headers=ADMIN, timeout=10).json()
+            if state["deployment"] is not None:  # None: not yet followed
+                assert state["deployment"]["id"] == deployment["id"], state
+                assert state["checkpoint"]["version"] == versions[won], state
+                serving.add(state["worker"])
+            time.sleep(0.05)
+        with sqlite3.connect(tmp_path / "ledger.db") as db:
+            rows = db.execute("SELECT id, checkpoint FROM router_deployments").fetchall()
+        assert rows == [(deployment["id"], won)]
+        assert f"admin deploy of {lost} not recorded: deployment {deployment['id']}" in gw.log()
+    finally:
+        gw.stop()
