@@ -35,6 +35,10 @@ def demo_config_path() -> str:
     return str(resources.files("gateway").joinpath("data/demo.yaml"))
 
 
+class ReplayStartError(RuntimeError):
+    """The replay upstream ``serve`` starts for the demo did not come up."""
+
+
 def start_replay_upstream(
     host: str = "127.0.0.1", table: str | None = None, log_level: str | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
@@ -73,10 +77,11 @@ def start_replay_upstream(
             shutil.rmtree(port_file.parent, ignore_errors=True)
             return proc, url
         if proc.poll() is not None:
-            raise SystemExit(f"the replay upstream exited with code {proc.returncode}")
+            # Its own line said why (a demo.replay_table it cannot read, say).
+            raise ReplayStartError(f"the replay upstream exited with code {proc.returncode}")
         time.sleep(0.05)
     proc.kill()
-    raise SystemExit("the replay upstream did not start within 30 s")
+    raise ReplayStartError("the replay upstream did not start within 30 s")
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -185,7 +190,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     # Checked before anything is made: a port in use is one line, not a start that opens the
     # ledger and then fails.
-    problem = _cannot_listen(srv.host, srv.port, srv.workers)
+    problem = cannot_listen(srv.host, srv.port, srv.workers)
     if problem is not None:
         log.error("cannot start: %s", problem)
         return 2
@@ -200,7 +205,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             log.error("cannot start: %s", problem)
             return 2
     if start_replay:
-        _, url = start_replay_upstream(table=table, log_level=args.log_level)
+        try:
+            _, url = start_replay_upstream(table=table, log_level=args.log_level)
+        except ReplayStartError as exc:  # was a bare line and exit 1, as no other refusal
+            log.error("cannot start: %s", exc)
+            return 2
         os.environ["XROUTER_REPLAY_URL"] = url
         log.info("demo: replay upstream at %s", url)
         try:
@@ -295,12 +304,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cannot_listen(host: str, port: int, workers: int) -> str | None:
+def cannot_listen(host: str, port: int, workers: int) -> str | None:
     """Why the server cannot listen on ``host:port`` (one line), or None. Bound as uvicorn
     binds (address reuse on): one worker, every address of the host (asyncio's
     ``create_server``, which skips an address family the machine lacks); several, one socket
     whose family the host's spelling says. A process that takes the port between this check
-    and uvicorn's bind still makes the start fail, in uvicorn's own line (exit 3)."""
+    and uvicorn's bind still makes the start fail, in uvicorn's own line (exit 3). The replay
+    upstream checks its port with it too (``workers`` 1: aiohttp binds with asyncio's
+    ``create_server``)."""
     import errno
     import socket
 

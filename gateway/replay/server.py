@@ -20,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.cli import add_log_level_argument, configure_logging, set_log_level
+from gateway.cli import add_log_level_argument, cannot_listen, configure_logging, set_log_level
 from gateway.replay.app import create_app
 from gateway.replay.table import ReplayTable
 
@@ -129,7 +129,33 @@ def serve(
     the bound port is written (``"<port>\\n"``) to ``ready_fd_or_file`` — an open file
     descriptor (int) or a path (written atomically). ``table_path`` None = the packaged demo
     table."""
-    table = ReplayTable.load(table_path) if table_path is not None else ReplayTable.load_default()
+    _serve_table(
+        _load_table(table_path),
+        host,
+        port,
+        latency_ms=latency_ms,
+        api_key=api_key,
+        ready_fd_or_file=ready_fd_or_file,
+        stream_chunk_delay_ms=stream_chunk_delay_ms,
+        exit_with_parent=exit_with_parent,
+    )
+
+
+def _load_table(path: str | Path | None) -> ReplayTable:
+    return ReplayTable.load(path) if path is not None else ReplayTable.load_default()
+
+
+def _serve_table(
+    table: ReplayTable,
+    host: str,
+    port: int,
+    *,
+    latency_ms: float,
+    api_key: str | None,
+    ready_fd_or_file: int | str | Path | None,
+    stream_chunk_delay_ms: float,
+    exit_with_parent: int | None,
+) -> None:
     app = create_app(
         table, latency_ms=latency_ms, api_key=api_key, stream_chunk_delay_ms=stream_chunk_delay_ms
     )
@@ -192,6 +218,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Exit statuses as ``xrouter serve``'s: 2 for a start refused (a bad option, an outcome
+    table missing, unreadable or malformed, a port in use or a host it cannot bind), each
+    one ``cannot start:`` line; 0 after a shutdown by signal or by its parent's exit."""
     # configure_logging, then the level on the root logger: under `xrouter replay-upstream`
     # the root logger is configured already, and basicConfig(level=...) alone left it at INFO.
     configure_logging()
@@ -201,20 +230,38 @@ def run(args: argparse.Namespace) -> int:
             log.error("--%s must be >= 0", name.replace("_", "-"))
             return 2
     try:
-        serve(
+        table = _load_table(args.table)
+    except OSError as exc:
+        log.error("cannot start: outcome table %s", _os_problem(exc))
+        return 2
+    except ValueError as exc:  # malformed (OutcomeTableError), or not UTF-8
+        log.error("cannot start: bad outcome table: %s", exc)
+        return 2
+    # As serve checks its port, before anything listens: the bind error's own text was
+    # "[Errno 98] error while attempting to bind on address (...)" and exit 1.
+    problem = cannot_listen(args.host, args.port, 1)
+    if problem is not None:
+        log.error("cannot start: %s", problem)
+        return 2
+    try:
+        _serve_table(
+            table,
             args.host,
             args.port,
-            args.table,
             latency_ms=args.latency_ms,
             api_key=args.api_key or None,
             ready_fd_or_file=args.port_file,
             stream_chunk_delay_ms=args.stream_chunk_delay_ms,
             exit_with_parent=args.exit_with_parent,
         )
-    except OSError as exc:  # table file missing, port in use, ...
-        log.error("replay upstream: %s", exc)
-        return 1
-    except ValueError as exc:  # malformed outcome table (OutcomeTableError)
-        log.error("replay upstream: bad outcome table: %s", exc)
+    except OSError as exc:  # the port taken since the check, or --port-file not writable
+        log.error("cannot start: %s", _os_problem(exc))
         return 2
     return 0
+
+
+def _os_problem(exc: OSError) -> str:
+    """``exc`` as "file: reason" (or the reason): not "[Errno 2] No such file or directory:
+    'x'"."""
+    reason = exc.strerror or str(exc)
+    return f"{exc.filename}: {reason}" if exc.filename is not None else reason

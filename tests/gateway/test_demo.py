@@ -18,6 +18,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from gateway.cli import demo_config_path
 from router.outcomes import OutcomeRecord
 from tests.support.gateway import DEMO_MODELS, free_port
 from tests.support.replay import REPO_ROOT
@@ -208,3 +209,29 @@ def test_a_demo_refused_for_its_server_settings_starts_no_replay_upstream(
     assert len(lines) == 1 and " ERROR " in lines[0] and says in lines[0], proc.stderr
     assert "replay upstream" not in proc.stderr
     assert not list(tmp_path.iterdir())  # no ledger, no spill directory
+
+
+def test_a_replay_table_the_replay_upstream_cannot_read_is_a_refused_start(
+    tmp_path: Path,
+) -> None:
+    # The replay upstream's refusal was followed by a bare "the replay upstream exited with
+    # code 1" and exit 1, where every other refused start is a "cannot start:" line, exit 2.
+    config = tmp_path / "demo.yaml"
+    demo = Path(demo_config_path()).read_text()
+    config.write_text(
+        demo.replace(
+            "  replay_upstream: true\n", "  replay_upstream: true\n  replay_table: none.jsonl\n"
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XROUTER_")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", "0"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 2 and all(" ERROR " in line for line in lines), proc.stderr
+    assert "cannot start: outcome table none.jsonl: No such file" in lines[0], proc.stderr
+    assert lines[1].endswith("xrouter: cannot start: the replay upstream exited with code 2")
+    assert [p.name for p in tmp_path.iterdir()] == ["demo.yaml"]

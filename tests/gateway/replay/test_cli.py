@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -151,7 +152,8 @@ def test_startup_failures_exit_nonzero(tmp_path: Path) -> None:
     bad.write_text('{"id": "x", "outcomes": {}}\n')
     with pytest.raises(RuntimeError, match=r"exit 2"):
         start_replay_upstream(tmp_path, "--table", str(bad))
-    with pytest.raises(RuntimeError, match=r"exit 1"):
+    # Exit 1 before, where `xrouter serve` refuses a start with 2.
+    with pytest.raises(RuntimeError, match=r"exit 2"):
         start_replay_upstream(tmp_path, "--table", str(tmp_path / "missing.jsonl"))
 
 
@@ -301,3 +303,58 @@ def test_xrouter_replay_upstream_refuses_a_bad_level_or_port(
             proc.wait()
     assert proc.returncode == 2, output
     assert says in output and "Traceback" not in output, output
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--port", "in-use"), "cannot start: port {port} on 127.0.0.1 is in use"),
+        (("--host", "no-such-host.invalid"), "cannot start: cannot listen on no-such-host"),
+        (("--host", "192.0.2.1"), "cannot start: cannot listen on 192.0.2.1"),
+        (("--table", "missing.jsonl"), "cannot start: outcome table missing.jsonl: No such file"),
+        (("--table", "."), "cannot start: outcome table .: Is a directory"),
+        (("--table", "bad.jsonl"), "cannot start: bad outcome table: bad.jsonl:1: not valid JSON"),
+    ],
+)
+def test_xrouter_replay_upstream_refuses_a_start_as_serve_does(
+    tmp_path: Path, args: tuple[str, ...], says: str
+) -> None:
+    # A port in use, a host it cannot bind and a table it cannot read were exit 1 (a
+    # malformed table 2), each with the OS's "[Errno N] ..." text; `xrouter serve` refuses
+    # every start with one "cannot start:" line and exit 2.
+    (tmp_path / "bad.jsonl").write_text('{"id": 1\n')
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        proc = _xrouter_replay(tmp_path, *(port if a == "in-use" else a for a in args))
+        output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2, output
+    lines = output.splitlines()
+    assert len(lines) == 1 and " ERROR " in lines[0], output
+    assert says.format(port=port) in lines[0], output
+
+
+def test_serve_and_replay_upstream_refuse_a_port_in_use_alike(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        outcomes = [
+            subprocess.run(
+                [sys.executable, "-m", "gateway.cli", command, "--port", port],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                cwd=tmp_path,
+                env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+            )
+            for command in ("serve", "replay-upstream")
+        ]
+    for proc in outcomes:
+        assert proc.returncode == 2, proc.stderr
+        [line] = proc.stderr.splitlines()
+        assert line.endswith(
+            f"cannot start: port {port} on 127.0.0.1 is in use (another server listens "
+            "there): stop it, or give another --port"
+        ), line
