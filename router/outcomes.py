@@ -27,6 +27,8 @@ from typing import Any, ClassVar
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from pricing.money import MAX_USD
+
 
 class OutcomeTableError(ValueError):
     """A line of an outcome table is malformed; the message names the file and line."""
@@ -38,7 +40,10 @@ class ModelOutcome(BaseModel):
     # Not inf or NaN: orjson writes both as null, so such a value would be silently lost
     # (or turn into an unknown cost) the next time the table is written and read.
     score: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
-    cost_usd: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
+    # At most MAX_USD, the most any amount the gateway and its ledger hold: a finite cost
+    # past it (1e308) is no cost a prompt ever had, but a sentinel or unit slip, and it
+    # overflowed float64 in evaluation (normalized, summed, times λ), far from this line.
+    cost_usd: float | None = Field(default=None, ge=0.0, le=MAX_USD, allow_inf_nan=False)
     prompt_tokens: int | None = Field(default=None, ge=0)
     completion_tokens: int | None = Field(default=None, ge=0)
     response: str | None = None

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pricing.money import MAX_USD
 from router.outcomes import OutcomeTableError, load_outcome_table, parse_record, validate_record
 
 
@@ -96,3 +97,22 @@ def test_a_logged_cost_weight_the_gateway_would_refuse_is_refused_at_its_line(
     for bound in (0.0, 1e6):
         logged = validate_record(record("a", bound)).logged
         assert logged is not None and logged.cost_weight == bound
+
+
+def test_a_cost_no_prompt_ever_had_is_refused_at_its_line(tmp_path: Path) -> None:
+    """A finite cost past MAX_USD (1e308: a sentinel, a unit slip) passed, and overflowed
+    in evaluation's cost normalization, a numpy error with no line to point at."""
+
+    def line(rid: str, cost: float) -> str:
+        return json.dumps(
+            {"id": rid, "prompt": "p", "outcomes": {"m": {"score": 1, "cost_usd": cost}}}
+        )
+
+    path = tmp_path / "t.jsonl"
+    path.write_text(line("a", MAX_USD) + "\n" + line("b", 1e308) + "\n")
+    with pytest.raises(
+        OutcomeTableError,
+        match=r"t\.jsonl:2: outcomes\.m\.cost_usd: Input should be less than or equal to 1000000000000",
+    ):
+        load_outcome_table(path)
+    assert validate_record(json.loads(line("a", MAX_USD))).outcomes["m"].cost_usd == MAX_USD

@@ -201,6 +201,13 @@ def test_routerbench_refuses_a_non_finite_cost(tmp_path: Path, cost: str) -> Non
         load_converted("routerbench", [src])
 
 
+def test_routerbench_refuses_a_cost_no_prompt_ever_had(tmp_path: Path) -> None:
+    # 1e308 is finite: it was converted, and overflowed in `xrouter eval`.
+    src = write_routerbench(tmp_path / "rb.csv", [rb_row("t.1"), rb_row("t.2", cost_b="1e308")])
+    with pytest.raises(ConversionError, match=r"rb\.csv:3: outcomes\.b\.cost_usd: .*less than"):
+        load_converted("routerbench", [src])
+
+
 def test_unwrap_literal_text() -> None:
     assert unwrap_literal_text("['a \"b\"\\nc']") == 'a "b"\nc'
     assert unwrap_literal_text("['first', 'last']") == "last"

@@ -431,6 +431,22 @@ def test_a_table_with_repeated_ids_or_a_missing_outcome_is_refused_by_name(
     assert "cannot evaluate off-policy" not in err
 
 
+def test_a_cost_no_prompt_ever_had_is_refused_by_its_line_not_overflowed(
+    tmp_path: Path, table_factory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Was numpy's "overflow encountered in divide" (the cost normalization) and then
+    # "error: Geometric sequence cannot include zero" (the λ grid), exit 2.
+    rows = table_factory(60, seed=4)
+    rows[3].outcomes["strong"].cost_usd = 1e308
+    path = tmp_path / "t.jsonl"
+    write_outcome_table(rows, path)
+    assert main(["--table", str(path), "--split", "all", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "t.jsonl:4: outcomes.strong.cost_usd: Input should be less than or equal to" in err
+    assert "overflow" not in err and "Geometric" not in err, err
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_checkpoint_or_gateway_policy_is_named_as_an_operator_would(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
