@@ -18,6 +18,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
+from gateway.off_loop import read_sized
 from gateway.replay.faults import Fault, FaultQueue, FaultSyntaxError, ReplayStats, split_marker
 from gateway.replay.render import (
     CONTENT,
@@ -52,6 +53,12 @@ def _error(
     status: int, message: str, code: str | None = None, param: str | None = None
 ) -> web.Response:
     return _json(error_body(message, status, code=code, param=param), status)
+
+
+def _read_chat(raw: bytes) -> tuple[ChatRequest, str]:
+    """The request and its conversation's text (what the table is matched on)."""
+    req = ChatRequest.model_validate(orjson.loads(raw))
+    return req, conversation_text(req.messages)
 
 
 def _latency_header(request: web.Request) -> float:
@@ -101,8 +108,11 @@ class ReplayService:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         if (denied := self._unauthorized(request)) is not None:
             return denied
+        raw = await request.read()
         try:
-            req = ChatRequest.model_validate(orjson.loads(await request.read()))
+            # A large body (a 6 MB prompt took ~1 s to read, match and count) is read, and
+            # answered below, in a worker thread: the demo's and the tests' other calls go on.
+            req, conversation = await read_sized(len(raw), lambda: _read_chat(raw))
         except orjson.JSONDecodeError as exc:
             return _error(400, f"The request body is not valid JSON: {exc}", "invalid_json")
         except ValidationError as exc:
@@ -115,7 +125,7 @@ class ReplayService:
             )
         self.stats.count_request(req.model)
 
-        prompt, marker = split_marker(conversation_text(req.messages))
+        prompt, marker = split_marker(conversation)
         try:
             fault = self._fault_for(request, req.model, marker)
             delay = self.latency_s + _latency_header(request)
@@ -131,7 +141,7 @@ class ReplayService:
             return failed
 
         try:
-            completion = synthesize(self.table, req, prompt)
+            completion = await read_sized(len(raw), lambda: synthesize(self.table, req, prompt))
         except ReplayRequestError as exc:
             return _error(400, str(exc), "invalid_request", exc.param)
         meta = self._ids.meta(req.model)
