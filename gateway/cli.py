@@ -173,6 +173,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         log.error("%s", exc)
         return 2
+    if start_replay and table is not None:
+        # Opened here as the replay upstream opens it: a table missing, a directory or
+        # unreadable is one line with no child started (what is in it is the child's to read).
+        try:
+            Path(table).open("rb").close()
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            log.error("cannot start: outcome table %s: %s", table, reason)
+            return 2
     srv = settings.server
     # One level for every line (else the config's): uvicorn's log_level alone left
     # xrouter's own INFO lines on.

@@ -216,6 +216,7 @@ def test_a_replay_table_the_replay_upstream_cannot_read_is_a_refused_start(
 ) -> None:
     # The replay upstream's refusal was followed by a bare "the replay upstream exited with
     # code 1" and exit 1, where every other refused start is a "cannot start:" line, exit 2.
+    # A table that is not there is refused before the replay upstream is started at all.
     config = tmp_path / "demo.yaml"
     demo = Path(demo_config_path()).read_text()
     config.write_text(
@@ -230,8 +231,19 @@ def test_a_replay_table_the_replay_upstream_cannot_read_is_a_refused_start(
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert " ERROR " in line and "replay" not in line, proc.stderr
+    assert "cannot start: outcome table none.jsonl: No such file" in line, proc.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["demo.yaml"]
+    # One the replay upstream finds malformed: its line, then serve's.
+    (tmp_path / "none.jsonl").write_text("not json\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", "0"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.splitlines()
     assert len(lines) == 2 and all(" ERROR " in line for line in lines), proc.stderr
-    assert "cannot start: outcome table none.jsonl: No such file" in lines[0], proc.stderr
+    assert "cannot start: bad outcome table" in lines[0], proc.stderr
     assert lines[1].endswith("xrouter: cannot start: the replay upstream exited with code 2")
-    assert [p.name for p in tmp_path.iterdir()] == ["demo.yaml"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.yaml", "none.jsonl"]
