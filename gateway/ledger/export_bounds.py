@@ -6,6 +6,7 @@ and are the next window's. What the window cannot carry is counted for the expor
 summary: feedback that came in it for requests of earlier windows
 (:func:`count_late_feedback`), and the requests past its end that a later window holds
 (:func:`count_logged_after`: logged, or for ``--scored`` windows first scored, after it).
+Both count only the requests the export itself selects, by the same filters.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.ledger.export_feedback import answered, first_feedback_in, scored_before
+from gateway.ledger.export_windows import exported_requests
 from gateway.ledger.schema import feedback, ledger_now, requests
-from gateway.ledger.spend import TimeBound, request_filters, to_utc
+from gateway.ledger.spend import TimeBound, to_utc
 
 # How far behind the database's clock an incremental export's window ends by default. A row
 # is stamped when its transaction starts (PostgreSQL) or when it is inserted (SQLite) and
@@ -54,6 +56,8 @@ async def count_late_feedback(
     key_id: str | None = None,
     *,
     scored: bool = False,
+    served_since: TimeBound = None,
+    served_until: TimeBound = None,
 ) -> int:
     """How many feedback rows reached the database in ``[since, until)`` for requests that
     had reached it before ``since``: scores an incremental export's earlier windows could
@@ -63,20 +67,30 @@ async def count_late_feedback(
     Feedback rows from before ``feedback.logged_at`` (migration 13) are not counted.
 
     With ``scored`` (windows by first feedback), the late ones are instead the scores of
-    requests first scored in an earlier window: re-scores, which no export carries."""
+    requests first scored in an earlier window: re-scores, which no export carries.
+
+    Only requests the export itself selects count (``export_windows.exported_requests``:
+    served in ``[served_since, served_until)``, of ``key_id``, answered or with a failed
+    call): a score for a request no export of these options holds is not late for it."""
     lo, hi = to_utc(since), to_utc(until)
     assert lo is not None and hi is not None
     hit = requests.alias("scored")  # the request the feedback was given on
     answer = answered(hit)
     logged = feedback.c.logged_at
-    joined = feedback.join(hit, hit.c.request_id == feedback.c.request_id)
-    where = [logged.is_not(None), logged >= lo, logged < hi]
+    # The request the score is for is ``requests`` itself, which the export's filters name.
+    joined = feedback.join(hit, hit.c.request_id == feedback.c.request_id).join(
+        requests, requests.c.request_id == answer
+    )
+    where = [
+        logged.is_not(None),
+        logged >= lo,
+        logged < hi,
+        *exported_requests(served_since, served_until, key_id),
+    ]
     if scored:
         where.append(scored_before(answer, lo, key_id))
     else:
-        original = requests.alias("original")
-        joined = joined.join(original, original.c.request_id == answer)
-        where.append(sa.func.coalesce(original.c.logged_at, original.c.created_at) < lo)
+        where.append(sa.func.coalesce(requests.c.logged_at, requests.c.created_at) < lo)
     query = sa.select(sa.func.count()).select_from(joined).where(*where)
     if key_id is not None:
         query = query.where(hit.c.key_id == key_id)
@@ -93,10 +107,12 @@ async def count_logged_after(
     *,
     scored: bool = False,
 ) -> int:
-    """How many requests (cache hits aside, as the export leaves them out) reached the
-    database at or after ``after``, a logged window's end: the ones a later window holds,
-    which an export that wrote nothing must name, or the user cannot tell why. One COUNT by
-    ``ix_requests_logged_at``; rows without ``logged_at`` are older than any window's end.
+    """How many requests the export selects (``export_windows.exported_requests``: served
+    in ``[since, until)``, of ``key_id``, answered or with a failed call, not cache hits)
+    reached the database at or after ``after``, a logged window's end: the ones a later
+    window holds, which an export that wrote nothing must name, or the user cannot tell
+    why. One COUNT by ``ix_requests_logged_at``; rows without ``logged_at`` are older than
+    any window's end.
 
     With ``scored`` (windows by first feedback), the ones a later window holds are instead
     the requests first scored at or after ``after``, each once however often it was scored:
@@ -111,6 +127,6 @@ async def count_logged_after(
         query = query.select_from(requests.join(first, first.c.answer == requests.c.request_id))
     else:
         query = query.where(requests.c.logged_at >= lo)
-    query = query.where(*request_filters(since, until, key_id), requests.c.cached_from.is_(None))
+    query = query.where(*exported_requests(since, until, key_id))
     async with engine.connect() as conn:
         return int((await conn.execute(query)).scalar_one())

@@ -177,13 +177,20 @@ async def _count_outside(
     key_id: str | None,
 ) -> tuple[int, int | None]:
     """What the written window could not carry: the late feedback scores in it, and the
-    requests past its end (None when they could not be counted)."""
+    requests past its end (None when they could not be counted); both of the requests this
+    export selects (``--since``/``--until``, ``--key``, and the export's own rules)."""
     late = 0
     waiting: int | None = None
     if window.since is not None and window.until is not None:
         try:
             late = await count_late_feedback(
-                engine, window.since, window.until, key_id, scored=window.scored
+                engine,
+                window.since,
+                window.until,
+                key_id,
+                scored=window.scored,
+                served_since=since,
+                served_until=until,
             )
         except sa.exc.SQLAlchemyError as exc:
             # A diagnostic: the export is written, and its window must still move on.

@@ -30,6 +30,37 @@ from gateway.ledger.spend import TimeBound, request_filters, to_utc
 _CHUNK = 500
 
 
+def exported_requests(
+    since: TimeBound = None, until: TimeBound = None, key_id: str | None = None
+) -> list[sa.ColumnElement[bool]]:
+    """WHERE clauses on ``requests`` (the table itself, not an alias) selecting the requests
+    an export may hold: served in ``[since, until)``, of ``key_id``, answered or with a
+    failed call, not answered from the cache. The paging and the counts of what falls
+    outside a window (``gateway.ledger.export_bounds``) share them, so that an export never
+    counts as waiting, or as scored late, a request it would not export."""
+    failed_call = sa.exists().where(
+        calls.c.request_id == requests.c.request_id,
+        calls.c.role == "downstream",
+        calls.c.status == "error",
+    )
+    return [
+        *request_filters(since, until, key_id),
+        # Answered requests, and any request with a failed call (build_record keeps those
+        # whose chosen model is the one that failed).
+        sa.or_(
+            sa.and_(
+                requests.c.status >= 200,
+                requests.c.status < 300,
+                requests.c.final_model.is_not(None),
+            ),
+            failed_call,
+        ),
+        # Answers from the cache made no decision and cost nothing: not evidence about
+        # what routing to a model buys.
+        requests.c.cached_from.is_(None),
+    ]
+
+
 async def iter_export_records(
     engine: AsyncEngine,
     since: TimeBound = None,
@@ -64,27 +95,7 @@ async def iter_export_records(
     """
     if scored and include_unscored:
         raise ValueError("an export of scored windows holds scored requests only")
-    failed_call = sa.exists().where(
-        calls.c.request_id == requests.c.request_id,
-        calls.c.role == "downstream",
-        calls.c.status == "error",
-    )
-    base = [
-        *request_filters(since, until, key_id),
-        # Answered requests, and any request with a failed call (build_record keeps those
-        # whose chosen model is the one that failed).
-        sa.or_(
-            sa.and_(
-                requests.c.status >= 200,
-                requests.c.status < 300,
-                requests.c.final_model.is_not(None),
-            ),
-            failed_call,
-        ),
-        # Answers from the cache made no decision and cost nothing: not evidence about
-        # what routing to a model buys.
-        requests.c.cached_from.is_(None),
-    ]
+    base = exported_requests(since, until, key_id)
     if scored:
         async for chunk in _iter_first_scored(
             engine,
