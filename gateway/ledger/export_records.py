@@ -14,7 +14,8 @@ skip) would show each model's outcomes without its failures, and off-policy esti
 would overrate unreliable models.
 
 The outcome is keyed by the logged action (the decision's first action, falling back to the
-model that answered). A request whose chosen model was never called — a budget refused it
+model that answered; which action, its propensity and its failure are
+``gateway.ledger.export_action``'s). A request whose chosen model was never called — a budget refused it
 (``max_cost_usd``, a key budget), its open circuit kept the call away, the request stopped
 waiting — is left out, counted by why, whatever answered in its place: nothing in it is that
 model's outcome (``router.logged_calls``, the rule ``xrouter convert ledger`` applies too).
@@ -33,11 +34,16 @@ router on prompts it was trained on. A request whose content was not logged has 
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.ledger.export_action import (
+    decision_propensity,
+    first_call_failure,
+    logged_action,
+    logged_fields,
+)
 from gateway.ledger.records import messages_sha256
 from pricing import micros_to_usd
 from router.export_parquet import REWARD_TERMS
@@ -87,66 +93,6 @@ _CALL_FIELDS = (
 )
 
 
-def _propensity(decision: dict[str, Any] | None, first_only: bool = False) -> float | None:
-    """The probability the policy gave its whole action sequence (or, ``first_only``, its
-    first action); 1.0 for a request that named its model (no decision was made). None when
-    unknown or invalid."""
-    if not decision:
-        return 1.0
-    props = decision.get("propensities")
-    p = decision.get("propensity")
-    if first_only and props:
-        p = props[0]
-    elif p is None:
-        # An unknown propensity (null: a sampling LLM router) makes the whole one unknown.
-        if not props or any(q is None for q in props):
-            return None
-        p = math.prod(float(q) for q in props)
-    if p is None:
-        return None
-    p = float(p)
-    if not math.isfinite(p) or p <= 0.0:
-        return None
-    return min(p, 1.0)  # a product of floats can overshoot 1 by an ulp
-
-
-# The status of a request whose client went away before its answer was complete.
-_CLIENT_CLOSED = 499
-
-
-def _first_call_failure(
-    first: Mapping[str, Any] | None, downstream: Sequence[dict[str, Any]], action: str, status: int
-) -> dict[str, Any] | None:
-    """The first downstream call, when it was the logged action's and it failed: its row,
-    or, when a configured fallback answered in its place (the row then names the fallback,
-    with ``fallback_from``), the failure's own share of it, which is nothing. ``first`` is a
-    call made (:func:`build_record` leaves out a request whose chosen model was not)."""
-    if first is None:
-        return None
-    if first["model"] != action:
-        return {
-            "cost_micros": 0,
-            "prompt_tokens": 0,
-            "completion_tokens": 0,
-            "latency_ms": 0.0,
-            "error_type": "fell_back",
-        }
-    if status == _CLIENT_CLOSED and first is downstream[-1] and first["error_type"] == "connection":
-        # The client hung up on the stream it was reading (a chat UI's "stop generating"):
-        # the call is logged as cut before its usage, but the model did not fail.
-        return None
-    if first["status"] != "error":
-        return None
-    return dict(first)
-
-
-def _action(decision: dict[str, Any] | None, final_model: str) -> str:
-    actions = (decision or {}).get("actions") or []
-    if actions and isinstance(actions[0], str) and actions[0]:
-        return str(actions[0])
-    return final_model
-
-
 def build_record(
     row: dict[str, Any],
     call_rows: Sequence[dict[str, Any]],
@@ -161,7 +107,7 @@ def build_record(
     decision = row["decision"] if isinstance(row["decision"], dict) else None
     content = row["content"] if isinstance(row["content"], dict) else None
     final_model: str | None = row["final_model"]
-    action = _action(decision, final_model or "")
+    action = logged_action(decision, final_model or "")
     downstream = [c for c in call_rows if c["role"] == "downstream"]
     first = first_call(downstream, action) if action else None
     not_called = not_called_reason(first, action) if first is not None else None
@@ -178,7 +124,7 @@ def build_record(
             else:
                 stats.not_called_skipped += 1
         return None
-    failed = _first_call_failure(first, downstream, action, int(row["status"]))
+    failed = first_call_failure(first, downstream, action, int(row["status"]))
     if failed is not None:
         score: float | None = 0.0
     elif final_model is None or not 200 <= int(row["status"]) < 300:
@@ -191,7 +137,7 @@ def build_record(
             return None
     # A failure's record is its first decision's: the steps after it (a failover) were
     # forced by the failure, not chosen.
-    propensity = _propensity(decision, first_only=failed is not None)
+    propensity = decision_propensity(decision, first_only=failed is not None)
     if propensity is None:
         if stats is not None:
             stats.unknown_propensity += 1
@@ -225,7 +171,7 @@ def build_record(
     if score is None:
         record["scored"] = False  # needs a score (e.g. a judge) before training
 
-    record["logged"] = _logged(row, decision, action, propensity, failed is not None)
+    record["logged"] = logged_fields(row, decision, action, propensity, failed is not None)
     record["created_at"] = row["created_at"].isoformat()
     if row.get("logged_at") is not None:
         # When the row reached the database (absent for rows from before migration 11).
@@ -280,29 +226,3 @@ def _prompt_fields(content: dict[str, Any] | None) -> dict[str, Any]:
             "content_logged": "hash",
         }
     return {"prompt": "[content not logged]", "content_logged": "none"}
-
-
-def _logged(
-    row: dict[str, Any],
-    decision: dict[str, Any] | None,
-    action: str,
-    propensity: float,
-    failed: bool,
-) -> dict[str, Any]:
-    """What the deployed router did: the action, its propensity, the cost weight and policy,
-    the checkpoint that decided, and a multi-call trajectory's actions."""
-    logged: dict[str, Any] = {
-        "action": action,
-        "propensity": propensity,
-        "cost_weight": row["cost_weight"],
-        "policy": row["policy"],
-    }
-    checkpoint = (decision or {}).get("checkpoint")
-    if checkpoint:
-        logged["checkpoint"] = str(checkpoint)  # which deployed router decided
-    actions = (decision or {}).get("actions") or []
-    if len(actions) > 1 and not failed:
-        # A multi-call trajectory (a cascade's plan): its outcome is not ``action``'s
-        # alone, and off-policy learners over single models must know to skip it.
-        logged["actions"] = [str(a) for a in actions]
-    return logged
