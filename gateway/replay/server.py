@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
+import tempfile
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
@@ -41,8 +43,32 @@ def _announce(ready: int | str | Path, port: int) -> None:
         return
     path = Path(ready)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(line)
-    os.replace(tmp, path)  # atomic: a reader never sees a half-written port
+    try:
+        tmp.write_bytes(line)
+        os.replace(tmp, path)  # atomic: a reader never sees a half-written port
+    except OSError:
+        # Onto a directory the write succeeded and the replace failed, and the .tmp was left.
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+def _port_file_problem(path: Path) -> str | None:
+    """Why ``--port-file`` could not be written once listening, or None. Checked before
+    starting (it was refused after the "listening" line), and without writing the file: one
+    written now would name a port nothing listens on if the start then failed otherwise."""
+    if path.is_dir():
+        return f"--port-file {path}: Is a directory"
+    parent = path.parent  # "." for a bare name
+    try:
+        # A file made and dropped in its directory (unnamed, O_TMPFILE, where the OS allows
+        # it): os.access() says yes to root where no file can be made (sysfs), and this
+        # fails for a missing or non-directory parent too.
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as exc:
+        return f"--port-file {path}: cannot write in {parent}: {exc.strerror or exc}"
+    return None
 
 
 async def start(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
@@ -219,8 +245,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Exit statuses as ``xrouter serve``'s: 2 for a start refused (a bad option, an outcome
-    table missing, unreadable or malformed, a port in use or a host it cannot bind), each
-    one ``cannot start:`` line; 0 after a shutdown by signal or by its parent's exit."""
+    table missing, unreadable or malformed, a port in use or a host it cannot bind, a
+    ``--port-file`` it cannot write), each one ``cannot start:`` line; 0 after a shutdown by
+    signal or by its parent's exit."""
     # configure_logging, then the level on the root logger: under `xrouter replay-upstream`
     # the root logger is configured already, and basicConfig(level=...) alone left it at INFO.
     configure_logging()
@@ -229,6 +256,9 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name) < 0:
             log.error("--%s must be >= 0", name.replace("_", "-"))
             return 2
+    if args.port_file is not None and (problem := _port_file_problem(args.port_file)):
+        log.error("cannot start: %s", problem)
+        return 2
     try:
         table = _load_table(args.table)
     except OSError as exc:
@@ -254,7 +284,7 @@ def run(args: argparse.Namespace) -> int:
             stream_chunk_delay_ms=args.stream_chunk_delay_ms,
             exit_with_parent=args.exit_with_parent,
         )
-    except OSError as exc:  # the port taken since the check, or --port-file not writable
+    except OSError as exc:  # the port taken since the check, or --port-file since its check
         log.error("cannot start: %s", _os_problem(exc))
         return 2
     return 0

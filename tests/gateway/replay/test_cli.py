@@ -19,6 +19,7 @@ import openai
 import orjson
 import pytest
 
+from gateway.replay.server import serve
 from tests.support.replay import REPO_ROOT, replay_root, start_replay_upstream, stop_replay_upstream
 
 API_KEY = "replay-test-key"
@@ -358,3 +359,66 @@ def test_serve_and_replay_upstream_refuse_a_port_in_use_alike(tmp_path: Path) ->
             f"cannot start: port {port} on 127.0.0.1 is in use (another server listens "
             "there): stop it, or give another --port"
         ), line
+
+
+def _unwritable_dir(tmp_path: Path) -> Path:
+    if os.geteuid() != 0:
+        read_only = tmp_path / "read-only"
+        read_only.mkdir()
+        read_only.chmod(0o555)
+        return read_only
+    # Root writes in a 0o555 directory; in sysfs's root nobody may create a file.
+    if not Path("/sys/kernel").is_dir():
+        pytest.skip("run as root, and no sysfs at /sys")
+    return Path("/sys")
+
+
+@pytest.mark.parametrize(
+    ("port_file", "says"),
+    [
+        ("ports", "--port-file {tmp}/ports: Is a directory"),
+        (
+            "missing/port",
+            "--port-file {tmp}/missing/port: cannot write in {tmp}/missing: No such file or "
+            "directory",
+        ),
+        (
+            "a-file/port",
+            "--port-file {tmp}/a-file/port: cannot write in {tmp}/a-file: Not a directory",
+        ),
+        (
+            "{unwritable}/port",
+            "--port-file {unwritable}/port: cannot write in {unwritable}: Permission denied",
+        ),
+    ],
+)
+def test_xrouter_replay_upstream_refuses_a_port_file_it_cannot_write(
+    tmp_path: Path, port_file: str, says: str
+) -> None:
+    # Refused only once it was listening: its "listening" line came first. Onto a
+    # directory, the port went to a "ports.tmp" left beside it.
+    (tmp_path / "ports").mkdir()
+    (tmp_path / "a-file").write_text("")
+    names = {"tmp": str(tmp_path)}
+    if "unwritable" in port_file:
+        names["unwritable"] = str(_unwritable_dir(tmp_path))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    proc = _xrouter_replay(
+        tmp_path, "--port", "0", "--port-file", str(tmp_path / port_file.format(**names))
+    )
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2, output
+    [line] = output.splitlines()
+    assert " ERROR " in line and f"cannot start: {says.format(**names)}" in line, output
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_serve_leaves_no_temporary_file_beside_a_port_file_it_cannot_write(
+    tmp_path: Path,
+) -> None:
+    # serve() (for embedding) has no check before it listens: the port went to "ports.tmp",
+    # which the replace onto the directory then failed to move, and left there.
+    (tmp_path / "ports").mkdir()
+    with pytest.raises(IsADirectoryError):
+        serve("127.0.0.1", 0, ready_fd_or_file=tmp_path / "ports")
+    assert [p.name for p in tmp_path.iterdir()] == ["ports"]
