@@ -21,7 +21,27 @@ from typing import Any, Literal
 
 import numpy as np
 
+from pricing.money import MAX_USD
+
 RewardForm = Literal["gated", "additive"]
+
+
+# The fixed cost scale's range, USD per unit of normalized cost. Within it, every cost an
+# outcome table or the ledger holds (0 to MAX_USD) normalizes to a finite C̃ that is not
+# subnormal either (the λ ranges and grids divide by it), with room for λ·C̃: past it,
+# 1e-310 made C̃ infinite and 1e308 made it subnormal, and the λ grid overflowed.
+MIN_COST_SCALE = 1e-12
+MAX_COST_SCALE = MAX_USD
+
+
+def cost_scale_problem(value: float) -> str | None:
+    """Why ``value`` cannot be a cost scale (NaN included), or None."""
+    if MIN_COST_SCALE <= value <= MAX_COST_SCALE:
+        return None
+    return (
+        f"must be between {MIN_COST_SCALE:g} and {MAX_COST_SCALE:g} (USD per unit of "
+        f"normalized cost), got {value:g}"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +59,8 @@ class RewardConfig:
             value = getattr(self, name)
             if not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number, got {value}")
-        if self.cost_scale <= 0:
-            raise ValueError("cost_scale must be positive")
+        if (problem := cost_scale_problem(self.cost_scale)) is not None:
+            raise ValueError(f"cost_scale {problem}")
         if self.c_max < 0 or self.K < 0:
             raise ValueError("K and c_max must be non-negative")
         if self.form == "gated" and self.K == 0:

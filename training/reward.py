@@ -10,10 +10,13 @@ import math
 from collections.abc import Mapping
 
 from router.reward import (
+    MAX_COST_SCALE,
+    MIN_COST_SCALE,
     RewardConfig,
     RewardForm,
     RewardTerms,
     compute_reward,
+    cost_scale_problem,
     expected_reward,
     normalized_cost,
 )
@@ -21,17 +24,34 @@ from router.reward import (
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "MAX_COST_SCALE",
+    "MIN_COST_SCALE",
     "RewardConfig",
     "RewardForm",
     "RewardTerms",
     "add_reward_arguments",
     "check_reference_costs",
     "compute_reward",
+    "cost_scale_arg",
     "expected_reward",
     "normalized_cost",
     "reward_config_from_args",
     "warn_if_wrong_beats_right",
 ]
+
+
+def cost_scale_arg(text: str) -> float:
+    """argparse ``type`` of ``--cost-scale`` (``xrouter train``, ``verl-data``, ``eval``):
+    refused as a bad argument, before any table is read, where the reward would overflow
+    (1e-310 made every normalized cost infinite, 1e308 a traceback in train's λ range)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    problem = cost_scale_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return value
 
 
 def add_reward_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,9 +77,10 @@ def add_reward_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--cost-scale",
-        type=float,
+        type=cost_scale_arg,
         default=d.cost_scale,
-        help=f"USD per unit of normalized cost ({d.cost_scale:g})",
+        help=f"USD per unit of normalized cost, {MIN_COST_SCALE:g} to {MAX_COST_SCALE:g} "
+        f"({d.cost_scale:g})",
     )
     parser.add_argument(
         "--reference-model", help="normalize cost by this model's cost on the same prompt"

@@ -19,6 +19,17 @@ def test_a_non_finite_setting_is_refused(field: str, value: float) -> None:
         RewardConfig(**{field: value})  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("value", [1e-310, 0.0, -0.001, 1e-13, 1.1e12, 1e308])
+def test_a_cost_scale_outside_its_range_is_refused(value: float) -> None:
+    # 1e-310 (subnormal) made every normalized cost of a table infinite, 1e308 every one
+    # subnormal; as a gateway setting, the feedback reward was then infinite too.
+    with pytest.raises(ValueError, match=r"cost_scale must be between 1e-12 and 1e\+12"):
+        RewardConfig(cost_scale=value)
+    for bound in (1e-12, 1e12):
+        c_tilde = compute_reward(1.0, 1e12, 1.0, RewardConfig(cost_scale=bound)).normalized_cost
+        assert math.isfinite(c_tilde) and c_tilde > 0
+
+
 def test_finite_settings_give_finite_rewards() -> None:
     terms = compute_reward(1.0, 0.002, 1.0, RewardConfig(K=2.0, c_max=0.5, cost_scale=0.01))
     assert terms.reward == pytest.approx(2.0 - 0.2)

@@ -47,7 +47,7 @@ from training.evaluation.sweep import (
     restrict_models,
 )
 from training.evaluation.utility import BASELINE_REWARD, lambda_grid
-from training.reward import RewardConfig
+from training.reward import MAX_COST_SCALE, MIN_COST_SCALE, RewardConfig, cost_scale_arg
 
 logger = logging.getLogger(__name__)
 
@@ -119,9 +119,10 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weak", help="weak model of a two-model PGR slice")
     parser.add_argument(
         "--cost-scale",
-        type=float,
+        type=cost_scale_arg,
         default=BASELINE_REWARD.cost_scale,
-        help="USD per unit of normalized cost in the baselines' reward (sets λ's scale)",
+        help="USD per unit of normalized cost in the baselines' reward (sets λ's scale), "
+        f"{MIN_COST_SCALE:g} to {MAX_COST_SCALE:g} (default {BASELINE_REWARD.cost_scale:g})",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for random baselines")
     parser.add_argument(

@@ -175,9 +175,12 @@ def test_the_cli_names_what_is_wrong(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "non-negative" in capsys.readouterr().err
     assert xrouter(["verl-data", "--table", str(table), "--out", out, "--router-price", "1"]) == 2
     assert "router_price is two" in capsys.readouterr().err
-    # A NaN cost scale would write NaN rewards into every row.
-    assert xrouter(["verl-data", "--table", str(table), "--out", out, "--cost-scale", "nan"]) == 2
-    assert "cost_scale must be a finite number" in capsys.readouterr().err
+    # A NaN cost scale would write NaN rewards into every row; 1e-310 infinite ones.
+    for bad in ("nan", "1e-310"):
+        with pytest.raises(SystemExit) as exc:
+            xrouter(["verl-data", "--table", str(table), "--out", out, "--cost-scale", bad])
+        assert exc.value.code == 2
+        assert "argument --cost-scale: must be between" in capsys.readouterr().err
 
 
 def test_logged_traffic_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
