@@ -1,14 +1,14 @@
 """What a circuit breaker saves during an upstream outage (prints figures).
 
-    .venv/bin/python bench/circuit_breaker.py [--requests 40] [--timeout-s 2]
+    .venv/bin/python bench/circuit_breaker.py [--requests 40] [--timeout-s 2] [--port 18301]
 
 Starts the replay upstream and two gateways on the demo pool — circuit breakers off
-(``router.circuit_breaker.failures: 0``) and on (the default, 5 failures, 30 s) — makes the
-cheapest model hang (every call to it times out after ``--timeout-s``, one retry), and sends
-the same sequential requests to ``xrouter/cheapest`` through each. Without a breaker every
-request pays the dead model's timeouts before the loop's next turn asks another model; with
-one, the first requests pay them, then routing leaves the model out. Prints latency
-percentiles and how many calls went to the dead model.
+(``router.circuit_breaker.failures: 0``, on ``--port``) and on (the default, 5 failures,
+30 s, on the next port) — makes the cheapest model hang (every call to it times out after
+``--timeout-s``, one retry), and sends the same sequential requests to ``xrouter/cheapest``
+through each. Without a breaker every request pays the dead model's timeouts before the
+loop's next turn asks another model; with one, the first requests pay them, then routing
+leaves the model out. Prints latency percentiles and how many calls went to the dead model.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Any
 
 import httpx
 import yaml
+from xrouter_serve import REPO, start_gateway
 
-REPO = Path(__file__).resolve().parents[1]
 DEAD = "llama-3.2-3b-instruct"  # the demo pool's cheapest model
 MODELS = [
     "llama-3.2-3b-instruct",
@@ -39,20 +39,6 @@ def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with log.open("wb") as out:
         return subprocess.Popen(cmd, cwd=log.parent, env=env, stdout=out, stderr=subprocess.STDOUT)
-
-
-def wait_for(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"exited:\n{log.read_text()}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"not ready: {url}")
 
 
 def gateway(
@@ -78,13 +64,7 @@ def gateway(
     }
     path = tmp / f"gateway-{port}.yaml"
     path.write_text(yaml.safe_dump(config))
-    log = tmp / f"gateway-{port}.log"
-    proc = start(
-        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port", str(port)],
-        log,
-    )
-    wait_for(f"http://127.0.0.1:{port}/readyz", proc, log)
-    return proc
+    return start_gateway(tmp, port, args=["--config", str(path)])
 
 
 def run(port: int, n: int, control: httpx.Client) -> tuple[list[float], int]:
@@ -106,6 +86,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=40)
     parser.add_argument("--timeout-s", type=float, default=2.0)
+    parser.add_argument("--port", type=int, default=18301, help="the first gateway's (then +1)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="xrouter-cb-") as d:
         tmp = Path(d)
@@ -132,8 +113,8 @@ def main() -> int:
             control = httpx.Client(base_url=root, timeout=10)
             results = {}
             for label, failures, port in (
-                ("breaker off", 0, 18301),
-                ("breaker on (default)", 5, 18302),
+                ("breaker off", 0, args.port),
+                ("breaker on (default)", 5, args.port + 1),
             ):
                 procs.append(gateway(tmp, root + "/v1", port, failures, args.timeout_s))
                 control.delete("/_replay/faults")

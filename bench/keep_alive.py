@@ -2,35 +2,32 @@
 pause (prints figures).
 
     .venv/bin/python bench/keep_alive.py [--clients 64] [--seconds 120] [--gap 4.5,5.5]
-        [--keep-alive 5,75]
+        [--keep-alive 5,75] [--port 18400]
 
 For each ``server.keep_alive_s`` (5 s is uvicorn's own default, 75 s the gateway's), starts
-``xrouter serve`` on its embedded demo with that setting and runs ``--clients`` polling
-clients for ``--seconds``: each holds one pooled connection (kept idle up to 120 s, as a
-load balancer keeps its backend connections) and sends a routed request (``model:
-xrouter``), waits a pause drawn uniformly from ``--gap`` seconds, and sends the next. Prints
-per setting the requests sent, the connections the clients had to open (beyond the first,
-each one a connection the gateway had closed while idle) and the requests that failed with a
-transport error: sent on a connection the gateway was closing at that moment. The OpenAI SDK
-retries those; a balancer answers 502, a client without retries fails.
+``xrouter serve`` on its embedded demo with that setting (on ``--port``, the next setting's
+on the next port) and runs ``--clients`` polling clients for ``--seconds``: each holds one
+pooled connection (kept idle up to 120 s, as a load balancer keeps its backend connections)
+and sends a routed request (``model: xrouter``), waits a pause drawn uniformly from
+``--gap`` seconds, and sends the next. Prints per setting the requests sent, the connections
+the clients had to open (beyond the first, each one a connection the gateway had closed
+while idle) and the requests that failed with a transport error: sent on a connection the
+gateway was closing at that moment. The OpenAI SDK retries those; a balancer answers 502, a
+client without retries fails.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-
-REPO = Path(__file__).resolve().parents[1]
+from xrouter_serve import start_gateway
 
 
 @dataclass
@@ -38,34 +35,6 @@ class Counts:
     requests: int = 0
     failed: int = 0
     ports: set[int] = field(default_factory=set)  # one local port per connection opened
-
-
-def serve(tmp: Path, port: int, keep_alive_s: int) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "XROUTER_SERVER__KEEP_ALIVE_S": str(keep_alive_s),
-    }
-    log = tmp / f"gateway-{port}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)],
-            cwd=tmp,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"gateway exited:\n{log.read_text()}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit("gateway not ready")
 
 
 async def poll(port: int, clients: int, seconds: float, gap: tuple[float, float]) -> Counts:
@@ -103,6 +72,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--gap", default="4.5,5.5", help="pause between requests, MIN,MAX s")
     parser.add_argument("--keep-alive", default="5,75", help="seconds, comma-separated")
+    parser.add_argument(
+        "--port", type=int, default=18400, help="the first setting's gateway's port (the next: +1)"
+    )
     args = parser.parse_args()
     lo, hi = (float(x) for x in args.gap.split(","))
     settings = [int(x) for x in args.keep_alive.split(",")]
@@ -115,8 +87,9 @@ def main() -> int:
         for n, keep_alive in enumerate(settings):
             tmp = Path(d) / str(keep_alive)
             tmp.mkdir()
-            port = 18400 + n
-            proc = serve(tmp, port, keep_alive)
+            port = args.port + n
+            env = {"XROUTER_SERVER__KEEP_ALIVE_S": str(keep_alive)}
+            proc = start_gateway(tmp, port, env=env)
             try:
                 c = asyncio.run(poll(port, args.clients, args.seconds, (lo, hi)))
                 reopened = len(c.ports) - args.clients

@@ -1,7 +1,7 @@
 """How long one large request holds the gateway's event loop (prints figures).
 
     .venv/bin/python bench/loop_stall.py [--turns 1000,5000,20000] [--repeat 3]
-        [--against DIR]
+        [--against DIR] [--port 18700]
 
 Starts ``xrouter serve`` on its embedded demo (one worker) and, for each API (chat
 completions, the Responses API, the Messages API) and each ``--turns``, sends one request
@@ -10,50 +10,24 @@ back to back. Prints the request's size and time and the slowest ``/healthz`` an
 it was in flight, best of ``--repeat``: with the request read on the loop, that is how long
 every other request and stream on the worker waited; read in a worker thread
 (``gateway.off_loop``), the loop keeps answering. ``--against DIR`` runs the same on another
-checkout of xrouter (``PYTHONPATH=DIR``), e.g. a ``git worktree`` of an older commit.
+checkout of xrouter (``PYTHONPATH=DIR``), e.g. a ``git worktree`` of an older commit, on
+``--port`` + 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+from xrouter_serve import REPO, start_gateway
 
-REPO = Path(__file__).resolve().parents[1]
 MODEL = "qwen2.5-7b-instruct"
 PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
-
-
-def serve(tree: Path, tmp: Path, port: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    log = tmp / f"gateway-{port}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)],
-            cwd=tmp,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"gateway exited:\n{log.read_text()}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit("gateway not ready")
 
 
 def body(api: str, turns: int) -> dict[str, Any]:
@@ -103,6 +77,9 @@ def main() -> None:
     ap.add_argument("--turns", default="1000,5000,20000")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--against", type=Path, help="another checkout to measure the same way")
+    ap.add_argument(
+        "--port", type=int, default=18700, help="this tree's gateway's port (--against's: the next)"
+    )
     args = ap.parse_args()
     turns = [int(t) for t in args.turns.split(",")]
     trees = [("this tree", REPO)] + ([("--against", args.against)] if args.against else [])
@@ -111,8 +88,8 @@ def main() -> None:
     )
     for label, tree in trees:
         with tempfile.TemporaryDirectory() as tmp:
-            port = 18700 + (0 if tree == REPO else 1)
-            proc = serve(tree, Path(tmp), port)
+            port = args.port + (0 if tree == REPO else 1)
+            proc = start_gateway(Path(tmp), port, tree=tree)
             try:
                 for api in PATHS:
                     for n in turns:

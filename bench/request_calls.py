@@ -41,7 +41,7 @@ import httpx
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT / "bench"))  # run as a plain script from a checkout
 
-from circuit_breaker import wait_for  # noqa: E402
+from xrouter_serve import wait_for  # noqa: E402
 
 HARNESS = REPO_ROOT.parent / "shared" / "bench" / "gateway"
 log = logging.getLogger("bench.request_calls")
