@@ -148,7 +148,12 @@ class Reloader:
         """Build a new runtime snapshot from ``settings`` (the config as read; default: the
         last one) with the deployed checkpoint, if it still applies, and swap it in.
         In-flight requests keep the old one. ``following``: the deployment this reload
-        takes up, whose recorded version the loaded checkpoint must be."""
+        takes up, whose recorded version the loaded checkpoint must be. A deployed
+        checkpoint rewritten in place is recorded as its deployment (see
+        ``_record_rewritten_deployment``) unless a newer deployment was recorded meanwhile:
+        then that one is loaded and served."""
+        from gateway.ledger.deployments import DeploymentSuperseded
+
         s = self._s
         async with self.reload_lock:
             if following is not None and following.id <= (self._seen_deployment or 0):
@@ -163,7 +168,8 @@ class Reloader:
             applies = deployment is not None and deployment.applies_to(
                 file_settings.router.checkpoint
             )
-            serving = self._kept_from_start(self._effective(file_settings, deployment))
+            kept = self._kept_from_start(file_settings)
+            serving = self._effective(kept, deployment)
             runtime = await self._build(serving)
             if following is not None:
                 check_deployed_version(runtime, following)
@@ -172,7 +178,19 @@ class Reloader:
                 # The deployed checkpoint is what was built: a version other than the one
                 # recorded means it was rewritten in place. (Where the config names another
                 # checkpoint, the config's serves and there is nothing to record.)
-                deployment = await self._record_rewritten_deployment(runtime, deployment)
+                try:
+                    deployment = await self._record_rewritten_deployment(runtime, deployment)
+                except DeploymentSuperseded as exc:
+                    # A deploy recorded since this process took ``deployment`` up (while
+                    # this reload was loading, or within a poll before it): that is what
+                    # every worker follows, and the rewritten checkpoint is no longer the
+                    # deployed one. This reload serves it, as the poller would have.
+                    deployment = exc.newer
+                    serving = self._effective(kept, deployment)
+                    runtime = await self._build(serving)
+                    if deployment.applies_to(file_settings.router.checkpoint):
+                        check_deployed_version(runtime, deployment)
+                    self._seen_deployment = deployment.id
             runtime.take_over()
             s.file_settings, s.settings, s.runtime = file_settings, serving, runtime
             self.deployment = deployment
@@ -231,15 +249,42 @@ class Reloader:
         content is the deployment now. Recorded as a new deployment of the same path, so
         restarts and the other workers and replicas take it instead of refusing it as a
         stale copy; if it cannot be recorded the reload fails and the recorded content keeps
-        serving. Returns the deployment the runtime serves."""
+        serving. Returns the deployment the runtime serves.
+
+        Recorded as a deploy is, only over ``d`` (``record_replacing``): a deploy recorded
+        since ``d`` — by another worker or replica while this one loaded, or before its
+        poller took it up — replaced ``d`` and its path, and was answered as deployed;
+        recording the rewritten content over it would undo that deploy on every worker, its
+        exit status 0 notwithstanding. Then nothing is recorded and ``DeploymentSuperseded``
+        names the newer deployment, which the reload serves instead."""
+        from gateway.ledger.deployments import DeploymentSuperseded
+
         found = (runtime.checkpoint_info or {}).get("version")
         if d is None or self.deployments is None or found is None or found == d.version:
             return d
-        latest = await self.deployments.latest()
-        if latest is not None and (latest.checkpoint, latest.version) == (d.checkpoint, found):
-            d = latest  # another worker recorded it first
+        try:
+            recorded = await self.deployments.record_replacing(
+                d.id, d.checkpoint, found, d.config_checkpoint
+            )
+        except DeploymentSuperseded as exc:
+            newer = exc.newer
+            if (newer.checkpoint, newer.version) != (d.checkpoint, found):
+                log.warning(
+                    "the deployed checkpoint %s changed in place (version %s), but deployment "
+                    "%d (%s, version %s) was recorded after deployment %d, which it replaces: "
+                    "not recorded; loading deployment %d instead",
+                    d.checkpoint,
+                    found,
+                    newer.id,
+                    newer.checkpoint,
+                    newer.version,
+                    d.id,
+                    newer.id,
+                )
+                raise
+            d = newer  # another worker or replica recorded the same content first
         else:
-            d = await self.deployments.record(d.checkpoint, found, d.config_checkpoint)
+            d = recorded
             # A warning: a run retrained into the deployed directory goes live here with
             # no `xrouter deploy` (and no eval) — what the operator should know it did.
             log.warning(

@@ -1,10 +1,12 @@
 """``xrouter deploy`` against a real gateway: of two deploys that overlap, the one answered
-as deployed is the one every worker serves, and the other says it is not."""
+as deployed is the one every worker serves, and the other says it is not; a reload that
+finds the deployed checkpoint rewritten in place does not record it over a newer deploy."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -14,13 +16,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from router.checkpoint import load_checkpoint
 from tests.gateway.conftest import Upstream
-from tests.support.gateway import ADMIN_KEY, gateway_config, start_gateway
+from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
 from tests.support.replay import REPO_ROOT
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -117,3 +120,60 @@ def test_of_two_concurrent_deploys_only_the_one_that_serves_exits_0(
         assert f"admin deploy of {lost} not recorded: deployment {deployment['id']}" in gw.log()
     finally:
         gw.stop()
+
+
+def test_a_checkpoint_rewritten_in_place_is_not_recorded_over_a_newer_deploy(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    """Replica B serves deployment 1, a run directory; `xrouter deploy` on replica A records
+    deployment 2, exit 0; the run is retrained in place and B reloads before its poller took
+    deployment 2 up. B recorded the rewritten run as deployment 3, and every worker left the
+    deploy answered as done for it. (A poll of 60 s holds open the window that a reload
+    loading while another replica's deploy is recorded falls in: ``record_replacing``.)"""
+    demo, rl = load_checkpoint("packaged:demo"), load_checkpoint("packaged:demo-rl")
+    assert demo.path is not None and rl.path is not None
+    run = tmp_path / "run"
+    shutil.copytree(demo.path, run)
+    cfg = gateway_config(tmp_path, upstream.base_url, router={"deployment_poll_s": 60})
+    a = start_gateway(tmp_path, cfg, name="a")
+    b: Gateway | None = None
+    try:
+        r = httpx.post(
+            f"{a.url}/admin/reload", headers=ADMIN, json={"checkpoint": str(run)}, timeout=60
+        )
+        assert r.status_code == 200 and r.json()["deployment"]["id"] == 1, r.text
+        # Another replica on the same ledger database, started on deployment 1.
+        spill = {"spill_dir": str(tmp_path / "spill-b")}
+        b = start_gateway(tmp_path, {**cfg, "ledger": {**cfg["ledger"], **spill}}, name="b")
+        assert _state(b.url)["deployment"]["id"] == 1
+        deploy = _deploy("packaged:demo", a.url)
+        out, err = deploy.communicate(timeout=120)
+        assert deploy.returncode == 0, err
+        assert json.loads(out)["deployment"]["id"] == 2
+        shutil.rmtree(run)
+        shutil.copytree(rl.path, run)  # retrained in place
+        r = httpx.post(f"{b.url}/admin/reload", headers=ADMIN, timeout=60)
+        # B takes the newer deployment up in place of the rewritten run, and records nothing.
+        assert r.status_code == 200, r.text
+        assert r.json()["deployment"]["id"] == 2, r.text
+        assert r.json()["checkpoint"]["version"] == demo.version, r.text
+        with sqlite3.connect(tmp_path / "ledger.db") as db:
+            rows = db.execute("SELECT id, checkpoint, version FROM router_deployments").fetchall()
+        assert rows == [(1, str(run), demo.version), (2, "packaged:demo", demo.version)]
+        for gw in (a, b):
+            state = _state(gw.url)
+            assert state["deployment"]["id"] == 2, (state, gw.log())
+            assert state["checkpoint"]["version"] == demo.version, state
+        line = next(x for x in b.log().splitlines() if "changed in place" in x)
+        assert "WARNING" in line and "not recorded; loading deployment 2 instead" in line, line
+        assert f"deployment 2 (packaged:demo, version {demo.version}) was recorded" in line
+    finally:
+        a.stop()
+        if b is not None:
+            b.stop()
+
+
+def _state(url: str) -> dict[str, Any]:
+    r = httpx.get(f"{url}/admin/router", headers=ADMIN, timeout=10)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
