@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 # that ends in ``/v1``): the gateway itself answers a checkpoint it refuses with 400.
 _NOT_THE_ADMIN_API = frozenset({404, 405, 501})
 _DETAIL_CHARS = 200
+# The exit status of a deploy that lost to another that overlapped it (409
+# deployment_superseded): not 1, which says the checkpoint or the gateway is at fault, so a
+# script can tell "deploy again, or leave the winner" from "fix something first".
+EXIT_SUPERSEDED = 3
 
 
 class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
@@ -150,10 +154,11 @@ def run_deploy(args: argparse.Namespace) -> int:
         elif exc.code == 403:
             # Not the checkpoint's fault: the admin API is off (no auth.admin_key).
             log.error("the gateway refused the admin call (403): %s", detail)
-        elif exc.code == 409:
+        elif exc.code == 409 and detail.startswith("deployment_superseded"):
             # A deploy that overlapped this one was recorded first and is what serves: this
             # checkpoint is not, whatever it is worth (the line names the one that is).
             log.error("not deployed, another deploy won (409): %s", detail)
+            return EXIT_SUPERSEDED
         elif exc.code in _NOT_THE_ADMIN_API:
             log.error(
                 "%s does not serve POST /admin/reload (%d): --url is the gateway's base URL, "

@@ -438,6 +438,21 @@ def test_deploy_quotes_a_refusal_s_body_as_one_short_line() -> None:
     assert len(lines[0]) < 400, lines[0]
 
 
+def test_deploy_takes_only_the_gateway_s_deployment_superseded_for_a_lost_race() -> None:
+    # Exit 3 says "another deploy won"; a 409 from anything else (a proxy, another server
+    # at that URL) says nothing of the kind: it is a refusal like any other, exit 1.
+    body = b'{"error": {"message": "busy", "type": "x", "param": null, "code": "conflict"}}'
+    gateway, _ = _recorder(409, {"Content-Type": "application/json"}, body)
+    try:
+        url = f"http://127.0.0.1:{gateway.server_address[1]}"
+        proc = run_cli("deploy", "packaged:demo", "--url", url, "--admin-key", "k")
+    finally:
+        _close(gateway)
+    assert proc.returncode == 1, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert "refused the checkpoint (409): conflict: busy" in line, line
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_serve_log_level_error_silences_xrouter_s_own_info_lines(
     tmp_path: Path, workers: int
