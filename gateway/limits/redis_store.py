@@ -5,8 +5,10 @@ concurrency, across processes and hosts. Key layout, all under ``<prefix>:{<key 
 API key's state lives in one Redis Cluster slot and a script never spans slots:
 
     <prefix>:{<key>}:rl:req          zset   rpm sliding-window log
-    <prefix>:{<key>}:rl:tok          zset   tpm sliding-window log ("<id>:<tokens>")
-    <prefix>:{<key>}:rl:toksum       int    sum of the tpm log
+    <prefix>:{<key>}:rl:tlog         zset   tpm sliding-window log ("<id>:<tokens>")
+    <prefix>:{<key>}:rl:tsum         int    sum of the tpm log
+    <prefix>:{<key>}:rl:tticks       hash   the tpm log summed per 1/4 s, and how far it
+                                            has been swept (see ``lua.RATE_LUA``)
     <prefix>:{<key>}:b:holds         zset   reservation id -> hold deadline
     <prefix>:{<key>}:b:held          hash   reservation id -> micro-USD held
     <prefix>:{<key>}:b:reserved      int    sum of held
@@ -152,7 +154,14 @@ class RedisLimitStore(LimitStore):
 
     def _rate_keys(self, limits: KeyLimits) -> list[str]:
         base = self._base(limits, "")
-        return [f"{base}:rl:req", f"{base}:rl:tok", f"{base}:rl:toksum"]
+        # The tpm keys were rl:tok and rl:toksum before the log was summed per tick: renamed,
+        # so a gateway of each version never reads a log the other kept differently.
+        return [
+            f"{base}:rl:req",
+            f"{base}:rl:tlog",
+            f"{base}:rl:tsum",
+            f"{base}:rl:tticks",
+        ]
 
     def _budget_keys(self, base: str, period_id: str, reservation_id: str) -> list[str]:
         return [
