@@ -8,7 +8,7 @@ API key's state lives in one Redis Cluster slot and a script never spans slots:
     <prefix>:{<key>}:rl:tlog         zset   tpm sliding-window log ("<id>:<tokens>")
     <prefix>:{<key>}:rl:tsum         int    sum of the tpm log
     <prefix>:{<key>}:rl:tticks       hash   the tpm log summed per 1/4 s, and how far it
-                                            has been swept (see ``lua.RATE_LUA``)
+                                            has been swept (see ``lua_rate.RATE_LUA``)
     <prefix>:{<key>}:b:holds         zset   reservation id -> hold deadline
     <prefix>:{<key>}:b:held          hash   reservation id -> micro-USD held
     <prefix>:{<key>}:b:reserved      int    sum of held
@@ -55,14 +55,13 @@ from gateway.limits.base import (
 )
 from gateway.limits.lua import (
     ACQUIRE_SLOT_LUA,
-    ADD_TOKENS_LUA,
-    RATE_LUA,
     RELEASE_SLOT_LUA,
     RESERVE_LUA,
     RESTORE_SPENT_LUA,
     SETTLE_LUA,
     STATE_LUA,
 )
+from gateway.limits.lua_rate import ADD_TOKENS_LUA, RATE_LUA
 from gateway.limits.memory import DEFAULT_HOLD_TTL_S
 from gateway.limits.resp import RespClient, RespConnectionError, RespError, Script
 from gateway.limits.windows import (
