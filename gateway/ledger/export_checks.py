@@ -1,7 +1,7 @@
 """What ``xrouter export`` refuses before it reads the ledger, each in one line: an output
 whose format its name contradicts, a ledger URL that is none, an ``--out`` or ``--cursor``
-that would replace the ledger's own file (or each other), and a SQLite ledger that is not
-there (opening it would make one)."""
+that would replace the ledger's own file (or each other) or that cannot be written, and a
+SQLite ledger that is not there (opening it would make one)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import argparse
 import importlib.util
 import os
 import sqlite3
+import tempfile
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -113,3 +114,32 @@ def no_ledger_in(db_file: Path) -> str | None:
     except sqlite3.Error:
         return None
     return " (an empty SQLite database)" if tables == 0 else None
+
+
+def check_writable(path: Path, option: str) -> None:
+    """Refuse an ``--out`` or ``--cursor`` the export could not put in place, before the
+    ledger is read (the whole ledger was read, then the output's temporary file failed to
+    take its place, in a line naming that file): a directory, something that is not a
+    regular file (the export replaces it whole: ``/dev/null`` would become a file), or a
+    path in a directory where no file can be made. A missing directory is made by the
+    export, so the directory that must take files is the nearest one that exists."""
+    if path.is_dir():
+        raise ValueError(f"{option} {path} is a directory: give the path of a file")
+    if path.exists() and not path.is_file():
+        raise ValueError(
+            f"{option} {path} is not a regular file: the export replaces it whole; give the "
+            "path of a file"
+        )
+    parent = path.parent  # "." for a bare name
+    while not os.path.lexists(parent) and parent != parent.parent:
+        parent = parent.parent
+    try:
+        # A file made and dropped (unnamed, O_TMPFILE, where the OS allows it): os.access()
+        # says yes to root where no file can be made (sysfs), and this fails for a parent
+        # that is not a directory too.
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as exc:
+        raise ValueError(
+            f"{option} {path}: cannot write in {parent}: {exc.strerror or exc}"
+        ) from None

@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import sys
 from datetime import datetime
+from pathlib import Path
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -22,6 +23,7 @@ from gateway.ledger.export_bounds import (
 )
 from gateway.ledger.export_checks import (
     check_paths_apart,
+    check_writable,
     no_ledger_in,
     output_format,
 )
@@ -107,6 +109,7 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
         fmt = output_format(args.out, args.format)
         db_file = sqlite_file(parse_ledger_url(ledger_url))
         check_paths_apart(args, db_file)
+        await asyncio.to_thread(_check_outputs, args)
         since, until = parse_bound(args.since, "--since"), parse_bound(args.until, "--until")
         window = await asyncio.to_thread(logged_window, args)
     except (ValueError, sa.exc.ArgumentError) as exc:
@@ -155,7 +158,8 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
             await engine.dispose()
     except (OSError, ValueError, ImportError, sa.exc.SQLAlchemyError, MigrationError) as exc:
         # An unreachable database, one holding another schema or of a kind the ledger does
-        # not run on (its driver is not installed), or an unwritable output file: one line,
+        # not run on (its driver is not installed), or an output that failed as it was
+        # written (a full disk): one line,
         # not a traceback (and no statement or bound values, which would be prompts).
         print(f"error: export failed: {describe_error(exc)}", file=sys.stderr)
         return 2
@@ -167,6 +171,12 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
     if late:
         warn_late_feedback(late, window.scored, settle)
     return await report_window(window, waiting, settled_by)
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    check_writable(Path(args.out), "--out")
+    if args.cursor is not None:
+        check_writable(Path(args.cursor), "--cursor")
 
 
 async def _count_outside(

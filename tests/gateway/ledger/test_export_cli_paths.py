@@ -7,6 +7,7 @@ whose port no socket takes (a traceback from the driver) — each one line, exit
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,105 @@ async def test_time_bounds_take_epoch_seconds_as_the_spend_report_does(
     argv = ["--out", str(out), "--since", "1732850000", "--until", "2030-01-01"]
     assert await run_export(_args(*argv), f"sqlite+aiosqlite:///{ledger}") == 0
     assert "exported 0 records" in capsys.readouterr().out
+
+
+def _unwritable_dir(tmp_path: Path) -> Path:
+    if os.geteuid() != 0:
+        read_only = tmp_path / "read-only"
+        read_only.mkdir()
+        read_only.chmod(0o555)
+        return read_only
+    # Root writes in a 0o555 directory; in sysfs's root nobody may create a file.
+    if not Path("/sys/kernel").is_dir():
+        pytest.skip("run as root, and no sysfs at /sys")
+    return Path("/sys")
+
+
+@pytest.mark.parametrize(
+    ("option", "path", "says"),
+    [
+        pytest.param(
+            "--out",
+            "{tmp}/a-dir",
+            "--out {tmp}/a-dir is a directory: give the path of a file",
+            id="out-a-directory",
+        ),
+        pytest.param(
+            "--cursor",
+            "{tmp}/a-dir",
+            "--cursor {tmp}/a-dir is a directory: give the path of a file",
+            id="cursor-a-directory",
+        ),
+        pytest.param(
+            "--out",
+            "{tmp}/a-fifo",
+            "--out {tmp}/a-fifo is not a regular file: the export replaces it whole; give the "
+            "path of a file",
+            id="out-a-fifo",
+        ),
+        pytest.param(
+            "--out",
+            "{tmp}/a-file/x.jsonl",
+            "--out {tmp}/a-file/x.jsonl: cannot write in {tmp}/a-file: Not a directory",
+            id="out-under-a-file",
+        ),
+        pytest.param(
+            "--out",
+            "{tmp}/a-file/missing/x.jsonl",
+            "--out {tmp}/a-file/missing/x.jsonl: cannot write in {tmp}/a-file: Not a directory",
+            id="out-under-a-missing-directory-under-a-file",
+        ),
+        pytest.param(
+            "--out",
+            "{unwritable}/missing/x.jsonl",
+            "--out {unwritable}/missing/x.jsonl: cannot write in {unwritable}: Permission denied",
+            id="out-in-an-unwritable-directory",
+        ),
+        pytest.param(
+            "--cursor",
+            "{unwritable}/c",
+            "--cursor {unwritable}/c: cannot write in {unwritable}: Permission denied",
+            id="cursor-in-an-unwritable-directory",
+        ),
+    ],
+)
+async def test_an_output_that_cannot_be_written_is_refused_before_the_ledger_is_read(
+    ledger: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    option: str,
+    path: str,
+    says: str,
+) -> None:
+    # `--out DIR` read the whole ledger, then failed in a line naming its temporary file
+    # (`IsADirectoryError: … '.DIR.1234.tmp' -> 'DIR'`); an unwritable cursor's directory
+    # was found only once the export was in place, and the next run repeated the window.
+    (tmp_path / "a-dir").mkdir()
+    (tmp_path / "a-file").write_text("x")
+    os.mkfifo(tmp_path / "a-fifo")
+    names = {"tmp": str(tmp_path)}
+    if "{unwritable}" in path:
+        names["unwritable"] = str(_unwritable_dir(tmp_path))
+    target = path.format(**names)
+    out = tmp_path / "x.jsonl"
+    argv = [option, target] if option == "--out" else ["--out", str(out), option, target]
+    # A ledger that cannot be reached (port 9, discard): refused before it is tried.
+    for url in (f"sqlite+aiosqlite:///{ledger}", "postgresql+asyncpg://u@127.0.0.1:9/x"):
+        assert await run_export(_args(*argv), url) == 2
+        captured = capsys.readouterr()
+        assert captured.err.splitlines() == [f"error: {says.format(**names)}"]
+        assert captured.out == ""
+    assert not out.exists()
+    made = set(os.listdir(tmp_path)) - {"a-dir", "a-fifo", "a-file", "read-only"}
+    assert made == {"ledger.db"}  # no directory made, no temporary file left
+    assert not os.listdir(tmp_path / "a-dir")
+
+
+async def test_missing_directories_of_the_output_and_the_cursor_are_made(
+    ledger: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, cursor = tmp_path / "exports" / "day" / "x.jsonl", tmp_path / "state" / "c"
+    argv = ["--out", str(out), "--cursor", str(cursor)]
+    assert await run_export(_args(*argv), f"sqlite+aiosqlite:///{ledger}") == 0
+    assert capsys.readouterr().out.startswith(f"exported 0 records to {out}")
+    assert out.is_file() and cursor.is_file()
