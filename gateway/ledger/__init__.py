@@ -1,6 +1,7 @@
 """The cost ledger: requests, calls, feedback and API keys in SQLite or PostgreSQL.
 
-``open_ledger_engine`` opens (and migrates) the database; ``LedgerWriter`` stores records off
+``open_ledger_engine`` opens (and migrates) the database, ``readable.open_ledger_to_read`` one
+only to read it (no migration); ``LedgerWriter`` stores records off
 the request path without ever losing one; ``KeyRepository`` manages API keys; ``spend``
 reports and ``export`` turns the ledger into an outcome table for training.
 """

@@ -1,7 +1,7 @@
 """What ``xrouter export`` refuses before it reads the ledger, each in one line: an output
 whose format its name contradicts, a ledger URL that is none, an ``--out`` or ``--cursor``
 that would replace the ledger's own file (or each other) or that cannot be written, and a
-SQLite ledger that is not there (opening it would make one)."""
+SQLite file that holds no ledger (opening it would make one)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
 from gateway.ledger.export import ExportFormat
+from gateway.ledger.readable import NoLedger, ledger_version
 
 
 def output_format(out: str, given: ExportFormat | None) -> ExportFormat:
@@ -91,10 +92,11 @@ def check_paths_apart(args: argparse.Namespace, db_file: Path | None) -> None:
 
 def no_ledger_in(db_file: Path) -> str | None:
     """Why the SQLite file ``db_file`` holds no ledger (a suffix for the error line: empty
-    when there is no file), or None when it may hold one. SQLite takes an empty file, or a
-    database without tables, for a new database, which the migrations would turn into an
-    empty ledger. Read-only, and anything inconclusive (a locked database, one SQLite cannot
-    read) is left to the export itself, whose errors say so."""
+    when there is no file), or None when it may hold one. Said before the ledger engine
+    opens the file, which would make a new one, and sets the journal mode (WAL) of another
+    application's database. Read-only, and anything inconclusive (a locked database, one
+    SQLite cannot read) is left to the export itself, whose errors say so (its engine checks
+    the schema again, ``readable.open_ledger_to_read``)."""
     try:
         size = db_file.stat().st_size
     except FileNotFoundError:
@@ -105,15 +107,25 @@ def no_ledger_in(db_file: Path) -> str | None:
         return " (a directory)"
     if size == 0:
         return " (an empty file)"
+    uri = f"{db_file.resolve().as_uri()}?mode=ro"
+    engine = sa.create_engine(
+        "sqlite://",
+        creator=lambda: sqlite3.connect(uri, uri=True, timeout=5),
+        poolclass=sa.pool.NullPool,
+    )
     try:
-        conn = sqlite3.connect(f"{db_file.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
-        try:
-            (tables,) = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        finally:
-            conn.close()
-    except sqlite3.Error:
+        with engine.connect() as conn:
+            (tables,) = conn.execute(sa.text("SELECT count(*) FROM sqlite_master")).one()
+            if tables == 0:
+                return " (an empty SQLite database)"
+            ledger_version(conn)
+    except NoLedger as exc:
+        return f" ({exc})"
+    except sa.exc.DBAPIError:
         return None
-    return " (an empty SQLite database)" if tables == 0 else None
+    finally:
+        engine.dispose()
+    return None
 
 
 def check_writable(path: Path, option: str) -> None:

@@ -38,8 +38,9 @@ from gateway.ledger.export_summary import (
     warn_late_feedback,
     warn_unsettled,
 )
-from gateway.ledger.migrations import MigrationError
-from gateway.ledger.store import describe_error, open_ledger_engine, sqlite_file
+from gateway.ledger.migrations import latest_version, newer_schema
+from gateway.ledger.readable import UnreadableLedger, open_ledger_to_read
+from gateway.ledger.store import describe_error, sqlite_file
 
 
 def add_export_arguments(parser: argparse.ArgumentParser) -> None:
@@ -118,8 +119,9 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
     if db_file is not None:
         missing = await asyncio.to_thread(no_ledger_in, db_file)
         if missing is not None:
-            # Opening it would make it a ledger (the schema written into the file, or a new
-            # file): an export reads a ledger, it never makes one.
+            # Said before the engine opens the file, which would make a new one (or set
+            # another application's database to WAL): an export reads a ledger, it never
+            # makes one.
             print(f"error: no ledger database at {db_file}{missing}", file=sys.stderr)
             return 2
     settle = float(args.settle_seconds)
@@ -128,9 +130,21 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
     waiting: int | None = None
     settled_by = None if args.logged_until else f"--settle-seconds {settle:g}"
     try:
-        engine = await open_ledger_engine(ledger_url)
+        try:
+            # Not migrated: an export reads a ledger, it never makes one (in a database that
+            # holds none) nor upgrades one (under the older gateway that writes it).
+            engine, version = await open_ledger_to_read(ledger_url)
+        except UnreadableLedger as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         stats = ExportStats()
         try:
+            if version > latest_version():
+                print(
+                    f"warning: {newer_schema(version, latest_version())}: its records are "
+                    "exported as this release knows them",
+                    file=sys.stderr,
+                )
             if window is not None:
                 # The window's end is fixed before any row is read: rows that commit while
                 # the export runs are the next window's.
@@ -156,11 +170,10 @@ async def run_export(args: argparse.Namespace, ledger_url: str) -> int:
                 late, waiting = await _count_outside(engine, window, since, until, args.key)
         finally:
             await engine.dispose()
-    except (OSError, ValueError, ImportError, sa.exc.SQLAlchemyError, MigrationError) as exc:
-        # An unreachable database, one holding another schema or of a kind the ledger does
-        # not run on (its driver is not installed), or an output that failed as it was
-        # written (a full disk): one line,
-        # not a traceback (and no statement or bound values, which would be prompts).
+    except (OSError, ValueError, ImportError, sa.exc.SQLAlchemyError) as exc:
+        # An unreachable database, one of a kind the ledger does not run on (its driver is
+        # not installed), or an output that failed as it was written (a full disk): one
+        # line, not a traceback (and no statement or bound values, which would be prompts).
         print(f"error: export failed: {describe_error(exc)}", file=sys.stderr)
         return 2
     print(summary(n, args.out, stats))

@@ -328,6 +328,12 @@ def latest_version(migrations: Sequence[Migration] = MIGRATIONS) -> int:
     return max((m.version for m in migrations), default=0)
 
 
+def newer_schema(current: int, known: int) -> str:
+    """What is said of a ledger a newer release migrated (this one was rolled back, or runs
+    beside it): its steps are additive, so it is served, and read, as this release knows it."""
+    return f"ledger schema is at version {current}, newer than this release knows ({known})"
+
+
 def _check_order(migrations: Sequence[Migration]) -> None:
     versions = [m.version for m in migrations]
     if versions != sorted(set(versions)) or (versions and versions[0] < 1):
@@ -344,9 +350,7 @@ def _migrate_sync(conn: sa.Connection, migrations: Sequence[Migration]) -> int:
     if current > known:
         # A newer release migrated this database and we were rolled back. Steps are
         # additive, so keep serving but say so.
-        logger.warning(
-            "ledger schema is at version %d, newer than this release knows (%d)", current, known
-        )
+        logger.warning("%s", newer_schema(int(current), known))
         return int(current)
     for step in migrations:
         if step.version <= current:

@@ -172,12 +172,19 @@ def test_an_export_from_no_ledger_makes_none(tmp_path: Path) -> None:
     (tmp_path / "empty.db").touch()
     sqlite3.connect(tmp_path / "blank.db").execute("PRAGMA user_version = 1").connection.close()
     (tmp_path / "dir.db").mkdir()
+    # Another application's database: the migrations added the ledger's tables beside its own
+    # (and the ledger's engine set it to WAL).
+    other = sqlite3.connect(tmp_path / "other.db")
+    other.execute("CREATE TABLE notes (body TEXT)")
+    other.commit()
+    other.close()
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
     for name, says in (
         ("none/ledger.db", ""),
         ("empty.db", " (an empty file)"),
         ("blank.db", " (an empty SQLite database)"),
         ("dir.db", " (a directory)"),
+        ("other.db", " (it holds no xrouter ledger: no schema_version table)"),
     ):
         db = tmp_path / name
         proc = run_cli(
