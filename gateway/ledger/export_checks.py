@@ -9,7 +9,6 @@ import argparse
 import importlib.util
 import os
 import sqlite3
-import tempfile
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -17,6 +16,7 @@ from sqlalchemy.engine import URL, make_url
 
 from gateway.ledger.export import ExportFormat
 from gateway.ledger.readable import NoLedger, ledger_version
+from gateway.writable import cannot_make_files_in
 
 
 def output_format(out: str, given: ExportFormat | None) -> ExportFormat:
@@ -145,13 +145,6 @@ def check_writable(path: Path, option: str) -> None:
     parent = path.parent  # "." for a bare name
     while not os.path.lexists(parent) and parent != parent.parent:
         parent = parent.parent
-    try:
-        # A file made and dropped (unnamed, O_TMPFILE, where the OS allows it): os.access()
-        # says yes to root where no file can be made (sysfs), and this fails for a parent
-        # that is not a directory too.
-        with tempfile.TemporaryFile(dir=parent):
-            pass
-    except OSError as exc:
-        raise ValueError(
-            f"{option} {path}: cannot write in {parent}: {exc.strerror or exc}"
-        ) from None
+    reason = cannot_make_files_in(parent)
+    if reason is not None:
+        raise ValueError(f"{option} {path}: cannot write in {parent}: {reason}")

@@ -15,7 +15,6 @@ import contextlib
 import logging
 import os
 import signal
-import tempfile
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from aiohttp import web
 from gateway.cli import add_log_level_argument, cannot_listen, configure_logging, set_log_level
 from gateway.replay.app import create_app
 from gateway.replay.table import ReplayTable
+from gateway.writable import cannot_make_files_in
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +60,9 @@ def _port_file_problem(path: Path) -> str | None:
     if path.is_dir():
         return f"--port-file {path}: Is a directory"
     parent = path.parent  # "." for a bare name
-    try:
-        # A file made and dropped in its directory (unnamed, O_TMPFILE, where the OS allows
-        # it): os.access() says yes to root where no file can be made (sysfs), and this
-        # fails for a missing or non-directory parent too.
-        with tempfile.TemporaryFile(dir=parent):
-            pass
-    except OSError as exc:
-        return f"--port-file {path}: cannot write in {parent}: {exc.strerror or exc}"
+    reason = cannot_make_files_in(parent)
+    if reason is not None:
+        return f"--port-file {path}: cannot write in {parent}: {reason}"
     return None
 
 

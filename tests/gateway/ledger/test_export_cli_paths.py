@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from gateway.cli import _check_ledger
 from gateway.ledger.export_cli import add_export_arguments, run_export
 from gateway.ledger.store import ledger_url, open_ledger_engine
+from tests.support.paths import unwritable_dir
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -103,18 +104,6 @@ async def test_time_bounds_take_epoch_seconds_as_the_spend_report_does(
     assert "exported 0 records" in capsys.readouterr().out
 
 
-def _unwritable_dir(tmp_path: Path) -> Path:
-    if os.geteuid() != 0:
-        read_only = tmp_path / "read-only"
-        read_only.mkdir()
-        read_only.chmod(0o555)
-        return read_only
-    # Root writes in a 0o555 directory; in sysfs's root nobody may create a file.
-    if not Path("/sys/kernel").is_dir():
-        pytest.skip("run as root, and no sysfs at /sys")
-    return Path("/sys")
-
-
 @pytest.mark.parametrize(
     ("option", "path", "says"),
     [
@@ -179,7 +168,7 @@ async def test_an_output_that_cannot_be_written_is_refused_before_the_ledger_is_
     os.mkfifo(tmp_path / "a-fifo")
     names = {"tmp": str(tmp_path)}
     if "{unwritable}" in path:
-        names["unwritable"] = str(_unwritable_dir(tmp_path))
+        names["unwritable"] = str(unwritable_dir(tmp_path))
     target = path.format(**names)
     out = tmp_path / "x.jsonl"
     argv = [option, target] if option == "--out" else ["--out", str(out), option, target]

@@ -20,6 +20,7 @@ import orjson
 import pytest
 
 from gateway.replay.server import serve
+from tests.support.paths import unwritable_dir
 from tests.support.replay import REPO_ROOT, replay_root, start_replay_upstream, stop_replay_upstream
 
 API_KEY = "replay-test-key"
@@ -361,18 +362,6 @@ def test_serve_and_replay_upstream_refuse_a_port_in_use_alike(tmp_path: Path) ->
         ), line
 
 
-def _unwritable_dir(tmp_path: Path) -> Path:
-    if os.geteuid() != 0:
-        read_only = tmp_path / "read-only"
-        read_only.mkdir()
-        read_only.chmod(0o555)
-        return read_only
-    # Root writes in a 0o555 directory; in sysfs's root nobody may create a file.
-    if not Path("/sys/kernel").is_dir():
-        pytest.skip("run as root, and no sysfs at /sys")
-    return Path("/sys")
-
-
 @pytest.mark.parametrize(
     ("port_file", "says"),
     [
@@ -401,7 +390,7 @@ def test_xrouter_replay_upstream_refuses_a_port_file_it_cannot_write(
     (tmp_path / "a-file").write_text("")
     names = {"tmp": str(tmp_path)}
     if "unwritable" in port_file:
-        names["unwritable"] = str(_unwritable_dir(tmp_path))
+        names["unwritable"] = str(unwritable_dir(tmp_path))
     before = sorted(p.name for p in tmp_path.iterdir())
     proc = _xrouter_replay(
         tmp_path, "--port", "0", "--port-file", str(tmp_path / port_file.format(**names))
