@@ -197,6 +197,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "change (checkpoints deployed with xrouter deploy reach every worker either way)",
             srv.workers,
         )
+    # Empty counts as none, as it does to the authenticator: `${XROUTER_ADMIN_KEY:-}` with
+    # the variable unset (the Helm chart's values) is an empty key, a SecretStr that is false.
+    if settings.auth.enabled and not settings.auth.admin_key:
+        # Not refused: keys live in the ledger and outlive the admin key (made while one was
+        # set, or by another replica sharing the ledger that has one), and a gateway without
+        # one serves them with its admin API shut. But on a ledger with no key it answers
+        # every request 401, so the start says so, once (here, not in every worker).
+        log.warning(
+            "auth is on and no admin key is set: requests need keys made while one was set "
+            "(kept in the ledger), and the admin API answers 403 admin_disabled, so no key can "
+            "be made; set auth.admin_key (env XROUTER_AUTH__ADMIN_KEY) to make keys"
+        )
     # Checked before anything is made: a port in use is one line, not a start that opens the
     # ledger and then fails.
     problem = cannot_listen(srv.host, srv.port, srv.workers)

@@ -160,3 +160,39 @@ def test_metrics_behind_a_scrape_token(upstream: Upstream, tmp_path: Path) -> No
         assert token not in gw.log()
     finally:
         gw.stop()
+
+
+NO_ADMIN_KEY = "auth is on and no admin key is set"
+
+
+def test_a_gateway_without_an_admin_key_serves_the_ledger_s_keys_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """Auth on and no admin key: every admin call is a 403, so no key can be made; the keys
+    made while one was set are still served. The start says so in one warning (before, it
+    started as any other and answered every request 401, with nothing to say why)."""
+    cfg = gateway_config(tmp_path, "http://127.0.0.1:9/v1", auth={"enabled": True})
+    gw = start_gateway(tmp_path, cfg, name="with-admin-key")
+    try:
+        admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        r = httpx.post(f"{gw.url}/admin/keys", json={"alias": "app"}, headers=admin)
+        assert r.status_code == 201, r.text
+        key = r.json()["key"]
+    finally:
+        gw.stop()
+    assert NO_ADMIN_KEY not in gw.log()
+
+    # No admin key, and an empty one: `${XROUTER_ADMIN_KEY:-}` with the variable unset.
+    for name, auth in (("none", {}), ("empty", {"admin_key": "${XROUTER_ADMIN_KEY_T:-}"})):
+        cfg["auth"] = {"enabled": True, **auth}
+        gw = start_gateway(tmp_path, cfg, name=name, env={"XROUTER_ADMIN_KEY_T": ""})
+        try:
+            r = httpx.get(f"{gw.url}/v1/key", headers={"Authorization": f"Bearer {key}"})
+            assert r.status_code == 200 and r.json()["data"]["label"] == "app", r.text
+            r = httpx.post(f"{gw.url}/admin/keys", json={"alias": "b"}, headers=admin)
+            assert (r.status_code, r.json()["error"]["code"]) == (403, "admin_disabled"), r.text
+        finally:
+            gw.stop()
+        warnings = [line for line in gw.log().splitlines() if NO_ADMIN_KEY in line]
+        assert len(warnings) == 1 and "WARNING" in warnings[0], (name, gw.log())
+        assert "auth.admin_key" in warnings[0] and "XROUTER_AUTH__ADMIN_KEY" in warnings[0]
