@@ -24,7 +24,9 @@ log = logging.getLogger(__name__)
 # Statuses of a server that has no ``POST /admin/reload`` at that URL (most often a ``--url``
 # that ends in ``/v1``): the gateway itself answers a checkpoint it refuses with 400.
 _NOT_THE_ADMIN_API = frozenset({404, 405, 501})
-_DETAIL_CHARS = 200
+# How much of an answer that is not the gateway's JSON error (an HTML page from a proxy, an
+# unknown server's body) is shown: enough for any one-line reason, not a whole page.
+_FOREIGN_BODY_CHARS = 1000
 # The exit status of a deploy that lost to another that overlapped it (409
 # deployment_superseded): not 1, which says the checkpoint or the gateway is at fault, so a
 # script can tell "deploy again, or leave the winner" from "fix something first".
@@ -49,16 +51,20 @@ class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
 
 
 def _one_line(body: bytes) -> str:
-    """A response body as one short line: the gateway's error as its code and message (the
-    code first, so cutting a long message keeps it); anything else — an HTML error page is
-    dozens of lines that bury the message, an unknown server's body may be anything — cut."""
+    """A response body as one line: the gateway's error as its code and its whole message
+    (a refused checkpoint's reason names both pools, and cut it explained nothing); anything
+    else — an HTML error page is dozens of lines that bury the message, an unknown server's
+    body may be anything — cut at ``_FOREIGN_BODY_CHARS``."""
     try:
         error = json.loads(body)["error"]
         text = f"{error['code']}: {error['message']}" if error.get("code") else error["message"]
+        return " ".join(str(text).split())
     except (ValueError, KeyError, TypeError, AttributeError):
-        text = body.decode(errors="replace")
-    text = " ".join(str(text).split())
-    return text if len(text) <= _DETAIL_CHARS else text[: _DETAIL_CHARS - 3] + "..."
+        pass
+    text = " ".join(body.decode(errors="replace").split())
+    if len(text) <= _FOREIGN_BODY_CHARS:
+        return text
+    return text[: _FOREIGN_BODY_CHARS - 3] + "..."
 
 
 def _header_safe(value: str) -> bool:

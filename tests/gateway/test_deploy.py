@@ -185,3 +185,26 @@ def _state(url: str) -> dict[str, Any]:
     r = httpx.get(f"{url}/admin/router", headers=ADMIN, timeout=10)
     assert r.status_code == 200, r.text
     return dict(r.json())
+
+
+def test_a_refused_deploy_prints_the_gateway_s_whole_reason(tmp_path: Path) -> None:
+    # The reason was cut at 200 characters: "… no model of the pool is in the checkpoint;
+    # checkpoint po...", without the two pools that explain it.
+    names = [f"in-house-model-{i}" for i in range(4)]
+    pool = [
+        {"name": n, "model": f"openai/{n}", "api_base": "http://127.0.0.1:9/v1",
+         "price": {"input": 1, "output": 2}}
+        for n in names
+    ]  # fmt: skip
+    gw = start_gateway(tmp_path, gateway_config(tmp_path, "http://127.0.0.1:9/v1", pool=pool))
+    try:
+        proc = _deploy("packaged:demo", gw.url)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        gw.stop()
+    assert proc.returncode == 1 and out == "", err
+    [line] = err.strip().splitlines()
+    assert len(line) > 300 and "..." not in line, line
+    trained = ", ".join(load_checkpoint("packaged:demo").pool)
+    configured = ", ".join(names)
+    assert f"checkpoint pool: {trained}; configured pool: {configured}; retrain" in line, line
