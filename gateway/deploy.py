@@ -72,9 +72,52 @@ def _header_safe(value: str) -> bool:
     return all(" " <= c <= "\xff" and c != "\x7f" for c in value)
 
 
+def _url_problem(url: str) -> str | None:
+    """What makes ``url`` no gateway base URL urllib can send to (None: nothing), said with
+    its password masked: found before anything is sent, where urllib's own errors came
+    after the checkpoint was loaded, as "cannot reach the gateway" (``unknown url type``)."""
+    schemeless = "://" not in url
+    # Masked as the URL would be with a scheme: ``admin:pw@host:8000`` has no scheme either.
+    shown = mask_url(f"http://{url}").removeprefix("http://") if schemeless else mask_url(url)
+    if any(c <= " " or c == "\x7f" for c in url):
+        return f"--url {shown!r} holds a space or a control character"
+    if schemeless:
+        return f"--url {shown} has no scheme: give the gateway's URL as http://{shown}"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as exc:  # a port that is not one, an unbalanced IPv6 bracket
+        return f"--url {shown} is not a URL: {redact(str(exc), url)}"
+    if parts.scheme not in ("http", "https"):
+        return f"--url {shown}: the gateway's URL starts with http:// or https://"
+    if not parts.hostname:
+        return f"--url {shown} names no host"
+    if port == 0:
+        return f"--url {shown} names port 0"
+    if parts.query or parts.fragment or url.endswith(("?", "#")):
+        # The request goes to the URL with /admin/reload appended: after a query, it is
+        # part of the query.
+        return f"--url {shown} has a query or fragment: give the gateway's base URL"
+    return None
+
+
 def run_deploy(args: argparse.Namespace) -> int:
     from router.checkpoint import PACKAGED_PREFIX, CheckpointError, load_checkpoint
 
+    url = mask_url(args.url)  # as messages show it
+    if split_userinfo(args.url) is not None:
+        # urllib would take "user:pw@host" for the host name (and say "Name or service not
+        # known"); and the admin key is the one credential this request carries.
+        log.error(
+            "--url %s names a user: the admin key is what authenticates a deploy "
+            "(Authorization: Bearer); give the gateway's URL without 'user:password@'",
+            url,
+        )
+        return 2
+    problem = _url_problem(args.url)
+    if problem is not None:
+        log.error("%s", problem)
+        return 2
     # ``packaged:<name>`` names a checkpoint shipped with xrouter: the gateway resolves it in
     # its own installation, so it is sent as written.
     packaged = str(args.checkpoint).startswith(PACKAGED_PREFIX)
@@ -113,16 +156,6 @@ def run_deploy(args: argparse.Namespace) -> int:
         log.error(
             "the admin key holds a character an HTTP header cannot carry (a control "
             "character, or one outside Latin-1): check --admin-key or XROUTER_ADMIN_KEY"
-        )
-        return 2
-    url = mask_url(args.url)  # as messages show it
-    if split_userinfo(args.url) is not None:
-        # urllib would take "user:pw@host" for the host name (and say "Name or service not
-        # known"); and the admin key is the one credential this request carries.
-        log.error(
-            "--url %s names a user: the admin key is what authenticates a deploy "
-            "(Authorization: Bearer); give the gateway's URL without 'user:password@'",
-            url,
         )
         return 2
     # No redirects: see _RefuseRedirects. Proxies from the environment still apply.
@@ -185,7 +218,7 @@ def run_deploy(args: argparse.Namespace) -> int:
             redact(str(exc) or type(exc).__name__, args.url),
         )
         return 1
-    except ValueError as exc:  # a malformed --url, or an answer that is not the gateway's
+    except ValueError as exc:  # an answer that is not the gateway's (--url is checked above)
         # Whatever the message quotes, never the key (a header error would).
         detail = redact(str(exc), args.url).replace(admin_key, "***")
         log.error("%s did not answer as an xrouter gateway: %s", url, detail)

@@ -285,10 +285,10 @@ def test_deploy_to_something_that_is_not_a_gateway_fails_cleanly() -> None:
     thread.start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        for bad_url, says in ((url, "did not answer as an xrouter gateway"), ("http://[::1", "")):
-            proc = run_cli("deploy", "packaged:demo", "--url", bad_url, "--admin-key", "k")
-            assert proc.returncode == 1, (bad_url, proc.stderr)
-            assert says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        proc = run_cli("deploy", "packaged:demo", "--url", url, "--admin-key", "k")
+        assert proc.returncode == 1, proc.stderr
+        assert "did not answer as an xrouter gateway" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr, proc.stderr
     finally:
         server.shutdown()
         server.server_close()
@@ -408,6 +408,34 @@ def test_deploy_refuses_a_url_with_a_user_and_never_shows_its_password() -> None
             assert "SECRET" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
             assert "admin:***@" in proc.stderr and "names a user" in proc.stderr, proc.stderr
         assert seen.seen == []
+    finally:
+        _close(gateway)
+
+
+def test_deploy_refuses_a_url_it_cannot_send_to_before_sending_anything() -> None:
+    # "127.0.0.1:PORT" (no scheme) exited 1, "cannot reach the gateway … unknown url type",
+    # though nothing was sent: 2 is the status of a deploy refused before anything was sent.
+    gateway, seen = _recorder(200, {"Content-Type": "application/json"}, b"{}")
+    where = f"127.0.0.1:{gateway.server_address[1]}"
+    try:
+        for url, says in (
+            (where, f"has no scheme: give the gateway's URL as http://{where}"),
+            (f"localhost:{gateway.server_address[1]}", "has no scheme"),
+            (f"ftp://{where}", "starts with http:// or https://"),
+            ("http://", "names no host"),
+            ("http://127.0.0.1:99999", "is not a URL: Port out of range"),
+            ("http://[::1", "is not a URL: Invalid IPv6 URL"),  # was exit 1
+            ("http://127.0.0.1:0", "names port 0"),
+            (f"http://{where}?x=1", "has a query or fragment"),
+            (f"http://{where}\n", "holds a space or a control character"),
+        ):
+            proc = run_cli("deploy", "packaged:demo", "--url", url, "--admin-key", "k")
+            assert proc.returncode == 2, (url, proc.stderr)
+            [line] = proc.stderr.strip().splitlines()
+            assert says in line and "--url" in line, (url, line)
+        assert seen.seen == []
+        proc = run_cli("deploy", "packaged:demo", "--url", f"HTTP://{where}/", "--admin-key", "k")
+        assert proc.returncode == 0 and len(seen.seen) == 1, proc.stderr
     finally:
         _close(gateway)
 
