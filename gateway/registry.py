@@ -98,9 +98,11 @@ def _table_line(row: dict[str, Any]) -> str:
 
 def run_checkpoints(args: argparse.Namespace) -> int:
     from router.checkpoint import (
+        META_FILE,
         PACKAGED_PREFIX,
         CheckpointError,
         checkpoint_location,
+        is_single_file,
         load_checkpoint,
         packaged_checkpoint_names,
         packaged_checkpoint_path,
@@ -133,9 +135,12 @@ def run_checkpoints(args: argparse.Namespace) -> int:
             [packaged_checkpoint_path(n) for n in packaged_checkpoint_names()]
             if args.packaged
             # A run directory is listed whole (its step checkpoints too), so only the
-            # packaged: names are resolved here, not a run directory to its checkpoint.
+            # packaged: names and a checkpoint's checkpoint.json (its directory, as deploy
+            # and eval take it) are resolved here, not a run directory to its checkpoint.
             else [
-                checkpoint_location(p) if str(p).startswith(PACKAGED_PREFIX) else Path(p)
+                checkpoint_location(p)
+                if str(p).startswith(PACKAGED_PREFIX) or Path(p).name == META_FILE
+                else Path(p)
                 for p in where
             ]
         )
@@ -145,6 +150,16 @@ def run_checkpoints(args: argparse.Namespace) -> int:
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
         log.error("no such path: %s", ", ".join(missing))
+        return 2
+    # A file is searched for nothing: named, it was "no checkpoints under it", exit 0, as if
+    # it were an empty directory. Only a one-file checkpoint is a file that is listed.
+    files = [str(p) for p in paths if not p.is_dir() and not is_single_file(p)]
+    if files:
+        log.error(
+            "%s: a file, not a directory (name checkpoint or run directories, directories of "
+            "them, or one-file .safetensors checkpoints)",
+            ", ".join(files),
+        )
         return 2
     rows = [
         summary(Path(packaged.get(c.path.resolve(), str(c.path))), c.metadata)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import main
-from router.checkpoint import load_checkpoint
+from router.checkpoint import load_checkpoint, save_checkpoint
 from router.outcomes import write_outcome_table
 from tests.support.replay import REPO_ROOT
 from tests.training.compact.conftest import make_tables
@@ -76,6 +76,30 @@ def test_bad_paths_are_refused_in_one_line(
     assert main(["checkpoints", "--show", "packaged:demo", str(tmp_path)]) == 2
     assert "--show takes no PATH arguments" in caplog.text
     assert capsys.readouterr().out == ""
+
+
+def test_a_file_named_is_listed_only_if_it_names_a_checkpoint(
+    runs: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A plain file was "no checkpoints under afile (looked 3 directories down)", exit 0, as
+    # an empty directory is; a path that does not exist is refused, and so is it now.
+    afile = tmp_path / "afile"
+    afile.write_text("not a checkpoint\n")
+    capsys.readouterr()
+    assert main(["checkpoints", str(afile)]) == 2
+    assert f"{afile}: a file, not a directory" in caplog.text
+    assert capsys.readouterr() == ("", "")
+    # The files that do name a checkpoint are listed: a one-file checkpoint, and a
+    # checkpoint directory's checkpoint.json (as deploy and eval take it).
+    ckpt = load_checkpoint(runs / "first" / "checkpoint")
+    one = save_checkpoint(tmp_path / "one.safetensors", ckpt.metadata, ckpt.weights)
+    meta = runs / "second" / "checkpoint" / "checkpoint.json"
+    assert main(["checkpoints", str(one.path), str(meta), "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {r["path"] for r in rows} == {str(one.path), str(meta.parent)}, rows
 
 
 def test_packaged_checkpoints_are_listed_and_named_as_deploy_takes_them(
