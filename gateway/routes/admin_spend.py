@@ -38,38 +38,68 @@ def _time(v: str | None, name: str) -> dt.datetime | None:
 
 
 # Spend rows are groups, not records with ids: a page's cursor is its last row's group (the
-# values of its group_by columns, base64url JSON so that it travels as one query value). The
-# rows are ordered by group, None first, then by value in byte (code point) order — the
-# database orders and pages them (``spend_report``'s ``after`` and ``limit``) — so "after" is
-# a position, not a row that has to exist: a group that appears between two pages (a new key,
-# a new day) lands on its page, and a cursor stays valid however the ledger grows.
+# values of its group_by columns) with the group_by it was made under, base64url JSON so that
+# it travels as one query value. The rows are ordered by group, None first, then by value in
+# byte (code point) order — the database orders and pages them (``spend_report``'s ``after``
+# and ``limit``) — so "after" is a position, not a row that has to exist: a group that appears
+# between two pages (a new key, a new day) lands on its page, and a cursor stays valid however
+# the ledger grows. The filters (since, until, key, user, tag) change which groups there are,
+# as the ledger growing does, not the order, so a cursor is not tied to them; group_by (its
+# names and their order) is the order, so a cursor made under another one names a place in a
+# different order — a user compared with days — and is refused rather than read as one.
 SpendGroup = list[str | None]
 
+_CURSOR_HELP = "after must be the last_id of a previous page of this report, with the same group_by"
 
-def _spend_cursor(row: dict[str, Any], fields: list[str]) -> str:
+
+def _spend_cursor(row: dict[str, Any], fields: list[str], group_by: list[str]) -> str:
     group = [None if row[f] is None else str(row[f]) for f in fields]
-    return base64.urlsafe_b64encode(orjson.dumps(group)).decode().rstrip("=")
+    cursor = {"group_by": group_by, "group": group}
+    return base64.urlsafe_b64encode(orjson.dumps(cursor)).decode().rstrip("=")
 
 
-def _spend_cursor_group(cursor: str | None, width: int) -> SpendGroup | None:
-    """The group a cursor (a previous page's ``last_id``) names, for rows of ``width``
-    groups."""
+def _is_group(value: object, width: int) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) == width
+        and all(v is None or isinstance(v, str) for v in value)
+    )
+
+
+def _spend_cursor_group(cursor: str | None, group_by: list[str]) -> SpendGroup | None:
+    """The group a cursor (a previous page's ``last_id``) names, for a report grouped by
+    ``group_by``; a 400 naming ``after`` for anything else."""
     if not cursor:
         return None
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        group = orjson.loads(raw)
+        decoded = orjson.loads(raw)
     except ValueError:  # not base64 or not JSON (both errors are ValueErrors)
-        group = None
-    if (
-        not isinstance(group, list)
-        or len(group) != width
-        or not all(v is None or isinstance(v, str) for v in group)
-    ):
+        decoded = None
+    if isinstance(decoded, list) and all(v is None or isinstance(v, str) for v in decoded):
+        # A cursor as gateways made them until 2026-11-29: the group alone. Which group_by
+        # it was made under is lost, and a group of one grouping is a place in another's
+        # order too (a user among days), so it cannot be told from a cursor of this report.
         raise bad_request(
-            "after must be the last_id of a previous page of this report, with the same group_by",
+            "after is a cursor from an earlier release of the gateway, which does not say "
+            "which group_by it was made under: page the report again from its first page "
+            "(without after)",
             param="after",
         )
+    if not isinstance(decoded, dict) or set(decoded) != {"group_by", "group"}:
+        raise bad_request(_CURSOR_HELP, param="after")
+    made_under, group = decoded["group_by"], decoded["group"]
+    if not isinstance(made_under, list) or not all(isinstance(g, str) for g in made_under):
+        raise bad_request(_CURSOR_HELP, param="after")
+    if made_under != group_by:
+        raise bad_request(
+            f"after is a cursor of the report grouped by {','.join(made_under) or '(nothing)'}, "
+            f"not of this one, grouped by {','.join(group_by) or '(nothing)'}: send the "
+            "group_by it was made under, or page this report from its first page (without after)",
+            param="after",
+        )
+    if not _is_group(group, len(group_by)):
+        raise bad_request(_CURSOR_HELP, param="after")
     return cast(SpendGroup, group)
 
 
@@ -103,7 +133,7 @@ async def spend(request: Request) -> Response:
     # The rows' names for their groups: grouped by key, a row says key_id.
     fields = ["key_id" if g == "key" else g for g in group_by]
     limit = page_limit(q.get("limit"))
-    after = _spend_cursor_group(q.get("after"), len(fields))
+    after = _spend_cursor_group(q.get("after"), group_by)
     since, until = _time(q.get("since"), "since"), _time(q.get("until"), "until")
     # Shielded: a read given up on (ledger.read_timeout_s) must not cancel the flush.
     await asyncio.shield(s.ledger_writer().flush())
@@ -125,8 +155,8 @@ async def spend(request: Request) -> Response:
             "object": "list",
             "group_by": group_by,
             "data": rows,
-            "first_id": _spend_cursor(rows[0], fields) if rows else None,
-            "last_id": _spend_cursor(rows[-1], fields) if rows else None,
+            "first_id": _spend_cursor(rows[0], fields, group_by) if rows else None,
+            "last_id": _spend_cursor(rows[-1], fields, group_by) if rows else None,
             "has_more": has_more,
         }
     )

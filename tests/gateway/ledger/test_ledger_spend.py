@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.errors import APIError
 from gateway.ledger import spend as spend_module
 from gateway.ledger.records import CallRecord, RequestRecord
 from gateway.ledger.spend import budget_spend, cache_savings, get_request, spend_report, totals
@@ -416,6 +417,8 @@ def old_page(
     rows = sorted(report, key=lambda r: position(r, fields))
     if cursor is not None:
         group = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        if isinstance(group, dict):  # a cursor as the API makes it now: its group_by too
+            group = group["group"]
         after = tuple((v is not None, v or "") for v in group)
         rows = [r for r in rows if position(r, fields) > after]
     return rows[:limit], len(rows) > limit
@@ -427,10 +430,10 @@ async def page(
     """A page as ``GET /admin/spend`` makes it: the cursor read by the admin API, the page
     and one row more from the database; and the page's ``last_id``."""
     fields = fields_of(groups)
-    after = admin_routes._spend_cursor_group(cursor, len(fields))
+    after = admin_routes._spend_cursor_group(cursor, list(groups))
     rows = await spend_report(engine, groups, after=after, limit=limit + 1, **filters)  # type: ignore[arg-type]
     more, rows = len(rows) > limit, rows[:limit]
-    return rows, more, admin_routes._spend_cursor(rows[-1], fields) if rows else None
+    return rows, more, admin_routes._spend_cursor(rows[-1], fields, list(groups)) if rows else None
 
 
 async def page_through(
@@ -491,8 +494,9 @@ async def test_paging_through_a_report_yields_the_report_in_cursor_order(
         await spend_report(engine, ["user"], limit=0)
 
 
-# Cursors as the admin API made them before the database paged: base64url JSON of the last
-# group's values, unpadded. Written out here, so that an encoder change cannot hide a break.
+# Cursors as the admin API made them before the database paged, and until 2026-11-29: base64url
+# JSON of the last group's values, unpadded. Written out here, so that an encoder change cannot
+# hide a break.
 OLD_CURSORS: list[tuple[list[str], str]] = [
     (["user"], "WyJiIl0"),  # ["b"]: a place between groups, not a group
     (["user"], "W251bGxd"),  # [null]: after the None group
@@ -507,12 +511,27 @@ OLD_CURSORS: list[tuple[list[str], str]] = [
 ]
 
 
-async def test_a_cursor_from_before_the_database_paged_still_pages(
+def cursor_now(groups: Sequence[str], old: str) -> str:
+    """The cursor the admin API makes now for the place an old cursor named: the group with
+    the group_by it was made under (written out here, not by the API's encoder)."""
+    group = orjson.loads(base64.urlsafe_b64decode(old + "=" * (-len(old) % 4)))
+    raw = orjson.dumps({"group_by": list(groups), "group": group})
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+async def test_a_place_pages_as_python_paged_and_an_old_cursor_is_refused(
     engine: AsyncEngine, make_settings: Callable[..., LedgerSettings]
 ) -> None:
     records = paging_dataset()
     await write(engine, make_settings(flush_rows=25), records)
-    for groups, cursor in OLD_CURSORS:
+    for groups, old in OLD_CURSORS:
+        # An old cursor does not say which group_by it was made under, so it could be
+        # another report's: refused, with a 400 that says to start again.
+        with pytest.raises(APIError) as refused:
+            admin_routes._spend_cursor_group(old, groups)
+        assert refused.value.status == 400 and refused.value.param == "after"
+        assert "earlier release" in refused.value.message
+        cursor = cursor_now(groups, old)
         fields = fields_of(groups)
         report = await spend_report(engine, groups)  # type: ignore[arg-type]
         for limit in (1, 3, 1000):
@@ -528,6 +547,21 @@ async def test_a_cursor_from_before_the_database_paged_still_pages(
             got += rows
             next_cursor = last if more else None
         assert got == rest, (groups, cursor)
+
+
+def test_a_cursor_is_refused_under_another_group_by() -> None:
+    # Of as many columns, so that its width cannot tell: a day read as a user sorted after
+    # every user (the null one too), and the report skipped them all with a 200.
+    day = admin_routes._spend_cursor({"day": "2026-11-29"}, ["day"], ["day"])
+    assert admin_routes._spend_cursor_group(day, ["day"]) == ["2026-11-29"]
+    tag_user = admin_routes._spend_cursor(
+        {"tag": "beta", "user": None}, ["tag", "user"], ["tag", "user"]
+    )
+    for cursor, group_by in ((day, ["user"]), (day, ["key"]), (tag_user, ["user", "tag"])):
+        with pytest.raises(APIError) as refused:
+            admin_routes._spend_cursor_group(cursor, group_by)
+        assert refused.value.status == 400 and refused.value.param == "after"
+        assert f"grouped by {','.join(group_by)}" in refused.value.message
 
 
 async def test_a_page_is_one_bounded_query(
@@ -607,7 +641,8 @@ async def test_pages_follow_byte_order_under_a_language_collation(
         assert ordered != sorted(ordered)  # the database's own order is not Python's
         for groups in (["user"], ["tag"], ["key", "user"], ["tag", "model"]):
             await assert_pages_are_the_report(engine, records, groups)
-        for groups, cursor in OLD_CURSORS:
+        for groups, old in OLD_CURSORS:
+            cursor = cursor_now(groups, old)
             report = await spend_report(engine, groups)  # type: ignore[arg-type]
             rows, more, _ = await page(engine, groups, cursor, 3)
             assert (rows, more) == old_page(report, fields_of(groups), cursor, 3), cursor
