@@ -78,8 +78,24 @@ def load_price_table(path: str | Path) -> PriceCatalog:
     try:
         data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ConversionError(f"{p}: cannot parse the price table: {exc}") from None
+        raise ConversionError(
+            f"{p}: not a valid prices file (JSON or YAML, USD per 1M tokens): {_parse_problem(exc)}"
+        ) from None
     return price_catalog_from_mapping(data, str(p))
+
+
+def _parse_problem(exc: json.JSONDecodeError | yaml.YAMLError) -> str:
+    """What the parser found wrong and where, on one line: PyYAML's own text runs over
+    several lines, quoting the offending line with a caret under it (a Markdown table row
+    of 140 characters, given a README by mistake)."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"JSON error at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        # PyYAML counts lines and columns from 0; editors and the JSON parser from 1.
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        return f"YAML error{where}: {exc.problem or exc.context or 'syntax error'}"
+    return f"YAML error: {' '.join(str(exc).split())}"
 
 
 def call_cost_usd(

@@ -44,3 +44,32 @@ def test_convert_writes_an_out_named_jsonl(tmp_path: Path) -> None:
     proc = _convert(tmp_path, "routerbench", str(src), "--out", "sub/x.jsonl")
     assert proc.returncode == 0, proc.stderr
     assert [r.id for r in load_outcome_table(tmp_path / "sub" / "x.jsonl")] == ["t.1", "t.2"]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "where"),
+    [
+        # A Markdown file given by mistake: PyYAML's error ran over several lines, quoting
+        # the line with a caret under it.
+        (
+            "PROVENANCE.md",
+            "# Provenance\n\nDownloaded from the RouterDC repository\nlicence: research use only\n",
+            "YAML error at line 4, column 8: mapping values are not allowed here",
+        ),
+        ("prices.yaml", 'gpt-4o:\n  input: "0.2\n', "YAML error at line 3, column 1"),
+        ("prices.json", '{"gpt-4o": {"input": 0.2,\n', "JSON error at line 2, column 1"),
+    ],
+)
+def test_convert_names_a_malformed_prices_file_in_one_line(
+    tmp_path: Path, name: str, text: str, where: str
+) -> None:
+    (tmp_path / name).write_text(text, encoding="utf-8")
+    src = tmp_path / "train.json"
+    src.write_text("[]", encoding="utf-8")
+    proc = _convert(tmp_path, "routerdc", str(src), "--prices", name, "--out", "x.jsonl")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith(f"error: {name}: not a valid prices file"), lines[0]
+    assert where in lines[0], lines[0]
+    assert not (tmp_path / "x.jsonl").exists()
