@@ -28,6 +28,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from training.cli_types import layer_widths, numbers, positive_int, positive_ints
 from training.compact.config import TrainConfig
 from training.compact.support import THIN_SUPPORT, reward_ceiling, validation_support
 from training.reward import add_reward_arguments, warn_if_wrong_beats_right
@@ -69,35 +70,6 @@ def _signals_raise() -> Iterator[None]:
             # None: a handler not set from Python, which cannot be set back; the default
             # is what such a process had.
             signal.signal(sig, old if old is not None else signal.SIG_DFL)
-
-
-def _floats(text: str) -> tuple[float, ...]:
-    return tuple(float(v) for v in text.split(",") if v.strip())
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(v) for v in text.split(",") if v.strip())
-
-
-def _neighbour_counts(text: str) -> tuple[int, ...]:
-    """``--knn``/``--cascade``: at least one count. An empty list used to read as the flag
-    not given at all, and trained a policy network instead."""
-    counts = _ints(text)
-    if not counts:
-        raise argparse.ArgumentTypeError("name at least one neighbour count, e.g. 50,100,200")
-    return counts
-
-
-def _positive_int(text: str) -> int:
-    """argparse ``type`` of a count that must be at least 1 (``--threads``: torch takes no
-    0 or negative thread count, and 0 was silently trained with 1)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -154,7 +126,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="floor of the group std that normalizes GRPO advantages",
     )
     parser.add_argument(
-        "--hidden", type=_ints, default=d.hidden, help="hidden widths, e.g. 128,128"
+        "--hidden", type=layer_widths, default=d.hidden, help="hidden widths, e.g. 128,128"
     )
     parser.add_argument("--activation", choices=["gelu_tanh", "relu", "silu"], default=d.activation)
     parser.add_argument("--seed", type=int, default=d.seed, help="initialization and sampling seed")
@@ -184,7 +156,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--val-lambdas",
-        type=_floats,
+        type=numbers,
         default=d.val_lambdas,
         help="cost weights to validate at, e.g. 0,0.1,1 (default: 0 and powers of ten in range)",
     )
@@ -194,7 +166,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--knn",
-        type=_neighbour_counts,
+        type=positive_ints,
         default=None,
         metavar="K[,K...]",
         help="instead of training a network, store a kNN router over the training prompts "
@@ -203,7 +175,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--cascade",
-        type=_neighbour_counts,
+        type=positive_ints,
         default=None,
         metavar="K[,K...]",
         help="instead of training a network, store multi-call plans (cheap models first, "
@@ -249,7 +221,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--description", default="")
     parser.add_argument(
         "--threads",
-        type=_positive_int,
+        type=positive_int,
         default=d.threads,
         help=f"torch CPU threads, at least 1 ({d.threads})",
     )

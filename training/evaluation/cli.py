@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
-import math
 import shlex
 import sys
 from collections.abc import Sequence
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from router.outcomes import OutcomeRecord, OutcomeTableError, load_outcome_table
 from router.url_secrets import mask_userinfo
+from training.cli_types import numbers
 from training.datasets.splits import DEFAULT_FRACTIONS, Splits, canonical_split, split_records
 from training.evaluation.compare import Entry, compare, logging_baseline, off_policy
 from training.evaluation.console import print_summary
@@ -52,18 +52,6 @@ from training.reward import MAX_COST_SCALE, MIN_COST_SCALE, RewardConfig, cost_s
 logger = logging.getLogger(__name__)
 
 
-def _floats(text: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated numbers, got {text!r}"
-        ) from None
-    if not values or any(not math.isfinite(v) or v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected non-negative numbers, got {text!r}")
-    return values
-
-
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--table",
@@ -87,7 +75,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split-seed", type=int, default=0, help="seed of the id-hash split")
     parser.add_argument(
         "--split-fractions",
-        type=_floats,
+        type=numbers,
         default=list(DEFAULT_FRACTIONS),
         help="train,validation,test fractions (default 0.6,0.2,0.2)",
     )
@@ -110,7 +98,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--lambdas",
-        type=_floats,
+        type=numbers,
         default=None,
         help="cost weights to sweep the policies over (default: a grid scaled to the training "
         "part's costs; on logged traffic: 0)",

@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from training.cli_types import numbers, price_pair
 from training.evaluation.cli import with_costs
 from training.reward import (
     add_reward_arguments,
@@ -15,20 +16,6 @@ from training.reward import (
 )
 from training.verl.data import DEFAULT_LAMBDAS, VerlDataConfig, write_verl_dataset
 from training.verl.launch import GrpoRun
-
-
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated numbers, got {text!r}"
-        ) from None
-
-
-def _price(text: str) -> tuple[float, ...]:
-    # "IN/OUT" too, as `xrouter eval --policy llm:...#price=IN/OUT` writes a price.
-    return _floats(text.replace("/", ","))
 
 
 def add_verl_data_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +33,7 @@ def add_verl_data_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--lambdas",
-        type=_floats,
+        type=numbers,
         default=DEFAULT_LAMBDAS,
         help="cost weights drawn per prompt (default: %(default)s)",
     )
@@ -60,7 +47,7 @@ def add_verl_data_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--router-price",
-        type=_price,
+        type=price_pair,
         default=(0.0, 0.0),
         metavar="IN,OUT",
         help="the router's own tokens, USD per 1M input and output tokens, IN,OUT or IN/OUT "

@@ -71,7 +71,9 @@ def test_threads_below_one_are_refused_by_the_arguments(
     with pytest.raises(SystemExit) as exc:
         parser.parse_args(["--table", "t.jsonl", "--out", "o", "--threads", threads])
     assert exc.value.code == 2
-    assert f"argument --threads: must be at least 1, got {threads}" in capsys.readouterr().err
+    assert (
+        f"argument --threads: expected a positive integer, got {threads}" in capsys.readouterr().err
+    )
     assert parser.parse_args(["--table", "t", "--out", "o", "--threads", "3"]).threads == 3
 
 
@@ -153,10 +155,11 @@ def test_a_run_directory_is_not_reused_without_overwrite(
     err = capsys.readouterr().err
     assert "already holds a training run" in err and "--overwrite" in err, err
     assert load_checkpoint(out / "checkpoint").metadata.name == "first"
-    # An --overwrite run that fails (a typo in its pool, a kNN of no neighbours) replaces
+    # An --overwrite run that fails (a typo in its pool, for a network or a kNN; a kNN of no
+    # neighbours is refused with the arguments, before the directory is claimed) replaces
     # nothing: the first run is as it was, and nothing of the failed one is left.
     before = sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
-    for bad in (["--pool", "cheap,typo-model"], ["--knn", "0"]):
+    for bad in (["--pool", "cheap,typo-model"], ["--knn", "5", "--pool", "cheap,typo-model"]):
         assert main([*args, "--name", "broken", "--overwrite", *bad]) == 2
         assert "xrouter train:" in capsys.readouterr().err
         assert load_checkpoint(out / "checkpoint").metadata.name == "first"
@@ -181,7 +184,12 @@ def test_a_run_directory_is_not_reused_without_overwrite(
     ]  # fmt: skip
     # A run that fails in a new directory leaves none of its outputs behind.
     fresh = tmp_path / "fresh"
-    assert main(["--table", str(table), "--out", str(fresh), "--knn", "0", "--no-progress"]) == 2
+    assert (
+        main(
+            ["--table", str(table), "--out", str(fresh), "--knn", "5", "--pool", "cheap,typo-model"]
+        )
+        == 2
+    )
     assert not any((fresh / name).exists() for name in ("checkpoint", "config.json"))
     # An empty directory, or one holding only a cache, is free to use.
     empty = tmp_path / "empty"
@@ -291,7 +299,8 @@ def test_logged_traffic_without_prompts_is_refused_or_dropped(
     ("flag", "value", "needle"),
     [
         ("--lr", "0", "--lr and --clip-eps must be positive"),
-        ("--hidden", "64,0", "hidden widths must be positive"),
+        # Refused with the arguments (argparse exits), as a list that is not of widths.
+        ("--hidden", "64,0", "argument --hidden: expected comma-separated positive integers"),
         ("--entropy", "-0.1", "entropy bonuses must be non-negative"),
         ("--explore", "1.5", "explore must be in [0, 1]"),
         ("--c-max", "-1", "K and c_max must be non-negative"),
@@ -304,7 +313,7 @@ def test_logged_traffic_without_prompts_is_refused_or_dropped(
         # The config names its fields; the message names the flags typed (it said ips_clip).
         ("--eval-every", "0", "--eval-every must be positive"),
         # Empty: it read as not given, and validated at the default cost weights unsaid.
-        ("--val-lambdas", "", "--val-lambdas must be non-empty"),
+        ("--val-lambdas", "", "argument --val-lambdas: expected comma-separated non-negative"),
     ],
 )
 def test_nonsense_training_settings_are_refused(
@@ -314,7 +323,12 @@ def test_nonsense_training_settings_are_refused(
     table.write_text(
         '{"id": "a", "prompt": "q", "outcomes": {"m": {"score": 1, "cost_usd": 0.1}}}\n'
     )
-    assert main(["--table", str(table), "--out", str(tmp_path / "r"), flag, value]) == 2
+    code: int | str | None
+    try:
+        code = main(["--table", str(table), "--out", str(tmp_path / "r"), flag, value])
+    except SystemExit as exc:  # refused with the arguments
+        code = exc.code
+    assert code == 2
     assert needle in capsys.readouterr().err
 
 
@@ -344,7 +358,7 @@ def test_an_empty_list_of_neighbour_counts_is_refused(
     with pytest.raises(SystemExit) as exc:
         main(["--table", str(tmp_path / "t.jsonl"), "--out", str(tmp_path / "r"), flag, ""])
     assert exc.value.code == 2
-    assert "name at least one neighbour count" in capsys.readouterr().err
+    assert "expected comma-separated positive integers" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
 
 

@@ -370,7 +370,7 @@ def test_bad_policies_and_cost_weights_are_refused_in_one_line(
         with pytest.raises(SystemExit) as exc:
             main([*base, "--policy", "knn", "--lambdas", bad])
         assert exc.value.code == 2
-        assert "expected non-negative numbers" in capsys.readouterr().err
+        assert "expected comma-separated non-negative numbers" in capsys.readouterr().err
     # A fixed model the table lacks: refused, as single: is, not evaluated as the cheapest.
     for spec in ("fixed:nope", "policy:fixed:nope"):
         assert main([*base, "--policy", spec]) == 2

@@ -171,10 +171,16 @@ def test_the_cli_names_what_is_wrong(tmp_path: Path, capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err
     assert f"reference model {model!r} has no positive cost on 1 of {len(free)} records" in err
     write_outcome_table(small_table(), table)
-    assert xrouter(["verl-data", "--table", str(table), "--out", out, "--lambdas", "-1"]) == 2
-    assert "non-negative" in capsys.readouterr().err
-    assert xrouter(["verl-data", "--table", str(table), "--out", out, "--router-price", "1"]) == 2
-    assert "router_price is two" in capsys.readouterr().err
+    # Refused with the arguments, each naming its option and what it takes.
+    for option, bad, said in (
+        ("--lambdas", "-1", "expected comma-separated non-negative numbers, got '-1'"),
+        ("--router-price", "1", "expected two non-negative prices, IN,OUT or IN/OUT"),
+        ("--router-price", "1/2/3", "expected two non-negative prices, IN,OUT or IN/OUT"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            xrouter(["verl-data", "--table", str(table), "--out", out, option, bad])
+        assert exc.value.code == 2
+        assert f"argument {option}: {said}" in capsys.readouterr().err
     # A NaN cost scale would write NaN rewards into every row; 1e-310 infinite ones.
     for bad in ("nan", "1e-310"):
         with pytest.raises(SystemExit) as exc:
