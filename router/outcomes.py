@@ -20,6 +20,8 @@ has no heavy dependencies so the replay upstream (gateway) and the trainers shar
 from __future__ import annotations
 
 import codecs
+import errno
+import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -216,6 +218,12 @@ def iter_outcome_table(path: str | Path) -> Iterator[OutcomeRecord]:
     ids = UniqueIds()
     if p.suffix == ".parquet":
         from router.export_parquet import read_parquet_records
+
+        if not p.is_file():
+            # Said as the OS says it, as for a JSONL table: the Parquet reader's own error
+            # read as "not a ledger export in Parquet" for a file that is not there at all.
+            code = errno.EISDIR if p.is_dir() else errno.ENOENT
+            raise OSError(code, os.strerror(code), str(p))
 
         try:
             rows = read_parquet_records(p)

@@ -28,6 +28,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from training.cli_errors import unreadable
 from training.cli_types import layer_widths, numbers, positive_int, positive_ints
 from training.compact.config import TrainConfig
 from training.compact.support import THIN_SUPPORT, reward_ceiling, validation_support
@@ -337,7 +338,10 @@ def run_train(args: argparse.Namespace) -> int:
         return 2
     try:
         records = load_outcome_table(table)
-    except (OSError, OutcomeTableError) as exc:
+    except OSError as exc:
+        print(unreadable(table, exc), file=sys.stderr)
+        return 2
+    except OutcomeTableError as exc:
         print(f"cannot read {table}: {exc}", file=sys.stderr)
         return 2
     pool = [m.strip() for m in args.pool.split(",") if m.strip()] if args.pool else None

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from router.outcomes import OutcomeRecord, OutcomeTableError, load_outcome_table
 from router.url_secrets import mask_userinfo
+from training.cli_errors import unreadable
 from training.cli_types import numbers
 from training.datasets.splits import DEFAULT_FRACTIONS, Splits, canonical_split, split_records
 from training.evaluation.compare import Entry, compare, logging_baseline, off_policy
@@ -167,7 +168,10 @@ def _entries(
 def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
     if args.bootstrap < 0:
         raise RoutingError(f"--bootstrap must be 0 or more, got {args.bootstrap}")
-    records = load_outcome_table(args.table)
+    try:
+        records = load_outcome_table(args.table)
+    except OSError as exc:
+        raise OutcomeTableError(unreadable(args.table, exc)) from None
     if not records:
         raise RoutingError(f"{args.table}: the table is empty")
     records = with_costs(records, args.prices)

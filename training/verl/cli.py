@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from training.cli_errors import unreadable
 from training.cli_types import numbers, price_pair
 from training.evaluation.cli import with_costs
 from training.reward import (
@@ -71,7 +72,10 @@ def run_verl_data(args: argparse.Namespace) -> int:
         return 2
     try:
         records = load_outcome_table(Path(args.table))
-    except (OSError, OutcomeTableError) as exc:
+    except OSError as exc:
+        print(unreadable(args.table, exc), file=sys.stderr)
+        return 2
+    except OutcomeTableError as exc:
         print(f"cannot read {args.table}: {exc}", file=sys.stderr)
         return 2
     try:

@@ -1,0 +1,37 @@
+"""``xrouter train``, ``eval`` and ``verl-data`` given a table they cannot read: one line,
+``cannot read TABLE: no such file`` (or what else is wrong with the path), the same in all
+three. It was the OS's text with its errno (``error: [Errno 2] No such file or directory:
+'missing.jsonl'``), and a missing ``.parquet`` was "not a ledger export in Parquet"."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main
+
+COMMANDS = ["train", "eval", "verl-data"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_table_that_is_not_there_or_not_a_file_is_one_line(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "a-directory").mkdir()
+    (tmp_path / "a-directory.parquet").mkdir()
+    (tmp_path / "a-file").write_text("")
+    for table, problem in (
+        (tmp_path / "missing.jsonl", "no such file"),
+        (tmp_path / "missing.parquet", "no such file"),
+        (tmp_path / "a-directory", "a directory, not a file"),
+        (tmp_path / "a-directory.parquet", "a directory, not a file"),
+        (tmp_path / "a-file" / "t.jsonl", "no such file (a part of its path is not a directory)"),
+    ):
+        out = tmp_path / "out"
+        assert main([command, "--table", str(table), "--out", str(out)]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1, lines
+        assert lines[0].endswith(f"cannot read {table}: {problem}"), lines[0]
+        assert "Errno" not in lines[0]
+        assert not out.exists()

@@ -1,0 +1,22 @@
+"""How the training CLIs (``xrouter train``, ``eval``, ``verl-data``) word common mistakes,
+one line each and alike in all three: a table they cannot read."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+# The OS's errors for a path, as a user would say them: its own text ("[Errno 2] No such
+# file or directory: 'nope.jsonl'") repeats the path and carries the errno.
+_PROBLEMS = {
+    errno.ENOENT: "no such file",
+    errno.EISDIR: "a directory, not a file",
+    errno.EACCES: "permission denied",
+    errno.ENOTDIR: "no such file (a part of its path is not a directory)",
+}
+
+
+def unreadable(path: str | Path, exc: OSError) -> str:
+    """``cannot read PATH: no such file`` (or what else the OS said, without its errno)."""
+    problem = _PROBLEMS.get(exc.errno or 0) or (exc.strerror or str(exc)).lower()
+    return f"cannot read {path}: {problem}"
