@@ -1,9 +1,11 @@
-"""How the training CLIs (``xrouter train``, ``eval``, ``verl-data``) word common mistakes,
-one line each and alike in all three: a table they cannot read."""
+"""How the training CLIs (``xrouter train``, ``eval``, ``verl-data``) word two common
+mistakes, one line each and alike in all three: a table they cannot read, and an option that
+names a model the table does not have."""
 
 from __future__ import annotations
 
 import errno
+from collections.abc import Iterable
 from pathlib import Path
 
 # The OS's errors for a path, as a user would say them: its own text ("[Errno 2] No such
@@ -20,3 +22,11 @@ def unreadable(path: str | Path, exc: OSError) -> str:
     """``cannot read PATH: no such file`` (or what else the OS said, without its errno)."""
     problem = _PROBLEMS.get(exc.errno or 0) or (exc.strerror or str(exc)).lower()
     return f"cannot read {path}: {problem}"
+
+
+def not_a_model(option: str, names: Iterable[str], models: Iterable[str]) -> str:
+    """``--strong nope: not a model of the table (models: a, b)``: the option as it was given,
+    so that the user knows which name to fix."""
+    given = list(names)
+    what = "not a model" if len(given) == 1 else "not models"
+    return f"{option} {', '.join(given)}: {what} of the table (models: {', '.join(sorted(models))})"

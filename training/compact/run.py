@@ -27,6 +27,7 @@ from router.features import FeatureExtractor
 from router.outcomes import OutcomeRecord
 from router.policies.compact import CompactHead, masked_softmax
 from router.policies.knn import KNNHead
+from training.cli_errors import not_a_model
 from training.compact.config import TrainConfig
 from training.compact.data import (
     TableArrays,
@@ -248,7 +249,13 @@ def prepare_table(
     kept = _usable_records(records, cfg)
     models, kept = _pool_and_records(kept, pool, cfg)
     if cfg.reference_model is not None and cfg.reference_model not in models:
-        raise ValueError(f"reference model {cfg.reference_model!r} is not in the pool")
+        seen = {m for r in records for m in r.outcomes}
+        if cfg.reference_model not in seen:
+            raise ValueError(not_a_model("--reference-model", [cfg.reference_model], seen))
+        raise ValueError(
+            f"--reference-model {cfg.reference_model}: not among the models trained on "
+            f"({', '.join(models)})"
+        )
     if cfg.offpolicy and cfg.reference_model is not None:
         raise ValueError("off-policy training needs a fixed cost scale (no reference model)")
     catalog, prices = resolve_prices(models, prices_path)
@@ -372,7 +379,7 @@ def _pool_and_records(
     seen = {m for r in kept for m in r.outcomes}
     unknown = [m for m in models if m not in seen]
     if unknown:
-        raise ValueError(f"pool model(s) with no outcome in the table: {', '.join(unknown)}")
+        raise ValueError(not_a_model("--pool", unknown, seen))
     if cfg.offpolicy and pool:
         outside = sorted({r.logged.action for r in kept if r.logged is not None} - set(models))
         if outside:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from router.outcomes import OutcomeRecord, OutcomeTableError, load_outcome_table
 from router.url_secrets import mask_userinfo
-from training.cli_errors import unreadable
+from training.cli_errors import not_a_model, unreadable
 from training.cli_types import numbers
 from training.datasets.splits import DEFAULT_FRACTIONS, Splits, canonical_split, split_records
 from training.evaluation.compare import Entry, compare, logging_baseline, off_policy
@@ -174,6 +174,12 @@ def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
         raise OutcomeTableError(unreadable(args.table, exc)) from None
     if not records:
         raise RoutingError(f"{args.table}: the table is empty")
+    models = {m for r in records for m in r.outcomes}
+    for option, model in (("--strong", args.strong), ("--weak", args.weak)):
+        if model is not None and model not in models:
+            # Named by its option: the slice's "record '…' has no outcome for nope" said
+            # neither which option nor which models there are.
+            raise RouterSpecError(not_a_model(option, [model], models))
     records = with_costs(records, args.prices)
     split = canonical_split(args.split)
     parts = split_records(records, args.split_fractions, args.split_seed)

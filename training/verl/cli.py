@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from training.cli_errors import unreadable
+from training.cli_errors import not_a_model, unreadable
 from training.cli_types import numbers, price_pair
 from training.evaluation.cli import with_costs
 from training.reward import (
@@ -92,9 +92,10 @@ def run_verl_data(args: argparse.Namespace) -> int:
         )
         if args.reference_model:
             model = args.reference_model
-            if not any(model in r.outcomes for r in records):
+            models = {m for r in records for m in r.outcomes}
+            if model not in models:
                 # As `xrouter train` says it: a typo is not a model without costs.
-                raise ValueError(f"reference model {model!r} is not in the table's models")
+                raise ValueError(not_a_model("--reference-model", [model], models))
             check_reference_costs(
                 model,
                 {r.id: (o.cost_usd if (o := r.outcomes.get(model)) else None) for r in records},

@@ -227,7 +227,7 @@ def test_errors_are_reported_not_raised(
         )
         == 2
     )
-    assert "no outcome in the table: nope" in capsys.readouterr().err
+    assert "--pool nope: not a model of the table (models: " in capsys.readouterr().err
     # A run that failed before it had anything to keep leaves no empty --out behind.
     assert not (tmp_path / "o").exists()
     # Logged traffic (an export) without --offpolicy: the hint is --offpolicy, not --pool,

@@ -160,7 +160,7 @@ def test_the_cli_names_what_is_wrong(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "cannot read" in capsys.readouterr().err
     args = ["verl-data", "--table", str(table), "--out", out, "--reference-model", "gpt-9"]
     assert xrouter(args) == 2
-    assert "reference model 'gpt-9' is not in the table's models" in capsys.readouterr().err
+    assert "--reference-model gpt-9: not a model of the table (models: " in capsys.readouterr().err
     # A reference free on one prompt: its reward there would be in --cost-scale's units.
     free = small_table()
     model = next(iter(free[0].outcomes))
