@@ -339,10 +339,11 @@ class FeedbackRequest(BaseModel):
     # Strict, as chat's numbers are: "1" and true are not scores.
     score: float = Field(ge=0, le=1, strict=True)
 
-    @field_validator("request_id")
-    @classmethod
-    def _completion_id(cls, value: str) -> str:
-        return request_id_from(value)
-
     comment: str | None = Field(default=None, max_length=4000)
     source: str = Field(default="user", max_length=64)
+
+    @property
+    def ledger_id(self) -> str:
+        """The request ``request_id`` names (``chatcmpl-<id>`` names ``<id>``). The field
+        keeps the id as the client sent it, for messages that must name what it sent."""
+        return request_id_from(self.request_id)

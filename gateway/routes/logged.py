@@ -42,10 +42,11 @@ def _not_found(request_id: str, param: str) -> APIError:
 
 
 async def logged_request(
-    s: Services, who: Principal, request_id: str, param: str = "request_id"
+    s: Services, who: Principal, request_id: str, param: str = "request_id", sent: str = ""
 ) -> dict[str, Any]:
     """The ledger's row of a request ``who`` made, or a 404 (also for another key's request:
-    the answer must not reveal which ids exist).
+    the answer must not reveal which ids exist) naming the id as the client ``sent`` it
+    (``chatcmpl-…``: the ledger's is without the prefix, which the client never saw).
 
     The row is written behind the response (batched): a call right after the answer may
     find it still queued or, for a stream whose bookkeeping runs after its last chunk, not
@@ -79,7 +80,7 @@ async def logged_request(
             await asyncio.sleep(_POLL_S)
             row = await mine()
     if row is None:
-        raise _not_found(request_id, param)
+        raise _not_found(sent or request_id, param)
     return row
 
 
@@ -91,10 +92,10 @@ async def feedback(request: Request) -> Response:
     assert s.auth is not None
     who = await s.auth.principal(authorization(request))
     fb = await read_model(request, FeedbackRequest)
-    row = await s.read_ledger(_scored_request(s, who, fb.request_id))
+    row = await s.read_ledger(_scored_request(s, who, fb.ledger_id, fb.request_id))
     terms = logged_reward(row, fb.score, s.settings.router.reward.config())
     record = FeedbackRecord(
-        request_id=fb.request_id,
+        request_id=fb.ledger_id,
         score=fb.score,
         source=fb.source,
         comment=fb.comment,
@@ -110,17 +111,19 @@ async def feedback(request: Request) -> Response:
         s.metrics.feedback(row["policy"], fb.score, terms.reward)
     body = {
         "status": "recorded",
-        "request_id": fb.request_id,
+        "request_id": fb.ledger_id,
         "feedback_id": record.feedback_id,
         "reward": terms.as_dict(),
     }
     return Response(orjson.dumps(body), media_type="application/json")
 
 
-async def _scored_request(s: Services, who: Principal, request_id: str) -> dict[str, Any]:
+async def _scored_request(
+    s: Services, who: Principal, request_id: str, sent: str
+) -> dict[str, Any]:
     """The ledger row a feedback score is filed under (read, bounded by the caller; the
     score's record is written apart, since a write given up on may still be made)."""
-    row = await logged_request(s, who, request_id)
+    row = await logged_request(s, who, request_id, sent=sent)
     if row["cached_from"] is not None:
         # A cache hit's answer is the request's it reused, which the export files this score
         # under: its reward is that trajectory's (its cost and cost weight), not the hit's
@@ -162,7 +165,7 @@ async def generation(request: Request) -> Response:
         request_id = request_id_from(raw_id or "")
     except ValueError as exc:
         raise bad_request(f"id: {exc}", param="id") from None
-    row = await logged_request(s, who, request_id, param="id")
+    row = await logged_request(s, who, request_id, param="id", sent=raw_id or "")
     calls = await get_calls(s.ledger_engine(), request_id)
     data = _generation(row, calls)
     if row["cached_from"] is not None:

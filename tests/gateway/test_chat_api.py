@@ -121,8 +121,13 @@ def test_feedback_names_a_request_by_its_completion_id_or_its_request_id(
         assert len(ids) == 1
         r = httpx.post(f"{gateway.base_url}/feedback", json={"request_id": ids.pop(), "score": 1})
         assert r.status_code == 200, r.text
-    r = httpx.post(f"{gateway.base_url}/feedback", json={"request_id": "chatcmpl-nope", "score": 1})
-    assert r.status_code == 404 and r.json()["error"]["code"] == "request_not_found"
+    # An unknown id is named as it was sent: "no request 'nope'" named an id the client
+    # never sent (the ledger's, without the prefix).
+    for sent in ("chatcmpl-nope", "resp_nope", "msg_nope", "nope"):
+        r = httpx.post(f"{gateway.base_url}/feedback", json={"request_id": sent, "score": 1})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "request_not_found"
+        assert r.json()["error"]["message"] == f"no request {sent!r} in the ledger", r.text
+        assert r.json()["error"]["param"] == "request_id"
     # Bad bodies are refused as every JSON endpoint refuses them; a score is a number.
     r = httpx.post(
         f"{gateway.base_url}/feedback",

@@ -122,6 +122,8 @@ def test_bad_and_unknown_ids(
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert err["param"] == "id" and (code is None or err["code"] == code)
+    if status == 404:  # named as it was sent, prefix and all
+        assert err["message"] == f"no request {params['id']!r} in the ledger", err
 
 
 def test_only_the_key_that_made_a_request_reads_it(secured: Gateway) -> None:
