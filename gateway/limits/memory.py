@@ -1,8 +1,9 @@
 """In-process limit store: the embedded default (one worker, no Redis).
 
 Same semantics as the Redis store, statement for statement (see ``gateway.limits.lua`` for the
-algorithm notes): sliding-window logs for rpm/tpm, holds with deadlines swept on every budget
-operation, spend counters keyed by period id.
+algorithm notes): sliding-window logs for rpm/tpm summed per tick, as on Redis
+(``gateway.limits.memory_rate``), holds with deadlines swept on every budget operation, spend
+counters keyed by period id.
 
 No lock: the store is used from one event loop, and no method awaits between reading and
 writing its state, so each method runs atomically with respect to every other coroutine. It is
@@ -12,10 +13,8 @@ would enforce the full limit on its own).
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 from gateway.limits.base import (
@@ -31,6 +30,7 @@ from gateway.limits.base import (
     SlotResult,
     validate_amount,
 )
+from gateway.limits.memory_rate import TickLog, gone_in
 from gateway.limits.windows import (
     RATE_WINDOW_S,
     PeriodCache,
@@ -47,35 +47,13 @@ _COMPACT_SLACK = 64
 
 @dataclass(slots=True)
 class _RateLog:
-    requests: deque[float] = field(default_factory=deque)
-    tokens: deque[tuple[float, int]] = field(default_factory=deque)
-    token_sum: int = 0
+    requests: TickLog = field(default_factory=TickLog)  # weight 1 a request
+    tokens: TickLog = field(default_factory=TickLog)
 
-    def sweep(self, cutoff: float) -> None:
-        # An entry at time t counts while now < t + window, i.e. it leaves once t <= cutoff.
-        requests = self.requests
-        while requests and requests[0] <= cutoff:
-            requests.popleft()
-        tokens = self.tokens
-        freed = 0
-        while tokens and tokens[0][0] <= cutoff:
-            freed += tokens.popleft()[1]
-        self.token_sum = 0 if not tokens else self.token_sum - freed
-
-    def add_request(self, now: float) -> None:
-        if not self.requests or now >= self.requests[-1]:
-            self.requests.append(now)  # the usual case: the clock moves forward
-        else:
-            self.requests.insert(bisect.bisect_right(self.requests, now), now)
-
-    def add_tokens(self, now: float, tokens: int) -> None:
-        entry = (now, tokens)
-        if not self.tokens or now >= self.tokens[-1][0]:
-            self.tokens.append(entry)
-        else:
-            i = bisect.bisect_right(self.tokens, now, key=lambda e: e[0])
-            self.tokens.insert(i, entry)
-        self.token_sum += tokens
+    def sweep(self, now: float) -> None:
+        cutoff = now - RATE_WINDOW_S  # an entry at t counts while now < t + window
+        self.requests.sweep(cutoff)
+        self.tokens.sweep(cutoff)
 
 
 @dataclass(slots=True)
@@ -166,56 +144,45 @@ class MemoryLimitStore(LimitStore):
         log = self._rates.get(limits.key_id)
         if log is None:
             log = self._rates[limits.key_id] = _RateLog()
-        log.sweep(now - RATE_WINDOW_S)
-        requests = len(log.requests) if rpm is not None else 0
-        used = max(0, log.token_sum) if tpm is not None else 0
+        log.sweep(now)
+        requests = log.requests.total if rpm is not None else 0
+        used = max(0, log.tokens.total) if tpm is not None else 0
 
         reason: RateLimitName | None = None
         retry: float | None = 0.0  # None: never fits
         if rpm is not None and requests + 1 > rpm:
             reason = "rpm"
-            if rpm > 0:
-                oldest_needed = log.requests[requests - rpm]
-                retry = max(0.0, oldest_needed + RATE_WINDOW_S - now)
-            else:
-                retry = None
+            # the request fits once the (requests - rpm + 1) oldest have left; rpm 0: never
+            oldest_needed = log.requests.left_by(requests - rpm + 1) if rpm > 0 else None
+            retry = None if oldest_needed is None else gone_in(oldest_needed, now)
         if tpm is not None and used + tokens_estimate > tpm:
             reason = reason or "tpm"
-            when = self._tokens_free_in(log, used + tokens_estimate - tpm, now)
-            if tokens_estimate > tpm or when is None or retry is None:
-                retry = None
-            else:
-                retry = max(retry, when)
+            # A refund is booked at its request's admission time, beside the estimate it
+            # corrects, and the two leave the window together: only whole timestamps free
+            # room (an estimate counted without its refund promised room that was not there).
+            freed_at = None
+            if tokens_estimate <= tpm and retry is not None:
+                freed_at = log.tokens.left_by(used + tokens_estimate - tpm)
+            retry = (
+                None if retry is None or freed_at is None else max(retry, gone_in(freed_at, now))
+            )
 
         if reason is None:
             if rpm is not None:
-                log.add_request(now)
+                log.requests.add(now, 1)
                 requests += 1
             if tpm is not None and tokens_estimate:
-                log.add_tokens(now, tokens_estimate)
+                log.tokens.add(now, tokens_estimate)
                 used += tokens_estimate
         return RateCounts(
             allowed=reason is None,
             limit=reason,
             requests=requests,
-            reset_requests_s=_reset(log.requests[-1] if log.requests else None, now),
+            reset_requests_s=log.requests.reset_s(now),
             tokens=used,
-            reset_tokens_s=_reset(log.tokens[-1][0] if log.tokens else None, now),
+            reset_tokens_s=log.tokens.reset_s(now),
             retry_after_s=retry,
         ).to_result(limits)
-
-    @staticmethod
-    def _tokens_free_in(log: _RateLog, need: int, now: float) -> float | None:
-        # A refund is booked at its request's admission time, beside the estimate it
-        # corrects, and the two leave the window together: only whole timestamps free room
-        # (an estimate counted without its refund promised room that was not there).
-        freed = 0
-        entries = log.tokens
-        for i, (ts, tokens) in enumerate(entries):
-            freed += tokens
-            if freed >= need and (i + 1 == len(entries) or entries[i + 1][0] != ts):
-                return max(0.0, ts + RATE_WINDOW_S - now)
-        return None
 
     async def add_tokens(
         self,
@@ -232,8 +199,8 @@ class MemoryLimitStore(LimitStore):
         log = self._rates.get(limits.key_id)
         if log is None:
             log = self._rates[limits.key_id] = _RateLog()
-        log.sweep(now - RATE_WINDOW_S)
-        log.add_tokens(at, tokens)
+        log.sweep(now)
+        log.tokens.add(at, tokens)
 
     # -- parallel requests -------------------------------------------------------------------
 
@@ -403,10 +370,6 @@ class MemoryLimitStore(LimitStore):
     async def aclose(self) -> None:
         self._rates.clear()
         self._scopes.clear()
-
-
-def _reset(newest: float | None, now: float) -> float:
-    return 0.0 if newest is None else max(0.0, newest + RATE_WINDOW_S - now)
 
 
 def _floor0(value: int | None) -> int | None:

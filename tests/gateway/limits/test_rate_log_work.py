@@ -1,28 +1,32 @@
-"""The Redis rate limits do bounded work per call, whatever a key's rate, and still answer
-exactly what the in-process store answers.
+"""Both stores' rate limits do bounded work per call, whatever a key's rate, and answer
+exactly alike.
 
 Redis runs one script at a time for every worker and key, so a script that reads a whole
 rate log stalls all of them: with the tpm log read entry by entry, the first check after a
 pause and every tpm 429 took tens to hundreds of milliseconds on a busy key, and a burst of
-429s timed every request of every key out (503 ``limits_unavailable``)."""
+429s timed every request of every key out (503 ``limits_unavailable``). The in-process store
+did the same walks in Python on the gateway's event loop, stalling every request of the
+worker."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Iterator
+from pathlib import Path
+from types import FrameType
 from typing import Any, TypeVar
 
 import pytest
 import redis.asyncio as aredis
 
+import gateway.limits
 from gateway.limits import KeyLimits, MemoryLimitStore, RateResult
 from gateway.limits.redis_store import RedisLimitStore
 from tests.support.redis_server import PrivateRedis
 from tests.support.services import REDIS_URL
-
-pytestmark = pytest.mark.redis
 
 T = TypeVar("T")
 T0 = 1_741_773_600.3  # 2025-03-12 10:00:00.3 UTC
@@ -58,6 +62,7 @@ async def redis_ms(slowlog: aredis.Redis, call: Awaitable[T]) -> tuple[T, float]
     return result, scripts[0] / 1000
 
 
+@pytest.mark.redis
 async def test_a_pause_and_a_tpm_429_on_a_busy_key_take_redis_a_bounded_time(
     server: PrivateRedis, slowlog: aredis.Redis
 ) -> None:
@@ -98,6 +103,78 @@ async def test_a_pause_and_a_tpm_429_on_a_busy_key_take_redis_a_bounded_time(
         await store.aclose()
 
 
+# -- the in-process store: bounded Python per call ----------------------------------------------
+
+_LIMITS_DIR = str(Path(gateway.limits.__file__).parent)
+
+
+async def python_lines(call: Awaitable[T]) -> tuple[T, int]:
+    """The call's result, and how many lines of ``gateway.limits`` Python it ran.
+
+    A count, not a time: deterministic, and what a walk over a log in Python costs the event
+    loop (a line or two an entry). It does not see work done in C (a bisection, copying an
+    array); bench/limits_redis.py --store memory times the calls whole."""
+    lines = 0
+
+    def local(frame: FrameType, event: str, arg: Any) -> Any:
+        nonlocal lines
+        if event == "line":
+            lines += 1
+        return local
+
+    def calls(frame: FrameType, event: str, arg: Any) -> Any:
+        return local if frame.f_code.co_filename.startswith(_LIMITS_DIR) else None
+
+    previous = sys.gettrace()
+    sys.settrace(calls)
+    try:
+        result = await call  # the in-process store never suspends: nothing else runs here
+    finally:
+        sys.settrace(previous)
+    return result, lines
+
+
+# Lines of Python one call may run on a key at 1,000 requests a second. The tick sums take a
+# few lines per tick of the window (240) and per timestamp of one tick (~250): 85 for a check
+# in steady traffic, 400-1,650 for these. Walking the log took 2-3 lines an entry: 57,000
+# after 10 s, 180,000 after 30 s, 357,000 for the 429.
+LINES_BOUND = 5_000
+
+
+async def test_a_pause_and_a_429_on_a_busy_key_run_bounded_python_in_process() -> None:
+    store = MemoryLimitStore()
+    key = KeyLimits("busy", rpm=10**8, tpm=10**12)
+    # A minute of a key at 1,000 requests a second, as the gateway books them: an estimate at
+    # admission and its correction dated at admission, when the request ends.
+    for i in range(60 * RATE):
+        now = T0 + i / RATE
+        assert (await store.check_rate(key, 2_010, now)).allowed
+        await store.add_tokens(key, -1_990, now + 0.5, at=now)
+    end = T0 + 60
+    work: dict[str, int] = {}
+    _, work["steady"] = await python_lines(store.check_rate(key, 500, end))
+
+    state = await store.check_rate(key, 0, end)
+    used = 10**12 - (state.remaining_tokens or 0)
+    requests = 10**8 - (state.remaining_requests or 0)
+    # refused until the window's last request has left, and until about half of them have
+    refused, work["tpm 429"] = await python_lines(
+        store.check_rate(KeyLimits("busy", tpm=used), used, end)
+    )
+    assert refused.limit == "tpm" and refused.retry_after_s == pytest.approx(60.0, abs=0.01)
+    refused, work["rpm 429"] = await python_lines(
+        store.check_rate(KeyLimits("busy", rpm=requests // 2), 0, end)
+    )
+    assert refused.limit == "rpm" and 29 < (refused.retry_after_s or 0) < 31
+
+    # the first checks after 10 s and then 30 s more without traffic: that much of both logs
+    # (10,000 and 30,000 requests) has left at once
+    for gap, at in ((10, end + 10), (30, end + 40)):
+        allowed, work[f"after {gap} s"] = await python_lines(store.check_rate(key, 500, at))
+        assert allowed.allowed
+    assert max(work.values()) < LINES_BOUND, work
+
+
 # -- same answers as the in-process store ------------------------------------------------------
 
 
@@ -117,18 +194,25 @@ def _answer(result: RateResult) -> tuple[Any, ...]:
     )
 
 
-async def _same_answers(seed: int, prefix: str) -> None:
+# Steps between calls: several requests a tick, ticks and seconds apart, pauses of up to a
+# window. From T0 (.3 s past a tick) timestamps and cutoffs fall inside ticks; from a whole
+# second in steps of 1/8 s (exact in binary) they fall on tick starts, and a cutoff exactly on
+# an entry (60 s later: it has just left).
+ANY_TIME = (T0, (0, 0.01, 0.03, 0.1, 0.125, 0.25, 0.375, 1, 7, 30, 59.75))
+ON_TICKS = (1_741_773_600.0, (0, 0, 0.125, 0.25, 0.375, 0.5, 1, 7, 30, 59.75, 60, 60.125))
+
+
+async def _same_answers(seed: int, prefix: str, clock: tuple[float, tuple[float, ...]]) -> None:
     rng = random.Random(seed)
     memory = MemoryLimitStore()
     redis = RedisLimitStore(REDIS_URL, key_prefix=prefix)
     rpm = rng.choice([None, 5, 50, 500])
     key = KeyLimits(f"k{seed}", rpm=rpm, tpm=rng.choice([1_000, 5_000, 20_000]))
     admitted: list[float] = []
-    now = T0
+    now, steps = clock
     try:
         for step in range(1_000):
-            # several requests a tick, ticks and seconds apart, pauses of up to a window
-            now += rng.choice([0, 0.01, 0.03, 0.1, 0.125, 0.25, 0.375, 1, 7, 30, 59.75])
+            now += rng.choice(steps)
             if rng.random() < 0.65 or not admitted:
                 tokens = rng.choice([0, 1, 10, 100, 500, 999, 5_000])
                 want = _answer(await memory.check_rate(key, tokens, now))
@@ -149,12 +233,14 @@ async def _same_answers(seed: int, prefix: str) -> None:
         await redis.aclose()
 
 
+@pytest.mark.redis
+@pytest.mark.parametrize("clock", [ANY_TIME, ON_TICKS], ids=["any-time", "on-ticks"])
 async def test_the_redis_rate_limits_answer_what_the_in_process_ones_do(
-    redis_prefix: str, redis_client: aredis.Redis
+    redis_prefix: str, redis_client: aredis.Redis, clock: tuple[float, tuple[float, ...]]
 ) -> None:
     try:
         for seed in range(16):
-            await _same_answers(seed, f"{redis_prefix}-{uuid.uuid4().hex[:4]}")
+            await _same_answers(seed, f"{redis_prefix}-{uuid.uuid4().hex[:4]}", clock)
     finally:
         keys = [k async for k in redis_client.scan_iter(match=f"{redis_prefix}*")]
         if keys:
