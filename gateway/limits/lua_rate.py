@@ -29,7 +29,7 @@ from gateway.limits.lua import HELPERS
 # one by one (30 s: 119 ms), and every tpm 429 walked the log from its oldest entry to find
 # its retry-after (174 ms for a request the size of the window): 32 clients refused that way
 # held Redis long enough for other requests' limit calls to time out (503 limits_unavailable).
-# Now about 1 ms for either (bench/limits_redis.py; README, "Rate windows on Redis"):
+# Now about 1 ms for either (bench/limits_latency.py; README, "Rate windows on Redis"):
 #
 # * Entries that have left are dropped at most LOG_TRIM per call (ZREMRANGEBYRANK); nothing
 #   needs them gone, as the logs are counted by score (ZCOUNT, O(log n)). A log with nothing

@@ -113,7 +113,7 @@ async def python_lines(call: Awaitable[T]) -> tuple[T, int]:
 
     A count, not a time: deterministic, and what a walk over a log in Python costs the event
     loop (a line or two an entry). It does not see work done in C (a bisection, copying an
-    array); bench/limits_redis.py --store memory times the calls whole."""
+    array); bench/limits_latency.py --store memory times the calls whole."""
     lines = 0
 
     def local(frame: FrameType, event: str, arg: Any) -> Any:

@@ -25,7 +25,7 @@ are the single-call ones. "Redis µs" is INFO commandstats' EVALSHA time over th
 on a Redis nothing else uses, else an upper bound (e.g. `redis-server --port 6390 --save ''`
 and `--redis-url redis://127.0.0.1:6390`).
 
-    .venv/bin/python bench/limits_redis.py [--store redis|memory] [--rate 1000]
+    .venv/bin/python bench/limits_latency.py [--store redis|memory] [--rate 1000]
         [--redis-url redis://127.0.0.1:6379/0]
 """
 
