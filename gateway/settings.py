@@ -31,6 +31,7 @@ from pydantic import (
 from pydantic_core import MultiHostUrl, Url
 
 from pricing import ModelPrice
+from pricing.catalog import yaml_problem
 from router.outcomes import MAX_COST_WEIGHT
 from router.pool import DEFAULT_KEEP_ALIVE_S, PoolModelConfig, has_userinfo, strip_secret
 from router.reward import RewardConfig
@@ -529,15 +530,6 @@ def _set_path(data: dict[str, Any], path: list[str], value: Any, source: str) ->
     node[path[-1]] = value
 
 
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    """What is wrong with a YAML text and where, without quoting the text."""
-    if isinstance(exc, yaml.MarkedYAMLError):
-        mark = exc.problem_mark or exc.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        return f"{exc.problem or exc.context or 'syntax error'}{where}"
-    return type(exc).__name__
-
-
 def _format_validation_error(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
@@ -585,7 +577,7 @@ def _read_config(p: Path) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         # Not ``{exc}``: PyYAML quotes the offending line, which may hold a secret, and
         # this message reaches logs and a reload's 400.
-        raise SettingsError(f"config file {p} is not valid YAML: {_yaml_problem(exc)}") from None
+        raise SettingsError(f"config file {p} is not valid YAML: {yaml_problem(exc)}") from None
     if loaded is not None and not isinstance(loaded, dict):
         raise SettingsError(f"config file {p} must hold a mapping at the top level")
     return loaded or {}

@@ -139,8 +139,19 @@ class PriceCatalog:
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise CatalogError(f"a price catalog that is not YAML: {exc}") from None
+            raise CatalogError(f"a price catalog that is not YAML: {yaml_problem(exc)}") from None
         return cls.from_mapping(data or {})
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """What is wrong with a YAML text and where, on one line and without quoting the text:
+    PyYAML's own message runs over several lines, quoting the offending line with a caret
+    under it. Lines and columns count from 1, as editors and the JSON parser do."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        return f"{exc.problem or exc.context or 'syntax error'}{where}"
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def load_default_catalog() -> PriceCatalog:

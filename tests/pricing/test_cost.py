@@ -153,3 +153,16 @@ def test_malformed_catalog_is_rejected() -> None:
         PriceCatalog.from_yaml("models:\n  x: {input: -1, output: 1}\n")
     with pytest.raises(CatalogError):
         PriceCatalog.from_yaml("version: 1\n")
+
+
+def test_a_catalog_that_is_not_yaml_is_one_line_naming_where() -> None:
+    # A Markdown table given as the catalog: PyYAML's message ran over four lines, quoting
+    # the line with a caret under it, and `serve`'s "cannot start:" line with it.
+    with pytest.raises(CatalogError) as exc:
+        PriceCatalog.from_yaml("# Prices\n\n| model | input |\nfoo: bar: baz\n")
+    message = str(exc.value)
+    assert "\n" not in message, message
+    assert message == (
+        "a price catalog that is not YAML: expected a comment or a line break, but found 'm'"
+        " at line 3, column 3"
+    )

@@ -27,6 +27,7 @@ from pricing import (
     PriceCatalog,
     TokenUsage,
 )
+from pricing.catalog import yaml_problem
 from training.datasets.common import ENCODING, ConversionError
 
 
@@ -90,12 +91,7 @@ def _parse_problem(exc: json.JSONDecodeError | yaml.YAMLError) -> str:
     of 140 characters, given a README by mistake)."""
     if isinstance(exc, json.JSONDecodeError):
         return f"JSON error at line {exc.lineno}, column {exc.colno}: {exc.msg}"
-    if isinstance(exc, yaml.MarkedYAMLError):
-        mark = exc.problem_mark or exc.context_mark
-        # PyYAML counts lines and columns from 0; editors and the JSON parser from 1.
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        return f"YAML error{where}: {exc.problem or exc.context or 'syntax error'}"
-    return f"YAML error: {' '.join(str(exc).split())}"
+    return f"YAML error: {yaml_problem(exc)}"
 
 
 def call_cost_usd(

@@ -54,9 +54,9 @@ def test_convert_writes_an_out_named_jsonl(tmp_path: Path) -> None:
         (
             "PROVENANCE.md",
             "# Provenance\n\nDownloaded from the RouterDC repository\nlicence: research use only\n",
-            "YAML error at line 4, column 8: mapping values are not allowed here",
+            "YAML error: mapping values are not allowed here at line 4, column 8",
         ),
-        ("prices.yaml", 'gpt-4o:\n  input: "0.2\n', "YAML error at line 3, column 1"),
+        ("prices.yaml", 'gpt-4o:\n  input: "0.2\n', "YAML error: found unexpected end of stream at line 3"),
         ("prices.json", '{"gpt-4o": {"input": 0.2,\n', "JSON error at line 2, column 1"),
     ],
 )
