@@ -35,3 +35,19 @@ def test_a_table_that_is_not_there_or_not_a_file_is_one_line(
         assert lines[0].endswith(f"cannot read {table}: {problem}"), lines[0]
         assert "Errno" not in lines[0]
         assert not out.exists()
+
+
+def test_a_table_with_a_bad_line_is_one_line_naming_it_once_alike_in_the_three(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # train and verl-data said "cannot read T: T:1: …", the path twice.
+    table = tmp_path / "bad.jsonl"
+    table.write_text('{"id": "a"}\n')
+    said = set()
+    for command in COMMANDS:
+        assert main([command, "--table", str(table), "--out", str(tmp_path / "out")]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1, lines
+        assert lines[0].count(str(table)) == 1, lines[0]
+        said.add(lines[0])
+    assert said == {f"error: {table}:1: outcomes: Field required"}

@@ -342,7 +342,8 @@ def run_train(args: argparse.Namespace) -> int:
         print(unreadable(table, exc), file=sys.stderr)
         return 2
     except OutcomeTableError as exc:
-        print(f"cannot read {table}: {exc}", file=sys.stderr)
+        # Its message names the table and the line (``T:3: …``), as eval's ``error:`` line.
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     pool = [m.strip() for m in args.pool.split(",") if m.strip()] if args.pool else None
     command = getattr(args, "command_line", None) or shlex.join(["xrouter", *sys.argv[1:]])

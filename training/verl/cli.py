@@ -76,7 +76,8 @@ def run_verl_data(args: argparse.Namespace) -> int:
         print(unreadable(args.table, exc), file=sys.stderr)
         return 2
     except OutcomeTableError as exc:
-        print(f"cannot read {args.table}: {exc}", file=sys.stderr)
+        # Its message names the table and the line (``T:3: …``), as eval's ``error:`` line.
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
         # Outcomes that record only their tokens are priced as xrouter eval and train

@@ -56,7 +56,11 @@ def test_convert_writes_an_out_named_jsonl(tmp_path: Path) -> None:
             "# Provenance\n\nDownloaded from the RouterDC repository\nlicence: research use only\n",
             "YAML error: mapping values are not allowed here at line 4, column 8",
         ),
-        ("prices.yaml", 'gpt-4o:\n  input: "0.2\n', "YAML error: found unexpected end of stream at line 3"),
+        (
+            "prices.yaml",
+            'gpt-4o:\n  input: "0.2\n',
+            "YAML error: found unexpected end of stream at line 3",
+        ),
         ("prices.json", '{"gpt-4o": {"input": 0.2,\n', "JSON error at line 2, column 1"),
     ],
 )
