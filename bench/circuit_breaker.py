@@ -107,7 +107,12 @@ def main() -> int:
         )
         procs = [up]
         try:
+            deadline = time.monotonic() + 60
             while not port_file.exists():
+                # A replay upstream that died (its table, its port) writes no port file.
+                if up.poll() is not None or time.monotonic() > deadline:
+                    log = (tmp / "replay.log").read_text()
+                    raise SystemExit(f"the replay upstream did not start:\n{log}")
                 time.sleep(0.02)
             root = f"http://127.0.0.1:{int(port_file.read_text())}"
             control = httpx.Client(base_url=root, timeout=10)
