@@ -2,8 +2,8 @@
 
 Same semantics as the Redis store, statement for statement (see ``gateway.limits.lua`` for the
 algorithm notes): sliding-window logs for rpm/tpm summed per tick, as on Redis
-(``gateway.limits.memory_rate``), holds with deadlines swept on every budget operation, spend
-counters keyed by period id.
+(``gateway.limits.memory_rate``), holds with deadlines swept on every budget operation (at most
+256 a call, earliest first, as on Redis), spend counters keyed by period id.
 
 No lock: the store is used from one event loop, and no method awaits between reading and
 writing its state, so each method runs atomically with respect to every other coroutine. It is
@@ -13,9 +13,11 @@ would enforce the full limit on its own).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import time
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from gateway.limits.base import (
     ALLOW_ALL,
@@ -43,6 +45,9 @@ DEFAULT_HOLD_TTL_S = 900.0
 
 # Dead heap entries tolerated beyond twice the live ones before a heap is rebuilt.
 _COMPACT_SLACK = 64
+# Expired holds one call frees at most: the Redis scripts' (gateway.limits.lua, _HOLD_SWEEP).
+HOLD_SWEEP_LIMIT = 256
+_DEADLINE = itemgetter(0)
 
 
 @dataclass(slots=True)
@@ -62,7 +67,8 @@ class _BudgetScope:
 
     held: dict[str, int] = field(default_factory=dict)  # reservation id -> micro-USD held
     deadline: dict[str, float] = field(default_factory=dict)  # reservation id -> hold deadline
-    deadlines: list[tuple[float, str]] = field(default_factory=list)  # heap, lazily pruned
+    # (deadline, id) of every hold, sorted, one entry a hold: the expired are a prefix
+    deadlines: list[tuple[float, str]] = field(default_factory=list)
     reserved: int = 0
     spent: dict[str, tuple[int, float | None]] = field(
         default_factory=dict
@@ -71,28 +77,57 @@ class _BudgetScope:
     req_expiries: list[tuple[float, str]] = field(default_factory=list)  # heap, lazily pruned
 
     def sweep(self, now: float) -> None:
-        heap = self.deadlines
-        while heap and heap[0][0] <= now:
-            when, rid = heapq.heappop(heap)
-            if self.deadline.get(rid) == when:  # else superseded by a later reservation
-                del self.deadline[rid]
-                self.reserved -= self.held.pop(rid, 0)
+        """Free the expired holds, at most ``HOLD_SWEEP_LIMIT`` a call, earliest deadline first
+        (ties by reservation id): what the Redis scripts' ``ZRANGEBYSCORE ... LIMIT 0 256``
+        frees, so both stores give the same answers. Unbounded, the first call after a mass
+        failure (50,000 holds expiring together) popped them all in Python on the event loop,
+        57-150 ms during which the worker served nothing; until swept, an expired hold still
+        counts against the budget, which is only conservative for a few more calls.
+
+        The holds are a sorted list, not a heap with dead entries left by settled holds: those
+        had to be popped too before the live ones behind them (70 ms for 100,000 of them in
+        front of 50,000 expired holds), and bounding them as well would have freed fewer holds
+        than Redis does. Reserving a hold with the latest deadline appends it; a settle or a
+        sweep is one bisection and one move of the list's tail, in C."""
+        limit = min(HOLD_SWEEP_LIMIT, len(self.deadlines))
+        expired = bisect.bisect_right(self.deadlines, now, hi=limit, key=_DEADLINE)
+        for _, rid in self.deadlines[:expired]:
+            del self.deadline[rid]
+            self.reserved -= self.held.pop(rid)
+        del self.deadlines[:expired]
+        # Spend tracked for a request's cap: reads check the expiry themselves (a Redis key
+        # that expired reads as nothing), so this sweep only reclaims memory and may stop at
+        # any point without changing an answer.
         heap = self.req_expiries
-        while heap and heap[0][0] <= now:
+        for _ in range(HOLD_SWEEP_LIMIT):
+            if not heap or heap[0][0] > now:
+                break
             when, rid = heapq.heappop(heap)
             entry = self.req_spent.get(rid)
             if entry is not None and entry[1] == when:
                 del self.req_spent[rid]
 
+    def set_deadline(self, rid: str, deadline: float | None) -> None:
+        """Give a hold its (new) deadline, or None once it is settled in full."""
+        old = self.deadline.pop(rid, None)
+        if old is not None:
+            at = bisect.bisect_left(self.deadlines, (old, rid))
+            del self.deadlines[at]  # there: one entry a hold, and the floats are the same
+        if deadline is not None:
+            self.deadline[rid] = deadline
+            bisect.insort(self.deadlines, (deadline, rid))
+
+    def request_spent(self, rid: str, now: float) -> tuple[int, float] | None:
+        """A capped request's (spend, expiry), or None once it expired, swept yet or not."""
+        entry = self.req_spent.get(rid)
+        return None if entry is None or entry[1] <= now else entry
+
     def compact(self) -> None:
-        """Rebuild a heap whose entries are mostly dead. A settled hold leaves its heap entry
-        behind until its deadline (request_timeout_s + 60 s) and a capped request's spend one
-        per settle, so a busy key's heaps would hold every call of the last 11 minutes (176
-        bytes each: 115 MB at 1,000 calls a second); rebuilt once the dead outnumber the live
-        twice over, they stay proportional to what is in flight, at amortized O(1) a call."""
-        if len(self.deadlines) > 2 * len(self.deadline) + _COMPACT_SLACK:
-            self.deadlines = [(when, rid) for rid, when in self.deadline.items()]
-            heapq.heapify(self.deadlines)
+        """Rebuild the request-spend heap once its entries are mostly dead. A capped request's
+        spend leaves one behind per settle until its expiry (request_timeout_s + 60 s), so a
+        busy key's heap would hold every call of the last 11 minutes (176 bytes each: 115 MB
+        at 1,000 calls a second); rebuilt once the dead outnumber the live twice over, it
+        stays proportional to what is in flight, at amortized O(1) a call."""
         if len(self.req_expiries) > 2 * len(self.req_spent) + _COMPACT_SLACK:
             self.req_expiries = [(exp, rid) for rid, (_, exp) in self.req_spent.items()]
             heapq.heapify(self.req_expiries)
@@ -250,7 +285,8 @@ class MemoryLimitStore(LimitStore):
             key_left = budget - scope.spent_in(period.id) - scope.reserved
         req_left = None
         if request_budget_micros is not None:
-            req_spent = scope.req_spent.get(reservation_id, (0, 0.0))[0]
+            tracked = scope.request_spent(reservation_id, now)
+            req_spent = 0 if tracked is None else tracked[0]
             req_left = request_budget_micros - req_spent - scope.held.get(reservation_id, 0)
 
         if key_left is not None and amount_micros > key_left:
@@ -266,12 +302,12 @@ class MemoryLimitStore(LimitStore):
         scope.held[reservation_id] = scope.held.get(reservation_id, 0) + amount_micros
         scope.reserved += amount_micros
         deadline = now + self.hold_ttl_s
-        scope.deadline[reservation_id] = deadline
-        heapq.heappush(scope.deadlines, (deadline, reservation_id))
+        scope.set_deadline(reservation_id, deadline)
         if request_budget_micros is not None:
             # Track this request's spend for its cap. Only capped requests are tracked, so
             # the common case costs no per-request state beyond the hold itself.
-            spent = scope.req_spent.get(reservation_id, (0, 0.0))[0]
+            tracked = scope.request_spent(reservation_id, now)
+            spent = 0 if tracked is None else tracked[0]
             scope.req_spent[reservation_id] = (spent, deadline)
             heapq.heappush(scope.req_expiries, (deadline, reservation_id))
         return ReserveResult(
@@ -301,7 +337,7 @@ class MemoryLimitStore(LimitStore):
             release = min(reserved_micros, held)
             if held - release <= 0:
                 del scope.held[reservation_id]
-                del scope.deadline[reservation_id]
+                scope.set_deadline(reservation_id, None)
             else:
                 scope.held[reservation_id] = held - release
             scope.reserved -= release
@@ -312,7 +348,7 @@ class MemoryLimitStore(LimitStore):
                 scope.add_spent(
                     period.id, actual_micros, None if expires is None else now + expires, now
                 )
-            tracked = scope.req_spent.get(reservation_id)
+            tracked = scope.request_spent(reservation_id, now)
             if tracked is not None:
                 expiry = now + self.hold_ttl_s
                 scope.req_spent[reservation_id] = (tracked[0] + actual_micros, expiry)

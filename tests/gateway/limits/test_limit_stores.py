@@ -175,6 +175,41 @@ async def test_abandoned_hold_expires_after_ttl(make_store: StoreFactory) -> Non
     assert (state.spent, state.reserved, state.remaining) == (80, 1, 19)
 
 
+async def test_a_mass_expiry_frees_holds_256_a_call_earliest_deadline_first(
+    make_store: StoreFactory,
+) -> None:
+    """A mass failure leaves many holds to expire together. Each call frees at most 256 of
+    them (the Redis scripts' LIMIT; the in-process store popped them all at once, tens of
+    ms on the event loop), earliest deadline first and ties by reservation id, so both
+    stores hold back exactly the same amounts meanwhile."""
+    store = await make_store(hold_ttl_s=60.0)  # longer than the reserves take: none expires
+    key = KeyLimits("mass", budget_micros=10**9, budget_period="total")
+    # 300 deadlines 1/8 s apart (exact in binary on both stores), three holds on each: the
+    # 256th hold in deadline order is the first of a tie of three.
+    holds = [(T0 + step / 8, f"{tag}{step:03d}") for step in range(300) for tag in "zyx"]
+    ordered = sorted(holds)  # by deadline, then id: the order they must be freed in
+    amount = {rid: 1_000 + i for i, (_, rid) in enumerate(ordered)}  # which went: by sums
+    random.Random(7).shuffle(holds)  # reserved in an order unrelated to their deadlines
+    for at, rid in holds:
+        assert (await store.reserve(key, None, amount[rid], rid, now=at)).ok
+    after = T0 + 300 / 8 + 60  # every deadline passed
+
+    def held_from(rank: int) -> int:
+        return sum(amount[rid] for _, rid in ordered[rank:])
+
+    assert ordered[255][1] == "x085" and ordered[256][1] == "y085"
+    assert (await store.spent(key, now=after)).reserved == held_from(256)
+    # Each call sweeps up to 256 more before it runs. The last hold is still there on the
+    # second call: releasing it frees its amount.
+    last = ordered[-1][1]
+    await store.release(key, last, amount[last], now=after)
+    assert (await store.spent(key, now=after)).reserved == held_from(768) - amount[last]
+    # x085 went in the first sweep: releasing it now frees nothing twice.
+    await store.release(key, "x085", amount["x085"], now=after)
+    state = await store.spent(key, now=after)
+    assert (state.reserved, state.remaining) == (0, 10**9)
+
+
 async def test_reserving_again_extends_the_hold(make_store: StoreFactory) -> None:
     store = await make_store(hold_ttl_s=30.0)
     key = KeyLimits("extend", budget_micros=1_000, budget_period="total")

@@ -245,3 +245,28 @@ async def test_the_redis_rate_limits_answer_what_the_in_process_ones_do(
         keys = [k async for k in redis_client.scan_iter(match=f"{redis_prefix}*")]
         if keys:
             await redis_client.delete(*keys)
+
+
+# -- budget holds ----------------------------------------------------------------------------
+
+
+async def test_the_first_reserve_after_a_mass_expiry_runs_bounded_python_in_process() -> None:
+    """50,000 holds expiring together (a mass failure: none was settled) were all popped by
+    the next budget call, ~500,000 lines of Python (57-150 ms on the event loop); it frees
+    256 now, as the Redis scripts do (test_limit_stores shows the two stores' answers equal).
+    Holds settled before are no work either: in a heap, the entries they left in front of the
+    expired holds had to be popped first."""
+    store = MemoryLimitStore(hold_ttl_s=60.0)
+    key = KeyLimits("mass", budget_micros=10**12, budget_period="total")
+    for i in range(50_000):  # capped too: the request-cap spend expires with each hold
+        assert (await store.reserve(key, 10**6, 1_000, f"h{i}", T0 + 10 + i / 1_000)).ok
+    for i in range(20_000):  # served and settled, with earlier deadlines
+        assert (await store.reserve(key, None, 1_000, f"s{i}", T0 + i / 2_000)).ok
+        await store.settle(key, f"s{i}", 1_000, 900, T0 + i / 2_000)
+    later = T0 + 60 + 60  # every hold expired
+    reserved, lines = await python_lines(store.reserve(key, 10**6, 1_000, "next", later))
+    assert reserved.ok
+    assert lines < LINES_BOUND, lines
+    # the 256 earliest went; the rest are swept by the next calls, 256 a call
+    state = await store.spent(key, later)
+    assert (state.spent, state.reserved) == (20_000 * 900, (50_000 - 2 * 256 + 1) * 1_000)
