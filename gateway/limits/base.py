@@ -57,6 +57,10 @@ BudgetLimitName = Literal["budget", "request_budget"]
 FailMode = Literal["closed", "open"]
 
 STORE_UNAVAILABLE = "store_unavailable"
+# Expired budget holds one call frees at most, earliest deadline first, in either store: a
+# mass failure (every worker gone at once) then costs each later call a bounded time, and
+# until the rest are freed the budget is merely conservative.
+HOLD_SWEEP_LIMIT = 256
 
 
 @dataclass(frozen=True, slots=True)

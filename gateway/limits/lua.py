@@ -21,6 +21,8 @@ Conventions shared by every script:
 
 from __future__ import annotations
 
+from gateway.limits.base import HOLD_SWEEP_LIMIT
+
 HELPERS = """
 local function istr(x) return string.format('%d', x) end
 local function fstr(x) return string.format('%.6f', x) end
@@ -38,14 +40,15 @@ local function fstr(x) return string.format('%.6f', x) end
 # Abandoned holds: a worker that dies between reserve and settle leaves its hold behind. The
 # hold's deadline sits in the holds zset and every budget script first sweeps the holds whose
 # deadline has passed, returning their amount to the budget. The sweep is bounded per call
-# (256) to keep script latency flat after a mass failure; anything left over is swept by the
+# (HOLD_SWEEP_LIMIT, 256) to keep script latency flat after a mass failure; anything left over is swept by the
 # next call, and until then the budget is merely conservative (never over-committed). Holds,
 # held and reserved get a key TTL of one hold TTL on every write: they expire together, and
 # only once no hold in them can still be live, so an idle key leaves nothing behind.
 # ---------------------------------------------------------------------------------------------
-_HOLD_SWEEP = """
+_HOLD_SWEEP = f"""
+local HOLD_SWEEP_LIMIT = {HOLD_SWEEP_LIMIT}
 local function sweep_holds(now)
-  local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, 256)
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, HOLD_SWEEP_LIMIT)
   if #expired == 0 then return end
   local freed = 0
   for i = 1, #expired do

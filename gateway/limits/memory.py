@@ -21,6 +21,7 @@ from operator import itemgetter
 
 from gateway.limits.base import (
     ALLOW_ALL,
+    HOLD_SWEEP_LIMIT,
     SLOT_FREE,
     BudgetState,
     KeyLimits,
@@ -45,8 +46,6 @@ DEFAULT_HOLD_TTL_S = 900.0
 
 # Dead heap entries tolerated beyond twice the live ones before a heap is rebuilt.
 _COMPACT_SLACK = 64
-# Expired holds one call frees at most: the Redis scripts' (gateway.limits.lua, _HOLD_SWEEP).
-HOLD_SWEEP_LIMIT = 256
 _DEADLINE = itemgetter(0)
 
 
