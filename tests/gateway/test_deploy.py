@@ -83,6 +83,28 @@ def _deploy(checkpoint: str, url: str) -> subprocess.Popen[str]:
     )
 
 
+def _serving_everywhere(url: str, workers: int, deployment_id: int, version: str) -> None:
+    """Wait until every worker serves ``deployment_id`` (each follows within a poll)."""
+    serving: set[int] = set()
+    deadline = time.monotonic() + 30
+    while len(serving) < workers:
+        with httpx.Client() as fresh:  # a new connection each time: either worker
+            state = fresh.get(f"{url}/admin/router", headers=ADMIN, timeout=10).json()
+        d = state["deployment"]
+        if d is not None and d["id"] == deployment_id:
+            assert state["checkpoint"]["version"] == version, state
+            serving.add(state["worker"])
+        assert time.monotonic() < deadline, (serving, state)
+        time.sleep(0.05)
+
+
+# Rounds of two deploys sent together until one round overlaps. Sent together, two deploys
+# usually overlap (one is still loading when the other comes); on a loaded machine one worker
+# may be kept off the CPU until the other's deploy is recorded, and then the two are one
+# after the other and rightly both exit 0 (that failed the test about one run in ten).
+ROUNDS = 6
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_of_two_concurrent_deploys_only_the_one_that_serves_exits_0(
     upstream: Upstream, tmp_path: Path, workers: int
@@ -93,39 +115,48 @@ def test_of_two_concurrent_deploys_only_the_one_that_serves_exits_0(
     cfg = gateway_config(tmp_path, upstream.base_url, router={"deployment_poll_s": 0.2})
     gw = start_gateway(tmp_path, cfg, workers=workers)
     try:
+        overlapped = 0
         with _together(gw.url) as url:
-            procs = {c: _deploy(c, url) for c in CHECKPOINTS}
-            done = {c: p.communicate(timeout=120) for c, p in procs.items()}
-        codes = {c: procs[c].returncode for c in CHECKPOINTS}
-        # The loser's status is its own: 1 would say its checkpoint or the gateway is at
-        # fault, and a script could not tell the two apart.
-        assert sorted(codes.values()) == [0, EXIT_SUPERSEDED] == [0, 3], (codes, done)
-        [won] = [c for c in CHECKPOINTS if codes[c] == 0]
-        [lost] = [c for c in CHECKPOINTS if codes[c] == EXIT_SUPERSEDED]
-        deployment = json.loads(done[won][0])["deployment"]
-        assert (deployment["checkpoint"], deployment["version"]) == (won, versions[won])
-        # The loser: one line, naming the deployment that serves instead; nothing printed.
-        out, err = done[lost]
-        assert out == "" and "Traceback" not in err, err
-        [line] = err.strip().splitlines()
-        assert "not deployed, another deploy won (409)" in line, line
-        assert f"deployment {deployment['id']} ({won}, version {versions[won]})" in line, line
-        # Every worker serves the winner, and the ledger holds only its deployment.
-        serving: set[int] = set()
-        deadline = time.monotonic() + 30
-        while len(serving) < workers:
-            assert time.monotonic() < deadline, (serving, gw.log())
-            with httpx.Client() as fresh:  # a new connection each time: either worker
-                state = fresh.get(f"{gw.url}/admin/router", headers=ADMIN, timeout=10).json()
-            if state["deployment"] is not None:  # None: not yet followed
-                assert state["deployment"]["id"] == deployment["id"], state
-                assert state["checkpoint"]["version"] == versions[won], state
-                serving.add(state["worker"])
-            time.sleep(0.05)
-        with sqlite3.connect(tmp_path / "ledger.db") as db:
-            rows = db.execute("SELECT id, checkpoint FROM router_deployments").fetchall()
-        assert rows == [(deployment["id"], won)]
-        assert f"admin deploy of {lost} not recorded: deployment {deployment['id']}" in gw.log()
+            for _ in range(ROUNDS):
+                with sqlite3.connect(tmp_path / "ledger.db") as db:
+                    before = db.execute("SELECT count(*) FROM router_deployments").fetchone()[0]
+                procs = {c: _deploy(c, url) for c in CHECKPOINTS}
+                done = {c: p.communicate(timeout=120) for c, p in procs.items()}
+                codes = {c: procs[c].returncode for c in CHECKPOINTS}
+                with sqlite3.connect(tmp_path / "ledger.db") as db:
+                    rows = db.execute(
+                        "SELECT id, checkpoint FROM router_deployments WHERE id > ? ORDER BY id",
+                        (before,),
+                    ).fetchall()
+                if sorted(codes.values()) == [0, 0]:
+                    # One after the other: both recorded, and the later one serves.
+                    ids = sorted(json.loads(done[c][0])["deployment"]["id"] for c in CHECKPOINTS)
+                    assert [r[0] for r in rows] == ids, (rows, done)
+                    last = dict(rows)[ids[-1]]
+                    _serving_everywhere(gw.url, workers, ids[-1], versions[last])
+                    continue
+                # The loser's status is its own: 1 would say its checkpoint or the gateway
+                # is at fault, and a script could not tell the two apart.
+                assert sorted(codes.values()) == [0, EXIT_SUPERSEDED] == [0, 3], (codes, done)
+                overlapped += 1
+                [won] = [c for c in CHECKPOINTS if codes[c] == 0]
+                [lost] = [c for c in CHECKPOINTS if codes[c] == EXIT_SUPERSEDED]
+                deployment = json.loads(done[won][0])["deployment"]
+                assert (deployment["checkpoint"], deployment["version"]) == (won, versions[won])
+                # The loser: one line, naming the deployment that serves instead.
+                out, err = done[lost]
+                assert out == "" and "Traceback" not in err, err
+                [line] = err.strip().splitlines()
+                assert "not deployed, another deploy won (409)" in line, line
+                assert f"deployment {deployment['id']} ({won}, version {versions[won]})" in line
+                # Every worker serves the winner, and the ledger holds only its deployment.
+                _serving_everywhere(gw.url, workers, deployment["id"], versions[won])
+                assert rows == [(deployment["id"], won)]
+                assert f"admin deploy of {lost} not recorded: deployment {deployment['id']}" in (
+                    gw.log()
+                )
+                break
+        assert overlapped == 1, f"no two of {ROUNDS} rounds of deploys sent together overlapped"
     finally:
         gw.stop()
 

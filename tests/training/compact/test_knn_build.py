@@ -156,4 +156,8 @@ def test_knn_refuses_a_logged_table_without_offpolicy_and_bad_k(
     # Without --offpolicy, a kNN checkpoint takes every model's outcome as known.
     assert main(argv) == 2
     assert "train on them with --offpolicy" in capsys.readouterr().err
-    assert main([*argv[:-1], "0", "--offpolicy"]) == 2
+    # A k of 0 is refused as the option is read, by argparse (exit 2, its usage line).
+    with pytest.raises(SystemExit) as exited:
+        main([*argv[:-1], "0", "--offpolicy"])
+    assert exited.value.code == 2
+    assert "argument --knn: expected comma-separated positive integers" in (capsys.readouterr().err)
