@@ -333,6 +333,16 @@ class RouterSettings(_Section):
     # while the model's other deployments can take its calls.
     deployment_cooldown_s: float = Field(default=5.0, gt=0, le=3600)
 
+    @field_validator("cascade_order")
+    @classmethod
+    def _order_once(cls, v: list[str]) -> list[str]:
+        # A cascade plan calls each model once: a repeat was accepted here and failed every
+        # cascade request with a 500 (the plan refuses it), so it is a settings error.
+        repeated = sorted({m for m in v if v.count(m) > 1})
+        if repeated:
+            raise ValueError(f"names a model more than once: {repeated}")
+        return v
+
 
 class PricingSettings(_Section):
     catalog: str | None = None

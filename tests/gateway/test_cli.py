@@ -96,6 +96,19 @@ def test_a_default_policy_that_is_no_policy_is_one_line_of_error(
     assert "router.default_policy" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_cascade_order_that_repeats_a_model_is_one_line_of_error(tmp_path: Path) -> None:
+    # It started, and every request the cascade policy routed was a 500 (the plan refused
+    # the repeat per request).
+    cfg = gateway_config(tmp_path, "http://127.0.0.1:9/v1")
+    cfg["router"]["cascade_order"] = ["gemma-2-9b-it", "gemma-2-9b-it"]
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = run_cli("serve", "--config", str(path), "--port", str(free_port()), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "router.cascade_order" in proc.stderr and "gemma-2-9b-it" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def empty_ledger(path: Path) -> str:
     """A ledger with its schema and no rows at ``path``; its URL."""
     from gateway.ledger.store import open_ledger_engine
