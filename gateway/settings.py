@@ -63,8 +63,10 @@ class ServerSettings(_Section):
     log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
     # The longest a request may run, streamed answer included: past it the gateway cancels
     # what is in flight and answers 504. Budget holds live this long plus 60 s, so a hold
-    # never expires under a call that is still running.
-    request_timeout_s: float = Field(default=600.0, gt=0)
+    # never expires under a call that is still running. At most a week: a hold's TTL in
+    # milliseconds must be an integer Redis takes, and 1e20 ("no timeout") was not, which
+    # made every request of a key with limits a 503 blaming the limit store.
+    request_timeout_s: float = Field(default=600.0, gt=0, le=7 * 86400)
     # How long a client may take to send its whole request body: past it, a 408 and the
     # connection closed. A body trickled in a byte at a time would otherwise hold a worker
     # (and one of its max_in_flight places) for as long as the client likes.

@@ -82,6 +82,9 @@ def test_env_default_syntax(tmp_path: Path) -> None:
         ("router: {cost_weight: .nan}", "router.cost_weight"),
         # An infinite timeout passed `gt=0` and overflowed where it became milliseconds.
         ("server: {request_timeout_s: .inf}", "server.request_timeout_s"),
+        # A huge finite one made every budget hold's TTL one Redis refuses: each request of
+        # a key with limits was a 503, "the rate-limit store is unavailable".
+        ("server: {request_timeout_s: 1.0e+20}", "server.request_timeout_s"),
         ("router: {deployment_poll_s: .inf}", "router.deployment_poll_s"),
         (POOL + "    timeout_s: .inf\n", "pool.0.timeout_s"),
         # A port or database the Redis client cannot use crashed the lifespan.
