@@ -132,12 +132,14 @@ class LedgerSettings(_Section):
     # Drop logged prompts and answers (log_content: hash/full) of requests older than this
     # many days, keeping the rest of their rows; None keeps them. Checked every
     # retention_interval_s by each worker.
-    content_retention_days: float | None = Field(default=None, gt=0)
+    # At most 100 years (36,500 days), as is request_retention_days: further back than the
+    # year 1 is no date (999999, meant as "keep them", failed the retention every interval).
+    content_retention_days: float | None = Field(default=None, gt=0, le=36_500)
     # Delete requests older than this many days, with their calls, feedback and tags (the
     # ledger grows ~1 KB a request); None keeps them. At least 32: the budgets of the
     # current day, week or month are restored from its rows. Keys with a lifetime ("total")
     # budget keep all their rows, which that budget is restored from.
-    request_retention_days: float | None = Field(default=None, ge=32)
+    request_retention_days: float | None = Field(default=None, ge=32, le=36_500)
     retention_interval_s: float = Field(default=3600.0, gt=0)
     # How long an admin read (keys, spend, the dashboard), a generation lookup or feedback's
     # lookup of its request may wait on the database before it is a 503: a hung server

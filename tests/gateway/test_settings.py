@@ -85,6 +85,9 @@ def test_env_default_syntax(tmp_path: Path) -> None:
         # A huge finite one made every budget hold's TTL one Redis refuses: each request of
         # a key with limits was a 503, "the rate-limit store is unavailable".
         ("server: {request_timeout_s: 1.0e+20}", "server.request_timeout_s"),
+        # Further back than the year 1: the retention task failed every interval.
+        ("ledger: {content_retention_days: 999999}", "ledger.content_retention_days"),
+        ("ledger: {request_retention_days: 999999}", "ledger.request_retention_days"),
         ("router: {deployment_poll_s: .inf}", "router.deployment_poll_s"),
         (POOL + "    timeout_s: .inf\n", "pool.0.timeout_s"),
         # A port or database the Redis client cannot use crashed the lifespan.
