@@ -276,11 +276,13 @@ class CircuitBreakerSettings(_Section):
     """router.health: a model whose calls keep failing is skipped for a while."""
 
     failures: int = Field(default=5, ge=0)  # consecutive failed attempts; 0 turns it off
-    cooldown_s: float = Field(default=30.0, gt=0)
+    # At most a day: the shared circuit's expiry goes to Redis in milliseconds, and one as
+    # long as 1e20 s is a number Redis refuses (the circuit was kept, but not shared).
+    cooldown_s: float = Field(default=30.0, gt=0, le=86400)
     # With limits.backend: redis, workers and replicas tell each other when a circuit opens
     # (gateway/circuits.py), read every sync_interval_s.
     shared: bool = True
-    sync_interval_s: float = Field(default=1.0, gt=0)
+    sync_interval_s: float = Field(default=1.0, gt=0, le=3600)
 
 
 class RewardSettings(_Section):

@@ -89,6 +89,10 @@ def test_env_default_syntax(tmp_path: Path) -> None:
         ("ledger: {content_retention_days: 999999}", "ledger.content_retention_days"),
         ("ledger: {request_retention_days: 999999}", "ledger.request_retention_days"),
         ("router: {deployment_poll_s: .inf}", "router.deployment_poll_s"),
+        # A circuit's cooldown goes to Redis in milliseconds, to share it: 1e20 s was refused
+        # there ("value is not an integer or out of range") each time a circuit opened.
+        ("router: {circuit_breaker: {cooldown_s: 1.0e+20}}", "router.circuit_breaker.cooldown_s"),
+        ("router: {circuit_breaker: {sync_interval_s: 1.0e+20}}", "sync_interval_s"),
         (POOL + "    timeout_s: .inf\n", "pool.0.timeout_s"),
         # A port or database the Redis client cannot use crashed the lifespan.
         ("limits: {redis_url: 'redis://:pw@127.0.0.1:99999/0'}", "limits.redis_url: .* port"),
