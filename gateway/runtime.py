@@ -201,6 +201,15 @@ def build_runtime(
     pool = ModelPool.from_configs(settings.pool, catalog)
     if not len(pool):
         raise ValueError("the pool is empty: configure at least one model under `pool:`")
+    unknown = [m for m in settings.router.cascade_order if m not in pool]
+    if unknown:
+        # Left out of the order, as documented (a reload may take a model out of the pool),
+        # but said: a typo here silently put the cascade back in price order.
+        log.warning(
+            "router.cascade_order names %s, not in the pool (%s): left out of the cascade order",
+            ", ".join(unknown),
+            ", ".join(pool.names),
+        )
     if any(t.transport == "litellm" for m in pool for t in m.targets):
         from router.providers.litellm_provider import preload_litellm
 

@@ -109,3 +109,21 @@ def test_the_reference_model_is_priced_as_the_pool_prices_it(tmp_path: Path) -> 
     # A name with no price at all is refused, not reported as no savings.
     with pytest.raises(ValueError, match=r"metrics\.reference_model 'gtp-4o' has no price"):
         _runtime(tmp_path, "default_policy: cheapest", "metrics: {reference_model: gtp-4o}\n")
+
+
+def test_a_cascade_order_naming_a_model_outside_the_pool_is_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Such a name is left out of the order (a reload may take a model out of the pool), but a
+    # typo silently put the cascade back in price order.
+    with caplog.at_level("WARNING", logger="gateway.runtime"):
+        _runtime(tmp_path, "cascade_order: [large, smal]")
+    [record] = [r for r in caplog.records if "cascade_order" in r.getMessage()]
+    assert record.getMessage() == (
+        "router.cascade_order names smal, not in the pool (small, large): left out of the "
+        "cascade order"
+    )
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gateway.runtime"):
+        _runtime(tmp_path, "cascade_order: [large, small]")
+    assert not [r for r in caplog.records if "cascade_order" in r.getMessage()]
