@@ -60,7 +60,11 @@ def _fmt(x: float | None, spec: str = ".4f") -> str:
 
 
 def _usd(x: float | None) -> str:
-    return "–" if x is None else f"${x:.6f}"
+    if x is None:
+        return "–"
+    # An interval's upper end is +inf when the data cannot bound it (one logged record:
+    # its standard error is infinite and a cost has no ceiling); "$inf" reads as a bug.
+    return "unbounded" if math.isinf(x) else f"${x:.6f}"
 
 
 def _ci(iv: Interval | None, signed: bool = False) -> str:

@@ -143,3 +143,14 @@ def test_a_sweep_whose_cost_rises_with_lambda_is_flagged(
     note = "zigzag: average cost rose with λ at 3 of its 5 steps of increasing λ"
     assert note in (out / "report.md").read_text() and note in capsys.readouterr().out
     assert "thrifty: average cost rose" not in (out / "report.md").read_text()
+
+
+def test_one_logged_record_reports_an_unbounded_cost_interval_not_inf(tmp_path: Path) -> None:
+    # One record says nothing of the spread: the cost interval has no upper end (costs have
+    # no ceiling). The report must say so in words, not print "$inf".
+    metrics = eval_logged(_logged_rows(n=1), tmp_path, "--lambdas", "0")
+    assert metrics["logging_policy"]["cost_usd"]["ci_high"] is None
+    report = (tmp_path / "out" / "report.md").read_text()
+    line = next(x for x in report.splitlines() if x.startswith("Logging policy on these 1 logs"))
+    assert "inf" not in line
+    assert ", unbounded]." in line
