@@ -195,6 +195,13 @@ def write_verl_dataset(
             "--split-seed): verl needs training and validation rows"
         )
     pool = pool_for(records)
+    if len(pool) < 2:
+        # As `xrouter train` refuses it: with one model the router's only rewarded move is
+        # to call it on every prompt, so the GPU run would learn no routing at all.
+        raise ValueError(
+            f"the table has outcomes of one model only ({pool.names[0]!r}): "
+            "a router chooses between at least two models"
+        )
     check_tool_names(pool.names)  # the router calls each model by its tool's name
     out_dir.mkdir(parents=True, exist_ok=True)
     out_dir = out_dir.resolve()

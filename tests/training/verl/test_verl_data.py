@@ -277,3 +277,24 @@ def all_rows_present(verl_dir: Path) -> list[dict]:
         if (verl_dir / f"{s}.parquet").exists()
         for r in rows(verl_dir, s)
     ]
+
+
+def test_a_table_of_one_model_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One model leaves the router nothing to choose (its only rewarded move is to call it):
+    refused in one line, as `xrouter train` refuses it, and no directory is written."""
+    single = [
+        OutcomeRecord(id=r.id, prompt=r.text, outcomes={"cheap": r.outcomes["cheap"]})
+        for r in small_table()
+    ]
+    table = tmp_path / "single.jsonl"
+    write_outcome_table(single, table)
+    out = tmp_path / "o"
+    assert xrouter(["verl-data", "--table", str(table), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "xrouter verl-data: the table has outcomes of one model only ('cheap'): "
+        "a router chooses between at least two models"
+    ]
+    assert not out.exists()
