@@ -205,6 +205,11 @@ def _finish(
         boots = np.array([estimator(rng.integers(0, n, n))[0] for _ in range(n_boot)])
         lo, hi = (float(q) for q in np.quantile(boots, [alpha / 2.0, 1.0 - alpha / 2.0]))
         stderr = float(boots.std(ddof=1))
+    if lo > high or hi < low:
+        # The whole interval lies outside what the quantity can take (an IPS score of 1e8
+        # from propensities of 1e-9): clipped, it would collapse onto the bound and claim a
+        # precision the weights do not have. Such weights say nothing of where the value lies.
+        return Estimate(name, value, stderr, low, high, n)
     if weights is not None:
         floor = _wilson(value, _effective_size(weights), data.bounds, alpha)
         if floor is not None:

@@ -343,3 +343,19 @@ def test_thin_support_intervals_cover_the_truth() -> None:
             covered[name] += est.ci_low <= 0.8 <= est.ci_high
     for name, hits in covered.items():
         assert hits / runs >= 0.92, (name, hits / runs)
+
+
+@pytest.mark.parametrize("ci", ["normal", "bootstrap"])
+def test_an_interval_wholly_outside_the_range_gives_the_whole_range(ci: CIMethod) -> None:
+    """Every record logged with propensity 1e-9 (valid, if absurd): IPS of a score comes out
+    near 1e8 with an interval entirely above 1. Clipped, it became [0.84, 1] around a truth of
+    0.35 — a confident interval from weights that say nothing; now the whole range."""
+    n = 40
+    actions = np.array([2 * (i % 2) for i in range(n)])  # "cheap" and "strong" alternate
+    rewards = np.array([float(i % 3 == 0) for i in range(n)])
+    data = LoggedBandit(
+        [f"r{i}" for i in range(n)], MODELS, actions, np.full(n, 1e-9), rewards, (0.0, 1.0)
+    )
+    est = ips(data, deterministic_probs(["strong"] * n, MODELS), ci=ci)
+    assert est.value > 1e7  # the point estimate is left as computed
+    assert (est.ci_low, est.ci_high) == (0.0, 1.0)
