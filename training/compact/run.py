@@ -279,6 +279,9 @@ def prepare_table(
         )
     else:
         logger.info("%d usable records: %s", len(kept), sizes)
+    if cfg.report_test and len(splits["test"]) == 0:
+        # Said, not left for the user to notice that summary.json has no test figures.
+        logger.warning("--report-test: the test split is empty (%s): no test figures", sizes)
     reference = arrays.cost[:, models.index(cfg.reference_model)] if cfg.reference_model else None
     table = RunTable(cfg, models, kept, prices, arrays, splits, reference, ids_fingerprint(records))
     table.cfg = resolve_lambdas(

@@ -161,3 +161,32 @@ def test_knn_refuses_a_logged_table_without_offpolicy_and_bad_k(
         main([*argv[:-1], "0", "--offpolicy"])
     assert exited.value.code == 2
     assert "argument --knn: expected comma-separated positive integers" in (capsys.readouterr().err)
+
+
+def test_report_test_on_an_empty_test_split_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two records split into training and validation only: --report-test has nothing to
+    score, which it said nowhere (summary.json simply had no test figures)."""
+    ids = ["r0", "r1"]
+    assert sorted(split_of(i) for i in ids) == ["train", "validation"]
+    rows = [
+        OutcomeRecord.model_validate(
+            {
+                "id": i,
+                "prompt": f"question {i}",
+                "outcomes": {
+                    "a": {"score": 1.0, "cost_usd": 0.001},
+                    "b": {"score": float(n), "cost_usd": 0.0001},
+                },
+            }
+        )
+        for n, i in enumerate(ids)
+    ]
+    table = tmp_path / "two.jsonl"
+    write_outcome_table(rows, table)
+    out = tmp_path / "run"
+    with caplog.at_level("WARNING"):
+        assert main(["--table", str(table), "--out", str(out), "--knn", "1", "--report-test"]) == 0
+    assert "--report-test: the test split is empty" in caplog.text
+    assert "test" not in json.loads((out / "summary.json").read_text())
