@@ -119,7 +119,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=1000,
         metavar="N",
-        help="paired-bootstrap resamples for AIQ (and APGR) confidence intervals (0: none)",
+        help="paired-bootstrap resamples for AIQ (and APGR) confidence intervals (0: none, else at least 2)",
     )
     parser.add_argument("--out", type=Path, required=True, help="output directory")
 
@@ -166,8 +166,11 @@ def _entries(
 
 
 def _evaluate(args: argparse.Namespace, registry: RouterRegistry) -> EvalResult:
-    if args.bootstrap < 0:
-        raise RoutingError(f"--bootstrap must be 0 or more, got {args.bootstrap}")
+    if args.bootstrap < 0 or args.bootstrap == 1:
+        # One resample's "95% interval" is that resample's value: a zero-width interval.
+        raise RoutingError(
+            f"--bootstrap must be 0 (no intervals) or at least 2 resamples, got {args.bootstrap}"
+        )
     try:
         records = load_outcome_table(args.table)
     except OSError as exc:

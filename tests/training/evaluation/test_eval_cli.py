@@ -388,6 +388,18 @@ def test_bad_policies_and_cost_weights_are_refused_in_one_line(
     assert "error: --strong and --weak must be two models, got 'mid' twice" in err
 
 
+def test_one_bootstrap_resample_is_refused_not_a_zero_width_interval(
+    table: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One resample's 95% percentile interval is that resample's value: it printed
+    # "(1 resamples, 95% percentile intervals)" over intervals of width 0.
+    base = ["--table", str(table), "--baselines", "none", "--out", str(tmp_path / "o")]
+    assert main([*base, "--bootstrap", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: --bootstrap must be 0 (no intervals) or at least 2 resamples, got 1"
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("value", ["1e-310", "0", "-1", "inf", "nan", "1e308"])
 def test_a_cost_scale_that_cannot_give_finite_figures_is_a_bad_argument(
     table: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
