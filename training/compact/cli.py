@@ -270,7 +270,7 @@ _FIELD = re.compile(
     r"\b(" + "|".join(sorted(
         [f.name for f in dataclasses.fields(TrainConfig)
          if ("_" in f.name or f.name in _FIELD_FLAGS) and f.name not in _NO_FLAG]
-        + ["steps", "lr"],
+        + ["steps", "lr", "dropout"],
         key=len, reverse=True,
     )) + r")\b"
 )  # fmt: skip

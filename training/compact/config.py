@@ -91,8 +91,12 @@ class TrainConfig:
             and self.lambda_min >= self.lambda_max
         ):
             raise ValueError("need 0 < lambda_min < lambda_max")
-        if not 0.0 <= self.lambda_zero_prob <= 1.0 or not 0.0 <= self.dropout < 1.0:
-            raise ValueError("lambda_zero_prob must be in [0, 1] and dropout in [0, 1)")
+        # One check a field: the message names the value that is wrong (a bad --dropout was
+        # answered with a line that began with --lambda-zero-prob).
+        if not 0.0 <= self.lambda_zero_prob <= 1.0:
+            raise ValueError(f"lambda_zero_prob must be in [0, 1], got {self.lambda_zero_prob}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.val_lambdas is not None and (
             not self.val_lambdas or any(lam < 0 for lam in self.val_lambdas)
         ):
@@ -106,12 +110,20 @@ class TrainConfig:
         if self.reward_form not in ("gated", "additive"):
             raise ValueError(f"unknown reward form {self.reward_form!r}")
         self.reward_config()  # K, c_max and the cost scale, checked where the reward is defined
-        if not self.lr > 0 or self.weight_decay < 0 or not self.clip_eps > 0:
-            raise ValueError("lr and clip_eps must be positive, weight_decay non-negative")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive, got {self.lr}")
+        if not self.clip_eps > 0:
+            raise ValueError(f"clip_eps must be positive, got {self.clip_eps}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be non-negative, got {self.weight_decay}")
         if self.entropy_coef < 0 or self.offpolicy_entropy_coef < 0:
             raise ValueError("entropy bonuses must be non-negative")
-        if not 0.0 <= self.explore_epsilon <= 1.0 or self.advantage_std_floor < 0:
-            raise ValueError("explore must be in [0, 1], advantage_std_floor non-negative")
+        if not 0.0 <= self.explore_epsilon <= 1.0:
+            raise ValueError(f"explore_epsilon must be in [0, 1], got {self.explore_epsilon}")
+        if self.advantage_std_floor < 0:
+            raise ValueError(
+                f"advantage_std_floor must be non-negative, got {self.advantage_std_floor}"
+            )
         if any(h < 1 for h in self.hidden):  # () is a linear policy
             raise ValueError(f"hidden widths must be positive, got {list(self.hidden)}")
 

@@ -298,11 +298,17 @@ def test_logged_traffic_without_prompts_is_refused_or_dropped(
 @pytest.mark.parametrize(
     ("flag", "value", "needle"),
     [
-        ("--lr", "0", "--lr and --clip-eps must be positive"),
+        ("--lr", "0", "--lr must be positive, got 0.0"),
+        ("--clip-eps", "0", "--clip-eps must be positive, got 0.0"),
+        ("--weight-decay", "-1", "--weight-decay must be non-negative, got -1.0"),
+        # One check a field: a bad --dropout was said as "--lambda-zero-prob must be in ...".
+        ("--dropout", "1", "--dropout must be in [0, 1), got 1.0"),
+        ("--lambda-zero-prob", "2", "--lambda-zero-prob must be in [0, 1], got 2.0"),
+        ("--advantage-std-floor", "-1", "--advantage-std-floor must be non-negative"),
         # Refused with the arguments (argparse exits), as a list that is not of widths.
         ("--hidden", "64,0", "argument --hidden: expected comma-separated positive integers"),
         ("--entropy", "-0.1", "entropy bonuses must be non-negative"),
-        ("--explore", "1.5", "explore must be in [0, 1]"),
+        ("--explore", "1.5", "--explore must be in [0, 1], got 1.5"),
         ("--c-max", "-1", "K and c_max must be non-negative"),
         # Gated with K = 0: a right answer never earns more than a wrong one.
         ("--K", "0", "K must be positive for the gated reward"),
