@@ -48,6 +48,9 @@ def iter_converted(
     for p in paths:
         if p.is_dir():
             raise ConversionError(f"{p}: a directory, not a file: name the files in it")
+        if p.exists() and not p.is_file():
+            # /dev/null, a FIFO: there, but not a file of records (it was "no such file").
+            raise ConversionError(f"{p}: not a regular file")
         if not p.is_file():
             raise ConversionError(f"{p}: no such file")
     catalog = load_price_table(prices) if isinstance(prices, str | Path) else prices

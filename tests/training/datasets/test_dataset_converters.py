@@ -666,6 +666,9 @@ def test_convert_writes_a_table_and_cli_reports_errors(tmp_path: Path, capsys) -
     # A directory is said to be one (it was "no such file").
     assert main(["routerdc", str(tmp_path), "--out", str(tmp_path / "x.jsonl")]) == 2
     assert f"{tmp_path}: a directory, not a file" in capsys.readouterr().err
+    # There, but not a file of records (it was "no such file" too).
+    assert main(["ledger", "/dev/null", "--out", str(tmp_path / "x.jsonl")]) == 2
+    assert "/dev/null: not a regular file" in capsys.readouterr().err
     with pytest.raises(ConversionError, match="unknown format"):
         load_converted("nope", [src])
 
