@@ -13,6 +13,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from gateway.ledger.deployments import DeploymentSuperseded
 from gateway.runtime import Runtime, build_runtime
 
 if TYPE_CHECKING:
@@ -152,8 +153,6 @@ class Reloader:
         checkpoint rewritten in place is recorded as its deployment (see
         ``_record_rewritten_deployment``) unless a newer deployment was recorded meanwhile:
         then that one is loaded and served."""
-        from gateway.ledger.deployments import DeploymentSuperseded
-
         s = self._s
         async with self.reload_lock:
             if following is not None and following.id <= (self._seen_deployment or 0):
@@ -257,8 +256,6 @@ class Reloader:
         recording the rewritten content over it would undo that deploy on every worker, its
         exit status 0 notwithstanding. Then nothing is recorded and ``DeploymentSuperseded``
         names the newer deployment, which the reload serves instead."""
-        from gateway.ledger.deployments import DeploymentSuperseded
-
         found = (runtime.checkpoint_info or {}).get("version")
         if d is None or self.deployments is None or found is None or found == d.version:
             return d

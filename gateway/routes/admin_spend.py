@@ -76,7 +76,7 @@ def _spend_cursor_group(cursor: str | None, group_by: list[str]) -> SpendGroup |
         decoded = orjson.loads(raw)
     except ValueError:  # not base64 or not JSON (both errors are ValueErrors)
         decoded = None
-    if isinstance(decoded, list) and all(v is None or isinstance(v, str) for v in decoded):
+    if isinstance(decoded, list) and _is_group(decoded, len(decoded)):
         # A cursor as gateways made them until 2026-11-29: the group alone. Which group_by
         # it was made under is lost, and a group of one grouping is a place in another's
         # order too (a user among days), so it cannot be told from a cursor of this report.
