@@ -1,6 +1,6 @@
-"""How the training CLIs (``xrouter train``, ``eval``, ``verl-data``) word two common
-mistakes, one line each and alike in all three: a table they cannot read, and an option that
-names a model the table does not have."""
+"""How the training CLIs (``xrouter train``, ``eval``, ``verl-data``) word common mistakes,
+one ``error:`` line each and alike in all three: a table they cannot read, a path they cannot
+write, and an option that names a model the table does not have."""
 
 from __future__ import annotations
 
@@ -22,6 +22,13 @@ def unreadable(path: str | Path, exc: OSError) -> str:
     """``cannot read PATH: no such file`` (or what else the OS said, without its errno)."""
     problem = _PROBLEMS.get(exc.errno or 0) or (exc.strerror or str(exc)).lower()
     return f"cannot read {path}: {problem}"
+
+
+def os_problem(exc: OSError) -> str:
+    """``PATH: not a directory``: an OS error met while a run writes its outputs, as a user
+    would say it (``[Errno 20] Not a directory: 'PATH'`` carries the errno and quotes)."""
+    problem = (exc.strerror or str(exc)).lower()
+    return f"{exc.filename}: {problem}" if exc.filename else problem
 
 
 def not_a_model(option: str, names: Iterable[str], models: Iterable[str]) -> str:

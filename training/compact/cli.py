@@ -28,7 +28,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from training.cli_errors import unreadable
+from training.cli_errors import os_problem, unreadable
 from training.cli_types import layer_widths, numbers, positive_int, positive_ints
 from training.compact.config import TrainConfig
 from training.compact.support import THIN_SUPPORT, reward_ceiling, validation_support
@@ -326,7 +326,7 @@ def run_train(args: argparse.Namespace) -> int:
         from training.compact.run_dir import claimed_run_dir
         from training.compact.trainer import train
     except ImportError as exc:
-        print(f"xrouter train needs the 'train' extra (torch, tqdm): {exc}", file=sys.stderr)
+        print(f"error: xrouter train needs the 'train' extra (torch, tqdm): {exc}", file=sys.stderr)
         return 2
     from router.outcomes import OutcomeTableError, load_outcome_table
 
@@ -334,15 +334,15 @@ def run_train(args: argparse.Namespace) -> int:
     cache_dir = getattr(args, "cache_dir", None)
     if cache_dir is not None and Path(cache_dir).exists() and not Path(cache_dir).is_dir():
         # Said now, not as mkdir's "[Errno 17] File exists" once the features are computed.
-        print(f"xrouter train: --cache-dir {cache_dir} is a file, not a directory", file=sys.stderr)
+        print(f"error: --cache-dir {cache_dir} is a file, not a directory", file=sys.stderr)
         return 2
     try:
         records = load_outcome_table(table)
     except OSError as exc:
-        print(unreadable(table, exc), file=sys.stderr)
+        print(f"error: {unreadable(table, exc)}", file=sys.stderr)
         return 2
     except OutcomeTableError as exc:
-        # Its message names the table and the line (``T:3: …``), as eval's ``error:`` line.
+        # Its message names the table and the line (``T:3: …``).
         print(f"error: {exc}", file=sys.stderr)
         return 2
     pool = [m.strip() for m in args.pool.split(",") if m.strip()] if args.pool else None
@@ -386,7 +386,7 @@ def run_train(args: argparse.Namespace) -> int:
             else:
                 result = train(records, cfg, args.out, **common)
     except (ValueError, OSError) as exc:  # bad settings or table; a run directory not writable
-        print(f"xrouter train: {exc}", file=sys.stderr)
+        print(f"error: {os_problem(exc) if isinstance(exc, OSError) else exc}", file=sys.stderr)
         return 2
     summary: dict[str, Any] = {
         "checkpoint": str(result.checkpoint_path),

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from training.cli_errors import not_a_model, unreadable
+from training.cli_errors import not_a_model, os_problem, unreadable
 from training.cli_types import numbers, price_pair
 from training.evaluation.cli import with_costs
 from training.reward import (
@@ -68,15 +68,15 @@ def run_verl_data(args: argparse.Namespace) -> int:
 
     if Path(args.out).exists() and not Path(args.out).is_dir():
         # Said before the table is read, not as mkdir's "[Errno 17] File exists" after.
-        print(f"xrouter verl-data: --out {args.out} is a file, not a directory", file=sys.stderr)
+        print(f"error: --out {args.out} is a file, not a directory", file=sys.stderr)
         return 2
     try:
         records = load_outcome_table(Path(args.table))
     except OSError as exc:
-        print(unreadable(args.table, exc), file=sys.stderr)
+        print(f"error: {unreadable(args.table, exc)}", file=sys.stderr)
         return 2
     except OutcomeTableError as exc:
-        # Its message names the table and the line (``T:3: …``), as eval's ``error:`` line.
+        # Its message names the table and the line (``T:3: …``).
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
@@ -109,7 +109,7 @@ def run_verl_data(args: argparse.Namespace) -> int:
         )
         out = write_verl_dataset(records, Path(args.out), config, run)
     except (ValueError, OSError) as exc:  # RoutingError (an unpriced outcome) included
-        print(f"xrouter verl-data: {exc}", file=sys.stderr)
+        print(f"error: {os_problem(exc) if isinstance(exc, OSError) else exc}", file=sys.stderr)
         return 2
     rows = ", ".join(f"{k} {v}" for k, v in out.rows.items())
     print(f"{out.out_dir}: {rows} rows over {len(out.models)} models")

@@ -294,7 +294,7 @@ def test_a_table_of_one_model_is_refused(
     assert xrouter(["verl-data", "--table", str(table), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [
-        "xrouter verl-data: the table has outcomes of one model only ('cheap'): "
+        "error: the table has outcomes of one model only ('cheap'): "
         "a router chooses between at least two models"
     ]
     assert not out.exists()
