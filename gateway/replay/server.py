@@ -53,6 +53,15 @@ def _announce(ready: int | str | Path, port: int) -> None:
         raise
 
 
+def _withdraw(path: Path, port: int) -> None:
+    """Remove the port file once nothing listens on the port it names (shutdown only, so
+    sync I/O is fine): a script that waits for it before its next start would read a dead
+    port at once. Left alone if another run has written its own port there since."""
+    with contextlib.suppress(OSError):
+        if path.read_bytes() == f"{port}\n".encode():
+            path.unlink()
+
+
 def _port_file_problem(path: Path) -> str | None:
     """Why ``--port-file`` could not be written once listening, or None. Checked before
     starting (it was refused after the "listening" line), and without writing the file: one
@@ -123,6 +132,8 @@ async def _serve_app(
         log.info("replay upstream shutting down")
     finally:
         await runner.cleanup()
+        if isinstance(ready, str | Path):
+            _withdraw(Path(ready), bound)
 
 
 def _run(coro: Coroutine[Any, Any, None]) -> None:
@@ -251,9 +262,15 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name) < 0:
             log.error("--%s must be >= 0", name.replace("_", "-"))
             return 2
-    if args.port_file is not None and (problem := _port_file_problem(args.port_file)):
-        log.error("cannot start: %s", problem)
-        return 2
+    if args.port_file is not None:
+        if problem := _port_file_problem(args.port_file):
+            log.error("cannot start: %s", problem)
+            return 2
+        # A port file left by an earlier run (killed, so it could not withdraw it) names a
+        # port nothing may listen on: gone now, so that a reader waits for this run's port
+        # rather than take that one, and finds none if this start is refused.
+        with contextlib.suppress(OSError):
+            Path(args.port_file).unlink(missing_ok=True)
     try:
         table = _load_table(args.table)
     except OSError as exc:

@@ -402,6 +402,48 @@ def test_xrouter_replay_upstream_refuses_a_port_file_it_cannot_write(
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
+def test_a_port_file_names_a_port_only_while_it_is_listened_on(tmp_path: Path) -> None:
+    # The port file outlived the run that wrote it, and a later start that was refused
+    # left it in place: a script waiting for it read the dead port at once.
+    port_file = tmp_path / "port"
+    port_file.write_text("4242\n")  # an earlier run's, killed before it could withdraw it
+    proc = _xrouter_replay(
+        tmp_path, "--port", "0", "--port-file", str(port_file), "--table", "missing.jsonl"
+    )
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2, output
+    assert not port_file.exists()
+
+    proc = _xrouter_replay(tmp_path, "--port", "0", "--port-file", str(port_file))
+    try:
+        deadline = time.monotonic() + 30
+        while not port_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        port = int(port_file.read_text())
+        assert httpx.get(f"http://127.0.0.1:{port}/health").json() == {"status": "ok"}
+    finally:
+        proc.terminate()
+        output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, output
+    assert not port_file.exists()
+
+
+def test_a_port_file_rewritten_by_another_run_is_left_to_it(tmp_path: Path) -> None:
+    port_file = tmp_path / "port"
+    proc = _xrouter_replay(tmp_path, "--port", "0", "--port-file", str(port_file))
+    try:
+        deadline = time.monotonic() + 30
+        while not port_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert port_file.exists(), "the replay upstream did not start"
+        port_file.write_text("4242\n")  # another run's port, written meanwhile
+    finally:
+        proc.terminate()
+        output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, output
+    assert port_file.read_text() == "4242\n"
+
+
 def test_serve_leaves_no_temporary_file_beside_a_port_file_it_cannot_write(
     tmp_path: Path,
 ) -> None:
