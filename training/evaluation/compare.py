@@ -329,6 +329,10 @@ class OffPolicyRow:
     estimates: dict[str, dict[str, Any]]  # quantity ("score", "cost_usd") -> estimator -> Estimate
     # Records where the router's choice had logging probability 0 (no data for it).
     unsupported: int = 0
+    # The importance weights' mean and its standard error: 1 in expectation when the logged
+    # propensities are right and the router has support everywhere (less without it).
+    mean_weight: float = 1.0
+    mean_weight_stderr: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -336,6 +340,8 @@ class OffPolicyRow:
             "param": self.param,
             "estimates": self.estimates,
             "unsupported": self.unsupported,
+            "mean_weight": self.mean_weight,
+            "mean_weight_stderr": self.mean_weight_stderr,
         }
 
 
@@ -432,9 +438,17 @@ def off_policy(
                 }
                 for q, d in by_quantity.items()
             }
-            chosen = target[np.arange(len(bandit)), bandit.actions] > 0
-            unsupported = int((deterministic & ~chosen).sum())
-            rows.append(OffPolicyRow(entry.router.name, lam, estimates, unsupported))
+            taken = target[np.arange(len(bandit)), bandit.actions]
+            unsupported = int((deterministic & ~(taken > 0)).sum())
+            weights = taken / bandit.propensities
+            spread = (
+                float(weights.std(ddof=1) / math.sqrt(len(weights))) if len(weights) > 1 else 0.0
+            )
+            rows.append(
+                OffPolicyRow(
+                    entry.router.name, lam, estimates, unsupported, float(weights.mean()), spread
+                )
+            )
             never = int(target[:, len(logged_models) :].sum())
             if never:
                 unlogged[entry.router.name] = max(unlogged.get(entry.router.name, 0), never)
@@ -463,7 +477,45 @@ def off_policy(
                 "model, or a greedy router",
             )
         )
+    heavy = _heavy_weights(rows)
+    if heavy:
+        notes.append(heavy)
     return rows, notes
+
+
+# A mean importance weight this many standard errors above 1, and at least this far above
+# it, is not chance: the propensities are wrong (see _heavy_weights).
+_HEAVY_SES = 3.0
+_HEAVY_EXCESS = 0.05
+
+
+def _heavy_weights(rows: Sequence[OffPolicyRow]) -> str | None:
+    """The note on routers whose importance weights average clearly above 1. Their mean is
+    1 in expectation when every logged propensity is the probability the logging policy
+    really gave its choice (less where a router has no support), whatever the router: one
+    well above 1 says the propensities understate those probabilities — recorded by another
+    policy than the one that chose, or rounded down — and IPS reads high by about that
+    factor, which SNIPS divides out (IPS above SNIPS is the same sign)."""
+    worst: dict[str, OffPolicyRow] = {}
+    for row in rows:
+        excess = row.mean_weight - 1.0
+        if excess > _HEAVY_EXCESS and excess > _HEAVY_SES * row.mean_weight_stderr:
+            if row.router not in worst or row.mean_weight > worst[row.router].mean_weight:
+                worst[row.router] = row
+    if not worst:
+        return None
+    listed = ", ".join(
+        f"{name} {row.mean_weight:.2f} ± {row.mean_weight_stderr:.2f}"
+        for name, row in worst.items()
+    )
+    return (
+        f"off-policy propensities: the importance weights average well above 1 (at most: "
+        f"{listed}), where they average 1 when the logged propensities are the probabilities "
+        "the logging policy gave its choices: these propensities understate them (logged by "
+        "another policy than the one that chose, or rounded down). IPS and clipped IPS read "
+        "high by about that factor; SNIPS divides it out, and DR's correction term is "
+        "inflated alike"
+    )
 
 
 def logging_baseline(records: Sequence[OutcomeRecord]) -> dict[str, Any]:

@@ -146,8 +146,9 @@ def _off_policy_md(result: EvalResult) -> list[str]:
         "",
         "Score estimates with 95% intervals.",
         "",
-        "| router | λ | score IPS | score SNIPS | score DR | cost USD (SNIPS) | no support |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| router | λ | score IPS | score SNIPS | score DR | cost USD (SNIPS) | no support "
+        "| mean weight |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result.off_policy:
         s, c = r.estimates["score"], r.estimates["cost_usd"]
@@ -156,7 +157,8 @@ def _off_policy_md(result: EvalResult) -> list[str]:
             f"| {result.display_name(r.router)} "
             f"| {'as logged' if r.param is None else f'{r.param:g}'} "
             f"| {_estimate_md(s['ips'])} | {_estimate_md(s['snips'])} | {_estimate_md(s['dr'])} "
-            f"| {_usd(c['snips']['value'])} | {r.unsupported} of {n} |"
+            f"| {_usd(c['snips']['value'])} | {r.unsupported} of {n} "
+            f"| {r.mean_weight:.2f} ± {r.mean_weight_stderr:.2f} |"
         )
     base = result.logging_policy
     if base is not None:
@@ -172,7 +174,10 @@ def _off_policy_md(result: EvalResult) -> list[str]:
         "'No support': logged records where the router chooses a model the logging policy "
         "gave probability 0 (logged with propensity 1 for another model); IPS counts them "
         "as 0, so a router with many is underestimated, and SNIPS leaves them out, so it "
-        "estimates the router on the records where it agrees with the logging policy.",
+        "estimates the router on the records where it agrees with the logging policy. "
+        "'Mean weight': the importance weights' mean (± its standard error), 1 in "
+        "expectation when the logged propensities are right and the router has support "
+        "everywhere; IPS is SNIPS times it.",
     ]
     return [*lines, ""]
 

@@ -212,7 +212,14 @@ def test_logged_table_is_evaluated_off_policy(tmp_path: Path) -> None:
     assert abs(strong["value"] - 0.9) < 3 * strong["stderr"] + 0.01
     assert rows_out[("fixed-strong", 2.0)]["cost_usd"]["snips"]["value"] == pytest.approx(0.0001)
     assert ("single:cheap", 0.0) in rows_out
-    assert "Off-policy estimates" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "Off-policy estimates" in report
+    # The propensities are right: every router's weights average about 1, and no note.
+    for r in metrics["off_policy"]:
+        assert abs(r["mean_weight"] - 1.0) < 3 * r["mean_weight_stderr"] + 0.05, r
+        mean = f"| {r['mean_weight']:.2f} ± {r['mean_weight_stderr']:.2f} |"
+        assert mean in report
+    assert "off-policy propensities" not in report
 
 
 def test_logged_traffic_with_cascades_and_named_models_is_evaluated_off_policy(

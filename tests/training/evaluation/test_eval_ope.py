@@ -359,3 +359,54 @@ def test_an_interval_wholly_outside_the_range_gives_the_whole_range(ci: CIMethod
     est = ips(data, deterministic_probs(["strong"] * n, MODELS), ci=ci)
     assert est.value > 1e7  # the point estimate is left as computed
     assert (est.ci_low, est.ci_high) == (0.0, 1.0)
+
+
+def _logged_records(n: int, claimed: float, seed: int = 0) -> list[OutcomeRecord]:
+    """Traffic logged uniformly over three models (each chosen with probability 1/3),
+    recorded with propensity ``claimed``."""
+    rng = np.random.default_rng(seed)
+    return [
+        OutcomeRecord.model_validate(
+            {
+                "id": f"q{i}",
+                "prompt": "hi",
+                "outcomes": {a: {"score": float(rng.random() < 0.7), "cost_usd": 0.001}},
+                "logged": {"action": a, "propensity": claimed, "cost_weight": 0.1},
+            }
+        )
+        for i, a in enumerate(rng.choice(MODELS, n))
+    ]
+
+
+def test_propensities_that_understate_the_logging_policy_are_noted() -> None:
+    # IPS read 1.5 times too high on such logs, with nothing said: the importance weights,
+    # which average 1 when the propensities are right, average 1.5 here.
+    from training.evaluation.baselines import SingleModelRouter
+    from training.evaluation.compare import Entry, off_policy
+
+    entry = Entry(SingleModelRouter("strong"), "policy", [0.0])
+    rows, notes = off_policy([entry], _logged_records(600, claimed=1 / 3))
+    assert all(abs(r.mean_weight - 1.0) < 3 * r.mean_weight_stderr + 0.05 for r in rows)
+    assert not any("propensities" in n for n in notes), notes
+
+    rows, notes = off_policy([entry], _logged_records(600, claimed=2 / 9))
+    weights = {r.router: r for r in rows}
+    assert 1.3 < weights["single:strong"].mean_weight < 1.7
+    [said] = [n for n in notes if n.startswith("off-policy propensities:")]
+    assert "single:strong 1." in said and "SNIPS divides it out" in said
+    ips_value = weights["single:strong"].estimates["score"]["ips"]["value"]
+    snips_value = weights["single:strong"].estimates["score"]["snips"]["value"]
+    assert ips_value / snips_value == pytest.approx(weights["single:strong"].mean_weight)
+    assert weights["single:strong"].to_dict()["mean_weight"] == weights["single:strong"].mean_weight
+
+
+def test_deterministic_logs_without_support_are_not_taken_for_wrong_propensities() -> None:
+    # Weights average below 1 where a router has no support (propensity 1 for another
+    # model): that is the support note's, not a sign of wrong propensities.
+    from training.evaluation.baselines import SingleModelRouter
+    from training.evaluation.compare import Entry, off_policy
+
+    entry = Entry(SingleModelRouter("strong"), "policy", [0.0])
+    rows, notes = off_policy([entry], _logged_records(300, claimed=1.0))
+    assert all(r.mean_weight <= 1.0 for r in rows)
+    assert not any(n.startswith("off-policy propensities:") for n in notes), notes
