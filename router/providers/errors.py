@@ -7,7 +7,7 @@ import math
 import random
 import re
 from typing import TYPE_CHECKING, Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 if TYPE_CHECKING:
     from router.pool import PoolModel
@@ -54,6 +54,9 @@ _SECRET_PATTERNS = (
     ),
     # A URL, less the punctuation closing the sentence around it ("(at https://h/v1).").
     re.compile(r"\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s\"'<>]*[^\s\"'<>).,;:!?\]]"),
+    # A query string's values where no whole URL is (an upstream quoting the path it was
+    # sent to, "/v1/chat/completions?key=…"), in whatever percent-encoding it quotes them.
+    re.compile(r"([?&][A-Za-z0-9_.~\-]+)(=)[^\s&#\"'<>,;)]+"),
     re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b"),
     re.compile(r"\bAKIA[0-9A-Z]{16}\b"),
 )
@@ -145,6 +148,30 @@ class ProviderCancelled(Exception):
     """The caller went away (client disconnect); not an upstream failure."""
 
 
+# A query value shorter than this is a setting (``?v=1``), not a credential: redacting it
+# everywhere would mangle the message it occurs in.
+_MIN_QUERY_SECRET = 4
+
+
+def model_secrets(model: PoolModel) -> tuple[str, ...]:
+    """What of ``model``'s setup an upstream error may quote and no client or log line may
+    show: its API key, the password of its ``api_base`` and the values of the api_base's
+    query string (``?key=…``, ``?sig=…``: credentials some providers take in the URL, which
+    an upstream's "no route for /v1/chat/completions?key=…" quotes outside any whole URL the
+    patterns would find), as written and percent-decoded; the longest first, so that none
+    leaves part of another behind."""
+    found: set[str] = set()
+    if model.api_key:
+        found.add(model.api_key)
+    url = urlsplit(model.api_base or "")
+    if url.password:
+        found |= {url.password, unquote(url.password)}
+    values = {raw.partition("=")[2] for raw in url.query.split("&")}
+    values |= {value for _, value in parse_qsl(url.query)}
+    found |= {v for v in values if len(v) >= _MIN_QUERY_SECRET}
+    return tuple(sorted((s for s in found if s), key=len, reverse=True))
+
+
 def could_not_call(model: PoolModel, exc: BaseException) -> ProviderError:
     """A call the gateway could not make or read, for a reason no handler expects (LiteLLM's
     "Missing credentials", aiohttp refusing an Authorization header beside credentials in
@@ -153,8 +180,7 @@ def could_not_call(model: PoolModel, exc: BaseException) -> ProviderError:
     the next fallback is tried — rather than a raw 500 that loses the call's row. The
     message is the exception's type and text with the model's secrets and every URL taken
     out; it is logged once as a warning."""
-    password = urlsplit(model.api_base or "").password
-    detail = sanitize(str(exc), model.api_key, password, unquote(password or ""))
+    detail = sanitize(str(exc), *model_secrets(model))
     kind = type(exc).__name__
     log.warning("calling upstream %s failed: %s: %s", model.name, kind, detail)
     return ProviderError(

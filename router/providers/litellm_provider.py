@@ -23,6 +23,7 @@ from router.providers.errors import (
     ProviderError,
     client_error_kind,
     could_not_call,
+    model_secrets,
     parse_retry_after,
     sanitize,
 )
@@ -205,7 +206,7 @@ def _map_exception(exc: Exception, model: PoolModel, *, reading: bool = False) -
         )
     if status in (None, 500) and (root := _refused_locally(links)) is not None:
         return could_not_call(model, root)
-    detail = sanitize(str(getattr(exc, "message", "") or exc), model.api_key)
+    detail = sanitize(str(getattr(exc, "message", "") or exc), *model_secrets(model))
     msg = f"upstream {model.name} failed ({name}): {detail}"
     if "Connection" in name or _lost_connection(exc):
         # LiteLLM gives its connection errors a status of 500; nothing answered with one.

@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import orjson
@@ -23,6 +24,7 @@ from router.providers.errors import (
     ProviderError,
     client_error_kind,
     could_not_call,
+    model_secrets,
     parse_retry_after,
     sanitize,
 )
@@ -41,6 +43,19 @@ def _retry_after(headers: Any) -> float | None:
     return parse_retry_after(headers.get("retry-after") if headers is not None else None)
 
 
+def chat_url(api_base: str | None) -> str:
+    """The chat completions endpoint under ``api_base``, before its query string
+    (``http://h/v1?key=k`` → ``http://h/v1/chat/completions?key=k``): appended after it, the
+    path became part of the query's last value and every call was a 404."""
+    base = api_base or ""
+    if "?" not in base and "#" not in base:
+        return f"{base}/chat/completions"
+    url = urlsplit(base)
+    # The pool strips a trailing slash off an api_base, which leaves one before a query.
+    path = f"{url.path.rstrip('/')}/chat/completions"
+    return urlunsplit(url._replace(path=path, fragment=""))
+
+
 def status_error(status: int, text: str, model: PoolModel, headers: Any = None) -> ProviderError:
     """Map an upstream HTTP status to a ProviderError with a sanitized message."""
     detail = text
@@ -52,7 +67,7 @@ def status_error(status: int, text: str, model: PoolModel, headers: Any = None) 
             detail = err
     except (orjson.JSONDecodeError, AttributeError):
         pass
-    message = f"upstream {model.name} returned {status}: {sanitize(detail, model.api_key)}"
+    message = f"upstream {model.name} returned {status}: {sanitize(detail, *model_secrets(model))}"
     kind: ErrorKind
     if status == 429:
         kind = "rate_limited"
@@ -170,7 +185,7 @@ class NativeOpenAIProvider(Provider):
         return headers
 
     async def complete(self, model: PoolModel, body: dict[str, Any]) -> ProviderResponse:
-        url = f"{model.api_base}/chat/completions"
+        url = chat_url(model.api_base)
         start = time.perf_counter()
         try:
             async with self._client(model).post(
@@ -212,7 +227,7 @@ class NativeOpenAIProvider(Provider):
     async def stream(
         self, model: PoolModel, body: dict[str, Any], stats: StreamStats
     ) -> AsyncIterator[dict[str, Any]]:
-        url = f"{model.api_base}/chat/completions"
+        url = chat_url(model.api_base)
         start = time.perf_counter()
         # sock_read bounds the gap between chunks rather than the whole (possibly long) stream.
         timeout = aiohttp.ClientTimeout(
@@ -313,7 +328,7 @@ class NativeOpenAIProvider(Provider):
             )
             raise ProviderError(
                 "upstream_5xx",
-                f"upstream {model.name} failed mid-stream: {sanitize(str(err.get('message')), model.api_key)}",
+                f"upstream {model.name} failed mid-stream: {sanitize(str(err.get('message')), *model_secrets(model))}",
                 model=model.name,
             )
         problem = chunk_problem(chunk)
