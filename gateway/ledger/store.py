@@ -14,6 +14,7 @@ import logging
 import math
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -132,12 +133,85 @@ def create_ledger_engine(url: str | URL, **engine_kwargs: Any) -> AsyncEngine:
         # asyncpg cannot add to a clock.
         timeout = _connect_timeout(u.query.get("timeout"))
         u = u.difference_update_query(["timeout"])
-        kwargs["connect_args"] = {"async_creator_fn": _asyncpg_connect, "timeout": timeout}
+        settings = _postgres_settings(u)
+        u = u.difference_update_query(list(settings))
+        kwargs["connect_args"] = {
+            "async_creator_fn": _asyncpg_connect,
+            "timeout": timeout,
+            **settings,
+        }
     kwargs.update(engine_kwargs)
     engine = create_async_engine(u, **kwargs)
     if u.get_backend_name() == "sqlite":
         _install_sqlite_events(engine)
     return engine
+
+
+# What a URL's query may set (SQLAlchemy passes each of its parameters to asyncpg.connect
+# as a keyword), and how its text is read: as given, or as the number or flag asyncpg wants.
+def _flag(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes", "on"):
+        return True
+    if text.lower() in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+def _seconds(text: str) -> float:
+    seconds = float(text)
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(text)
+    return seconds
+
+
+_URL_SETTINGS: dict[str, Callable[[str], Any]] = {
+    **dict.fromkeys(
+        (
+            "ssl",
+            "passfile",
+            "service",
+            "servicefile",
+            "target_session_attrs",
+            "krbsrvname",
+            "gsslib",
+        ),
+        str,
+    ),
+    **dict.fromkeys(
+        (
+            "statement_cache_size",
+            "max_cached_statement_lifetime",
+            "max_cacheable_statement_size",
+            "prepared_statement_cache_size",
+        ),  # the last is SQLAlchemy's own
+        int,
+    ),
+    "command_timeout": _seconds,
+    "direct_tls": _flag,
+}
+
+
+def _postgres_settings(u: URL) -> dict[str, Any]:
+    """The URL's query parameters as asyncpg's keywords, read as it wants them; a ValueError
+    naming any it does not take, or whose value it cannot use. Passed on as they were, each
+    was a TypeError from inside the first connection (``?sslmode=require``, libpq's
+    spelling, is common; ``?statement_cache_size=0`` was the text "0"), a traceback where
+    ``serve`` and ``export`` say ``cannot start:``."""
+    unknown = sorted(set(u.query) - set(_URL_SETTINGS))
+    if unknown:
+        hint = " (libpq's sslmode is asyncpg's ssl: ?ssl=require)" if "sslmode" in unknown else ""
+        raise ValueError(
+            f"the ledger URL's query sets {', '.join(unknown)}, which asyncpg does not take"
+            f"{hint}; it takes timeout, {', '.join(sorted(_URL_SETTINGS))}"
+        )
+    out: dict[str, Any] = {}
+    for name, value in u.query.items():
+        text = value[-1] if isinstance(value, tuple) else value
+        try:
+            out[name] = _URL_SETTINGS[name](text)
+        except ValueError:
+            raise ValueError(f"the ledger URL's {name} cannot be {text!r}") from None
+    return out
 
 
 def _connect_timeout(value: str | tuple[str, ...] | None) -> float:

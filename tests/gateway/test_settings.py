@@ -287,6 +287,10 @@ def test_serve_refuses_an_unusable_config_in_one_line(
         ("postgresql+asyncpg://nobody:s3cret-pw@127.0.0.1:5432/test", 'role "nobody"'),
         ("postgresql+asyncpg://127.0.0.1:1/test", "ConnectionRefusedError"),
         ("postgresql+asyncpg://127.0.0.1:5432/test?timeout=soon", "timeout must be a positive"),
+        # libpq's spelling of TLS, and a number asyncpg was handed as text: tracebacks from
+        # inside the first connection (TypeError) before 2026-11-29.
+        ("postgresql+asyncpg://u:s3cret-pw@127.0.0.1:5432/test?sslmode=require", "?ssl=require"),
+        ("postgresql+asyncpg://127.0.0.1:5432/test?statement_cache_size=all", "cannot be 'all'"),
         ("sqlite+aiosqlite:////proc/xrouter/ledger.db", "not usable"),
         # A database the ledger has no driver for; one holding another application's tables.
         ("mysql://u:s3cret-pw@127.0.0.1/x", "not usable"),

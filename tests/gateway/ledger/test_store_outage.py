@@ -183,3 +183,22 @@ async def test_the_urls_own_connect_timeout_is_taken_as_seconds(
     for bad in ("abc", "0", "-1", "inf"):
         with pytest.raises(ValueError, match="timeout must be a positive number"):
             create_ledger_engine(f"{url}?timeout={bad}")
+
+
+async def test_the_urls_asyncpg_settings_are_read_as_asyncpg_wants_them(
+    proxied: tuple[AsyncEngine, TcpProxy, str],
+) -> None:
+    """Numbers and flags in the URL's query reach asyncpg as such: passed on as text, the
+    first connection raised a TypeError (``'<' not supported between 'str' and 'int'``)."""
+    engine, _, _ = proxied
+    url = engine.url.render_as_string(hide_password=False)
+    tuned = create_ledger_engine(
+        f"{url}?statement_cache_size=0&command_timeout=5&ssl=disable&direct_tls=false"
+    )
+    try:
+        async with tuned.connect() as conn:
+            assert (await conn.execute(sa.text("SELECT 1"))).scalar() == 1
+    finally:
+        await tuned.dispose()
+    with pytest.raises(ValueError, match=r"libpq's sslmode is asyncpg's ssl: \?ssl=require"):
+        create_ledger_engine(f"{url}?sslmode=require")
