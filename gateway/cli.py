@@ -587,14 +587,32 @@ def add_log_level_argument(p: argparse.ArgumentParser, default: str | None = Non
     )
 
 
+# Libraries that log what a request carries at DEBUG: LiteLLM each call's body (the
+# messages), the openai client its request options (the same), aiosqlite and SQLAlchemy's
+# engine every SQL parameter (ledger rows, key hashes). They stay at INFO under the
+# gateway's DEBUG, which is for routing: a prompt in a log line would go around
+# ledger.log_content, which decides whether prompts are kept at all.
+CONTENT_LOGGERS = (
+    "LiteLLM",
+    "LiteLLM Router",
+    "LiteLLM Proxy",
+    "openai",
+    "aiosqlite",
+    "sqlalchemy.engine",
+)
+
+
 def set_log_level(level: str) -> None:
     """Apply a ``--log-level`` to the root logger, which xrouter's loggers and aiohttp's
     follow, and to uvicorn's, which have levels of their own (set again by uvicorn from its
-    ``log_level``; set here too for the lines before it starts)."""
+    ``log_level``; set here too for the lines before it starts); ``CONTENT_LOGGERS`` no
+    lower than INFO."""
     value = getattr(logging, level.upper())
     logging.getLogger().setLevel(value)
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).setLevel(value)
+    for name in CONTENT_LOGGERS:
+        logging.getLogger(name).setLevel(max(value, logging.INFO))
 
 
 def configure_logging() -> None:

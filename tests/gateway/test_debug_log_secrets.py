@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway.ledger.keys import hash_secret
 from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
 from tests.support.replay import start_replay_upstream, stop_replay_upstream
 
@@ -112,3 +113,25 @@ def test_no_credential_reaches_a_client_the_debug_log_or_the_admin_api(gw: Gatew
     for secret in (*SECRETS, key, key.removeprefix("xr-")):
         assert secret not in answers, secret
         assert secret not in log, secret
+
+
+def test_no_prompt_or_answer_reaches_the_debug_log_without_log_content(gw: Gateway) -> None:
+    # LiteLLM printed each request's body (a curl line with the messages) and aiosqlite
+    # every SQL parameter (ledger rows, key hashes) once the gateway ran at DEBUG, though
+    # ledger.log_content (default none) keeps prompts out of the ledger itself.
+    canary = "CANARYPROMPTxyzzy-4242"
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    key = httpx.post(f"{gw.url}/admin/keys", headers=admin, json={"alias": "c"}).json()["key"]
+    for model in ("llama-3.2-3b-instruct", "mixtral-8x7b-instruct-v0.1", "xrouter"):
+        body = {"model": model, "messages": [{"role": "user", "content": canary}]}
+        httpx.post(
+            f"{gw.base_url}/chat/completions",
+            headers={"Authorization": f"Bearer {key}"},
+            json=body,
+            timeout=30,
+        )
+    log = gw.log()
+    assert " DEBUG " in log
+    digest = hash_secret(key)  # what the ledger looks a key up by
+    leaked = [line for line in log.splitlines() if canary in line or digest in line]
+    assert not leaked, leaked[:3]
