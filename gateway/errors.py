@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.routing import Match
 
+from gateway.base_url_hint import not_served_message
 from router.providers.errors import ProviderError, retry_after_s
 
 log = logging.getLogger(__name__)
@@ -323,10 +324,12 @@ def install_error_handlers(app: FastAPI) -> None:
         # route serves.
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         message, headers = str(exc.detail), dict(exc.headers or {})
+        path = request.url.path
         if exc.status_code == 404:
             # Say what was asked for, as OpenAI's "Invalid URL (POST /v1/...)" does: an SDK
-            # call this gateway does not serve (embeddings, batches) is then plain.
-            message = f"{request.method} {request.url.path} is not served by this gateway"
+            # call this gateway does not serve (embeddings, batches) is then plain; and,
+            # when only the client's base URL is wrong, which one to give instead.
+            message, path = not_served_message(request)
         if exc.status_code == 405:
             # A 405 must say which methods the resource takes (``Allow``, RFC 9110
             # §15.5.6). Starlette's header names only the first route on the path (GET
@@ -335,7 +338,6 @@ def install_error_handlers(app: FastAPI) -> None:
             headers["Allow"] = allow
             message = f"{request.method} is not allowed on {request.url.path}; it takes {allow}"
         err = APIError(exc.status_code, message, type=kind, headers=headers)
-        path = request.url.path
         if path == "/v1/messages" or path.startswith("/v1/messages/"):
             # Anthropic's clients read Anthropic's shape there (a batch call, a wrong
             # method), as every other answer on those paths has it.

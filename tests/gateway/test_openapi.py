@@ -317,6 +317,43 @@ def test_an_endpoint_the_gateway_does_not_serve_is_a_404_naming_it(gateway: Gate
     assert isinstance(err.value.body, dict) and err.value.body["type"] == "not_found_error"
 
 
+def test_a_wrong_base_url_is_a_404_that_names_the_right_one(gateway: Gateway) -> None:
+    """The three base URLs clients are given by mistake — an OpenAI client at the root (as
+    LiteLLM proxy's quick start writes its address), an Anthropic client at ``/v1``, an
+    OpenRouter-style ``/api/v1`` — each say which path was meant and which base URL to
+    give, in the meant API's error shape; a path no base URL makes served stays plain."""
+    root = OpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    with pytest.raises(openai.NotFoundError) as err:
+        root.chat.completions.create(model="xrouter", messages=[{"role": "user", "content": "x"}])
+    assert "POST /v1/chat/completions is: an OpenAI client's base URL ends in /v1" in (
+        err.value.message
+    )
+    with pytest.raises(openai.NotFoundError) as err:
+        root.models.list()
+    assert "GET /v1/models is" in err.value.message
+
+    claude = anthropic.Anthropic(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(anthropic.NotFoundError) as aerr:
+        claude.messages.create(
+            model="xrouter", max_tokens=16, messages=[{"role": "user", "content": "x"}]
+        )
+    assert isinstance(aerr.value.body, dict) and aerr.value.body["type"] == "error"
+    assert "POST /v1/messages is: the base URL has /v1 twice" in aerr.value.message
+
+    openrouter = OpenAI(base_url=f"{gateway.url}/api/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.NotFoundError) as err:
+        openrouter.chat.completions.create(
+            model="xrouter", messages=[{"role": "user", "content": "x"}]
+        )
+    assert "POST /v1/chat/completions is" in err.value.message and "/api/v1" in err.value.message
+
+    # Nothing served at the meant path (for this method): the plain 404, no advice.
+    for method, path in [("POST", "/embeddings"), ("GET", "/chat/completions"), ("GET", "/nope")]:
+        r = httpx.request(method, f"{gateway.url}{path}", timeout=10)
+        assert r.status_code == 404
+        assert r.json()["error"]["message"] == f"{method} {path} is not served by this gateway"
+
+
 @pytest.mark.parametrize(
     ("path", "shape"),
     [("/v1/chat/completions/", "openai"), ("/v1/messages/", "anthropic"), ("/healthz/", "openai")],
