@@ -168,15 +168,68 @@ def loc_to_param(loc: Sequence[int | str]) -> str | None:
     return out
 
 
-def validation_error(errors: Sequence[Mapping[str, Any]], code: str | None = None) -> APIError:
+# OpenAI's codes for a parameter its schema refuses, by pydantic's error type: what a client
+# that branches on ``error.code`` (the SDKs' ``exc.code``) gets from OpenAI for the same body
+# ("Missing required parameter: 'messages'." is ``missing_required_parameter``). A rule of
+# ours that pydantic reports as a ``value_error`` has no OpenAI counterpart: no code.
+_TYPE_ERRORS = frozenset(
+    {
+        "string_type",
+        "int_type",
+        "int_from_float",
+        "float_type",
+        "bool_type",
+        "list_type",
+        "dict_type",
+        "model_type",
+        "model_attributes_type",
+        "string_sub_type",
+    }
+)
+_BOUNDS = {
+    "greater_than": "below_min_value",
+    "greater_than_equal": "below_min_value",
+    "less_than": "above_max_value",
+    "less_than_equal": "above_max_value",
+}
+
+
+def openai_code(err: Mapping[str, Any]) -> str | None:
+    """The code OpenAI gives the parameter error pydantic reported as ``err``, if it has one."""
+    kind, value = err.get("type"), err.get("input")
+    if kind == "missing":
+        return "missing_required_parameter"
+    if kind in _TYPE_ERRORS:
+        return "invalid_type"
+    if kind in ("literal_error", "enum"):
+        return "invalid_value"
+    if kind == "extra_forbidden":
+        return "unknown_parameter"
+    if kind == "too_short" and isinstance(value, list) and not value:
+        return "empty_array"
+    bound = _BOUNDS.get(str(kind))
+    if bound is not None and isinstance(value, float):
+        # Only a number field takes a fraction, so this is OpenAI's "decimal" bound. A whole
+        # number out of bounds may be either ("n": 0, "temperature": 3): the error does not
+        # say which the field is, and a wrong code is worse than none.
+        return "decimal_" + bound
+    return None
+
+
+def validation_error(
+    errors: Sequence[Mapping[str, Any]], code: str | None = None, *, openai_codes: bool = True
+) -> APIError:
     """The 400 for a body that failed its pydantic model, naming the most specific error: a
     content list's bad part, not the ``str`` member of the union that the list also failed
     to be. A value that is none of a union's members (``content: 5``) gets what each member
-    wanted: "a valid string or a valid list"."""
+    wanted: "a valid string or a valid list". ``code``: OpenAI's for that error unless given
+    (or ``openai_codes`` is off: Anthropic's API has no such codes)."""
     if not errors:
         return bad_request("invalid request", code=code)
     deepest = max(len(e["loc"]) for e in errors)
     err = next(e for e in errors if len(e["loc"]) == deepest)
+    if code is None and openai_codes:
+        code = openai_code(err)
     param = loc_to_param(err["loc"])
     members = [
         str(e["msg"]).removeprefix("Input should be ")

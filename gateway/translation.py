@@ -46,14 +46,15 @@ M = TypeVar("M", bound=BaseModel)
 BODY_HEADERS = frozenset({"content-length", "content-type"})
 
 
-def parse_body(kind: type[M], data: Any) -> M:
-    """``data`` (a decoded JSON body) as ``kind``, or a 400 naming the first bad field."""
+def parse_body(kind: type[M], data: Any, *, openai_codes: bool = True) -> M:
+    """``data`` (a decoded JSON body) as ``kind``, or a 400 naming the first bad field (with
+    OpenAI's code for it, unless ``openai_codes`` is off)."""
     if not isinstance(data, dict):
         raise bad_request("request body must be a JSON object", code="invalid_json")
     try:
         return kind.model_validate(data)
     except ValidationError as exc:
-        raise validation_error(exc.errors()) from None
+        raise validation_error(exc.errors(), openai_codes=openai_codes) from None
 
 
 _PARAM = re.compile(r"([^.\[]*)(?:\[(\d+)\])?(.*)", re.DOTALL)

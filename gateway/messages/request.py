@@ -66,7 +66,7 @@ class CountTokensRequest(MessagesRequest):
 
 
 def parse_request(data: Any, kind: type[MessagesRequest] = MessagesRequest) -> MessagesRequest:
-    return parse_body(kind, data)
+    return parse_body(kind, data, openai_codes=False)  # Anthropic's errors have no codes
 
 
 def _unsupported(message: str, param: str) -> APIError:

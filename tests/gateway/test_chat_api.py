@@ -713,6 +713,32 @@ def test_openai_client_sees_bad_request(gateway: Gateway) -> None:
         )
 
 
+@pytest.mark.parametrize(
+    ("change", "param", "code"),
+    [
+        ({"model": None}, "model", "missing_required_parameter"),
+        ({"messages": []}, "messages", "empty_array"),
+        ({"messages": [{"role": "bogus", "content": "x"}]}, "messages[0].role", "invalid_value"),
+        ({"temperature": "hot"}, "temperature", "invalid_type"),
+        ({"top_p": 1.5}, "top_p", "decimal_above_max_value"),
+        ({"xrouter": {"cost_weight": 1.0, "colour": "red"}}, "xrouter.colour", "unknown_parameter"),
+        # A rule of the gateway's own, which OpenAI has no code for.
+        ({"stream_options": {"include_usage": True}}, "stream_options", None),
+    ],
+)
+def test_the_sdk_reads_openais_code_for_a_parameter_the_schema_refuses(
+    gateway: Gateway, change: dict[str, Any], param: str, code: str | None
+) -> None:
+    """``exc.code`` is the code OpenAI gives the same body, for clients that branch on it
+    (every schema error had ``code: null``)."""
+    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}
+    body.update(change)
+    body = {k: v for k, v in body.items() if v is not None}
+    with pytest.raises(openai.BadRequestError) as err:
+        client(gateway).post("/chat/completions", body=body, cast_to=httpx.Response)
+    assert (err.value.param, err.value.code) == (param, code)
+
+
 def test_both_output_limits_at_once_are_openais_400(gateway: Gateway, upstream: Upstream) -> None:
     """OpenAI refuses max_tokens with max_completion_tokens; upstreams that take the pair
     differ in which one they honour. The gateway answers OpenAI's 400 itself (the pair was
