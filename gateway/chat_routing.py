@@ -21,7 +21,9 @@ from router.policies.baselines import FixedPolicy
 from router.policy import Policy, RouteContext
 
 # Fields that shape routing or the gateway's response, never forwarded as model parameters.
-_NOT_PARAMS = frozenset({"model", "messages", "tools", "stream", "stream_options", "xrouter"})
+_NOT_PARAMS = frozenset(
+    {"model", "messages", "tools", "stream", "stream_options", "usage", "xrouter"}
+)
 
 
 class PassThrough(FixedPolicy):

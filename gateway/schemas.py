@@ -164,6 +164,16 @@ class StreamOptions(_Open):
     include_usage: bool | None = None
 
 
+class UsageAccounting(_Open):
+    """OpenRouter's ``"usage": {"include": true}``: asks for the cost in ``usage``, which every
+    answer here carries anyway (as ``stream_options.include_usage`` changes nothing). Taken
+    and not forwarded: OpenAI's API refuses a request field it does not know
+    ("Unrecognized request argument supplied: usage"), so a client moved from OpenRouter
+    with it got that upstream 400 from every OpenAI model."""
+
+    include: bool | None = None
+
+
 class JsonSchemaFormat(_Open):
     """``response_format.json_schema`` as OpenAI checks it: a provider would refuse what this
     refuses, and its 400 would reach the client as a 502 (which the SDKs retry)."""
@@ -259,6 +269,7 @@ class ChatCompletionRequest(_Open):
     # (routed only to models that declare audio output, router.modalities).
     modalities: list[Literal["text", "audio"]] | None = None
     user: str | None = None
+    usage: UsageAccounting | None = None  # OpenRouter's usage accounting: always on here
     xrouter: XRouterControls | None = None
 
     @field_validator("stream", "n", mode="before")

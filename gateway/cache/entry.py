@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 __all__ = ["CachedAnswer", "cache_key", "price_tag"]
 
 FORMAT_VERSION = 1
-# Transport fields: the same answer whether it is streamed or not.
-_NOT_KEYED = frozenset({"stream", "stream_options"})
+# Transport fields: the same answer whether it is streamed or not, or asked for with
+# OpenRouter's usage accounting (``usage.include``: every answer carries its cost).
+_NOT_KEYED = frozenset({"stream", "stream_options", "usage"})
 _NOT_KEYED_CONTROLS = frozenset({"cache", "tags"})
 
 

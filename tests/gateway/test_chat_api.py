@@ -1144,6 +1144,35 @@ def test_tool_settings_without_tools_are_not_forwarded(
     assert scripted_router.requests() == []
 
 
+def test_openrouters_usage_accounting_is_taken_and_not_forwarded(
+    recording_gateway: Gateway, scripted_router: ScriptedRouter
+) -> None:
+    """OpenRouter's `"usage": {"include": true}` asks for what every answer here carries
+    (the cost in `usage`); forwarded, OpenAI's API refuses it as an unknown argument, and a
+    client moved from OpenRouter got that 400 from every model."""
+    c = client(recording_gateway)
+    scripted_router.script({"content": "hi"})
+    resp = c.chat.completions.create(
+        model="recorder",
+        messages=[{"role": "user", "content": "Say hi"}],
+        temperature=0.2,
+        extra_body={"usage": {"include": True}},
+    )
+    assert extra(resp.usage)["cost"] > 0
+    [sent] = scripted_router.requests()
+    assert "usage" not in sent and sent["temperature"] == 0.2
+    # Checked as the rest of the request is: a string is no boolean.
+    scripted_router.script({"content": "unused"})
+    with pytest.raises(openai.BadRequestError) as err:
+        c.chat.completions.create(
+            model="recorder",
+            messages=[{"role": "user", "content": "Say hi"}],
+            extra_body={"usage": {"include": "yes"}},
+        )
+    assert err.value.param == "usage.include"
+    assert scripted_router.requests() == []
+
+
 def test_overhead_excludes_the_time_spent_waiting_on_the_model(
     gateway: Gateway, demo_table: list[OutcomeRecord]
 ) -> None:
