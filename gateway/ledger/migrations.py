@@ -304,6 +304,19 @@ def _v16_call_fallback_reason(conn: sa.Connection) -> None:
     conn.execute(sa.text("ALTER TABLE calls ADD COLUMN fallback_reason VARCHAR(128)"))
 
 
+def _v17_request_content_index(conn: sa.Connection) -> None:
+    """ix_requests_content_created_at: the requests that still hold content, by age, for the
+    retention task's ``drop_content`` (frozen). Partial: a request whose content is cleared
+    (or was never logged, ``log_content: none``) leaves it, so the task reads only what it
+    clears instead of every old row each run."""
+    conn.execute(
+        sa.text(
+            "CREATE INDEX ix_requests_content_created_at ON requests (created_at) "
+            "WHERE content IS NOT NULL"
+        )
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: requests, calls, feedback, api_keys", _v1_baseline),
     Migration(2, "router_deployments", _v2_router_deployments),
@@ -321,6 +334,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(14, "api_keys.max_parallel", _v14_key_max_parallel),
     Migration(15, "feedback.reward and its terms", _v15_feedback_reward),
     Migration(16, "calls.fallback_reason", _v16_call_fallback_reason),
+    Migration(17, "ix_requests_content_created_at", _v17_request_content_index),
 )
 
 
