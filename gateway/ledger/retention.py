@@ -109,19 +109,27 @@ async def delete_requests(
     if batch < 1:
         raise ValueError("batch must be >= 1")
     pick = (
-        sa.select(requests.c.request_id)
+        sa.select(requests.c.request_id, requests.c.created_at)
         .where(
             requests.c.created_at < before,
             sa.or_(requests.c.key_id.is_(None), requests.c.key_id.not_in(_lifetime_budget_keys())),
         )
+        .order_by(requests.c.created_at)
         .limit(batch)
     )
     writes = _writes(engine)  # each batch reads its ids, then deletes
     deleted = 0
+    # Where the last batch ended: the next one starts there, oldest first, so the rows kept
+    # before it (a lifetime-budgeted key's, which stay whatever their age) are read once a
+    # run rather than once a batch — a backlog of such rows made every batch, under the
+    # write lock, read them all again.
+    frontier: datetime | None = None
     while True:
         started = time.monotonic()
+        page = pick if frontier is None else pick.where(requests.c.created_at >= frontier)
         async with writes.begin() as conn:
-            ids = [rid for (rid,) in await conn.execute(pick)]
+            picked = (await conn.execute(page)).all()
+            ids = [rid for rid, _ in picked]
             if ids:
                 # Children first: no foreign keys bind them, and a batch that fails midway
                 # rolls back whole.
@@ -131,6 +139,7 @@ async def delete_requests(
         deleted += len(ids)
         if len(ids) < batch:
             return deleted
+        frontier = picked[-1][1]
         await _yield_to_writers(started)
 
 

@@ -13,7 +13,8 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.ledger.inserter import BatchInserter
-from gateway.ledger.retention import drop_content
+from gateway.ledger.keys import KeyRepository
+from gateway.ledger.retention import delete_requests, drop_content
 
 from .factories import make_request
 
@@ -82,3 +83,36 @@ async def test_dropping_content_reads_only_the_requests_that_still_have_some(
     assert dropped == [5] and len(updates) == 1  # one batch
     statement, params = updates[0]
     assert "ix_requests_content_created_at" in await plan(engine, statement, params)
+
+
+async def test_each_deletion_batch_starts_where_the_last_one_ended(engine: AsyncEngine) -> None:
+    """A lifetime-budgeted key's requests stay whatever their age, so they pile up among
+    the old ones: each batch of ``delete_requests`` picked its requests from the oldest
+    on, reading all those kept rows again, under the write lock — a backlog of N batches
+    read them N times. A batch now starts at the age where the last one ended."""
+    lifetime, _ = await KeyRepository(engine).create(
+        "lifetime", budget_usd=1, budget_period="total"
+    )
+    old = NOW.timestamp() - 50 * DAY
+    records = []
+    for i in range(60):  # kept and deletable requests, interleaved in age
+        key = lifetime.key_id if i % 2 else None
+        records.append(make_request(f"r{i:03d}", created_at=old + i, key_id=key))
+    await BatchInserter(engine, "none", timeout_s=30).insert(records)
+
+    deleted: list[int] = []
+
+    async def delete() -> None:
+        deleted.append(await delete_requests(engine, NOW - timedelta(days=40), batch=10))
+
+    picks = [
+        (statement, params)
+        for statement, params in await executed(engine, delete, "SELECT")
+        if "LIMIT" in statement.upper()
+    ]
+    assert deleted == [30] and len(picks) == 4  # three full batches, then an empty one
+    for statement, params in picks[1:]:
+        assert "created_at >=" in statement
+        if engine.dialect.name == "sqlite":
+            # The index range is bounded below, not read from the oldest row on.
+            assert "created_at>? AND created_at<?" in await plan(engine, statement, params)
