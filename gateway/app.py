@@ -18,6 +18,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway import openapi
+from gateway.base_urls import RootAliases, api_segments
 from gateway.cors import install_cors
 from gateway.disconnect import WatchDisconnect
 from gateway.errors import install_error_handlers
@@ -122,6 +123,8 @@ def create_app(
     app.include_router(dashboard.router)
     openapi.install(app)
     install_cors(app, settings.server.cors_allow_origins)
+    # Added last, so outermost: every other middleware sees the /v1 path.
+    app.add_middleware(RootAliases, segments=api_segments(app.router.routes))
     return app
 
 

@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.routing import Match
 
-from gateway.base_url_hint import not_served_message
+from gateway.base_urls import not_served_message
 from router.providers.errors import ProviderError, retry_after_s
 
 log = logging.getLogger(__name__)

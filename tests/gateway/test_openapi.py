@@ -23,6 +23,7 @@ from fastapi import APIRouter
 from fastapi.routing import APIRoute
 from hypothesis import HealthCheck, given, settings
 from openai import OpenAI
+from prometheus_client.parser import text_string_to_metric_families
 from schemathesis import GenerationMode
 from schemathesis.core.result import Ok
 from schemathesis.specs.openapi.checks import positive_data_acceptance
@@ -317,21 +318,47 @@ def test_an_endpoint_the_gateway_does_not_serve_is_a_404_naming_it(gateway: Gate
     assert isinstance(err.value.body, dict) and err.value.body["type"] == "not_found_error"
 
 
+def _chat_requests(gateway: Gateway) -> float:
+    text = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "xrouter_requests_total" and sample.labels.get("api") == "chat"
+    )
+
+
+def test_the_api_is_served_at_the_root_too(gateway: Gateway) -> None:
+    """An OpenAI client given the gateway's root (as LiteLLM proxy's quick start writes its
+    address, and its ``litellm_proxy/`` provider takes it) is served as under ``/v1``: it
+    was a 404. The request is the ``/v1`` endpoint's to every middleware: counted as one."""
+    root = OpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    before = _chat_requests(gateway)
+    answer = root.chat.completions.create(
+        model="xrouter", messages=[{"role": "user", "content": "x"}]
+    )
+    assert answer.choices[0].message.content
+    assert "xrouter" in {m.id for m in root.models.list()}
+    assert root.models.retrieve("xrouter").id == "xrouter"
+    assert root.responses.create(model="xrouter", input="x").output_text
+    chunks = list(
+        root.chat.completions.create(
+            model="xrouter", messages=[{"role": "user", "content": "x"}], stream=True
+        )
+    )
+    assert chunks and chunks[-1].usage is not None
+    assert _chat_requests(gateway) == before + 2  # the chat API's, as under /v1
+    # Only the API's own segments: the root's other paths are as they were.
+    for path in ("/v1", "/chat", "/healthz/x", "/admin/keys/x/y"):
+        r = httpx.post(f"{gateway.url}{path}", timeout=10)
+        assert r.status_code in (401, 403, 404, 405), (path, r.status_code)
+        assert "/v1/healthz" not in r.text and "/v1/admin" not in r.text
+
+
 def test_a_wrong_base_url_is_a_404_that_names_the_right_one(gateway: Gateway) -> None:
-    """The three base URLs clients are given by mistake — an OpenAI client at the root (as
-    LiteLLM proxy's quick start writes its address), an Anthropic client at ``/v1``, an
+    """The two base URLs clients are given by mistake — an Anthropic client at ``/v1``, an
     OpenRouter-style ``/api/v1`` — each say which path was meant and which base URL to
     give, in the meant API's error shape; a path no base URL makes served stays plain."""
-    root = OpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
-    with pytest.raises(openai.NotFoundError) as err:
-        root.chat.completions.create(model="xrouter", messages=[{"role": "user", "content": "x"}])
-    assert "POST /v1/chat/completions is: an OpenAI client's base URL ends in /v1" in (
-        err.value.message
-    )
-    with pytest.raises(openai.NotFoundError) as err:
-        root.models.list()
-    assert "GET /v1/models is" in err.value.message
-
     claude = anthropic.Anthropic(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
     with pytest.raises(anthropic.NotFoundError) as aerr:
         claude.messages.create(
@@ -348,7 +375,7 @@ def test_a_wrong_base_url_is_a_404_that_names_the_right_one(gateway: Gateway) ->
     assert "POST /v1/chat/completions is" in err.value.message and "/api/v1" in err.value.message
 
     # Nothing served at the meant path (for this method): the plain 404, no advice.
-    for method, path in [("POST", "/embeddings"), ("GET", "/chat/completions"), ("GET", "/nope")]:
+    for method, path in [("POST", "/embeddings"), ("GET", "/api/v1/nope"), ("GET", "/nope")]:
         r = httpx.request(method, f"{gateway.url}{path}", timeout=10)
         assert r.status_code == 404
         assert r.json()["error"]["message"] == f"{method} {path} is not served by this gateway"
