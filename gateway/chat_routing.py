@@ -20,10 +20,13 @@ from router.modalities import request_modalities, requested_outputs
 from router.policies.baselines import FixedPolicy
 from router.policy import Policy, RouteContext
 
-# Fields that shape routing or the gateway's response, never forwarded as model parameters.
+# Fields that shape routing or the gateway's response, never forwarded as model parameters;
+# and ``store``/``metadata``, which would have the provider keep the conversation in the
+# operator's account (nothing is stored here, as the Responses API says with store: false).
 _NOT_PARAMS = frozenset(
-    {"model", "messages", "tools", "stream", "stream_options", "usage", "xrouter"}
-)
+    {"model", "messages", "tools", "stream", "stream_options", "usage", "xrouter", "store",
+     "metadata"}
+)  # fmt: skip
 
 
 class PassThrough(FixedPolicy):

@@ -269,6 +269,11 @@ class ChatCompletionRequest(_Open):
     # (routed only to models that declare audio output, router.modalities).
     modalities: list[Literal["text", "audio"]] | None = None
     user: str | None = None
+    # Taken and not forwarded, as the Responses API takes them: ``store: true`` would keep
+    # the client's conversation in the operator's provider account (and ``metadata`` with
+    # it), which the gateway never offers (it answers Responses requests with store: false).
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
     usage: UsageAccounting | None = None  # OpenRouter's usage accounting: always on here
     xrouter: XRouterControls | None = None
 

@@ -25,8 +25,9 @@ __all__ = ["CachedAnswer", "cache_key", "price_tag"]
 
 FORMAT_VERSION = 1
 # Transport fields: the same answer whether it is streamed or not, or asked for with
-# OpenRouter's usage accounting (``usage.include``: every answer carries its cost).
-_NOT_KEYED = frozenset({"stream", "stream_options", "usage"})
+# OpenRouter's usage accounting (``usage.include``: every answer carries its cost); and
+# ``store``/``metadata``, which are not forwarded (gateway.chat_routing), so cannot change it.
+_NOT_KEYED = frozenset({"stream", "stream_options", "usage", "store", "metadata"})
 _NOT_KEYED_CONTROLS = frozenset({"cache", "tags"})
 
 

@@ -1173,6 +1173,38 @@ def test_openrouters_usage_accounting_is_taken_and_not_forwarded(
     assert scripted_router.requests() == []
 
 
+def test_store_and_metadata_are_taken_and_not_forwarded(
+    recording_gateway: Gateway, scripted_router: ScriptedRouter
+) -> None:
+    """`store: true` forwarded had OpenAI keep the client's conversation (and its `metadata`)
+    in the operator's account, while the Responses API answers `store: false` and forwards
+    neither: both are taken, type-checked as OpenAI types them, and kept from the provider."""
+    c = client(recording_gateway)
+    scripted_router.script({"content": "hi"})
+    resp = c.chat.completions.create(
+        model="recorder",
+        messages=[{"role": "user", "content": "Say hi"}],
+        temperature=0.2,
+        store=True,
+        metadata={"feature": "greeting"},
+    )
+    assert resp.choices[0].message.content == "hi"
+    [sent] = scripted_router.requests()
+    assert "store" not in sent and "metadata" not in sent and sent["temperature"] == 0.2
+    scripted_router.script({"content": "unused"})
+    for body, param in (
+        ({"store": "yes"}, "store"),
+        ({"metadata": {"feature": 1}}, "metadata.feature"),
+        ({"metadata": ["feature"]}, "metadata"),
+    ):
+        with pytest.raises(openai.BadRequestError) as err:
+            c.chat.completions.create(
+                model="recorder", messages=[{"role": "user", "content": "Say hi"}], extra_body=body
+            )
+        assert err.value.param == param, (body, err.value)
+    assert scripted_router.requests() == []
+
+
 def test_overhead_excludes_the_time_spent_waiting_on_the_model(
     gateway: Gateway, demo_table: list[OutcomeRecord]
 ) -> None:

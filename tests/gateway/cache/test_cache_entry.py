@@ -26,6 +26,7 @@ def test_transport_fields_and_cache_controls_do_not_change_the_question() -> Non
         dict(reversed(list(BASE.items()))),  # another key order
         {**BASE, "stream": True, "stream_options": {"include_usage": True}},
         {**BASE, "usage": {"include": True}},  # OpenRouter's usage accounting: always on
+        {**BASE, "store": True, "metadata": {"feature": "x"}},  # not forwarded
         {**BASE, "xrouter": {"cost_weight": 0.5, "cache": {"no_store": True, "ttl_s": 5}}},
         {**BASE, "xrouter": {"cost_weight": 0.5, "tags": ["feature-x"]}},  # filing, not asking
     ]
