@@ -113,7 +113,10 @@ class ChatService:
             data, req, resolved, ctx = await read_sized(size, prepare)
             rlog.messages = data["messages"]
             rlog.stream = req.stream
-            rlog.end_user = end_user(req.user)
+            # The end user by either of OpenAI's names for it: `user`, else the newer
+            # `safety_identifier` it recommends in its place (the Messages API's
+            # metadata.user_id arrives as `user`).
+            rlog.end_user = end_user(req.user) or end_user(req.safety_identifier)
             rlog.tags = req.xrouter.tags if req.xrouter is not None else None
             guard: KeyBudgetGuard | None = await self.hooks.admit(rlog, ctx)
             # request_timeout_s bounds the whole request (a relayed stream's deadline counts

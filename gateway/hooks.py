@@ -68,7 +68,8 @@ class RequestLog:
     extra_headers: dict[str, str] = field(default_factory=dict)
     cache: CacheTicket | None = None  # the answer cache's view of this request, if it is on
     cached_from: str | None = None  # answered from the cache: the request that paid for it
-    end_user: str | None = None  # the request's ``user`` (OpenAI) / ``metadata.user_id``
+    # The request's ``user`` or ``safety_identifier`` (OpenAI) / ``metadata.user_id``.
+    end_user: str | None = None
     tags: list[str] | None = None  # ``xrouter.tags``
     slot_held: bool = False  # one of its key's max_parallel slots, freed when it finishes
     finished: bool = False

@@ -269,6 +269,9 @@ class ChatCompletionRequest(_Open):
     # (routed only to models that declare audio output, router.modalities).
     modalities: list[Literal["text", "audio"]] | None = None
     user: str | None = None
+    # OpenAI's newer name for the end user (abuse detection), forwarded as ``user`` is; the
+    # ledger's end user when ``user`` is absent (gateway.chat).
+    safety_identifier: str | None = None
     # Taken and not forwarded, as the Responses API takes them: ``store: true`` would keep
     # the client's conversation in the operator's provider account (and ``metadata`` with
     # it), which the gateway never offers (it answers Responses requests with store: false).

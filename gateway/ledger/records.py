@@ -157,7 +157,8 @@ class RequestRecord:
     api: str = "chat"  # "chat", "responses" or "messages": the API shape it came in
     # Answered from the answer cache: the id of the request that paid for the answer.
     cached_from: str | None = None
-    end_user: str | None = None  # the request's ``user``, made storable (see ``end_user``)
+    # The request's ``user`` (else ``safety_identifier``), made storable (see ``end_user``).
+    end_user: str | None = None
     tags: list[str] | None = None  # ``xrouter.tags``
     calls: list[CallRecord] = field(default_factory=list)
     content: dict[str, Any] | None = None

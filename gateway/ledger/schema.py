@@ -132,8 +132,9 @@ requests = sa.Table(
     # Set when the answer came from the answer cache: the request whose answer (and cost)
     # it reused. This request made no call and no routing decision.
     sa.Column("cached_from", sa.String(64), nullable=True),
-    # The caller's own end user, as the request named them (OpenAI's ``user``, Anthropic's
-    # ``metadata.user_id``): spend per end user without a key per user.
+    # The caller's own end user, as the request named them (OpenAI's ``user``, else its
+    # ``safety_identifier``; Anthropic's ``metadata.user_id``): spend per end user without
+    # a key per user.
     sa.Column("end_user", sa.String(255), nullable=True),
     # When the row reached the database (``ledger_now``, set by the inserter), which is
     # later than ``created_at`` by the flush interval, or by hours for rows replayed from a

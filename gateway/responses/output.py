@@ -147,6 +147,7 @@ def response_object(
         "text": req.text or {"format": {"type": "text"}},
         "store": False,  # nothing is stored: GET /v1/responses/{id} does not exist here
         "user": req.user,  # echoed, as OpenAI echoes it
+        "safety_identifier": req.safety_identifier,
         "usage": usage(chat_usage) if chat_usage is not None else None,
     }
     return with_meta(body, xrouter, req.tool_map.ignored)

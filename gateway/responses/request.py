@@ -53,6 +53,7 @@ class ResponsesRequest(BaseModel):
     prompt: dict[str, Any] | None = None  # a prompt template stored at OpenAI
     metadata: dict[str, str] | None = None
     user: str | None = None
+    safety_identifier: str | None = None  # OpenAI's newer name for the end user
     seed: int | None = None
     # Validated again, with the chat request, by the chat service.
     xrouter: dict[str, Any] | None = None
@@ -129,7 +130,9 @@ def to_chat(req: ResponsesRequest) -> dict[str, Any]:
             chat["response_format"] = response_format
     if req.max_output_tokens is not None:
         chat["max_completion_tokens"] = req.max_output_tokens
-    for field in ("temperature", "top_p", "user", "seed", "xrouter"):
+    # The end user under both names, as the chat API takes them: forwarded, and the
+    # ledger's end user (``user``, else ``safety_identifier``) as on the chat endpoint.
+    for field in ("temperature", "top_p", "user", "safety_identifier", "seed", "xrouter"):
         value = getattr(req, field)
         if value is not None:
             chat[field] = value

@@ -1264,15 +1264,22 @@ def test_the_messages_api_answers_to_the_same_keys_budgets_and_ledger(
 
 def test_spend_per_end_user_across_the_three_apis(gw: Gateway) -> None:
     # The caller's own users, as each API names them: chat's and the Responses API's `user`,
-    # the Messages API's `metadata.user_id`. A value the database could not store is cleaned.
+    # else their `safety_identifier` (OpenAI's newer name, which it recommends in place of
+    # `user`: it counted for nobody before), the Messages API's `metadata.user_id`. A value
+    # the database could not store is cleaned.
     k = create_key(gw)
     auth = {"Authorization": f"Bearer {k['key']}"}
     question = [{"role": "user", "content": "What is the capital of France?"}]
     sent: list[tuple[str, str | None, dict[str, Any]]] = [
         ("chat/completions", "alice", {"model": MODEL, "messages": question, "user": "alice"}),
-        ("chat/completions", "alice", {"model": MODEL, "messages": question, "user": "alice"}),
+        ("chat/completions", "alice", {"model": MODEL, "messages": question, "user": "alice",
+                                       "safety_identifier": "alice-sid"}),
+        ("chat/completions", "dave", {"model": MODEL, "messages": question,
+                                      "safety_identifier": "dave"}),
         ("responses", "bob", {"model": MODEL, "input": "What is the capital of France?",
                               "user": "bob"}),
+        ("responses", "erin", {"model": MODEL, "input": "What is the capital of France?",
+                               "safety_identifier": "erin"}),
         ("messages", "carol", {"model": MODEL, "max_tokens": 64, "messages": question,
                                "metadata": {"user_id": "carol\x00"}}),
         ("chat/completions", None, {"model": MODEL, "messages": question}),
@@ -1282,6 +1289,11 @@ def test_spend_per_end_user_across_the_three_apis(gw: Gateway) -> None:
         r = httpx.post(f"{gw.base_url}/{path}", json=body, headers=auth, timeout=30)
         assert r.status_code == 200, r.text
         costs[user] = costs.get(user, 0.0) + r.json()["usage"]["cost"]
+        if path == "responses":  # echoed, as OpenAI echoes both
+            assert (r.json()["user"], r.json()["safety_identifier"]) == (
+                body.get("user"),
+                body.get("safety_identifier"),
+            )
     r = httpx.get(
         f"{gw.url}/admin/spend",
         params={"group_by": "user", "key": k["key_id"]},
@@ -1290,7 +1302,7 @@ def test_spend_per_end_user_across_the_three_apis(gw: Gateway) -> None:
     assert r.status_code == 200, r.text
     rows = {row["user"]: row for row in r.json()["data"]}
     assert {u: row["requests"] for u, row in rows.items()} == {
-        "alice": 2, "bob": 1, "carol": 1, None: 1,
+        "alice": 2, "bob": 1, "carol": 1, "dave": 1, "erin": 1, None: 1,
     }  # fmt: skip
     for user, row in rows.items():
         assert row["total_cost_usd"] == pytest.approx(costs[user], abs=2e-6)

@@ -144,6 +144,7 @@ def test_tools_formats_and_settings() -> None:
             "parallel_tool_calls": False,
             "stream": True,
             "user": "u1",
+            "safety_identifier": "sid-1",  # the chat API's too: the end user's other name
             "xrouter": {"cost_weight": 2},
             # Responses-only fields that a chat provider would refuse: not forwarded.
             "store": False,
@@ -166,6 +167,7 @@ def test_tools_formats_and_settings() -> None:
         "top_p": 0.9,
         "parallel_tool_calls": False,
         "user": "u1",
+        "safety_identifier": "sid-1",
         "xrouter": {"cost_weight": 2},
     }  # fmt: skip
     assert chat({"input": "x", "text": {"format": {"type": "json_object"}}})["response_format"] == {
