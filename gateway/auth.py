@@ -1,5 +1,11 @@
-"""Bearer-key authentication with a short in-process cache (a key lookup per request would
-put a database round trip on the hot path; revocations take effect within the TTL)."""
+"""API-key authentication with a short in-process cache (a key lookup per request would
+put a database round trip on the hot path; revocations take effect within the TTL).
+
+A client's key is read by one rule on every route that takes one (:func:`presented_key`):
+``Authorization: Bearer`` (OpenAI's clients), else ``x-api-key`` (Anthropic's), else
+``api-key`` (Azure OpenAI's), as LiteLLM's proxy reads them. The operators' credentials
+(the admin key, the dashboard's, the metrics scrape token) are read from ``Authorization``
+only, as the README documents them."""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ import hashlib
 import hmac
 import logging
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +56,38 @@ def _bearer(header: str | None) -> str | None:
     if scheme.lower() != "bearer" or not token.strip():
         return None
     return token.strip()
+
+
+# The headers besides ``Authorization: Bearer`` a client's key may come in, in the order they
+# are read: Anthropic's clients send ``x-api-key``, Azure OpenAI's ``api-key``.
+_KEY_HEADERS = ("x-api-key", "api-key")
+
+
+def presented_key(headers: Mapping[str, str]) -> str | None:
+    """The API key a request presents: ``Authorization: Bearer``, else ``x-api-key``, else
+    ``api-key`` (None: none of them). An ``Authorization`` header of another scheme carries
+    no key. Two of them carrying different keys are refused, naming both headers: which one
+    the client meant is not for the gateway to guess (picking one would bill a request to a
+    key its sender may not know it sent). The same key in several is that key."""
+    found: list[tuple[str, str]] = []
+    bearer = _bearer(headers.get("authorization"))
+    if bearer is not None:
+        found.append(("Authorization", bearer))
+    for name in _KEY_HEADERS:
+        value = (headers.get(name) or "").strip()
+        if value:
+            found.append((name, value))
+    if not found:
+        return None
+    first, key = found[0]
+    for name, other in found[1:]:
+        if other != key:
+            raise unauthorized(
+                f"the request carries two different API keys, in {first} and {name}: "
+                "send the key in one of them",
+                code="conflicting_api_keys",
+            )
+    return key
 
 
 def _basic_password(header: str | None) -> str | None:
@@ -123,10 +162,21 @@ class Authenticator:
         self._cache.clear()
         self._refused.clear()
 
-    async def principal(self, authorization: str | None) -> Principal:
+    async def caller(self, headers: Mapping[str, str]) -> Principal:
+        """Who sent a request with these headers: its key as :func:`presented_key` reads
+        it, on every route that takes a client's key. With auth off, nobody (the headers
+        are not read, so two keys that disagree are no error there)."""
         if not self.enabled:
             return Principal()
-        token = _bearer(authorization)
+        return await self._principal(presented_key(headers))
+
+    async def principal(self, authorization: str | None) -> Principal:
+        """Who an ``Authorization: Bearer`` credential is (:meth:`caller` for a request)."""
+        if not self.enabled:
+            return Principal()
+        return await self._principal(_bearer(authorization))
+
+    async def _principal(self, token: str | None) -> Principal:
         if token is None:
             raise unauthorized()
         digest = hashlib.sha256(token.encode()).digest()

@@ -223,9 +223,15 @@ def build(app: FastAPI) -> dict[str, Any]:
             "name": "x-api-key",
             "description": "an API key, as Anthropic's clients send it",
         },
+        "api-key": {
+            "type": "apiKey",
+            "in": "header",
+            "name": "api-key",
+            "description": "an API key, as Azure OpenAI's clients send it",
+        },
     }
     # Optional: with auth off (the embedded default) no key is needed.
-    doc["security"] = [{"bearer": []}, {"x-api-key": []}, {}]
+    doc["security"] = [{"bearer": []}, {"x-api-key": []}, {"api-key": []}, {}]
     paths = doc.setdefault("paths", {})
     paths.update(_plain_routes())
     for item in paths.values():

@@ -5,7 +5,8 @@
 Plain Starlette routes, as the chat route is. They answer in Anthropic's shapes, errors
 included (``{"type": "error", "error": {"type", "message"}}``), each answer with its
 request id as Anthropic's SDK reads it (``request-id``), and take the key as Anthropic's
-clients send it (``x-api-key``) or as OpenAI's do (``Authorization: Bearer``).
+clients send it (``x-api-key``) or as OpenAI's do (``Authorization: Bearer``), as every
+route does (``gateway.auth.presented_key``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from gateway.errors import APIError, internal_error
 from gateway.off_loop import read_sized
 from gateway.principal import Principal
 from gateway.request_body import read_body
-from gateway.routes.openai import authorization, services
+from gateway.routes.openai import services
 from gateway.translation import renamed_error
 from router.estimate import estimate_prompt_tokens
 
@@ -38,7 +39,7 @@ async def create_message(request: Request) -> Response:
     s = services(request)
     assert s.auth is not None and s.chat is not None
     try:
-        who = await s.auth.principal(authorization(request))
+        who = await s.auth.caller(request.headers)
         raw = await read_body(
             request, s.settings.server.max_body_bytes, s.settings.server.body_timeout_s
         )
@@ -93,7 +94,7 @@ async def count_tokens(request: Request) -> Response:
     assert s.auth is not None and s.chat is not None
     ids = messages.request_id_headers()
     try:
-        who = await s.auth.principal(authorization(request))
+        who = await s.auth.caller(request.headers)
         raw = await read_body(
             request, s.settings.server.max_body_bytes, s.settings.server.body_timeout_s
         )

@@ -19,7 +19,7 @@ from gateway.limits.base import BudgetState
 from gateway.limits.windows import period_window
 from gateway.response_models import OwnKey
 from gateway.routes.ledger_read import ledger_read
-from gateway.routes.openai import authorization, services
+from gateway.routes.openai import services
 from gateway.services import Services
 from pricing import micros_to_usd
 
@@ -50,7 +50,7 @@ async def _from_ledger(s: Services, info: KeyInfo) -> BudgetState:
 async def key_info(request: Request) -> Response:
     s = services(request)
     assert s.auth is not None
-    who = await s.auth.principal(authorization(request))
+    who = await s.auth.caller(request.headers)
     info = await s.key_repository().get(who.key_id) if who.key_id is not None else None
     if info is None:
         raise APIError(

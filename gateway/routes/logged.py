@@ -21,7 +21,7 @@ from gateway.principal import Principal
 from gateway.request_body import read_model
 from gateway.response_models import FeedbackRecorded, Generation
 from gateway.routes.ledger_read import ledger_read
-from gateway.routes.openai import authorization, services
+from gateway.routes.openai import services
 from gateway.schemas import FeedbackRequest, request_id_from
 from gateway.services import Services
 from pricing import micros_to_usd
@@ -90,7 +90,7 @@ async def logged_request(
 async def feedback(request: Request) -> Response:
     s = services(request)
     assert s.auth is not None
-    who = await s.auth.principal(authorization(request))
+    who = await s.auth.caller(request.headers)
     fb = await read_model(request, FeedbackRequest)
     row = await s.read_ledger(_scored_request(s, who, fb.ledger_id, fb.request_id))
     terms = logged_reward(row, fb.score, s.settings.router.reward.config())
@@ -159,7 +159,7 @@ async def generation(request: Request) -> Response:
     missed a stream's usage chunk (or never asked for it) reads afterwards."""
     s = services(request)
     assert s.auth is not None
-    who = await s.auth.principal(authorization(request))
+    who = await s.auth.caller(request.headers)
     raw_id = request.query_params.get("id")
     try:
         request_id = request_id_from(raw_id or "")

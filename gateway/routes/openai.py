@@ -37,7 +37,7 @@ async def chat_completions(request: Request) -> Response:
     s = services(request)
     assert s.auth is not None and s.chat is not None
     try:
-        who = await s.auth.principal(request.headers.get("authorization"))
+        who = await s.auth.caller(request.headers)
         raw = await read_body(
             request, s.settings.server.max_body_bytes, s.settings.server.body_timeout_s
         )
@@ -56,7 +56,7 @@ async def create_response(request: Request) -> Response:
     s = services(request)
     assert s.auth is not None and s.chat is not None
     try:
-        who = await s.auth.principal(request.headers.get("authorization"))
+        who = await s.auth.caller(request.headers)
         raw = await read_body(
             request, s.settings.server.max_body_bytes, s.settings.server.body_timeout_s
         )
@@ -121,7 +121,7 @@ async def stored_response(request: Request, response_id: str, rest: str) -> Resp
     s = services(request)
     assert s.auth is not None
     try:
-        await s.auth.principal(request.headers.get("authorization"))
+        await s.auth.caller(request.headers)
     except APIError as err:
         return err.response()
     return APIError(
@@ -131,16 +131,6 @@ async def stored_response(request: Request, response_id: str, rest: str) -> Resp
         param="response_id",
         code="response_not_found",
     ).response()
-
-
-def authorization(request: Request) -> str | None:
-    """The caller's key as OpenAI's clients send it (``Authorization: Bearer``) or as
-    Anthropic's do (``x-api-key``)."""
-    header = request.headers.get("authorization")
-    if header:
-        return header
-    key = request.headers.get("x-api-key")
-    return f"Bearer {key}" if key else None
 
 
 def _anthropic_client(request: Request) -> bool:
@@ -156,7 +146,7 @@ async def list_models(request: Request) -> Response:
     # An id on every answer, as both providers' APIs send one (no ledger row has it).
     headers = messages.request_id_headers()
     try:
-        who = await s.auth.principal(authorization(request))
+        who = await s.auth.caller(request.headers)
         data = model_list.list_models(s.current(), who)
         if anthropic:
             q = request.query_params
@@ -178,7 +168,7 @@ async def retrieve_model(request: Request, model_id: str) -> Response:
     anthropic = _anthropic_client(request)
     headers = messages.request_id_headers()
     try:
-        who = await s.auth.principal(authorization(request))
+        who = await s.auth.caller(request.headers)
         entry = model_list.find_model(s.current(), who, model_id)
         if entry is None:
             raise not_found(

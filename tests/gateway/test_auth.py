@@ -8,6 +8,7 @@ import secrets
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx
@@ -19,7 +20,7 @@ from gateway.errors import APIError
 from gateway.ledger.keys import KeyRepository
 from gateway.ledger.store import open_ledger_engine
 from tests.gateway.conftest import Upstream
-from tests.support.gateway import ADMIN_KEY, gateway_config, start_gateway
+from tests.support.gateway import ADMIN_KEY, Gateway, gateway_config, start_gateway
 
 MODEL = "gemma-2-9b-it"
 
@@ -196,3 +197,98 @@ def test_a_gateway_without_an_admin_key_serves_the_ledger_s_keys_and_says_so(
         warnings = [line for line in gw.log().splitlines() if NO_ADMIN_KEY in line]
         assert len(warnings) == 1 and "WARNING" in warnings[0], (name, gw.log())
         assert "auth.admin_key" in warnings[0] and "XROUTER_AUTH__ADMIN_KEY" in warnings[0]
+
+
+def test_a_key_is_read_by_one_rule_on_every_route(upstream: Upstream, tmp_path: Path) -> None:
+    """A key comes as `Authorization: Bearer` (OpenAI's clients), `x-api-key` (Anthropic's)
+    or `api-key` (Azure OpenAI's), as LiteLLM's proxy takes it, on every route that takes a
+    key: `x-api-key` was taken by the models, Messages, key and feedback routes but refused
+    (401) by chat completions and the Responses API, and `api-key` by every route. Two
+    headers that carry different keys are refused, naming both headers (before, on the
+    routes that read both, `Authorization` won silently)."""
+    cfg = gateway_config(tmp_path, upstream.base_url, auth={"enabled": True})
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        key, other = (
+            httpx.post(f"{gw.url}/admin/keys", json={"alias": alias}, headers=admin).json()["key"]
+            for alias in ("app", "other")
+        )
+        messages = [{"role": "user", "content": "hi"}]
+        first = httpx.post(
+            f"{gw.base_url}/chat/completions",
+            json={"model": MODEL, "messages": messages},
+            headers={"Authorization": f"Bearer {key}"},
+        )
+        assert first.status_code == 200, first.text
+        made = first.json()["id"]
+        # Every route that takes a client's key, and what it answers that key.
+        calls: list[tuple[str, str, dict[str, Any] | None, int]] = [
+            ("POST", "/chat/completions", {"model": MODEL, "messages": messages}, 200),
+            ("POST", "/responses", {"model": MODEL, "input": "hi"}, 200),
+            ("POST", "/messages", {"model": MODEL, "max_tokens": 64, "messages": messages}, 200),
+            ("POST", "/messages/count_tokens", {"model": MODEL, "messages": messages}, 200),
+            ("GET", "/models", None, 200),
+            ("GET", f"/models/{MODEL}", None, 200),
+            ("GET", "/key", None, 200),
+            ("GET", f"/generation?id={made}", None, 200),
+            ("POST", "/feedback", {"request_id": made, "score": 1.0}, 200),
+            ("GET", "/responses/resp_x", None, 404),  # nothing stored, said once authenticated
+        ]
+        ways = [
+            {"Authorization": f"Bearer {key}"},
+            {"x-api-key": key},
+            {"api-key": key},
+            {"Authorization": f"Bearer {key}", "x-api-key": key, "api-key": key},  # one key
+            {"Authorization": f"Basic {key}", "api-key": key},  # another scheme carries none
+        ]
+        for headers in ways:
+            for method, path, body, status in calls:
+                r = httpx.request(
+                    method, f"{gw.base_url}{path}", json=body, headers=headers, timeout=30
+                )
+                assert r.status_code == status, (headers, path, r.text)
+        # Azure OpenAI's SDK sends its key as api-key (its chat calls go to Azure's
+        # /deployments/{model}/ paths, which the gateway does not serve).
+        azure = openai.AzureOpenAI(
+            base_url=gw.base_url, api_key=key, api_version="2025-04-01-preview", max_retries=0
+        )
+        assert azure.responses.create(model=MODEL, input="hi").status == "completed"
+        assert MODEL in {m.id for m in azure.models.list()}
+
+        conflicts = [
+            ({"Authorization": f"Bearer {key}", "x-api-key": other}, "Authorization", "x-api-key"),
+            ({"Authorization": f"Bearer {other}", "api-key": key}, "Authorization", "api-key"),
+            ({"x-api-key": key, "api-key": other}, "x-api-key", "api-key"),
+            ({"Authorization": f"Bearer {key}", "x-api-key": key, "api-key": other},
+             "Authorization", "api-key"),
+        ]  # fmt: skip
+        for headers, one, two in conflicts:
+            for method, path, body, _ in calls:
+                r = httpx.request(method, f"{gw.base_url}{path}", json=body, headers=headers)
+                assert r.status_code == 401, (headers, path, r.text)
+                error = r.json()["error"]
+                assert error.get("code") == "conflicting_api_keys", (path, error)
+                assert f"in {one} and {two}" in error["message"], error
+                assert key not in r.text and other not in r.text
+        # The operators' credentials stay on Authorization, as the README documents them.
+        assert (
+            httpx.get(f"{gw.url}/admin/keys", headers={"x-api-key": ADMIN_KEY}).status_code == 401
+        )
+        assert httpx.get(f"{gw.url}/admin/keys", headers={"api-key": ADMIN_KEY}).status_code == 401
+        assert key not in gw.log() and other not in gw.log()
+    finally:
+        gw.stop()
+
+
+def test_with_auth_off_no_key_header_is_read(gateway: Gateway) -> None:
+    """Auth off: whatever key headers a client sends (two that disagree included) name
+    nobody and refuse nothing."""
+    headers = {"Authorization": "Bearer a", "x-api-key": "b", "api-key": "c"}
+    r = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+        headers=headers,
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
