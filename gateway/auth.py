@@ -170,12 +170,6 @@ class Authenticator:
             return Principal()
         return await self._principal(presented_key(headers))
 
-    async def principal(self, authorization: str | None) -> Principal:
-        """Who an ``Authorization: Bearer`` credential is (:meth:`caller` for a request)."""
-        if not self.enabled:
-            return Principal()
-        return await self._principal(_bearer(authorization))
-
     async def _principal(self, token: str | None) -> Principal:
         if token is None:
             raise unauthorized()

@@ -31,19 +31,19 @@ async def test_a_flood_of_bad_tokens_does_not_evict_the_real_keys(tmp_path: Path
         repo = KeyRepository(engine)
         info, secret = await repo.create("app")
         auth = Authenticator(repo, enabled=True, admin_key=None, cache_size=4)
-        assert (await auth.principal(f"Bearer {secret}")).key_id == info.key_id
+        assert (await auth.caller({"authorization": f"Bearer {secret}"})).key_id == info.key_id
         # Revoked in the database behind the cache's back: a cached key is served until its
         # entry goes, which is what shows whether the entry is still there.
         await repo.revoke(info.key_id)
         for _ in range(10):  # more refused tokens than the cache holds
             with pytest.raises(APIError) as exc:
-                await auth.principal(f"Bearer xr-{secrets.token_urlsafe(32)}")
+                await auth.caller({"authorization": f"Bearer xr-{secrets.token_urlsafe(32)}"})
             assert exc.value.status == 401
-        assert (await auth.principal(f"Bearer {secret}")).key_id == info.key_id
+        assert (await auth.caller({"authorization": f"Bearer {secret}"})).key_id == info.key_id
         # A refused token is refused from the cache too, and invalidation drops both.
         auth.invalidate()
         with pytest.raises(APIError):
-            await auth.principal(f"Bearer {secret}")
+            await auth.caller({"authorization": f"Bearer {secret}"})
     finally:
         await engine.dispose()
 
@@ -56,20 +56,20 @@ async def test_known_keys_are_taken_as_last_read_while_the_database_is_down(
         repo = KeyRepository(engine)
         info, secret = await repo.create("app")
         auth = Authenticator(repo, enabled=True, admin_key=None, ttl_s=0.01, stale_if_error_s=0.5)
-        assert (await auth.principal(f"Bearer {secret}")).key_id == info.key_id
+        assert (await auth.caller({"authorization": f"Bearer {secret}"})).key_id == info.key_id
         # The key table goes away, as with a database that stopped answering.
         async with engine.begin() as conn:
             await conn.exec_driver_sql("ALTER TABLE api_keys RENAME TO api_keys_away")
         await asyncio.sleep(0.05)  # past the cache's TTL: every lookup now fails
-        assert (await auth.principal(f"Bearer {secret}")).key_id == info.key_id
+        assert (await auth.caller({"authorization": f"Bearer {secret}"})).key_id == info.key_id
         # A key never read is not guessed at: the outage, said as one (not a 401).
         with pytest.raises(APIError) as exc:
-            await auth.principal(f"Bearer xr-{secrets.token_urlsafe(32)}")
+            await auth.caller({"authorization": f"Bearer xr-{secrets.token_urlsafe(32)}"})
         assert (exc.value.status, exc.value.code) == (503, "database_unavailable")
         # Taken as last read for so long only.
         await asyncio.sleep(0.6)
         with pytest.raises(APIError) as exc:
-            await auth.principal(f"Bearer {secret}")
+            await auth.caller({"authorization": f"Bearer {secret}"})
         assert exc.value.status == 503
         async with engine.begin() as conn:
             await conn.exec_driver_sql("ALTER TABLE api_keys_away RENAME TO api_keys")
@@ -77,7 +77,7 @@ async def test_known_keys_are_taken_as_last_read_while_the_database_is_down(
         await asyncio.sleep(0.05)  # past the TTL a failed lookup holds the next one back
         # The database answers again, and is believed.
         with pytest.raises(APIError) as exc:
-            await auth.principal(f"Bearer {secret}")
+            await auth.caller({"authorization": f"Bearer {secret}"})
         assert exc.value.status == 401
     finally:
         await engine.dispose()

@@ -55,13 +55,13 @@ async def test_a_database_that_is_down_is_an_outage(
     auth = Authenticator(
         KeyRepository(engine), enabled=True, admin_key=None, ttl_s=0.01, stale_if_error_s=30
     )
-    known = await auth.principal(f"Bearer {secret}")
+    known = await auth.caller({"authorization": f"Bearer {secret}"})
     await proxy.cut()
     await asyncio.sleep(0.02)  # past the cache's TTL
     # The key in hand is served as last read; a key never read is the outage, said as one.
-    assert (await auth.principal(f"Bearer {secret}")).key_id == known.key_id
+    assert (await auth.caller({"authorization": f"Bearer {secret}"})).key_id == known.key_id
     with pytest.raises(APIError) as exc:
-        await auth.principal(f"Bearer xr-{secrets.token_urlsafe(32)}")
+        await auth.caller({"authorization": f"Bearer xr-{secrets.token_urlsafe(32)}"})
     assert (exc.value.status, exc.value.code) == (503, "database_unavailable")
     # What admin, feedback and spend calls meet: an error the app answers as a 503.
     with pytest.raises(sa_exc.DBAPIError, match="cannot reach the database"):
@@ -83,13 +83,13 @@ async def test_an_outage_asks_the_client_back_when_a_lookup_will_be_made(
     )
     await proxy.cut()
     with pytest.raises(APIError) as exc:
-        await auth.principal(f"Bearer xr-{secrets.token_urlsafe(32)}")
+        await auth.caller({"authorization": f"Bearer xr-{secrets.token_urlsafe(32)}"})
     assert (exc.value.status, exc.value.code) == (503, "database_unavailable")
     assert exc.value.headers["retry-after"] == "3"
     assert 2500 < int(exc.value.headers["retry-after-ms"]) <= 3000
     await asyncio.sleep(1.0)
     with pytest.raises(APIError) as exc:
-        await auth.principal(f"Bearer xr-{secrets.token_urlsafe(32)}")
+        await auth.caller({"authorization": f"Bearer xr-{secrets.token_urlsafe(32)}"})
     assert exc.value.headers["retry-after"] == "2"  # what is left of the wait
     await proxy.restore()
 
@@ -106,17 +106,17 @@ async def test_a_database_that_hangs_holds_a_key_lookup_for_its_timeout_only(
         stale_if_error_s=30,
         lookup_timeout_s=0.5,
     )
-    known = await auth.principal(f"Bearer {secret}")
+    known = await auth.caller({"authorization": f"Bearer {secret}"})
     await proxy.freeze()
     await asyncio.sleep(0.02)
     t0 = time.monotonic()
-    assert (await auth.principal(f"Bearer {secret}")).key_id == known.key_id
+    assert (await auth.caller({"authorization": f"Bearer {secret}"})).key_id == known.key_id
     with pytest.raises(APIError) as exc:
-        await auth.principal(f"Bearer xr-{secrets.token_urlsafe(32)}")
+        await auth.caller({"authorization": f"Bearer xr-{secrets.token_urlsafe(32)}"})
     assert (exc.value.status, exc.value.code) == (503, "database_unavailable")
     assert time.monotonic() - t0 < 2.0  # two lookups of 0.5 s each, not a minute
     await proxy.restore()
-    assert (await auth.principal(f"Bearer {secret}")).key_id == known.key_id
+    assert (await auth.caller({"authorization": f"Bearer {secret}"})).key_id == known.key_id
 
 
 async def test_a_hung_database_holds_one_lookup_at_a_time_not_every_request(
@@ -135,13 +135,13 @@ async def test_a_hung_database_holds_one_lookup_at_a_time_not_every_request(
         stale_if_error_s=30,
         lookup_timeout_s=0.5,
     )
-    known = await auth.principal(f"Bearer {secret}")
+    known = await auth.caller({"authorization": f"Bearer {secret}"})
     await proxy.freeze()
     await asyncio.sleep(0.45)  # past the cache's TTL
 
     async def timed() -> float:
         t0 = time.monotonic()
-        assert (await auth.principal(f"Bearer {secret}")).key_id == known.key_id
+        assert (await auth.caller({"authorization": f"Bearer {secret}"})).key_id == known.key_id
         return time.monotonic() - t0
 
     assert await timed() >= 0.45  # the lookup that finds the outage waits its timeout
@@ -149,7 +149,7 @@ async def test_a_hung_database_holds_one_lookup_at_a_time_not_every_request(
     assert max(quick) < 0.1, quick  # then no lookup: the key as last read
     # A key never read is the outage at once too.
     with pytest.raises(APIError) as exc:
-        await auth.principal(f"Bearer xr-{secrets.token_urlsafe(32)}")
+        await auth.caller({"authorization": f"Bearer xr-{secrets.token_urlsafe(32)}"})
     assert (exc.value.status, exc.value.code) == (503, "database_unavailable")
     # Asked to come back when a lookup will be made again, and not before (at least 1 s).
     assert (exc.value.headers["retry-after"], exc.value.headers["retry-after-ms"]) == ("1", "1000")
