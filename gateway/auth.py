@@ -65,29 +65,18 @@ _KEY_HEADERS = ("x-api-key", "api-key")
 
 def presented_key(headers: Mapping[str, str]) -> str | None:
     """The API key a request presents: ``Authorization: Bearer``, else ``x-api-key``, else
-    ``api-key`` (None: none of them). An ``Authorization`` header of another scheme carries
-    no key. Two of them carrying different keys are refused, naming both headers: which one
-    the client meant is not for the gateway to guess (picking one would bill a request to a
-    key its sender may not know it sent). The same key in several is that key."""
-    found: list[tuple[str, str]] = []
+    ``api-key`` (None: none of them); an ``Authorization`` header of another scheme carries
+    no key. The first wins when several disagree, as LiteLLM's proxy reads them: a client
+    that keeps a placeholder in one (an Anthropic SDK's ``api_key="unused"`` beside a real
+    ``Authorization``) is served with the key it meant."""
     bearer = _bearer(headers.get("authorization"))
     if bearer is not None:
-        found.append(("Authorization", bearer))
+        return bearer
     for name in _KEY_HEADERS:
         value = (headers.get(name) or "").strip()
         if value:
-            found.append((name, value))
-    if not found:
-        return None
-    first, key = found[0]
-    for name, other in found[1:]:
-        if other != key:
-            raise unauthorized(
-                f"the request carries two different API keys, in {first} and {name}: "
-                "send the key in one of them",
-                code="conflicting_api_keys",
-            )
-    return key
+            return value
+    return None
 
 
 def _basic_password(header: str | None) -> str | None:
@@ -165,7 +154,7 @@ class Authenticator:
     async def caller(self, headers: Mapping[str, str]) -> Principal:
         """Who sent a request with these headers: its key as :func:`presented_key` reads
         it, on every route that takes a client's key. With auth off, nobody (the headers
-        are not read, so two keys that disagree are no error there)."""
+        are not read)."""
         if not self.enabled:
             return Principal()
         return await self._principal(presented_key(headers))
