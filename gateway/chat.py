@@ -117,7 +117,10 @@ class ChatService:
             # `safety_identifier` it recommends in its place (the Messages API's
             # metadata.user_id arrives as `user`).
             rlog.end_user = end_user(req.user) or end_user(req.safety_identifier)
-            rlog.tags = req.xrouter.tags if req.xrouter is not None else None
+            # Filed under xrouter.tags, else LiteLLM's metadata.tags (as its proxy files them).
+            rlog.tags = (req.xrouter.tags if req.xrouter is not None else None) or (
+                req.metadata.tags if req.metadata is not None else None
+            )
             guard: KeyBudgetGuard | None = await self.hooks.admit(rlog, ctx)
             # request_timeout_s bounds the whole request (a relayed stream's deadline counts
             # from t0 too): time spent waiting for an identical request's answer is taken

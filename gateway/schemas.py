@@ -233,14 +233,29 @@ class XRouterControls(BaseModel):
     @field_validator("tags")
     @classmethod
     def _tags(cls, value: list[str] | None) -> list[str] | None:
-        if value is None:
-            return None
-        for tag in value:
-            if not tag or len(tag) > MAX_TAG_CHARS or "\x00" in tag:
-                raise ValueError(
-                    f"a tag is 1 to {MAX_TAG_CHARS} characters, without NUL characters"
-                )
-        return list(dict.fromkeys(value))  # repeats count once
+        return None if value is None else checked_tags(value)
+
+
+def checked_tags(value: list[str]) -> list[str]:
+    """Tags as a request files itself under them, each once; a ValueError for a bad one."""
+    for tag in value:
+        if not tag or len(tag) > MAX_TAG_CHARS or "\x00" in tag:
+            raise ValueError(f"a tag is 1 to {MAX_TAG_CHARS} characters, without NUL characters")
+    return list(dict.fromkeys(value))  # repeats count once
+
+
+class LiteLLMMetadata(_Open):
+    """A chat request's ``metadata``: any object, as LiteLLM's proxy takes it (OpenAI types
+    its values as strings; LiteLLM's clients send lists in it), of which only ``tags`` is
+    read — what LiteLLM's proxy files spend under, here the request's tags when
+    ``xrouter.tags`` does not set them."""
+
+    tags: list[str] | None = Field(default=None, max_length=MAX_TAGS)
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else checked_tags(value)
 
 
 class ChatCompletionRequest(_Open):
@@ -276,7 +291,7 @@ class ChatCompletionRequest(_Open):
     # the client's conversation in the operator's provider account (and ``metadata`` with
     # it), which the gateway never offers (it answers Responses requests with store: false).
     store: bool | None = None
-    metadata: dict[str, str] | None = None
+    metadata: LiteLLMMetadata | None = None
     usage: UsageAccounting | None = None  # OpenRouter's usage accounting: always on here
     xrouter: XRouterControls | None = None
 

@@ -1192,10 +1192,22 @@ def test_store_and_metadata_are_taken_and_not_forwarded(
     [sent] = scripted_router.requests()
     assert "store" not in sent and "metadata" not in sent and sent["temperature"] == 0.2
     scripted_router.script({"content": "unused"})
+    # Any object, as LiteLLM's proxy takes it (its clients send lists in it), of which only
+    # `tags` is read (it files the request, as xrouter.tags: tests/gateway/test_operators.py).
+    scripted_router.script({"content": "hi"})
+    c.chat.completions.create(
+        model="recorder",
+        messages=[{"role": "user", "content": "Say hi"}],
+        extra_body={"metadata": {"tags": ["a"], "trace": {"id": 1}, "n": 2}},
+    )
+    [sent] = scripted_router.requests()
+    assert "metadata" not in sent
+    scripted_router.script({"content": "unused"})
     for body, param in (
         ({"store": "yes"}, "store"),
-        ({"metadata": {"feature": 1}}, "metadata.feature"),
         ({"metadata": ["feature"]}, "metadata"),
+        ({"metadata": {"tags": "search"}}, "metadata.tags"),
+        ({"metadata": {"tags": [""]}}, "metadata.tags"),
     ):
         with pytest.raises(openai.BadRequestError) as err:
             c.chat.completions.create(

@@ -1410,6 +1410,11 @@ def test_spend_per_tag(gw: Gateway) -> None:
         ("messages", {"model": MODEL, "max_tokens": 64, "messages": question,
                       "xrouter": {"tags": ["beta"]}}),
         ("chat/completions", {"model": MODEL, "messages": question}),
+        # LiteLLM's proxy files a request under metadata.tags; xrouter.tags wins over it.
+        ("chat/completions", {"model": MODEL, "messages": question,
+                              "metadata": {"tags": ["litellm"], "team": ["a"]}}),
+        ("chat/completions", {"model": MODEL, "messages": question,
+                              "metadata": {"tags": ["litellm"]}, "xrouter": {"tags": ["beta"]}}),
     ]  # fmt: skip
     for path, body in sent:
         r = httpx.post(f"{gw.base_url}/{path}", json=body, headers=auth, timeout=30)
@@ -1419,13 +1424,13 @@ def test_spend_per_tag(gw: Gateway) -> None:
     )
     assert r.status_code == 200, r.text
     counts = {row["tag"]: row["requests"] for row in r.json()["data"]}
-    assert counts == {"search": 2, "beta": 2, None: 1}  # a repeated tag counts once
+    assert counts == {"search": 2, "beta": 3, "litellm": 1, None: 1}  # a repeat counts once
     r = httpx.get(
         f"{gw.url}/admin/spend",
         params={"group_by": "api", "key": k["key_id"], "tag": "beta"},
         headers=ADMIN,
     )
-    assert {row["api"]: row["requests"] for row in r.json()["data"]} == {"chat": 1, "messages": 1}
+    assert {row["api"]: row["requests"] for row in r.json()["data"]} == {"chat": 2, "messages": 1}
     for tags in (["x" * 65], [""], [f"t{i}" for i in range(17)], "search"):
         bad = chat(gw, k["key"], xrouter={"tags": tags})
         assert bad.status_code == 400, (tags, bad.text)
