@@ -248,12 +248,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except Exception as exc:
         log.error("cannot start: %s", exc)
         return 2
+    from gateway.ledger.private_files import make_private_dir
+
     spill_dir = Path(settings.ledger.spill_dir)
     made = _missing_dirs(spill_dir)
     try:
         # Where rows wait while the database is down: made now, so a path that cannot be a
-        # directory is this line and not a traceback from every worker's startup.
-        spill_dir.mkdir(parents=True, exist_ok=True)
+        # directory is this line and not a traceback from every worker's startup. Owner-only
+        # (0700) when made here: it holds ledger records.
+        make_private_dir(spill_dir)
     except OSError as exc:
         _remove_empty_dirs(made)
         log.error("cannot start: ledger.spill_dir %s is not usable: %s", spill_dir, exc)

@@ -3,7 +3,8 @@
 One record per exported request (``gateway.ledger.export_records``: partial feedback, the
 logged action and its propensity), selected and paged by ``gateway.ledger.export_windows``
 (served-time ranges, logged windows, scored windows). This module writes them: the file
-appears atomically when complete, and :func:`read_export` reads either format back.
+appears atomically when complete, owner-only (0600: it holds prompts) unless it replaces a
+file whose mode it then takes, and :func:`read_export` reads either format back.
 
 Parquet is a flat table (one row per record; layout in ``router.export_parquet``, which the
 outcome-table reader shares) that analytics tools read directly; :func:`read_export` turns
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import stat
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.ledger.export_records import ExportStats
 from gateway.ledger.export_windows import iter_export_records
+from gateway.ledger.private_files import create_private
 from gateway.ledger.spend import TimeBound
 from router.export_parquet import flatten, parquet_schema, read_parquet_records
 from router.outcomes import OutcomeRecord
@@ -34,7 +37,7 @@ ExportFormat = Literal["jsonl", "parquet"]
 
 class _JsonlSink:
     def __init__(self, path: Path) -> None:
-        self._fh = path.open("wb")
+        self._fh = create_private(path)
 
     def write(self, records: list[dict[str, Any]]) -> None:
         self._fh.write(b"".join(orjson.dumps(r) + b"\n" for r in records))
@@ -54,7 +57,13 @@ class _ParquetSink:
         import pyarrow.parquet as pq
 
         self._schema = parquet_schema()
-        self._writer = pq.ParquetWriter(str(path), self._schema, compression="zstd")
+        # Made 0600 first: Arrow truncates the file it is given and keeps its mode.
+        create_private(path).close()
+        try:
+            self._writer = pq.ParquetWriter(str(path), self._schema, compression="zstd")
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
 
     def write(self, records: list[dict[str, Any]]) -> None:
         import pyarrow as pa
@@ -116,6 +125,7 @@ async def export_ledger(
             n += len(chunk)
             no_prompt += sum(1 for r in chunk if r.get("content_logged") != "full")
         await asyncio.to_thread(sink.close)
+        await asyncio.to_thread(_keep_mode, out, tmp)
         await asyncio.to_thread(os.replace, tmp, out)
     except BaseException:
         await asyncio.to_thread(_discard, sink, tmp)
@@ -134,6 +144,16 @@ async def export_ledger(
             out,
         )
     return n
+
+
+def _keep_mode(out: Path, tmp: Path) -> None:
+    """An export replacing a file gets that file's mode: whoever made it readable by a group
+    (or by others) chose so. A new one stays 0600 (it holds prompts)."""
+    try:
+        mode = stat.S_IMODE(os.stat(out).st_mode)
+    except FileNotFoundError:
+        return
+    os.chmod(tmp, mode)
 
 
 def _discard(sink: _JsonlSink | _ParquetSink, tmp: Path) -> None:

@@ -20,6 +20,9 @@ Files in ``spill_dir``::
     spill-<owner>-<seq>.jsonl        records waiting for a replay
     rejected-<owner>.jsonl           records the database refused as invalid (never replayed)
 
+Every file here is made 0600, and the directory, when the journal makes it, 0700: they
+hold whole ledger records (prompts, with ``ledger.log_content: full``).
+
 Everything here is blocking file I/O: the writer calls it from ONE dedicated thread, which
 also serializes all operations, so this class needs no locks of its own.
 """
@@ -36,6 +39,7 @@ from typing import IO
 
 import orjson
 
+from gateway.ledger.private_files import make_private_dir, open_private_append
 from gateway.ledger.records import LedgerRecord, dumps, record_from_envelope, record_to_envelope
 
 logger = logging.getLogger(__name__)
@@ -97,7 +101,7 @@ class _Segments:
             sealed = self.close()
             self.seq += 1
             self.path = self.path_for(self.seq)
-            self.file = self.path.open("ab")
+            self.file = open_private_append(self.path)
             self.size, self.torn = 0, False
             _fsync_dir(self.directory)
         assert self.file is not None
@@ -151,7 +155,7 @@ class SpillJournal:
     # -- lifecycle --------------------------------------------------------------------
 
     def open(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.directory)
         # Locked under a name no other writer looks at, then renamed into place: a lock file
         # that is seen unlocked is a dead writer's, and a writer scanning between our create
         # and our flock would take this live one's for dead, delete it, and from then on
@@ -223,7 +227,7 @@ class SpillJournal:
             env["reason"] = reason
             lines.append(dumps(env) + b"\n")
         path = self.directory / f"rejected-{self.owner}.jsonl"
-        with path.open("ab") as fh:
+        with open_private_append(path) as fh:
             fh.write(b"".join(lines))
             fh.flush()
             os.fsync(fh.fileno())

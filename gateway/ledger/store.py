@@ -25,6 +25,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from gateway.ledger.migrations import SQLITE_BEGIN_OPTION, migrate
+from gateway.ledger.private_files import precreate_private
 from gateway.ledger.records import dumps_str
 
 logger = logging.getLogger(__name__)
@@ -43,6 +44,14 @@ def sqlite_file(url: URL) -> Path | None:
     if database in ("", ":memory:") or database.startswith("file::memory:"):
         return None
     return Path(database)
+
+
+def _uri_mode(url: URL) -> bool:
+    """The URL's database is a SQLite URI (``?uri=true``: ``file:ledger.db?mode=ro``), not a
+    file name."""
+    value = url.query.get("uri")
+    text = value[-1] if isinstance(value, tuple) else value
+    return text is not None and text.lower() in ("true", "1", "yes", "on")
 
 
 def _enable_wal(cursor: Any) -> None:
@@ -255,6 +264,11 @@ async def open_ledger_engine(url: str | URL, *, run_migrations: bool = True) -> 
     path = sqlite_file(u)
     if path is not None:
         await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
+        if not _uri_mode(u):
+            # Made 0600 before SQLite opens it (SQLite would make it 0644 under the usual
+            # umask, and its -wal and -shm files with the same mode): the ledger holds
+            # prompts and key hashes. One that exists keeps the mode it has.
+            await asyncio.to_thread(precreate_private, path)
     engine = create_ledger_engine(u)
     if run_migrations:
         try:
