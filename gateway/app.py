@@ -24,6 +24,7 @@ from gateway.disconnect import WatchDisconnect
 from gateway.errors import install_error_handlers
 from gateway.load_shedding import MODEL_APIS, LoadShedding
 from gateway.routes import admin, admin_spend, anthropic, dashboard, key_info, logged, openai, ops
+from gateway.security_headers import NoSniff
 from gateway.services import Services
 from gateway.settings import Settings, load_settings
 from gateway.trace_context import TraceContextMiddleware
@@ -123,6 +124,9 @@ def create_app(
     app.include_router(dashboard.router)
     openapi.install(app)
     install_cors(app, settings.server.cors_allow_origins)
+    # Outside the rest (but for Starlette's own error middleware, which CatchUnexpected
+    # keeps idle): every answer has it, CORS preflights and refusals included.
+    app.add_middleware(NoSniff)
     # Added last, so outermost: every other middleware sees the /v1 path.
     app.add_middleware(RootAliases, segments=api_segments(app.router.routes))
     return app
