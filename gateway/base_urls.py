@@ -16,7 +16,8 @@ Two other base URLs look right and are not:
 
 Each was a bare "not served" 404, which reads as if the gateway lacked the endpoint. When
 the path the client most likely meant is one a route serves, for that method, the 404 says
-so and which base URL to give instead.
+so and which base URL to give instead. The method and path are echoed clipped
+(``gateway.echo``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from collections.abc import Iterable, Iterator
 from starlette.requests import Request
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.echo import clip
 
 
 def _paths(routes: Iterable[BaseRoute]) -> Iterator[str]:
@@ -91,9 +94,9 @@ def meant_path(request: Request) -> tuple[str, str] | None:
 def not_served_message(request: Request) -> tuple[str, str]:
     """The 404's message, and the path whose API shape it should take (the path meant, when
     there is one: an Anthropic client that posted to ``/v1/v1/messages`` reads Anthropic's)."""
-    message = f"{request.method} {request.url.path} is not served by this gateway"
+    message = f"{clip(request.method)} {clip(request.url.path)} is not served by this gateway"
     meant = meant_path(request)
     if meant is None:
         return message, request.url.path
     path, advice = meant
-    return f"{message}; {request.method} {path} is: {advice}", path
+    return f"{message}; {clip(request.method)} {path} is: {advice}", path

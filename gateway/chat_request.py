@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
+from gateway.echo import echo
 from gateway.errors import bad_request, validation_error
 from gateway.request_body import invalid_json
 from gateway.schemas import OPENAI_PART_TYPES, ChatCompletionRequest
@@ -163,7 +164,7 @@ def _check_messages(req: ChatCompletionRequest) -> None:
         if m.role == "tool" and m.tool_call_id not in called:
             raise bad_request(
                 f"messages[{i}].tool_call_id: no assistant message before it made a call "
-                f"with id {m.tool_call_id!r}",
+                f"with id {echo(m.tool_call_id)}",
                 param=f"messages[{i}].tool_call_id",
             )
         called.update(c.id for c in m.tool_calls or ())
@@ -185,7 +186,7 @@ def _check_named_tool(req: ChatCompletionRequest) -> None:
         )
     if name not in {t.function.name for t in req.tools or ()}:
         raise bad_request(
-            f"tool_choice.function.name: no tool named {name!r} is in the request's tools",
+            f"tool_choice.function.name: no tool named {echo(name)} is in the request's tools",
             param="tool_choice.function.name",
         )
 

@@ -9,6 +9,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.echo import echo
 from gateway.errors import APIError, bad_request, forbidden, not_found
 from gateway.principal import FIXED_PREFIX, Principal
 from gateway.runtime import POLICY_PREFIX, ROUTER_MODEL, Runtime
@@ -55,22 +56,25 @@ def resolve(rt: Runtime, req: ChatCompletionRequest, who: Principal) -> Resolved
         policy = rt.policy(policy_name)
         if policy is None:
             raise not_found(
-                f"unknown router policy {policy_name!r}; available: {', '.join(rt.policy_names)}"
+                f"unknown router policy {echo(policy_name)}; "
+                f"available: {', '.join(rt.policy_names)}"
             )
         if who.allowed_policies is not None and policy_name not in who.allowed_policies:
-            raise forbidden(f"this key may not use policy {policy_name!r}", "policy_not_allowed")
+            raise forbidden(
+                f"this key may not use policy {echo(policy_name)}", "policy_not_allowed"
+            )
         if not who.may_use_policy(policy_name):
             # fixed:<model>, allowed as a policy, names a model the key may not use.
             model = policy_name[len(FIXED_PREFIX) :]
-            raise forbidden(f"this key may not use model {model!r}", "model_not_allowed")
+            raise forbidden(f"this key may not use model {echo(model)}", "model_not_allowed")
         pinned = policy.model if isinstance(policy, FixedPolicy) else None
         return Resolved(policy, policy_name, passthrough=False, pinned=pinned)
     if name not in rt.pool:
         raise not_found(
-            f"the model {name!r} does not exist; GET /v1/models lists the available ones"
+            f"the model {echo(name)} does not exist; GET /v1/models lists the available ones"
         )
     if not who.may_use_model(name):
-        raise forbidden(f"this key may not use model {name!r}", "model_not_allowed")
+        raise forbidden(f"this key may not use model {echo(name)}", "model_not_allowed")
     return Resolved(PassThrough(name), "passthrough", passthrough=True, pinned=name)
 
 
@@ -89,7 +93,7 @@ def route_pool(
         names = _allowed(rt, req, who, [model, *rt.pool[model].fallbacks])
         if model not in names:
             raise forbidden(
-                f"xrouter.models leaves out the model the request names ({model!r})",
+                f"xrouter.models leaves out the model the request names ({echo(model)})",
                 "no_allowed_models",
                 "xrouter.models",
             )
@@ -118,7 +122,7 @@ def _allowed(
         unknown = [m for m in req.xrouter.models if m not in rt.pool]
         if unknown:
             raise bad_request(
-                f"xrouter.models names unknown models: {unknown}", param="xrouter.models"
+                f"xrouter.models names unknown models: {echo(unknown)}", param="xrouter.models"
             )
         names = [n for n in names if n in req.xrouter.models]
     return names

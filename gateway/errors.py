@@ -19,6 +19,7 @@ from starlette.responses import Response
 from starlette.routing import Match
 
 from gateway.base_urls import not_served_message
+from gateway.echo import MESSAGE_LIMIT, clip
 from router.providers.errors import ProviderError, retry_after_s
 
 log = logging.getLogger(__name__)
@@ -37,11 +38,15 @@ class APIError(Exception):
         code: str | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
+        # The last bound on what a client's input can make of an answer: the values a
+        # message echoes are clipped where it is written (``gateway.echo``); this catches
+        # one that reached it another way (a validator's message, a dict key in ``param``).
+        message = clip(message, MESSAGE_LIMIT)
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type
-        self.param = param
+        self.param = None if param is None else clip(param)
         self.code = code
         self.headers = dict(headers or {})
 
@@ -241,7 +246,8 @@ def validation_error(
         msg = "Input should be " + " or ".join(dict.fromkeys(members))
     # Strict models say "a valid dictionary or instance of ImageURL": the class is ours.
     msg = _INSTANCE_OF.sub("", msg)
-    return bad_request(f"{param}: {msg}" if param else msg, param=param, code=code)
+    # A field's name may be the client's (an unknown key): clipped as any echoed value.
+    return bad_request(f"{clip(param)}: {msg}" if param else msg, param=param, code=code)
 
 
 _INSTANCE_OF = re.compile(r" or instance of \w+")
@@ -389,7 +395,10 @@ def install_error_handlers(app: FastAPI) -> None:
             # /admin/keys and POST /admin/keys are two routes), so ask every route.
             allow = _allowed_methods(request) or headers.get("Allow", "")
             headers["Allow"] = allow
-            message = f"{request.method} is not allowed on {request.url.path}; it takes {allow}"
+            message = (
+                f"{clip(request.method)} is not allowed on {clip(request.url.path)}; "
+                f"it takes {allow}"
+            )
         err = APIError(exc.status_code, message, type=kind, headers=headers)
         if path == "/v1/messages" or path.startswith("/v1/messages/"):
             # Anthropic's clients read Anthropic's shape there (a batch call, a wrong

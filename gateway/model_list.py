@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from gateway.echo import echo
 from gateway.errors import bad_request
 from gateway.principal import Principal
 from gateway.runtime import POLICY_PREFIX, ROUTER_MODEL, Runtime
@@ -143,7 +144,7 @@ def _position(ids: list[str], model_id: str, param: str) -> int:
         return ids.index(model_id)
     except ValueError:
         raise bad_request(
-            f"{param}: the model {model_id!r} is not in the list", param=param
+            f"{param}: the model {echo(model_id)} is not in the list", param=param
         ) from None
 
 

@@ -19,6 +19,7 @@ import orjson
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
+from gateway.echo import echo
 from gateway.errors import APIError, bad_request, validation_error
 
 M = TypeVar("M", bound=BaseModel)
@@ -97,7 +98,7 @@ def _coding(header: str | None) -> str | None:
         return value
     raise APIError(
         415,
-        f"Content-Encoding {header!r} is not supported; send the body as is, or in "
+        f"Content-Encoding {echo(header)} is not supported; send the body as is, or in "
         f"{ACCEPTED_ENCODINGS}",
         param="content-encoding",
         code="unsupported_content_encoding",

@@ -19,6 +19,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from gateway.echo import echo
 from pricing.money import MAX_USD
 from router.outcomes import MAX_COST_WEIGHT
 
@@ -330,7 +331,7 @@ class ChatCompletionRequest(_Open):
             j = first.setdefault(tool.function.name, i)
             if j != i:
                 raise ValueError(
-                    f"tools[{i}] and tools[{j}] are both named {tool.function.name!r}: "
+                    f"tools[{i}] and tools[{j}] are both named {echo(tool.function.name)}: "
                     "tool names must be unique"
                 )
         return v
@@ -345,7 +346,7 @@ class ChatCompletionRequest(_Open):
         # not sent to each model in turn to be refused by every one.
         if isinstance(v, dict) and v.get("type") != "function":
             raise ValueError(
-                f"tool_choice of type {v.get('type')!r} is not supported: name a function "
+                f"tool_choice of type {echo(v.get('type'))} is not supported: name a function "
                 "tool as {'type': 'function', 'function': {'name': ...}}"
             )
         return v

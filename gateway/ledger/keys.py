@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.echo import echo
 from gateway.ledger.schema import api_keys
 from gateway.limits.base import KeyLimits
 from gateway.limits.windows import BUDGET_PERIODS, BudgetPeriod
@@ -280,7 +281,7 @@ class KeyRepository:
                     )
             except sa_exc.IntegrityError:
                 if await self._live_alias_exists(values["alias"]):
-                    raise DuplicateAliasError(f"a key with alias {alias!r} exists") from None
+                    raise DuplicateAliasError(f"a key with alias {echo(alias)} exists") from None
                 continue  # key_id collision (2^32 space): draw another
             info = await self.get(key_id)
             assert info is not None
@@ -381,7 +382,7 @@ class KeyRepository:
                     )
             except sa_exc.IntegrityError:
                 raise DuplicateAliasError(
-                    f"a key with alias {values.get('alias')!r} exists"
+                    f"a key with alias {echo(values.get('alias'))} exists"
                 ) from None
             if result.rowcount == 0:
                 raise KeyNotFoundError(key_id)
@@ -422,7 +423,7 @@ class KeyRepository:
         if info is None or info.revoked:
             raise KeyNotFoundError(key_id)  # revoked meanwhile (or just now: same answer)
         if result.rowcount == 0:
-            raise RotateConflictError(f"key {key_id!r} was rotated concurrently; retry")
+            raise RotateConflictError(f"key {echo(key_id)} was rotated concurrently; retry")
         return info, secret
 
     async def revoke(self, key_id: str) -> KeyInfo:

@@ -17,6 +17,7 @@ from typing import Any, Literal, get_args
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.echo import echo
 from gateway.ledger.schema import api_keys, calls, feedback, request_tags, requests, utc_day
 from pricing import micros_to_usd
 
@@ -56,7 +57,7 @@ def to_utc(value: TimeBound) -> datetime | None:
             return value.replace(tzinfo=UTC)
         return value.astimezone(UTC)
     except (OverflowError, OSError) as exc:
-        raise ValueError(f"time out of range: {value!r}") from exc
+        raise ValueError(f"time out of range: {echo(value)}") from exc
 
 
 _EPOCH = re.compile(r"^[+-]?\d+(\.\d+)?$")
@@ -76,7 +77,7 @@ def parse_time_bound(text: str) -> datetime:
                 raise
             parsed = to_utc(float(value) if "." in value else int(value))
     except ValueError:
-        raise ValueError(f"{text!r} is not {TIME_BOUND_FORMS}") from None
+        raise ValueError(f"{echo(text)} is not {TIME_BOUND_FORMS}") from None
     assert parsed is not None  # to_utc of a value is one
     return parsed
 
@@ -115,7 +116,7 @@ def _check_groups(group_by: Sequence[str]) -> list[str]:
     groups: list[str] = []
     for g in group_by:
         if g not in GROUP_BY_CHOICES:
-            raise ValueError(f"cannot group by {g!r}; choose from {GROUP_BY_CHOICES}")
+            raise ValueError(f"cannot group by {echo(g)}; choose from {GROUP_BY_CHOICES}")
         if g not in groups:
             groups.append(g)
     return groups

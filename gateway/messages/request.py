@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.echo import echo
 from gateway.errors import APIError, bad_request
 from gateway.schemas import MAX_STOP_SEQUENCES
 from gateway.translation import Origin, parse_body, retranslated_param, split_param
@@ -153,7 +154,8 @@ def _json_schema_format(fmt: Any, where: str) -> dict[str, Any]:
     if kind != "json_schema":
         # Dropped, the answer would be free text where the client parses the format.
         raise _unsupported(
-            f"{where}.type: {kind!r} formats are not supported (json_schema is)", f"{where}.type"
+            f"{where}.type: {echo(kind)} formats are not supported (json_schema is)",
+            f"{where}.type",
         )
     schema = fmt.get("schema")
     if not isinstance(schema, dict):
@@ -332,7 +334,7 @@ def _add_message(
             parts.append((_part(block, at), at))
         else:
             raise _unsupported(
-                f"{at}.type: {kind!r} blocks are not supported in user turns (text, image and "
+                f"{at}.type: {echo(kind)} blocks are not supported in user turns (text, image and "
                 "tool_result are)",
                 f"{at}.type",
             )
@@ -357,7 +359,7 @@ def _part(block: dict[str, Any], at: str) -> dict[str, Any]:
         # A tool result's blocks come here unchecked (a user turn's are checked first):
         # a document must not go upstream as an image.
         raise _unsupported(
-            f"{at}.type: {kind!r} blocks are not supported here (text and image are)",
+            f"{at}.type: {echo(kind)} blocks are not supported here (text and image are)",
             f"{at}.type",
         )
     found = block.get("source")
@@ -427,7 +429,7 @@ def _assistant(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
             continue  # an earlier turn's reasoning: not input for chat models
         else:
             raise _unsupported(
-                f"{at}.type: {kind!r} blocks are not supported in assistant turns (text, "
+                f"{at}.type: {echo(kind)} blocks are not supported in assistant turns (text, "
                 "tool_use and thinking are)",
                 f"{at}.type",
             )
@@ -470,7 +472,7 @@ def _tool_choice(chat: dict[str, Any], choice: dict[str, Any], names: set[str]) 
         return  # nothing a chat model could call either way
     if not names:
         raise bad_request(
-            f"tool_choice: {kind!r} needs a tool the model can call (custom tools)",
+            f"tool_choice: {echo(kind)} needs a tool the model can call (custom tools)",
             param="tool_choice",
         )
     if kind == "auto":

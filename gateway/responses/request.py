@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from gateway.echo import echo
 from gateway.errors import APIError, bad_request
 from gateway.responses.tools import ToolMap, chat_name, map_tools
 from gateway.translation import Origin, parse_body, retranslated_param, split_param
@@ -290,7 +291,7 @@ def _add_item(
         return  # a reasoning model's summary from an earlier turn: not input for chat models
     else:
         raise _unsupported(
-            f"{where}.type: {kind!r} items are not supported (messages, function_call and "
+            f"{where}.type: {echo(kind)} items are not supported (messages, function_call and "
             "function_call_output are)",
             f"{where}.type",
         )
@@ -337,7 +338,7 @@ def _user_content(content: Any, where: str) -> str | list[dict[str, Any]]:
             parts.append(_image(part, at))
         else:
             raise _unsupported(
-                f"{at}.type: {kind!r} parts are not supported (input_text and input_image are)",
+                f"{at}.type: {echo(kind)} parts are not supported (input_text and input_image are)",
                 f"{at}.type",
             )
     return parts
@@ -355,7 +356,7 @@ def _image(part: dict[str, Any], at: str) -> dict[str, Any]:
     if detail is not None:
         if detail not in ("low", "high", "auto"):
             raise bad_request(
-                f"{at}.detail: 'auto', 'low' or 'high' is required, not {detail!r}",
+                f"{at}.detail: 'auto', 'low' or 'high' is required, not {echo(detail)}",
                 param=f"{at}.detail",
             )
         image["detail"] = detail
@@ -388,7 +389,7 @@ def _part_text(part: Any, at: str, supported: str) -> str:
     kind = part.get("type") if isinstance(part, dict) else None
     if kind not in ("input_text", "output_text", "refusal"):
         raise _unsupported(
-            f"{at}.type: {kind!r} parts are not supported here ({supported} are)", f"{at}.type"
+            f"{at}.type: {echo(kind)} parts are not supported here ({supported} are)", f"{at}.type"
         )
     return str(part.get("text") or part.get("refusal") or "")
 
@@ -423,7 +424,7 @@ def _tool_choice(choice: str | dict[str, Any], names: set[str]) -> str | dict[st
             )
         return {"type": "function", "function": {"name": name}}
     raise _unsupported(
-        f"tool_choice: {choice.get('type')!r} is not supported (a function is)", "tool_choice"
+        f"tool_choice: {echo(choice.get('type'))} is not supported (a function is)", "tool_choice"
     )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.echo import echo
 from gateway.errors import bad_request
 
 _SEP = "__"  # chat function names allow [A-Za-z0-9_-]: no dot
@@ -53,7 +54,7 @@ def _unique(seen: dict[str, str], function: dict[str, Any], where: str) -> None:
     source = seen.setdefault(name, where)
     if source != where:
         raise bad_request(
-            f"{where}.name: offered to chat models as {name!r}, as {source} is: "
+            f"{where}.name: offered to chat models as {echo(name)}, as {source} is: "
             "function names must be unique",
             param=f"{where}.name",
         )

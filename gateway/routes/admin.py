@@ -14,6 +14,7 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from gateway.echo import echo
 from gateway.errors import APIError, bad_request
 from gateway.ledger.deployments import DeploymentSuperseded
 from gateway.ledger.keys import (
@@ -82,19 +83,19 @@ def _check_default_policy(
     rt = s.current()
     if rt.policy(policy) is None:
         raise bad_request(
-            f"unknown router policy {policy!r}; available: {', '.join(rt.policy_names)} "
+            f"unknown router policy {echo(policy)}; available: {', '.join(rt.policy_names)} "
             "or fixed:<pool model>",
             param="routing.default_policy",
         )
     if allowed is not None and policy not in allowed:
         raise bad_request(
-            f"the default policy {policy!r} is not among the key's allowed_policies",
+            f"the default policy {echo(policy)} is not among the key's allowed_policies",
             param="routing.default_policy",
         )
     who = Principal(allowed_models=None if models is None else list(models))
     if not who.may_use_policy(policy):
         raise bad_request(
-            f"the default policy {policy!r} calls a model that is not among the key's "
+            f"the default policy {echo(policy)} calls a model that is not among the key's "
             "allowed_models",
             param="routing.default_policy",
         )
@@ -109,12 +110,12 @@ def _unserved(
     as the key's requests failing with 403s."""
     rt = s.current()
     warnings = [
-        f"allowed_models: {name!r} is not a model of this gateway's pool"
+        f"allowed_models: {echo(name)} is not a model of this gateway's pool"
         for name in models or ()
         if name not in rt.pool
     ]
     warnings += [
-        f"allowed_policies: {name!r} is not a router policy of this gateway "
+        f"allowed_policies: {echo(name)} is not a router policy of this gateway "
         f"(available: {', '.join(rt.policy_names)} or fixed:<pool model>)"
         for name in policies or ()
         if rt.policy(name) is None
@@ -228,7 +229,7 @@ async def list_keys(request: Request) -> Response:
         # One more than asked: whether another page follows, without counting.
         keys = await s.key_repository().list(include_revoked=include, limit=limit + 1, after=after)
     except KeyNotFoundError:
-        raise bad_request(f"after: no key {after!r}", param="after") from None
+        raise bad_request(f"after: no key {echo(after)}", param="after") from None
     has_more, keys = len(keys) > limit, keys[:limit]
     out = []
     for k in keys:
@@ -252,7 +253,7 @@ async def get_key(key_id: str, request: Request) -> Response:
     s = await admin_services(request)
     info = await s.key_repository().get(key_id)
     if info is None:
-        raise APIError(404, f"no key {key_id!r}", param="key_id", code="key_not_found")
+        raise APIError(404, f"no key {echo(key_id)}", param="key_id", code="key_not_found")
     return json_response(await _key_view_with_spend(s, info))
 
 
@@ -327,7 +328,7 @@ async def _key_view_with_spend(s: Services, info: KeyInfo) -> dict[str, Any]:
 
 
 def _no_live_key(key_id: str) -> APIError:
-    return APIError(404, f"no live key {key_id!r}", param="key_id", code="key_not_found")
+    return APIError(404, f"no live key {echo(key_id)}", param="key_id", code="key_not_found")
 
 
 @router.post("/keys/{key_id}/rotate", response_model=KeyWithSecret)
@@ -341,14 +342,14 @@ async def rotate_key(key_id: str, request: Request) -> Response:
         info, secret = await s.key_repository().rotate(key_id)
     except KeyNotFoundError:
         raise APIError(
-            404, f"no live key {key_id!r}", param="key_id", code="key_not_found"
+            404, f"no live key {echo(key_id)}", param="key_id", code="key_not_found"
         ) from None
     except RotateConflictError:
         # A concurrent rotation won: this one's secret was never stored, so it must not be
         # handed out. Nothing changed; a retry rotates again and returns a live secret.
         raise APIError(
             409,
-            f"key {key_id!r} was rotated by a concurrent request; this rotation changed "
+            f"key {echo(key_id)} was rotated by a concurrent request; this rotation changed "
             "nothing: retry to get a new secret",
             param="key_id",
             code="rotate_conflict",
@@ -364,7 +365,9 @@ async def revoke_key(key_id: str, request: Request) -> Response:
     try:
         info = await s.key_repository().revoke(key_id)
     except KeyNotFoundError:
-        raise APIError(404, f"no key {key_id!r}", param="key_id", code="key_not_found") from None
+        raise APIError(
+            404, f"no key {echo(key_id)}", param="key_id", code="key_not_found"
+        ) from None
     assert s.auth is not None
     s.auth.invalidate()
     if s.metrics is not None:

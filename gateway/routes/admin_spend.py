@@ -12,6 +12,7 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from gateway.echo import echo
 from gateway.errors import bad_request
 from gateway.ledger.spend import (
     GROUP_BY_CHOICES,
@@ -128,7 +129,7 @@ async def spend(request: Request) -> Response:
     bad = [g for g in group_by if g not in GROUP_BY_CHOICES]
     if bad:
         raise bad_request(
-            f"group_by accepts {', '.join(GROUP_BY_CHOICES)}; got {bad}", param="group_by"
+            f"group_by accepts {', '.join(GROUP_BY_CHOICES)}; got {echo(bad)}", param="group_by"
         )
     # The rows' names for their groups: grouped by key, a row says key_id.
     fields = ["key_id" if g == "key" else g for g in group_by]

@@ -13,6 +13,7 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from gateway.echo import echo
 from gateway.errors import APIError, bad_request
 from gateway.ledger.records import FeedbackRecord
 from gateway.ledger.spend import get_calls, get_request
@@ -37,7 +38,7 @@ _POLL_S = 0.05
 
 def _not_found(request_id: str, param: str) -> APIError:
     return APIError(
-        404, f"no request {request_id!r} in the ledger", param=param, code="request_not_found"
+        404, f"no request {echo(request_id)} in the ledger", param=param, code="request_not_found"
     )
 
 

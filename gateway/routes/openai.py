@@ -14,6 +14,7 @@ from starlette.responses import Response
 from gateway import messages, model_list, responses
 from gateway.chat_request import decode_json
 from gateway.disconnect import client_watch
+from gateway.echo import echo
 from gateway.errors import APIError, internal_error, not_found
 from gateway.off_loop import read_sized
 from gateway.render import id_headers
@@ -126,7 +127,7 @@ async def stored_response(request: Request, response_id: str, rest: str) -> Resp
         return err.response()
     return APIError(
         404,
-        f"no response {response_id!r}: xrouter stores no responses (each is answered with "
+        f"no response {echo(response_id)}: xrouter stores no responses (each is answered with "
         "store: false); keep what you need from the response itself",
         param="response_id",
         code="response_not_found",
@@ -172,7 +173,8 @@ async def retrieve_model(request: Request, model_id: str) -> Response:
         entry = model_list.find_model(s.current(), who, model_id)
         if entry is None:
             raise not_found(
-                f"the model {model_id!r} does not exist; GET /v1/models lists the available ones"
+                f"the model {echo(model_id)} does not exist; "
+                "GET /v1/models lists the available ones"
             )
     except APIError as err:
         return messages.anthropic_error(err, headers) if anthropic else err.response(headers)
