@@ -10,13 +10,16 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import sqlalchemy as sa
 
 from gateway.ledger.export import ExportFormat, export_ledger
 from gateway.ledger.spill import SpillJournal
 from gateway.ledger.store import open_ledger_engine
+from tests.gateway.conftest import Upstream
 from tests.gateway.ledger.factories import make_request
+from tests.support.gateway import gateway_config, start_gateway
 
 
 @pytest.fixture(autouse=True)
@@ -103,3 +106,31 @@ async def test_an_export_is_owner_only_unless_it_replaces_a_file(
         assert mode(shared) == 0o644
     finally:
         await engine.dispose()
+
+
+def test_a_served_gateway_keeps_its_ledger_and_journal_owner_only(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    # ``xrouter serve`` as deployed: it makes the spill directory and the SQLite ledger
+    # before its workers start, and the workers journal every answered request.
+    db, spill_dir = tmp_path / "data" / "ledger.db", tmp_path / "state" / "spill"
+    cfg = gateway_config(
+        tmp_path,
+        upstream.base_url,
+        ledger={"url": f"sqlite+aiosqlite:///{db}", "spill_dir": str(spill_dir)},
+    )
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        r = httpx.post(
+            f"{gw.url}/v1/chat/completions",
+            json={"model": "gemma-2-9b-it", "messages": [{"role": "user", "content": "modes"}]},
+            timeout=30,
+        )
+        assert r.status_code == 200, r.text
+        files = [db, db.with_name("ledger.db-wal"), db.with_name("ledger.db-shm")]
+        files += sorted(spill_dir.iterdir())
+        assert any(p.name.startswith("wal-") for p in files)  # the request's journal segment
+        assert {p.name: mode(p) for p in files} == {p.name: 0o600 for p in files}
+        assert mode(spill_dir) == 0o700
+    finally:
+        gw.stop()
