@@ -1144,71 +1144,49 @@ def test_tool_settings_without_tools_are_not_forwarded(
     assert scripted_router.requests() == []
 
 
-def test_openrouters_usage_accounting_is_taken_and_not_forwarded(
-    recording_gateway: Gateway, scripted_router: ScriptedRouter
+@pytest.mark.parametrize(
+    ("taken", "refused"),
+    [
+        # OpenRouter's usage accounting asks for what every answer here carries (the cost
+        # in `usage`); forwarded, OpenAI's API refused it as an unknown argument, and a
+        # client moved from OpenRouter got that 400 from every model.
+        ({"usage": {"include": True}}, [({"usage": {"include": "yes"}}, "usage.include")]),
+        # `store: true` forwarded had OpenAI keep the client's conversation (and its
+        # `metadata`) in the operator's account, while the Responses API answers `store:
+        # false` and forwards neither. `metadata` is any object, as LiteLLM's proxy takes
+        # it (its clients send lists in it), of which only `tags` is read: it files the
+        # request as xrouter.tags does (tests/gateway/test_operators.py).
+        (
+            {"store": True, "metadata": {"tags": ["a"], "trace": {"id": 1}, "n": 2}},
+            [
+                ({"store": "yes"}, "store"),
+                ({"metadata": ["feature"]}, "metadata"),
+                ({"metadata": {"tags": "search"}}, "metadata.tags"),
+                ({"metadata": {"tags": [""]}}, "metadata.tags"),
+            ],
+        ),
+    ],
+)
+def test_fields_for_the_gateway_are_taken_and_not_forwarded(
+    recording_gateway: Gateway,
+    scripted_router: ScriptedRouter,
+    taken: dict[str, Any],
+    refused: list[tuple[dict[str, Any], str]],
 ) -> None:
-    """OpenRouter's `"usage": {"include": true}` asks for what every answer here carries
-    (the cost in `usage`); forwarded, OpenAI's API refuses it as an unknown argument, and a
-    client moved from OpenRouter got that 400 from every model."""
     c = client(recording_gateway)
     scripted_router.script({"content": "hi"})
     resp = c.chat.completions.create(
         model="recorder",
         messages=[{"role": "user", "content": "Say hi"}],
         temperature=0.2,
-        extra_body={"usage": {"include": True}},
+        extra_body=taken,
     )
     assert extra(resp.usage)["cost"] > 0
     [sent] = scripted_router.requests()
-    assert "usage" not in sent and sent["temperature"] == 0.2
+    assert not set(taken) & set(sent) and sent["temperature"] == 0.2
     # Checked as the rest of the request is: a string is no boolean.
     scripted_router.script({"content": "unused"})
-    with pytest.raises(openai.BadRequestError) as err:
-        c.chat.completions.create(
-            model="recorder",
-            messages=[{"role": "user", "content": "Say hi"}],
-            extra_body={"usage": {"include": "yes"}},
-        )
-    assert err.value.param == "usage.include"
-    assert scripted_router.requests() == []
-
-
-def test_store_and_metadata_are_taken_and_not_forwarded(
-    recording_gateway: Gateway, scripted_router: ScriptedRouter
-) -> None:
-    """`store: true` forwarded had OpenAI keep the client's conversation (and its `metadata`)
-    in the operator's account, while the Responses API answers `store: false` and forwards
-    neither: both are taken, type-checked as OpenAI types them, and kept from the provider."""
-    c = client(recording_gateway)
-    scripted_router.script({"content": "hi"})
-    resp = c.chat.completions.create(
-        model="recorder",
-        messages=[{"role": "user", "content": "Say hi"}],
-        temperature=0.2,
-        store=True,
-        metadata={"feature": "greeting"},
-    )
-    assert resp.choices[0].message.content == "hi"
-    [sent] = scripted_router.requests()
-    assert "store" not in sent and "metadata" not in sent and sent["temperature"] == 0.2
-    scripted_router.script({"content": "unused"})
-    # Any object, as LiteLLM's proxy takes it (its clients send lists in it), of which only
-    # `tags` is read (it files the request, as xrouter.tags: tests/gateway/test_operators.py).
-    scripted_router.script({"content": "hi"})
-    c.chat.completions.create(
-        model="recorder",
-        messages=[{"role": "user", "content": "Say hi"}],
-        extra_body={"metadata": {"tags": ["a"], "trace": {"id": 1}, "n": 2}},
-    )
-    [sent] = scripted_router.requests()
-    assert "metadata" not in sent
-    scripted_router.script({"content": "unused"})
-    for body, param in (
-        ({"store": "yes"}, "store"),
-        ({"metadata": ["feature"]}, "metadata"),
-        ({"metadata": {"tags": "search"}}, "metadata.tags"),
-        ({"metadata": {"tags": [""]}}, "metadata.tags"),
-    ):
+    for body, param in refused:
         with pytest.raises(openai.BadRequestError) as err:
             c.chat.completions.create(
                 model="recorder", messages=[{"role": "user", "content": "Say hi"}], extra_body=body

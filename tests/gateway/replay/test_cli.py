@@ -260,6 +260,15 @@ def _xrouter_replay(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
     )
 
 
+def _listening_port(proc: subprocess.Popen[str], port_file: Path) -> int:
+    """The port ``proc`` wrote to ``port_file`` once listening (30 s at most)."""
+    deadline = time.monotonic() + 30
+    while not port_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert port_file.exists(), "the replay upstream did not start"
+    return int(port_file.read_text())
+
+
 @pytest.mark.parametrize("level", ["ERROR", "warning"])
 def test_xrouter_replay_upstream_obeys_its_log_level(tmp_path: Path, level: str) -> None:
     # Under `xrouter` the root logger was configured (INFO) before the option was read, so
@@ -269,11 +278,7 @@ def test_xrouter_replay_upstream_obeys_its_log_level(tmp_path: Path, level: str)
         tmp_path, "--port", "0", "--port-file", str(port_file), "--log-level", level
     )
     try:
-        deadline = time.monotonic() + 30
-        while not port_file.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert port_file.exists(), "the replay upstream did not start"
-        port = int(port_file.read_text())
+        port = _listening_port(proc, port_file)
         assert httpx.get(f"http://127.0.0.1:{port}/health").json() == {"status": "ok"}
     finally:
         proc.terminate()
@@ -416,10 +421,7 @@ def test_a_port_file_names_a_port_only_while_it_is_listened_on(tmp_path: Path) -
 
     proc = _xrouter_replay(tmp_path, "--port", "0", "--port-file", str(port_file))
     try:
-        deadline = time.monotonic() + 30
-        while not port_file.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        port = int(port_file.read_text())
+        port = _listening_port(proc, port_file)
         assert httpx.get(f"http://127.0.0.1:{port}/health").json() == {"status": "ok"}
     finally:
         proc.terminate()
@@ -432,10 +434,7 @@ def test_a_port_file_rewritten_by_another_run_is_left_to_it(tmp_path: Path) -> N
     port_file = tmp_path / "port"
     proc = _xrouter_replay(tmp_path, "--port", "0", "--port-file", str(port_file))
     try:
-        deadline = time.monotonic() + 30
-        while not port_file.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert port_file.exists(), "the replay upstream did not start"
+        _listening_port(proc, port_file)
         port_file.write_text("4242\n")  # another run's port, written meanwhile
     finally:
         proc.terminate()
