@@ -200,7 +200,7 @@ class ChatService:
         if result.stream is not None:
             return self.render.stream(req, rlog, result, self.request_timeout_s)
         if req.stream:
-            return self.render.text_stream(req, rlog, result)
+            return self.render.text_stream(req, rlog, result, self.request_timeout_s)
         return await self.render.json(rlog, result)
 
     @staticmethod
@@ -314,7 +314,7 @@ class ChatService:
         if self.hooks.metrics is not None:
             self.hooks.metrics.cache_saved(rlog.policy, hit.cost_micros)
         if req.stream:
-            return self.render.text_stream(req, rlog, result)
+            return self.render.text_stream(req, rlog, result, self.request_timeout_s)
         return await self.render.json(rlog, result)
 
     def _remember(

@@ -7,6 +7,7 @@ answer cache through ``remember``."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -276,14 +277,23 @@ class Renderer:
                 await hooks.finish(rlog, result)
 
         return BookedStream(
-            body(), settle, headers={**self.headers(rlog, result, cost=False), **SSE_HEADERS}
+            body(),
+            settle,
+            headers={**self.headers(rlog, result, cost=False), **SSE_HEADERS},
+            deadline=deadline,
+            on_stall=functools.partial(_stalled, rlog),
         )
 
     def text_stream(
-        self, req: ChatCompletionRequest, rlog: RequestLog, result: RouteResult
+        self,
+        req: ChatCompletionRequest,
+        rlog: RequestLog,
+        result: RouteResult,
+        timeout_s: float | None = None,
     ) -> Response:
         """The answer is already complete (the router selected or synthesized it, or the cache
-        had it): stream it, every choice of it (``n`` > 1 asks for several)."""
+        had it): stream it, every choice of it (``n`` > 1 asks for several), its writes
+        bounded by the request's deadline (``timeout_s`` from its start)."""
         body_json = result.response if result.response is not None and result.final_model else None
         fallback = result.message or {"role": "assistant", "content": ""}
         choices = [
@@ -379,8 +389,19 @@ class Renderer:
                 await hooks.finish(rlog, result)
 
         return BookedStream(
-            body(), settle, headers={**self.headers(rlog, result, cost=False), **SSE_HEADERS}
+            body(),
+            settle,
+            headers={**self.headers(rlog, result, cost=False), **SSE_HEADERS},
+            deadline=None if timeout_s is None else rlog.t0 + timeout_s,
+            on_stall=functools.partial(_stalled, rlog),
         )
+
+
+def _stalled(rlog: RequestLog) -> None:
+    """A stream cut because its client read nothing more by the request's deadline: booked
+    as a client's hang-up (499), marked as such (the body's bookkeeping runs next)."""
+    if not rlog.finished:
+        rlog.status, rlog.error_type = 499, "client_stalled"
 
 
 # Request fields whose answer holds more than the first choice's text (the relay keeps only
