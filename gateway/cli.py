@@ -603,19 +603,23 @@ CONTENT_LOGGERS = (
     "aiosqlite",
     "sqlalchemy.engine",
 )
+# The lowest level each of those may log at. SQLAlchemy's engine echoes every statement
+# at INFO (its own default is WARNING): raised to INFO, it wrote 3 to 5 lines of SQL per
+# ledger flush and key lookup, half of a busy gateway's log at the default level.
+_CONTENT_FLOOR = {"sqlalchemy.engine": logging.WARNING}
 
 
 def set_log_level(level: str) -> None:
     """Apply a ``--log-level`` to the root logger, which xrouter's loggers and aiohttp's
     follow, and to uvicorn's, which have levels of their own (set again by uvicorn from its
     ``log_level``; set here too for the lines before it starts); ``CONTENT_LOGGERS`` no
-    lower than INFO."""
+    lower than INFO (SQLAlchemy's engine, whose INFO is every statement: WARNING)."""
     value = getattr(logging, level.upper())
     logging.getLogger().setLevel(value)
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).setLevel(value)
     for name in CONTENT_LOGGERS:
-        logging.getLogger(name).setLevel(max(value, logging.INFO))
+        logging.getLogger(name).setLevel(max(value, _CONTENT_FLOOR.get(name, logging.INFO)))
 
 
 def configure_logging() -> None:

@@ -540,6 +540,30 @@ def test_serve_log_level_error_silences_xrouter_s_own_info_lines(
     assert " INFO " not in output and "INFO:" not in output, output
 
 
+def test_serve_at_its_default_level_does_not_log_every_sql_statement(tmp_path: Path) -> None:
+    # Keeping SQLAlchemy's engine "at INFO" under --log-level debug lowered it from its own
+    # WARNING to INFO at every level, which is where it echoes each statement: a ledger
+    # flush or a key lookup was 3 to 5 lines of SQL in the log.
+    cfg = gateway_config(tmp_path, "http://127.0.0.1:9/v1", auth={"enabled": True})
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        for n in range(4):  # a key made, looked up, and its requests' rows flushed
+            key = httpx.post(f"{gw.url}/admin/keys", headers=admin, json={"alias": f"a{n}"})
+            headers = {"Authorization": f"Bearer {key.json()['key']}"}
+            body = {
+                "model": "llama-3.2-3b-instruct",
+                "messages": [{"role": "user", "content": "hi"}],
+            }
+            httpx.post(f"{gw.base_url}/chat/completions", headers=headers, json=body, timeout=30)
+        time.sleep(0.5)  # past the flush interval (20 ms)
+    finally:
+        gw.stop()
+    log = gw.log()
+    assert "ledger ready at" in log, log  # the workers' own INFO lines are there
+    assert "sqlalchemy.engine" not in log, log[-3000:]
+
+
 def test_serve_says_it_listens_only_once_it_does(tmp_path: Path) -> None:
     # "xrouter listening on" came before uvicorn bound the port: a port in use read as
     # listening, then failed. Now xrouter says it is starting; uvicorn says "running on"
