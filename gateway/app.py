@@ -136,6 +136,7 @@ def create_app_from_env() -> FastAPI:
     """Entry point for ``uvicorn --factory`` (used with several workers): the config path
     comes from ``XROUTER_CONFIG``. Runs in the worker, whose parent is the supervisor."""
     from gateway.cli import configure_logging
+    from gateway.supervisor import workers_ignore_hangup
 
     configure_logging()
     path = os.environ.get(CONFIG_ENV) or None
@@ -146,6 +147,7 @@ def create_app_from_env() -> FastAPI:
     # ``_exit_with``'s first look sees it gone.
     supervisor = int(os.environ.get(SUPERVISOR_ENV) or os.getppid())
     _term_with_parent()
+    workers_ignore_hangup()
     flags = [f for f in os.environ.get(SERVE_FLAGS_ENV, "").split(",") if f]
     return create_app(config_path=path, supervisor=supervisor, serve_flags=flags)
 

@@ -140,7 +140,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from gateway.app import CONFIG_ENV, SERVE_FLAGS_ENV, SUPERVISOR_ENV, create_app
     from gateway.settings import SettingsError, load_settings
-    from gateway.supervisor import run_workers
+    from gateway.supervisor import hangup_stops_gracefully, run_workers
 
     if args.log_level:  # now: the lines before the config is read obey it too
         set_log_level(args.log_level)
@@ -295,6 +295,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # previous run's files must go, or their counts add to this run's.
         _empty_metrics_dir(Path(given))
     if srv.workers == 1:
+        hangup_stops_gracefully()
         uvicorn.run(app, **common)
         return 0
     # Several workers: each builds its own app from the same config; metrics aggregate

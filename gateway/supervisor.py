@@ -1,5 +1,5 @@
 """The supervisor of ``xrouter serve --workers N``: uvicorn's own, with one change to its
-shutdown.
+shutdown; and what SIGHUP does to the processes of ``serve``.
 
 uvicorn binds the listening socket in the supervisor and hands it to the workers. On
 SIGTERM each worker closes its copy as its graceful shutdown begins, but the supervisor's
@@ -13,6 +13,7 @@ workers do the same.
 
 from __future__ import annotations
 
+import signal
 from socket import socket
 
 from uvicorn import Config
@@ -38,3 +39,21 @@ def run_workers(config: Config) -> None:
         pass
     finally:
         sock.close()
+
+
+def hangup_stops_gracefully() -> None:
+    """One worker (``serve`` without a supervisor): SIGHUP is a graceful shutdown, as
+    SIGTERM is. uvicorn's server handles SIGINT and SIGTERM only, so a hangup (the terminal
+    closed, ``kill -HUP``, a service manager's reload) killed the process on the spot: the
+    requests in flight cut without an answer or a ledger row, their budget holds left to
+    expire."""
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, lambda *_: signal.raise_signal(signal.SIGTERM))
+
+
+def workers_ignore_hangup() -> None:
+    """A worker of several leaves SIGHUP to the supervisor, which replaces the workers one
+    at a time, each stopped gracefully (uvicorn's restart). A hangup sent to the whole process
+    group (a closed terminal) reached the workers too, and killed them on the spot."""
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
