@@ -318,7 +318,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         metrics_dir = tempfile.mkdtemp(prefix="xrouter-prom-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     try:
-        run_workers(
+        return run_workers(
             uvicorn.Config(
                 "gateway.app:create_app_from_env", factory=True, workers=srv.workers, **common
             )
@@ -326,7 +326,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         if metrics_dir is not None:  # ours: nothing reads it once the workers are gone
             shutil.rmtree(metrics_dir, ignore_errors=True)
-    return 0
 
 
 def cannot_listen(host: str, port: int, workers: int) -> str | None:
