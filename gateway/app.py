@@ -138,7 +138,7 @@ def create_app_from_env() -> FastAPI:
     from gateway.cli import configure_logging
     from gateway.supervisor import workers_ignore_hangup
 
-    configure_logging()
+    configure_logging(worker=True)
     path = os.environ.get(CONFIG_ENV) or None
     # Not os.getppid() alone: a worker gets here only after seconds of imports, and a
     # supervisor killed meanwhile has already handed it to init (or a subreaper), whose pid

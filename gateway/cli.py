@@ -622,13 +622,16 @@ def set_log_level(level: str) -> None:
         logging.getLogger(name).setLevel(max(value, _CONTENT_FLOOR.get(name, logging.INFO)))
 
 
-def configure_logging() -> None:
+def configure_logging(*, worker: bool = False) -> None:
     """Our log lines' format and level, for the ``xrouter`` process and (called from the app
-    factory) for each worker of ``serve --workers N``: those are spawned interpreters that
-    inherit no logging configuration, so the level ``serve --log-level`` chose reaches them
-    through the environment (LOG_LEVEL_ENV)."""
+    factory, ``worker``) for each worker of ``serve --workers N``: those are spawned
+    interpreters that inherit no logging configuration, so the level ``serve --log-level``
+    chose reaches them through the environment (LOG_LEVEL_ENV). A worker's lines carry its
+    pid: two workers' "reloaded" (or "reload … failed") lines were otherwise the same line
+    twice, and one worker's alone could not be told from the other's."""
+    pid = "[%(process)d] " if worker else ""
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=logging.INFO, format=f"%(asctime)s %(levelname)s {pid}%(name)s: %(message)s"
     )
     level = os.environ.get(LOG_LEVEL_ENV, "").lower()
     if level in LOG_LEVELS:

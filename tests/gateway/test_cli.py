@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -712,12 +713,16 @@ def test_workers_log_as_the_supervisor_does(upstream: Upstream, tmp_path: Path) 
     # Workers are spawned interpreters: without logging of their own, their info lines
     # (a reload, a deployment followed, the ledger opened) went nowhere and their errors
     # came out bare, without time, level or logger.
+    # Each worker's lines name it by its pid, the supervisor's none.
     gw = start_gateway(tmp_path, gateway_config(tmp_path, upstream.base_url), workers=2)
+    ready = r"INFO (\[\d+\] )?gateway\.ledger\.store: ledger ready at"
     try:
         deadline = time.monotonic() + 10
-        while gw.log().count("INFO gateway.ledger.store: ledger ready at") < 3:
+        while len(re.findall(ready, gw.log())) < 3:
             assert time.monotonic() < deadline, gw.log()
             time.sleep(0.1)
+        workers = [pid for pid in re.findall(ready, gw.log()) if pid]
+        assert len(set(workers)) == 2 and len(workers) == 2, gw.log()
     finally:
         gw.stop()
 
@@ -979,6 +984,9 @@ def test_several_workers_follow_a_config_mounted_as_kubernetes_mounts_a_configma
         while gw.log().count("reloaded: pool=") < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert gw.log().count("reloaded: pool=") == 2, gw.log()
+        # Each line names its worker: they were the same line twice.
+        pids = set(re.findall(r" INFO \[(\d+)\] gateway\.reload: reloaded: pool=", gw.log()))
+        assert len(pids) == 2, gw.log()
         r = httpx.get(f"{gw.url}/admin/router", headers=admin, timeout=10).json()
         assert r["default_policy"] == "cheapest"
         r = httpx.post(f"{gw.url}/admin/reload", headers=admin, timeout=30)
