@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from tests.gateway.conftest import Upstream
+from tests.support import apis
 from tests.support.gateway import Gateway, gateway_config, start_gateway
 from tests.support.replay import replay_root, start_replay_upstream, stop_replay_upstream
 
@@ -24,34 +25,25 @@ SLOW_MS = 4000
 
 
 def body_for(path: str, user: str, stream: bool) -> dict[str, Any]:
-    message = [{"role": "user", "content": PROMPT}]
-    if path == "/v1/responses":
-        return {"model": MODEL, "input": PROMPT, "user": user, "stream": stream}
-    if path == "/v1/messages":
-        return {"model": MODEL, "max_tokens": 64, "messages": message, "stream": stream,
-                "metadata": {"user_id": user}}  # fmt: skip
-    return {"model": MODEL, "messages": message, "user": user, "stream": stream}
+    return apis.body_for(path, MODEL, PROMPT, user, stream=stream)
 
 
 def row_for(gw: Gateway, user: str, timeout_s: float = 10.0) -> tuple[int, float, int]:
     """(status, latency in ms, number of calls) of the request made for ``user``."""
-    db = gw.config_path.parent / "ledger.db"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with sqlite3.connect(db) as conn:
-            row = conn.execute(
-                "SELECT r.status, r.latency_ms, (SELECT count(*) FROM calls c "
-                "WHERE c.request_id = r.request_id) FROM requests r WHERE r.end_user = ?",
-                (user,),
-            ).fetchone()
-        if row is not None:
-            return row[0], row[1], row[2]
-        time.sleep(0.05)
-    raise AssertionError(f"no ledger row for {user}")
+    row = apis.ledger_row(
+        gw,
+        "SELECT r.status, r.latency_ms, (SELECT count(*) FROM calls c "
+        "WHERE c.request_id = r.request_id) FROM requests r WHERE r.end_user = ?",
+        user,
+        timeout_s,
+    )
+    if row is None:
+        raise AssertionError(f"no ledger row for {user}")
+    return row[0], row[1], row[2]
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/v1/messages"])
+@pytest.mark.parametrize("path", apis.MODEL_APIS)
 def test_a_client_that_times_out_before_the_answer_stops_the_routing(
     gateway: Gateway, upstream: Upstream, path: str, stream: bool
 ) -> None:

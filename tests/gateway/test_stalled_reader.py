@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import secrets
 import socket
-import sqlite3
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.support import apis
 from tests.support.gateway import Gateway, gateway_config, start_gateway
 from tests.support.replay import start_replay_upstream, stop_replay_upstream
 
@@ -50,13 +49,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
 
 
 def body_for(path: str, user: str) -> dict[str, Any]:
-    if path == "/v1/responses":
-        return {"model": MODEL, "input": PROMPT, "user": user, "stream": True}
-    message = [{"role": "user", "content": PROMPT}]
-    if path == "/v1/messages":
-        return {"model": MODEL, "max_tokens": 10**6, "messages": message, "stream": True,
-                "metadata": {"user_id": user}}  # fmt: skip
-    return {"model": MODEL, "messages": message, "user": user, "stream": True}
+    return apis.body_for(path, MODEL, PROMPT, user, max_tokens=10**6)
 
 
 def stalled_client(gw: Gateway, path: str, user: str) -> socket.socket:
@@ -72,20 +65,13 @@ def stalled_client(gw: Gateway, path: str, user: str) -> socket.socket:
 
 
 def row_for(gw: Gateway, user: str, wait_s: float) -> tuple[Any, ...] | None:
-    db = gw.config_path.parent / "ledger.db"
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        with sqlite3.connect(db) as conn:
-            row = conn.execute(
-                "SELECT r.status, r.error_type, c.error_type, c.completion_tokens, "
-                "c.cost_micros FROM requests r JOIN calls c ON c.request_id = r.request_id "
-                "WHERE r.end_user = ?",
-                (user,),
-            ).fetchone()
-        if row is not None:
-            return tuple(row)
-        time.sleep(0.1)
-    return None
+    return apis.ledger_row(
+        gw,
+        "SELECT r.status, r.error_type, c.error_type, c.completion_tokens, c.cost_micros "
+        "FROM requests r JOIN calls c ON c.request_id = r.request_id WHERE r.end_user = ?",
+        user,
+        wait_s,
+    )
 
 
 def drained(s: socket.socket, wait_s: float) -> bool:
@@ -99,7 +85,7 @@ def drained(s: socket.socket, wait_s: float) -> bool:
     return True
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/v1/messages"])
+@pytest.mark.parametrize("path", apis.MODEL_APIS)
 def test_a_client_that_stops_reading_is_cut_at_the_request_timeout_and_booked(
     gateway: Gateway, path: str
 ) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import sqlite3
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support import apis
 from tests.support.gateway import Gateway, gateway_config, start_gateway
 from tests.support.replay import start_replay_upstream, stop_replay_upstream
 
@@ -40,30 +40,19 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
 
 
 def body_for(path: str, user: str) -> dict[str, Any]:
-    if path == "/v1/responses":
-        return {"model": MODEL, "input": PROMPT, "user": user, "stream": True}
-    message = [{"role": "user", "content": PROMPT}]
-    if path == "/v1/messages":
-        return {"model": MODEL, "max_tokens": 64, "messages": message, "stream": True,
-                "metadata": {"user_id": user}}  # fmt: skip
-    return {"model": MODEL, "messages": message, "user": user, "stream": True}
+    return apis.body_for(path, MODEL, PROMPT, user)
 
 
 def row_for(gw: Gateway, user: str) -> tuple[Any, ...]:
-    db = gw.config_path.parent / "ledger.db"
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with sqlite3.connect(db) as conn:
-            row = conn.execute(
-                "SELECT r.status, r.error_type, c.error_type, c.completion_tokens "
-                "FROM requests r JOIN calls c ON c.request_id = r.request_id "
-                "WHERE r.end_user = ?",
-                (user,),
-            ).fetchone()
-        if row is not None:
-            return tuple(row)
-        time.sleep(0.05)
-    raise AssertionError(f"no ledger row for {user}")
+    row = apis.ledger_row(
+        gw,
+        "SELECT r.status, r.error_type, c.error_type, c.completion_tokens "
+        "FROM requests r JOIN calls c ON c.request_id = r.request_id WHERE r.end_user = ?",
+        user,
+    )
+    if row is None:
+        raise AssertionError(f"no ledger row for {user}")
+    return row
 
 
 def events(text: str) -> list[dict[str, Any]]:
@@ -74,7 +63,7 @@ def events(text: str) -> list[dict[str, Any]]:
     ]
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/v1/messages"])
+@pytest.mark.parametrize("path", apis.MODEL_APIS)
 def test_an_upstream_that_stalls_mid_stream_ends_in_the_apis_error_event(
     gateway: Gateway, path: str
 ) -> None:
