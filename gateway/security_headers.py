@@ -10,21 +10,21 @@ set by its route (``gateway.routes.dashboard``).
 
 from __future__ import annotations
 
-from typing import Any
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 NOSNIFF = (b"x-content-type-options", b"nosniff")
 
 
 class NoSniff:
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
 
-        async def send_nosniff(message: Any) -> None:
+        async def send_nosniff(message: Message) -> None:
             if message["type"] == "http.response.start":
                 # A new list: a response object's own header list may be sent again.
                 message["headers"] = [*message.get("headers", ()), NOSNIFF]

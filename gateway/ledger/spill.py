@@ -39,7 +39,7 @@ from typing import IO
 
 import orjson
 
-from gateway.ledger.private_files import make_private_dir, open_private_append
+from gateway.ledger.private_files import FILE_MODE, make_private_dir, open_private_append
 from gateway.ledger.records import LedgerRecord, dumps, record_from_envelope, record_to_envelope
 
 logger = logging.getLogger(__name__)
@@ -162,7 +162,7 @@ class SpillJournal:
         # adopt our segments as we write them.
         final = self._lock_path(self.owner)
         pending = final.with_name(f".{final.name}.new")
-        fd = os.open(pending, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(pending, os.O_RDWR | os.O_CREAT, FILE_MODE)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.rename(pending, final)
         self._lock_fd = fd

@@ -49,9 +49,18 @@ def sqlite_file(url: URL) -> Path | None:
 def _uri_mode(url: URL) -> bool:
     """The URL's database is a SQLite URI (``?uri=true``: ``file:ledger.db?mode=ro``), not a
     file name."""
-    value = url.query.get("uri")
-    text = value[-1] if isinstance(value, tuple) else value
-    return text is not None and text.lower() in ("true", "1", "yes", "on")
+    text = _query_text(url.query.get("uri"))
+    return text is not None and text.lower() in _TRUE
+
+
+# How a URL's query writes a flag that is on or off.
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+def _query_text(value: str | tuple[str, ...] | None) -> str | None:
+    """A URL query parameter's value: the last one, when it is given several times."""
+    return value[-1] if isinstance(value, tuple) else value
 
 
 def _enable_wal(cursor: Any) -> None:
@@ -159,9 +168,9 @@ def create_ledger_engine(url: str | URL, **engine_kwargs: Any) -> AsyncEngine:
 # What a URL's query may set (SQLAlchemy passes each of its parameters to asyncpg.connect
 # as a keyword), and how its text is read: as given, or as the number or flag asyncpg wants.
 def _flag(text: str) -> bool:
-    if text.lower() in ("true", "1", "yes", "on"):
+    if text.lower() in _TRUE:
         return True
-    if text.lower() in ("false", "0", "no", "off"):
+    if text.lower() in _FALSE:
         return False
     raise ValueError(text)
 
@@ -224,18 +233,15 @@ def _postgres_settings(u: URL) -> dict[str, Any]:
 
 
 def _connect_timeout(value: str | tuple[str, ...] | None) -> float:
-    if value is None:
+    text = _query_text(value)
+    if text is None:
         return POSTGRES_CONNECT_TIMEOUT_S
-    text = value[-1] if isinstance(value, tuple) else value
     try:
-        seconds = float(text)
+        return _seconds(text)
     except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
         raise ValueError(
             f"the ledger URL's timeout must be a positive number of seconds, got {text!r}"
-        )
-    return seconds
+        ) from None
 
 
 async def _asyncpg_connect(*args: Any, **kwargs: Any) -> Any:
